@@ -1,0 +1,72 @@
+#include "core/device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+gt_cuda_hooks gt_cuda;
+
+int gt_cuda_device_count(void) { return gt_cuda.device_count ? gt_cuda.device_count() : 0; }
+
+static gt_status parse_cuda_index(const char *digits, const char *text, const char *arg_name,
+                                  int *out) {
+    char *end = NULL;
+    long index = strtol(digits, &end, 10);
+    if (*digits == '\0' || *end != '\0' || index < 0 || index >= GT_MAX_CUDA_DEVICES)
+        return GT_FAIL(GT_ERR_VALUE, "%s: invalid device '%s' (expected 'cpu' or 'cuda:N')",
+                       arg_name, text);
+    *out = (int)index;
+    return GT_OK;
+}
+
+gt_status gt_device_parse(const char *text, const char *arg_name, gt_device *out) {
+    if (strcmp(text, "cpu") == 0) {
+        *out = gt_cpu_device();
+        return GT_OK;
+    }
+    if (strcmp(text, "pinned") == 0) {
+        *out = gt_pinned_device();
+        return GT_OK;
+    }
+    int index = 0;
+    if (strcmp(text, "cuda") == 0)
+        index = 0;
+    else if (strncmp(text, "cuda:", 5) == 0)
+        GT_TRY(parse_cuda_index(text + 5, text, arg_name, &index));
+    else
+        return GT_FAIL(GT_ERR_VALUE, "%s: invalid device '%s' (expected 'cpu' or 'cuda:N')",
+                       arg_name, text);
+    int count = gt_cuda_device_count();
+    if (index >= count)
+        return GT_FAIL(GT_ERR_RUNTIME,
+                       "%s: device '%s' is not available (%d CUDA device%s usable%s)", arg_name,
+                       text, count, count == 1 ? "" : "s",
+                       gt_cuda.device_count ? "" : "; gputrain was built without CUDA");
+    *out = gt_cuda_device(index);
+    return GT_OK;
+}
+
+void gt_device_name(gt_device device, char *buf, size_t buf_bytes) {
+    switch (device.kind) {
+    case GT_DEVICE_CPU: snprintf(buf, buf_bytes, "cpu"); return;
+    case GT_DEVICE_PINNED: snprintf(buf, buf_bytes, "pinned"); return;
+    case GT_DEVICE_CUDA: snprintf(buf, buf_bytes, "cuda:%d", device.index); return;
+    }
+    snprintf(buf, buf_bytes, "unknown");
+}
+
+gt_status gt_device_total_memory(gt_device device, size_t *out) {
+    if (device.kind == GT_DEVICE_CUDA) {
+        size_t free_bytes = 0;
+        if (!gt_cuda.mem_get_info)
+            return GT_FAIL(GT_ERR_RUNTIME, "CUDA is not available");
+        return gt_cuda.mem_get_info(device.index, &free_bytes, out);
+    }
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page_bytes = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_bytes <= 0)
+        return GT_FAIL(GT_ERR_OS, "cannot read the size of physical memory");
+    *out = (size_t)pages * (size_t)page_bytes;
+    return GT_OK;
+}

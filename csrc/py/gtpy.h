@@ -1,0 +1,47 @@
+/* Shared declarations of the binding layer (csrc/py/). The only place PyObject appears. */
+#ifndef GTPY_H
+#define GTPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Oldest NumPy the runtime requirement allows (numpy>=1.25 in pyproject.toml). */
+#define NPY_NO_DEPRECATED_API NPY_1_25_API_VERSION
+#define NPY_TARGET_VERSION NPY_1_25_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL gtpy_ARRAY_API
+#ifndef GTPY_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+#include <numpy/npy_2_compat.h>
+
+#include "core/device.h"
+#include "core/status.h"
+
+/* Per-module state (no globals): the exception types created in exec. */
+typedef struct gtpy_state {
+    PyObject *out_of_memory_error;  /* gputrain.OutOfMemoryError(MemoryError) */
+    PyObject *cuda_error;           /* gputrain.CudaError(RuntimeError) */
+} gtpy_state;
+
+extern PyModuleDef gtpy_module_def;
+
+/* The state of the module object `module`. */
+gtpy_state *gtpy_state_of(PyObject *module);
+
+/* Raises the Python exception for a failed gt_status with the thread's message; returns NULL. */
+PyObject *gtpy_raise(PyObject *module, gt_status status);
+
+/* Same, for callers that return int: returns -1. */
+int gtpy_raise_int(PyObject *module, gt_status status);
+
+/* Parses a device argument (None -> `fallback`), naming `arg_name` in errors. */
+int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_device fallback,
+                      gt_device *out);
+
+/* Registration functions, one per binding file, called from the module's exec slot. */
+int gtpy_add_memory(PyObject *module);
+int gtpy_add_runtime(PyObject *module);
+int gtpy_add_buffer(PyObject *module);
+
+#endif

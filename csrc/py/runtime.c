@@ -1,0 +1,99 @@
+/* Bindings of build facts and run-time settings: info, threads, SIMD level, CUDA presence. */
+#include "py/gtpy.h"
+
+#include <cblas.h>
+
+#include "core/simd.h"
+#include "core/threads.h"
+
+#ifndef GT_VERSION
+#define GT_VERSION "0.0.0"
+#endif
+#ifndef GT_BUILD_FLAGS
+#define GT_BUILD_FLAGS ""
+#endif
+
+static int put(PyObject *dict, const char *key, PyObject *value) {
+    if (!value)
+        return -1;
+    int rc = PyDict_SetItemString(dict, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+#ifdef GT_WITH_CUDA
+    const int cuda_compiled = 1;
+#else
+    const int cuda_compiled = 0;
+#endif
+    if (put(d, "version", PyUnicode_FromString(GT_VERSION)) < 0 ||
+        put(d, "cuda_compiled", PyBool_FromLong(cuda_compiled)) < 0 ||
+        put(d, "cuda_device_count", PyLong_FromLong(gt_cuda_device_count())) < 0 ||
+        put(d, "simd", PyUnicode_FromString(gt_simd_name(gt_simd_level()))) < 0 ||
+        put(d, "simd_supported", PyUnicode_FromString(gt_simd_name(gt_simd_supported()))) < 0 ||
+        put(d, "avx512_bf16", PyBool_FromLong(gt_cpu_has_avx512_bf16())) < 0 ||
+        put(d, "blas", PyUnicode_FromString("openblas")) < 0 ||
+        put(d, "blas_config", PyUnicode_FromString(openblas_get_config())) < 0 ||
+        put(d, "blas_num_threads", PyLong_FromLong(gt_blas_num_threads())) < 0 ||
+        put(d, "num_threads", PyLong_FromLong(gt_get_num_threads())) < 0 ||
+        put(d, "cpu_count", PyLong_FromLong(gt_cpu_count())) < 0 ||
+        put(d, "openmp", PyLong_FromLong(_OPENMP)) < 0 ||
+        put(d, "compiler", PyUnicode_FromString("gcc " __VERSION__)) < 0 ||
+        put(d, "compile_flags", PyUnicode_FromString(GT_BUILD_FLAGS)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *set_num_threads(PyObject *module, PyObject *arg) {
+    if (!PyLong_Check(arg) || PyBool_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "num_threads must be an int, not %.100s",
+                            Py_TYPE(arg)->tp_name);
+    int overflow = 0;
+    long n = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || n < 1 || n > 4096)
+        return PyErr_Format(PyExc_ValueError, "num_threads must be in 1..4096, got %R", arg);
+    gt_status status = gt_set_num_threads((int)n);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+}
+
+static PyObject *get_num_threads(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(gt_get_num_threads());
+}
+
+static PyObject *set_simd_level(PyObject *module, PyObject *arg) {
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (!name)
+        return PyErr_Occurred() ? NULL
+                                : PyErr_Format(PyExc_TypeError, "level must be a str, not %.100s",
+                                               Py_TYPE(arg)->tp_name);
+    for (int level = GT_SIMD_SCALAR; level <= GT_SIMD_AVX512; level++) {
+        if (strcmp(name, gt_simd_name((gt_simd)level)) == 0) {
+            gt_status status = gt_set_simd_level((gt_simd)level);
+            return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+        }
+    }
+    return PyErr_Format(PyExc_ValueError, "level must be 'scalar', 'avx2' or 'avx512', got %R", arg);
+}
+
+static PyObject *cuda_device_count(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(gt_cuda_device_count());
+}
+
+static PyMethodDef runtime_methods[] = {
+    {"build_info", build_info, METH_NOARGS, "Facts about this build and machine as a dict."},
+    {"set_num_threads", set_num_threads, METH_O, "Threads for parallel loops and the BLAS."},
+    {"get_num_threads", get_num_threads, METH_NOARGS, "Threads used by parallel loops."},
+    {"set_simd_level", set_simd_level, METH_O, "Lower the SIMD level ('scalar', 'avx2', 'avx512')."},
+    {"cuda_device_count", cuda_device_count, METH_NOARGS, "Usable CUDA devices (0 without a driver)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int gtpy_add_runtime(PyObject *module) { return PyModule_AddFunctions(module, runtime_methods); }
