@@ -1,0 +1,80 @@
+"""Parameter: a named float32 array with an optional gradient, as optimizers see it.
+
+Inside a model, `data` and the gradient storage are views into the model's parameter and
+gradient arenas (one allocation each). `zero_grad(set_to_none=True)` only marks the gradient
+invalid: `.grad` then reads None and the next backward writes instead of accumulating, without
+touching the memory. Standalone parameters (tests, user code) hold their own arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Parameter:
+    """A trainable float32 tensor; `.data` and `.grad` are NumPy arrays (or `.grad` is None)."""
+
+    __slots__ = ("_data", "_grad_storage", "_grad_valid", "_in_arena", "name", "requires_grad")
+
+    def __init__(self, data: np.ndarray, name: str = "", requires_grad: bool = True) -> None:
+        array = np.asarray(data)
+        if array.dtype != np.float32:
+            raise TypeError(f"data must be a float32 array, got dtype {array.dtype}")
+        if not array.flags.c_contiguous:
+            raise ValueError("data must be C-contiguous")
+        self._data = array
+        self._grad_storage: np.ndarray | None = None
+        self._grad_valid = False
+        self._in_arena = False
+        self.name = name
+        self.requires_grad = requires_grad
+
+    @classmethod
+    def _in_arena(cls, data: np.ndarray, grad_storage: np.ndarray, name: str) -> Parameter:
+        """A parameter whose data and gradient live in a model's arenas."""
+        parameter = cls(data, name=name)
+        parameter._grad_storage = grad_storage
+        parameter._in_arena = True
+        return parameter
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        array = np.asarray(value, dtype=np.float32)
+        if array.shape != self._data.shape:
+            raise ValueError(f"data: expected shape {self._data.shape}, got {array.shape}")
+        self._data[...] = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape
+
+    @property
+    def grad(self) -> np.ndarray | None:
+        return self._grad_storage if self._grad_valid else None
+
+    @grad.setter
+    def grad(self, value: np.ndarray | None) -> None:
+        if value is None:
+            self._grad_valid = False
+            return
+        array = np.asarray(value)
+        if array.shape != self._data.shape:
+            raise ValueError(f"grad: expected shape {self._data.shape}, got {array.shape}")
+        if array.dtype != np.float32:
+            raise TypeError(f"grad must be a float32 array, got dtype {array.dtype}")
+        if not self._in_arena:
+            self._grad_storage = np.ascontiguousarray(array)
+        elif array is not self._grad_storage:
+            self._grad_storage[...] = array
+        self._grad_valid = True
+
+    def numel(self) -> int:
+        return int(self._data.size)
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"Parameter{label}(shape={self._data.shape}, grad={'set' if self._grad_valid else 'None'})"
