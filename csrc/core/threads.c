@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "core/threads.h"
 
 #include <cblas.h>

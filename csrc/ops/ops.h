@@ -1,0 +1,168 @@
+/* The op table every backend implements (DESIGN.md, "A backend is a table of op function
+ * pointers"). Conventions, after llm.c: outputs first, then inputs, then sizes; matrices are
+ * row-major; `n`, `rows`, `cols` count elements; pointers are device pointers of the backend.
+ *
+ * Precision: parameters and their gradients are always f32. Activations (`dt` arguments) are
+ * f32, f16 or bf16: ops load them into f32, compute in f32 and round the result once into
+ * `dt` with the shared RNE conversions (core/half.h). Reductions (softmax, LayerNorm
+ * statistics, losses, norms) accumulate in f32 or wider.
+ *
+ * Gradient accumulation: ops that produce parameter gradients take `accumulate`: 0 writes the
+ * gradient (the first backward after zero_grad(set_to_none=True)), 1 adds to it. Ops never
+ * allocate: scratch memory comes from the backend's workspace, sized by the plan through
+ * `gemm_workspace_bytes`. */
+#ifndef GT_OPS_H
+#define GT_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gt_backend gt_backend;
+
+typedef enum gt_gelu_kind {
+    GT_GELU_ERF = 0,   /* exact: x * Phi(x) */
+    GT_GELU_TANH = 1,  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+} gt_gelu_kind;
+
+typedef enum gt_activation {
+    GT_ACT_RELU = 0,
+    GT_ACT_GELU_ERF = 1,
+    GT_ACT_GELU_TANH = 2,
+    GT_ACT_TANH = 3,
+    GT_ACT_SILU = 4,
+} gt_activation;
+
+/* Where a dropout mask comes from: Philox(seed; stream_a = layer, stream_b = step; index). */
+typedef struct gt_dropout_key {
+    uint64_t seed;    /* the model's seed */
+    uint32_t layer;   /* layer id, unique per dropout layer in a model */
+    uint32_t step;    /* training step (micro-batches of one step share it, see micro) */
+    uint64_t offset;  /* element offset of this micro-batch: micro index * elements per micro */
+} gt_dropout_key;
+
+/* Arguments of a GEMM: C = alpha * op(A) @ op(B) + beta * C, row-major.
+ * op(A) is (m, k): A is (m, k) with lda >= k, or (k, m) with lda >= m when trans_a.
+ * op(B) is (k, n): B is (k, n) with ldb >= n, or (n, k) with ldb >= k when trans_b. */
+typedef struct gt_gemm_args {
+    int trans_a;            /* 1 when A is stored transposed */
+    int trans_b;            /* 1 when B is stored transposed */
+    int64_t m, n, k;        /* logical sizes of op(A) (m, k) and op(B) (k, n) */
+    float alpha;            /* scale of the product */
+    const void *a;          /* A; dtype a_dt */
+    gt_dtype a_dt;          /* f32, f16 or bf16 */
+    int64_t lda;            /* leading dimension of A in elements */
+    const void *b;          /* B; dtype b_dt */
+    gt_dtype b_dt;          /* f32, f16 or bf16 */
+    int64_t ldb;            /* leading dimension of B in elements */
+    float beta;             /* 0 overwrites C (without reading it), 1 accumulates */
+    void *c;                /* C; dtype c_dt */
+    gt_dtype c_dt;          /* f32, f16 or bf16 */
+    int64_t ldc;            /* leading dimension of C in elements */
+    int64_t batch;          /* number of GEMMs (1 for a plain GEMM) */
+    int64_t stride_a;       /* elements between consecutive A matrices (batch > 1) */
+    int64_t stride_b;       /* elements between consecutive B matrices */
+    int64_t stride_c;       /* elements between consecutive C matrices */
+} gt_gemm_args;
+
+typedef struct gt_ops {
+    const char *name;  /* "cpu" or "cuda" */
+
+    /* Scratch bytes the backend needs to run `args` (e.g. to widen half inputs). */
+    size_t (*gemm_workspace_bytes)(const gt_gemm_args *args);
+    gt_status (*gemm)(gt_backend *be, const gt_gemm_args *args);
+
+    /* out[r, c] += bias[c] for rows x cols; out has dtype dt, bias is f32. */
+    gt_status (*bias_add)(gt_backend *be, void *out, const float *bias, int64_t rows,
+                          int64_t cols, gt_dtype dt);
+    /* dbias[c] (+)= sum over rows of dout[r, c]; fixed summation order (deterministic). */
+    gt_status (*bias_backward)(gt_backend *be, float *dbias, const void *dout, int64_t rows,
+                               int64_t cols, gt_dtype dt, int accumulate);
+
+    /* out = act(in), elementwise over n. */
+    gt_status (*activation_forward)(gt_backend *be, void *out, const void *in, int64_t n,
+                                    gt_activation act, gt_dtype dt);
+    /* din = dout * act'(in), elementwise over n (din may alias dout). */
+    gt_status (*activation_backward)(gt_backend *be, void *din, const void *dout,
+                                     const void *in, int64_t n, gt_activation act, gt_dtype dt);
+
+    /* out = in * mask / (1 - p) with mask = uniform(key, i) >= p; p in [0, 1). */
+    gt_status (*dropout_forward)(gt_backend *be, void *out, const void *in, int64_t n, float p,
+                                 gt_dropout_key key, gt_dtype dt);
+    /* din = dout * mask / (1 - p), the mask regenerated from the same key. */
+    gt_status (*dropout_backward)(gt_backend *be, void *din, const void *dout, int64_t n,
+                                  float p, gt_dropout_key key, gt_dtype dt);
+
+    /* out = a + b elementwise (out may alias a or b). */
+    gt_status (*add)(gt_backend *be, void *out, const void *a, const void *b, int64_t n,
+                     gt_dtype dt);
+
+    /* LayerNorm over the last dim: out = (in - mean) * rstd * weight + bias.
+     * mean, rstd: (rows,) f32, saved for backward. */
+    gt_status (*layernorm_forward)(gt_backend *be, void *out, float *mean, float *rstd,
+                                   const void *in, const float *weight, const float *bias,
+                                   int64_t rows, int64_t cols, float eps, gt_dtype dt);
+    /* din = dLN/din (written); dweight, dbias (+)= per `accumulate`. */
+    gt_status (*layernorm_backward)(gt_backend *be, void *din, float *dweight, float *dbias,
+                                    const void *dout, const void *in, const float *weight,
+                                    const float *mean, const float *rstd, int64_t rows,
+                                    int64_t cols, gt_dtype dt, int accumulate);
+
+    /* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX). */
+    gt_status (*embedding_forward)(gt_backend *be, void *out, const int64_t *ids,
+                                   const float *table, int64_t n, int64_t num, int64_t dim,
+                                   gt_dtype dt);
+    /* dtable[ids[i], :] (+)= dout[i, :]; deterministic (fixed order per row of dtable). */
+    gt_status (*embedding_backward)(gt_backend *be, float *dtable, const void *dout,
+                                    const int64_t *ids, int64_t n, int64_t num, int64_t dim,
+                                    gt_dtype dt, int accumulate);
+
+    /* Fused softmax + cross-entropy over logits (rows, classes) with integer targets.
+     * losses[r] = per-row loss (0 for ignored rows); *count = rows not ignored.
+     * When dlogits is non-NULL it receives dloss_scale * d(mean loss)/dlogits, i.e. for a
+     * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits).
+     * label_smoothing in [0, 1]; targets equal to ignore_index are skipped; others must be in
+     * [0, classes) (GT_ERR_INDEX naming the row otherwise). */
+    gt_status (*softmax_xent)(gt_backend *be, float *losses, int64_t *count, void *dlogits,
+                              const void *logits, const int64_t *targets, int64_t rows,
+                              int64_t classes, float label_smoothing, int64_t ignore_index,
+                              float dloss_scale, gt_dtype dt);
+    /* Mean squared error over n elements: *loss = mean((pred - target)^2);
+     * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n. target is f32. */
+    gt_status (*mse)(gt_backend *be, float *loss, void *dpred, const void *pred,
+                     const float *target, int64_t n, float dloss_scale, gt_dtype dt);
+
+    /* *out = sum of x[i]^2 over n f32 values, in a fixed order (same result for any threads). */
+    gt_status (*sum_squares)(gt_backend *be, double *out, const float *x, int64_t n);
+
+    /* dst = src converted between f32/f16/bf16 (RNE), n elements. */
+    gt_status (*cast)(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src,
+                      gt_dtype src_dt, int64_t n);
+    /* dst = src (bytes). */
+    gt_status (*copy)(gt_backend *be, void *dst, const void *src, size_t bytes);
+    /* dst = 0 (bytes). */
+    gt_status (*zero)(gt_backend *be, void *dst, size_t bytes);
+} gt_ops;
+
+/* A backend instance: its op table plus the scratch memory ops may use. */
+struct gt_backend {
+    const gt_ops *ops;      /* the functions */
+    gt_device device;       /* where its pointers live */
+    void *workspace;        /* scratch memory owned by the caller (a model's plan) */
+    size_t workspace_bytes; /* size of workspace */
+    void *impl;             /* backend-specific state (CUDA: stream and handles); NULL on CPU */
+};
+
+/* The CPU backend's table (csrc/ops/cpu_*.c). */
+const gt_ops *gt_cpu_ops(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
