@@ -1,10 +1,12 @@
 // CUDA device query and memory: the hooks behind core/alloc.c for cuda:N and pinned memory.
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <mutex>
 
-#include "cuda_backend.h"
 #include "core/device.h"
+#include "cuda_backend.h"
+#include "cuda_internal.cuh"
 
 namespace {
 
@@ -12,14 +14,32 @@ std::once_flag probe_once;
 int usable_devices = 0;             // devices found by the first probe
 char unavailable_reason[256] = "";  // why usable_devices is 0
 
+// Says why cudaGetDeviceCount failed, in the user's terms.
+void describe_probe_failure(cudaError_t err) {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (err == cudaErrorInsufficientDriver && driver == 0)
+        snprintf(unavailable_reason, sizeof unavailable_reason, "no NVIDIA driver (%s)",
+                 cudaGetErrorName(err));
+    else if (err == cudaErrorInsufficientDriver)
+        snprintf(unavailable_reason, sizeof unavailable_reason,
+                 "the NVIDIA driver supports CUDA %d.%d, older than the CUDA runtime %d.%d (%s)",
+                 driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10,
+                 cudaGetErrorName(err));
+    else if (err == cudaErrorNoDevice)
+        snprintf(unavailable_reason, sizeof unavailable_reason, "no CUDA device (%s)",
+                 cudaGetErrorName(err));
+    else
+        snprintf(unavailable_reason, sizeof unavailable_reason, "%s (%s)", cudaGetErrorString(err),
+                 cudaGetErrorName(err));
+}
+
 void probe_devices() {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
-        const char *why = err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice
-                              ? "no NVIDIA driver or no CUDA device"
-                              : cudaGetErrorString(err);
-        snprintf(unavailable_reason, sizeof unavailable_reason, "%s (%s)", why, cudaGetErrorName(err));
+        describe_probe_failure(err);
         cudaGetLastError();  // clear the sticky-free error state
         return;
     }
@@ -33,18 +53,11 @@ int device_count() {
     return usable_devices;
 }
 
-gt_status cuda_fail(cudaError_t err, const char *what) {
-    cudaGetLastError();
-    gt_status code = err == cudaErrorMemoryAllocation ? GT_ERR_OOM : GT_ERR_CUDA;
-    return gt_set_error(code, __FILE__, __LINE__, "%s failed: %s (%s)", what, cudaGetErrorString(err),
-                        cudaGetErrorName(err));
-}
-
 gt_status device_malloc(int index, size_t bytes, void **out) {
     cudaError_t err = cudaSetDevice(index);
     if (err == cudaSuccess)
         err = cudaMalloc(out, bytes);
-    return err == cudaSuccess ? GT_OK : cuda_fail(err, "cudaMalloc");
+    return err == cudaSuccess ? GT_OK : gt_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
 }
 
 void device_free(int index, void *ptr) {
@@ -56,7 +69,7 @@ gt_status host_alloc_pinned(size_t bytes, void **out) {
     if (device_count() == 0)
         return gt_set_error(GT_ERR_CUDA, __FILE__, __LINE__, "cannot pin memory: %s", unavailable_reason);
     cudaError_t err = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
-    return err == cudaSuccess ? GT_OK : cuda_fail(err, "cudaHostAlloc");
+    return err == cudaSuccess ? GT_OK : gt_cuda_error(err, "cudaHostAlloc", __FILE__, __LINE__);
 }
 
 void host_free_pinned(void *ptr) { cudaFreeHost(ptr); }
@@ -65,10 +78,35 @@ gt_status mem_get_info(int index, size_t *free_bytes, size_t *total_bytes) {
     cudaError_t err = cudaSetDevice(index);
     if (err == cudaSuccess)
         err = cudaMemGetInfo(free_bytes, total_bytes);
-    return err == cudaSuccess ? GT_OK : cuda_fail(err, "cudaMemGetInfo");
+    return err == cudaSuccess ? GT_OK : gt_cuda_error(err, "cudaMemGetInfo", __FILE__, __LINE__);
 }
 
 }  // namespace
+
+gt_status gt_cuda_error(cudaError_t err, const char *what, const char *file, int line) {
+    cudaGetLastError();
+    gt_status code = err == cudaErrorMemoryAllocation ? GT_ERR_OOM : GT_ERR_CUDA;
+    return gt_set_error(code, file, line, "%s failed: %s (%s)", what, cudaGetErrorString(err),
+                        cudaGetErrorName(err));
+}
+
+gt_status gt_cuda_require_available(void) {
+    if (device_count() == 0)
+        return GT_FAIL(GT_ERR_CUDA, "CUDA is not available: %s", unavailable_reason);
+    return GT_OK;
+}
+
+gt_status gt_cuda_require_device(int index, const char *arg_name) {
+    if (index < 0)
+        return GT_FAIL(GT_ERR_VALUE, "%s: CUDA device index must be >= 0, got %d", arg_name, index);
+    GT_TRY(gt_cuda_require_available());
+    int count = device_count();
+    if (index >= count)
+        return GT_FAIL(GT_ERR_VALUE, "%s: CUDA device %d does not exist (%d device%s)", arg_name,
+                       index, count, count == 1 ? "" : "s");
+    GT_CUDA_TRY(cudaSetDevice(index), "cudaSetDevice");
+    return GT_OK;
+}
 
 extern "C" void gt_cuda_install_hooks(void) {
     gt_cuda.device_count = device_count;

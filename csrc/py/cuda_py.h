@@ -1,0 +1,39 @@
+/* Private to the CUDA binding files (cuda.c, cuda_stream.c, cuda_event.c): the pieces they
+ * share. The CUDA calls themselves stay under #ifdef GT_WITH_CUDA in those files; in a
+ * CPU-only build every entry point raises gputrain.CudaError saying CUDA was not compiled in. */
+#ifndef GTPY_CUDA_PY_H
+#define GTPY_CUDA_PY_H
+
+#include "py/gtpy.h"
+
+#include "cuda_backend.h"
+
+/* What the CUDA bindings need to know about a gputrain._C.Buffer. */
+typedef struct gtpy_buffer_view {
+    void *ptr;         /* start of the buffer's memory */
+    size_t bytes;      /* size of the buffer in bytes */
+    gt_device device;  /* cpu, pinned or cuda:N */
+} gtpy_buffer_view;
+
+/* Raises gputrain.CudaError "CUDA was not compiled in ..." and returns NULL. */
+PyObject *gtpy_cuda_not_compiled(PyObject *module);
+
+/* Reads a Buffer argument; raises TypeError naming `arg_name` for anything else. */
+int gtpy_buffer_view_of(PyObject *module, PyObject *obj, const char *arg_name,
+                        gtpy_buffer_view *out);
+
+/* Reads an int argument (a device index or a byte count) into `out`; TypeError for a
+ * non-int or bool, ValueError outside [min_value, max_value]. */
+int gtpy_int_arg(PyObject *obj, const char *arg_name, long min_value, long max_value, int *out);
+
+/* The stream behind a CudaStream argument; NULL with TypeError/ValueError set otherwise. */
+gt_cuda_stream *gtpy_cuda_stream_of(PyObject *module, PyObject *obj, const char *arg_name);
+
+/* Keeps `obj` alive until the CudaStream `stream` is next seen idle (synchronize, or a query
+ * that finds it done), so that async work never outlives the memory it reads or writes. */
+int gtpy_cuda_stream_keep(PyObject *stream, PyObject *obj);
+
+/* The event behind a CudaEvent argument; NULL with TypeError/ValueError set otherwise. */
+gt_cuda_event *gtpy_cuda_event_of(PyObject *module, PyObject *obj, const char *arg_name);
+
+#endif
