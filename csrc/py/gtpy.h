@@ -47,5 +47,9 @@ int gtpy_add_cuda(PyObject *module);
 int gtpy_add_cuda_copy(PyObject *module);
 int gtpy_add_cuda_stream(PyObject *module);
 int gtpy_add_cuda_event(PyObject *module);
+int gtpy_add_scaler(PyObject *module);
+
+/* The gt_scaler inside a gputrain.amp.GradScaler (or _C.Scaler); NULL with TypeError otherwise. */
+struct gt_scaler *gtpy_scaler_get(PyObject *obj);
 
 #endif

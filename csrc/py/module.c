@@ -27,6 +27,7 @@ static const registration registrations[] = {
     gtpy_add_cuda_copy,
     gtpy_add_cuda_stream,
     gtpy_add_cuda_event,
+    gtpy_add_scaler,
 };
 
 static int module_exec(PyObject *module) {
