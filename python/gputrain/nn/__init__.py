@@ -1,5 +1,36 @@
 """gputrain.nn: layers composing into models trained by one C call per step."""
 
+from gputrain.nn.layers import (
+    GELU,
+    Dropout,
+    Embedding,
+    Flatten,
+    LayerNorm,
+    Linear,
+    ReLU,
+    Residual,
+    Sequential,
+    SiLU,
+    Tanh,
+)
+from gputrain.nn.loss import CrossEntropyLoss, MSELoss
+from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
 
-__all__ = ["Parameter"]
+__all__ = [
+    "GELU",
+    "CrossEntropyLoss",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "LayerNorm",
+    "Linear",
+    "MSELoss",
+    "Module",
+    "Parameter",
+    "ReLU",
+    "Residual",
+    "Sequential",
+    "SiLU",
+    "Tanh",
+]

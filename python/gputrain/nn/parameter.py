@@ -1,20 +1,32 @@
 """Parameter: a named float32 array with an optional gradient, as optimizers see it.
 
 Inside a model, `data` and the gradient storage are views into the model's parameter and
-gradient arenas (one allocation each). `zero_grad(set_to_none=True)` only marks the gradient
-invalid: `.grad` then reads None and the next backward writes instead of accumulating, without
-touching the memory. Standalone parameters (tests, user code) hold their own arrays.
+gradient arenas (one allocation each), and gradient validity is one flag of the model:
+`zero_grad(set_to_none=True)` only clears that flag, so `.grad` reads None and the next
+backward writes the gradients instead of accumulating, without touching their memory.
+Standalone parameters (tests, user code) hold their own arrays.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
+
+
+class GradOwner(Protocol):
+    """What a model offers its parameters: one validity flag for all gradients."""
+
+    grads_valid: bool
+
+    def zero_grads(self) -> None:
+        """Write zeros into every gradient."""
 
 
 class Parameter:
     """A trainable float32 tensor; `.data` and `.grad` are NumPy arrays (or `.grad` is None)."""
 
-    __slots__ = ("_data", "_grad_storage", "_grad_valid", "_in_arena", "name", "requires_grad")
+    __slots__ = ("_data", "_grad_storage", "_grad_valid", "_owner", "name", "requires_grad")
 
     def __init__(self, data: np.ndarray, name: str = "", requires_grad: bool = True) -> None:
         array = np.asarray(data)
@@ -25,16 +37,16 @@ class Parameter:
         self._data = array
         self._grad_storage: np.ndarray | None = None
         self._grad_valid = False
-        self._in_arena = False
+        self._owner: GradOwner | None = None
         self.name = name
         self.requires_grad = requires_grad
 
     @classmethod
-    def _in_arena(cls, data: np.ndarray, grad_storage: np.ndarray, name: str) -> Parameter:
+    def _in_arena(cls, data: np.ndarray, grad_storage: np.ndarray, name: str, owner: GradOwner) -> Parameter:
         """A parameter whose data and gradient live in a model's arenas."""
         parameter = cls(data, name=name)
         parameter._grad_storage = grad_storage
-        parameter._in_arena = True
+        parameter._owner = owner
         return parameter
 
     @property
@@ -54,11 +66,14 @@ class Parameter:
 
     @property
     def grad(self) -> np.ndarray | None:
-        return self._grad_storage if self._grad_valid else None
+        valid = self._owner.grads_valid if self._owner is not None else self._grad_valid
+        return self._grad_storage if valid else None
 
     @grad.setter
     def grad(self, value: np.ndarray | None) -> None:
         if value is None:
+            if self._owner is not None:
+                self._owner.grads_valid = False
             self._grad_valid = False
             return
         array = np.asarray(value)
@@ -66,15 +81,20 @@ class Parameter:
             raise ValueError(f"grad: expected shape {self._data.shape}, got {array.shape}")
         if array.dtype != np.float32:
             raise TypeError(f"grad must be a float32 array, got dtype {array.dtype}")
-        if not self._in_arena:
+        if self._owner is None:
             self._grad_storage = np.ascontiguousarray(array)
-        elif array is not self._grad_storage:
+            self._grad_valid = True
+            return
+        if not self._owner.grads_valid:  # the others read None: make them zeros, not stale values
+            self._owner.zero_grads()
+            self._owner.grads_valid = True
+        if array is not self._grad_storage:
             self._grad_storage[...] = array
-        self._grad_valid = True
 
     def numel(self) -> int:
         return int(self._data.size)
 
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
-        return f"Parameter{label}(shape={self._data.shape}, grad={'set' if self._grad_valid else 'None'})"
+        state = "None" if self.grad is None else "set"
+        return f"Parameter{label}(shape={self._data.shape}, grad={state})"

@@ -1,0 +1,183 @@
+"""The built-in layers, with PyTorch's constructor arguments and parameter names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gputrain.nn.module import Module
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+class Linear(Module):
+    """y = x W^T + b with W of shape (out_features, in_features)."""
+
+    _param_names = ("weight", "bias")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_features = _positive_int(in_features, "in_features")
+        self.out_features = _positive_int(out_features, "out_features")
+        self.has_bias = bool(bias)
+
+    def _has_param(self, name: str) -> bool:
+        return name == "weight" or self.has_bias
+
+    def _spec(self) -> tuple:
+        return ("linear", self.in_features, self.out_features, self.has_bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
+
+
+class _Activation(Module):
+    _c_name = ""
+
+    def _spec(self) -> tuple:
+        return ("activation", self._c_name)
+
+
+class ReLU(_Activation):
+    _c_name = "relu"
+
+
+class Tanh(_Activation):
+    _c_name = "tanh"
+
+
+class SiLU(_Activation):
+    _c_name = "silu"
+
+
+class GELU(_Activation):
+    """GELU with approximate='none' (erf, exact) or 'tanh'."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+        self._c_name = "gelu" if approximate == "none" else "gelu_tanh"
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class Dropout(Module):
+    """Zeroes elements with probability p in training, scaling the rest by 1/(1-p); the mask
+    comes from Philox(seed, layer, step, index), so it is reproducible and never stored."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)):
+            raise TypeError(f"p must be a float, not {type(p).__name__}")
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability has to be in [0, 1), but got {p}")
+        self.p = float(p)
+
+    def _spec(self) -> tuple:
+        return ("dropout", self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class LayerNorm(Module):
+    """Normalises the last dimension: (x - mean) / sqrt(var + eps) * weight + bias."""
+
+    _param_names = ("weight", "bias")
+
+    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, tuple):
+            if len(normalized_shape) != 1:
+                raise ValueError("normalized_shape: only the last dimension can be normalised")
+            normalized_shape = normalized_shape[0]
+        self.normalized_shape = _positive_int(normalized_shape, "normalized_shape")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps}")
+        self.eps = float(eps)
+        self.has_bias = bool(bias)
+
+    def _has_param(self, name: str) -> bool:
+        return name == "weight" or self.has_bias
+
+    def _spec(self) -> tuple:
+        return ("layernorm", self.normalized_shape, self.eps, self.has_bias)
+
+    def extra_repr(self) -> str:
+        return f"({self.normalized_shape},), eps={self.eps}"
+
+
+class Embedding(Module):
+    """Rows of a (num_embeddings, embedding_dim) table looked up by int64 ids."""
+
+    _param_names = ("weight",)
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings = _positive_int(num_embeddings, "num_embeddings")
+        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
+
+    def _spec(self) -> tuple:
+        return ("embedding", self.num_embeddings, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class Flatten(Module):
+    """(N, d1, d2, ...) -> (N, d1 * d2 * ...), a view."""
+
+    def _spec(self) -> tuple:
+        return ("flatten",)
+
+
+class Sequential(Module):
+    """Layers applied in order; children are named '0', '1', ... as in PyTorch."""
+
+    def __init__(self, *layers: Module) -> None:
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"layer {i} must be a gputrain.nn.Module, not {type(layer).__name__}")
+        self.layers = list(layers)
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return ((str(i), layer) for i, layer in enumerate(self.layers))
+
+    def __getitem__(self, index: int) -> Module:
+        return self.layers[index]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def _spec(self) -> tuple:
+        return ("sequential", self._spec_list())
+
+    def _spec_list(self) -> list[tuple]:
+        return [layer._spec() for layer in self.layers]
+
+
+class Residual(Module):
+    """x + block(x); with gradient checkpointing only x is kept and block(x) is recomputed
+    during backward. The block is a Sequential (layers given here are wrapped in one)."""
+
+    def __init__(self, *block: Module) -> None:
+        super().__init__()
+        if len(block) == 1 and isinstance(block[0], Sequential):
+            self.block = block[0]
+        else:
+            self.block = Sequential(*block)
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return iter((("block", self.block),))
+
+    def _spec(self) -> tuple:
+        return ("residual", self.block._spec_list())

@@ -1,0 +1,194 @@
+"""Module: the Python face of a layer. Modules describe layers; the root module compiles the
+tree into one gputrain._C.Model (parameter, gradient and activation arenas in C) the first
+time it is used, and hands every submodule its Parameters as views into those arenas."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from gputrain import _C, random
+from gputrain.nn.parameter import Parameter
+
+
+class _Compiled:
+    """A compiled model and the flat views of its arenas; the gradient owner of its Parameters."""
+
+    def __init__(self, spec: list[tuple], seed: int, device: str) -> None:
+        self.model = _C.Model(spec, seed, device=device)
+        self.device = device
+        self.params_flat, self.grads_flat = self.model.parameter_arrays()
+
+    @property
+    def grads_valid(self) -> bool:
+        return self.model.grads_valid
+
+    @grads_valid.setter
+    def grads_valid(self, value: bool) -> None:
+        self.model.grads_valid = bool(value)
+
+    def zero_grads(self) -> None:
+        self.grads_flat.fill(0.0)
+
+
+class Module:
+    """Base class of layers and containers, with PyTorch's model methods."""
+
+    _param_names: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._compiled: _Compiled | None = None
+        self._params: dict[str, Parameter] = {}
+        self.training = True
+
+    # -- structure, overridden by layers -------------------------------------------------
+    def _spec(self) -> tuple:
+        raise NotImplementedError(f"{type(self).__name__} has no C layer")
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return iter(())
+
+    def _spec_list(self) -> list[tuple]:
+        """The root's layers as the C spec of the top-level Sequential."""
+        return [self._spec()]
+
+    # -- compilation ---------------------------------------------------------------------
+    def _named_param_slots(self, prefix: str = "") -> Iterator[tuple[Module, str, str]]:
+        for name in self._param_names:
+            if self._has_param(name):
+                yield self, name, prefix + name
+        for child_name, child in self.named_children():
+            yield from child._named_param_slots(prefix + child_name + ".")
+
+    def _has_param(self, name: str) -> bool:
+        return True
+
+    def _compile(self, device: str = "cpu") -> _Compiled:
+        previous = {full: module._params[local].data.copy()
+                    for module, local, full in self._named_param_slots() if local in module._params}
+        compiled = _Compiled(self._spec_list(), random.next_seed(), device)
+        layout = compiled.model.parameter_layout()
+        slots = list(self._named_param_slots())
+        if len(slots) != len(layout):
+            raise RuntimeError(f"internal: {len(slots)} parameter names for {len(layout)} parameters")
+        for (module, local, full), (offset, shape) in zip(slots, layout):
+            count = int(np.prod(shape))
+            data = compiled.params_flat[offset:offset + count].reshape(shape)
+            grad = compiled.grads_flat[offset:offset + count].reshape(shape)
+            module._params[local] = Parameter._in_arena(data, grad, full, compiled)
+            if full in previous:  # keep values a submodule already had as a root of its own
+                data[...] = previous[full]
+        compiled.model.refresh_half_parameters()
+        for module in self.modules():
+            module._compiled = None
+        self._compiled = compiled
+        self._apply_training(self.training)
+        return compiled
+
+    @property
+    def compiled(self) -> _C.Model:
+        """The C model behind this module (compiled on first use)."""
+        return (self._compiled or self._compile()).model
+
+    def __getattr__(self, name: str) -> Any:
+        if name in type(self)._param_names:
+            if name not in self.__dict__.get("_params", {}):
+                self.compiled  # compiling creates the parameters
+            params = self.__dict__["_params"]
+            if name in params:
+                return params[name]
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # -- PyTorch-style API ---------------------------------------------------------------
+    def modules(self) -> Iterator[Module]:
+        yield self
+        for _, child in self.named_children():
+            yield from child.modules()
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        if self._compiled is None:
+            self._compile()
+        for module, local, full in self._named_param_slots():
+            yield full, module._params[local]
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, parameter in self.named_parameters():
+            yield parameter
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def state_dict(self) -> OrderedDict[str, np.ndarray]:
+        """Copies of the parameters under PyTorch's names ('0.weight', '0.bias', ...)."""
+        return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Copy arrays (NumPy, or anything np.asarray accepts, e.g. CPU torch tensors) in."""
+        own = dict(self.named_parameters())
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        for name, value in state_dict.items():
+            if name not in own:
+                continue
+            array = np.asarray(value, dtype=np.float32)
+            if array.shape != own[name].shape:
+                raise ValueError(f"state_dict[{name!r}]: expected shape {own[name].shape}, got {array.shape}")
+            own[name].data[...] = array
+        self.compiled.refresh_half_parameters()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients: mark them None (no memory touched) or write zeros."""
+        compiled = self._compiled or self._compile()
+        if set_to_none:
+            compiled.grads_valid = False
+        else:
+            compiled.zero_grads()
+            compiled.grads_valid = True
+
+    def _apply_training(self, mode: bool) -> None:
+        for module in self.modules():
+            module.training = mode
+        if self._compiled is not None:
+            self._compiled.model.training = mode
+
+    def train(self, mode: bool = True) -> Module:
+        if not isinstance(mode, bool):
+            raise TypeError("mode must be a bool")
+        self._apply_training(mode)
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def to(self, device: str) -> Module:
+        """Move the model to `device` ('cpu' or 'cuda[:N]'), keeping its parameter values."""
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a str, not {type(device).__name__}")
+        current = self._compiled.device if self._compiled is not None else None
+        if device != current:
+            self._compile(device)  # keeps the parameter values
+        return self
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """Forward pass (dropout follows train()/eval()); returns a new float32 array."""
+        return self.compiled.forward(x)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        children = list(self.named_children())
+        if not children:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        lines = [f"{type(self).__name__}("]
+        for name, child in children:
+            lines.extend(f"  ({name}): " + line if i == 0 else "  " + line
+                         for i, line in enumerate(repr(child).splitlines()))
+        lines.append(")")
+        return "\n".join(lines)
