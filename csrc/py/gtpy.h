@@ -43,6 +43,7 @@ int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_
 int gtpy_add_memory(PyObject *module);
 int gtpy_add_runtime(PyObject *module);
 int gtpy_add_buffer(PyObject *module);
+int gtpy_add_cast(PyObject *module);
 int gtpy_add_cuda(PyObject *module);
 int gtpy_add_cuda_copy(PyObject *module);
 int gtpy_add_cuda_stream(PyObject *module);

@@ -23,6 +23,7 @@ static const registration registrations[] = {
     gtpy_add_memory,
     gtpy_add_runtime,
     gtpy_add_buffer,
+    gtpy_add_cast,
     gtpy_add_cuda,
     gtpy_add_cuda_copy,
     gtpy_add_cuda_stream,
