@@ -34,25 +34,63 @@ static PyObject *scaler_raise(PyObject *self, gt_status status) {
     return module ? gtpy_raise(module, status) : NULL;
 }
 
+/* Reads an optional int keyword (NULL: not given) in [low, high] into *out, naming it in errors. */
+static int read_int(PyObject *obj, const char *name, long long low, long long high, long long *out) {
+    if (!obj)
+        return 0;
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || value < low || value > high) {
+        PyErr_Format(PyExc_ValueError, "%s must be in %lld..%lld, got %R", name, low, high, obj);
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
+/* Reads an optional real-number argument (NULL: not given) into *out, naming it in errors. */
+static int read_double(PyObject *obj, const char *name, double *out) {
+    if (!obj)
+        return 0;
+    double value = PyFloat_AsDouble(obj);
+    if (value == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s", name,
+                         Py_TYPE(obj)->tp_name);
+        }
+        return -1;
+    }
+    *out = value;
+    return 0;
+}
+
 static int scaler_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"init_scale", "growth_factor", "backoff_factor", "growth_interval",
                                "enabled", "min_scale", NULL};
+    PyObject *init_obj = NULL, *growth_obj = NULL, *backoff_obj = NULL, *interval_obj = NULL;
+    PyObject *min_scale_obj = Py_None;
+    int enabled = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOOOp$O:Scaler", keywords, &init_obj, &growth_obj,
+                                     &backoff_obj, &interval_obj, &enabled, &min_scale_obj))
+        return -1;
     double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5, min_scale = 0.0;
     long long growth_interval = 2000;
-    int enabled = 1;
-    PyObject *min_scale_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|dddLp$O:Scaler", keywords, &init_scale,
-                                     &growth_factor, &backoff_factor, &growth_interval, &enabled,
-                                     &min_scale_obj))
+    if (read_double(init_obj, "init_scale", &init_scale) < 0 ||
+        read_double(growth_obj, "growth_factor", &growth_factor) < 0 ||
+        read_double(backoff_obj, "backoff_factor", &backoff_factor) < 0 ||
+        read_int(interval_obj, "growth_interval", 1, INT32_MAX, &growth_interval) < 0 ||
+        read_double(min_scale_obj == Py_None ? NULL : min_scale_obj, "min_scale", &min_scale) < 0)
         return -1;
-    if (min_scale_obj != Py_None) {
-        min_scale = PyFloat_AsDouble(min_scale_obj);
-        if (min_scale == -1.0 && PyErr_Occurred())
-            return -1;
-        if (!(min_scale > 0.0)) {
-            PyErr_Format(PyExc_ValueError, "min_scale must be > 0 or None, got %R", min_scale_obj);
-            return -1;
-        }
+    if (min_scale_obj != Py_None && !(min_scale > 0.0)) {
+        PyErr_Format(PyExc_ValueError, "min_scale must be > 0 or None, got %R", min_scale_obj);
+        return -1;
     }
     gt_status status = gt_scaler_init(&((ScalerObject *)self)->state, init_scale, growth_factor,
                                       backoff_factor, growth_interval, min_scale, enabled);
@@ -128,37 +166,6 @@ static PyObject *scaler_set_scale(PyObject *self, PyObject *args) {
     return status == GT_OK ? Py_NewRef(Py_None) : scaler_raise(self, status);
 }
 
-/* Reads an optional int keyword (NULL: not given) in [low, high] into *out, naming it in errors. */
-static int read_int(PyObject *obj, const char *name, long long low, long long high, long long *out) {
-    if (!obj)
-        return 0;
-    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    int overflow = 0;
-    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (value == -1 && PyErr_Occurred())
-        return -1;
-    if (overflow || value < low || value > high) {
-        PyErr_Format(PyExc_ValueError, "%s must be in %lld..%lld, got %R", name, low, high, obj);
-        return -1;
-    }
-    *out = value;
-    return 0;
-}
-
-/* Reads an optional float keyword (NULL: not given) into *out. */
-static int read_double(PyObject *obj, double *out) {
-    if (!obj)
-        return 0;
-    double value = PyFloat_AsDouble(obj);
-    if (value == -1.0 && PyErr_Occurred())
-        return -1;
-    *out = value;
-    return 0;
-}
-
 /* Sets any of the scale, the factors, the interval, the tracker and the counters at once:
  * every value is checked before any is stored (load_state_dict, set_*, unpickling). */
 static PyObject *scaler_configure(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -173,10 +180,11 @@ static PyObject *scaler_configure(PyObject *self, PyObject *args, PyObject *kwar
     double scale_value = next.scale;
     long long interval_value = next.growth_interval, tracker_value = next.growth_tracker;
     long long skipped_value = next.skipped_steps, consecutive_value = next.consecutive_skipped_steps;
-    if (read_double(scale, &scale_value) < 0 || read_double(growth, &next.growth_factor) < 0 ||
-        read_double(backoff, &next.backoff_factor) < 0 ||
+    if (read_double(scale, "scale", &scale_value) < 0 ||
+        read_double(growth, "growth_factor", &next.growth_factor) < 0 ||
+        read_double(backoff, "backoff_factor", &next.backoff_factor) < 0 ||
         read_int(interval, "growth_interval", 1, INT32_MAX, &interval_value) < 0 ||
-        read_int(tracker, "_growth_tracker", 0, INT32_MAX, &tracker_value) < 0 ||
+        read_int(tracker, "_growth_tracker", INT32_MIN, INT32_MAX, &tracker_value) < 0 ||
         read_int(skipped, "skipped_steps", 0, INT64_MAX, &skipped_value) < 0 ||
         read_int(consecutive, "consecutive_skipped_steps", 0, INT64_MAX, &consecutive_value) < 0)
         return NULL;

@@ -59,8 +59,6 @@ gt_status gt_scaler_validate(const gt_scaler *s) {
         return GT_FAIL(GT_ERR_VALUE, "scaler: NULL");
     if (!(s->scale >= 0.0f) || gt_f32_is_nonfinite(s->scale))
         return GT_FAIL(GT_ERR_VALUE, "scale must be finite and >= 0, got %g", (double)s->scale);
-    if (s->growth_tracker < 0)
-        return GT_FAIL(GT_ERR_VALUE, "growth_tracker must be >= 0, got %d", (int)s->growth_tracker);
     return check_factors(s->growth_factor, s->backoff_factor, s->growth_interval, s->min_scale);
 }
 

@@ -33,7 +33,7 @@ gt_status gt_scaler_init(gt_scaler *out, double init_scale, double growth_factor
                          int enabled);
 
 /* Checks a filled-in scaler (after a caller changed fields): the rules of gt_scaler_init, with
- * `scale` allowed to be 0 (a backoff can reach it) and growth_tracker >= 0. */
+ * `scale` allowed to be 0 (a backoff can reach it); any growth_tracker is accepted. */
 gt_status gt_scaler_validate(const gt_scaler *s);
 
 /* Multiplies grad[0..n) by gt_scaler_inv_scale(s) in fp32, in place (no multiply when it is 1),

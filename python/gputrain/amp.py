@@ -210,7 +210,8 @@ class GradScaler(_C.Scaler):
     def update(self, new_scale: float | np.ndarray | None = None) -> None:
         """End the iteration: back off after NaN/Inf, grow after growth_interval clean ones.
 
-        `new_scale` sets the scale directly instead (rounded to float32). Either way the
+        Warns (ScaleUnderflowWarning) when a backoff takes the scale below 1. `new_scale` sets
+        the scale directly instead (rounded to float32, growth tracker kept). Either way the
         iteration's NaN/Inf result is counted in skipped_steps / consecutive_skipped_steps.
         """
         if not self._enabled:
@@ -218,16 +219,16 @@ class GradScaler(_C.Scaler):
         found_infs = [s.found_inf for s in self._per_optimizer_states.values() if s.stage is not OptState.READY]
         if self._arrays_found_inf is not None:
             found_infs.append(self._arrays_found_inf)
-        before = self._scale
         if new_scale is not None:
             self._set_scale(_scalar(new_scale, "new_scale"), any(found_infs))
         elif not found_infs:
             raise RuntimeError("No inf checks were recorded prior to update().")
         else:
+            before = self._scale
             self._update(any(found_infs))
+            self._warn_if_below_one(before)
         self._per_optimizer_states.clear()
         self._arrays_found_inf = None
-        self._warn_if_below_one(before)
 
     def _warn_if_below_one(self, before: float) -> None:
         after = self._scale
