@@ -1,0 +1,35 @@
+/* The dropout mask rule every backend follows (DESIGN.md principles 3 and 4): the mask is a pure
+ * function of (seed, layer, step, element), never a stored RNG stream.
+ *
+ * Element g = offset + i (offset: the micro-batch's element offset, i: the index in the tensor)
+ * of dropout layer `layer` at training step `step` uses word g % 4 of
+ *     gt_philox_random4(seed, stream_a = layer, stream_b = step, index = g / 4)
+ * (so one Philox call serves four consecutive elements), u = gt_uint32_to_uniform(word) in
+ * [0, 1) with 24 random bits, and the element is kept when u >= p. Kept elements are scaled by
+ * 1 / (1 - p), computed in f32; dropped ones are multiplied by 0 (NaN and inf stay NaN, as in
+ * PyTorch's x * mask * scale). */
+#ifndef GT_DROPOUT_H
+#define GT_DROPOUT_H
+
+#include <stdint.h>
+
+#include "core/hd.h"
+#include "core/philox.h"
+
+/* The factor of kept elements, 1 / (1 - p) in f32. */
+GT_HD float gt_dropout_scale(float p) { return 1.0f / (1.0f - p); }
+
+/* scale when the element drawn from `word` is kept (u >= p), else 0. */
+GT_HD float gt_dropout_factor(uint32_t word, float p, float scale) {
+    return gt_uint32_to_uniform(word) >= p ? scale : 0.0f;
+}
+
+/* The multiplier of element g (see above): a self-contained form for one element per thread. */
+GT_HD float gt_dropout_element_factor(uint64_t seed, uint32_t layer, uint32_t step, uint64_t g,
+                                      float p, float scale) {
+    uint32_t words[4];
+    gt_philox_random4(seed, layer, step, g / 4u, words);
+    return gt_dropout_factor(words[g % 4u], p, scale);
+}
+
+#endif

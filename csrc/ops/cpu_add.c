@@ -1,0 +1,26 @@
+/* CPU residual add: out = a + b elementwise in f32, rounded once into dt (out may alias a or b:
+ * each element is read before it is written). */
+#include "ops/cpu_kernels.h"
+#include "ops/cpu_ops.h"
+
+GT_INLINE void add_body(void *out, const void *a, const void *b, size_t begin, size_t end,
+                        gt_dtype dt) {
+    for (size_t i = begin; i < end; i++)
+        gt_cpu_store(out, i, gt_cpu_load(a, i, dt) + gt_cpu_load(b, i, dt), dt);
+}
+GT_CPU_KERNEL(add, (void *out, const void *a, const void *b, size_t begin, size_t end,
+                    gt_dtype dt), out, a, b, begin, end)
+
+gt_status gt_cpu_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n,
+                     gt_dtype dt) {
+    GT_TRY(gt_cpu_check_size(n, "n"));
+    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    __typeof__(&add_scalar) kernel = GT_CPU_RUN(add);
+    size_t count = (size_t)n, chunks = gt_cpu_chunks(count);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        size_t begin = c * GT_CPU_CHUNK;
+        kernel(out, a, b, begin, gt_cpu_chunk_end(begin, count), dt);
+    }
+    return GT_OK;
+}

@@ -1,0 +1,157 @@
+/* CPU GEMM through OpenBLAS cblas_sgemm (row-major): C = alpha op(A) op(B) + beta C.
+ * f32 operands go straight to sgemm (beta = 0 does not read C). OpenBLAS has no half GEMM here,
+ * so f16/bf16 operands are widened exactly to f32 in the backend's workspace (one batch at a
+ * time), multiplied by sgemm, and the f32 result is rounded once into a half C; a half C is
+ * widened first only when beta != 0. Batches run one after the other, each sgemm using the
+ * BLAS threads. */
+#include <cblas.h>
+#include <limits.h>
+
+#include "core/alloc.h"
+#include "core/cast.h"
+#include "ops/cpu_kernels.h"
+#include "ops/cpu_ops.h"
+
+/* The f32 copies of the half operands of one batch, carved from the workspace. */
+typedef struct gemm_scratch {
+    float *a;  /* op(A) stored as A is, compact: (a_rows, a_cols); NULL when A is f32 */
+    float *b;  /* B compact: (b_rows, b_cols); NULL when B is f32 */
+    float *c;  /* C compact: (m, n); NULL when C is f32 */
+} gemm_scratch;
+
+static size_t a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
+static size_t a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }
+static size_t b_rows(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->n : g->k); }
+static size_t b_cols(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->k : g->n); }
+
+size_t gt_cpu_gemm_workspace_bytes(const gt_gemm_args *args) {
+    size_t bytes = 0;
+    if (args->a_dt != GT_F32)
+        bytes += gt_align_up(a_rows(args) * a_cols(args) * sizeof(float));
+    if (args->b_dt != GT_F32)
+        bytes += gt_align_up(b_rows(args) * b_cols(args) * sizeof(float));
+    if (args->c_dt != GT_F32)
+        bytes += gt_align_up((size_t)args->m * (size_t)args->n * sizeof(float));
+    return bytes;
+}
+
+/* Fails unless value fits OpenBLAS's 32-bit int arguments and is >= minimum. */
+static gt_status check_dim(int64_t value, int64_t minimum, const char *arg_name) {
+    if (value < minimum || value > INT_MAX)
+        return GT_FAIL(GT_ERR_VALUE, "%s: must be in [%lld, %d], got %lld", arg_name,
+                       (long long)minimum, INT_MAX, (long long)value);
+    return GT_OK;
+}
+
+static gt_status check_gemm(const gt_gemm_args *g) {
+    GT_TRY(gt_cpu_check_dtype(g->a_dt, "a_dt"));
+    GT_TRY(gt_cpu_check_dtype(g->b_dt, "b_dt"));
+    GT_TRY(gt_cpu_check_dtype(g->c_dt, "c_dt"));
+    GT_TRY(check_dim(g->m, 0, "m"));
+    GT_TRY(check_dim(g->n, 0, "n"));
+    GT_TRY(check_dim(g->k, 0, "k"));
+    GT_TRY(check_dim(g->lda, a_cols(g) > 1 ? (int64_t)a_cols(g) : 1, "lda"));
+    GT_TRY(check_dim(g->ldb, b_cols(g) > 1 ? (int64_t)b_cols(g) : 1, "ldb"));
+    GT_TRY(check_dim(g->ldc, g->n > 1 ? g->n : 1, "ldc"));
+    if (g->batch < 1)
+        return GT_FAIL(GT_ERR_VALUE, "batch: must be >= 1, got %lld", (long long)g->batch);
+    if (g->batch > 1 && (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0))
+        return GT_FAIL(GT_ERR_VALUE, "stride_a/stride_b/stride_c: must be >= 0");
+    if (g->m > 0 && g->n > 0) {
+        GT_TRY(gt_cpu_check_ptr(g->c, "c"));
+        if (g->k > 0) {
+            GT_TRY(gt_cpu_check_ptr(g->a, "a"));
+            GT_TRY(gt_cpu_check_ptr(g->b, "b"));
+        }
+    }
+    return GT_OK;
+}
+
+/* Splits the workspace into the f32 copies the half operands need. */
+static gt_status carve_scratch(gt_backend *be, const gt_gemm_args *g, gemm_scratch *s) {
+    size_t need = gt_cpu_gemm_workspace_bytes(g);
+    if (need > 0 && (!be->workspace || be->workspace_bytes < need))
+        return GT_FAIL(GT_ERR_RUNTIME,
+                       "workspace: a half-precision GEMM (%lld x %lld x %lld) needs %zu bytes, "
+                       "the backend has %zu", (long long)g->m, (long long)g->n, (long long)g->k,
+                       need, be->workspace ? be->workspace_bytes : (size_t)0);
+    char *next = (char *)be->workspace;
+    s->a = s->b = s->c = NULL;
+    if (g->a_dt != GT_F32) {
+        s->a = (float *)next;
+        next += gt_align_up(a_rows(g) * a_cols(g) * sizeof(float));
+    }
+    if (g->b_dt != GT_F32) {
+        s->b = (float *)next;
+        next += gt_align_up(b_rows(g) * b_cols(g) * sizeof(float));
+    }
+    if (g->c_dt != GT_F32)
+        s->c = (float *)next;
+    return GT_OK;
+}
+
+/* dst (rows, cols) with leading dimension dst_ld = src converted, rows in parallel. */
+static gt_status convert_rows(void *dst, gt_dtype dst_dt, size_t dst_ld, const void *src,
+                              gt_dtype src_dt, size_t src_ld, size_t rows, size_t cols) {
+    if (rows == 0 || cols == 0)
+        return GT_OK;
+    if (src_ld == cols && dst_ld == cols)
+        return gt_cast(src, src_dt, dst, dst_dt, rows * cols);
+    size_t dst_size = gt_dtype_size(dst_dt), src_size = gt_dtype_size(src_dt);
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed) if (rows * cols > GT_CPU_CHUNK)
+    for (size_t r = 0; r < rows; r++)
+        failed |= gt_cast((const char *)src + r * src_ld * src_size, src_dt,
+                          (char *)dst + r * dst_ld * dst_size, dst_dt, cols) != GT_OK;
+    if (failed)
+        return GT_FAIL(GT_ERR_RUNTIME, "gemm: converting a %s matrix to %s failed",
+                       gt_dtype_name(src_dt), gt_dtype_name(dst_dt));
+    return GT_OK;
+}
+
+/* One GEMM of the batch: widen the half operands, sgemm, round a half C. */
+static gt_status gemm_one(const gt_gemm_args *g, const gemm_scratch *s, const void *a,
+                          const void *b, void *c) {
+    const float *a32 = a, *b32 = b;
+    float *c32 = c;
+    int lda = (int)g->lda, ldb = (int)g->ldb, ldc = (int)g->ldc;
+    if (s->a) {
+        GT_TRY(convert_rows(s->a, GT_F32, a_cols(g), a, g->a_dt, (size_t)g->lda, a_rows(g), a_cols(g)));
+        a32 = s->a, lda = (int)(a_cols(g) > 1 ? a_cols(g) : 1);
+    }
+    if (s->b) {
+        GT_TRY(convert_rows(s->b, GT_F32, b_cols(g), b, g->b_dt, (size_t)g->ldb, b_rows(g), b_cols(g)));
+        b32 = s->b, ldb = (int)(b_cols(g) > 1 ? b_cols(g) : 1);
+    }
+    if (s->c) {
+        c32 = s->c, ldc = (int)(g->n > 1 ? g->n : 1);
+        if (g->beta != 0.0f)
+            GT_TRY(convert_rows(c32, GT_F32, (size_t)g->n, c, g->c_dt, (size_t)g->ldc,
+                                (size_t)g->m, (size_t)g->n));
+    }
+    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
+                g->trans_b ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k,
+                g->alpha, a32, lda, b32, ldb, g->beta, c32, ldc);
+    if (s->c)
+        GT_TRY(convert_rows(c, g->c_dt, (size_t)g->ldc, c32, GT_F32, (size_t)g->n,
+                            (size_t)g->m, (size_t)g->n));
+    return GT_OK;
+}
+
+gt_status gt_cpu_gemm(gt_backend *be, const gt_gemm_args *args) {
+    GT_TRY(gt_cpu_check_ptr(args, "args"));
+    GT_TRY(check_gemm(args));
+    if (args->m == 0 || args->n == 0)
+        return GT_OK;
+    gemm_scratch scratch = {NULL, NULL, NULL};
+    GT_TRY(carve_scratch(be, args, &scratch));
+    size_t a_size = gt_dtype_size(args->a_dt), b_size = gt_dtype_size(args->b_dt);
+    size_t c_size = gt_dtype_size(args->c_dt);
+    for (int64_t i = 0; i < args->batch; i++) {
+        const char *a = args->a ? (const char *)args->a + (size_t)(i * args->stride_a) * a_size : NULL;
+        const char *b = args->b ? (const char *)args->b + (size_t)(i * args->stride_b) * b_size : NULL;
+        char *c = (char *)args->c + (size_t)(i * args->stride_c) * c_size;
+        GT_TRY(gemm_one(args, &scratch, a, b, c));
+    }
+    return GT_OK;
+}

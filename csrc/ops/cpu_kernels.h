@@ -1,0 +1,111 @@
+/* Private helpers of the CPU backend (csrc/ops/cpu_*.c): dtype-specialised loads and stores,
+ * SIMD-level variants of a kernel, and the fixed chunking of parallel loops.
+ *
+ * A kernel is written once as an always-inline `<name>_body(..., gt_dtype dt)`. GT_CPU_KERNEL
+ * compiles it three times (portable, AVX2, AVX-512 via target attributes); each variant
+ * switches on `dt` outside the loop and calls the body with a constant dtype, so the loads
+ * and stores below fold to one conversion and the loop vectorises. The build uses
+ * -ffp-contract=off, so the three variants give bit-identical results: only the width of the
+ * vector registers differs. GT_CPU_RUN(name) picks the variant for gt_simd_level(). */
+#ifndef GT_CPU_KERNELS_H
+#define GT_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/half.h"
+#include "core/simd.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+#define GT_INLINE static inline __attribute__((always_inline))
+#define GT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define GT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* Elements per chunk of a parallel elementwise loop: chunks, not threads, fix the work split. */
+enum { GT_CPU_CHUNK = 16384 };
+
+/* Element i of an activation array of dtype dt, widened to f32 (exact). */
+GT_INLINE float gt_cpu_load(const void *base, size_t i, gt_dtype dt) {
+    if (dt == GT_F16)
+        return gt_f16_to_f32(((const uint16_t *)base)[i]);
+    if (dt == GT_BF16)
+        return gt_bf16_to_f32(((const uint16_t *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+/* Stores an f32 value into element i of an array of dtype dt, rounding once (RNE). */
+GT_INLINE void gt_cpu_store(void *base, size_t i, float value, gt_dtype dt) {
+    if (dt == GT_F16)
+        ((uint16_t *)base)[i] = gt_f32_to_f16(value);
+    else if (dt == GT_BF16)
+        ((uint16_t *)base)[i] = gt_f32_to_bf16(value);
+    else
+        ((float *)base)[i] = value;
+}
+
+/* Defines <name>_<level> for the three SIMD levels; PARAMS must declare `gt_dtype dt` and
+ * ARGS are the arguments passed on to <name>_body before the constant dtype. */
+#define GT_CPU_KERNEL_AT(name, level, attr, PARAMS, ...)                  \
+    attr static void name##_##level PARAMS {                              \
+        switch (dt) {                                                     \
+        case GT_F16: name##_body(__VA_ARGS__, GT_F16); break;             \
+        case GT_BF16: name##_body(__VA_ARGS__, GT_BF16); break;           \
+        default: name##_body(__VA_ARGS__, GT_F32); break;                 \
+        }                                                                 \
+    }
+
+#define GT_CPU_KERNEL(name, PARAMS, ...)                                  \
+    GT_CPU_KERNEL_AT(name, scalar, , PARAMS, __VA_ARGS__)                 \
+    GT_CPU_KERNEL_AT(name, avx2, GT_TARGET_AVX2, PARAMS, __VA_ARGS__)     \
+    GT_CPU_KERNEL_AT(name, avx512, GT_TARGET_AVX512, PARAMS, __VA_ARGS__)
+
+/* The variant of kernel `name` for the SIMD level in use (a function designator). */
+#define GT_CPU_RUN(name)                                                  \
+    (gt_simd_level() == GT_SIMD_AVX512 ? name##_avx512                    \
+     : gt_simd_level() == GT_SIMD_AVX2 ? name##_avx2                      \
+                                        : name##_scalar)
+
+/* Number of GT_CPU_CHUNK-sized chunks covering n elements. */
+static inline size_t gt_cpu_chunks(size_t n) { return (n + GT_CPU_CHUNK - 1) / GT_CPU_CHUNK; }
+
+/* One past the last element of the chunk that starts at `begin`, for n elements in all. */
+static inline size_t gt_cpu_chunk_end(size_t begin, size_t n) {
+    return n - begin > GT_CPU_CHUNK ? begin + GT_CPU_CHUNK : n;
+}
+
+/* Lanes of a fixed-order sum (GT_LANE_SUM). */
+enum { GT_LANES = 8 };
+
+/* out = the sum in double of EXPR (a double expression of the index `k`) over k in
+ * [begin, end), in an order fixed by begin and end only: lane j adds the k with
+ * (k - begin) % 8 == j in increasing k, and the lanes are combined pairwise. The lanes are
+ * explicit, so the loop vectorises without reassociation and every SIMD level and thread
+ * count gives the same bits. */
+#define GT_LANE_SUM(out, begin, end, EXPR)                                              \
+    do {                                                                                \
+        double lanes_[GT_LANES] = {0};                                                  \
+        size_t base_ = (begin), end_ = (end);                                           \
+        for (; end_ - base_ >= GT_LANES; base_ += GT_LANES)                             \
+            for (size_t j_ = 0; j_ < GT_LANES; j_++) {                                  \
+                size_t k = base_ + j_;                                                  \
+                lanes_[j_] += (EXPR);                                                   \
+            }                                                                           \
+        for (size_t j_ = 0; base_ + j_ < end_; j_++) {                                  \
+            size_t k = base_ + j_;                                                      \
+            lanes_[j_] += (EXPR);                                                       \
+        }                                                                               \
+        (out) = ((lanes_[0] + lanes_[1]) + (lanes_[2] + lanes_[3])) +                   \
+                ((lanes_[4] + lanes_[5]) + (lanes_[6] + lanes_[7]));                    \
+    } while (0)
+
+/* Fails with GT_ERR_VALUE unless `dt` is an activation dtype (f32, f16, bf16). */
+gt_status gt_cpu_check_dtype(gt_dtype dt, const char *arg_name);
+
+/* Fails with GT_ERR_VALUE when a size is negative. */
+gt_status gt_cpu_check_size(int64_t value, const char *arg_name);
+
+/* Fails with GT_ERR_VALUE when a pointer needed for a non-empty op is NULL. */
+gt_status gt_cpu_check_ptr(const void *ptr, const char *arg_name);
+
+#endif

@@ -1,0 +1,119 @@
+/* CPU fused softmax + cross-entropy with label smoothing and ignore_index (PyTorch semantics).
+ * For a counted row with target t, C classes and smoothing e, with m = max_j x_j and
+ * lse = m + log(sum_j exp(x_j - m)) (the max subtraction keeps exp in range):
+ *   loss = (1 - e) (lse - x_t) + e (lse - mean_j x_j)      [(1-e) nll + e mean_j -log p_j]
+ *   dlogits_j = (p_j - (1 - e) [j == t] - e / C) * dloss_scale / count,  p_j = exp(x_j - lse)
+ * Ignored rows get loss 0 and gradient 0. Rows run in parallel; each row's sums run in double
+ * in class order, so any thread count gives the same bits. */
+#include <math.h>
+
+#include "ops/cpu_kernels.h"
+#include "ops/cpu_ops.h"
+
+/* The smoothing parameters of one call. */
+typedef struct xent_rule {
+    size_t classes;        /* C */
+    float smoothing;       /* e in [0, 1] */
+    int64_t ignore_index;  /* targets equal to it are skipped */
+    float grad_scale;      /* dloss_scale / count */
+} xent_rule;
+
+/* Loss of one counted row (and its gradient row when dlogits is non-NULL). */
+GT_INLINE float xent_row(void *dlogits, const void *logits, size_t row, int64_t target,
+                         const xent_rule *rule, gt_dtype dt) {
+    size_t classes = rule->classes;
+    float m = gt_cpu_load(logits, row, dt);
+    for (size_t j = 1; j < classes; j++) {
+        float x = gt_cpu_load(logits, row + j, dt);
+        m = x > m ? x : m;
+    }
+    double sum_exp = 0.0, sum_x = 0.0;
+    for (size_t j = 0; j < classes; j++) {
+        float x = gt_cpu_load(logits, row + j, dt);
+        sum_exp += (double)expf(x - m);
+        sum_x += (double)x;
+    }
+    double lse = (double)m + log(sum_exp);
+    double nll = lse - (double)gt_cpu_load(logits, row + (size_t)target, dt);
+    double smooth = lse - sum_x / (double)classes;
+    float loss = (float)((1.0 - (double)rule->smoothing) * nll + (double)rule->smoothing * smooth);
+    if (dlogits) {
+        float inv_sum = (float)(1.0 / sum_exp);
+        float off = rule->smoothing / (float)classes, on = 1.0f - rule->smoothing + off;
+        for (size_t j = 0; j < classes; j++) {
+            float p = expf(gt_cpu_load(logits, row + j, dt) - m) * inv_sum;
+            float y = j == (size_t)target ? on : off;
+            gt_cpu_store(dlogits, row + j, (p - y) * rule->grad_scale, dt);
+        }
+    }
+    return loss;
+}
+
+GT_INLINE void xent_body(float *losses, void *dlogits, const void *logits,
+                         const int64_t *targets, size_t row_begin, size_t row_end,
+                         const xent_rule *rule, gt_dtype dt) {
+    for (size_t r = row_begin; r < row_end; r++) {
+        size_t row = r * rule->classes;
+        if (targets[r] != rule->ignore_index) {
+            losses[r] = xent_row(dlogits, logits, row, targets[r], rule, dt);
+        } else {
+            losses[r] = 0.0f;
+            for (size_t j = 0; dlogits && j < rule->classes; j++)
+                gt_cpu_store(dlogits, row + j, 0.0f, dt);
+        }
+    }
+}
+GT_CPU_KERNEL(xent, (float *losses, void *dlogits, const void *logits, const int64_t *targets,
+                     size_t row_begin, size_t row_end, const xent_rule *rule, gt_dtype dt),
+              losses, dlogits, logits, targets, row_begin, row_end, rule)
+
+/* Counts the rows not ignored; fails with GT_ERR_INDEX naming the first bad target. */
+static gt_status count_targets(int64_t *count, const int64_t *targets, int64_t rows,
+                               int64_t classes, int64_t ignore_index) {
+    int64_t counted = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (targets[r] == ignore_index)
+            continue;
+        if (targets[r] < 0 || targets[r] >= classes)
+            return GT_FAIL(GT_ERR_INDEX,
+                           "targets[%lld] = %lld is out of range [0, %lld) (ignore_index %lld)",
+                           (long long)r, (long long)targets[r], (long long)classes,
+                           (long long)ignore_index);
+        counted++;
+    }
+    *count = counted;
+    return GT_OK;
+}
+
+static gt_status check_xent(int64_t rows, int64_t classes, float label_smoothing, gt_dtype dt) {
+    GT_TRY(gt_cpu_check_size(rows, "rows"));
+    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    if (classes < 1)
+        return GT_FAIL(GT_ERR_VALUE, "classes: must be >= 1, got %lld", (long long)classes);
+    if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+        return GT_FAIL(GT_ERR_VALUE, "label_smoothing: must be in [0, 1], got %g",
+                       (double)label_smoothing);
+    return GT_OK;
+}
+
+gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits,
+                              const void *logits, const int64_t *targets, int64_t rows,
+                              int64_t classes, float label_smoothing, int64_t ignore_index,
+                              float dloss_scale, gt_dtype dt) {
+    GT_TRY(check_xent(rows, classes, label_smoothing, dt));
+    GT_TRY(gt_cpu_check_ptr(count, "count"));
+    if (rows > 0)
+        GT_TRY(gt_cpu_check_ptr(targets, "targets"));
+    GT_TRY(count_targets(count, targets, rows, classes, ignore_index));
+    xent_rule rule = {(size_t)classes, label_smoothing, ignore_index,
+                      *count > 0 ? dloss_scale / (float)*count : 0.0f};
+    __typeof__(&xent_scalar) kernel = GT_CPU_RUN(xent);
+    size_t block = GT_CPU_CHUNK / (size_t)classes / 8 + 1;  /* rows per block; exp is costly */
+    size_t blocks = ((size_t)rows + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t end = (b + 1) * block < (size_t)rows ? (b + 1) * block : (size_t)rows;
+        kernel(losses, dlogits, logits, targets, b * block, end, &rule, dt);
+    }
+    return GT_OK;
+}
