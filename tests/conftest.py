@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+# Test helpers (NumPy references) live beside the tests; importlib mode does not add this folder.
+sys.path.insert(0, os.path.dirname(__file__))
 
 import gputrain
 
