@@ -130,7 +130,7 @@ static PyObject *props_to_dict(const gt_cuda_device_props *p) {
 
 static PyObject *cuda_get_device_properties(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", INT_MIN, INT_MAX, &index) < 0)
+    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_cuda_device_props props;
@@ -143,7 +143,7 @@ static PyObject *cuda_get_device_properties(PyObject *module, PyObject *arg) {
 
 static PyObject *cuda_synchronize(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", INT_MIN, INT_MAX, &index) < 0)
+    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_status status;
@@ -158,7 +158,7 @@ static PyObject *cuda_synchronize(PyObject *module, PyObject *arg) {
 
 static PyObject *cuda_set_device(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", INT_MIN, INT_MAX, &index) < 0)
+    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_status status = gt_cuda_set_device(index);
@@ -200,7 +200,7 @@ static PyObject *cuda_tf32_enabled(PyObject *module, PyObject *Py_UNUSED(ignored
 
 static PyObject *cuda_cublas_tf32(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", INT_MIN, INT_MAX, &index) < 0)
+    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_cuda_context *context = NULL;

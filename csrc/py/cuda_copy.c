@@ -44,7 +44,7 @@ static int parse_nbytes(PyObject *obj, size_t fallback, size_t limit, size_t *ou
         *out = (size_t)value;
     }
     if (*out > limit) {
-        PyErr_Format(PyExc_ValueError, "nbytes: %zu bytes do not fit the buffers (%zu bytes)", *out,
+        PyErr_Format(PyExc_ValueError, "nbytes: %zu bytes do not fit (the smaller buffer has %zu bytes)", *out,
                      limit);
         return -1;
     }
@@ -79,8 +79,9 @@ static PyObject *cuda_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
     copy_plan plan;
     size_t nbytes = 0;
     if (gtpy_buffer_view_of(module, dst_obj, "dst", &dst) < 0 ||
-        gtpy_buffer_view_of(module, src_obj, "src", &src) < 0 || plan_copy(&dst, &src, &plan) < 0 ||
-        parse_nbytes(nbytes_obj, src.bytes, dst.bytes < src.bytes ? dst.bytes : src.bytes, &nbytes) < 0)
+        gtpy_buffer_view_of(module, src_obj, "src", &src) < 0 ||
+        parse_nbytes(nbytes_obj, src.bytes, dst.bytes < src.bytes ? dst.bytes : src.bytes, &nbytes) < 0 ||
+        plan_copy(&dst, &src, &plan) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_cuda_stream *stream = NULL;

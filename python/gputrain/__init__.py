@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gputrain import _C
+from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain._info import info

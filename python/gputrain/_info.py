@@ -9,4 +9,6 @@ def info() -> dict[str, object]:
     """Version, CUDA compiled/available, SIMD level, BLAS and thread counts, compiler flags."""
     facts = dict(_C.build_info())
     facts["cuda_available"] = facts["cuda_device_count"] > 0
+    facts["cuda_runtime_version"] = _C.cuda_runtime_version()
+    facts["cuda_unavailable_reason"] = _C.cuda_unavailable_reason()
     return facts
