@@ -288,3 +288,57 @@ def test_read_baseline_sums_without_writing(simd_level):
     assert _C.scaler_read_baseline(np.zeros(0, np.float32)) == 0.0
     with pytest.raises(TypeError, match="float32"):
         _C.scaler_read_baseline(np.ones(3))
+
+
+# ---- the CUDA kernels against the CPU path (need a GPU) ----
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 1023, 4096, 100_003, 3_000_001])
+@pytest.mark.parametrize("scale", [65536.0, 3.0, 1.0, 1e-45])
+def test_cuda_unscale_matches_cpu_bit_for_bit(n, scale):
+    grad = random_grads(np.random.default_rng(n), n)
+    grad[n // 3] = np.inf if n > 100 else grad[n // 3]
+    on_cpu, on_gpu = grad.copy(), grad.copy()
+    found_cpu = GradScaler(init_scale=scale).unscale_arrays([on_cpu])
+    found_gpu = _C.scaler_cuda_run(GradScaler(init_scale=scale), on_gpu)
+    assert found_gpu == found_cpu
+    assert np.array_equal(on_gpu.view(np.uint32), on_cpu.view(np.uint32))
+
+
+@pytest.mark.cuda
+def test_cuda_finds_nonfinite_first_middle_last():
+    scaler = GradScaler(init_scale=2.0)
+    for n in list(range(1, 70)) + [1000, 4097, 1 << 20]:
+        assert _C.scaler_cuda_run(scaler, np.ones(n, np.float32)) is False
+        for pos in {0, n // 2, n - 1}:
+            for bits in (0x7FC00000, 0x7F800000, 0xFF800000):
+                grad = np.ones(n, np.float32)
+                grad.view(np.uint32)[pos] = bits
+                assert _C.scaler_cuda_run(scaler, grad) is True, (n, pos, hex(bits))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("init, growth, backoff, interval", [
+    (1024.0, 2.0, 0.5, 3), (2.0**120, 1.5, 0.5, 1), (1.0, 2.0, 0.3, 2000), (3.0, 1.7, 0.123, 2)])
+def test_cuda_update_kernel_follows_the_cpu_trajectory(init, growth, backoff, interval):
+    rng = np.random.default_rng(11)
+    on_cpu = GradScaler(init, growth, backoff, interval)
+    on_gpu = GradScaler(init, growth, backoff, interval)
+    p_inf = 1.0 if interval == 2000 else 0.2
+    for found_inf in rng.random(300) < p_inf:
+        grad = np.ones(8, np.float32)
+        grad[3] = np.nan if found_inf else 1.0
+        assert _C.scaler_cuda_run(on_gpu, grad, update=True) == found_inf
+        on_cpu._update(bool(found_inf))
+        assert (on_gpu._scale, on_gpu._growth_tracker) == (on_cpu._scale, on_cpu._growth_tracker)
+    assert on_gpu.skipped_steps == on_cpu.skipped_steps
+
+
+def test_cuda_run_checks_its_arguments():
+    with pytest.raises(TypeError, match="GradScaler"):
+        _C.scaler_cuda_run(object(), np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        _C.scaler_cuda_run(GradScaler(), np.ones(2))
+    if _C.cuda_device_count() == 0:
+        with pytest.raises(gputrain.CudaError, match="CUDA"):
+            _C.scaler_cuda_run(GradScaler(), np.ones(2, np.float32))

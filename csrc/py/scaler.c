@@ -5,6 +5,10 @@
 
 #include "train/scaler.h"
 
+#ifdef GT_WITH_CUDA
+#include "scaler_cuda.h"
+#endif
+
 typedef struct {
     PyObject_HEAD
     gt_scaler state;  /* scale, tracker, factors and counters; shared with the fused step */
@@ -300,7 +304,42 @@ static PyObject *scaler_read_baseline(PyObject *Py_UNUSED(module), PyObject *obj
     return PyFloat_FromDouble(sum);
 }
 
+/* Runs the CUDA kernels on a copy of the scaler's state and of one array, writing both back:
+ * the cuda-marked tests compare them with the CPU path bit for bit. */
+static PyObject *scaler_cuda_run(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"scaler", "array", "update", "device", NULL};
+    PyObject *scaler_obj = NULL, *array_obj = NULL;
+    int update = 0, device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|pi:scaler_cuda_run", keywords, &scaler_obj,
+                                     &array_obj, &update, &device))
+        return NULL;
+    gt_scaler *scaler = gtpy_scaler_get(scaler_obj);
+    if (!scaler || check_grad_array(array_obj, 0) < 0)
+        return NULL;
+#ifdef GT_WITH_CUDA
+    PyArrayObject *array = (PyArrayObject *)array_obj;
+    gt_scaler state = *scaler;
+    int found_inf = 0;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_cuda_scaler_run_host(&state, (float *)PyArray_DATA(array), (size_t)PyArray_SIZE(array),
+                                     &found_inf, update, device);
+    Py_END_ALLOW_THREADS
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    *scaler = state;
+    return PyBool_FromLong(found_inf);
+#else
+    PyErr_SetString(gtpy_state_of(module)->cuda_error,
+                    "CUDA was not compiled in: gputrain was built without nvcc (or with GPUTRAIN_CUDA=0)");
+    return NULL;
+#endif
+}
+
 static PyMethodDef scaler_functions[] = {
+    {"scaler_cuda_run", (PyCFunction)(void (*)(void))scaler_cuda_run, METH_VARARGS | METH_KEYWORDS,
+     "scaler_cuda_run(scaler, array, update=False, device=0)\n--\n\n"
+     "Unscale + inf check (and the update) with the CUDA kernels on copies; True if NaN/Inf."},
     {"scaler_read_baseline", scaler_read_baseline, METH_O,
      "Sum a float32 array with the unscale pass's parallel vector loads (read bandwidth baseline)."},
     {NULL, NULL, 0, NULL},
