@@ -43,14 +43,24 @@ int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_
 int gtpy_add_memory(PyObject *module);
 int gtpy_add_runtime(PyObject *module);
 int gtpy_add_buffer(PyObject *module);
+int gtpy_add_model(PyObject *module);
+int gtpy_add_step(PyObject *module);
 int gtpy_add_cast(PyObject *module);
+int gtpy_add_philox(PyObject *module);
 int gtpy_add_cuda(PyObject *module);
 int gtpy_add_cuda_copy(PyObject *module);
 int gtpy_add_cuda_stream(PyObject *module);
 int gtpy_add_cuda_event(PyObject *module);
 int gtpy_add_scaler(PyObject *module);
+int gtpy_add_optim(PyObject *module);
+int gtpy_add_loader(PyObject *module);
+int gtpy_add_ops(PyObject *module);
 
 /* The gt_scaler inside a gputrain.amp.GradScaler (or _C.Scaler); NULL with TypeError otherwise. */
 struct gt_scaler *gtpy_scaler_get(PyObject *obj);
+
+/* The gt_optimizer inside a gputrain.optim optimizer (after pushing its param_groups' hyperparameters
+ * into C) or a _C.Optimizer; NULL with an exception otherwise. Borrowed: valid while obj lives. */
+struct gt_optimizer *gtpy_optimizer_get(PyObject *obj);
 
 #endif

@@ -23,12 +23,18 @@ static const registration registrations[] = {
     gtpy_add_memory,
     gtpy_add_runtime,
     gtpy_add_buffer,
+    gtpy_add_model,
+    gtpy_add_step,
     gtpy_add_cast,
+    gtpy_add_philox,
     gtpy_add_cuda,
     gtpy_add_cuda_copy,
     gtpy_add_cuda_stream,
     gtpy_add_cuda_event,
     gtpy_add_scaler,
+    gtpy_add_optim,
+    gtpy_add_loader,
+    gtpy_add_ops,
 };
 
 static int module_exec(PyObject *module) {

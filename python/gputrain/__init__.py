@@ -5,7 +5,11 @@ from __future__ import annotations
 from gputrain import _C
 from gputrain import cuda, monitor
 from gputrain import amp, backends
+from gputrain import functional
+from gputrain import nn, random
+from gputrain.step import StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
+from gputrain._cast import cast
 from gputrain._info import info
 from gputrain.memory import (
     memory_stats,
@@ -29,9 +33,14 @@ def get_num_threads() -> int:
 __version__ = _C.build_info()["version"]
 
 __all__ = [
+    "StepOutput",
+    "TrainStep",
+    "nn",
+    "random",
     "Buffer",
     "CudaError",
     "OutOfMemoryError",
+    "cast",
     "get_num_threads",
     "info",
     "memory_stats",

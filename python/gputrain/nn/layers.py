@@ -25,6 +25,7 @@ class Linear(Module):
         self.in_features = _positive_int(in_features, "in_features")
         self.out_features = _positive_int(out_features, "out_features")
         self.has_bias = bool(bias)
+        self._compile()
 
     def _has_param(self, name: str) -> bool:
         return name == "weight" or self.has_bias
@@ -104,6 +105,7 @@ class LayerNorm(Module):
             raise ValueError(f"eps must be positive, got {eps}")
         self.eps = float(eps)
         self.has_bias = bool(bias)
+        self._compile()
 
     def _has_param(self, name: str) -> bool:
         return name == "weight" or self.has_bias
@@ -124,6 +126,7 @@ class Embedding(Module):
         super().__init__()
         self.num_embeddings = _positive_int(num_embeddings, "num_embeddings")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
+        self._compile()
 
     def _spec(self) -> tuple:
         return ("embedding", self.num_embeddings, self.embedding_dim)
@@ -148,6 +151,7 @@ class Sequential(Module):
             if not isinstance(layer, Module):
                 raise TypeError(f"layer {i} must be a gputrain.nn.Module, not {type(layer).__name__}")
         self.layers = list(layers)
+        self._compile()
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return ((str(i), layer) for i, layer in enumerate(self.layers))
@@ -175,6 +179,7 @@ class Residual(Module):
             self.block = block[0]
         else:
             self.block = Sequential(*block)
+        self._compile()
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter((("block", self.block),))

@@ -1,6 +1,8 @@
-"""Module: the Python face of a layer. Modules describe layers; the root module compiles the
-tree into one gputrain._C.Model (parameter, gradient and activation arenas in C) the first
-time it is used, and hands every submodule its Parameters as views into those arenas."""
+"""Module: the Python face of a layer. A module with parameters is compiled when it is
+constructed (so, as in PyTorch, initial values follow the global seed sequence in construction
+order); a container compiles its whole tree into one gputrain._C.Model (parameter, gradient and
+activation arenas in C), keeps the values its children already had, and hands every submodule
+its Parameters as views into its arenas. A submodule then belongs to that model."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class Module:
     def __init__(self) -> None:
         self._compiled: _Compiled | None = None
         self._params: dict[str, Parameter] = {}
+        self._owner: Module | None = None  # the compiled container this module belongs to
         self.training = True
 
     # -- structure, overridden by layers -------------------------------------------------
@@ -84,6 +87,8 @@ class Module:
         compiled.model.refresh_half_parameters()
         for module in self.modules():
             module._compiled = None
+            module._owner = self
+        self._owner = None
         self._compiled = compiled
         self._apply_training(self.training)
         return compiled
@@ -91,6 +96,9 @@ class Module:
     @property
     def compiled(self) -> _C.Model:
         """The C model behind this module (compiled on first use)."""
+        if self._owner is not None:
+            raise RuntimeError(f"this {type(self).__name__} belongs to a compiled "
+                               f"{type(self._owner).__name__}: run or train that model instead")
         return (self._compiled or self._compile()).model
 
     def __getattr__(self, name: str) -> Any:
@@ -110,7 +118,7 @@ class Module:
             yield from child.modules()
 
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
-        if self._compiled is None:
+        if self._compiled is None and self._owner is None:
             self._compile()
         for module, local, full in self._named_param_slots():
             yield full, module._params[local]
@@ -140,11 +148,12 @@ class Module:
             if array.shape != own[name].shape:
                 raise ValueError(f"state_dict[{name!r}]: expected shape {own[name].shape}, got {array.shape}")
             own[name].data[...] = array
-        self.compiled.refresh_half_parameters()
+        (self._owner or self).compiled.refresh_half_parameters()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: mark them None (no memory touched) or write zeros."""
-        compiled = self._compiled or self._compile()
+        self.compiled  # noqa: B018 - compiles, or refuses for a submodule
+        compiled = self._compiled
         if set_to_none:
             compiled.grads_valid = False
         else:
@@ -178,6 +187,32 @@ class Module:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """Forward pass (dropout follows train()/eval()); returns a new float32 array."""
         return self.compiled.forward(x)
+
+    def summary(self, input_shape: tuple[int, ...] | None = None, *, precision: str | None = None,
+                checkpointing: bool | None = None) -> str:
+        """A table of layers and parameter counts; with `input_shape`, the exact memory plan of
+        every region for that (micro-)batch shape in `precision` ('f32', 'f16', 'bf16')."""
+        from gputrain.memory import format_bytes
+
+        compiled = self.compiled
+        rows = [f"{'layer':<28} {'type':<12} {'parameters':>12} {'bytes':>12}"]
+        for name, module in self._named_modules():
+            count = sum(p.numel() for p in module._params.values())
+            rows.append(f"{name or '(root)':<28} {type(module).__name__:<12} {count:>12,} {format_bytes(4 * count):>12}")
+        total = compiled.num_parameters
+        rows.append(f"{'total':<28} {'':<12} {total:>12,} {format_bytes(4 * total):>12}")
+        if input_shape is not None:
+            plan = compiled.plan(tuple(input_shape), precision=precision or compiled.precision,
+                                 checkpointing=compiled.checkpointing if checkpointing is None else checkpointing)
+            rows.append("")
+            rows.append(f"memory plan for input {tuple(input_shape)} in {precision or compiled.precision}:")
+            rows.extend(f"  {key:<18} {format_bytes(value):>12} ({value:,} bytes)" for key, value in plan.items())
+        return "\n".join(rows)
+
+    def _named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child._named_modules(f"{prefix}.{name}" if prefix else name)
 
     def extra_repr(self) -> str:
         return ""

@@ -1,0 +1,68 @@
+/* Deterministic parameter initialisation with PyTorch's default distributions, drawn from
+ * Philox(seed; stream_a = parameter index, stream_b = GT_INIT_STREAM; element / 4):
+ * Linear weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)),
+ * LayerNorm weight = 1 and bias = 0, Embedding weight ~ N(0, 1). */
+#include "nn/init.h"
+
+#include <math.h>
+
+#include "core/philox.h"
+
+enum { GT_INIT_STREAM = 0x494e4954u };  /* "INIT" */
+
+static void fill_uniform(float *x, size_t n, float low, float high, uint64_t seed, uint32_t id) {
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t bits[4];
+        gt_philox_random4(seed, id, GT_INIT_STREAM, i / 4, bits);
+        for (size_t j = 0; j < 4 && i + j < n; j++)
+            x[i + j] = low + (high - low) * gt_uint32_to_uniform(bits[j]);
+    }
+}
+
+static void fill_normal(float *x, size_t n, uint64_t seed, uint32_t id) {
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t bits[4];
+        float z[4];
+        gt_philox_random4(seed, id, GT_INIT_STREAM, i / 4, bits);
+        gt_box_muller(bits[0], bits[1], &z[0], &z[1]);
+        gt_box_muller(bits[2], bits[3], &z[2], &z[3]);
+        for (size_t j = 0; j < 4 && i + j < n; j++)
+            x[i + j] = z[j];
+    }
+}
+
+static void fill_constant(float *x, size_t n, float value) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = value;
+}
+
+static void init_layer(gt_layer *layer, uint64_t seed, uint32_t *next_id) {
+    switch (layer->kind) {
+    case GT_LAYER_LINEAR: {
+        float bound = 1.0f / sqrtf((float)layer->in_features);
+        fill_uniform(layer->weight.data, layer->weight.numel, -bound, bound, seed, (*next_id)++);
+        if (layer->has_bias)
+            fill_uniform(layer->bias.data, layer->bias.numel, -bound, bound, seed, (*next_id)++);
+        break;
+    }
+    case GT_LAYER_LAYERNORM:
+        fill_constant(layer->weight.data, layer->weight.numel, 1.0f);
+        (*next_id)++;
+        if (layer->has_bias) {
+            fill_constant(layer->bias.data, layer->bias.numel, 0.0f);
+            (*next_id)++;
+        }
+        break;
+    case GT_LAYER_EMBEDDING:
+        fill_normal(layer->weight.data, layer->weight.numel, seed, (*next_id)++);
+        break;
+    default:
+        for (size_t i = 0; i < layer->num_children; i++)
+            init_layer(&layer->children[i], seed, next_id);
+    }
+}
+
+void gt_init_layer_tree(gt_layer *root, uint64_t seed) {
+    uint32_t next_id = 0;
+    init_layer(root, seed, &next_id);
+}

@@ -1,0 +1,129 @@
+/* Layers: a model is a tree of gt_layer (Sequential and Residual nest). Each layer kind has
+ * plan (shapes and bytes for an input shape), init, forward and backward.
+ *
+ * Memory (DESIGN.md principle 1): parameters, gradients and activations each live in one
+ * arena sized by the plan. Parameters are packed back to back (f32, no padding) so the
+ * optimizer sees one flat slice; gradients use the same layout. Each layer writes its output
+ * into an activation buffer of its own, except Flatten (a view). With gradient checkpointing a
+ * Residual keeps its input and output only: the inside of its block is planned into a shared
+ * recompute region and re-run during backward.
+ *
+ * Backward passes gradients through scratch buffers: nesting level L (a Sequential at depth L)
+ * ping-pongs between the two scratch buffers of level L, so a Residual's incoming gradient is
+ * never overwritten by its block. A NULL `din` means the input gradient is not needed (the
+ * first layer of the model): no work is spent on it. */
+#ifndef GT_NN_LAYER_H
+#define GT_NN_LAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { GT_MAX_NESTING = 16 };
+
+typedef enum gt_layer_kind {
+    GT_LAYER_LINEAR = 0,
+    GT_LAYER_ACTIVATION = 1,
+    GT_LAYER_DROPOUT = 2,
+    GT_LAYER_LAYERNORM = 3,
+    GT_LAYER_EMBEDDING = 4,
+    GT_LAYER_FLATTEN = 5,
+    GT_LAYER_SEQUENTIAL = 6,
+    GT_LAYER_RESIDUAL = 7,
+} gt_layer_kind;
+
+typedef struct gt_layer gt_layer;
+
+/* A parameter of a layer: where it lives in the parameter and gradient arenas. */
+typedef struct gt_param {
+    float *data;          /* (numel,) in the parameter arena */
+    float *grad;          /* (numel,) in the gradient arena, same offset */
+    void *lowp;           /* (numel,) half-precision copy for GEMMs in f16/bf16 mode, else NULL */
+    size_t offset;        /* elements from the start of the arenas */
+    size_t numel;         /* elements */
+    int ndim;             /* 1 or 2 */
+    int64_t shape[2];     /* (out, in) for weights, (n,) for vectors */
+} gt_param;
+
+struct gt_layer {
+    gt_layer_kind kind;        /* what this layer computes */
+    /* configuration */
+    int64_t in_features;       /* Linear: input width; LayerNorm: normalised dim */
+    int64_t out_features;      /* Linear: output width */
+    int has_bias;              /* Linear/LayerNorm: 1 when a bias exists */
+    gt_activation activation;  /* Activation: which function */
+    float p;                   /* Dropout: drop probability in [0, 1) */
+    uint32_t dropout_id;       /* Dropout: layer id in the Philox key, unique in the model */
+    float eps;                 /* LayerNorm: variance epsilon */
+    int64_t num_embeddings;    /* Embedding: rows of the table */
+    int64_t embedding_dim;     /* Embedding: columns of the table */
+    gt_layer *children;        /* Sequential: its layers; Residual: one child, the block */
+    size_t num_children;       /* length of children */
+    /* parameters (Linear: weight (out, in), bias (out,); LayerNorm: weight, bias (dim,);
+       Embedding: weight (num, dim)) */
+    gt_param weight;           /* numel 0 when absent */
+    gt_param bias;             /* numel 0 when absent */
+    /* plan for the current input shape */
+    gt_tensor in_shape;        /* shape and dtype of the input (ptr unused) */
+    gt_tensor out;             /* output activation (ptr into an activation region) */
+    float *mean;               /* LayerNorm: (rows,) saved statistics */
+    float *rstd;               /* LayerNorm: (rows,) saved statistics */
+    int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
+    int level;                 /* nesting depth of the Sequential holding this layer */
+};
+
+/* Everything a forward or backward call needs besides the layer itself. */
+typedef struct gt_run {
+    gt_backend *backend;            /* ops and workspace */
+    gt_dtype dt;                    /* activation precision */
+    int training;                   /* 1 in train mode (dropout active) */
+    uint64_t seed;                  /* model seed for dropout */
+    uint32_t step;                  /* training step for dropout */
+    uint64_t micro_offset;          /* micro-batch index for dropout keys */
+    int accumulate;                 /* 0: parameter gradients are written, 1: added */
+    void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
+} gt_run;
+
+/* Forward of one layer; `in` has the planned input shape. */
+gt_status gt_layer_forward(gt_layer *layer, const void *in, gt_run *run);
+
+/* Backward of one layer: din (may be NULL) from dout; parameter gradients per run->accumulate.
+ * `in` is the layer's forward input. */
+gt_status gt_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                            gt_run *run);
+
+/* Per-kind functions (csrc/nn/<kind>.c). */
+gt_status gt_linear_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                             gt_run *run);
+gt_status gt_layernorm_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_layernorm_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                gt_run *run);
+gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_embedding_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run);
+gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                 gt_run *run);
+gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                               gt_run *run);
+
+/* Rows of a tensor seen as (rows, last dim). */
+int64_t gt_rows_of(const gt_tensor *t);
+
+/* Elements of the layer's output. */
+int64_t gt_layer_out_numel(const gt_layer *layer);
+
+/* Frees the children arrays of a layer tree (not the layer itself). */
+void gt_layer_free_children(gt_layer *layer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

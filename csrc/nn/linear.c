@@ -1,0 +1,51 @@
+/* Linear: out = in @ W^T + b, W (out_features, in_features), over the rows of `in`.
+ * Backward: dW (+)= dout^T @ in, db (+)= sum of dout rows, din = dout @ W. In half-precision
+ * mode the GEMMs read the half copy of W; dW accumulates in f32. */
+#include "nn/layer.h"
+
+/* W as the GEMMs read it: the half copy in f16/bf16 mode, else the f32 master. */
+static const void *compute_weight(const gt_layer *layer, const gt_run *run) {
+    return run->dt == GT_F32 ? (const void *)layer->weight.data : layer->weight.lowp;
+}
+
+gt_status gt_linear_forward(gt_layer *layer, const void *in, gt_run *run) {
+    int64_t rows = gt_rows_of(&layer->in_shape);
+    gt_gemm_args args = {
+        .trans_a = 0, .trans_b = 1, .m = rows, .n = layer->out_features, .k = layer->in_features,
+        .alpha = 1.0f, .a = in, .a_dt = run->dt, .lda = layer->in_features,
+        .b = compute_weight(layer, run), .b_dt = run->dt, .ldb = layer->in_features,
+        .beta = 0.0f, .c = layer->out.ptr, .c_dt = run->dt, .ldc = layer->out_features,
+        .batch = 1,
+    };
+    GT_TRY(run->backend->ops->gemm(run->backend, &args));
+    if (!layer->has_bias)
+        return GT_OK;
+    return run->backend->ops->bias_add(run->backend, layer->out.ptr, layer->bias.data, rows,
+                                       layer->out_features, run->dt);
+}
+
+gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                             gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    int64_t rows = gt_rows_of(&layer->in_shape);
+    gt_gemm_args dweight = {
+        .trans_a = 1, .trans_b = 0, .m = layer->out_features, .n = layer->in_features, .k = rows,
+        .alpha = 1.0f, .a = dout, .a_dt = run->dt, .lda = layer->out_features,
+        .b = in, .b_dt = run->dt, .ldb = layer->in_features,
+        .beta = run->accumulate ? 1.0f : 0.0f, .c = layer->weight.grad, .c_dt = GT_F32,
+        .ldc = layer->in_features, .batch = 1,
+    };
+    GT_TRY(ops->gemm(run->backend, &dweight));
+    if (layer->has_bias)
+        GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features,
+                                  run->dt, run->accumulate));
+    if (!din)
+        return GT_OK;
+    gt_gemm_args dinput = {
+        .trans_a = 0, .trans_b = 0, .m = rows, .n = layer->in_features, .k = layer->out_features,
+        .alpha = 1.0f, .a = dout, .a_dt = run->dt, .lda = layer->out_features,
+        .b = compute_weight(layer, run), .b_dt = run->dt, .ldb = layer->in_features,
+        .beta = 0.0f, .c = din, .c_dt = run->dt, .ldc = layer->in_features, .batch = 1,
+    };
+    return ops->gemm(run->backend, &dinput);
+}

@@ -1,0 +1,99 @@
+/* A model: a root Sequential of layers, its parameter/gradient arenas (built once) and its
+ * activation arena (planned for a micro-batch input shape, rebuilt only when that changes). */
+#ifndef GT_NN_MODEL_H
+#define GT_NN_MODEL_H
+
+#include "core/alloc.h"
+#include "nn/layer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum gt_loss_kind {
+    GT_LOSS_CROSS_ENTROPY = 0,  /* softmax + NLL over the last dim, int64 targets */
+    GT_LOSS_MSE = 1,            /* mean squared error, f32 targets of the output's shape */
+} gt_loss_kind;
+
+typedef struct gt_loss {
+    gt_loss_kind kind;       /* which loss */
+    float label_smoothing;   /* cross-entropy: epsilon in [0, 1] */
+    int64_t ignore_index;    /* cross-entropy: targets equal to this are skipped */
+} gt_loss;
+
+/* Bytes of every region of a model for one input shape, computed before allocating. */
+typedef struct gt_model_plan {
+    size_t param_bytes;       /* f32 parameters */
+    size_t grad_bytes;        /* f32 gradients (same layout) */
+    size_t lowp_param_bytes;  /* half copy of the parameters (f16/bf16 mode), else 0 */
+    size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
+    size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
+    size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */
+    size_t loss_bytes;        /* input cast buffer, output gradient, per-row losses */
+    size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */
+    size_t total_bytes;       /* sum of the above */
+    int nesting_levels;       /* levels with scratch buffers */
+} gt_model_plan;
+
+typedef struct gt_model {
+    gt_layer root;              /* the top-level Sequential */
+    gt_backend backend;         /* ops used by every layer */
+    gt_dtype dt;                /* activation precision: f32, f16 or bf16 */
+    uint64_t seed;              /* initialisation and dropout seed */
+    uint32_t step;              /* optimizer steps taken (dropout key) */
+    int training;               /* 1: dropout active */
+    int checkpointing;          /* 1: Residual blocks recompute their inside in backward */
+    int grads_valid;            /* 0 after zero_grad(set_to_none): next backward writes */
+    size_t num_params;          /* f32 elements in the parameter arena */
+    gt_arena params;            /* (num_params,) f32 */
+    gt_arena grads;             /* (num_params,) f32 */
+    gt_arena lowp_params;       /* (num_params,) f16/bf16 when dt is half */
+    gt_arena activations;       /* everything sized by the input shape */
+    gt_tensor planned_input;    /* input shape/dtype the activations are planned for */
+    int planned;                /* 1 when `activations` matches planned_input */
+    gt_model_plan plan;         /* bytes of the current plan */
+    void *input_cast;           /* (input numel,) dt copy of a float input in half mode */
+    void *dout;                 /* (output numel,) dt gradient of the loss w.r.t. the output */
+    float *losses;              /* (output rows,) per-row losses */
+    void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
+} gt_model;
+
+/* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */
+gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_dtype dt,
+                          uint64_t seed);
+
+void gt_model_destroy(gt_model *model);
+
+/* The plan for an input shape, without allocating anything. */
+gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
+                                gt_dtype dt, gt_model_plan *out);
+
+/* Allocates activations for `input` (a no-op when already planned for it). */
+gt_status gt_model_prepare(gt_model *model, const gt_tensor *input);
+
+/* Re-initialises every parameter from `seed` (PyTorch's default distributions). */
+gt_status gt_model_init_params(gt_model *model, uint64_t seed);
+
+/* Refreshes the half-precision copy of the parameters (after an update or a load). */
+gt_status gt_model_refresh_lowp(gt_model *model);
+
+/* Forward of the whole model on `input`; returns the output tensor (in the arena). */
+gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
+                           gt_tensor *output);
+
+/* Loss of the last forward against `targets`; writes model->dout scaled by dloss_scale when
+ * `want_grad`. *loss_sum is the sum of per-row losses, *count the rows that count. */
+gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
+                        float dloss_scale, int want_grad, double *loss_value, int64_t *count);
+
+/* Backward of the whole model from model->dout (after forward and loss on the same input). */
+gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,
+                            int accumulate);
+
+/* Changes the activation precision; the half copy is (re)built. */
+gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,31 @@
+/* LayerNorm over the last dimension and Embedding lookups: thin layers over their ops. */
+#include "nn/layer.h"
+
+gt_status gt_layernorm_forward(gt_layer *layer, const void *in, gt_run *run) {
+    return run->backend->ops->layernorm_forward(
+        run->backend, layer->out.ptr, layer->mean, layer->rstd, in, layer->weight.data,
+        layer->has_bias ? layer->bias.data : NULL, gt_rows_of(&layer->in_shape),
+        layer->in_features, layer->eps, run->dt);
+}
+
+gt_status gt_layernorm_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                gt_run *run) {
+    return run->backend->ops->layernorm_backward(
+        run->backend, din, layer->weight.grad, layer->has_bias ? layer->bias.grad : NULL, dout,
+        in, layer->weight.data, layer->mean, layer->rstd, gt_rows_of(&layer->in_shape),
+        layer->in_features, run->dt, run->accumulate);
+}
+
+gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run) {
+    return run->backend->ops->embedding_forward(
+        run->backend, layer->out.ptr, (const int64_t *)in, layer->weight.data,
+        (int64_t)gt_tensor_numel(&layer->in_shape), layer->num_embeddings, layer->embedding_dim,
+        run->dt);
+}
+
+gt_status gt_embedding_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run) {
+    return run->backend->ops->embedding_backward(
+        run->backend, layer->weight.grad, dout, (const int64_t *)in,
+        (int64_t)gt_tensor_numel(&layer->in_shape), layer->num_embeddings, layer->embedding_dim,
+        run->dt, run->accumulate);
+}

@@ -1,0 +1,29 @@
+/* Internal to csrc/nn: the walk that plans (and later places) a model's activations. */
+#ifndef GT_NN_PLAN_H
+#define GT_NN_PLAN_H
+
+#include "core/alloc.h"
+#include "nn/layer.h"
+
+/* A region being carved: base NULL while counting bytes. */
+typedef struct gt_plan_cursor {
+    char *base;   /* start of the region, or NULL on the counting pass */
+    size_t used;  /* bytes taken so far, pieces rounded to GT_ALIGN */
+} gt_plan_cursor;
+
+typedef struct gt_plan_walk {
+    const gt_ops *ops;            /* backend, for GEMM workspace sizes */
+    gt_dtype dt;                  /* activation precision */
+    int checkpointing;            /* 1: outermost Residuals recompute their block */
+    char *recompute_base;         /* start of the shared recompute region (NULL counting) */
+    size_t recompute_bytes;       /* largest checkpointed block inside */
+    size_t max_activation_bytes;  /* largest single activation (sizes the scratch buffers) */
+    size_t workspace_bytes;       /* largest GEMM workspace */
+    int levels;                   /* nesting levels seen */
+} gt_plan_walk;
+
+/* Plans `layer` for input `in`: output shape, and buffers taken from `region`. */
+gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
+                        int inside_checkpoint, gt_plan_cursor *region);
+
+#endif

@@ -1,0 +1,509 @@
+/* gputrain._C.Model: a compiled layer tree with its arenas. Built from a nested spec of tuples
+ * by python/gputrain/nn/module.py; parameters and gradients are exposed as NumPy views of the
+ * arenas (the views keep the Model alive). */
+#include "py/gtpy.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "nn/model.h"
+#include "py/model.h"
+
+static int spec_error(const char *message, PyObject *spec) {
+    PyErr_Format(PyExc_ValueError, "model spec: %s (got %R)", message, spec);
+    return -1;
+}
+
+static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_id);
+
+/* ("sequential", [specs]) or ("residual", [specs]): the children of a container. */
+static int parse_children(PyObject *list, gt_layer *layer, uint32_t *next_dropout_id) {
+    if (!PyList_Check(list))
+        return spec_error("container children must be a list", list);
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    layer->children = calloc((size_t)(n ? n : 1), sizeof(gt_layer));
+    if (!layer->children) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    layer->num_children = (size_t)n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_layer(PyList_GET_ITEM(list, i), &layer->children[i], next_dropout_id) < 0)
+            return -1;
+    return 0;
+}
+
+static int parse_activation(const char *name, gt_activation *out) {
+    static const struct { const char *name; gt_activation act; } table[] = {
+        {"relu", GT_ACT_RELU}, {"gelu", GT_ACT_GELU_ERF}, {"gelu_tanh", GT_ACT_GELU_TANH},
+        {"tanh", GT_ACT_TANH}, {"silu", GT_ACT_SILU},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strcmp(name, table[i].name) == 0) {
+            *out = table[i].act;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "model spec: unknown activation '%s'", name);
+    return -1;
+}
+
+static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_id) {
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0)))
+        return spec_error("each layer must be a tuple starting with its kind", spec);
+    const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+    long long a = 0, b = 0;
+    int flag = 0;
+    double real = 0.0;
+    const char *name = NULL;
+    PyObject *list = NULL;
+    if (strcmp(kind, "linear") == 0) {
+        if (!PyArg_ParseTuple(spec, "sLLp", &kind, &a, &b, &flag))
+            return -1;
+        if (a <= 0 || b <= 0)
+            return spec_error("Linear sizes must be positive", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = a, .out_features = b, .has_bias = flag};
+    } else if (strcmp(kind, "activation") == 0) {
+        if (!PyArg_ParseTuple(spec, "ss", &kind, &name))
+            return -1;
+        *layer = (gt_layer){.kind = GT_LAYER_ACTIVATION};
+        return parse_activation(name, &layer->activation);
+    } else if (strcmp(kind, "dropout") == 0) {
+        if (!PyArg_ParseTuple(spec, "sd", &kind, &real))
+            return -1;
+        if (!(real >= 0.0 && real < 1.0))
+            return spec_error("Dropout p must be in [0, 1)", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_DROPOUT, .p = (float)real, .dropout_id = (*next_dropout_id)++};
+    } else if (strcmp(kind, "layernorm") == 0) {
+        if (!PyArg_ParseTuple(spec, "sLdp", &kind, &a, &real, &flag))
+            return -1;
+        if (a <= 0 || !(real > 0.0))
+            return spec_error("LayerNorm needs a positive size and eps", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_LAYERNORM, .in_features = a, .eps = (float)real, .has_bias = flag};
+    } else if (strcmp(kind, "embedding") == 0) {
+        if (!PyArg_ParseTuple(spec, "sLL", &kind, &a, &b))
+            return -1;
+        if (a <= 0 || b <= 0)
+            return spec_error("Embedding sizes must be positive", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_EMBEDDING, .num_embeddings = a, .embedding_dim = b};
+    } else if (strcmp(kind, "flatten") == 0) {
+        *layer = (gt_layer){.kind = GT_LAYER_FLATTEN};
+    } else if (strcmp(kind, "sequential") == 0 || strcmp(kind, "residual") == 0) {
+        if (!PyArg_ParseTuple(spec, "sO", &kind, &list))
+            return -1;
+        int residual = kind[0] == 'r';
+        *layer = (gt_layer){.kind = residual ? GT_LAYER_RESIDUAL : GT_LAYER_SEQUENTIAL};
+        if (!residual)
+            return parse_children(list, layer, next_dropout_id);
+        layer->children = calloc(1, sizeof(gt_layer));
+        if (!layer->children) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        layer->num_children = 1;
+        layer->children[0].kind = GT_LAYER_SEQUENTIAL;
+        return parse_children(list, &layer->children[0], next_dropout_id);
+    } else {
+        PyErr_Format(PyExc_ValueError, "model spec: unknown layer kind '%s'", kind);
+        return -1;
+    }
+    return 0;
+}
+
+static void model_dealloc(PyObject *op) {
+    ModelObject *self = (ModelObject *)op;
+    PyTypeObject *type = Py_TYPE(op);
+    if (self->created)
+        gt_model_destroy(&self->model);
+    type->tp_free(op);
+    Py_DECREF(type);
+}
+
+static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"spec", "seed", "device", "precision", NULL};
+    PyObject *spec = NULL, *device_obj = Py_None;
+    unsigned long long seed = 0;
+    const char *precision = "f32";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OK|Os:Model", keywords, &spec, &seed,
+                                     &device_obj, &precision))
+        return NULL;
+    PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
+    gt_device device;
+    gt_dtype dt;
+    if (!module || gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0)
+        return NULL;
+    gt_status status = gt_dtype_parse(precision, "precision", &dt);
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    if (device.kind != GT_DEVICE_CPU)
+        return PyErr_Format(PyExc_NotImplementedError,
+                            "device: models run on the CPU backend in this build; '%s' is not supported yet",
+                            PyUnicode_Check(device_obj) ? PyUnicode_AsUTF8(device_obj) : "?");
+    gt_layer root = {.kind = GT_LAYER_SEQUENTIAL};
+    uint32_t next_dropout_id = 0;
+    if (parse_children(spec, &root, &next_dropout_id) < 0) {
+        gt_layer_free_children(&root);
+        return NULL;
+    }
+    ModelObject *self = (ModelObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        gt_layer_free_children(&root);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_create(&self->model, root, device, dt, (uint64_t)seed);
+    Py_END_ALLOW_THREADS
+    self->created = 1;
+    if (status != GT_OK) {
+        Py_DECREF(self);
+        return gtpy_raise(module, status);
+    }
+    return (PyObject *)self;
+}
+
+/* A 1-d float32 NumPy view of `count` floats at `data`, keeping `owner` alive. */
+static PyObject *float_view(PyObject *owner, float *data, size_t count) {
+    npy_intp dims[1] = {(npy_intp)count};
+    PyObject *array = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT32, data);
+    if (!array)
+        return NULL;
+    if (PyArray_SetBaseObject((PyArrayObject *)array, Py_NewRef(owner)) < 0) {
+        Py_DECREF(array);
+        return NULL;
+    }
+    return array;
+}
+
+static PyObject *model_parameter_arrays(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    ModelObject *self = (ModelObject *)op;
+    size_t n = self->model.num_params;
+    static float empty[1];
+    float *params = n ? self->model.params.block.ptr : empty;
+    float *grads = n ? self->model.grads.block.ptr : empty;
+    PyObject *p = float_view(op, params, n);
+    PyObject *g = p ? float_view(op, grads, n) : NULL;
+    if (!g) {
+        Py_XDECREF(p);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", p, g);
+}
+
+static int append_param(PyObject *list, const gt_param *param) {
+    PyObject *shape = param->ndim == 2 ? Py_BuildValue("(LL)", (long long)param->shape[0], (long long)param->shape[1])
+                                       : Py_BuildValue("(L)", (long long)param->shape[0]);
+    PyObject *item = shape ? Py_BuildValue("(nN)", (Py_ssize_t)param->offset, shape) : NULL;
+    if (!item)
+        return -1;
+    int rc = PyList_Append(list, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+static int collect_layout(PyObject *list, const gt_layer *layer) {
+    if (layer->weight.numel && append_param(list, &layer->weight) < 0)
+        return -1;
+    if (layer->bias.numel && append_param(list, &layer->bias) < 0)
+        return -1;
+    for (size_t i = 0; i < layer->num_children; i++)
+        if (collect_layout(list, &layer->children[i]) < 0)
+            return -1;
+    return 0;
+}
+
+static PyObject *model_parameter_layout(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    PyObject *list = PyList_New(0);
+    if (list && collect_layout(list, &((ModelObject *)op)->model.root) < 0)
+        Py_CLEAR(list);
+    return list;
+}
+
+static int all_finite(const float *x, size_t n) {
+    int finite = 1;
+    for (size_t i = 0; i < n; i++)
+        finite &= isfinite(x[i]) != 0;
+    return finite;
+}
+
+PyArrayObject *gtpy_array_arg(PyObject *obj, const char *arg_name, char kind, gt_tensor *tensor) {
+    int is_array = PyArray_Check(obj);
+    if (is_array && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array (use np.ascontiguousarray)", arg_name);
+        return NULL;
+    }
+    if (is_array) {
+        PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)obj);
+        int ok = kind == 'f' ? descr->type_num == NPY_FLOAT32 : PyDataType_ISINTEGER(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s: expected %s, got an array of dtype %S", arg_name,
+                         kind == 'f' ? "a float32 array" : "an integer array", (PyObject *)descr);
+            return NULL;
+        }
+    }
+    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(obj, kind == 'f' ? NPY_FLOAT32 : NPY_INT64,
+                                                             NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (!array) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: expected a numeric array, got %.100s", arg_name, Py_TYPE(obj)->tp_name);
+        }
+        return NULL;
+    }
+    int ndim = PyArray_NDIM(array);
+    if (ndim < 1 || ndim > GT_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "%s: expected 1 to %d dimensions, got %d", arg_name, GT_MAX_DIMS, ndim);
+        Py_DECREF(array);
+        return NULL;
+    }
+    int64_t shape[GT_MAX_DIMS];
+    for (int i = 0; i < ndim; i++)
+        shape[i] = PyArray_DIM(array, i);
+    gt_tensor_make(tensor, PyArray_DATA(array), kind == 'f' ? GT_F32 : GT_I64, ndim, shape, gt_cpu_device());
+    if (kind == 'f' && !all_finite(PyArray_DATA(array), gt_tensor_numel(tensor))) {
+        PyErr_Format(PyExc_ValueError, "%s contains NaN or infinite values", arg_name);
+        Py_DECREF(array);
+        return NULL;
+    }
+    return array;
+}
+
+static const gt_layer *first_leaf(const gt_layer *layer) {
+    while (layer->kind == GT_LAYER_SEQUENTIAL || layer->kind == GT_LAYER_RESIDUAL) {
+        if (layer->num_children == 0)
+            return NULL;
+        layer = &layer->children[0];
+    }
+    return layer;
+}
+
+int gtpy_model_takes_ids(const gt_model *model) {
+    const gt_layer *leaf = first_leaf(&model->root);
+    return leaf && leaf->kind == GT_LAYER_EMBEDDING;
+}
+
+/* A new float32 array holding `t` (converted from its half format if needed). */
+static PyObject *tensor_to_numpy(PyObject *module, gt_model *model, const gt_tensor *t) {
+    npy_intp dims[GT_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++)
+        dims[i] = (npy_intp)t->shape[i];
+    PyObject *array = PyArray_SimpleNew(t->ndim, dims, NPY_FLOAT32);
+    if (!array)
+        return NULL;
+    gt_status status = model->backend.ops->cast(&model->backend, PyArray_DATA((PyArrayObject *)array), GT_F32,
+                                                t->ptr, t->dtype, (int64_t)gt_tensor_numel(t));
+    if (status != GT_OK) {
+        Py_DECREF(array);
+        return gtpy_raise(module, status);
+    }
+    return array;
+}
+
+static PyObject *model_forward(PyObject *op, PyObject *arg) {
+    ModelObject *self = (ModelObject *)op;
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
+    gt_tensor input, output;
+    PyArrayObject *x = gtpy_array_arg(arg, "x", gtpy_model_takes_ids(&self->model) ? 'i' : 'f', &input);
+    if (!x)
+        return NULL;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_forward(&self->model, &input, 0, &output);
+    Py_END_ALLOW_THREADS
+    PyObject *result = status == GT_OK ? tensor_to_numpy(module, &self->model, &output) : gtpy_raise(module, status);
+    Py_DECREF(x);
+    return result;
+}
+
+static int put_size(PyObject *dict, const char *key, size_t value) {
+    PyObject *number = PyLong_FromSize_t(value);
+    int rc = number ? PyDict_SetItemString(dict, key, number) : -1;
+    Py_XDECREF(number);
+    return rc;
+}
+
+static PyObject *plan_to_dict(const gt_model_plan *plan) {
+    PyObject *d = PyDict_New();
+    if (!d || put_size(d, "parameters", plan->param_bytes) < 0 || put_size(d, "gradients", plan->grad_bytes) < 0 ||
+        put_size(d, "half_parameters", plan->lowp_param_bytes) < 0 ||
+        put_size(d, "activations", plan->activation_bytes) < 0 ||
+        put_size(d, "recompute", plan->recompute_bytes) < 0 || put_size(d, "backward_scratch", plan->scratch_bytes) < 0 ||
+        put_size(d, "loss_buffers", plan->loss_bytes) < 0 || put_size(d, "workspace", plan->workspace_bytes) < 0 ||
+        put_size(d, "total", plan->total_bytes) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"shape", "checkpointing", "precision", NULL};
+    ModelObject *self = (ModelObject *)op;
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
+    PyObject *shape_obj = NULL;
+    int checkpointing = 0;
+    const char *precision = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ps:plan", keywords, &shape_obj, &checkpointing, &precision))
+        return NULL;
+    gt_dtype dt = self->model.dt;
+    gt_status status = precision ? gt_dtype_parse(precision, "precision", &dt) : GT_OK;
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    PyObject *seq = PySequence_Fast(shape_obj, "shape must be a sequence of ints");
+    if (!seq)
+        return NULL;
+    Py_ssize_t ndim = PySequence_Fast_GET_SIZE(seq);
+    int64_t shape[GT_MAX_DIMS];
+    for (Py_ssize_t i = 0; i < ndim && i < GT_MAX_DIMS; i++)
+        shape[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    Py_DECREF(seq);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ndim < 1 || ndim > GT_MAX_DIMS)
+        return PyErr_Format(PyExc_ValueError, "shape: expected 1 to %d dimensions", GT_MAX_DIMS);
+    gt_tensor input;
+    gt_dtype in_dt = gtpy_model_takes_ids(&self->model) ? GT_I64 : GT_F32;
+    status = gt_tensor_make(&input, NULL, in_dt, (int)ndim, shape, gt_cpu_device());
+    gt_model_plan plan;
+    if (status == GT_OK)
+        status = gt_model_compute_plan(&self->model, &input, checkpointing, dt, &plan);
+    return status == GT_OK ? plan_to_dict(&plan) : gtpy_raise(module, status);
+}
+
+static PyObject *model_init_parameters(PyObject *op, PyObject *arg) {
+    ModelObject *self = (ModelObject *)op;
+    unsigned long long seed = PyLong_AsUnsignedLongLong(arg);
+    if (seed == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    gt_status status = gt_model_init_params(&self->model, (uint64_t)seed);
+    return status == GT_OK ? Py_NewRef(Py_None)
+                           : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+}
+
+static PyObject *model_refresh(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    gt_status status = gt_model_refresh_lowp(&((ModelObject *)op)->model);
+    return status == GT_OK ? Py_NewRef(Py_None)
+                           : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+}
+
+static PyObject *get_training(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.training); }
+static PyObject *get_checkpointing(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.checkpointing); }
+static PyObject *get_grads_valid(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.grads_valid); }
+static PyObject *get_step(PyObject *op, void *c) { return PyLong_FromUnsignedLong(((ModelObject *)op)->model.step); }
+static PyObject *get_num_parameters(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_params); }
+static PyObject *get_precision(PyObject *op, void *c) { return PyUnicode_FromString(gt_dtype_name(((ModelObject *)op)->model.dt)); }
+
+static PyObject *get_current_plan(PyObject *op, void *c) {
+    ModelObject *self = (ModelObject *)op;
+    return self->model.planned ? plan_to_dict(&self->model.plan) : Py_NewRef(Py_None);
+}
+
+static int set_flag(PyObject *value, const char *name, int *flag) {
+    if (!value || !PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a bool", name);
+        return -1;
+    }
+    *flag = value == Py_True;
+    return 0;
+}
+
+static int set_training(PyObject *op, PyObject *value, void *c) {
+    return set_flag(value, "training", &((ModelObject *)op)->model.training);
+}
+
+static int set_grads_valid(PyObject *op, PyObject *value, void *c) {
+    return set_flag(value, "grads_valid", &((ModelObject *)op)->model.grads_valid);
+}
+
+static int set_checkpointing(PyObject *op, PyObject *value, void *c) {
+    ModelObject *self = (ModelObject *)op;
+    int flag = 0;
+    if (set_flag(value, "checkpointing", &flag) < 0)
+        return -1;
+    if (flag != self->model.checkpointing)
+        self->model.planned = 0;  /* the activation layout changes */
+    self->model.checkpointing = flag;
+    return 0;
+}
+
+static int set_step(PyObject *op, PyObject *value, void *c) {
+    unsigned long step = value ? PyLong_AsUnsignedLong(value) : (unsigned long)-1;
+    if (step == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    if (step > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "step must fit in 32 bits");
+        return -1;
+    }
+    ((ModelObject *)op)->model.step = (uint32_t)step;
+    return 0;
+}
+
+static int set_precision(PyObject *op, PyObject *value, void *c) {
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
+    const char *name = value && PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
+    if (!name) {
+        PyErr_SetString(PyExc_TypeError, "precision must be a str ('f32', 'f16' or 'bf16')");
+        return -1;
+    }
+    gt_dtype dt;
+    gt_status status = gt_dtype_parse(name, "precision", &dt);
+    if (status == GT_OK)
+        status = gt_model_set_dtype(&((ModelObject *)op)->model, dt);
+    return status == GT_OK ? 0 : gtpy_raise_int(module, status);
+}
+
+static PyMethodDef model_methods[] = {
+    {"parameter_arrays", model_parameter_arrays, METH_NOARGS, "(parameters, gradients) as flat float32 views."},
+    {"parameter_layout", model_parameter_layout, METH_NOARGS, "[(offset, shape)] in state_dict order."},
+    {"forward", model_forward, METH_O, "Forward on x; returns a new float32 array."},
+    {"plan", (PyCFunction)(void (*)(void))model_plan, METH_VARARGS | METH_KEYWORDS,
+     "plan(shape, checkpointing=False, precision=None)\n--\n\nBytes of every region for an input shape."},
+    {"init_parameters", model_init_parameters, METH_O, "Re-initialise the parameters from a seed."},
+    {"refresh_half_parameters", model_refresh, METH_NOARGS, "Rebuild the half copy after writing parameters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef model_getset[] = {
+    {"training", get_training, set_training, "Dropout active when True.", NULL},
+    {"checkpointing", get_checkpointing, set_checkpointing, "Residual blocks recompute in backward.", NULL},
+    {"grads_valid", get_grads_valid, set_grads_valid, "False after zero_grad(set_to_none=True).", NULL},
+    {"step", get_step, set_step, "Optimizer steps taken (keys dropout masks).", NULL},
+    {"precision", get_precision, set_precision, "Activation precision: 'f32', 'f16' or 'bf16'.", NULL},
+    {"num_parameters", get_num_parameters, NULL, "Number of f32 parameters.", NULL},
+    {"current_plan", get_current_plan, NULL, "Bytes of the allocated plan, or None.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot model_slots[] = {
+    {Py_tp_new, model_new},
+    {Py_tp_dealloc, model_dealloc},
+    {Py_tp_methods, model_methods},
+    {Py_tp_getset, model_getset},
+    {Py_tp_doc, "Model(spec, seed, device='cpu', precision='f32')\n--\n\nA compiled layer tree."},
+    {0, NULL},
+};
+
+static PyType_Spec model_spec = {
+    .name = "gputrain._C.Model",
+    .basicsize = sizeof(ModelObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = model_slots,
+};
+
+gt_model *gtpy_model_get(PyObject *module, PyObject *obj, const char *arg_name) {
+    PyObject *type = PyObject_GetAttrString(module, "Model");
+    int ok = type && PyObject_TypeCheck(obj, (PyTypeObject *)type);
+    Py_XDECREF(type);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s must be a gputrain._C.Model, not %.100s", arg_name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return &((ModelObject *)obj)->model;
+}
+
+int gtpy_add_model(PyObject *module) {
+    PyObject *type = PyType_FromModuleAndSpec(module, &model_spec, NULL);
+    if (!type)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "Model", type);
+    Py_DECREF(type);
+    return rc;
+}

@@ -1,0 +1,85 @@
+/* gputrain._C.train_step: the binding of the one-call training step (csrc/train/step.c). */
+#include "py/gtpy.h"
+
+#include <math.h>
+
+#include "py/model.h"
+#include "train/step.h"
+
+static int parse_loss(PyObject *spec, gt_loss *loss) {
+    const char *kind = NULL;
+    double smoothing = 0.0;
+    long long ignore_index = -100;
+    if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "sdL", &kind, &smoothing, &ignore_index)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "loss must be a (kind, label_smoothing, ignore_index) tuple");
+        return -1;
+    }
+    if (strcmp(kind, "cross_entropy") == 0)
+        loss->kind = GT_LOSS_CROSS_ENTROPY;
+    else if (strcmp(kind, "mse") == 0)
+        loss->kind = GT_LOSS_MSE;
+    else {
+        PyErr_Format(PyExc_ValueError, "loss: unknown kind '%s'", kind);
+        return -1;
+    }
+    if (!(smoothing >= 0.0 && smoothing <= 1.0)) {
+        PyErr_Format(PyExc_ValueError, "label_smoothing must be in [0, 1], got %g", smoothing);
+        return -1;
+    }
+    loss->label_smoothing = (float)smoothing;
+    loss->ignore_index = ignore_index;
+    return 0;
+}
+
+static PyObject *step_result(const gt_step_result *r) {
+    return Py_BuildValue("{s:d,s:d,s:O,s:d}", "loss", r->loss, "grad_norm", r->grad_norm, "skipped",
+                         r->skipped ? Py_True : Py_False, "scale", (double)r->scale);
+}
+
+static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"model", "x", "y", "loss", "micro_batches", "set_to_none",
+                               "max_grad_norm", "want_grad_norm", "optimizer", "scaler", NULL};
+    PyObject *model_obj, *x_obj, *y_obj, *loss_obj, *optimizer_obj = Py_None, *scaler_obj = Py_None;
+    gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOO:train_step", keywords, &model_obj, &x_obj,
+                                     &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
+                                     &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj))
+        return NULL;
+    gt_model *model = gtpy_model_get(module, model_obj, "model");
+    if (!model || parse_loss(loss_obj, &cfg.loss) < 0)
+        return NULL;
+    if (!isfinite(cfg.max_grad_norm))
+        return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
+    if (optimizer_obj != Py_None && !(cfg.optimizer = gtpy_optimizer_get(optimizer_obj)))
+        return NULL;
+    if (scaler_obj != Py_None && !(cfg.scaler = gtpy_scaler_get(scaler_obj)))
+        return NULL;
+    gt_tensor x, y;
+    PyArrayObject *x_array = gtpy_array_arg(x_obj, "x", gtpy_model_takes_ids(model) ? 'i' : 'f', &x);
+    if (!x_array)
+        return NULL;
+    PyArrayObject *y_array = gtpy_array_arg(y_obj, "y", cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i', &y);
+    if (!y_array) {
+        Py_DECREF(x_array);
+        return NULL;
+    }
+    gt_step_result result;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_train_step(model, &x, &y, &cfg, &result);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(x_array);
+    Py_DECREF(y_array);
+    return status == GT_OK ? step_result(&result) : gtpy_raise(module, status);
+}
+
+static PyMethodDef step_methods[] = {
+    {"train_step", (PyCFunction)(void (*)(void))train_step, METH_VARARGS | METH_KEYWORDS,
+     "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
+     "want_grad_norm=False, optimizer=None, scaler=None)\n--\n\n"
+     "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'scale'}."},
+    {NULL, NULL, 0, NULL},
+};
+
+int gtpy_add_step(PyObject *module) { return PyModule_AddFunctions(module, step_methods); }

@@ -1,0 +1,84 @@
+#include "train/step.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "train/grad_norm.h"
+
+/* Rows [first, first + count) of a batch tensor, as a tensor of its own. */
+static gt_tensor micro_slice(const gt_tensor *batch, int64_t first, int64_t count) {
+    gt_tensor slice = *batch;
+    size_t row_bytes = batch->shape[0] ? gt_tensor_bytes(batch) / (size_t)batch->shape[0] : 0;
+    slice.ptr = (char *)batch->ptr + (size_t)first * row_bytes;
+    slice.shape[0] = count;
+    return slice;
+}
+
+static gt_status check_batch(const gt_tensor *inputs, const gt_tensor *targets, int micro_batches) {
+    if (micro_batches < 1)
+        return GT_FAIL(GT_ERR_VALUE, "gradient_accumulation_steps must be >= 1, got %d", micro_batches);
+    if (inputs->ndim < 1 || targets->ndim < 1 || inputs->shape[0] != targets->shape[0])
+        return GT_FAIL(GT_ERR_VALUE, "targets: expected %lld rows to match x, got %lld",
+                       inputs->ndim ? (long long)inputs->shape[0] : 0LL,
+                       targets->ndim ? (long long)targets->shape[0] : 0LL);
+    if (inputs->shape[0] == 0 || inputs->shape[0] % micro_batches != 0)
+        return GT_FAIL(GT_ERR_VALUE,
+                       "x: a batch of %lld rows does not split into %d equal micro-batches",
+                       (long long)inputs->shape[0], micro_batches);
+    return GT_OK;
+}
+
+/* Forward, loss and backward of every micro-batch, accumulating f32 gradients. */
+static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
+                                      const gt_tensor *targets, const gt_step_config *cfg,
+                                      float loss_scale, double *mean_loss) {
+    int64_t rows = inputs->shape[0] / cfg->micro_batches;
+    float dloss_scale = loss_scale / (float)cfg->micro_batches;
+    if (!cfg->set_to_none && model->num_params)
+        GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
+                                        model->num_params * sizeof(float)));
+    double loss_sum = 0.0;
+    for (int m = 0; m < cfg->micro_batches; m++) {
+        gt_tensor x = micro_slice(inputs, m * rows, rows), y = micro_slice(targets, m * rows, rows);
+        gt_tensor output;
+        double loss = 0.0;
+        int64_t count = 0;
+        GT_TRY(gt_model_forward(model, &x, (uint64_t)m, &output));
+        GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, 1, &loss, &count));
+        int accumulate = m > 0 || !cfg->set_to_none;
+        GT_TRY(gt_model_backward(model, &x, (uint64_t)m, accumulate));
+        loss_sum += loss;
+    }
+    model->grads_valid = 1;
+    *mean_loss = loss_sum / cfg->micro_batches;
+    return GT_OK;
+}
+
+gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                        const gt_step_config *cfg, gt_step_result *out) {
+    GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
+    memset(out, 0, sizeof *out);
+    gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
+    out->scale = scaler ? scaler->scale : 1.0f;
+    out->grad_norm = NAN;
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, out->scale, &out->loss));
+    float *grads = model->grads.block.ptr;
+    int found_inf = 0;
+    if (scaler)
+        GT_TRY(gt_scaler_unscale_check(scaler, grads, model->num_params, &found_inf));
+    float grad_coef = 1.0f;
+    if (!found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm)) {
+        GT_TRY(gt_grad_norm_l2(grads, model->num_params, &out->grad_norm));
+        if (cfg->max_grad_norm > 0.0)
+            grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
+    }
+    out->skipped = found_inf;
+    if (!found_inf && cfg->optimizer) {
+        GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
+        GT_TRY(gt_model_refresh_lowp(model));
+    }
+    if (scaler)
+        gt_scaler_update(scaler, found_inf);
+    model->step++;
+    return GT_OK;
+}

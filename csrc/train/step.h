@@ -1,0 +1,41 @@
+/* The one-call training step (DESIGN.md principle 2): every micro-batch's forward, loss and
+ * backward, loss scaling, unscale + inf check, clipping, the optimizer update and the scaler
+ * update, with no Python in between. */
+#ifndef GT_TRAIN_STEP_H
+#define GT_TRAIN_STEP_H
+
+#include "nn/model.h"
+#include "train/optim.h"
+#include "train/scaler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gt_step_config {
+    int micro_batches;         /* gradient_accumulation_steps: the batch splits into this many */
+    gt_loss loss;              /* loss function */
+    int set_to_none;           /* 1: zero_grad(set_to_none=True) (first backward writes);
+                                  0: gradients are zeroed, then every backward accumulates */
+    double max_grad_norm;      /* clip the global L2 norm to this; <= 0 disables clipping */
+    int want_grad_norm;        /* 1: compute the norm even without clipping (for logging) */
+    gt_scaler *scaler;         /* dynamic loss scaler, or NULL */
+    gt_optimizer *optimizer;   /* the update, or NULL to compute gradients only */
+} gt_step_config;
+
+typedef struct gt_step_result {
+    double loss;               /* mean over micro-batches of their mean loss (unscaled) */
+    double grad_norm;          /* global L2 norm of the unscaled gradients; NaN if not computed */
+    int skipped;               /* 1 when inf/NaN gradients made the scaler skip the update */
+    float scale;               /* the loss scale this step used (1 without a scaler) */
+} gt_step_result;
+
+/* One training step over `inputs` (B, ...) and `targets` (B, ...), B divisible by
+ * cfg->micro_batches. */
+gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                        const gt_step_config *cfg, gt_step_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

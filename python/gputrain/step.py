@@ -1,0 +1,105 @@
+"""TrainStep: one call into C per training step (DESIGN.md principle 2).
+
+    model = gt.nn.Sequential(gt.nn.Linear(64, 256), gt.nn.GELU(), gt.nn.Linear(256, 10))
+    optimizer = gt.optim.AdamW(model.parameters(), lr=3e-3)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, gradient_accumulation_steps=4)
+    for x, y in loader:
+        out = step(x, y)          # every micro-batch, clipping, the update: one C call
+        print(out.loss)
+
+The batch given to a call is split into `gradient_accumulation_steps` equal micro-batches; each
+one's mean loss is divided by their number, as Hugging Face's Trainer does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gputrain import _C
+from gputrain.nn.loss import CrossEntropyLoss, MSELoss
+from gputrain.nn.module import Module
+
+PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one training step reports."""
+
+    loss: float         # mean of the micro-batches' mean losses (unscaled)
+    grad_norm: float    # global L2 norm of the gradients (NaN when not computed or skipped)
+    skipped: bool       # True when the loss scaler found inf/NaN and skipped the update
+    scale: float        # the loss scale used (1.0 without a scaler)
+
+
+class TrainStep:
+    """A compiled training step for one model, loss and optimizer."""
+
+    def __init__(
+        self,
+        model: Module,
+        loss_fn: CrossEntropyLoss | MSELoss,
+        optimizer: Any = None,
+        *,
+        gradient_accumulation_steps: int = 1,
+        precision: str = "fp32",
+        gradient_checkpointing: bool = False,
+        max_grad_norm: float | None = None,
+        scaler: Any = None,
+        scheduler: Any = None,
+        set_to_none: bool = True,
+        log_grad_norm: bool = False,
+    ) -> None:
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
+        if not isinstance(loss_fn, (CrossEntropyLoss, MSELoss)):
+            raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
+        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
+            raise TypeError("gradient_accumulation_steps must be an int")
+        if gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
+                                              and math.isfinite(max_grad_norm)):
+            raise ValueError(f"max_grad_norm must be a positive finite number or None, got {max_grad_norm!r}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.scheduler = scheduler
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else 0.0
+        self.set_to_none = bool(set_to_none)
+        self.log_grad_norm = bool(log_grad_norm)
+        compiled = model.compiled
+        compiled.precision = PRECISIONS[precision]
+        compiled.checkpointing = bool(gradient_checkpointing)
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
+        result = _C.train_step(
+            self.model.compiled, x, y, self.loss_fn._spec(),
+            micro_batches=self.gradient_accumulation_steps,
+            set_to_none=self.set_to_none,
+            max_grad_norm=self.max_grad_norm,
+            want_grad_norm=self.log_grad_norm,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+        )
+        if self.scheduler is not None and not result["skipped"] and self.optimizer is not None:
+            self.scheduler.step()
+        return StepOutput(**result)
+
+    def memory_plan(self, batch_shape: tuple[int, ...]) -> dict[str, int]:
+        """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation)."""
+        shape = tuple(batch_shape)
+        if not shape or shape[0] % self.gradient_accumulation_steps:
+            raise ValueError(f"batch_shape {shape} does not split into "
+                             f"{self.gradient_accumulation_steps} equal micro-batches")
+        micro = (shape[0] // self.gradient_accumulation_steps, *shape[1:])
+        compiled = self.model.compiled
+        return compiled.plan(micro, checkpointing=compiled.checkpointing, precision=compiled.precision)

@@ -1,0 +1,125 @@
+"""A float64 NumPy reference of gputrain.nn models (forward and backward), for the model tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import gputrain as gt
+
+_erf = np.vectorize(math.erf)
+
+
+def gelu(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def gelu_grad(x, approximate):
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        t = np.tanh(k * (x + 0.044715 * x**3))
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * k * (1 + 3 * 0.044715 * x**2)
+    cdf = 0.5 * (1 + _erf(x / math.sqrt(2)))
+    return cdf + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
+
+
+def layer_forward(layer, x, params):
+    """Forward of one layer; returns (output, cache for backward)."""
+    if isinstance(layer, gt.nn.Linear):
+        w = params[id(layer)]["weight"]
+        b = params[id(layer)].get("bias")
+        y = x @ w.T + (b if b is not None else 0)
+        return y, x
+    if isinstance(layer, gt.nn.ReLU):
+        return np.maximum(x, 0), x
+    if isinstance(layer, gt.nn.Tanh):
+        return np.tanh(x), x
+    if isinstance(layer, gt.nn.SiLU):
+        return x / (1 + np.exp(-x)), x
+    if isinstance(layer, gt.nn.GELU):
+        return gelu(x, layer.approximate), x
+    if isinstance(layer, gt.nn.Dropout):
+        return x, None  # references run in eval mode or with p = 0
+    if isinstance(layer, gt.nn.LayerNorm):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        rstd = 1 / np.sqrt(var + layer.eps)
+        xhat = (x - mean) * rstd
+        p = params[id(layer)]
+        return xhat * p["weight"] + p.get("bias", 0), (xhat, rstd)
+    if isinstance(layer, gt.nn.Sequential):
+        caches = []
+        for child in layer.layers:
+            x, cache = layer_forward(child, x, params)
+            caches.append(cache)
+        return x, caches
+    if isinstance(layer, gt.nn.Residual):
+        y, cache = layer_forward(layer.block, x, params)
+        return x + y, cache
+    raise TypeError(type(layer))
+
+
+def layer_backward(layer, dy, cache, params, grads):
+    """Backward of one layer; accumulates parameter gradients into `grads`; returns dx."""
+    if isinstance(layer, gt.nn.Linear):
+        x = cache
+        w = params[id(layer)]["weight"]
+        g = grads.setdefault(id(layer), {})
+        g["weight"] = dy.reshape(-1, dy.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        if layer.has_bias:
+            g["bias"] = dy.reshape(-1, dy.shape[-1]).sum(0)
+        return dy @ w
+    if isinstance(layer, gt.nn.ReLU):
+        return dy * (cache > 0)
+    if isinstance(layer, gt.nn.Tanh):
+        return dy * (1 - np.tanh(cache) ** 2)
+    if isinstance(layer, gt.nn.SiLU):
+        s = 1 / (1 + np.exp(-cache))
+        return dy * (s + cache * s * (1 - s))
+    if isinstance(layer, gt.nn.GELU):
+        return dy * gelu_grad(cache, layer.approximate)
+    if isinstance(layer, gt.nn.Dropout):
+        return dy
+    if isinstance(layer, gt.nn.LayerNorm):
+        xhat, rstd = cache
+        p = params[id(layer)]
+        g = grads.setdefault(id(layer), {})
+        g["weight"] = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(0)
+        if layer.has_bias:
+            g["bias"] = dy.reshape(-1, dy.shape[-1]).sum(0)
+        dxhat = dy * p["weight"]
+        n = xhat.shape[-1]
+        return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    if isinstance(layer, gt.nn.Sequential):
+        for child, child_cache in zip(reversed(layer.layers), reversed(cache)):
+            dy = layer_backward(child, dy, child_cache, params, grads)
+        return dy
+    if isinstance(layer, gt.nn.Residual):
+        return dy + layer_backward(layer.block, dy, cache, params, grads)
+    raise TypeError(type(layer))
+
+
+def params_of(model):
+    """float64 copies of every parameter, keyed by the layer that owns it."""
+    params = {}
+    list(model.parameters())  # compiles the model if it was not yet
+    for module in model.modules():
+        for name in module._param_names:
+            parameter = module._params.get(name)
+            if parameter is not None:
+                params.setdefault(id(module), {})[name] = parameter.data.astype(np.float64)
+    return params
+
+
+def cross_entropy(logits, targets, label_smoothing=0.0):
+    """Mean loss and d(loss)/d(logits) in float64."""
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    n, classes = logits.shape
+    onehot = np.eye(classes)[targets]
+    target_dist = (1 - label_smoothing) * onehot + label_smoothing / classes
+    loss = -(target_dist * logp).sum(-1).mean()
+    return loss, (np.exp(logp) - target_dist) / n
