@@ -9,6 +9,7 @@ from gputrain import functional
 from gputrain import nn, random
 from gputrain.step import StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
+from gputrain.data import DataLoader
 from gputrain._cast import cast
 from gputrain._info import info
 from gputrain.memory import (
@@ -38,6 +39,7 @@ __all__ = [
     "nn",
     "random",
     "Buffer",
+    "DataLoader",
     "CudaError",
     "OutOfMemoryError",
     "cast",

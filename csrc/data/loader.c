@@ -1,0 +1,616 @@
+#include "data/loader.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { GT_LOADER_MESSAGE_BYTES = 1024 };
+
+typedef struct gt_worker {
+    gt_loader *loader;   /* the loader it gathers for */
+    size_t id;           /* 0 .. num_workers - 1 */
+    int64_t *rows;       /* (max_batch_rows,) row indices of the batch being gathered */
+    pthread_t thread;    /* the thread, valid when started */
+    int started;         /* 1 once pthread_create succeeded */
+} gt_worker;
+
+struct gt_loader {
+    gt_field *fields;             /* (num_fields,) copy of the configuration's table */
+    size_t num_fields;            /* arrays per sample */
+    size_t max_batch_rows;        /* rows a slot holds */
+    size_t slot_bytes;            /* bytes of one slot */
+    size_t num_workers;           /* worker threads */
+    size_t depth;                 /* batches claimed and not yet delivered, at most */
+    int in_order;                 /* deliver in batch order */
+    gt_device slot_device;        /* pool of the slots: cpu or pinned */
+    gt_loader_hooks hooks;        /* callbacks into the bindings */
+
+    pthread_mutex_t lock;         /* guards every field below */
+    pthread_cond_t work_cv;       /* workers: a batch can be claimed, or stop */
+    pthread_cond_t ready_cv;      /* caller: a batch is ready, a gather finished, or failure */
+
+    gt_slot **slots;              /* (num_slots,) each slot allocated on its own */
+    size_t num_slots;             /* slots allocated */
+    size_t slots_capacity;        /* entries of `slots` */
+    size_t initial_slots;         /* slots allocated at creation */
+
+    gt_batch_plan plan;           /* the epoch; its arrays point into the blocks below */
+    gt_block plan_indices;        /* copy of plan.sampler.indices */
+    gt_block plan_offsets;        /* copy of plan.batch_offsets */
+    size_t *done;                 /* (num_done,) sorted batches to skip, malloc'd */
+    size_t num_done;              /* entries of `done` */
+    uint64_t generation;          /* bumped by each epoch start: older claims are stale */
+    int running;                  /* 1 while an epoch is active */
+    size_t next_claim;            /* next batch a worker may claim */
+    size_t claim_cursor;          /* entries of `done` passed by next_claim */
+    size_t next_deliver;          /* next batch to deliver in order */
+    size_t deliver_cursor;        /* entries of `done` passed by next_deliver */
+    size_t remaining;             /* batches of the epoch not yet delivered */
+    size_t in_flight;             /* claimed in this generation, not yet delivered */
+    size_t filling;               /* slots being gathered, any generation */
+    gt_status failure;            /* first failure of the epoch, GT_OK if none */
+    char failure_message[GT_LOADER_MESSAGE_BYTES]; /* its message */
+
+    int stop;                     /* 1 once shutdown began */
+    int joined;                   /* 1 once the workers are joined */
+    int released;                 /* 1 once the owner dropped its reference */
+    gt_worker *workers;           /* (num_workers,) */
+    int64_t *caller_rows;         /* (max_batch_rows,) row indices when gathering in the caller */
+
+    size_t refs;                  /* the owner's (until released) + caller slot references */
+    size_t batches_gathered;      /* statistics since creation */
+    size_t bytes_gathered;        /* bytes copied into slots since creation */
+};
+
+/* ---- slots ------------------------------------------------------------------------------ */
+
+static gt_status slot_new(gt_loader *l, gt_slot **out) {
+    if (l->num_slots == l->slots_capacity) {
+        size_t capacity = l->slots_capacity ? 2 * l->slots_capacity : 8;
+        gt_slot **grown = realloc(l->slots, capacity * sizeof *grown);
+        if (!grown)
+            return GT_FAIL(GT_ERR_OOM, "loader: no memory for %zu slot entries", capacity);
+        l->slots = grown;
+        l->slots_capacity = capacity;
+    }
+    gt_slot *slot = calloc(1, sizeof *slot);
+    if (!slot)
+        return GT_FAIL(GT_ERR_OOM, "loader: no memory for a slot");
+    size_t bytes = l->slot_bytes ? l->slot_bytes : 1;
+    gt_status status = gt_block_alloc(l->slot_device, bytes, &slot->block);
+    if (status != GT_OK) {
+        free(slot);
+        return status;
+    }
+    l->slots[l->num_slots++] = slot;
+    *out = slot;
+    return GT_OK;
+}
+
+/* A FREE slot, allocating one more when the caller holds all of them (lock held). */
+static gt_status slot_take(gt_loader *l, gt_slot **out) {
+    for (size_t i = 0; i < l->num_slots; i++) {
+        if (l->slots[i]->state == GT_SLOT_FREE) {
+            *out = l->slots[i];
+            return GT_OK;
+        }
+    }
+    return slot_new(l, out);
+}
+
+/* Drops one reference (lock held); the slot becomes FREE with the last. */
+static void slot_unref_locked(gt_loader *l, gt_slot *slot) {
+    if (--slot->refs > 0)
+        return;
+    slot->state = GT_SLOT_FREE;
+    if (l->released)
+        gt_block_free(&slot->block);
+    pthread_cond_broadcast(&l->work_cv);
+}
+
+/* ---- the epoch's bookkeeping (lock held) ---------------------------------------------- */
+
+/* The first batch >= b not in `done`, moving `cursor` past the entries below it. */
+static size_t skip_done(const gt_loader *l, size_t *cursor, size_t b) {
+    while (*cursor < l->num_done && l->done[*cursor] < b)
+        (*cursor)++;
+    while (*cursor < l->num_done && l->done[*cursor] == b) {
+        b++;
+        (*cursor)++;
+    }
+    return b;
+}
+
+static int can_claim(const gt_loader *l) {
+    return l->running && l->failure == GT_OK && l->in_flight < l->depth &&
+           l->next_claim < l->plan.num_batches;
+}
+
+/* Claims the next batch into a slot. */
+static gt_status claim(gt_loader *l, gt_slot **out) {
+    gt_slot *slot;
+    GT_TRY(slot_take(l, &slot));
+    slot->state = GT_SLOT_FILLING;
+    slot->refs = 1;
+    slot->batch = l->next_claim;
+    slot->generation = l->generation;
+    slot->user = NULL;
+    l->next_claim = skip_done(l, &l->claim_cursor, l->next_claim + 1);
+    l->in_flight++;
+    l->filling++;
+    *out = slot;
+    return GT_OK;
+}
+
+/* Keeps the first failure of the epoch with this thread's message, and wakes everyone. */
+static void record_failure(gt_loader *l, gt_status status) {
+    if (l->failure == GT_OK) {
+        l->failure = status;
+        snprintf(l->failure_message, sizeof l->failure_message, "%s", gt_error_message());
+    }
+    pthread_cond_broadcast(&l->ready_cv);
+    pthread_cond_broadcast(&l->work_cv);
+}
+
+/* Gathers a claimed batch (no lock held): the plan cannot change while `filling` > 0. */
+static void gather(gt_loader *l, gt_slot *slot, int64_t *rows) {
+    slot->rows = gt_batch_plan_rows(&l->plan, slot->batch, rows);
+    gt_gather_rows(l->fields, l->num_fields, rows, slot->rows, (char *)slot->block.ptr);
+}
+
+/* Drops a slot's undelivered batch; unlocks around the hook that releases its user object. */
+static void discard(gt_loader *l, gt_slot *slot) {
+    void *user = slot->user;
+    slot->user = NULL;
+    slot->state = GT_SLOT_DELIVERED;  /* out of every search while unlocked */
+    if (user && l->hooks.release_user) {
+        pthread_mutex_unlock(&l->lock);
+        l->hooks.release_user(l->hooks.ctx, user);
+        pthread_mutex_lock(&l->lock);
+    }
+    slot_unref_locked(l, slot);
+}
+
+/* Ends the epoch in progress: waits for in-flight gathers, drops undelivered batches. */
+static void cancel_locked(gt_loader *l) {
+    l->generation++;
+    l->running = 0;
+    while (l->filling > 0)
+        pthread_cond_wait(&l->ready_cv, &l->lock);
+    for (;;) {
+        gt_slot *ready = NULL;
+        for (size_t i = 0; i < l->num_slots && !ready; i++)
+            if (l->slots[i]->state == GT_SLOT_READY)
+                ready = l->slots[i];
+        if (!ready)
+            break;
+        discard(l, ready);
+    }
+    l->in_flight = 0;
+}
+
+/* ---- workers ---------------------------------------------------------------------------- */
+
+/* Marks a gathered slot READY, or drops it when its epoch was cancelled meanwhile. */
+static void finish_gather(gt_loader *l, gt_slot *slot, gt_status status) {
+    l->filling--;
+    if (status != GT_OK)
+        record_failure(l, status);
+    if (slot->generation != l->generation || status != GT_OK) {
+        if (slot->generation == l->generation)
+            l->in_flight--;
+        discard(l, slot);
+    } else {
+        slot->state = GT_SLOT_READY;
+        l->batches_gathered++;
+        for (size_t f = 0; f < l->num_fields; f++)
+            l->bytes_gathered += slot->rows * l->fields[f].row_bytes;
+    }
+    pthread_cond_broadcast(&l->ready_cv);
+}
+
+static void *worker_main(void *arg) {
+    gt_worker *w = arg;
+    gt_loader *l = w->loader;
+    gt_status status = GT_OK;
+    if (l->hooks.worker_start)
+        status = l->hooks.worker_start(l->hooks.ctx, w->id);
+    pthread_mutex_lock(&l->lock);
+    if (status != GT_OK)
+        record_failure(l, status);
+    for (;;) {
+        while (!l->stop && !can_claim(l))
+            pthread_cond_wait(&l->work_cv, &l->lock);
+        if (l->stop)
+            break;
+        gt_slot *slot;
+        status = claim(l, &slot);
+        if (status != GT_OK) {
+            record_failure(l, status);
+            continue;
+        }
+        pthread_mutex_unlock(&l->lock);
+        gather(l, slot, w->rows);
+        status = l->hooks.batch_gathered ? l->hooks.batch_gathered(l->hooks.ctx, l, slot) : GT_OK;
+        pthread_mutex_lock(&l->lock);
+        finish_gather(l, slot, status);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+/* Starts the workers with every signal blocked, so signals reach the Python main thread. */
+static gt_status start_workers(gt_loader *l) {
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    gt_status status = GT_OK;
+    for (size_t i = 0; i < l->num_workers && status == GT_OK; i++) {
+        gt_worker *w = &l->workers[i];
+        int rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc != 0)
+            status = GT_FAIL(GT_ERR_OS, "num_workers: starting worker thread %zu failed: %s", i,
+                             strerror(rc));
+        else
+            w->started = 1;
+    }
+    pthread_sigmask(SIG_SETMASK, &previous, NULL);
+    return status;
+}
+
+/* ---- creation and destruction -------------------------------------------------------- */
+
+static void destroy(gt_loader *l) {
+    for (size_t i = 0; i < l->num_slots; i++) {
+        gt_block_free(&l->slots[i]->block);
+        free(l->slots[i]);
+    }
+    free(l->slots);
+    gt_block_free(&l->plan_indices);
+    gt_block_free(&l->plan_offsets);
+    free(l->done);
+    for (size_t i = 0; l->workers && i < l->num_workers; i++)
+        free(l->workers[i].rows);
+    free(l->workers);
+    free(l->caller_rows);
+    free(l->fields);
+    pthread_cond_destroy(&l->work_cv);
+    pthread_cond_destroy(&l->ready_cv);
+    pthread_mutex_destroy(&l->lock);
+    free(l);
+}
+
+static gt_status init_sync(gt_loader *l) {
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return GT_FAIL(GT_ERR_OS, "loader: pthread_condattr_init failed");
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_mutex_init(&l->lock, NULL) | pthread_cond_init(&l->work_cv, NULL) |
+             pthread_cond_init(&l->ready_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc ? GT_FAIL(GT_ERR_OS, "loader: initialising its mutex/condition variables failed")
+              : GT_OK;
+}
+
+/* Allocates the tables and scratch buffers sized by the configuration. */
+static gt_status init_tables(gt_loader *l, const gt_loader_config *c) {
+    size_t rows_bytes = (c->max_batch_rows ? c->max_batch_rows : 1) * sizeof(int64_t);
+    l->fields = malloc((c->num_fields ? c->num_fields : 1) * sizeof *l->fields);
+    l->workers = calloc(c->num_workers ? c->num_workers : 1, sizeof *l->workers);
+    l->caller_rows = malloc(rows_bytes);
+    if (!l->fields || !l->workers || !l->caller_rows)
+        return GT_FAIL(GT_ERR_OOM, "loader: no memory for its tables");
+    memcpy(l->fields, c->fields, c->num_fields * sizeof *l->fields);
+    for (size_t i = 0; i < c->num_workers; i++) {
+        l->workers[i] = (gt_worker){.loader = l, .id = i, .rows = malloc(rows_bytes)};
+        if (!l->workers[i].rows)
+            return GT_FAIL(GT_ERR_OOM, "loader: no memory for worker %zu's row indices", i);
+    }
+    GT_TRY(gt_fields_layout(l->fields, l->num_fields, c->max_batch_rows, &l->slot_bytes));
+    for (size_t i = 0; i < l->initial_slots; i++) {
+        gt_slot *slot;
+        GT_TRY(slot_new(l, &slot));
+    }
+    return GT_OK;
+}
+
+gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
+    if (c->num_workers > 0 && c->prefetch_factor == 0)
+        return GT_FAIL(GT_ERR_VALUE, "prefetch_factor must be >= 1 with worker threads, got 0");
+    gt_loader *l = calloc(1, sizeof *l);
+    if (!l)
+        return GT_FAIL(GT_ERR_OOM, "loader: no memory for its state");
+    l->num_fields = c->num_fields;
+    l->max_batch_rows = c->max_batch_rows;
+    l->num_workers = c->num_workers;
+    l->depth = c->num_workers * c->prefetch_factor;
+    l->in_order = c->in_order;
+    l->slot_device = c->pin_memory ? gt_pinned_device() : gt_cpu_device();
+    l->hooks = c->hooks;
+    l->initial_slots = l->depth + 2;
+    l->refs = 1;
+    l->joined = c->num_workers == 0;
+    gt_status status = init_sync(l);
+    if (status != GT_OK) {
+        free(l);
+        return status;
+    }
+    status = init_tables(l, c);
+    if (status == GT_OK)
+        status = start_workers(l);
+    if (status != GT_OK) {
+        gt_loader_release(l);
+        return status;
+    }
+    *out = l;
+    return GT_OK;
+}
+
+void gt_loader_shutdown(gt_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    if (l->stop) {  /* another thread is joining, or did */
+        while (!l->joined)
+            pthread_cond_wait(&l->ready_cv, &l->lock);
+        pthread_mutex_unlock(&l->lock);
+        return;
+    }
+    l->stop = 1;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_cond_broadcast(&l->ready_cv);
+    pthread_mutex_unlock(&l->lock);
+    for (size_t i = 0; l->workers && i < l->num_workers; i++)
+        if (l->workers[i].started)
+            pthread_join(l->workers[i].thread, NULL);
+    pthread_mutex_lock(&l->lock);
+    l->joined = 1;
+    cancel_locked(l);
+    pthread_cond_broadcast(&l->ready_cv);
+    pthread_mutex_unlock(&l->lock);
+}
+
+void gt_loader_release(gt_loader *l) {
+    gt_loader_shutdown(l);
+    pthread_mutex_lock(&l->lock);
+    l->released = 1;
+    for (size_t i = 0; i < l->num_slots; i++)  /* held slots go when their views do */
+        if (l->slots[i]->state == GT_SLOT_FREE)
+            gt_block_free(&l->slots[i]->block);
+    int last = --l->refs == 0;
+    pthread_mutex_unlock(&l->lock);
+    if (last)
+        destroy(l);
+}
+
+/* ---- epochs ------------------------------------------------------------------------------ */
+
+/* Copies `count` int64 values into an accounted block (emptied when count is 0). */
+static gt_status copy_int64(const int64_t *values, size_t count, gt_block *out) {
+    *out = (gt_block){0};
+    if (count == 0)
+        return GT_OK;
+    GT_TRY(gt_block_alloc(gt_cpu_device(), count * sizeof(int64_t), out));
+    memcpy(out->ptr, values, count * sizeof(int64_t));
+    return GT_OK;
+}
+
+/* Owned copies of the plan's arrays and of `done`, made before taking the lock. */
+typedef struct epoch_copy {
+    gt_batch_plan plan;   /* the plan, pointing into the blocks below */
+    gt_block indices;     /* copy of plan.sampler.indices */
+    gt_block offsets;     /* copy of plan.batch_offsets */
+    size_t *done;         /* copy of the skipped batches, malloc'd */
+} epoch_copy;
+
+static gt_status copy_epoch(const gt_batch_plan *plan, const size_t *done, size_t num_done,
+                            epoch_copy *out) {
+    *out = (epoch_copy){.plan = *plan};
+    const gt_sampler *s = &plan->sampler;
+    gt_status status = copy_int64(s->kind == GT_ORDER_ARRAY ? s->indices : NULL,
+                                  s->kind == GT_ORDER_ARRAY ? (size_t)s->base_length : 0,
+                                  &out->indices);
+    if (status == GT_OK && plan->batch_offsets)
+        status = copy_int64(plan->batch_offsets, plan->num_batches + 1, &out->offsets);
+    if (status == GT_OK && num_done > 0) {
+        out->done = malloc(num_done * sizeof *done);
+        if (out->done)
+            memcpy(out->done, done, num_done * sizeof *done);
+        else
+            status = GT_FAIL(GT_ERR_OOM, "loader: no memory for %zu skipped batches", num_done);
+    }
+    if (status != GT_OK) {
+        gt_block_free(&out->indices);
+        gt_block_free(&out->offsets);
+        return status;
+    }
+    out->plan.sampler.indices = out->indices.ptr;
+    out->plan.batch_offsets = out->offsets.ptr;
+    return GT_OK;
+}
+
+static gt_status check_epoch(const gt_loader *l, const gt_batch_plan *plan, size_t start_batch,
+                             const size_t *done, size_t num_done) {
+    if (plan->max_batch_rows > l->max_batch_rows)
+        return GT_FAIL(GT_ERR_VALUE, "batch_size: batches of %zu rows exceed the %zu of a slot",
+                       plan->max_batch_rows, l->max_batch_rows);
+    if (start_batch > plan->num_batches)
+        return GT_FAIL(GT_ERR_VALUE, "batches_yielded: %zu is beyond the %zu batches of an epoch",
+                       start_batch, plan->num_batches);
+    for (size_t i = 0; i < num_done; i++)
+        if (done[i] < start_batch || done[i] >= plan->num_batches || (i > 0 && done[i] <= done[i - 1]))
+            return GT_FAIL(GT_ERR_VALUE, "done: batch %zu is not a sorted batch in [%zu, %zu)",
+                           done[i], start_batch, plan->num_batches);
+    return GT_OK;
+}
+
+gt_status gt_loader_start_epoch(gt_loader *l, const gt_batch_plan *plan, size_t start_batch,
+                                const size_t *done, size_t num_done) {
+    GT_TRY(check_epoch(l, plan, start_batch, done, num_done));
+    epoch_copy copy;
+    GT_TRY(copy_epoch(plan, done, num_done, &copy));
+    pthread_mutex_lock(&l->lock);
+    if (l->stop) {
+        pthread_mutex_unlock(&l->lock);
+        gt_block_free(&copy.indices);
+        gt_block_free(&copy.offsets);
+        free(copy.done);
+        return GT_FAIL(GT_ERR_RUNTIME, "loader: the loader was shut down");
+    }
+    cancel_locked(l);
+    epoch_copy old = {.indices = l->plan_indices, .offsets = l->plan_offsets, .done = l->done};
+    l->plan = copy.plan;
+    l->plan_indices = copy.indices;
+    l->plan_offsets = copy.offsets;
+    l->done = copy.done;
+    l->num_done = num_done;
+    l->claim_cursor = l->deliver_cursor = 0;
+    l->next_claim = skip_done(l, &l->claim_cursor, start_batch);
+    l->next_deliver = skip_done(l, &l->deliver_cursor, start_batch);
+    l->remaining = plan->num_batches - start_batch - num_done;
+    l->failure = GT_OK;
+    l->running = 1;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_mutex_unlock(&l->lock);
+    gt_block_free(&old.indices);
+    gt_block_free(&old.offsets);
+    free(old.done);
+    return GT_OK;
+}
+
+/* ---- delivery ---------------------------------------------------------------------------- */
+
+/* The READY slot to deliver next: the next batch in order, or the lowest batch ready. */
+static gt_slot *find_ready(const gt_loader *l) {
+    gt_slot *best = NULL;
+    for (size_t i = 0; i < l->num_slots; i++) {
+        gt_slot *slot = l->slots[i];
+        if (slot->state != GT_SLOT_READY || slot->generation != l->generation)
+            continue;
+        if (l->in_order ? slot->batch == l->next_deliver : (!best || slot->batch < best->batch))
+            best = slot;
+        if (l->in_order && best)
+            break;
+    }
+    return best;
+}
+
+/* Hands a slot to the caller: its pipeline reference becomes the caller's. */
+static void deliver(gt_loader *l, gt_slot *slot) {
+    slot->state = GT_SLOT_DELIVERED;
+    l->in_flight--;
+    l->remaining--;
+    l->refs++;
+    if (l->in_order)
+        l->next_deliver = skip_done(l, &l->deliver_cursor, l->next_deliver + 1);
+    pthread_cond_broadcast(&l->work_cv);
+}
+
+/* Replays the failure of a worker on the calling thread (lock held). */
+static gt_status replay_failure(const gt_loader *l) {
+    return gt_set_error(l->failure, __FILE__, __LINE__, "%s", l->failure_message);
+}
+
+/* num_workers == 0: claims and gathers the next batch on the calling thread. */
+static gt_status next_in_caller(gt_loader *l, gt_slot **out) {
+    gt_slot *slot = NULL;
+    pthread_mutex_lock(&l->lock);
+    gt_status status = l->failure;
+    if (status != GT_OK)
+        status = replay_failure(l);
+    else if (l->running && l->remaining > 0) {
+        status = claim(l, &slot);
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (status != GT_OK || !slot) {
+        *out = NULL;
+        return status;
+    }
+    gather(l, slot, l->caller_rows);
+    pthread_mutex_lock(&l->lock);
+    l->filling--;
+    l->batches_gathered++;
+    for (size_t f = 0; f < l->num_fields; f++)
+        l->bytes_gathered += slot->rows * l->fields[f].row_bytes;
+    deliver(l, slot);
+    pthread_mutex_unlock(&l->lock);
+    *out = slot;
+    return GT_OK;
+}
+
+static struct timespec deadline_after(double seconds) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double whole = (double)(time_t)seconds;
+    t.tv_sec += (time_t)seconds;
+    t.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+gt_status gt_loader_next(gt_loader *l, double timeout_seconds, gt_slot **out) {
+    if (l->num_workers == 0)
+        return next_in_caller(l, out);
+    struct timespec deadline = deadline_after(timeout_seconds > 0 ? timeout_seconds : 0);
+    gt_status status = GT_OK;
+    *out = NULL;
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        if (l->failure != GT_OK) {
+            status = replay_failure(l);
+            break;
+        }
+        if (!l->running || l->remaining == 0 || l->stop)
+            break;
+        gt_slot *slot = find_ready(l);
+        if (slot) {
+            deliver(l, slot);
+            *out = slot;
+            break;
+        }
+        if (timeout_seconds <= 0) {
+            pthread_cond_wait(&l->ready_cv, &l->lock);
+        } else if (pthread_cond_timedwait(&l->ready_cv, &l->lock, &deadline) == ETIMEDOUT) {
+            status = GT_FAIL(GT_ERR_TIMEOUT, "DataLoader timed out after %g seconds", timeout_seconds);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&l->lock);
+    return status;
+}
+
+void gt_loader_slot_retain(gt_loader *l, gt_slot *slot) {
+    pthread_mutex_lock(&l->lock);
+    slot->refs++;
+    l->refs++;
+    pthread_mutex_unlock(&l->lock);
+}
+
+void gt_loader_slot_release(gt_loader *l, gt_slot *slot) {
+    pthread_mutex_lock(&l->lock);
+    slot_unref_locked(l, slot);
+    int last = --l->refs == 0;
+    pthread_mutex_unlock(&l->lock);
+    if (last)
+        destroy(l);
+}
+
+char *gt_loader_slot_field(const gt_loader *l, const gt_slot *slot, size_t field) {
+    return (char *)slot->block.ptr + l->fields[field].slot_offset;
+}
+
+void gt_loader_get_stats(gt_loader *l, gt_loader_stats *out) {
+    pthread_mutex_lock(&l->lock);
+    *out = (gt_loader_stats){.num_slots = l->num_slots, .initial_slots = l->initial_slots,
+                             .slot_bytes = l->slot_bytes, .batches_gathered = l->batches_gathered,
+                             .bytes_gathered = l->bytes_gathered,
+                             .num_workers = l->joined ? 0 : l->num_workers};
+    for (size_t i = 0; i < l->num_slots; i++)
+        out->slots_pinned += l->slots[i]->block.pinned;
+    pthread_mutex_unlock(&l->lock);
+}

@@ -1,0 +1,114 @@
+/* The loader engine: worker threads gather whole batches into slots of one accounted pool.
+ *
+ * Slots: depth + 2 are allocated when the loader is created (depth = num_workers x
+ * prefetch_factor batches in flight; the caller holds one while the next is delivered);
+ * more are allocated only when the caller keeps batches alive, never by overwriting one.
+ * A slot is FREE, FILLING (a worker gathers into it), READY (gathered, not yet delivered)
+ * or DELIVERED (referenced by the caller's views). It becomes FREE when its last reference
+ * is released, so a batch the caller holds is never overwritten.
+ *
+ * Lifetime: the loader counts one reference for its owner and one per slot reference held by
+ * the caller; gt_loader_release() drops the owner's and the memory goes with the last one.
+ *
+ * Threads: all waits are on one mutex and two condition variables; no lock is held while
+ * gathering or inside a hook. With num_workers == 0 the caller gathers in gt_loader_next(). */
+#ifndef GT_DATA_LOADER_H
+#define GT_DATA_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "data/gather.h"
+#include "data/sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gt_loader gt_loader;
+
+typedef enum gt_slot_state {
+    GT_SLOT_FREE = 0,       /* holds nothing; may be filled */
+    GT_SLOT_FILLING = 1,    /* a batch is being gathered into it */
+    GT_SLOT_READY = 2,      /* gathered, waiting for delivery */
+    GT_SLOT_DELIVERED = 3,  /* handed to the caller; FREE once its references are released */
+} gt_slot_state;
+
+typedef struct gt_slot {
+    gt_block block;         /* the batch: field f's rows at fields[f].slot_offset */
+    gt_slot_state state;    /* see gt_slot_state */
+    size_t refs;            /* references: the pipeline's until delivery, then the caller's */
+    size_t batch;           /* index of the batch in its epoch */
+    size_t rows;            /* rows gathered (<= max_batch_rows) */
+    uint64_t generation;    /* the epoch run that claimed it */
+    void *user;             /* object attached by the batch_gathered hook (opaque), or NULL */
+} gt_slot;
+
+/* Callbacks into the layer above (the bindings), all called with no loader lock held. */
+typedef struct gt_loader_hooks {
+    void *ctx;  /* passed back to every hook */
+    /* In each worker thread before its first batch; a failure ends the epoch with it. */
+    gt_status (*worker_start)(void *ctx, size_t worker);
+    /* In the worker after a gather; may set slot->user. A failure ends the epoch with it. */
+    gt_status (*batch_gathered)(void *ctx, gt_loader *loader, gt_slot *slot);
+    /* Drops a slot->user that will never be delivered (epoch cancelled or loader released). */
+    void (*release_user)(void *ctx, void *user);
+} gt_loader_hooks;
+
+typedef struct gt_loader_config {
+    const gt_field *fields;   /* (num_fields,) the dataset's arrays; outlive the loader's threads */
+    size_t num_fields;        /* arrays per sample */
+    size_t max_batch_rows;    /* rows a slot can hold */
+    size_t num_workers;       /* worker threads; 0 gathers in the calling thread */
+    size_t prefetch_factor;   /* batches in flight per worker */
+    int in_order;             /* 1: deliver batches in index order; 0: as they complete */
+    int pin_memory;           /* 1: slots from the pinned pool (pageable fallback is counted) */
+    gt_loader_hooks hooks;    /* optional callbacks; NULL members are skipped */
+} gt_loader_config;
+
+typedef struct gt_loader_stats {
+    size_t num_slots;          /* slots allocated now */
+    size_t initial_slots;      /* slots allocated at creation */
+    size_t slot_bytes;         /* bytes of one slot */
+    size_t slots_pinned;       /* slots in page-locked memory */
+    size_t batches_gathered;   /* batches gathered since creation */
+    size_t bytes_gathered;     /* bytes copied into slots since creation */
+    size_t num_workers;        /* worker threads running */
+} gt_loader_stats;
+
+/* Copies the field table, allocates the initial slots and starts the worker threads. */
+gt_status gt_loader_create(const gt_loader_config *config, gt_loader **out);
+
+/* Starts an epoch of `plan` (copied, index arrays included), cancelling any epoch in progress:
+ * undelivered batches are dropped after in-flight gathers finish. Batches below `start_batch`
+ * and the (sorted, >= start_batch) batches in `done` are skipped without being gathered. */
+gt_status gt_loader_start_epoch(gt_loader *loader, const gt_batch_plan *plan, size_t start_batch,
+                                const size_t *done, size_t num_done);
+
+/* Waits for the next batch (gathering it here when num_workers == 0). On success *out is the
+ * slot with one reference for the caller, or NULL when the epoch has no batch left.
+ * timeout_seconds <= 0 waits without limit; running out fails with GT_ERR_TIMEOUT. */
+gt_status gt_loader_next(gt_loader *loader, double timeout_seconds, gt_slot **out);
+
+/* Adds / drops a caller reference to a slot (a view of it is created / destroyed). Dropping
+ * the last one frees the slot for reuse, and may free the loader after gt_loader_release. */
+void gt_loader_slot_retain(gt_loader *loader, gt_slot *slot);
+void gt_loader_slot_release(gt_loader *loader, gt_slot *slot);
+
+/* Start of field `field`'s rows in a slot. */
+char *gt_loader_slot_field(const gt_loader *loader, const gt_slot *slot, size_t field);
+
+/* Stops and joins the worker threads, dropping undelivered batches (idempotent). */
+void gt_loader_shutdown(gt_loader *loader);
+
+/* Shuts down and drops the owner's reference; memory goes when no slot is referenced. */
+void gt_loader_release(gt_loader *loader);
+
+void gt_loader_get_stats(gt_loader *loader, gt_loader_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

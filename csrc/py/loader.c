@@ -1,0 +1,517 @@
+/* gputrain._C.LoaderEngine: the C loader (csrc/data/loader.h) behind gputrain.DataLoader.
+ * It keeps the dataset arrays alive for the worker threads, runs the optional worker hooks
+ * with the GIL, and hands out each batch as NumPy views of its slot (zero-copy). */
+#include "py/loader.h"
+
+#include <math.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    gt_loader *loader;          /* the engine; NULL once released */
+    PyObject *arrays;           /* tuple of the dataset's arrays, one per field */
+    PyObject *slot_type;        /* gputrain._C._LoaderSlot */
+    PyObject *worker_start;     /* callable(worker_id) -> None or an error object, or NULL */
+    PyObject *worker_transform; /* callable(batch_id, arrays) -> result, or NULL */
+    PyObject *worker_error;     /* error object of a failed worker_start, or NULL */
+    uint64_t num_rows;          /* samples in the dataset (first dimension of every array) */
+} EngineObject;
+
+/* ---- hooks, called from worker threads without the GIL ----------------------------- */
+
+/* The exception being raised, normalised, as an object to hand to the caller. */
+static PyObject *fetch_exception(void) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value && traceback)
+        PyException_SetTraceback(value, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    return value ? value : Py_NewRef(Py_None);
+}
+
+static gt_status hook_worker_start(void *ctx, size_t worker) {
+    EngineObject *self = ctx;
+    if (!self->worker_start)
+        return GT_OK;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject *result = PyObject_CallFunction(self->worker_start, "n", (Py_ssize_t)worker);
+    if (!result)
+        result = fetch_exception();
+    gt_status status = GT_OK;
+    if (result != Py_None) {
+        if (!self->worker_error)
+            self->worker_error = Py_NewRef(result);
+        status = GT_FAIL(GT_ERR_RUNTIME, "worker_init_fn failed in worker %zu", worker);
+    }
+    Py_DECREF(result);
+    PyGILState_Release(gil);
+    return status;
+}
+
+/* Runs worker_transform on the gathered batch; its result is delivered instead of the views. */
+static gt_status hook_batch_gathered(void *ctx, gt_loader *loader, gt_slot *slot) {
+    EngineObject *self = ctx;
+    if (!self->worker_transform)
+        return GT_OK;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    gt_loader_slot_retain(loader, slot);
+    PyObject *owner = gtpy_loader_slot_new((PyTypeObject *)self->slot_type, loader, slot);
+    PyObject *views = owner ? gtpy_loader_slot_views(owner, self->arrays) : NULL;
+    Py_XDECREF(owner);
+    PyObject *result = views ? PyObject_CallFunction(self->worker_transform, "nO",
+                                                     (Py_ssize_t)slot->batch, views)
+                             : NULL;
+    Py_XDECREF(views);
+    slot->user = result ? result : fetch_exception();
+    PyGILState_Release(gil);
+    return GT_OK;
+}
+
+static void hook_release_user(void *ctx, void *user) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF((PyObject *)user);
+    PyGILState_Release(gil);
+}
+
+/* ---- construction ------------------------------------------------------------------ */
+
+/* Checks one dataset array and describes it as a gather field. */
+static int describe_field(PyObject *obj, Py_ssize_t index, gt_field *field, npy_intp *rows) {
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "data: array %zd must be a numpy.ndarray, not %.100s", index,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyArrayObject *array = (PyArrayObject *)obj;
+    if (PyArray_NDIM(array) < 1) {
+        PyErr_Format(PyExc_ValueError, "data: array %zd is 0-d; samples run along the first dimension", index);
+        return -1;
+    }
+    if (PyDataType_REFCHK(PyArray_DESCR(array))) {
+        PyErr_Format(PyExc_TypeError, "data: array %zd holds Python objects (dtype %R); use a numeric dtype",
+                     index, (PyObject *)PyArray_DESCR(array));
+        return -1;
+    }
+    size_t row_bytes = (size_t)PyArray_ITEMSIZE(array);
+    for (int d = PyArray_NDIM(array) - 1; d >= 1; d--) {
+        if (PyArray_DIM(array, d) > 1 && PyArray_STRIDE(array, d) != (npy_intp)row_bytes) {
+            PyErr_Format(PyExc_ValueError, "data: array %zd's rows are not contiguous; pass "
+                         "numpy.ascontiguousarray(...) of it", index);
+            return -1;
+        }
+        row_bytes *= (size_t)PyArray_DIM(array, d);
+    }
+    *field = (gt_field){.base = PyArray_BYTES(array), .row_stride = PyArray_STRIDE(array, 0),
+                        .row_bytes = row_bytes};
+    *rows = PyArray_DIM(array, 0);
+    return 0;
+}
+
+/* Describes every array; all must have the same number of rows. Returns a malloc'd table. */
+static gt_field *describe_fields(PyObject *arrays, uint64_t *num_rows) {
+    Py_ssize_t n = PyTuple_GET_SIZE(arrays);
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "data: needs at least one array");
+        return NULL;
+    }
+    gt_field *fields = PyMem_Calloc((size_t)n, sizeof *fields);
+    if (!fields)
+        return (gt_field *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        npy_intp rows;
+        if (describe_field(PyTuple_GET_ITEM(arrays, i), i, &fields[i], &rows) < 0)
+            goto fail;
+        if (i > 0 && (uint64_t)rows != *num_rows) {
+            PyErr_Format(PyExc_ValueError, "data: arrays must have the same first dimension, "
+                         "got %llu and %zd", (unsigned long long)*num_rows, (Py_ssize_t)rows);
+            goto fail;
+        }
+        *num_rows = (uint64_t)rows;
+    }
+    return fields;
+fail:
+    PyMem_Free(fields);
+    return NULL;
+}
+
+static int optional_callable(PyObject *obj, const char *name, PyObject **out) {
+    *out = NULL;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (!PyCallable_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be callable or None, not %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = Py_NewRef(obj);
+    return 0;
+}
+
+typedef struct engine_args {
+    PyObject *arrays;            /* sequence of the dataset's arrays */
+    Py_ssize_t max_batch_rows;   /* rows per slot */
+    Py_ssize_t num_workers;      /* worker threads */
+    Py_ssize_t prefetch_factor;  /* batches in flight per worker */
+    int in_order;                /* deliver in batch order */
+    int pin_memory;              /* slots in pinned memory */
+    PyObject *worker_start;      /* optional hook */
+    PyObject *worker_transform;  /* optional hook */
+} engine_args;
+
+static int check_counts(const engine_args *a) {
+    if (a->max_batch_rows < 1) {
+        PyErr_Format(PyExc_ValueError, "max_batch_rows must be >= 1, got %zd", a->max_batch_rows);
+        return -1;
+    }
+    if (a->num_workers < 0) {
+        PyErr_SetString(PyExc_ValueError, "num_workers option should be non-negative; "
+                        "use num_workers=0 to disable multiprocessing.");
+        return -1;
+    }
+    if (a->prefetch_factor < (a->num_workers > 0 ? 1 : 0)) {
+        PyErr_Format(PyExc_ValueError, "prefetch_factor must be >= 1 with workers, got %zd",
+                     a->prefetch_factor);
+        return -1;
+    }
+    return 0;
+}
+
+/* Creates the C loader once the Python members are in place (hooks read them). */
+static int create_loader(EngineObject *self, PyObject *module, const engine_args *a,
+                         const gt_field *fields) {
+    gt_loader_config config = {
+        .fields = fields, .num_fields = (size_t)PyTuple_GET_SIZE(self->arrays),
+        .max_batch_rows = (size_t)a->max_batch_rows, .num_workers = (size_t)a->num_workers,
+        .prefetch_factor = (size_t)a->prefetch_factor, .in_order = a->in_order,
+        .pin_memory = a->pin_memory,
+        .hooks = {.ctx = self, .worker_start = hook_worker_start,
+                  .batch_gathered = hook_batch_gathered, .release_user = hook_release_user},
+    };
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_loader_create(&config, &self->loader);
+    Py_END_ALLOW_THREADS
+    return status == GT_OK ? 0 : gtpy_raise_int(module, status);
+}
+
+static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"arrays", "max_batch_rows", "num_workers", "prefetch_factor",
+                               "in_order", "pin_memory", "worker_start", "worker_transform", NULL};
+    engine_args a = {.in_order = 1, .worker_start = Py_None, .worker_transform = Py_None};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Onnn|ppOO:LoaderEngine", keywords, &a.arrays,
+                                     &a.max_batch_rows, &a.num_workers, &a.prefetch_factor,
+                                     &a.in_order, &a.pin_memory, &a.worker_start,
+                                     &a.worker_transform))
+        return NULL;
+    PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
+    if (!module || check_counts(&a) < 0)
+        return NULL;
+    EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    gt_field *fields = NULL;
+    self->arrays = PySequence_Tuple(a.arrays);
+    self->slot_type = self->arrays ? PyObject_GetAttrString(module, "_LoaderSlot") : NULL;
+    if (!self->slot_type || optional_callable(a.worker_start, "worker_start", &self->worker_start) < 0 ||
+        optional_callable(a.worker_transform, "worker_transform", &self->worker_transform) < 0 ||
+        !(fields = describe_fields(self->arrays, &self->num_rows)) ||
+        create_loader(self, module, &a, fields) < 0) {
+        PyMem_Free(fields);
+        Py_DECREF(self);
+        return NULL;
+    }
+    PyMem_Free(fields);
+    return (PyObject *)self;
+}
+
+/* Stops the workers (the GIL released: they may be waiting for it) and drops the engine. */
+static void engine_release(EngineObject *self) {
+    gt_loader *loader = self->loader;
+    if (!loader)
+        return;
+    self->loader = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    gt_loader_release(loader);
+    Py_END_ALLOW_THREADS
+}
+
+static int engine_traverse(PyObject *op, visitproc visit, void *arg) {
+    EngineObject *self = (EngineObject *)op;
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(self->arrays);
+    Py_VISIT(self->slot_type);
+    Py_VISIT(self->worker_start);
+    Py_VISIT(self->worker_transform);
+    Py_VISIT(self->worker_error);
+    return 0;
+}
+
+static int engine_clear(PyObject *op) {
+    EngineObject *self = (EngineObject *)op;
+    engine_release(self);  /* workers use the members below until joined */
+    Py_CLEAR(self->arrays);
+    Py_CLEAR(self->slot_type);
+    Py_CLEAR(self->worker_start);
+    Py_CLEAR(self->worker_transform);
+    Py_CLEAR(self->worker_error);
+    return 0;
+}
+
+static void engine_dealloc(PyObject *op) {
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    engine_clear(op);
+    type->tp_free(op);
+    Py_DECREF(type);
+}
+
+/* ---- epochs and batches ------------------------------------------------------------- */
+
+/* `done` as a sorted size_t array (PyMem), or NULL with *count = 0 for None/empty. */
+static int parse_done(PyObject *obj, size_t **out, size_t *count) {
+    *out = NULL;
+    *count = 0;
+    if (obj == Py_None)
+        return 0;
+    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY);
+    if (!array)
+        return -1;
+    size_t n = (size_t)PyArray_SIZE(array);
+    const int64_t *values = PyArray_DATA(array);
+    *out = PyMem_Malloc((n ? n : 1) * sizeof **out);
+    for (size_t i = 0; *out && i < n; i++) {
+        if (values[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "done: batch %lld is negative", (long long)values[i]);
+            PyMem_Free(*out);
+            *out = NULL;
+            Py_DECREF(array);
+            return -1;
+        }
+        (*out)[i] = (size_t)values[i];
+    }
+    Py_DECREF(array);
+    if (!*out) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *count = n;
+    return 0;
+}
+
+/* Batch boundaries of a batch_sampler (new reference to an int64 array), or NULL for None. */
+static int parse_offsets(PyObject *obj, PyArrayObject **out, size_t *num_batches) {
+    *out = NULL;
+    if (obj == Py_None)
+        return 0;
+    *out = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY);
+    if (!*out)
+        return -1;
+    if (PyArray_NDIM(*out) != 1 || PyArray_DIM(*out, 0) < 1) {
+        Py_CLEAR(*out);
+        PyErr_SetString(PyExc_ValueError, "offsets must be a 1-D array of num_batches + 1 positions");
+        return -1;
+    }
+    *num_batches = (size_t)PyArray_DIM(*out, 0) - 1;
+    return 0;
+}
+
+static int check_open(EngineObject *self) {
+    if (self->loader)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the loader engine was shut down");
+    return -1;
+}
+
+static PyObject *engine_start_epoch(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"order", "batch_size", "drop_last", "offsets", "start_batch", "done", NULL};
+    EngineObject *self = (EngineObject *)op;
+    PyObject *spec, *offsets_obj = Py_None, *done_obj = Py_None;
+    Py_ssize_t batch_size = 0, start_batch = 0;
+    int drop_last = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|pOnO:start_epoch", keywords, &spec,
+                                     &batch_size, &drop_last, &offsets_obj, &start_batch, &done_obj))
+        return NULL;
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
+    if (!module || check_open(self) < 0)
+        return NULL;
+    if (start_batch < 0 || batch_size < 0)
+        return PyErr_Format(PyExc_ValueError, "start_batch and batch_size must be >= 0");
+    gt_sampler sampler;
+    PyArrayObject *indices = NULL, *offsets = NULL;
+    size_t *done = NULL, num_done = 0, num_batches = 0;
+    if (gtpy_parse_sampler(module, spec, self->num_rows, &sampler, &indices) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    if (parse_offsets(offsets_obj, &offsets, &num_batches) < 0 || parse_done(done_obj, &done, &num_done) < 0)
+        goto done;
+    gt_batch_plan plan;
+    gt_status status = offsets ? gt_batch_plan_offsets(&plan, &sampler, PyArray_DATA(offsets), num_batches)
+                               : gt_batch_plan_uniform(&plan, &sampler, (size_t)batch_size, drop_last);
+    if (status == GT_OK) {
+        Py_BEGIN_ALLOW_THREADS
+        status = gt_loader_start_epoch(self->loader, &plan, (size_t)start_batch, done, num_done);
+        Py_END_ALLOW_THREADS
+    }
+    result = status == GT_OK ? PyLong_FromSize_t(plan.num_batches) : gtpy_raise(module, status);
+done:
+    Py_XDECREF(indices);
+    Py_XDECREF(offsets);
+    PyMem_Free(done);
+    return result;
+}
+
+static double monotonic_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Waits for a batch in slices of 0.1 s so that Ctrl-C (and other signals) are handled. */
+static gt_status wait_next(EngineObject *self, double timeout, gt_slot **slot) {
+    double deadline = timeout > 0 ? monotonic_seconds() + timeout : INFINITY;
+    for (;;) {
+        double slice = fmin(0.1, deadline - monotonic_seconds());
+        gt_status status;
+        Py_BEGIN_ALLOW_THREADS
+        status = gt_loader_next(self->loader, slice > 0 ? slice : 1e-6, slot);
+        Py_END_ALLOW_THREADS
+        if (status != GT_ERR_TIMEOUT)
+            return status;
+        if (monotonic_seconds() >= deadline)
+            return GT_FAIL(GT_ERR_TIMEOUT, "DataLoader timed out after %g seconds", timeout);
+        gt_clear_error();
+        if (PyErr_CheckSignals() < 0)
+            return GT_ERR_RUNTIME;  /* the signal handler's exception is set */
+    }
+}
+
+/* (batch, result): the worker_transform result if it ran, else the tuple of views. */
+static PyObject *deliver(EngineObject *self, gt_slot *slot) {
+    PyObject *batch = PyLong_FromSize_t(slot->batch);
+    PyObject *result;
+    if (slot->user) {
+        result = slot->user;
+        slot->user = NULL;
+        gt_loader_slot_release(self->loader, slot);  /* the result's views hold their own */
+    } else {
+        PyObject *owner = gtpy_loader_slot_new((PyTypeObject *)self->slot_type, self->loader, slot);
+        result = owner ? gtpy_loader_slot_views(owner, self->arrays) : NULL;
+        Py_XDECREF(owner);
+    }
+    if (!batch || !result) {
+        Py_XDECREF(batch);
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", batch, result);
+}
+
+static PyObject *engine_next(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"timeout", NULL};
+    EngineObject *self = (EngineObject *)op;
+    double timeout = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|d:next", keywords, &timeout))
+        return NULL;
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
+    if (!module || check_open(self) < 0)
+        return NULL;
+    gt_slot *slot = NULL;
+    gt_status status = wait_next(self, timeout, &slot);
+    if (status != GT_OK && PyErr_Occurred())
+        return NULL;
+    if (status != GT_OK && self->worker_error) {  /* worker_start's error, for the caller to raise */
+        gt_clear_error();
+        PyObject *error = self->worker_error;
+        self->worker_error = NULL;
+        return Py_BuildValue("(nN)", (Py_ssize_t)-1, error);
+    }
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    return slot ? deliver(self, slot) : Py_NewRef(Py_None);
+}
+
+static PyObject *engine_shutdown(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    engine_release((EngineObject *)op);
+    return Py_NewRef(Py_None);
+}
+
+static int put_size(PyObject *dict, const char *key, size_t value) {
+    PyObject *number = PyLong_FromSize_t(value);
+    int rc = number ? PyDict_SetItemString(dict, key, number) : -1;
+    Py_XDECREF(number);
+    return rc;
+}
+
+static PyObject *engine_stats(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    EngineObject *self = (EngineObject *)op;
+    if (check_open(self) < 0)
+        return NULL;
+    gt_loader_stats s;
+    gt_loader_get_stats(self->loader, &s);
+    PyObject *d = PyDict_New();
+    if (d && (put_size(d, "num_slots", s.num_slots) < 0 || put_size(d, "initial_slots", s.initial_slots) < 0 ||
+              put_size(d, "slot_bytes", s.slot_bytes) < 0 || put_size(d, "slots_pinned", s.slots_pinned) < 0 ||
+              put_size(d, "batches_gathered", s.batches_gathered) < 0 ||
+              put_size(d, "bytes_gathered", s.bytes_gathered) < 0 ||
+              put_size(d, "num_workers", s.num_workers) < 0))
+        Py_CLEAR(d);
+    return d;
+}
+
+static PyObject *engine_get_num_rows(PyObject *op, void *Py_UNUSED(closure)) {
+    return PyLong_FromUnsignedLongLong(((EngineObject *)op)->num_rows);
+}
+
+static PyObject *engine_get_closed(PyObject *op, void *Py_UNUSED(closure)) {
+    return PyBool_FromLong(((EngineObject *)op)->loader == NULL);
+}
+
+static PyMethodDef engine_methods[] = {
+    {"start_epoch", (PyCFunction)(void (*)(void))engine_start_epoch, METH_VARARGS | METH_KEYWORDS,
+     "start_epoch(order, batch_size, drop_last=False, offsets=None, start_batch=0, done=None)\n--\n\n"
+     "Starts an epoch (cancelling the one in progress); returns its number of batches."},
+    {"next", (PyCFunction)(void (*)(void))engine_next, METH_VARARGS | METH_KEYWORDS,
+     "next(timeout=0.0)\n--\n\n(batch, arrays or worker result), or None at the end of the epoch."},
+    {"shutdown", engine_shutdown, METH_NOARGS, "Stops and joins the workers; frees unheld slots."},
+    {"stats", engine_stats, METH_NOARGS, "Slot and gather counters as a dict."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef engine_getset[] = {
+    {"num_rows", engine_get_num_rows, NULL, "Samples in the dataset.", NULL},
+    {"closed", engine_get_closed, NULL, "True once shut down.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot engine_slots[] = {
+    {Py_tp_new, engine_new},
+    {Py_tp_dealloc, engine_dealloc},
+    {Py_tp_traverse, engine_traverse},
+    {Py_tp_clear, engine_clear},
+    {Py_tp_methods, engine_methods},
+    {Py_tp_getset, engine_getset},
+    {Py_tp_doc, "LoaderEngine(arrays, max_batch_rows, num_workers, prefetch_factor, in_order=True, "
+                "pin_memory=False, worker_start=None, worker_transform=None)\n--\n\n"
+                "Worker threads gathering batches of `arrays` into a ring of slots."},
+    {0, NULL},
+};
+
+static PyType_Spec engine_spec = {
+    .name = "gputrain._C.LoaderEngine",
+    .basicsize = sizeof(EngineObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = engine_slots,
+};
+
+int gtpy_add_loader(PyObject *module) {
+    if (gtpy_add_loader_slot(module) < 0 || gtpy_add_loader_sampler(module) < 0)
+        return -1;
+    PyObject *type = PyType_FromModuleAndSpec(module, &engine_spec, NULL);
+    if (!type)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "LoaderEngine", type);
+    Py_DECREF(type);
+    return rc;
+}

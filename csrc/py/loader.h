@@ -1,0 +1,32 @@
+/* Declarations shared by the data loader's binding files (loader.c, loader_slot.c,
+ * loader_sampler.c). */
+#ifndef GTPY_LOADER_H
+#define GTPY_LOADER_H
+
+#include "py/gtpy.h"
+
+#include "data/loader.h"
+
+/* Owner of one caller reference to a delivered slot: NumPy views of the slot have it as
+ * their base, so the slot is reused only after the last view is gone. Steals the reference. */
+PyObject *gtpy_loader_slot_new(PyTypeObject *slot_type, gt_loader *loader, gt_slot *slot);
+
+/* A tuple with one array per field of `arrays` (the dataset), each viewing the slot's rows
+ * with the field's dtype and trailing shape, based on `owner`. */
+PyObject *gtpy_loader_slot_views(PyObject *owner, PyObject *arrays);
+
+/* Registers the _LoaderSlot type (kept out of reach of Python constructors). */
+int gtpy_add_loader_slot(PyObject *module);
+
+/* Registers sampler_rows(), the order of a sampler as an int64 array. */
+int gtpy_add_loader_sampler(PyObject *module);
+
+/* Fills `sampler` over `num_rows` rows from an order description, the dict
+ * {"kind": int, "base_length": int, "seed": int, "epoch": int, "indices": int64 array or None,
+ *  "num_replicas": int, "rank": int, "drop_last": bool} built by gputrain.data. `indices_out`
+ * receives a new reference to the index array (or NULL), which must outlive the sampler.
+ * Raises (naming the argument) and returns -1 on bad input. */
+int gtpy_parse_sampler(PyObject *module, PyObject *spec, uint64_t num_rows, gt_sampler *sampler,
+                       PyArrayObject **indices_out);
+
+#endif

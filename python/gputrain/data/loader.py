@@ -1,0 +1,515 @@
+"""gputrain.DataLoader: PyTorch's DataLoader arguments over in-memory or memory-mapped arrays,
+with C worker threads gathering whole batches into a ring of slots (csrc/data/loader.c).
+
+    loader = gt.DataLoader((X, y), batch_size=256, shuffle=True, num_workers=2,
+                           pin_memory=True, persistent_workers=True, seed=0)
+    for epoch in range(10):
+        for xb, yb in loader:     # NumPy views of a slot: no copy, no per-sample Python
+            ...
+
+Differences from PyTorch, by design: workers are threads, not processes (gathering is C code
+that does not hold the GIL); `collate_fn` receives the gathered batch (the same structure as
+`dataset`, each array with a leading batch dimension) instead of a list of samples; the
+order is a pure function of (seed, epoch), so it does not depend on num_workers,
+prefetch_factor, in_order or persistent_workers, and `state_dict()` resumes mid-epoch exactly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from gputrain import _C
+from gputrain.data._errors import WorkerError, raise_delivered_error
+from gputrain.data._structure import flatten, num_samples
+from gputrain.data._worker import make_worker_start, make_worker_transform
+from gputrain.data.sampler import (
+    ORDER_ARRAY,
+    BatchSampler,
+    OrderSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    make_order,
+    seed_from,
+)
+
+_STATE_VERSION = 1
+_FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
+class _Engine:
+    """A C LoaderEngine, weakly tracked so that interpreter exit can stop its threads."""
+
+    __slots__ = ("engine", "max_rows", "__weakref__")
+
+    def __init__(self, engine: _C.LoaderEngine, max_rows: int) -> None:
+        self.engine = engine
+        self.max_rows = max_rows
+        _LIVE_ENGINES.add(self)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+_LIVE_ENGINES: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all_engines() -> None:
+    """Joins every worker thread before the interpreter tears down the arrays they read."""
+    for engine in list(_LIVE_ENGINES):
+        engine.shutdown()
+
+
+@dataclass
+class _Plan:
+    """One epoch as the C engine takes it."""
+
+    order: dict[str, Any]  # the order description (gputrain.data.sampler.make_order)
+    batch_size: int  # rows per batch, or 0 when `offsets` gives the batches
+    drop_last: bool  # drop the last partial batch
+    offsets: np.ndarray | None  # (num_batches + 1,) batch boundaries of a batch_sampler
+    max_rows: int  # rows of the largest batch
+
+
+class _Progress:
+    """Which batches of an epoch were yielded: all below `low`, and those in `above`."""
+
+    __slots__ = ("epoch", "num_batches", "low", "above")
+
+    def __init__(self, epoch: int, num_batches: int, start: int, done: list[int]) -> None:
+        self.epoch = epoch
+        self.num_batches = num_batches
+        self.low = start
+        self.above = set(done)
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.low in self.above:
+            self.above.remove(self.low)
+            self.low += 1
+
+    def mark(self, batch: int) -> None:
+        """Records that `batch` was yielded."""
+        if batch == self.low:
+            self.low += 1
+            self._advance()
+        else:
+            self.above.add(batch)
+
+    @property
+    def yielded(self) -> int:
+        return self.low + len(self.above)
+
+    @property
+    def complete(self) -> bool:
+        return self.yielded >= self.num_batches
+
+
+def _check_int(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return int(value)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _parse_device(device: Any) -> str | None:
+    """None for the CPU (zero-copy batches), or "cuda:N"."""
+    if device is None:
+        return None
+    text = str(device)
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        text = "cuda:0"
+    prefix, _, digits = text.partition(":")
+    if prefix != "cuda" or not digits.isdigit():
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if int(digits) >= _C.cuda_device_count():
+        from gputrain.cuda import unavailable_reason
+
+        reason = unavailable_reason() or f"{_C.cuda_device_count()} device(s)"
+        raise _C.CudaError(f"device={device!r}: CUDA device {digits} is not available ({reason})")
+    return text
+
+
+class DataLoader:
+    """Batches of `dataset` (a NumPy array, or a tuple/list/dict of arrays with the same first
+    dimension; np.memmap works) gathered by C worker threads. Arguments as PyTorch's
+    DataLoader, plus: `seed` (the order's seed; default: drawn from `generator`, else random),
+    `device` ("cuda[:N]": batches are copied to the device on a copy stream), `transform`
+    (a callable applied to each gathered batch before `collate_fn`) and `transform_in_workers`
+    (run transform and collate_fn in the worker threads, with the GIL, instead of the caller)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[int] | Any = None,
+        batch_sampler: Sampler[list[int]] | Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], Any] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: int | None = None,
+        device: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        transform_in_workers: bool = False,
+    ) -> None:
+        num_workers = _check_int("num_workers", num_workers)
+        prefetch_factor = self._check_options(num_workers, timeout, prefetch_factor, persistent_workers,
+                                              multiprocessing_context, collate_fn, transform, worker_init_fn)
+        arrays, rebuild = flatten(dataset)
+        self._arrays = arrays
+        self._rebuild = rebuild
+        self._num_rows = num_samples(arrays)
+        shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+        self.seed = seed_from(seed, generator)
+        if sampler is None:
+            sampler = (RandomSampler(self._num_rows, seed=self.seed) if shuffle
+                       else SequentialSampler(self._num_rows))
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory)
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.collate_fn = collate_fn
+        self.transform = transform
+        self.transform_in_workers = bool(transform_in_workers)
+        self.persistent_workers = bool(persistent_workers)
+        self.in_order = bool(in_order)
+        self.device = _parse_device(device)
+        self._next_epoch = 0
+        self._resume: tuple[int, list[int]] | None = None
+        self._progress: _Progress | None = None
+        self._iterator: _DataLoaderIter | None = None
+        self._pin_warned = False
+        self._initialized = True
+        self.check_worker_number_rationality()
+
+    @staticmethod
+    def _check_options(num_workers: int, timeout: float, prefetch_factor: int | None, persistent_workers: bool,
+                       multiprocessing_context: Any, collate_fn: Any, transform: Any, worker_init_fn: Any) -> int | None:
+        """PyTorch's checks, in PyTorch's order and words; returns the prefetch factor."""
+        if num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None:
+            prefetch_factor = _check_int("prefetch_factor", prefetch_factor)
+            if prefetch_factor < 0:
+                raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if multiprocessing_context is not None and num_workers == 0:
+            raise ValueError("multiprocessing_context can only be used with multi-process loading "
+                             f"(num_workers > 0), but got num_workers={num_workers}")
+        for name, hook in (("collate_fn", collate_fn), ("transform", transform), ("worker_init_fn", worker_init_fn)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
+        return prefetch_factor
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(name, value)
+
+    def check_worker_number_rationality(self) -> None:
+        """Warns when there are more worker threads than CPUs this process may use."""
+        cpus = _cpu_count()
+        if self.num_workers > cpus:
+            warnings.warn(
+                f"This DataLoader will create {self.num_workers} worker threads in total. Our suggested max "
+                f"number of worker in current system is {cpus}, which is smaller than what this DataLoader "
+                "is going to create. Please be aware that excessive worker creation might get DataLoader "
+                "running slow or even freeze, lower the worker number to avoid potential slowness/freeze "
+                "if necessary.",
+                stacklevel=3,
+            )
+
+    # ---- length, epochs, state ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration epoch `epoch` (its shuffle is a function of (seed, epoch)).
+        Without calls, each iteration takes the next epoch number, starting at 0."""
+        epoch = _check_int("epoch", epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._next_epoch = epoch
+        self._resume = None
+        self._progress = None
+        for sampler in (self.sampler, self.batch_sampler):
+            if sampler is not None and not isinstance(sampler, OrderSampler) and hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+
+    def _order_sampler(self) -> OrderSampler | None:
+        sampler = self.batch_sampler.sampler if isinstance(self.batch_sampler, BatchSampler) else self.sampler
+        return sampler if isinstance(sampler, OrderSampler) else None
+
+    def _order_seed(self) -> int:
+        order_sampler = self._order_sampler()
+        return getattr(order_sampler, "seed", self.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the epoch, the batches yielded in it, and the order's seed.
+        O(1) in the dataset size (out-of-order delivery adds at most the batches in flight)."""
+        progress = self._progress
+        if progress is not None and not progress.complete:
+            epoch, low, done = progress.epoch, progress.low, sorted(progress.above)
+        elif self._resume is not None:
+            epoch, (low, done) = self._next_epoch, self._resume
+        else:
+            epoch, low, done = self._next_epoch, 0, []
+        return {"version": _STATE_VERSION, "seed": self._order_seed(), "epoch": epoch,
+                "batches_yielded": low + len(done), "next_batch": low, "done": list(done),
+                "num_batches": progress.num_batches if progress is not None else len(self)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from `state`: the next iteration yields exactly the batches of that epoch
+        that were not yielded yet (without gathering the others), then epochs go on as before."""
+        for key in ("version", "seed", "epoch", "next_batch", "done", "num_batches"):
+            if key not in state:
+                raise KeyError(f"state_dict: missing key {key!r}")
+        if state["version"] != _STATE_VERSION:
+            raise ValueError(f"state_dict: version {state['version']} is not {_STATE_VERSION}")
+        num_batches = _check_int("num_batches", state["num_batches"])
+        if hasattr(self.batch_sampler or self.sampler, "__len__") and num_batches != len(self):
+            raise ValueError(f"state_dict: saved from a loader with {num_batches} batches per epoch; "
+                             f"this one has {len(self)}")
+        epoch, low = _check_int("epoch", state["epoch"]), _check_int("next_batch", state["next_batch"])
+        done = sorted(_check_int("done", b) for b in state["done"])
+        if epoch < 0 or low < 0 or any(b <= low for b in done) or any(b >= num_batches for b in done):
+            raise ValueError("state_dict: epoch/next_batch/done are inconsistent")
+        seed = _check_int("seed", state["seed"])
+        order_sampler = self._order_sampler()
+        if order_sampler is not None and hasattr(order_sampler, "seed"):
+            order_sampler.seed = seed
+        object.__setattr__(self, "seed", seed)
+        self._progress = None
+        if low + len(done) >= num_batches:
+            self._next_epoch, self._resume = epoch + 1, None
+        else:
+            self._next_epoch, self._resume = epoch, (low, done)
+
+    # ---- planning an epoch ---------------------------------------------------------------
+
+    def _indices(self, sampler: Any) -> np.ndarray:
+        """All indices of a foreign sampler for one epoch, negative ones counted from the end."""
+        if isinstance(sampler, np.ndarray):
+            indices = sampler.astype(np.int64, copy=False).ravel()
+        else:
+            indices = np.fromiter((int(i) for i in sampler), dtype=np.int64)
+        return np.where(indices < 0, indices + self._num_rows, indices)
+
+    def _order(self, sampler: Any, epoch: int) -> dict[str, Any]:
+        if isinstance(sampler, OrderSampler):
+            return sampler.order(epoch)
+        indices = self._indices(sampler)
+        return make_order(ORDER_ARRAY, len(indices), indices=indices)
+
+    def _plan(self, epoch: int) -> _Plan:
+        batch_sampler = self.batch_sampler
+        if batch_sampler is None:  # batch_size=None: one sample at a time, no batch dimension
+            return _Plan(self._order(self.sampler, epoch), 1, False, None, 1)
+        if isinstance(batch_sampler, BatchSampler):
+            order = self._order(batch_sampler.sampler, epoch)
+            return _Plan(order, batch_sampler.batch_size, batch_sampler.drop_last, None, batch_sampler.batch_size)
+        batches = [self._indices(b) for b in batch_sampler]
+        lengths = np.array([len(b) for b in batches], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        indices = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        order = make_order(ORDER_ARRAY, len(indices), indices=indices)
+        return _Plan(order, 0, False, offsets, int(lengths.max()) if len(lengths) else 1)
+
+    def _take_start(self) -> tuple[int, int, list[int]]:
+        """The epoch the next iteration runs and where in it to start."""
+        epoch = self._next_epoch
+        order_sampler = self._order_sampler()
+        start, done = self._resume if self._resume is not None else (0, [])
+        self._next_epoch, self._resume = epoch + 1, None
+        if order_sampler is not None and getattr(order_sampler, "_explicit_epoch", False):
+            epoch = order_sampler.epoch  # set with sampler.set_epoch(), as PyTorch users do
+        return epoch, start, done
+
+    # ---- iteration ---------------------------------------------------------------------------
+
+    def _new_engine(self, max_rows: int) -> _Engine:
+        hooks_in_workers = self.transform_in_workers and self.num_workers > 0
+        needs_start = self.num_workers > 0 and (self.worker_init_fn is not None or hooks_in_workers)
+        worker_start = (make_worker_start(self.num_workers, self._order_seed(), self.dataset, self.worker_init_fn)
+                        if needs_start else None)
+        worker_transform = make_worker_transform(self._batch_pipeline()) if hooks_in_workers else None
+        engine = _C.LoaderEngine(self._arrays, max(max_rows, 1), self.num_workers, max(self.prefetch_factor or 0, 1),
+                                 in_order=self.in_order, pin_memory=self.pin_memory, worker_start=worker_start,
+                                 worker_transform=worker_transform)
+        return _Engine(engine, max(max_rows, 1))
+
+    def _batch_pipeline(self) -> Callable[[tuple[np.ndarray, ...]], Any]:
+        """views -> the batch the user sees: structure, then transform, then collate_fn."""
+        rebuild, transform, collate_fn = self._rebuild, self.transform, self.collate_fn
+        unbatched = self.batch_sampler is None
+
+        def pipeline(views: tuple[np.ndarray, ...]) -> Any:
+            batch = rebuild([v[0] for v in views] if unbatched else views)
+            if transform is not None:
+                batch = transform(batch)
+            if collate_fn is not None:
+                batch = collate_fn(batch)
+            return batch
+
+        return pipeline
+
+    def _warn_pin_memory(self) -> None:
+        if self.pin_memory and not self._pin_warned and _C.cuda_device_count() == 0:
+            object.__setattr__(self, "_pin_warned", True)
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=3)
+
+    def __iter__(self) -> "_DataLoaderIter":
+        self._warn_pin_memory()
+        epoch, start, done = self._take_start()
+        plan = self._plan(epoch)
+        if not self.persistent_workers:
+            iterator = _DataLoaderIter(self, self._new_engine(plan.max_rows), persistent=False)
+        else:
+            if self._iterator is None:
+                self._iterator = _DataLoaderIter(self, self._new_engine(plan.max_rows), persistent=True)
+            elif self._iterator.engine.max_rows < plan.max_rows or self._iterator.engine.engine.closed:
+                self._iterator.replace_engine(self._new_engine(plan.max_rows))
+            iterator = self._iterator
+        self._progress = iterator.reset(plan, epoch, start, done)
+        return iterator
+
+    def to(self, device: Any) -> "DataLoader":
+        """Delivers later batches on `device` (None or "cpu": zero-copy host batches)."""
+        object.__setattr__(self, "device", _parse_device(device))
+        return self
+
+    def __repr__(self) -> str:
+        return (f"DataLoader(samples={self._num_rows}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
+                f"prefetch_factor={self.prefetch_factor}, pin_memory={self.pin_memory}, "
+                f"persistent_workers={self.persistent_workers}, in_order={self.in_order}, device={self.device})")
+
+
+class _DataLoaderIter(Iterator[Any]):
+    """One epoch at a time over a C engine. Non-persistent iterators shut their engine down
+    at the end of the epoch (or when dropped); persistent ones are reset for the next."""
+
+    def __init__(self, loader: DataLoader, engine: _Engine, persistent: bool) -> None:
+        self.engine = engine
+        self._persistent = persistent
+        self._pipeline = loader._batch_pipeline()
+        self._worker_side = loader.transform_in_workers and loader.num_workers > 0
+        self._timeout = loader.timeout
+        self._loader_ref = weakref.ref(loader)
+        self._progress: _Progress | None = None
+        self._finished = True
+        self._device_stage: Any = None
+
+    def replace_engine(self, engine: _Engine) -> None:
+        self.engine.shutdown()
+        self.engine = engine
+
+    def reset(self, plan: _Plan, epoch: int, start: int, done: list[int]) -> _Progress:
+        """Starts epoch `epoch` of `plan` at batch `start`, skipping the batches in `done`."""
+        num_batches = self.engine.engine.start_epoch(plan.order, plan.batch_size, plan.drop_last, plan.offsets,
+                                                     start, done)
+        self._progress = _Progress(epoch, num_batches, start, done)
+        self._finished = False
+        loader = self._loader_ref()
+        self._device_stage = None
+        if loader is not None and loader.device is not None:
+            from gputrain.data.transfer import DeviceStage
+
+            self._device_stage = DeviceStage(loader.device, self.engine.engine.stats()["slot_bytes"])
+        return self._progress
+
+    def __iter__(self) -> "_DataLoaderIter":
+        return self
+
+    def __len__(self) -> int:
+        return self._progress.num_batches if self._progress is not None else 0
+
+    def _close(self) -> None:
+        self._finished = True
+        if not self._persistent:
+            self.engine.shutdown()
+
+    def _next_host(self) -> Any:
+        if self._finished:
+            raise StopIteration
+        try:
+            item = self.engine.engine.next(float(self._timeout))
+        except TimeoutError:
+            self._close()
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+        except BaseException:
+            self._close()
+            raise
+        if item is None:
+            self._close()
+            raise StopIteration
+        batch, result = item
+        if batch < 0 or isinstance(result, (WorkerError, BaseException)):
+            self._close()
+            raise_delivered_error(result)
+        assert self._progress is not None
+        self._progress.mark(batch)
+        return result if self._worker_side else self._pipeline(result)
+
+    def __next__(self) -> Any:
+        if self._device_stage is None:
+            return self._next_host()
+        return self._device_stage.next(self._next_host)
