@@ -1,8 +1,10 @@
 /* Element math of the activation functions and their derivatives, shared by the CPU backend
- * and the CUDA kernels (DESIGN.md principle 3). All in f32, with erff/tanhf/expf from the
+ * and the CUDA kernels (DESIGN.md principle 3). All in f32, with erfcf/tanhf/expf from the
  * platform's math library (glibc on the CPU, CUDA's libdevice on the GPU), so the two backends
  * agree to a few ulp. Semantics follow PyTorch: relu(NaN) = NaN, relu'(0) = 0,
- * GELU "none" is x * Phi(x) with the exact erf, GELU "tanh" its tanh approximation. */
+ * GELU "none" is x * Phi(x) with the exact erf, GELU "tanh" its tanh approximation. The formulas
+ * are rearranged where PyTorch's cancel (1 + erf, 1 + tanh and 1 - sigmoid for large |x|), so
+ * every result keeps f32 relative accuracy, which half-precision outputs near 0 need. */
 #ifndef GT_ACTIVATION_H
 #define GT_ACTIVATION_H
 
@@ -21,28 +23,46 @@ GT_HD float gt_relu(float x) { return x <= 0.0f ? 0.0f : x; }
 /* dout * relu'(x): dout where x > 0, else 0. */
 GT_HD float gt_relu_backward(float dout, float x) { return x > 0.0f ? dout : 0.0f; }
 
-/* x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)). */
-GT_HD float gt_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * GT_SQRT1_2_F)); }
+/* sigmoid(z) and 1 - sigmoid(z) without cancellation or overflow: e = exp(-|z|) <= 1, and
+ * 1 / (1 + e), e / (1 + e) are assigned to s and 1 - s by the sign of z. */
+GT_HD void gt_sigmoid_pair(float z, float *s, float *one_minus_s) {
+    float e = expf(-fabsf(z));
+    float big = 1.0f / (1.0f + e), small = e / (1.0f + e);
+    *s = z >= 0.0f ? big : small;
+    *one_minus_s = z >= 0.0f ? small : big;
+}
+
+/* x * Phi(x) = 0.5 x erfc(-x / sqrt 2): erfc keeps Phi's relative accuracy for x << 0, where
+ * 1 + erf(x / sqrt 2) would cancel. */
+GT_HD float gt_gelu_erf(float x) { return 0.5f * x * erfcf(-x * GT_SQRT1_2_F); }
 
 /* dout * (Phi(x) + x phi(x)) with phi(x) = exp(-x^2 / 2) / sqrt(2 pi). */
 GT_HD float gt_gelu_erf_backward(float dout, float x) {
-    float cdf = 0.5f * (1.0f + erff(x * GT_SQRT1_2_F));
+    float cdf = 0.5f * erfcf(-x * GT_SQRT1_2_F);
     float pdf = expf(-0.5f * x * x) * GT_INV_SQRT_2PI_F;
     return dout * (cdf + x * pdf);
 }
 
-/* 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3). */
-GT_HD float gt_gelu_tanh(float x) {
-    float u = GT_SQRT_2_OVER_PI_F * (x + GT_GELU_TANH_COEF_F * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+/* u = sqrt(2/pi) (x + 0.044715 x^3), the argument of the tanh approximation. */
+GT_HD float gt_gelu_tanh_arg(float x) {
+    return GT_SQRT_2_OVER_PI_F * (x + GT_GELU_TANH_COEF_F * x * x * x);
 }
 
-/* dout * (0.5 (1 + t) + 0.5 x (1 - t^2) du/dx) with t = tanh(u), du/dx = sqrt(2/pi)(1 + 3c x^2). */
+/* 0.5 x (1 + tanh(u)) = x sigmoid(2u): the same function, evaluated without the cancellation
+ * of 1 + tanh(u) for u << 0. */
+GT_HD float gt_gelu_tanh(float x) {
+    float s, one_minus_s;
+    gt_sigmoid_pair(2.0f * gt_gelu_tanh_arg(x), &s, &one_minus_s);
+    return x * s;
+}
+
+/* dout * (0.5 (1 + t) + 0.5 x (1 - t^2) du/dx) with t = tanh(u), du/dx = sqrt(2/pi)(1 + 3c x^2);
+ * with s = sigmoid(2u): 0.5 (1 + t) = s and 0.5 (1 - t^2) = 2 s (1 - s). */
 GT_HD float gt_gelu_tanh_backward(float dout, float x) {
-    float x2 = x * x;
-    float t = tanhf(GT_SQRT_2_OVER_PI_F * (x + GT_GELU_TANH_COEF_F * x2 * x));
-    float du = GT_SQRT_2_OVER_PI_F * (1.0f + 3.0f * GT_GELU_TANH_COEF_F * x2);
-    return dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+    float s, one_minus_s;
+    gt_sigmoid_pair(2.0f * gt_gelu_tanh_arg(x), &s, &one_minus_s);
+    float du = GT_SQRT_2_OVER_PI_F * (1.0f + 3.0f * GT_GELU_TANH_COEF_F * x * x);
+    return dout * (s + 2.0f * x * (s * one_minus_s) * du);
 }
 
 GT_HD float gt_tanh_act(float x) { return tanhf(x); }
@@ -53,13 +73,18 @@ GT_HD float gt_tanh_backward(float dout, float x) {
     return dout * (1.0f - t * t);
 }
 
-/* x * sigmoid(x) = x / (1 + exp(-x)). */
-GT_HD float gt_silu(float x) { return x / (1.0f + expf(-x)); }
+/* x * sigmoid(x). */
+GT_HD float gt_silu(float x) {
+    float s, one_minus_s;
+    gt_sigmoid_pair(x, &s, &one_minus_s);
+    return x * s;
+}
 
 /* dout * s (1 + x (1 - s)) with s = sigmoid(x). */
 GT_HD float gt_silu_backward(float dout, float x) {
-    float s = 1.0f / (1.0f + expf(-x));
-    return dout * (s * (1.0f + x * (1.0f - s)));
+    float s, one_minus_s;
+    gt_sigmoid_pair(x, &s, &one_minus_s);
+    return dout * (s * (1.0f + x * one_minus_s));
 }
 
 #endif

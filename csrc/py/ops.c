@@ -1,0 +1,490 @@
+/* Bindings of the CPU op table (csrc/ops/ops.h) behind gputrain.functional: `_C.op_<name>`.
+ * Outputs are allocated by the caller and passed in; every array is checked (ops_args.h), the
+ * op's sizes are derived from the shapes after checking that they agree, and the op runs with
+ * the GIL released. Half activations are float16 arrays (f16) or uint16 arrays of bf16 bits. */
+#include "py/gtpy.h"
+
+#include "core/alloc.h"
+#include "ops/ops.h"
+#include "py/ops_args.h"
+
+/* Runs `call` (a gt_status expression) without the GIL; raises on failure. */
+#define RUN_OP(module, call)                                    \
+    do {                                                        \
+        gt_status status_;                                      \
+        Py_BEGIN_ALLOW_THREADS                                  \
+        status_ = (call);                                       \
+        Py_END_ALLOW_THREADS                                    \
+        if (status_ != GT_OK)                                   \
+            return gtpy_raise((module), status_);               \
+    } while (0)
+
+/* The CPU backend with the given scratch memory. */
+static gt_backend cpu_backend(void *workspace, size_t workspace_bytes) {
+    gt_backend be = {gt_cpu_ops(), gt_cpu_device(), workspace, workspace_bytes, NULL};
+    return be;
+}
+
+/* One GEMM operand: the (rows, cols) of each matrix and the stride between batches. */
+typedef struct gemm_operand {
+    PyArrayObject *array;  /* (rows, cols) or (batch, rows, cols) */
+    int64_t batch;         /* leading extent of a 3-D array, 1 for 2-D */
+    int64_t rows, cols;    /* extents of one matrix */
+    int64_t stride;        /* elements between matrices; 0 for a 2-D operand of a batch */
+} gemm_operand;
+
+static int gemm_operand_of(PyObject *obj, const char *name, gt_dtype dt, int writable,
+                           gemm_operand *out) {
+    out->array = gtpy_as_array(obj, name, gtpy_typenum_of(dt), writable);
+    if (!out->array)
+        return -1;
+    int ndim = PyArray_NDIM(out->array);
+    if (ndim != 2 && ndim != 3)
+        return gtpy_fail_shape(out->array, name, "must be 2-D or 3-D (batch, rows, cols)");
+    out->batch = ndim == 3 ? (int64_t)PyArray_DIM(out->array, 0) : 1;
+    out->rows = (int64_t)PyArray_DIM(out->array, ndim - 2);
+    out->cols = (int64_t)PyArray_DIM(out->array, ndim - 1);
+    out->stride = ndim == 3 ? out->rows * out->cols : 0;
+    return 0;
+}
+
+/* Fills the sizes of C = op(A) op(B) from the operands' shapes, checking that they agree. */
+static int gemm_sizes(const gemm_operand *a, const gemm_operand *b, const gemm_operand *c,
+                      gt_gemm_args *g) {
+    g->m = g->trans_a ? a->cols : a->rows;
+    g->k = g->trans_a ? a->rows : a->cols;
+    int64_t kb = g->trans_b ? b->cols : b->rows;
+    g->n = g->trans_b ? b->rows : b->cols;
+    if (kb != g->k)
+        return gtpy_fail_shape(b->array, "b", "inner dimension does not match a's");
+    if (c->rows != g->m || c->cols != g->n)
+        return gtpy_fail_shape(c->array, "c", "must be (m, n) = (rows of op(a), cols of op(b))");
+    g->batch = c->batch;
+    if ((PyArray_NDIM(a->array) == 3 && a->batch != g->batch) ||
+        (PyArray_NDIM(b->array) == 3 && b->batch != g->batch))
+        return gtpy_fail_shape(c->array, "c", "batch does not match a's or b's");
+    g->lda = a->cols > 1 ? a->cols : 1;
+    g->ldb = b->cols > 1 ? b->cols : 1;
+    g->ldc = c->cols > 1 ? c->cols : 1;
+    g->stride_a = a->stride, g->stride_b = b->stride, g->stride_c = c->stride;
+    return 0;
+}
+
+static PyObject *run_gemm(PyObject *module, gt_gemm_args *g) {
+    const gt_ops *ops = gt_cpu_ops();
+    size_t bytes = ops->gemm_workspace_bytes(g);
+    gt_block workspace = {0};
+    if (bytes > 0) {
+        gt_status status = gt_block_alloc(gt_cpu_device(), bytes, &workspace);
+        if (status != GT_OK)
+            return gtpy_raise(module, status);
+    }
+    gt_backend be = cpu_backend(workspace.ptr, bytes);
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = ops->gemm(&be, g);
+    Py_END_ALLOW_THREADS
+    gt_block_free(&workspace);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+}
+
+static PyObject *op_gemm(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"a", "b", "c", "a_dt", "b_dt", "c_dt", "trans_a", "trans_b",
+                               "alpha", "beta", NULL};
+    PyObject *a_obj, *b_obj, *c_obj;
+    const char *a_text, *b_text, *c_text;
+    int trans_a, trans_b;
+    float alpha, beta;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOsssppff:op_gemm", keywords, &a_obj, &b_obj,
+                                     &c_obj, &a_text, &b_text, &c_text, &trans_a, &trans_b, &alpha,
+                                     &beta))
+        return NULL;
+    gt_gemm_args g = {.trans_a = trans_a, .trans_b = trans_b, .alpha = alpha, .beta = beta};
+    gemm_operand a, b, c;
+    if (gtpy_parse_act_dtype(module, a_text, "a_dt", &g.a_dt) < 0 ||
+        gtpy_parse_act_dtype(module, b_text, "b_dt", &g.b_dt) < 0 ||
+        gtpy_parse_act_dtype(module, c_text, "c_dt", &g.c_dt) < 0 ||
+        gemm_operand_of(a_obj, "a", g.a_dt, 0, &a) < 0 ||
+        gemm_operand_of(b_obj, "b", g.b_dt, 0, &b) < 0 ||
+        gemm_operand_of(c_obj, "c", g.c_dt, 1, &c) < 0 || gemm_sizes(&a, &b, &c, &g) < 0)
+        return NULL;
+    g.a = PyArray_DATA(a.array), g.b = PyArray_DATA(b.array), g.c = PyArray_DATA(c.array);
+    return run_gemm(module, &g);
+}
+
+/* bias_add (backward = 0) or bias_backward (backward = 1). */
+static PyObject *op_bias(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"x", "bias", "dt", "backward", "accumulate", NULL};
+    PyObject *x_obj, *bias_obj;
+    const char *text;
+    int backward = 0, accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOs|pp:op_bias", keywords, &x_obj, &bias_obj,
+                                     &text, &backward, &accumulate))
+        return NULL;
+    gt_dtype dt;
+    int64_t rows, cols;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    PyArrayObject *x = gtpy_as_array(x_obj, backward ? "dout" : "out", gtpy_typenum_of(dt), !backward);
+    if (!x || gtpy_rows_cols(x, backward ? "dout" : "out", &rows, &cols) < 0)
+        return NULL;
+    PyArrayObject *bias = gtpy_vector(bias_obj, backward ? "dbias" : "bias", NPY_FLOAT32, cols, backward);
+    if (!bias)
+        return NULL;
+    gt_backend be = cpu_backend(NULL, 0);
+    if (backward)
+        RUN_OP(module, be.ops->bias_backward(&be, PyArray_DATA(bias), PyArray_DATA(x), rows, cols,
+                                             dt, accumulate));
+    else
+        RUN_OP(module, be.ops->bias_add(&be, PyArray_DATA(x), PyArray_DATA(bias), rows, cols, dt));
+    Py_RETURN_NONE;
+}
+
+/* activation_forward (dout None) or activation_backward. */
+static PyObject *op_activation(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "x", "act", "dt", "dout", NULL};
+    PyObject *out_obj, *x_obj, *dout_obj = Py_None;
+    int act;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOis|O:op_activation", keywords, &out_obj,
+                                     &x_obj, &act, &text, &dout_obj))
+        return NULL;
+    gt_dtype dt;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    int typenum = gtpy_typenum_of(dt);
+    PyArrayObject *out = gtpy_as_array(out_obj, "out", typenum, 1);
+    PyArrayObject *x = out ? gtpy_as_array(x_obj, "x", typenum, 0) : NULL;
+    if (!x || gtpy_same_shape(out, "out", x, "x") < 0)
+        return NULL;
+    gt_backend be = cpu_backend(NULL, 0);
+    int64_t n = (int64_t)PyArray_SIZE(x);
+    if (dout_obj == Py_None) {
+        RUN_OP(module, be.ops->activation_forward(&be, PyArray_DATA(out), PyArray_DATA(x), n,
+                                                  (gt_activation)act, dt));
+        Py_RETURN_NONE;
+    }
+    PyArrayObject *dout = gtpy_as_array(dout_obj, "dout", typenum, 0);
+    if (!dout || gtpy_same_shape(dout, "dout", x, "x") < 0)
+        return NULL;
+    RUN_OP(module, be.ops->activation_backward(&be, PyArray_DATA(out), PyArray_DATA(dout),
+                                               PyArray_DATA(x), n, (gt_activation)act, dt));
+    Py_RETURN_NONE;
+}
+
+/* dropout_forward (backward = 0) or dropout_backward: out = x * mask / (1 - p). */
+static PyObject *op_dropout(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "x", "p", "seed", "layer", "step", "offset", "dt",
+                               "backward", NULL};
+    PyObject *out_obj, *x_obj, *seed_obj, *layer_obj, *step_obj, *offset_obj;
+    float p;
+    const char *text;
+    int backward = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOfOOOOs|p:op_dropout", keywords, &out_obj,
+                                     &x_obj, &p, &seed_obj, &layer_obj, &step_obj, &offset_obj,
+                                     &text, &backward))
+        return NULL;
+    gt_dtype dt;
+    unsigned long long seed, layer, step, offset;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0 ||
+        gtpy_parse_uint(seed_obj, "seed", UINT64_MAX, &seed) < 0 ||
+        gtpy_parse_uint(layer_obj, "layer", UINT32_MAX, &layer) < 0 ||
+        gtpy_parse_uint(step_obj, "step", UINT32_MAX, &step) < 0 ||
+        gtpy_parse_uint(offset_obj, "offset", INT64_MAX, &offset) < 0)
+        return NULL;
+    PyArrayObject *out = gtpy_as_array(out_obj, backward ? "din" : "out", gtpy_typenum_of(dt), 1);
+    PyArrayObject *x = out ? gtpy_as_array(x_obj, backward ? "dout" : "x", gtpy_typenum_of(dt), 0) : NULL;
+    if (!x || gtpy_same_shape(out, backward ? "din" : "out", x, backward ? "dout" : "x") < 0)
+        return NULL;
+    gt_dropout_key key = {seed, (uint32_t)layer, (uint32_t)step, offset};
+    gt_backend be = cpu_backend(NULL, 0);
+    int64_t n = (int64_t)PyArray_SIZE(x);
+    if (backward)
+        RUN_OP(module, be.ops->dropout_backward(&be, PyArray_DATA(out), PyArray_DATA(x), n, p, key, dt));
+    else
+        RUN_OP(module, be.ops->dropout_forward(&be, PyArray_DATA(out), PyArray_DATA(x), n, p, key, dt));
+    Py_RETURN_NONE;
+}
+
+static PyObject *op_add(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "a", "b", "dt", NULL};
+    PyObject *out_obj, *a_obj, *b_obj;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOs:op_add", keywords, &out_obj, &a_obj,
+                                     &b_obj, &text))
+        return NULL;
+    gt_dtype dt;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    int typenum = gtpy_typenum_of(dt);
+    PyArrayObject *out = gtpy_as_array(out_obj, "out", typenum, 1);
+    PyArrayObject *a = out ? gtpy_as_array(a_obj, "a", typenum, 0) : NULL;
+    PyArrayObject *b = a ? gtpy_as_array(b_obj, "b", typenum, 0) : NULL;
+    if (!b || gtpy_same_shape(a, "a", out, "out") < 0 || gtpy_same_shape(b, "b", out, "out") < 0)
+        return NULL;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->add(&be, PyArray_DATA(out), PyArray_DATA(a), PyArray_DATA(b),
+                               (int64_t)PyArray_SIZE(out), dt));
+    Py_RETURN_NONE;
+}
+
+static PyObject *op_layernorm_forward(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "mean", "rstd", "x", "weight", "bias", "eps", "dt", NULL};
+    PyObject *out_obj, *mean_obj, *rstd_obj, *x_obj, *weight_obj, *bias_obj;
+    float eps;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOfs:op_layernorm_forward", keywords,
+                                     &out_obj, &mean_obj, &rstd_obj, &x_obj, &weight_obj,
+                                     &bias_obj, &eps, &text))
+        return NULL;
+    gt_dtype dt;
+    int64_t rows, cols;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    PyArrayObject *x = gtpy_as_array(x_obj, "x", gtpy_typenum_of(dt), 0), *out, *mean, *rstd,
+                  *weight, *bias;
+    if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0 ||
+        !(out = gtpy_as_array(out_obj, "out", gtpy_typenum_of(dt), 1)) ||
+        gtpy_same_shape(out, "out", x, "x") < 0 ||
+        !(mean = gtpy_vector(mean_obj, "mean", NPY_FLOAT32, rows, 1)) ||
+        !(rstd = gtpy_vector(rstd_obj, "rstd", NPY_FLOAT32, rows, 1)) ||
+        !(weight = gtpy_vector(weight_obj, "weight", NPY_FLOAT32, cols, 0)) ||
+        !(bias = gtpy_vector(bias_obj, "bias", NPY_FLOAT32, cols, 0)))
+        return NULL;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->layernorm_forward(&be, PyArray_DATA(out), PyArray_DATA(mean),
+                                             PyArray_DATA(rstd), PyArray_DATA(x),
+                                             PyArray_DATA(weight), PyArray_DATA(bias), rows,
+                                             cols, eps, dt));
+    Py_RETURN_NONE;
+}
+
+static PyObject *op_layernorm_backward(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"din", "dweight", "dbias", "dout", "x", "weight", "mean", "rstd",
+                               "dt", "accumulate", NULL};
+    PyObject *din_obj, *dweight_obj, *dbias_obj, *dout_obj, *x_obj, *weight_obj, *mean_obj,
+        *rstd_obj;
+    const char *text;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOs|p:op_layernorm_backward", keywords,
+                                     &din_obj, &dweight_obj, &dbias_obj, &dout_obj, &x_obj,
+                                     &weight_obj, &mean_obj, &rstd_obj, &text, &accumulate))
+        return NULL;
+    gt_dtype dt;
+    int64_t rows, cols;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    int typenum = gtpy_typenum_of(dt);
+    PyArrayObject *x = gtpy_as_array(x_obj, "x", typenum, 0), *din, *dout, *dweight, *dbias,
+                  *weight, *mean, *rstd;
+    if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0 ||
+        !(din = gtpy_as_array(din_obj, "din", typenum, 1)) || gtpy_same_shape(din, "din", x, "x") < 0 ||
+        !(dout = gtpy_as_array(dout_obj, "dout", typenum, 0)) ||
+        gtpy_same_shape(dout, "dout", x, "x") < 0 ||
+        !(dweight = gtpy_vector(dweight_obj, "dweight", NPY_FLOAT32, cols, 1)) ||
+        !(dbias = gtpy_vector(dbias_obj, "dbias", NPY_FLOAT32, cols, 1)) ||
+        !(weight = gtpy_vector(weight_obj, "weight", NPY_FLOAT32, cols, 0)) ||
+        !(mean = gtpy_vector(mean_obj, "mean", NPY_FLOAT32, rows, 0)) ||
+        !(rstd = gtpy_vector(rstd_obj, "rstd", NPY_FLOAT32, rows, 0)))
+        return NULL;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->layernorm_backward(&be, PyArray_DATA(din), PyArray_DATA(dweight),
+                                              PyArray_DATA(dbias), PyArray_DATA(dout),
+                                              PyArray_DATA(x), PyArray_DATA(weight),
+                                              PyArray_DATA(mean), PyArray_DATA(rstd), rows, cols,
+                                              dt, accumulate));
+    Py_RETURN_NONE;
+}
+
+/* embedding_forward (backward = 0: x is out) or embedding_backward (x is dout): x has the
+ * shape of ids plus (dim,), table is (num, dim). */
+static PyObject *op_embedding(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"x", "ids", "table", "dt", "backward", "accumulate", NULL};
+    PyObject *x_obj, *ids_obj, *table_obj;
+    const char *text;
+    int backward = 0, accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOs|pp:op_embedding", keywords, &x_obj,
+                                     &ids_obj, &table_obj, &text, &backward, &accumulate))
+        return NULL;
+    gt_dtype dt;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    const char *x_name = backward ? "dout" : "out", *table_name = backward ? "dtable" : "table";
+    PyArrayObject *x = gtpy_as_array(x_obj, x_name, gtpy_typenum_of(dt), !backward), *ids, *table;
+    if (!x || !(ids = gtpy_as_array(ids_obj, "ids", NPY_INT64, 0)) ||
+        !(table = gtpy_as_array(table_obj, table_name, NPY_FLOAT32, backward)))
+        return NULL;
+    if (PyArray_NDIM(table) != 2) {
+        gtpy_fail_shape(table, table_name, "must be 2-D (num, dim)");
+        return NULL;
+    }
+    int64_t num = (int64_t)PyArray_DIM(table, 0), dim = (int64_t)PyArray_DIM(table, 1);
+    int64_t n = (int64_t)PyArray_SIZE(ids);
+    if (PyArray_NDIM(x) != PyArray_NDIM(ids) + 1 || (int64_t)PyArray_DIM(x, PyArray_NDIM(ids)) != dim ||
+        !PyArray_CompareLists(PyArray_DIMS(x), PyArray_DIMS(ids), PyArray_NDIM(ids))) {
+        gtpy_fail_shape(x, x_name, "must have the shape of ids plus (dim,)");
+        return NULL;
+    }
+    gt_backend be = cpu_backend(NULL, 0);
+    if (backward)
+        RUN_OP(module, be.ops->embedding_backward(&be, PyArray_DATA(table), PyArray_DATA(x),
+                                                  PyArray_DATA(ids), n, num, dim, dt, accumulate));
+    else
+        RUN_OP(module, be.ops->embedding_forward(&be, PyArray_DATA(x), PyArray_DATA(ids),
+                                                 PyArray_DATA(table), n, num, dim, dt));
+    Py_RETURN_NONE;
+}
+
+/* Returns the count of rows not ignored. */
+static PyObject *op_softmax_xent(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"losses", "dlogits", "logits", "targets", "label_smoothing",
+                               "ignore_index", "dloss_scale", "dt", NULL};
+    PyObject *losses_obj, *dlogits_obj, *logits_obj, *targets_obj;
+    float label_smoothing, dloss_scale;
+    long long ignore_index;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOfLfs:op_softmax_xent", keywords,
+                                     &losses_obj, &dlogits_obj, &logits_obj, &targets_obj,
+                                     &label_smoothing, &ignore_index, &dloss_scale, &text))
+        return NULL;
+    gt_dtype dt;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    PyArrayObject *logits = gtpy_as_array(logits_obj, "logits", gtpy_typenum_of(dt), 0), *targets,
+                  *losses, *dlogits = NULL;
+    if (!logits)
+        return NULL;
+    if (PyArray_NDIM(logits) != 2) {
+        gtpy_fail_shape(logits, "logits", "must be 2-D (rows, classes)");
+        return NULL;
+    }
+    int64_t rows = (int64_t)PyArray_DIM(logits, 0), classes = (int64_t)PyArray_DIM(logits, 1);
+    if (!(targets = gtpy_vector(targets_obj, "targets", NPY_INT64, rows, 0)) ||
+        !(losses = gtpy_vector(losses_obj, "losses", NPY_FLOAT32, rows, 1)))
+        return NULL;
+    if (dlogits_obj != Py_None &&
+        (!(dlogits = gtpy_as_array(dlogits_obj, "dlogits", gtpy_typenum_of(dt), 1)) ||
+         gtpy_same_shape(dlogits, "dlogits", logits, "logits") < 0))
+        return NULL;
+    int64_t count = 0;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->softmax_xent(&be, PyArray_DATA(losses), &count,
+                                        dlogits ? PyArray_DATA(dlogits) : NULL,
+                                        PyArray_DATA(logits), PyArray_DATA(targets), rows,
+                                        classes, label_smoothing, (int64_t)ignore_index,
+                                        dloss_scale, dt));
+    return PyLong_FromLongLong((long long)count);
+}
+
+/* Returns the mean squared error; fills dpred unless it is None. */
+static PyObject *op_mse(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"dpred", "pred", "target", "dloss_scale", "dt", NULL};
+    PyObject *dpred_obj, *pred_obj, *target_obj;
+    float dloss_scale;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOfs:op_mse", keywords, &dpred_obj,
+                                     &pred_obj, &target_obj, &dloss_scale, &text))
+        return NULL;
+    gt_dtype dt;
+    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+        return NULL;
+    PyArrayObject *pred = gtpy_as_array(pred_obj, "pred", gtpy_typenum_of(dt), 0), *target,
+                  *dpred = NULL;
+    if (!pred || !(target = gtpy_as_array(target_obj, "target", NPY_FLOAT32, 0)) ||
+        gtpy_same_shape(target, "target", pred, "pred") < 0)
+        return NULL;
+    if (dpred_obj != Py_None &&
+        (!(dpred = gtpy_as_array(dpred_obj, "dpred", gtpy_typenum_of(dt), 1)) ||
+         gtpy_same_shape(dpred, "dpred", pred, "pred") < 0))
+        return NULL;
+    float loss = 0.0f;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->mse(&be, &loss, dpred ? PyArray_DATA(dpred) : NULL, PyArray_DATA(pred),
+                               PyArray_DATA(target), (int64_t)PyArray_SIZE(pred), dloss_scale, dt));
+    return PyFloat_FromDouble((double)loss);
+}
+
+static PyObject *op_sum_squares(PyObject *module, PyObject *arg) {
+    PyArrayObject *x = gtpy_as_array(arg, "x", NPY_FLOAT32, 0);
+    if (!x)
+        return NULL;
+    double sum = 0.0;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->sum_squares(&be, &sum, PyArray_DATA(x), (int64_t)PyArray_SIZE(x)));
+    return PyFloat_FromDouble(sum);
+}
+
+static PyObject *op_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"dst", "dst_dt", "src", "src_dt", NULL};
+    PyObject *dst_obj, *src_obj;
+    const char *dst_text, *src_text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OsOs:op_cast", keywords, &dst_obj, &dst_text,
+                                     &src_obj, &src_text))
+        return NULL;
+    gt_dtype dst_dt, src_dt;
+    if (gtpy_parse_act_dtype(module, dst_text, "dst_dt", &dst_dt) < 0 ||
+        gtpy_parse_act_dtype(module, src_text, "src_dt", &src_dt) < 0)
+        return NULL;
+    PyArrayObject *dst = gtpy_as_array(dst_obj, "dst", gtpy_typenum_of(dst_dt), 1), *src;
+    if (!dst || !(src = gtpy_as_array(src_obj, "src", gtpy_typenum_of(src_dt), 0)) ||
+        gtpy_same_shape(dst, "dst", src, "src") < 0)
+        return NULL;
+    gt_backend be = cpu_backend(NULL, 0);
+    RUN_OP(module, be.ops->cast(&be, PyArray_DATA(dst), dst_dt, PyArray_DATA(src), src_dt,
+                                (int64_t)PyArray_SIZE(src)));
+    Py_RETURN_NONE;
+}
+
+/* copy (src given) or zero (src None) of dst's bytes. */
+static PyObject *op_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"dst", "src", NULL};
+    PyObject *dst_obj, *src_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:op_copy", keywords, &dst_obj, &src_obj))
+        return NULL;
+    PyArrayObject *dst = gtpy_as_array(dst_obj, "dst", -1, 1), *src = NULL;
+    if (!dst || (src_obj != Py_None && !(src = gtpy_as_array(src_obj, "src", -1, 0))))
+        return NULL;
+    size_t bytes = (size_t)PyArray_NBYTES(dst);
+    if (src && (size_t)PyArray_NBYTES(src) != bytes)
+        return PyErr_Format(PyExc_ValueError, "src: has %zu bytes, dst has %zu",
+                            (size_t)PyArray_NBYTES(src), bytes);
+    gt_backend be = cpu_backend(NULL, 0);
+    if (src)
+        RUN_OP(module, be.ops->copy(&be, PyArray_DATA(dst), PyArray_DATA(src), bytes));
+    else
+        RUN_OP(module, be.ops->zero(&be, PyArray_DATA(dst), bytes));
+    Py_RETURN_NONE;
+}
+
+#define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
+
+static PyMethodDef ops_methods[] = {
+    {"op_gemm", KW(op_gemm), "op_gemm(a, b, c, a_dt, b_dt, c_dt, trans_a, trans_b, alpha, beta)\n--\n\n"
+     "c = alpha op(a) @ op(b) + beta c in place; 3-D arrays are batches."},
+    {"op_bias", KW(op_bias), "op_bias(x, bias, dt, backward=False, accumulate=False)\n--\n\n"
+     "x += bias over the last dim, or bias (+)= column sums of x when backward."},
+    {"op_activation", KW(op_activation), "op_activation(out, x, act, dt, dout=None)\n--\n\n"
+     "out = act(x), or out = dout * act'(x) when dout is given."},
+    {"op_dropout", KW(op_dropout), "op_dropout(out, x, p, seed, layer, step, offset, dt, backward=False)\n--\n\n"
+     "out = x * mask / (1 - p) with the Philox mask of (seed, layer, step, offset + i)."},
+    {"op_add", KW(op_add), "op_add(out, a, b, dt)\n--\n\nout = a + b."},
+    {"op_layernorm_forward", KW(op_layernorm_forward),
+     "op_layernorm_forward(out, mean, rstd, x, weight, bias, eps, dt)\n--\n\nLayerNorm over the last dim."},
+    {"op_layernorm_backward", KW(op_layernorm_backward),
+     "op_layernorm_backward(din, dweight, dbias, dout, x, weight, mean, rstd, dt, accumulate=False)\n--\n\n"
+     "Gradients of LayerNorm."},
+    {"op_embedding", KW(op_embedding), "op_embedding(x, ids, table, dt, backward=False, accumulate=False)\n--\n\n"
+     "x = table[ids], or table (+)= scatter-add of x at ids when backward."},
+    {"op_softmax_xent", KW(op_softmax_xent),
+     "op_softmax_xent(losses, dlogits, logits, targets, label_smoothing, ignore_index, dloss_scale, dt)\n--\n\n"
+     "Per-row cross-entropy losses and (unless dlogits is None) the gradient; returns the count."},
+    {"op_mse", KW(op_mse), "op_mse(dpred, pred, target, dloss_scale, dt)\n--\n\n"
+     "Mean squared error; fills dpred unless it is None."},
+    {"op_sum_squares", (PyCFunction)op_sum_squares, METH_O, "op_sum_squares(x)\n--\n\n"
+     "Sum of squares of a float32 array in a fixed order."},
+    {"op_cast", KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
+    {"op_copy", KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
+    {NULL, NULL, 0, NULL},
+};
+
+int gtpy_add_ops(PyObject *module) { return PyModule_AddFunctions(module, ops_methods); }

@@ -1,0 +1,560 @@
+"""NumPy-in, NumPy-out functions over gputrain's CPU op table, in the spirit of torch.nn.functional.
+
+Every function runs the same C op the training step runs (csrc/ops/cpu_*.c), with the GIL
+released, and returns new arrays (inputs are never modified, except an ``*_into`` gradient
+buffer, which is accumulated into in place as the training step does).
+
+Activation precision: activation arrays (inputs, outputs, their gradients) may be float32,
+float16 or ``ml_dtypes.bfloat16``; the dtype is taken from the array (uint16 arrays hold bf16 or
+f16 bit patterns and need ``dtype="bf16"`` or ``"f16"``). Ops load half values into float32,
+compute in float32 and round the result once. Parameters (weights, biases, tables) and their
+gradients are always float32. Arrays must be C-contiguous and of the exact dtype: nothing is
+converted silently (use :func:`gputrain.cast`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gputrain import _C
+from gputrain._cast import _BFLOAT16
+
+__all__ = [
+    "activation",
+    "activation_backward",
+    "add",
+    "bias_add",
+    "bias_backward",
+    "cross_entropy",
+    "dropout",
+    "dropout_backward",
+    "embedding",
+    "embedding_backward",
+    "gelu",
+    "gelu_backward",
+    "gemm",
+    "layer_norm",
+    "layer_norm_backward",
+    "linear",
+    "linear_backward",
+    "mse_loss",
+    "relu",
+    "relu_backward",
+    "silu",
+    "silu_backward",
+    "sum_squares",
+    "tanh",
+    "tanh_backward",
+]
+
+#: Activation names and their codes in ops.h (gt_activation).
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "tanh": 3, "silu": 4}
+
+_DTYPE_NAMES = {"f32": "f32", "float32": "f32", "f16": "f16", "float16": "f16",
+                "bf16": "bf16", "bfloat16": "bf16"}
+_NUMPY_DT = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+
+
+def _wrap(raw: np.ndarray, dt: str, bits: bool) -> np.ndarray:
+    """A raw result (float32, float16 or uint16 bf16 bits) as the caller's kind of array: uint16
+    bit patterns when the caller passed bits, ml_dtypes.bfloat16 for bf16 when installed."""
+    if bits:
+        return raw.view(np.uint16)
+    if dt == "bf16" and _BFLOAT16 is not None:
+        return raw.view(_BFLOAT16)
+    return raw
+
+
+class _Act:
+    """An activation array ready for the C ops: its raw view and its dtype name."""
+
+    __slots__ = ("raw", "dt", "bits")
+
+    def __init__(self, raw: np.ndarray, dt: str, bits: bool) -> None:
+        self.raw = raw    # float32, float16 or uint16 (bf16 bits) array
+        self.dt = dt      # "f32", "f16" or "bf16"
+        self.bits = bits  # True when the caller passed uint16 bit patterns
+
+    def empty(self, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """A new raw array of this dtype (shape defaults to raw's)."""
+        return np.empty(self.raw.shape if shape is None else shape, dtype=self.raw.dtype)
+
+    def wrap(self, raw: np.ndarray) -> np.ndarray:
+        """A raw result of this dtype as the caller's kind of array."""
+        return _wrap(raw, self.dt, self.bits)
+
+
+_RAW_TYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+
+
+def _dtype_name(dtype: str | None, arg_name: str = "dtype") -> str | None:
+    if dtype is None:
+        return None
+    if not isinstance(dtype, str) or dtype not in _DTYPE_NAMES:
+        raise ValueError(f"{arg_name} must be 'f32', 'f16', 'bf16' or None, got {dtype!r}")
+    return _DTYPE_NAMES[dtype]
+
+
+def _array(value: Any, name: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, not {type(value).__name__}")
+    if not value.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return value
+
+
+def _act(value: Any, name: str, dtype: str | None) -> _Act:
+    """Checks an activation array; dtype (a canonical name or None) must agree with it."""
+    array = _array(value, name)
+    if _BFLOAT16 is not None and array.dtype == _BFLOAT16:
+        found, raw, bits = "bf16", array.view(np.uint16), False
+    elif array.dtype == np.uint16:
+        if dtype not in ("bf16", "f16"):
+            raise TypeError(f"{name} is a uint16 array: pass dtype='bf16' or 'f16' to say which bits it holds")
+        found, raw, bits = dtype, array if dtype == "bf16" else array.view(np.float16), True
+    elif array.dtype in _NUMPY_DT:
+        found, raw, bits = _NUMPY_DT[array.dtype], array, False
+    else:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {array.dtype}")
+    if dtype is not None and found != dtype:
+        raise TypeError(f"{name} has dtype {array.dtype} but dtype={dtype!r} was asked for "
+                        "(convert it with gputrain.cast)")
+    return _Act(raw, found, bits)
+
+
+def _acts(dtype: str | None, **arrays: Any) -> list[_Act]:
+    """Checks several activation arrays that must share one dtype (dtype, else the first's)."""
+    dtype = _dtype_name(dtype)
+    checked: list[_Act] = []
+    for name, value in arrays.items():
+        bits_dtype = dtype or (checked[0].dt if checked else None)
+        act = _act(value, name, bits_dtype if _is_bits(value) else dtype)
+        if checked and act.dt != checked[0].dt:
+            raise TypeError(f"{name} is {act.dt} but {next(iter(arrays))} is {checked[0].dt}: "
+                            "the activation arrays of one call share one dtype")
+        checked.append(act)
+    return checked
+
+
+def _is_bits(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype == np.uint16
+
+
+def _param(value: Any, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """Checks a float32 parameter (or gradient) array."""
+    array = _array(value, name)
+    if array.dtype != np.float32:
+        raise TypeError(f"{name} must be float32 (parameters are always float32), got {array.dtype}")
+    if shape is not None and array.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
+    return array
+
+
+def _grad_into(value: np.ndarray | None, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, bool]:
+    """The gradient buffer and whether to accumulate: a new array to write, or the caller's."""
+    if value is None:
+        return np.empty(shape, dtype=np.float32), False
+    array = _param(value, name, shape)
+    if not array.flags.writeable:
+        raise ValueError(f"{name} must be writeable")
+    return array, True
+
+
+def _ids(value: Any, name: str) -> np.ndarray:
+    """An integer index array as C-contiguous int64."""
+    array = np.asarray(value)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must be an integer array, got {array.dtype}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} has values that do not fit int64")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _real(value: Any, name: str, low: float | None = None, high: float | None = None,
+          high_open: bool = False) -> float:
+    """A finite real scalar, optionally within [low, high] (or [low, high))."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {number}")
+    if low is not None and number < low:
+        raise ValueError(f"{name} must be >= {low}, got {number}")
+    if high is not None and (number > high or (high_open and number == high)):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {number}")
+    return number
+
+
+def _check_no_nan(act: _Act, name: str) -> None:
+    """Raises ValueError when an activation array holds a NaN (losses are where NaNs surface)."""
+    raw = act.raw
+    if act.dt == "bf16":
+        has_nan = bool(np.any((raw & 0x7FFF) > 0x7F80))
+    else:
+        has_nan = bool(np.isnan(raw).any())
+    if has_nan:
+        raise ValueError(f"{name} contains NaN")
+
+
+# --- GEMM and linear layers -------------------------------------------------------------------
+
+
+def gemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, c: np.ndarray | None = None,
+         out_dtype: str | None = None, dtype: str | None = None) -> np.ndarray:
+    """``alpha * op(a) @ op(b) + beta * c`` with float32 accumulation (OpenBLAS sgemm).
+
+    ``a`` and ``b`` are 2-D, or 3-D for a batch of GEMMs (a 2-D operand is shared by the
+    batch); ``op(x)`` is ``x`` or its last two axes swapped when ``trans_x``. Each operand keeps
+    its own activation dtype (half operands are widened exactly to float32). The result has
+    ``out_dtype`` (default: a's), rounded once. ``c`` (read only when ``beta != 0``) is not
+    modified. ``dtype`` says what uint16 operands hold.
+    """
+    dtype = _dtype_name(dtype)
+    a_act = _act(a, "a", dtype if _is_bits(a) else None)
+    b_act = _act(b, "b", dtype if _is_bits(b) else None)
+    out_dt = _dtype_name(out_dtype, "out_dtype") or a_act.dt
+    alpha, beta = _real(alpha, "alpha"), _real(beta, "beta")
+    for name, act in (("a", a_act), ("b", b_act)):
+        if act.raw.ndim not in (2, 3):
+            raise ValueError(f"{name} must be 2-D or 3-D, got shape {act.raw.shape}")
+    m = a_act.raw.shape[-1] if trans_a else a_act.raw.shape[-2]
+    n = b_act.raw.shape[-2] if trans_b else b_act.raw.shape[-1]
+    batch = [x.raw.shape[0] for x in (a_act, b_act) if x.raw.ndim == 3]
+    shape = ((batch[0],) if batch else ()) + (m, n)
+    if c is None or beta == 0.0:
+        out = np.empty(shape, dtype=_RAW_TYPES[out_dt])
+    else:
+        c_act = _act(c, "c", out_dt)
+        if c_act.raw.shape != shape:
+            raise ValueError(f"c must have shape {shape}, got {c_act.raw.shape}")
+        out = c_act.raw.copy()
+    _C.op_gemm(a_act.raw, b_act.raw, out, a_act.dt, b_act.dt, out_dt, bool(trans_a),
+               bool(trans_b), alpha, beta)
+    return _wrap(out, out_dt, a_act.bits)
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+           dtype: str | None = None) -> np.ndarray:
+    """``x @ weight.T + bias`` for x (..., in), weight (out, in), bias (out,) float32.
+
+    The GEMM result is rounded to x's dtype, then the bias is added and rounded again, as the
+    training step's Linear layer does.
+    """
+    (x_act,) = _acts(dtype, x=x)
+    if x_act.raw.ndim < 1:
+        raise ValueError("x must have at least one dimension")
+    weight = _param(weight, "weight")
+    if weight.ndim != 2 or weight.shape[1] != x_act.raw.shape[-1]:
+        raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), got {weight.shape}")
+    x2 = x_act.raw.reshape(-1, x_act.raw.shape[-1])
+    out = np.empty((x2.shape[0], weight.shape[0]), dtype=x2.dtype)
+    _C.op_gemm(x2, weight, out, x_act.dt, "f32", x_act.dt, False, True, 1.0, 0.0)
+    if bias is not None:
+        _C.op_bias(out, _param(bias, "bias", (weight.shape[0],)), x_act.dt)
+    return x_act.wrap(out.reshape(x_act.raw.shape[:-1] + (weight.shape[0],)))
+
+
+def linear_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, dtype: str | None = None,
+                    with_bias: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Gradients of :func:`linear`: ``(dx, dweight, dbias)``; dbias is None without a bias.
+
+    ``dx = dout @ weight`` (x's dtype), ``dweight = dout.T @ x`` and ``dbias = dout.sum(0)``
+    (float32, summed in a fixed order).
+    """
+    dout_act, x_act = _acts(dtype, dout=dout, x=x)
+    weight = _param(weight, "weight")
+    if weight.ndim != 2 or x_act.raw.ndim < 1 or weight.shape[1] != x_act.raw.shape[-1]:
+        raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), got {weight.shape}")
+    if dout_act.raw.shape != x_act.raw.shape[:-1] + (weight.shape[0],):
+        raise ValueError(f"dout must have shape {x_act.raw.shape[:-1] + (weight.shape[0],)}, got {dout_act.raw.shape}")
+    d2 = dout_act.raw.reshape(-1, weight.shape[0])
+    x2 = x_act.raw.reshape(-1, weight.shape[1])
+    dx = np.empty(x2.shape, dtype=x2.dtype)
+    _C.op_gemm(d2, weight, dx, x_act.dt, "f32", x_act.dt, False, False, 1.0, 0.0)
+    dweight = np.empty(weight.shape, dtype=np.float32)
+    _C.op_gemm(d2, x2, dweight, x_act.dt, x_act.dt, "f32", True, False, 1.0, 0.0)
+    dbias = None
+    if with_bias:
+        dbias = np.empty(weight.shape[0], dtype=np.float32)
+        _C.op_bias(d2, dbias, x_act.dt, backward=True)
+    return x_act.wrap(dx.reshape(x_act.raw.shape)), dweight, dbias
+
+
+def bias_add(x: np.ndarray, bias: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``x + bias`` over the last dimension (bias float32), rounded to x's dtype."""
+    (x_act,) = _acts(dtype, x=x)
+    if x_act.raw.ndim < 1:
+        raise ValueError("x must have at least one dimension")
+    bias = _param(bias, "bias", (x_act.raw.shape[-1],))
+    out = x_act.raw.copy()
+    _C.op_bias(out, bias, x_act.dt)
+    return x_act.wrap(out)
+
+
+def bias_backward(dout: np.ndarray, dtype: str | None = None,
+                  accumulate_into: np.ndarray | None = None) -> np.ndarray:
+    """Column sums of dout over all but the last dimension, in float32 (fixed order).
+
+    With ``accumulate_into`` (a float32 array), the sums are added to it in place.
+    """
+    (dout_act,) = _acts(dtype, dout=dout)
+    if dout_act.raw.ndim < 1:
+        raise ValueError("dout must have at least one dimension")
+    dbias, accumulate = _grad_into(accumulate_into, "accumulate_into", (dout_act.raw.shape[-1],))
+    _C.op_bias(dout_act.raw, dbias, dout_act.dt, backward=True, accumulate=accumulate)
+    return dbias
+
+
+# --- activations -------------------------------------------------------------------------------
+
+
+def _activation_code(kind: str) -> int:
+    if not isinstance(kind, str) or kind not in ACTIVATIONS:
+        raise ValueError(f"kind must be one of {sorted(ACTIVATIONS)}, got {kind!r}")
+    return ACTIVATIONS[kind]
+
+
+def _gelu_kind(approximate: str) -> str:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return "gelu" if approximate == "none" else "gelu_tanh"
+
+
+def activation(x: np.ndarray, kind: str, dtype: str | None = None) -> np.ndarray:
+    """``act(x)`` elementwise for kind in 'relu', 'gelu' (exact erf), 'gelu_tanh', 'tanh', 'silu'."""
+    code = _activation_code(kind)
+    (x_act,) = _acts(dtype, x=x)
+    out = x_act.empty()
+    _C.op_activation(out, x_act.raw, code, x_act.dt)
+    return x_act.wrap(out)
+
+
+def activation_backward(dout: np.ndarray, x: np.ndarray, kind: str,
+                        dtype: str | None = None) -> np.ndarray:
+    """``dout * act'(x)`` elementwise (x is the activation's input)."""
+    code = _activation_code(kind)
+    dout_act, x_act = _acts(dtype, dout=dout, x=x)
+    if dout_act.raw.shape != x_act.raw.shape:
+        raise ValueError(f"dout must have x's shape {x_act.raw.shape}, got {dout_act.raw.shape}")
+    din = x_act.empty()
+    _C.op_activation(din, x_act.raw, code, x_act.dt, dout=dout_act.raw)
+    return x_act.wrap(din)
+
+
+def relu(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``max(x, 0)`` (NaN stays NaN)."""
+    return activation(x, "relu", dtype)
+
+
+def relu_backward(dout: np.ndarray, x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``dout`` where ``x > 0``, else 0."""
+    return activation_backward(dout, x, "relu", dtype)
+
+
+def gelu(x: np.ndarray, approximate: str = "none", dtype: str | None = None) -> np.ndarray:
+    """GELU: ``x * Phi(x)`` (approximate='none') or its tanh approximation ('tanh')."""
+    return activation(x, _gelu_kind(approximate), dtype)
+
+
+def gelu_backward(dout: np.ndarray, x: np.ndarray, approximate: str = "none",
+                  dtype: str | None = None) -> np.ndarray:
+    """``dout * gelu'(x)``."""
+    return activation_backward(dout, x, _gelu_kind(approximate), dtype)
+
+
+def tanh(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``tanh(x)``."""
+    return activation(x, "tanh", dtype)
+
+
+def tanh_backward(dout: np.ndarray, x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``dout * (1 - tanh(x)^2)``."""
+    return activation_backward(dout, x, "tanh", dtype)
+
+
+def silu(x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``x * sigmoid(x)``."""
+    return activation(x, "silu", dtype)
+
+
+def silu_backward(dout: np.ndarray, x: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``dout * s (1 + x (1 - s))`` with ``s = sigmoid(x)``."""
+    return activation_backward(dout, x, "silu", dtype)
+
+
+# --- dropout and residual add ------------------------------------------------------------------
+
+
+def dropout(x: np.ndarray, p: float, seed: int, layer: int = 0, step: int = 0, offset: int = 0,
+            dtype: str | None = None) -> np.ndarray:
+    """``x * mask / (1 - p)``; element i is kept when the Philox uniform of (seed, layer, step,
+    offset + i) is >= p (rule in csrc/core/dropout.h). The same key gives the same mask on every
+    backend and thread count."""
+    p = _real(p, "p", 0.0, 1.0, high_open=True)
+    (x_act,) = _acts(dtype, x=x)
+    out = x_act.empty()
+    _C.op_dropout(out, x_act.raw, p, seed, layer, step, offset, x_act.dt)
+    return x_act.wrap(out)
+
+
+def dropout_backward(dout: np.ndarray, p: float, seed: int, layer: int = 0, step: int = 0,
+                     offset: int = 0, dtype: str | None = None) -> np.ndarray:
+    """``dout * mask / (1 - p)`` with the mask regenerated from the same key."""
+    p = _real(p, "p", 0.0, 1.0, high_open=True)
+    (dout_act,) = _acts(dtype, dout=dout)
+    din = dout_act.empty()
+    _C.op_dropout(din, dout_act.raw, p, seed, layer, step, offset, dout_act.dt, backward=True)
+    return dout_act.wrap(din)
+
+
+def add(a: np.ndarray, b: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """``a + b`` (same shapes), computed in float32 and rounded once."""
+    a_act, b_act = _acts(dtype, a=a, b=b)
+    if a_act.raw.shape != b_act.raw.shape:
+        raise ValueError(f"b must have a's shape {a_act.raw.shape}, got {b_act.raw.shape}")
+    out = a_act.empty()
+    _C.op_add(out, a_act.raw, b_act.raw, a_act.dt)
+    return a_act.wrap(out)
+
+
+# --- LayerNorm and embedding -------------------------------------------------------------------
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5,
+               dtype: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm over the last dimension: ``(out, mean, rstd)``.
+
+    ``out = (x - mean) * rstd * weight + bias`` with float32 statistics over the last axis,
+    ``rstd = 1 / sqrt(var + eps)`` (biased variance); mean and rstd have shape x.shape[:-1].
+    """
+    (x_act,) = _acts(dtype, x=x)
+    eps = _real(eps, "eps", 0.0)
+    if x_act.raw.ndim < 1 or x_act.raw.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dimension, got shape {x_act.raw.shape}")
+    cols = x_act.raw.shape[-1]
+    weight, bias = _param(weight, "weight", (cols,)), _param(bias, "bias", (cols,))
+    stats_shape = x_act.raw.shape[:-1]
+    rows = int(np.prod(stats_shape, dtype=np.int64))
+    out = x_act.empty()
+    mean, rstd = np.empty(rows, dtype=np.float32), np.empty(rows, dtype=np.float32)
+    _C.op_layernorm_forward(out, mean, rstd, x_act.raw, weight, bias, eps, x_act.dt)
+    return x_act.wrap(out), mean.reshape(stats_shape), rstd.reshape(stats_shape)
+
+
+def layer_norm_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, mean: np.ndarray,
+                        rstd: np.ndarray, dtype: str | None = None,
+                        dweight_into: np.ndarray | None = None,
+                        dbias_into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of :func:`layer_norm`: ``(dx, dweight, dbias)``.
+
+    ``dweight_into`` and ``dbias_into`` (both or neither) accumulate the parameter gradients in
+    place, as the training step does after the first micro-batch.
+    """
+    dout_act, x_act = _acts(dtype, dout=dout, x=x)
+    if x_act.raw.ndim < 1 or x_act.raw.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dimension, got shape {x_act.raw.shape}")
+    if dout_act.raw.shape != x_act.raw.shape:
+        raise ValueError(f"dout must have x's shape {x_act.raw.shape}, got {dout_act.raw.shape}")
+    if (dweight_into is None) != (dbias_into is None):
+        raise ValueError("dweight_into and dbias_into must be given together")
+    cols, stats_shape = x_act.raw.shape[-1], x_act.raw.shape[:-1]
+    weight = _param(weight, "weight", (cols,))
+    mean, rstd = _param(mean, "mean", stats_shape), _param(rstd, "rstd", stats_shape)
+    dweight, accumulate = _grad_into(dweight_into, "dweight_into", (cols,))
+    dbias, _ = _grad_into(dbias_into, "dbias_into", (cols,))
+    din = x_act.empty()
+    _C.op_layernorm_backward(din, dweight, dbias, dout_act.raw, x_act.raw, weight, mean.reshape(-1),
+                             rstd.reshape(-1), x_act.dt, accumulate=accumulate)
+    return x_act.wrap(din), dweight, dbias
+
+
+def embedding(ids: Any, table: np.ndarray, dtype: str = "f32") -> np.ndarray:
+    """``table[ids]`` rounded to ``dtype``: shape ids.shape + (dim,); ids must be in [0, num)."""
+    ids = _ids(ids, "ids")
+    table = _param(table, "table")
+    if table.ndim != 2:
+        raise ValueError(f"table must be 2-D (num, dim), got shape {table.shape}")
+    dt = _dtype_name(dtype)
+    out = np.empty(ids.shape + (table.shape[1],), dtype=_RAW_TYPES[dt])
+    _C.op_embedding(out, ids, table, dt)
+    return _wrap(out, dt, False)
+
+
+def embedding_backward(dout: np.ndarray, ids: Any, num: int, dtype: str | None = None,
+                       accumulate_into: np.ndarray | None = None) -> np.ndarray:
+    """Scatter-add ``dtable[ids[i]] += dout[i]`` into a (num, dim) float32 gradient.
+
+    Rows receive their contributions in increasing i, so the result is deterministic. With
+    ``accumulate_into`` the gradient is added to that array in place.
+    """
+    ids = _ids(ids, "ids")
+    (dout_act,) = _acts(dtype, dout=dout)
+    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 0:
+        raise ValueError(f"num must be an int >= 0, got {num!r}")
+    if dout_act.raw.ndim != ids.ndim + 1 or dout_act.raw.shape[:-1] != ids.shape:
+        raise ValueError(f"dout must have shape ids.shape + (dim,) = {ids.shape} + (dim,), got {dout_act.raw.shape}")
+    dtable, accumulate = _grad_into(accumulate_into, "accumulate_into", (int(num), dout_act.raw.shape[-1]))
+    _C.op_embedding(dout_act.raw, ids, dtable, dout_act.dt, backward=True, accumulate=accumulate)
+    return dtable
+
+
+# --- losses and norms --------------------------------------------------------------------------
+
+
+def cross_entropy(logits: np.ndarray, targets: Any, label_smoothing: float = 0.0,
+                  ignore_index: int = -100, dloss_scale: float = 1.0,
+                  dtype: str | None = None) -> tuple[float, np.ndarray]:
+    """Mean softmax cross-entropy over rows not ignored, and its gradient: ``(loss, dlogits)``.
+
+    PyTorch semantics: ``loss_r = (1 - e) * nll_r + e * mean_j(-log p_rj)`` with
+    ``e = label_smoothing``; rows whose target equals ``ignore_index`` count for nothing (the
+    mean is over the other rows; NaN when there are none). ``dlogits`` (logits' dtype) is
+    ``dloss_scale`` times the gradient of the mean loss. Targets out of range raise IndexError.
+    """
+    (logits_act,) = _acts(dtype, logits=logits)
+    if logits_act.raw.ndim != 2:
+        raise ValueError(f"logits must be 2-D (rows, classes), got shape {logits_act.raw.shape}")
+    targets = _ids(targets, "targets")
+    if targets.shape != logits_act.raw.shape[:1]:
+        raise ValueError(f"targets must have shape ({logits_act.raw.shape[0]},), got {targets.shape}")
+    label_smoothing = _real(label_smoothing, "label_smoothing", 0.0, 1.0)
+    dloss_scale = _real(dloss_scale, "dloss_scale")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"ignore_index must be an int, not {type(ignore_index).__name__}")
+    _check_no_nan(logits_act, "logits")
+    losses = np.empty(targets.shape[0], dtype=np.float32)
+    dlogits = logits_act.empty()
+    count = _C.op_softmax_xent(losses, dlogits, logits_act.raw, targets, label_smoothing,
+                               int(ignore_index), dloss_scale, logits_act.dt)
+    loss = float(np.sum(losses, dtype=np.float64) / count) if count else math.nan
+    return loss, logits_act.wrap(dlogits)
+
+
+def mse_loss(pred: np.ndarray, target: np.ndarray, dloss_scale: float = 1.0,
+             dtype: str | None = None) -> tuple[float, np.ndarray]:
+    """``mean((pred - target)^2)`` and ``dpred = dloss_scale * 2 (pred - target) / n``.
+
+    pred may be half precision; target is float32 of pred's shape. The sum runs in double in a
+    fixed order.
+    """
+    (pred_act,) = _acts(dtype, pred=pred)
+    target = _param(target, "target", pred_act.raw.shape)
+    if pred_act.raw.size == 0:
+        raise ValueError("pred must not be empty")
+    dloss_scale = _real(dloss_scale, "dloss_scale")
+    _check_no_nan(pred_act, "pred")
+    if np.isnan(target).any():
+        raise ValueError("target contains NaN")
+    dpred = pred_act.empty()
+    loss = _C.op_mse(dpred, pred_act.raw, target, dloss_scale, pred_act.dt)
+    return loss, pred_act.wrap(dpred)
+
+
+def sum_squares(x: np.ndarray) -> float:
+    """``sum(x**2)`` of a float32 array, accumulated in double in an order that does not depend
+    on the thread count (the building block of the global gradient norm)."""
+    return _C.op_sum_squares(_param(x, "x"))
