@@ -55,7 +55,8 @@ struct gt_loader {
     gt_status failure;            /* first failure of the epoch, GT_OK if none */
     char failure_message[GT_LOADER_MESSAGE_BYTES]; /* its message */
 
-    int stop;                     /* 1 once shutdown began */
+    int stop;                     /* 1 once the workers were asked to stop */
+    int joining;                  /* 1 once a thread began joining them */
     int joined;                   /* 1 once the workers are joined */
     int released;                 /* 1 once the owner dropped its reference */
     gt_worker *workers;           /* (num_workers,) */
@@ -240,6 +241,8 @@ static void *worker_main(void *arg) {
         finish_gather(l, slot, status);
     }
     pthread_mutex_unlock(&l->lock);
+    if (l->hooks.worker_stop)
+        l->hooks.worker_stop(l->hooks.ctx, w->id);
     return NULL;
 }
 
@@ -333,7 +336,6 @@ gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
     l->hooks = c->hooks;
     l->initial_slots = l->depth + 2;
     l->refs = 1;
-    l->joined = c->num_workers == 0;
     gt_status status = init_sync(l);
     if (status != GT_OK) {
         free(l);
@@ -350,14 +352,23 @@ gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
     return GT_OK;
 }
 
+void gt_loader_request_stop(gt_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_cond_broadcast(&l->ready_cv);
+    pthread_mutex_unlock(&l->lock);
+}
+
 void gt_loader_shutdown(gt_loader *l) {
     pthread_mutex_lock(&l->lock);
-    if (l->stop) {  /* another thread is joining, or did */
+    if (l->joining) {  /* another thread is joining, or did */
         while (!l->joined)
             pthread_cond_wait(&l->ready_cv, &l->lock);
         pthread_mutex_unlock(&l->lock);
         return;
     }
+    l->joining = 1;
     l->stop = 1;
     pthread_cond_broadcast(&l->work_cv);
     pthread_cond_broadcast(&l->ready_cv);
@@ -520,9 +531,8 @@ static gt_status next_in_caller(gt_loader *l, gt_slot **out) {
     gt_status status = l->failure;
     if (status != GT_OK)
         status = replay_failure(l);
-    else if (l->running && l->remaining > 0) {
+    else if (l->running && l->remaining > 0 && !l->stop)
         status = claim(l, &slot);
-    }
     pthread_mutex_unlock(&l->lock);
     if (status != GT_OK || !slot) {
         *out = NULL;

@@ -51,6 +51,8 @@ typedef struct gt_loader_hooks {
     void *ctx;  /* passed back to every hook */
     /* In each worker thread before its first batch; a failure ends the epoch with it. */
     gt_status (*worker_start)(void *ctx, size_t worker);
+    /* In each worker thread as it exits, after its last hook call. */
+    void (*worker_stop)(void *ctx, size_t worker);
     /* In the worker after a gather; may set slot->user. A failure ends the epoch with it. */
     gt_status (*batch_gathered)(void *ctx, gt_loader *loader, gt_slot *slot);
     /* Drops a slot->user that will never be delivered (epoch cancelled or loader released). */
@@ -99,6 +101,10 @@ void gt_loader_slot_release(gt_loader *loader, gt_slot *slot);
 
 /* Start of field `field`'s rows in a slot. */
 char *gt_loader_slot_field(const gt_loader *loader, const gt_slot *slot, size_t field);
+
+/* Asks the workers to stop after their current batch and returns at once; waiting callers
+ * return NULL. gt_loader_shutdown() (or gt_loader_release()) joins them later. */
+void gt_loader_request_stop(gt_loader *loader);
 
 /* Stops and joins the worker threads, dropping undelivered batches (idempotent). */
 void gt_loader_shutdown(gt_loader *loader);

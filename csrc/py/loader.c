@@ -15,6 +15,9 @@ typedef struct {
     PyObject *worker_transform; /* callable(batch_id, arrays) -> result, or NULL */
     PyObject *worker_error;     /* error object of a failed worker_start, or NULL */
     uint64_t num_rows;          /* samples in the dataset (first dimension of every array) */
+    int python_in_workers;      /* 1 when a hook calls Python from the worker threads */
+    PyGILState_STATE *worker_gil;    /* (num_workers,) GIL state each worker keeps while alive */
+    PyThreadState **worker_tstate;   /* (num_workers,) thread state each worker keeps while alive */
 } EngineObject;
 
 /* ---- hooks, called from worker threads without the GIL ----------------------------- */
@@ -31,23 +34,37 @@ static PyObject *fetch_exception(void) {
     return value ? value : Py_NewRef(Py_None);
 }
 
+/* Gives the worker a Python thread state for its whole life (so threading.local values set by
+ * worker_init_fn persist), runs worker_start in it, then releases the GIL. */
 static gt_status hook_worker_start(void *ctx, size_t worker) {
     EngineObject *self = ctx;
-    if (!self->worker_start)
+    if (!self->python_in_workers)
         return GT_OK;
     PyGILState_STATE gil = PyGILState_Ensure();
-    PyObject *result = PyObject_CallFunction(self->worker_start, "n", (Py_ssize_t)worker);
-    if (!result)
-        result = fetch_exception();
     gt_status status = GT_OK;
-    if (result != Py_None) {
-        if (!self->worker_error)
-            self->worker_error = Py_NewRef(result);
-        status = GT_FAIL(GT_ERR_RUNTIME, "worker_init_fn failed in worker %zu", worker);
+    if (self->worker_start) {
+        PyObject *result = PyObject_CallFunction(self->worker_start, "n", (Py_ssize_t)worker);
+        if (!result)
+            result = fetch_exception();
+        if (result != Py_None) {
+            if (!self->worker_error)
+                self->worker_error = Py_NewRef(result);
+            status = GT_FAIL(GT_ERR_RUNTIME, "worker_init_fn failed in worker %zu", worker);
+        }
+        Py_DECREF(result);
     }
-    Py_DECREF(result);
-    PyGILState_Release(gil);
+    self->worker_gil[worker] = gil;
+    self->worker_tstate[worker] = PyEval_SaveThread();
     return status;
+}
+
+/* Drops the thread state worker_start gave the worker. */
+static void hook_worker_stop(void *ctx, size_t worker) {
+    EngineObject *self = ctx;
+    if (!self->python_in_workers)
+        return;
+    PyEval_RestoreThread(self->worker_tstate[worker]);
+    PyGILState_Release(self->worker_gil[worker]);
 }
 
 /* Runs worker_transform on the gathered batch; its result is delivered instead of the views. */
@@ -178,6 +195,19 @@ static int check_counts(const engine_args *a) {
     return 0;
 }
 
+/* Per-worker thread-state slots, needed when a hook calls Python in the workers. */
+static int alloc_worker_states(EngineObject *self, const engine_args *a) {
+    self->python_in_workers = self->worker_start || self->worker_transform;
+    size_t n = a->num_workers > 0 ? (size_t)a->num_workers : 1;
+    self->worker_gil = PyMem_Calloc(n, sizeof *self->worker_gil);
+    self->worker_tstate = PyMem_Calloc(n, sizeof *self->worker_tstate);
+    if (!self->worker_gil || !self->worker_tstate) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 /* Creates the C loader once the Python members are in place (hooks read them). */
 static int create_loader(EngineObject *self, PyObject *module, const engine_args *a,
                          const gt_field *fields) {
@@ -186,7 +216,7 @@ static int create_loader(EngineObject *self, PyObject *module, const engine_args
         .max_batch_rows = (size_t)a->max_batch_rows, .num_workers = (size_t)a->num_workers,
         .prefetch_factor = (size_t)a->prefetch_factor, .in_order = a->in_order,
         .pin_memory = a->pin_memory,
-        .hooks = {.ctx = self, .worker_start = hook_worker_start,
+        .hooks = {.ctx = self, .worker_start = hook_worker_start, .worker_stop = hook_worker_stop,
                   .batch_gathered = hook_batch_gathered, .release_user = hook_release_user},
     };
     gt_status status;
@@ -216,7 +246,7 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->slot_type = self->arrays ? PyObject_GetAttrString(module, "_LoaderSlot") : NULL;
     if (!self->slot_type || optional_callable(a.worker_start, "worker_start", &self->worker_start) < 0 ||
         optional_callable(a.worker_transform, "worker_transform", &self->worker_transform) < 0 ||
-        !(fields = describe_fields(self->arrays, &self->num_rows)) ||
+        !(fields = describe_fields(self->arrays, &self->num_rows)) || alloc_worker_states(self, &a) < 0 ||
         create_loader(self, module, &a, fields) < 0) {
         PyMem_Free(fields);
         Py_DECREF(self);
@@ -261,8 +291,11 @@ static int engine_clear(PyObject *op) {
 
 static void engine_dealloc(PyObject *op) {
     PyTypeObject *type = Py_TYPE(op);
+    EngineObject *self = (EngineObject *)op;
     PyObject_GC_UnTrack(op);
     engine_clear(op);
+    PyMem_Free(self->worker_gil);
+    PyMem_Free(self->worker_tstate);
     type->tp_free(op);
     Py_DECREF(type);
 }
@@ -432,6 +465,13 @@ static PyObject *engine_next(PyObject *op, PyObject *args, PyObject *kwargs) {
     return slot ? deliver(self, slot) : Py_NewRef(Py_None);
 }
 
+static PyObject *engine_stop(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    EngineObject *self = (EngineObject *)op;
+    if (self->loader)
+        gt_loader_request_stop(self->loader);
+    return Py_NewRef(Py_None);
+}
+
 static PyObject *engine_shutdown(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     engine_release((EngineObject *)op);
     return Py_NewRef(Py_None);
@@ -474,6 +514,7 @@ static PyMethodDef engine_methods[] = {
      "Starts an epoch (cancelling the one in progress); returns its number of batches."},
     {"next", (PyCFunction)(void (*)(void))engine_next, METH_VARARGS | METH_KEYWORDS,
      "next(timeout=0.0)\n--\n\n(batch, arrays or worker result), or None at the end of the epoch."},
+    {"stop", engine_stop, METH_NOARGS, "Asks the workers to stop after their current batch; does not wait."},
     {"shutdown", engine_shutdown, METH_NOARGS, "Stops and joins the workers; frees unheld slots."},
     {"stats", engine_stats, METH_NOARGS, "Slot and gather counters as a dict."},
     {NULL, NULL, 0, NULL},

@@ -47,14 +47,21 @@ _FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "da
 class _Engine:
     """A C LoaderEngine, weakly tracked so that interpreter exit can stop its threads."""
 
-    __slots__ = ("engine", "max_rows", "__weakref__")
+    __slots__ = ("engine", "max_rows", "stopped", "__weakref__")
 
     def __init__(self, engine: _C.LoaderEngine, max_rows: int) -> None:
         self.engine = engine
         self.max_rows = max_rows
+        self.stopped = False
         _LIVE_ENGINES.add(self)
 
+    def stop(self) -> None:
+        """Asks the workers to stop without waiting (a stuck one is joined at shutdown)."""
+        self.stopped = True
+        self.engine.stop()
+
     def shutdown(self) -> None:
+        self.stopped = True
         self.engine.shutdown()
 
 
@@ -426,7 +433,7 @@ class DataLoader:
         else:
             if self._iterator is None:
                 self._iterator = _DataLoaderIter(self, self._new_engine(plan.max_rows), persistent=True)
-            elif self._iterator.engine.max_rows < plan.max_rows or self._iterator.engine.engine.closed:
+            elif self._iterator.engine.max_rows < plan.max_rows or self._iterator.engine.stopped:
                 self._iterator.replace_engine(self._new_engine(plan.max_rows))
             iterator = self._iterator
         self._progress = iterator.reset(plan, epoch, start, done)
@@ -459,6 +466,7 @@ class _DataLoaderIter(Iterator[Any]):
         self._device_stage: Any = None
 
     def replace_engine(self, engine: _Engine) -> None:
+        """Uses `engine` from now on (a batch_sampler's epoch needs bigger slots)."""
         self.engine.shutdown()
         self.engine = engine
 
@@ -493,7 +501,8 @@ class _DataLoaderIter(Iterator[Any]):
         try:
             item = self.engine.engine.next(float(self._timeout))
         except TimeoutError:
-            self._close()
+            self._finished = True
+            self.engine.stop()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
         except BaseException:
             self._close()
