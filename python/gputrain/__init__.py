@@ -7,6 +7,7 @@ from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain import functional
 from gputrain import nn, random
+from gputrain import optim
 from gputrain.step import StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain.data import DataLoader
@@ -37,6 +38,7 @@ __all__ = [
     "StepOutput",
     "TrainStep",
     "nn",
+    "optim",
     "random",
     "Buffer",
     "DataLoader",

@@ -1,0 +1,42 @@
+/* An ordered queue of memory copies between the device and host memory that runs beside the
+ * calling thread: a CUDA stream for cuda:N, and a worker thread doing memcpy for the cpu
+ * "device" (so the CPU-only build runs the same overlapped pipeline as the GPU build).
+ * Copies run in the order they are queued; a ticket marks a point in the queue. */
+#ifndef GT_COPY_STREAM_H
+#define GT_COPY_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/device.h"
+#include "core/status.h"
+
+typedef struct gt_copy_stream gt_copy_stream;
+
+/* A stream for copies between `device` (cpu or cuda:N) memory and host memory. For cuda:N,
+ * `compute_stream` (a cudaStream_t, NULL = the legacy default stream) is the stream whose
+ * earlier work the copies wait for (gt_copy_stream_after_compute). */
+gt_status gt_copy_stream_create(gt_device device, void *compute_stream, gt_copy_stream **out);
+
+/* Waits for queued copies, then frees the stream. NULL is ignored. */
+void gt_copy_stream_destroy(gt_copy_stream *stream);
+
+/* Queues a copy of `bytes` (device and host pointers as the name says); never blocks on the
+ * copy itself. */
+gt_status gt_copy_stream_d2h(gt_copy_stream *stream, void *host_dst, const void *device_src, size_t bytes);
+gt_status gt_copy_stream_h2d(gt_copy_stream *stream, void *device_dst, const void *host_src, size_t bytes);
+
+/* Makes later copies wait for the work already queued on the compute stream (no-op on cpu). */
+gt_status gt_copy_stream_after_compute(gt_copy_stream *stream);
+
+/* A ticket for everything queued so far; gt_copy_stream_wait blocks until it is done. */
+gt_status gt_copy_stream_record(gt_copy_stream *stream, uint64_t *ticket);
+gt_status gt_copy_stream_wait(gt_copy_stream *stream, uint64_t ticket);
+
+/* Blocks until every queued copy is done. */
+gt_status gt_copy_stream_sync(gt_copy_stream *stream);
+
+/* A blocking copy of `bytes` between any two of device/host memory (cudaMemcpyDefault on CUDA). */
+gt_status gt_memcpy_blocking(gt_device device, void *dst, const void *src, size_t bytes);
+
+#endif

@@ -1,0 +1,136 @@
+#include "train/offload.h"
+
+#include <string.h>
+
+/* Position of the next chunk to stream: span index and element within it. */
+typedef struct chunk_cursor {
+    size_t span;  /* index into the spans */
+    size_t pos;   /* first element of the next chunk within the span */
+} chunk_cursor;
+
+typedef struct chunk {
+    size_t span;  /* index into the spans */
+    size_t pos;   /* first element within the span */
+    size_t len;   /* elements */
+} chunk;
+
+size_t gt_offload_host_bytes(size_t numel, size_t num_slots, size_t chunk_numel) {
+    return gt_align_up(numel * sizeof(float)) * (1 + num_slots) +
+           2 * gt_align_up(chunk_numel * sizeof(float));
+}
+
+static size_t slot_count(const int has_slot[GT_SLOT_COUNT]) {
+    size_t count = 0;
+    for (int s = 0; s < GT_SLOT_COUNT; s++)
+        count += has_slot[s] != 0;
+    return count;
+}
+
+/* Carves master, slots and staging out of the host arena; the state starts at zero. */
+static gt_status carve_host(gt_offload *off, const int has_slot[GT_SLOT_COUNT]) {
+    size_t bytes = off->numel * sizeof(float);
+    void *piece = NULL;
+    GT_TRY(gt_arena_take(&off->host, bytes, &piece));
+    off->master = piece;
+    for (int s = 0; s < GT_SLOT_COUNT; s++) {
+        if (!has_slot[s])
+            continue;
+        GT_TRY(gt_arena_take(&off->host, bytes, &piece));
+        memset(piece, 0, bytes);
+        off->slot[s] = piece;
+    }
+    for (int b = 0; b < 2; b++) {
+        GT_TRY(gt_arena_take(&off->host, off->chunk_numel * sizeof(float), &piece));
+        off->staging[b] = piece;
+    }
+    return GT_OK;
+}
+
+gt_status gt_offload_create(gt_offload *off, gt_device device, void *compute_stream, size_t base,
+                            size_t numel, size_t chunk_numel, const int has_slot[GT_SLOT_COUNT]) {
+    memset(off, 0, sizeof *off);
+    if (numel == 0 || chunk_numel == 0)
+        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: nothing to offload (%zu elements)", numel);
+    off->base = base;
+    off->numel = numel;
+    off->chunk_numel = chunk_numel < numel ? chunk_numel : numel;
+    size_t bytes = gt_offload_host_bytes(numel, slot_count(has_slot), off->chunk_numel);
+    GT_TRY(gt_arena_create(&off->host, gt_pinned_device(), bytes));
+    gt_status status = carve_host(off, has_slot);
+    if (status == GT_OK)
+        status = gt_copy_stream_create(device, compute_stream, &off->stream);
+    if (status != GT_OK)
+        gt_offload_destroy(off);
+    return status;
+}
+
+void gt_offload_destroy(gt_offload *off) {
+    gt_copy_stream_destroy(off->stream);
+    gt_arena_destroy(&off->host);
+    memset(off, 0, sizeof *off);
+}
+
+gt_status gt_offload_fetch_params(gt_offload *off, gt_device device, const float *param,
+                                  size_t offset, size_t n) {
+    if (offset < off->base || offset - off->base > off->numel || n > off->numel - (offset - off->base))
+        return GT_FAIL(GT_ERR_INDEX, "offload: elements [%zu, %zu) outside the offloaded range", offset,
+                       offset + n);
+    return gt_memcpy_blocking(device, off->master + (offset - off->base), param, n * sizeof(float));
+}
+
+static int next_chunk(const gt_offload_span *spans, size_t num_spans, size_t chunk_numel,
+                      chunk_cursor *cursor, chunk *out) {
+    while (cursor->span < num_spans && cursor->pos >= spans[cursor->span].numel) {
+        cursor->span++;
+        cursor->pos = 0;
+    }
+    if (cursor->span == num_spans)
+        return 0;
+    size_t left = spans[cursor->span].numel - cursor->pos;
+    *out = (chunk){cursor->span, cursor->pos, left < chunk_numel ? left : chunk_numel};
+    cursor->pos += out->len;
+    return 1;
+}
+
+/* Queues the gradient copy of the next chunk (if any) into staging buffer `b`. */
+static gt_status issue_fetch(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
+                             chunk_cursor *cursor, int b, chunk *slot, int *have, uint64_t *ticket) {
+    *have = next_chunk(spans, num_spans, off->chunk_numel, cursor, slot);
+    if (!*have)
+        return GT_OK;
+    const gt_offload_span *span = &spans[slot->span];
+    GT_TRY(gt_copy_stream_d2h(off->stream, off->staging[b], span->grad + slot->pos,
+                              slot->len * sizeof(float)));
+    return gt_copy_stream_record(off->stream, ticket);
+}
+
+static gt_status pipeline(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
+                          gt_offload_update_fn update, void *ctx) {
+    chunk_cursor cursor = {0, 0};
+    chunk pending[2];
+    int have[2] = {0, 0};
+    uint64_t ticket[2] = {0, 0};
+    GT_TRY(gt_copy_stream_after_compute(off->stream));
+    for (int b = 0; b < 2; b++)
+        GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
+    for (int b = 0; have[b]; b ^= 1) {
+        GT_TRY(gt_copy_stream_wait(off->stream, ticket[b]));
+        const gt_offload_span *span = &spans[pending[b].span];
+        size_t state_index = span->offset + pending[b].pos - off->base;
+        update(ctx, span->tag, off->master + state_index, off->staging[b], state_index, pending[b].len);
+        GT_TRY(gt_copy_stream_h2d(off->stream, span->param + pending[b].pos, off->master + state_index,
+                                  pending[b].len * sizeof(float)));
+        GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
+    }
+    return GT_OK;
+}
+
+gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
+                          gt_offload_update_fn update, void *ctx) {
+    for (size_t k = 0; k < num_spans; k++)
+        if (spans[k].offset < off->base || spans[k].offset - off->base + spans[k].numel > off->numel)
+            return GT_FAIL(GT_ERR_INDEX, "offload: span %zu outside the offloaded range", k);
+    gt_status status = pipeline(off, spans, num_spans, update, ctx);
+    gt_status synced = gt_copy_stream_sync(off->stream);
+    return status != GT_OK ? status : synced;
+}

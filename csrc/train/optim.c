@@ -1,0 +1,576 @@
+#include "train/optim.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "train/copy_stream.h"
+#include "train/grad_norm.h"
+#include "train/offload.h"
+#include "train/optim_cpu.h"
+
+#ifdef GT_WITH_CUDA
+#include "cuda_backend.h"
+#include "optim_cuda.h"
+#endif
+
+enum {
+    PARALLEL_MIN = 32768,          /* elements below which a pass stays on one thread */
+    SHARE_ALIGN = 16,              /* thread shares start on multiples of this many elements */
+    DEFAULT_CHUNK = 1 << 20,       /* offload staging chunk, elements */
+};
+
+typedef struct optim_param {
+    float *param;      /* (numel,) on the device */
+    float *grad;       /* (numel,) on the device; NULL: skipped by steps */
+    size_t numel;      /* elements */
+    size_t group;      /* hyperparameter group index */
+    size_t offset;     /* first element in the flat state space (params packed in order) */
+    int64_t step;      /* updates applied so far */
+} optim_param;
+
+/* A maximal run of parameters updated together this step. */
+typedef struct optim_segment {
+    float *param;            /* (numel,) device parameters */
+    const float *grad;       /* (numel,) device gradients */
+    size_t offset;           /* flat element of param[0] */
+    size_t numel;            /* elements */
+    size_t work_begin;       /* elements of earlier device segments (thread-share bookkeeping) */
+    union {
+        gt_adamw_scalars adamw;  /* AdamW constants for this run's step count */
+        gt_sgd_scalars sgd;      /* SGD constants for this run */
+    } scalars;
+} optim_segment;
+
+struct gt_optimizer {
+    gt_optimizer_config config;       /* kind, numerics, device, offload settings */
+    gt_optim_hparams *groups;         /* (num_groups,) hyperparameters */
+    size_t num_groups;                /* groups */
+    optim_param *params;              /* (num_params,) */
+    size_t num_params;                /* parameters */
+    size_t total_numel;               /* elements of all parameters */
+    size_t device_numel;              /* flat elements [0, device_numel) have device state */
+    int has_slot[GT_SLOT_COUNT];      /* which state slots exist */
+    gt_arena device_arena;            /* the device share of the state */
+    float *slot[GT_SLOT_COUNT];       /* (device_numel,) each, in device_arena; NULL if absent */
+    gt_offload offload;               /* the host share; offload.numel == 0 when f = 0 */
+    optim_segment *segments;          /* (2 * num_params + 2,) scratch: device runs, then host runs */
+    gt_offload_span *spans;           /* (num_params + 1,) scratch: host runs for the offload */
+    int64_t num_steps;                /* steps that updated at least one parameter */
+};
+
+/* ------------------------------------------------------------ validation ---------- */
+
+gt_status gt_optim_hparams_check(gt_optim_kind kind, const gt_optim_hparams *hp) {
+    if (!(hp->lr >= 0.0 && isfinite(hp->lr)))
+        return GT_FAIL(GT_ERR_VALUE, "lr: invalid learning rate %g (must be finite and >= 0)", hp->lr);
+    if (!(hp->weight_decay >= 0.0 && isfinite(hp->weight_decay)))
+        return GT_FAIL(GT_ERR_VALUE, "weight_decay: invalid value %g (must be finite and >= 0)",
+                       hp->weight_decay);
+    if (kind == GT_OPTIM_ADAMW) {
+        if (!(hp->beta1 >= 0.0 && hp->beta1 < 1.0))
+            return GT_FAIL(GT_ERR_VALUE, "betas[0]: invalid beta %g (must be in [0, 1))", hp->beta1);
+        if (!(hp->beta2 >= 0.0 && hp->beta2 < 1.0))
+            return GT_FAIL(GT_ERR_VALUE, "betas[1]: invalid beta %g (must be in [0, 1))", hp->beta2);
+        if (!(hp->eps > 0.0 && isfinite(hp->eps)))
+            return GT_FAIL(GT_ERR_VALUE, "eps: invalid epsilon %g (must be finite and > 0)", hp->eps);
+        return GT_OK;
+    }
+    if (kind != GT_OPTIM_SGD)
+        return GT_FAIL(GT_ERR_VALUE, "kind: unknown optimizer kind %d", (int)kind);
+    if (!(hp->momentum >= 0.0 && isfinite(hp->momentum)))
+        return GT_FAIL(GT_ERR_VALUE, "momentum: invalid value %g (must be finite and >= 0)", hp->momentum);
+    if (!isfinite(hp->dampening))
+        return GT_FAIL(GT_ERR_VALUE, "dampening: invalid value %g (must be finite)", hp->dampening);
+    if (hp->nesterov && (hp->momentum <= 0.0 || hp->dampening != 0.0))
+        return GT_FAIL(GT_ERR_VALUE, "nesterov: Nesterov momentum requires a momentum and zero dampening");
+    return GT_OK;
+}
+
+static gt_status check_config(const gt_optimizer_config *c) {
+    if (c->kind != GT_OPTIM_ADAMW && c->kind != GT_OPTIM_SGD)
+        return GT_FAIL(GT_ERR_VALUE, "kind: unknown optimizer kind %d", (int)c->kind);
+    if (c->numerics != GT_NUMERICS_EXACT && c->numerics != GT_NUMERICS_FAST)
+        return GT_FAIL(GT_ERR_VALUE, "numerics: unknown numerics %d", (int)c->numerics);
+    if (!(c->cpu_offload_fraction >= 0.0 && c->cpu_offload_fraction <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: must be in [0, 1], got %g",
+                       c->cpu_offload_fraction);
+    if (c->device.kind == GT_DEVICE_PINNED)
+        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
+    if (c->device.kind == GT_DEVICE_CUDA && c->device.index >= gt_cuda_device_count())
+        return GT_FAIL(GT_ERR_RUNTIME, "device: 'cuda:%d' is not available", c->device.index);
+    return GT_OK;
+}
+
+static gt_status check_params(const gt_optim_param_desc *params, size_t num_params, size_t num_groups) {
+    for (size_t i = 0; i < num_params; i++) {
+        if (params[i].group >= num_groups)
+            return GT_FAIL(GT_ERR_INDEX, "params[%zu]: group %zu out of range (%zu groups)", i,
+                           params[i].group, num_groups);
+        if (params[i].numel > 0 && !params[i].param)
+            return GT_FAIL(GT_ERR_VALUE, "params[%zu]: NULL parameter pointer", i);
+    }
+    return GT_OK;
+}
+
+/* ------------------------------------------------------------ creation ------------ */
+
+static void choose_slots(gt_optimizer *opt) {
+    for (size_t g = 0; g < opt->num_groups; g++) {
+        const gt_optim_hparams *hp = &opt->groups[g];
+        if (opt->config.kind == GT_OPTIM_ADAMW) {
+            opt->has_slot[GT_SLOT_EXP_AVG] = opt->has_slot[GT_SLOT_EXP_AVG_SQ] = 1;
+            opt->has_slot[GT_SLOT_MAX_EXP_AVG_SQ] |= hp->amsgrad != 0;
+        } else {
+            opt->has_slot[GT_SLOT_MOMENTUM] |= hp->momentum != 0.0;
+        }
+    }
+}
+
+static size_t slot_count(const gt_optimizer *opt) {
+    size_t count = 0;
+    for (int s = 0; s < GT_SLOT_COUNT; s++)
+        count += opt->has_slot[s] != 0;
+    return count;
+}
+
+/* The device arena (state of [0, device_numel)), zero-filled. */
+static gt_status create_device_state(gt_optimizer *opt) {
+    size_t bytes = opt->device_numel * sizeof(float);
+    GT_TRY(gt_arena_create(&opt->device_arena, opt->config.device, gt_align_up(bytes) * slot_count(opt)));
+    for (int s = 0; s < GT_SLOT_COUNT; s++) {
+        if (!opt->has_slot[s] || bytes == 0)
+            continue;
+        void *piece = NULL;
+        GT_TRY(gt_arena_take(&opt->device_arena, bytes, &piece));
+        opt->slot[s] = piece;
+#ifdef GT_WITH_CUDA
+        if (opt->config.device.kind == GT_DEVICE_CUDA) {
+            GT_TRY(gt_cuda_memset(piece, 0, bytes, opt->config.device.index));
+            continue;
+        }
+#endif
+        memset(piece, 0, bytes);
+    }
+    return GT_OK;
+}
+
+/* The host share: its arena, copy stream, and the master copy of the offloaded parameters. */
+static gt_status create_offload(gt_optimizer *opt) {
+    size_t host_numel = opt->total_numel - opt->device_numel;
+    if (host_numel == 0)
+        return GT_OK;
+    size_t chunk = opt->config.offload_chunk_numel ? opt->config.offload_chunk_numel : DEFAULT_CHUNK;
+    GT_TRY(gt_offload_create(&opt->offload, opt->config.device, opt->config.compute_stream,
+                             opt->device_numel, host_numel, chunk, opt->has_slot));
+    return gt_optimizer_reload_params(opt);
+}
+
+static gt_status copy_params(gt_optimizer *opt, const gt_optim_param_desc *params) {
+    size_t offset = 0;
+    for (size_t i = 0; i < opt->num_params; i++) {
+        opt->params[i] = (optim_param){params[i].param, params[i].grad, params[i].numel,
+                                       params[i].group, offset, 0};
+        if (params[i].numel > SIZE_MAX / sizeof(float) - offset)
+            return GT_FAIL(GT_ERR_VALUE, "params: total size overflows");
+        offset += params[i].numel;
+    }
+    opt->total_numel = offset;
+    double host = floor(opt->config.cpu_offload_fraction * (double)offset + 0.5);
+    size_t host_numel = host >= (double)offset ? offset : (size_t)host;
+    opt->device_numel = offset - host_numel;
+    return GT_OK;
+}
+
+static gt_status allocate_tables(gt_optimizer *opt, size_t num_groups, size_t num_params) {
+    opt->groups = calloc(num_groups ? num_groups : 1, sizeof *opt->groups);
+    opt->params = calloc(num_params ? num_params : 1, sizeof *opt->params);
+    opt->segments = calloc(2 * num_params + 2, sizeof *opt->segments);
+    opt->spans = calloc(num_params + 1, sizeof *opt->spans);
+    if (!opt->groups || !opt->params || !opt->segments || !opt->spans)
+        return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for %zu parameters", num_params);
+    opt->num_groups = num_groups;
+    opt->num_params = num_params;
+    return GT_OK;
+}
+
+static gt_status build(gt_optimizer *opt, const gt_optim_hparams *groups, size_t num_groups,
+                       const gt_optim_param_desc *params, size_t num_params) {
+    GT_TRY(allocate_tables(opt, num_groups, num_params));
+    for (size_t g = 0; g < num_groups; g++)
+        opt->groups[g] = groups[g];
+    GT_TRY(copy_params(opt, params));
+    choose_slots(opt);
+    GT_TRY(create_device_state(opt));
+    return create_offload(opt);
+}
+
+gt_status gt_optimizer_create(const gt_optimizer_config *config, const gt_optim_hparams *groups,
+                              size_t num_groups, const gt_optim_param_desc *params,
+                              size_t num_params, gt_optimizer **out) {
+    *out = NULL;
+    GT_TRY(check_config(config));
+    if (num_groups == 0)
+        return GT_FAIL(GT_ERR_VALUE, "groups: at least one parameter group is needed");
+    for (size_t g = 0; g < num_groups; g++)
+        GT_TRY(gt_optim_hparams_check(config->kind, &groups[g]));
+    GT_TRY(check_params(params, num_params, num_groups));
+    gt_optimizer *opt = calloc(1, sizeof *opt);
+    if (!opt)
+        return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory");
+    opt->config = *config;
+    opt->device_arena.block.device = config->device;
+    gt_status status = build(opt, groups, num_groups, params, num_params);
+    if (status != GT_OK) {
+        gt_optimizer_destroy(opt);
+        return status;
+    }
+    *out = opt;
+    return GT_OK;
+}
+
+void gt_optimizer_destroy(gt_optimizer *opt) {
+    if (!opt)
+        return;
+    if (opt->offload.numel)
+        gt_offload_destroy(&opt->offload);
+    gt_arena_destroy(&opt->device_arena);
+    free(opt->groups);
+    free(opt->params);
+    free(opt->segments);
+    free(opt->spans);
+    free(opt);
+}
+
+/* ------------------------------------------------------------ hyperparameters ----- */
+
+gt_status gt_optimizer_set_hparams(gt_optimizer *opt, size_t group, const gt_optim_hparams *hp) {
+    if (group >= opt->num_groups)
+        return GT_FAIL(GT_ERR_INDEX, "group: index %zu out of range (%zu groups)", group, opt->num_groups);
+    GT_TRY(gt_optim_hparams_check(opt->config.kind, hp));
+    if (opt->config.kind == GT_OPTIM_ADAMW && hp->amsgrad && !opt->has_slot[GT_SLOT_MAX_EXP_AVG_SQ])
+        return GT_FAIL(GT_ERR_VALUE, "amsgrad: cannot be turned on after the optimizer was created");
+    if (opt->config.kind == GT_OPTIM_SGD && hp->momentum != 0.0 && !opt->has_slot[GT_SLOT_MOMENTUM])
+        return GT_FAIL(GT_ERR_VALUE, "momentum: cannot be turned on after the optimizer was created "
+                                     "with momentum 0 in every group");
+    opt->groups[group] = *hp;
+    return GT_OK;
+}
+
+gt_status gt_optimizer_get_hparams(const gt_optimizer *opt, size_t group, gt_optim_hparams *out) {
+    if (group >= opt->num_groups)
+        return GT_FAIL(GT_ERR_INDEX, "group: index %zu out of range (%zu groups)", group, opt->num_groups);
+    *out = opt->groups[group];
+    return GT_OK;
+}
+
+gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad) {
+    if (index >= opt->num_params)
+        return GT_FAIL(GT_ERR_INDEX, "index: parameter %zu out of range (%zu parameters)", index,
+                       opt->num_params);
+    opt->params[index].grad = grad;
+    return GT_OK;
+}
+
+int64_t gt_optimizer_num_steps(const gt_optimizer *opt) { return opt->num_steps; }
+
+size_t gt_optimizer_num_params(const gt_optimizer *opt) { return opt->num_params; }
+
+int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot) {
+    return (int)slot >= 0 && slot < GT_SLOT_COUNT && opt->has_slot[slot];
+}
+
+void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out) {
+    out->device_bytes = opt->device_arena.block.bytes;
+    out->host_bytes = opt->offload.host.block.bytes;
+    out->device_numel = opt->device_numel;
+    out->host_numel = opt->total_numel - opt->device_numel;
+}
+
+float gt_clip_coef(double max_norm, double norm) {
+    double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? (float)coef : 1.0f;
+}
+
+/* ------------------------------------------------------------ segments ------------ */
+
+static int can_merge(const optim_param *prev, const optim_param *next) {
+    return prev->group == next->group && prev->step == next->step &&
+           prev->param + prev->numel == next->param && prev->grad + prev->numel == next->grad;
+}
+
+static void set_scalars(const gt_optimizer *opt, const optim_param *first, float grad_coef,
+                        optim_segment *seg) {
+    const gt_optim_hparams *hp = &opt->groups[first->group];
+    if (opt->config.kind == GT_OPTIM_ADAMW)
+        seg->scalars.adamw = gt_adamw_scalars_make(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay,
+                                                   first->step + 1, grad_coef, hp->maximize, hp->amsgrad);
+    else
+        seg->scalars.sgd = gt_sgd_scalars_make(hp->lr, hp->momentum, hp->dampening, hp->weight_decay,
+                                               hp->nesterov, hp->maximize, first->step == 0, grad_coef);
+}
+
+/* Splits a run at the device/host boundary and appends its pieces to the two lists. */
+static void place_run(gt_optimizer *opt, const optim_segment *run, size_t *num_device, size_t *num_host) {
+    optim_segment *device_list = opt->segments, *host_list = opt->segments + opt->num_params + 1;
+    size_t device_part = 0;
+    if (run->offset < opt->device_numel)
+        device_part = opt->device_numel - run->offset < run->numel ? opt->device_numel - run->offset : run->numel;
+    if (device_part > 0) {
+        device_list[*num_device] = *run;
+        device_list[*num_device].numel = device_part;
+        ++*num_device;
+    }
+    if (device_part < run->numel) {
+        optim_segment *piece = &host_list[(*num_host)++];
+        *piece = *run;
+        piece->param += device_part;
+        piece->grad += device_part;
+        piece->offset += device_part;
+        piece->numel -= device_part;
+    }
+}
+
+/* Groups the parameters with gradients into maximal runs; returns the element count. */
+static size_t build_segments(gt_optimizer *opt, float grad_coef, size_t *num_device, size_t *num_host) {
+    *num_device = *num_host = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < opt->num_params;) {
+        const optim_param *first = &opt->params[i];
+        if (!first->grad || first->numel == 0) {
+            i++;
+            continue;
+        }
+        optim_segment run = {first->param, first->grad, first->offset, first->numel, 0, {{0}}};
+        size_t j = i + 1;
+        for (; j < opt->num_params && opt->params[j].grad && can_merge(&opt->params[j - 1], &opt->params[j]); j++)
+            run.numel += opt->params[j].numel;
+        set_scalars(opt, first, grad_coef, &run);
+        place_run(opt, &run, num_device, num_host);
+        total += run.numel;
+        i = j;
+    }
+    size_t work = 0;
+    for (size_t k = 0; k < *num_device; k++) {
+        opt->segments[k].work_begin = work;
+        work += opt->segments[k].numel;
+    }
+    return total;
+}
+
+/* ------------------------------------------------------------ the update ---------- */
+
+/* Updates n elements of a run whose state starts at element `state_index` of `slots`. */
+static void update_run(const gt_optimizer *opt, const optim_segment *seg, float *param,
+                       const float *grad, float *const slots[GT_SLOT_COUNT], size_t state_index, size_t n) {
+    if (opt->config.kind == GT_OPTIM_ADAMW) {
+        float *v_max = slots[GT_SLOT_MAX_EXP_AVG_SQ] ? slots[GT_SLOT_MAX_EXP_AVG_SQ] + state_index : NULL;
+        gt_adamw_cpu(opt->config.numerics, &seg->scalars.adamw, param, grad,
+                     slots[GT_SLOT_EXP_AVG] + state_index, slots[GT_SLOT_EXP_AVG_SQ] + state_index, v_max, n);
+    } else {
+        float *buf = slots[GT_SLOT_MOMENTUM] ? slots[GT_SLOT_MOMENTUM] + state_index : NULL;
+        gt_sgd_cpu(&seg->scalars.sgd, param, grad, buf, n);
+    }
+}
+
+/* Thread t's share [bound(t), bound(t+1)) of `total` elements, on SHARE_ALIGN boundaries. */
+static size_t share_bound(size_t total, size_t t, size_t threads) {
+    if (t >= threads)
+        return total;
+    size_t bound = (size_t)((double)total * (double)t / (double)threads);
+    bound -= bound % SHARE_ALIGN;
+    return bound < total ? bound : total;
+}
+
+/* The device share on the CPU: one OpenMP region, each thread walking its elements of the runs. */
+static void run_device_cpu(gt_optimizer *opt, size_t num_device) {
+    const optim_segment *segs = opt->segments;
+    size_t total = num_device ? segs[num_device - 1].work_begin + segs[num_device - 1].numel : 0;
+#pragma omp parallel if (total >= PARALLEL_MIN)
+    {
+        size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t begin = share_bound(total, t, threads), end = share_bound(total, t + 1, threads);
+        for (size_t k = 0; k < num_device && begin < end; k++) {
+            const optim_segment *seg = &segs[k];
+            size_t lo = begin > seg->work_begin ? begin : seg->work_begin;
+            size_t hi = end < seg->work_begin + seg->numel ? end : seg->work_begin + seg->numel;
+            if (lo >= hi)
+                continue;
+            size_t first = lo - seg->work_begin;
+            update_run(opt, seg, seg->param + first, seg->grad + first, opt->slot, seg->offset + first, hi - lo);
+        }
+    }
+}
+
+#ifdef GT_WITH_CUDA
+static gt_status run_device_cuda(gt_optimizer *opt, size_t num_device) {
+    for (size_t k = 0; k < num_device; k++) {
+        const optim_segment *seg = &opt->segments[k];
+        float *const *s = opt->slot;
+        if (opt->config.kind == GT_OPTIM_ADAMW)
+            GT_TRY(gt_cuda_adamw(opt->config.device.index, opt->config.numerics, &seg->scalars.adamw,
+                                 seg->param, seg->grad, s[GT_SLOT_EXP_AVG] + seg->offset,
+                                 s[GT_SLOT_EXP_AVG_SQ] + seg->offset,
+                                 s[GT_SLOT_MAX_EXP_AVG_SQ] ? s[GT_SLOT_MAX_EXP_AVG_SQ] + seg->offset : NULL,
+                                 seg->numel, opt->config.compute_stream));
+        else
+            GT_TRY(gt_cuda_sgd(opt->config.device.index, &seg->scalars.sgd, seg->param, seg->grad,
+                               s[GT_SLOT_MOMENTUM] ? s[GT_SLOT_MOMENTUM] + seg->offset : NULL, seg->numel,
+                               opt->config.compute_stream));
+    }
+    return GT_OK;
+}
+#endif
+
+typedef struct host_update_ctx {
+    gt_optimizer *opt;            /* the optimizer */
+    const optim_segment *host;    /* its host runs, indexed by span tag */
+} host_update_ctx;
+
+/* One staged chunk of the offloaded share, updated by all threads. */
+static void update_host_chunk(void *ctx_ptr, size_t tag, float *master, const float *grad,
+                              size_t state_index, size_t n) {
+    host_update_ctx *ctx = ctx_ptr;
+    const optim_segment *seg = &ctx->host[tag];
+#pragma omp parallel if (n >= PARALLEL_MIN)
+    {
+        size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t lo = share_bound(n, t, threads), hi = share_bound(n, t + 1, threads);
+        if (lo < hi)
+            update_run(ctx->opt, seg, master + lo, grad + lo, ctx->opt->offload.slot, state_index + lo, hi - lo);
+    }
+}
+
+static gt_status run_host(gt_optimizer *opt, size_t num_host) {
+    const optim_segment *host = opt->segments + opt->num_params + 1;
+    for (size_t k = 0; k < num_host; k++)
+        opt->spans[k] = (gt_offload_span){host[k].param, host[k].grad, host[k].offset, host[k].numel, k};
+    host_update_ctx ctx = {opt, host};
+    return gt_offload_step(&opt->offload, opt->spans, num_host, update_host_chunk, &ctx);
+}
+
+static void advance_steps(gt_optimizer *opt) {
+    for (size_t i = 0; i < opt->num_params; i++)
+        if (opt->params[i].grad && opt->params[i].numel > 0)
+            opt->params[i].step++;
+}
+
+gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
+    size_t num_device = 0, num_host = 0;
+    size_t total = build_segments(opt, grad_coef, &num_device, &num_host);
+    if (total == 0)
+        return GT_OK;
+#ifdef GT_WITH_CUDA
+    if (opt->config.device.kind == GT_DEVICE_CUDA)
+        GT_TRY(run_device_cuda(opt, num_device));
+    else
+#endif
+        run_device_cpu(opt, num_device);
+    if (num_host > 0)
+        GT_TRY(run_host(opt, num_host));
+    advance_steps(opt);
+    opt->num_steps++;
+    return GT_OK;
+}
+
+/* ------------------------------------------------------------ norms --------------- */
+
+static gt_status run_sumsq(const gt_optimizer *opt, const float *grad, size_t n, double *out) {
+#ifdef GT_WITH_CUDA
+    if (opt->config.device.kind == GT_DEVICE_CUDA)
+        return gt_cuda_grad_sumsq(opt->config.device.index, grad, n, out, opt->config.compute_stream);
+#endif
+    return gt_grad_sumsq(grad, n, out);
+}
+
+gt_status gt_optimizer_grad_norm(const gt_optimizer *opt, double *out) {
+    double total = 0.0;
+    for (size_t i = 0; i < opt->num_params;) {
+        const optim_param *first = &opt->params[i];
+        size_t j = i + 1, n = first->numel;
+        if (first->grad)
+            for (; j < opt->num_params && opt->params[j].grad == first->grad + n; j++)
+                n += opt->params[j].numel;
+        if (first->grad && n > 0) {
+            double sumsq = 0.0;
+            GT_TRY(run_sumsq(opt, first->grad, n, &sumsq));
+            total += sumsq;
+        }
+        i = j;
+    }
+    *out = sqrt(total);
+    return GT_OK;
+}
+
+/* ------------------------------------------------------------ state access -------- */
+
+static gt_status check_index(const gt_optimizer *opt, size_t index) {
+    if (index >= opt->num_params)
+        return GT_FAIL(GT_ERR_INDEX, "index: parameter %zu out of range (%zu parameters)", index,
+                       opt->num_params);
+    return GT_OK;
+}
+
+gt_status gt_optimizer_get_param_step(const gt_optimizer *opt, size_t index, int64_t *out) {
+    GT_TRY(check_index(opt, index));
+    *out = opt->params[index].step;
+    return GT_OK;
+}
+
+gt_status gt_optimizer_set_param_step(gt_optimizer *opt, size_t index, int64_t step) {
+    GT_TRY(check_index(opt, index));
+    if (step < 0)
+        return GT_FAIL(GT_ERR_VALUE, "step: must be >= 0, got %lld", (long long)step);
+    opt->params[index].step = step;
+    return GT_OK;
+}
+
+/* Copies a parameter's slot between host memory and the state (device part, then host part). */
+static gt_status transfer_state(const gt_optimizer *opt, size_t index, gt_optim_slot slot, float *host,
+                                int to_state) {
+    GT_TRY(check_index(opt, index));
+    if (!gt_optimizer_has_slot(opt, slot))
+        return GT_FAIL(GT_ERR_VALUE, "slot: this optimizer keeps no state slot %d", (int)slot);
+    const optim_param *p = &opt->params[index];
+    size_t device_part = 0;
+    if (p->offset < opt->device_numel)
+        device_part = opt->device_numel - p->offset < p->numel ? opt->device_numel - p->offset : p->numel;
+    float *device_state = device_part ? opt->slot[slot] + p->offset : NULL;
+    size_t bytes = device_part * sizeof(float);
+    GT_TRY(to_state ? gt_memcpy_blocking(opt->config.device, device_state, host, bytes)
+                    : gt_memcpy_blocking(opt->config.device, host, device_state, bytes));
+    if (device_part == p->numel)
+        return GT_OK;
+    float *host_state = opt->offload.slot[slot] + (p->offset + device_part - opt->offload.base);
+    size_t host_bytes = (p->numel - device_part) * sizeof(float);
+    if (to_state)
+        memcpy(host_state, host + device_part, host_bytes);
+    else
+        memcpy(host + device_part, host_state, host_bytes);
+    return GT_OK;
+}
+
+gt_status gt_optimizer_read_state(const gt_optimizer *opt, size_t index, gt_optim_slot slot, float *host) {
+    return transfer_state(opt, index, slot, host, 0);
+}
+
+gt_status gt_optimizer_write_state(gt_optimizer *opt, size_t index, gt_optim_slot slot, const float *host) {
+    return transfer_state(opt, index, slot, (float *)host, 1);
+}
+
+gt_status gt_optimizer_reload_params(gt_optimizer *opt) {
+    size_t base = opt->device_numel;
+    if (opt->total_numel == base)
+        return GT_OK;
+    for (size_t i = 0; i < opt->num_params; i++) {
+        const optim_param *p = &opt->params[i];
+        if (p->offset + p->numel <= base || p->numel == 0)
+            continue;
+        size_t skip = p->offset < base ? base - p->offset : 0;
+        GT_TRY(gt_offload_fetch_params(&opt->offload, opt->config.device, p->param + skip, p->offset + skip,
+                                       p->numel - skip));
+    }
+    return GT_OK;
+}

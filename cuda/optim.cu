@@ -1,0 +1,235 @@
+// The optimizer's kernels and the offload copy stream. The element updates are the GT_HD
+// functions of core/adamw.h, core/sgd.h and core/ema_math.h, whose arithmetic is spelled with
+// __f*_rn intrinsics (core/fp_ops.h), so each element gets the same bits as on the CPU
+// (csrc/train/optim_cpu.c is the reference). The sum of squares follows the fixed order of
+// core/sumsq_order.h, so it also matches the CPU bit for bit.
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <new>
+
+#include "core/adamw.h"
+#include "core/ema_math.h"
+#include "core/sgd.h"
+#include "core/sumsq_order.h"
+#include "cuda_internal.cuh"
+#include "optim_cuda.h"
+
+namespace {
+
+constexpr int kThreads = 256;          // threads per block of the element kernels
+constexpr size_t kMaxBlocks = 65535;   // grid cap; a grid-stride loop covers the rest
+constexpr int kEvents = 8;             // events in an offload stream's ring
+
+unsigned blocks_for(size_t n) {
+    size_t blocks = (n + kThreads - 1) / kThreads;
+    return (unsigned)(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+template <gt_numerics kNumerics>
+__global__ void adamw_kernel(gt_adamw_scalars s, float *p, const float *g, float *m, float *v, float *v_max,
+                             size_t n) {
+    float unused = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float *vm = s.amsgrad ? &v_max[i] : &unused;
+        if (kNumerics == GT_NUMERICS_EXACT)
+            gt_adamw_exact(&p[i], g[i], &m[i], &v[i], vm, &s);
+        else
+            gt_adamw_fast(&p[i], g[i], &m[i], &v[i], vm, &s);
+    }
+}
+
+__global__ void sgd_kernel(gt_sgd_scalars s, float *p, const float *g, float *buf, size_t n) {
+    float unused = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        gt_sgd_update(&p[i], g[i], s.use_momentum ? &buf[i] : &unused, &s);
+}
+
+__global__ void ema_kernel(float *ema, const float *p, float weight, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        gt_ema_update(&ema[i], p[i], weight);
+}
+
+// One block of GT_SUMSQ_LANES threads per chunk: lane l adds the squares of the chunk's
+// elements l, l+16, ... in order, then the lanes fold pairwise; totals[chunk] gets the result.
+__global__ void sumsq_kernel(const float *x, size_t n, size_t chunk_len, double *totals) {
+    __shared__ double lanes[GT_SUMSQ_LANES];
+    const size_t start = (size_t)blockIdx.x * chunk_len;
+    const size_t len = n - start < chunk_len ? n - start : chunk_len;
+    const unsigned lane = threadIdx.x;
+    double acc = 0.0;
+#pragma unroll 8
+    for (size_t i = lane; i < len; i += GT_SUMSQ_LANES) {
+        double value = (double)x[start + i];
+        acc = __dadd_rn(acc, __dmul_rn(value, value));
+    }
+    lanes[lane] = acc;
+    __syncwarp(0xFFFFu);
+    for (unsigned width = GT_SUMSQ_LANES / 2; width >= 1; width /= 2) {
+        if (lane < width)
+            lanes[lane] = __dadd_rn(lanes[lane], lanes[lane + width]);
+        __syncwarp(0xFFFFu);
+    }
+    if (lane == 0)
+        totals[blockIdx.x] = lanes[0];
+}
+
+__device__ double sumsq_totals[GT_SUMSQ_MAX_CHUNKS];  // per-device chunk totals
+std::mutex sumsq_lock;                                // one sum of squares at a time uses them
+
+struct OffloadStream {
+    int device;                   // CUDA ordinal
+    cudaStream_t copy;            // non-blocking stream of the copies
+    cudaStream_t compute;         // the training step's stream (nullptr: legacy default)
+    cudaEvent_t compute_done;     // recorded on `compute` by after_compute
+    cudaEvent_t ring[kEvents];    // ticket t is ring[t % kEvents]
+    uint64_t recorded;            // tickets handed out
+};
+
+}  // namespace
+
+extern "C" gt_status gt_cuda_adamw(int device, gt_numerics numerics, const gt_adamw_scalars *s, float *p,
+                                   const float *g, float *m, float *v, float *v_max, size_t n, void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!p || !g || !m || !v || (s->amsgrad && !v_max))
+        return GT_FAIL(GT_ERR_VALUE, "adamw: NULL device pointer for %zu elements", n);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (numerics == GT_NUMERICS_EXACT)
+        adamw_kernel<GT_NUMERICS_EXACT><<<blocks_for(n), kThreads, 0, st>>>(*s, p, g, m, v, v_max, n);
+    else
+        adamw_kernel<GT_NUMERICS_FAST><<<blocks_for(n), kThreads, 0, st>>>(*s, p, g, m, v, v_max, n);
+    GT_CUDA_TRY(cudaGetLastError(), "adamw_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_sgd(int device, const gt_sgd_scalars *s, float *p, const float *g, float *buf,
+                                 size_t n, void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!p || !g || (s->use_momentum && !buf))
+        return GT_FAIL(GT_ERR_VALUE, "sgd: NULL device pointer for %zu elements", n);
+    sgd_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(*s, p, g, buf, n);
+    GT_CUDA_TRY(cudaGetLastError(), "sgd_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_ema(int device, float *ema, const float *p, float weight, size_t n, void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!ema || !p)
+        return GT_FAIL(GT_ERR_VALUE, "ema: NULL device pointer for %zu elements", n);
+    ema_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(ema, p, weight, n);
+    GT_CUDA_TRY(cudaGetLastError(), "ema_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream) {
+    *out = 0.0;
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!x)
+        return GT_FAIL(GT_ERR_VALUE, "grad: NULL device pointer for %zu elements", n);
+    size_t chunk = gt_sumsq_chunk_len(n);
+    size_t num_chunks = (n + chunk - 1) / chunk;
+    double totals[GT_SUMSQ_MAX_CHUNKS];
+    std::lock_guard<std::mutex> guard(sumsq_lock);
+    double *device_totals = nullptr;
+    GT_CUDA_TRY(cudaGetSymbolAddress((void **)&device_totals, sumsq_totals), "cudaGetSymbolAddress");
+    cudaStream_t st = (cudaStream_t)stream;
+    sumsq_kernel<<<(unsigned)num_chunks, GT_SUMSQ_LANES, 0, st>>>(x, n, chunk, device_totals);
+    GT_CUDA_TRY(cudaGetLastError(), "sumsq_kernel launch");
+    GT_CUDA_TRY(cudaMemcpyAsync(totals, device_totals, num_chunks * sizeof(double), cudaMemcpyDeviceToHost, st),
+                "cudaMemcpyAsync");
+    GT_CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    double sum = 0.0;
+    for (size_t c = 0; c < num_chunks; c++)
+        sum += totals[c];
+    *out = sum;
+    return GT_OK;
+}
+
+// ------------------------------------------------------------------ offload copy stream
+
+static gt_status destroy_offload_stream(OffloadStream *s) {
+    cudaSetDevice(s->device);
+    if (s->copy)
+        cudaStreamSynchronize(s->copy);
+    for (int k = 0; k < kEvents; k++)
+        if (s->ring[k])
+            cudaEventDestroy(s->ring[k]);
+    if (s->compute_done)
+        cudaEventDestroy(s->compute_done);
+    if (s->copy)
+        cudaStreamDestroy(s->copy);
+    delete s;
+    return GT_OK;
+}
+
+static gt_status init_offload_stream(OffloadStream *s) {
+    GT_CUDA_TRY(cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    GT_CUDA_TRY(cudaEventCreateWithFlags(&s->compute_done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    for (int k = 0; k < kEvents; k++)
+        GT_CUDA_TRY(cudaEventCreateWithFlags(&s->ring[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_offload_stream_create(int device, void *compute_stream, void **out) {
+    *out = nullptr;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    OffloadStream *s = new (std::nothrow) OffloadStream{};
+    if (!s)
+        return GT_FAIL(GT_ERR_OOM, "offload stream: out of host memory");
+    s->device = device;
+    s->compute = (cudaStream_t)compute_stream;
+    gt_status status = init_offload_stream(s);
+    if (status != GT_OK) {
+        destroy_offload_stream(s);
+        return status;
+    }
+    *out = s;
+    return GT_OK;
+}
+
+extern "C" void gt_cuda_offload_stream_destroy(void *handle) {
+    if (handle)
+        destroy_offload_stream((OffloadStream *)handle);
+}
+
+extern "C" gt_status gt_cuda_offload_copy(void *handle, void *dst, const void *src, size_t bytes) {
+    OffloadStream *s = (OffloadStream *)handle;
+    GT_CUDA_TRY(cudaSetDevice(s->device), "cudaSetDevice");
+    GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->copy), "cudaMemcpyAsync");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_offload_after_compute(void *handle) {
+    OffloadStream *s = (OffloadStream *)handle;
+    GT_CUDA_TRY(cudaSetDevice(s->device), "cudaSetDevice");
+    GT_CUDA_TRY(cudaEventRecord(s->compute_done, s->compute), "cudaEventRecord");
+    GT_CUDA_TRY(cudaStreamWaitEvent(s->copy, s->compute_done, 0), "cudaStreamWaitEvent");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_offload_record(void *handle, uint64_t *ticket) {
+    OffloadStream *s = (OffloadStream *)handle;
+    *ticket = ++s->recorded;
+    GT_CUDA_TRY(cudaEventRecord(s->ring[*ticket % kEvents], s->copy), "cudaEventRecord");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_offload_wait(void *handle, uint64_t ticket) {
+    OffloadStream *s = (OffloadStream *)handle;
+    if (ticket == 0)
+        return GT_OK;
+    if (s->recorded - ticket >= (uint64_t)kEvents) {  // its event was reused: a later one covers it
+        GT_CUDA_TRY(cudaEventSynchronize(s->ring[s->recorded % kEvents]), "cudaEventSynchronize");
+        return GT_OK;
+    }
+    GT_CUDA_TRY(cudaEventSynchronize(s->ring[ticket % kEvents]), "cudaEventSynchronize");
+    return GT_OK;
+}

@@ -1,0 +1,48 @@
+/* The optimizer on CUDA (cuda/optim.cu), callable from C: the AdamW, SGD and EMA kernels (the
+ * element math of core/adamw.h, core/sgd.h and core/ema_math.h, so the bits equal the CPU
+ * loops'), the deterministic sum of squares (the order of core/sumsq_order.h), and the copy
+ * stream of the offloaded optimizer. `stream` arguments are cudaStream_t (NULL: the legacy
+ * default stream). Included by C files only when built with GT_WITH_CUDA. */
+#ifndef GT_OPTIM_CUDA_H
+#define GT_OPTIM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/adamw.h"
+#include "core/sgd.h"
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Queues adamw_kernel over n elements on device `device` (device pointers; v_max only with
+ * s->amsgrad). Returns after the launch. */
+gt_status gt_cuda_adamw(int device, gt_numerics numerics, const gt_adamw_scalars *s, float *p,
+                        const float *g, float *m, float *v, float *v_max, size_t n, void *stream);
+
+/* Queues sgd_kernel over n elements (buf only with s->use_momentum). */
+gt_status gt_cuda_sgd(int device, const gt_sgd_scalars *s, float *p, const float *g, float *buf,
+                      size_t n, void *stream);
+
+/* Queues ema_kernel: ema = lerp(ema, p, weight) over n elements. */
+gt_status gt_cuda_ema(int device, float *ema, const float *p, float weight, size_t n, void *stream);
+
+/* The sum of squares of n device floats in core/sumsq_order.h's order (the same bits as
+ * gt_grad_sumsq); waits for the result. */
+gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream);
+
+/* A copy stream for the offload pipeline (see train/copy_stream.h): a non-blocking stream
+ * and a ring of events. */
+gt_status gt_cuda_offload_stream_create(int device, void *compute_stream, void **out);
+void gt_cuda_offload_stream_destroy(void *handle);
+gt_status gt_cuda_offload_copy(void *handle, void *dst, const void *src, size_t bytes);
+gt_status gt_cuda_offload_after_compute(void *handle);
+gt_status gt_cuda_offload_record(void *handle, uint64_t *ticket);
+gt_status gt_cuda_offload_wait(void *handle, uint64_t ticket);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

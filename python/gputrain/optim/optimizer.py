@@ -1,0 +1,294 @@
+"""Optimizer: PyTorch's optimizer interface over the fused C optimizer (gputrain._C.Optimizer).
+
+Parameters are packed in group order into one flat state space owned by C; `step()` is one
+pass over parameters, gradients and state (parameters that are adjacent in memory, as a
+model's are, merge into one run). Hyperparameters live in `param_groups` (plain dicts, so
+schedulers and GradScaler work as with PyTorch) and are pushed into C before every step.
+
+Clipping can be fused: `optimizer.clip_grad_norm_(max_norm)` returns the total norm and makes
+the next `step()` multiply each gradient element by the clip coefficient as it is read,
+without rewriting the gradients (`gputrain.optim.clip_grad_norm_` rewrites them, as PyTorch's).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gputrain import _C
+from gputrain.nn.parameter import Parameter
+from gputrain.optim.clip import clip_coefficient, total_norm
+
+__all__ = ["Optimizer"]
+
+NUMERICS = ("exact", "fast")
+
+
+def _check_number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
+    return float(value)
+
+
+def check_offload_fraction(fraction: Any) -> float:
+    """cpu_offload_fraction as a float in [0, 1] (ValueError naming it otherwise)."""
+    value = _check_number(fraction, "cpu_offload_fraction")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"Invalid cpu_offload_fraction: {fraction} (must be in [0, 1])")
+    return value
+
+
+class Optimizer:
+    """Base class of the fused optimizers (PyTorch's torch.optim.Optimizer interface)."""
+
+    _kind: ClassVar[str] = ""
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, numerics: str = "exact",
+                 cpu_offload_fraction: float = 0.0) -> None:
+        if isinstance(params, (Parameter, np.ndarray)):
+            raise TypeError("params argument given to the optimizer should be an iterable of "
+                            f"Parameters or dicts, but got {type(params).__name__}")
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but "
+                            "the ordering of tensors in sets will change between runs. Please use a list instead.")
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be 'exact' or 'fast', got {numerics!r}")
+        self.defaults = dict(defaults)
+        self.numerics = numerics
+        self.cpu_offload_fraction = check_offload_fraction(cpu_offload_fraction)
+        self.param_groups: list[dict[str, Any]] = []
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self._add_group(group)
+        self._pending_coef = 1.0
+        self._skip_next = False
+        self.last_step_skipped = False
+        self._core = self._build_core()
+
+    # -- hooks for subclasses -------------------------------------------------------------
+    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+        """Raise ValueError (PyTorch's messages) for invalid hyperparameters of a group."""
+        raise NotImplementedError
+
+    def _state_names(self) -> tuple[str, ...]:
+        """The state_dict names of the per-parameter state arrays."""
+        raise NotImplementedError
+
+    # -- groups -----------------------------------------------------------------------------
+    def _add_group(self, group: dict[str, Any]) -> None:
+        if not isinstance(group, dict):
+            raise TypeError(f"param_groups must be dicts, got {type(group).__name__}")
+        params = group["params"] if "params" in group else None
+        if params is None:
+            raise ValueError("a parameter group needs a 'params' entry")
+        if isinstance(params, Parameter):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but "
+                            "the ordering of tensors in sets will change between runs. Please use a list instead.")
+        else:
+            params = list(params)
+        for p in params:
+            if not isinstance(p, Parameter):
+                raise TypeError(f"optimizer can only optimize Parameters, but one of the params is {type(p).__name__}")
+        new_group = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": params}
+        self._check_hyperparameters(new_group)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if len({id(p) for p in params}) != len(params) or any(id(p) in seen for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(new_group)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (PyTorch's semantics); the state of the existing parameters is kept."""
+        saved = [self._core.get_state(i) for i in range(len(self._params()))]
+        self._add_group(param_group)
+        self._core = self._build_core()
+        for index, state in enumerate(saved):
+            self._core.set_state(index, state.pop("step"), state)
+
+    def _params(self) -> list[Parameter]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @staticmethod
+    def _hparams(group: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in group.items() if k != "params"}
+
+    def _build_core(self) -> Any:
+        params = self._params()
+        arrays = [p.data for p in params]
+        group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
+        default_grads = [p._grad_storage if p._owner is not None and p.requires_grad else None for p in params]
+        return _C.Optimizer(self._kind, arrays, group_of, [self._hparams(g) for g in self.param_groups],
+                            grads=default_grads, numerics=self.numerics,
+                            cpu_offload_fraction=self.cpu_offload_fraction)
+
+    def push_hyperparameters(self) -> None:
+        """Copy every group's hyperparameters (e.g. an lr set by a scheduler) into C."""
+        for index, group in enumerate(self.param_groups):
+            self._check_hyperparameters(group)
+            self._core.set_hparams(index, self._hparams(group))
+
+    # -- the step ---------------------------------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                        skip_if_nonfinite: bool = False) -> float:
+        """Total norm of the gradients; the next step() scales them by min(1, max_norm/(norm+1e-6)).
+
+        The gradients are not rewritten: the coefficient is applied as the fused update reads
+        them. With a non-finite norm, error_if_nonfinite raises (PyTorch's behaviour) and
+        skip_if_nonfinite makes the next step() a no-op (`last_step_skipped` tells).
+        """
+        max_norm = _check_number(max_norm, "max_norm")
+        grads = [p.grad for p in self._params()]
+        if float(norm_type) == 2.0:
+            norm = self._core.grad_norm(grads)
+        else:
+            norm = total_norm([g for g in grads if g is not None], norm_type)
+        if not math.isfinite(norm):
+            if error_if_nonfinite:
+                raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` "
+                                   "is non-finite, so it cannot be clipped. To disable this error and scale the "
+                                   "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")
+            self._skip_next = skip_if_nonfinite
+        self._pending_coef = clip_coefficient(max_norm, norm)
+        return norm
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One fused update of every parameter that has a gradient; returns closure() if given."""
+        loss = closure() if closure is not None else None
+        coef, skip = self._pending_coef, self._skip_next
+        self._pending_coef, self._skip_next = 1.0, False
+        self.last_step_skipped = skip
+        if skip:
+            return loss
+        self.push_hyperparameters()
+        self._core.step([p.grad for p in self._params()], grad_coef=coef)
+        return loss
+
+    @property
+    def step_count(self) -> int:
+        """Steps that updated at least one parameter (skipped steps do not count)."""
+        return self._core.num_steps
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients (None, no memory touched) or zero them in place."""
+        self._pending_coef, self._skip_next = 1.0, False
+        for p in self._params():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad[...] = 0.0
+
+    # -- state --------------------------------------------------------------------------------
+    def _has_state(self, state: dict[str, Any]) -> bool:
+        return state["step"] > 0
+
+    def _export_state(self, index: int, shape: tuple[int, ...]) -> dict[str, Any] | None:
+        raw = self._core.get_state(index)
+        if not self._has_state(raw):
+            return None
+        out: dict[str, Any] = {}
+        for name in self._state_names():
+            if name == "step":
+                out["step"] = np.array(float(raw["step"]), dtype=np.float32)
+            elif name in raw:
+                out[name] = raw[name].reshape(shape)
+        return out
+
+    @property
+    def state(self) -> dict[Parameter, dict[str, Any]]:
+        """Per-parameter state (copies), keyed by Parameter, as torch's optimizer.state."""
+        result = {}
+        for index, p in enumerate(self._params()):
+            exported = self._export_state(index, p.shape)
+            if exported is not None:
+                result[p] = exported
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        """PyTorch's layout: {'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}."""
+        state = {}
+        for index, p in enumerate(self._params()):
+            exported = self._export_state(index, p.shape)
+            if exported is not None:
+                state[index] = exported
+        groups, start = [], 0
+        for group in self.param_groups:
+            count = len(group["params"])
+            groups.append({**self._hparams(group), "params": list(range(start, start + count))})
+            start += count
+        return {"state": state, "param_groups": groups}
+
+    def _prepare_state(self, index: int, p: Parameter, saved: dict[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        """A saved per-parameter state as (step, flat float32 arrays), checked against p."""
+        step = saved.get("step", 0)
+        step = int(round(float(np.asarray(step)))) if step is not None else 0
+        arrays = {}
+        for name in self._state_names():
+            value = saved.get(name)
+            if name == "step" or value is None:
+                continue
+            array = np.asarray(value, dtype=np.float32)
+            if array.size != p.numel():
+                raise ValueError(f"state_dict['state'][{index}][{name!r}]: expected {p.numel()} elements "
+                                 f"(shape {p.shape}), got shape {array.shape}")
+            arrays[name] = np.ascontiguousarray(array).reshape(-1)
+        return self._imported_step(step, arrays), arrays
+
+    def _imported_step(self, step: int, arrays: dict[str, np.ndarray]) -> int:
+        return step
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state_dict of PyTorch's layout (arrays may be NumPy or anything np.asarray takes)."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for saved, own in zip(groups, self.param_groups):
+            if len(saved["params"]) != len(own["params"]):
+                raise ValueError("loaded state dict contains a parameter group that doesn't match "
+                                 "the size of optimizer's group")
+        saved_state = {int(k): v for k, v in state_dict["state"].items()}
+        params = self._params()
+        position = {id(p): i for i, p in enumerate(params)}
+        index_of = {saved_index: position[id(p)] for saved_g, own_g in zip(groups, self.param_groups)
+                    for saved_index, p in zip(saved_g["params"], own_g["params"])}
+        unknown = sorted(set(saved_state) - set(index_of))
+        if unknown:
+            raise ValueError(f"loaded state dict has state for parameters {unknown}, which are in no group")
+        new_groups = [{**self._hparams(saved), "params": own["params"]} for saved, own in zip(groups, self.param_groups)]
+        for group in new_groups:
+            self._check_hyperparameters(group)
+        prepared = {index_of[k]: self._prepare_state(k, params[index_of[k]], v) for k, v in saved_state.items()}
+        self.param_groups = new_groups
+        self.push_hyperparameters()
+        for i, p in enumerate(params):
+            current = self._core.get_state(i)
+            step, arrays = prepared.get(i, (0, {}))
+            zeros = {k: np.zeros(p.numel(), np.float32) for k in current if k != "step" and k not in arrays}
+            self._core.set_state(i, step, {**zeros, **arrays})
+        self._core.reload_params()
+
+    def reload_params(self) -> None:
+        """Re-read offloaded parameters into the host master copy after changing them directly
+        (e.g. model.load_state_dict); not needed without cpu_offload_fraction."""
+        self._core.reload_params()
+
+    def memory(self) -> dict[str, int]:
+        """Optimizer bytes and elements on the device and on the host (offloaded share)."""
+        return self._core.memory()
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for index, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {index}")
+            for key in sorted(k for k in group if k != "params"):
+                lines.append(f"    {key}: {group[key]}")
+        lines.append(")")
+        return "\n".join(lines)

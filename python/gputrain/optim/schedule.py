@@ -1,0 +1,238 @@
+"""Learning-rate schedules with Hugging Face's names and formulas (transformers/optimization.py),
+on a LambdaLR with PyTorch's semantics: constructing it sets every group's lr to
+initial_lr * factor(0); each step() advances by one and sets initial_lr * factor(step).
+
+Call `scheduler.step()` only after optimizer steps that ran (the training step skips it when
+the loss scaler skipped the update), so the schedule follows real updates.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+__all__ = [
+    "LambdaLR",
+    "SchedulerType",
+    "get_constant_schedule",
+    "get_constant_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
+    "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_inverse_sqrt_schedule",
+    "get_linear_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup",
+    "get_scheduler",
+]
+
+
+class LambdaLR:
+    """lr of group i = initial_lr_i * lr_lambda_i(last_epoch) (torch.optim.lr_scheduler.LambdaLR)."""
+
+    def __init__(self, optimizer: Any, lr_lambda: Callable[[int], float] | Sequence[Callable[[int], float]],
+                 last_epoch: int = -1) -> None:
+        groups = optimizer.param_groups
+        if last_epoch == -1:
+            for group in groups:
+                group.setdefault("initial_lr", group["lr"])
+        else:
+            for index, group in enumerate(groups):
+                if "initial_lr" not in group:
+                    raise KeyError(f"param 'initial_lr' is not specified in param_groups[{index}] "
+                                   "when resuming an optimizer")
+        if callable(lr_lambda):
+            self.lr_lambdas = [lr_lambda] * len(groups)
+        else:
+            self.lr_lambdas = list(lr_lambda)
+            if len(self.lr_lambdas) != len(groups):
+                raise ValueError(f"Expected {len(groups)} lr_lambdas, but got {len(self.lr_lambdas)}")
+        self.optimizer = optimizer
+        self.base_lrs = [group["initial_lr"] for group in groups]
+        self.last_epoch = last_epoch
+        self._step_count = 0
+        self.step()
+
+    def get_lr(self) -> list[float]:
+        """The learning rates for the current last_epoch."""
+        return [base * fn(self.last_epoch) for base, fn in zip(self.base_lrs, self.lr_lambdas)]
+
+    def step(self) -> None:
+        """Advance one optimizer step and set every group's lr."""
+        self._step_count += 1
+        self.last_epoch += 1
+        values = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates the last step() set."""
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the optimizer and the lambdas (as PyTorch's)."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+        state["lr_lambdas"] = [None] * len(self.lr_lambdas)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore last_epoch, base_lrs and the last lrs (the lambdas stay as constructed)."""
+        self.__dict__.update({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
+
+
+def _warmup(step: int, num_warmup_steps: int) -> float:
+    return float(step) / float(max(1, num_warmup_steps))
+
+
+def _constant(step: int) -> float:
+    return 1.0
+
+
+def _constant_with_warmup(step: int, *, num_warmup_steps: int) -> float:
+    if step < num_warmup_steps:
+        return float(step) / float(max(1.0, num_warmup_steps))
+    return 1.0
+
+
+def _linear(step: int, *, num_warmup_steps: int, num_training_steps: int) -> float:
+    if step < num_warmup_steps:
+        return _warmup(step, num_warmup_steps)
+    return max(0.0, float(num_training_steps - step) / float(max(1, num_training_steps - num_warmup_steps)))
+
+
+def _cosine(step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: float) -> float:
+    if step < num_warmup_steps:
+        return _warmup(step, num_warmup_steps)
+    progress = float(step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+
+
+def _cosine_restarts(step: int, *, num_warmup_steps: int, num_training_steps: int, num_cycles: int) -> float:
+    if step < num_warmup_steps:
+        return _warmup(step, num_warmup_steps)
+    progress = float(step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+    if progress >= 1.0:
+        return 0.0
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((float(num_cycles) * progress) % 1.0))))
+
+
+def _polynomial(step: int, *, num_warmup_steps: int, num_training_steps: int, lr_end: float, power: float,
+                lr_init: float) -> float:
+    if step < num_warmup_steps:
+        return _warmup(step, num_warmup_steps)
+    if step > num_training_steps:
+        return lr_end / lr_init
+    lr_range = lr_init - lr_end
+    decay_steps = num_training_steps - num_warmup_steps
+    pct_remaining = 1 - (step - num_warmup_steps) / decay_steps
+    return (lr_range * pct_remaining**power + lr_end) / lr_init
+
+
+def _inverse_sqrt(step: int, *, num_warmup_steps: int, timescale: int) -> float:
+    if step < num_warmup_steps:
+        return _warmup(step, num_warmup_steps)
+    shift = timescale - num_warmup_steps
+    return 1.0 / math.sqrt((step + shift) / timescale)
+
+
+def get_constant_schedule(optimizer: Any, last_epoch: int = -1) -> LambdaLR:
+    """lr stays at the optimizer's initial lr."""
+    return LambdaLR(optimizer, _constant, last_epoch)
+
+
+def get_constant_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup from 0, then constant."""
+    return LambdaLR(optimizer, partial(_constant_with_warmup, num_warmup_steps=num_warmup_steps), last_epoch)
+
+
+def get_linear_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, num_training_steps: int,
+                                    last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup from 0, then linear decay to 0 at num_training_steps."""
+    fn = partial(_linear, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)
+    return LambdaLR(optimizer, fn, last_epoch)
+
+
+def get_cosine_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, num_training_steps: int,
+                                    num_cycles: float = 0.5, last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup, then a cosine from the initial lr to 0 (num_cycles=0.5: half a wave)."""
+    fn = partial(_cosine, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
+                 num_cycles=num_cycles)
+    return LambdaLR(optimizer, fn, last_epoch)
+
+
+def get_cosine_with_hard_restarts_schedule_with_warmup(optimizer: Any, num_warmup_steps: int,
+                                                       num_training_steps: int, num_cycles: int = 1,
+                                                       last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup, then num_cycles cosine decays to 0, each restarting at the initial lr."""
+    fn = partial(_cosine_restarts, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
+                 num_cycles=num_cycles)
+    return LambdaLR(optimizer, fn, last_epoch)
+
+
+def get_polynomial_decay_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, num_training_steps: int,
+                                              lr_end: float = 1e-7, power: float = 1.0,
+                                              last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup, then polynomial decay from the initial lr to lr_end."""
+    lr_init = optimizer.defaults["lr"]
+    if not (lr_init > lr_end):
+        raise ValueError(f"lr_end ({lr_end}) must be smaller than initial lr ({lr_init})")
+    fn = partial(_polynomial, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
+                 lr_end=lr_end, power=power, lr_init=lr_init)
+    return LambdaLR(optimizer, fn, last_epoch)
+
+
+def get_inverse_sqrt_schedule(optimizer: Any, num_warmup_steps: int, timescale: int | None = None,
+                              last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup, then lr * 1/sqrt((step + timescale - warmup) / timescale)."""
+    if timescale is None:
+        timescale = num_warmup_steps or 10_000
+    fn = partial(_inverse_sqrt, num_warmup_steps=num_warmup_steps, timescale=timescale)
+    return LambdaLR(optimizer, fn, last_epoch)
+
+
+class SchedulerType(str, enum.Enum):
+    """The schedule names of Hugging Face's get_scheduler."""
+
+    LINEAR = "linear"
+    COSINE = "cosine"
+    COSINE_WITH_RESTARTS = "cosine_with_restarts"
+    POLYNOMIAL = "polynomial"
+    CONSTANT = "constant"
+    CONSTANT_WITH_WARMUP = "constant_with_warmup"
+    INVERSE_SQRT = "inverse_sqrt"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Any:
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}, please select one of "
+                         f"{[member.value for member in cls]}")
+
+
+_SCHEDULES: dict[SchedulerType, Callable[..., LambdaLR]] = {
+    SchedulerType.LINEAR: get_linear_schedule_with_warmup,
+    SchedulerType.COSINE: get_cosine_schedule_with_warmup,
+    SchedulerType.COSINE_WITH_RESTARTS: get_cosine_with_hard_restarts_schedule_with_warmup,
+    SchedulerType.POLYNOMIAL: get_polynomial_decay_schedule_with_warmup,
+    SchedulerType.CONSTANT: get_constant_schedule,
+    SchedulerType.CONSTANT_WITH_WARMUP: get_constant_schedule_with_warmup,
+    SchedulerType.INVERSE_SQRT: get_inverse_sqrt_schedule,
+}
+
+
+def get_scheduler(name: str | SchedulerType, optimizer: Any, num_warmup_steps: int | None = None,
+                  num_training_steps: int | None = None,
+                  scheduler_specific_kwargs: dict[str, Any] | None = None) -> LambdaLR:
+    """A schedule by Hugging Face name, with its argument checks."""
+    kind = SchedulerType(name)
+    schedule = _SCHEDULES[kind]
+    if kind is SchedulerType.CONSTANT:
+        return schedule(optimizer)
+    kwargs = dict(scheduler_specific_kwargs or {})
+    if num_warmup_steps is None:
+        raise ValueError(f"{kind.value} requires `num_warmup_steps`, please provide that argument.")
+    if kind in (SchedulerType.CONSTANT_WITH_WARMUP, SchedulerType.INVERSE_SQRT):
+        return schedule(optimizer, num_warmup_steps=num_warmup_steps, **kwargs)
+    if num_training_steps is None:
+        raise ValueError(f"{kind.value} requires `num_training_steps`, please provide that argument.")
+    return schedule(optimizer, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, **kwargs)
