@@ -15,6 +15,7 @@ typedef struct {
     PyObject *worker_transform; /* callable(batch_id, arrays) -> result, or NULL */
     PyObject *worker_error;     /* error object of a failed worker_start, or NULL */
     uint64_t num_rows;          /* samples in the dataset (first dimension of every array) */
+    gt_loader_stats last_stats; /* the engine's counters when it was released */
     int python_in_workers;      /* 1 when a hook calls Python from the worker threads */
     PyGILState_STATE *worker_gil;    /* (num_workers,) GIL state each worker keeps while alive */
     PyThreadState **worker_tstate;   /* (num_workers,) thread state each worker keeps while alive */
@@ -263,6 +264,8 @@ static void engine_release(EngineObject *self) {
         return;
     self->loader = NULL;
     Py_BEGIN_ALLOW_THREADS
+    gt_loader_shutdown(loader);
+    gt_loader_get_stats(loader, &self->last_stats);
     gt_loader_release(loader);
     Py_END_ALLOW_THREADS
 }
@@ -486,10 +489,9 @@ static int put_size(PyObject *dict, const char *key, size_t value) {
 
 static PyObject *engine_stats(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     EngineObject *self = (EngineObject *)op;
-    if (check_open(self) < 0)
-        return NULL;
-    gt_loader_stats s;
-    gt_loader_get_stats(self->loader, &s);
+    gt_loader_stats s = self->last_stats;
+    if (self->loader)
+        gt_loader_get_stats(self->loader, &s);
     PyObject *d = PyDict_New();
     if (d && (put_size(d, "num_slots", s.num_slots) < 0 || put_size(d, "initial_slots", s.initial_slots) < 0 ||
               put_size(d, "slot_bytes", s.slot_bytes) < 0 || put_size(d, "slots_pinned", s.slots_pinned) < 0 ||
@@ -516,7 +518,7 @@ static PyMethodDef engine_methods[] = {
      "next(timeout=0.0)\n--\n\n(batch, arrays or worker result), or None at the end of the epoch."},
     {"stop", engine_stop, METH_NOARGS, "Asks the workers to stop after their current batch; does not wait."},
     {"shutdown", engine_shutdown, METH_NOARGS, "Stops and joins the workers; frees unheld slots."},
-    {"stats", engine_stats, METH_NOARGS, "Slot and gather counters as a dict."},
+    {"stats", engine_stats, METH_NOARGS, "Slot and gather counters (final ones once shut down)."},
     {NULL, NULL, 0, NULL},
 };
 
