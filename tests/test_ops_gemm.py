@@ -1,0 +1,212 @@
+"""CPU GEMM (csrc/ops/cpu_gemm.c) and the linear layer built on it, against float64 NumPy:
+every transpose, alpha/beta, batches, f32/f16/bf16 operand mixes, finite-difference gradients of
+linear, thread counts and bad arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import _reference as ref
+from gputrain import _C
+from gputrain import functional as F
+
+DTYPES = ["f32", "f16", "bf16"]
+
+
+def randn(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def operand(rows, cols, trans, seed, dt="f32", batch=None):
+    """A matrix stored as (rows, cols) or transposed, in dtype dt (batch: a leading axis)."""
+    shape = (cols, rows) if trans else (rows, cols)
+    return ref.to_dtype(randn(((batch,) if batch else ()) + shape, seed), dt)
+
+
+def assert_gemm_close(got, a, b, trans_a, trans_b, alpha, beta, c, dt):
+    """got against float64: f32 accumulation error bounded by 1e-5 (sum |a_ik b_kj|) plus, for a
+    half result, one unit in the last place of the rounded reference."""
+    expected = ref.gemm(a, b, trans_a, trans_b, alpha, beta, c)
+    scale = ref.gemm(np.abs(ref.f64(a)), np.abs(ref.f64(b)), trans_a, trans_b, abs(alpha))
+    if beta != 0.0:
+        scale = scale + abs(beta) * np.abs(ref.f64(c))
+    bound = 1e-5 * scale + 1e-30
+    if dt != "f32":
+        bound = bound + ref.ULP[dt] * np.abs(expected)
+    error = np.abs(ref.f64(got) - expected)
+    assert np.all(error <= bound), f"max error {np.max(error - bound)} beyond the bound ({dt})"
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (0.5, 1.0), (-2.0, 0.25)])
+def test_gemm_f32_every_transpose_and_scale(trans_a, trans_b, alpha, beta):
+    m, n, k = 37, 29, 53
+    a, b = operand(m, k, trans_a, 1), operand(k, n, trans_b, 2)
+    c = randn((m, n), 3)
+    got = F.gemm(a, b, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, c=c)
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    assert_gemm_close(got, a, b, trans_a, trans_b, alpha, beta, c, "f32")
+
+
+@pytest.mark.parametrize("a_dt", DTYPES)
+@pytest.mark.parametrize("b_dt", DTYPES)
+@pytest.mark.parametrize("c_dt", DTYPES)
+def test_gemm_half_operands_are_widened_exactly(a_dt, b_dt, c_dt):
+    m, n, k = 19, 23, 31
+    a, b = operand(m, k, True, 4, a_dt), operand(k, n, False, 5, b_dt)
+    c = ref.to_dtype(randn((m, n), 6), c_dt)
+    for beta in (0.0, 0.75):
+        got = F.gemm(a, b, trans_a=True, beta=beta, c=c, out_dtype=c_dt)
+        assert got.dtype == ref.NUMPY_TYPES[c_dt]
+        assert_gemm_close(got, a, b, True, False, 1.0, beta, c, c_dt)
+
+
+@pytest.mark.parametrize("c_dt", DTYPES)
+def test_gemm_beta_zero_does_not_read_c(c_dt):
+    a, b = randn((8, 6), 7), randn((6, 5), 8)
+    raw = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[c_dt]
+    c = np.full((8, 5), np.nan, dtype=np.float32).astype(ref.NUMPY_TYPES[c_dt]).view(raw)
+    _C.op_gemm(a, b, c, "f32", "f32", c_dt, False, False, 1.0, 0.0)
+    got = c.view(ref.BF16) if c_dt == "bf16" else c
+    assert not np.isnan(ref.f64(got)).any()
+    assert_gemm_close(got, a, b, False, False, 1.0, 0.0, None, c_dt)
+
+
+@pytest.mark.parametrize("c_dt", DTYPES)
+def test_gemm_beta_one_accumulates_into_c(c_dt):
+    a, b = randn((9, 7), 9), randn((7, 4), 10)
+    c0 = ref.to_dtype(randn((9, 4), 11), c_dt)
+    raw = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[c_dt]
+    c = c0.copy().view(raw)
+    _C.op_gemm(a, b, c, "f32", "f32", c_dt, False, False, 1.0, 1.0)
+    assert_gemm_close(c.view(c0.dtype), a, b, False, False, 1.0, 1.0, c0, c_dt)
+
+
+@pytest.mark.parametrize("a_batched,b_batched", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_gemm_strided_batches(a_batched, b_batched, dt):
+    batch, m, n, k = 5, 7, 6, 9
+    a = operand(m, k, False, 12, dt, batch if a_batched else None)
+    b = operand(k, n, True, 13, dt, batch if b_batched else None)
+    got = F.gemm(a, b, trans_b=True)
+    assert got.shape == (batch, m, n)
+    assert_gemm_close(got, a, b, False, True, 1.0, 0.0, None, dt)
+    for i in range(batch):
+        single = F.gemm(a[i] if a_batched else a, b[i] if b_batched else b, trans_b=True)
+        assert ref.same_bits(got[i], single)
+
+
+def test_gemm_empty_sizes():
+    assert F.gemm(randn((0, 4), 14), randn((4, 3), 15)).shape == (0, 3)
+    np.testing.assert_array_equal(F.gemm(randn((2, 0), 16), randn((0, 3), 17)), np.zeros((2, 3)))
+    c = randn((2, 3), 18)
+    np.testing.assert_array_equal(F.gemm(randn((2, 0), 16), randn((0, 3), 17), beta=2.0, c=c), 2 * c)
+
+
+def test_gemm_inputs_are_not_modified():
+    a, b, c = randn((6, 5), 19), randn((5, 4), 20), randn((6, 4), 21)
+    copies = [x.copy() for x in (a, b, c)]
+    F.gemm(a, b, beta=1.0, c=c)
+    assert all(ref.same_bits(x, y) for x, y in zip((a, b, c), copies))
+
+
+def test_gemm_same_result_for_any_thread_count():
+    a, b = randn((256, 300), 22), randn((300, 200), 23)
+    with ref.num_threads(1):
+        one = F.gemm(a, b)
+    with ref.num_threads(2):
+        two = F.gemm(a, b)
+    np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-5)
+    assert_gemm_close(two, a, b, False, False, 1.0, 0.0, None, "f32")
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(0, 24), n=st.integers(0, 24), k=st.integers(0, 24), trans_a=st.booleans(),
+       trans_b=st.booleans(), dt=st.sampled_from(DTYPES))
+def test_gemm_any_shape(m, n, k, trans_a, trans_b, dt):
+    a, b = operand(m, k, trans_a, 24, dt), operand(k, n, trans_b, 25, dt)
+    got = F.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    assert got.shape == (m, n)
+    assert_gemm_close(got, a, b, trans_a, trans_b, 1.0, 0.0, None, dt)
+
+
+def test_gemm_bad_arguments():
+    a, b = randn((4, 5), 26), randn((5, 3), 27)
+    with pytest.raises(ValueError, match="b: inner dimension does not match"):
+        F.gemm(a, randn((4, 3), 28))
+    with pytest.raises(ValueError, match="a must be 2-D or 3-D"):
+        F.gemm(randn(5, 29), b)
+    with pytest.raises(ValueError, match="a must be C-contiguous"):
+        F.gemm(randn((4, 10), 30)[:, ::2], b)
+    with pytest.raises(TypeError, match="b must be float32, float16 or bfloat16"):
+        F.gemm(a, b.astype(np.float64))
+    with pytest.raises(ValueError, match="alpha must be finite"):
+        F.gemm(a, b, alpha=float("nan"))
+    with pytest.raises(ValueError, match=r"c must have shape \(4, 3\)"):
+        F.gemm(a, b, beta=1.0, c=randn((3, 4), 31))
+    with pytest.raises(ValueError, match="out_dtype must be"):
+        F.gemm(a, b, out_dtype="f64")
+    with pytest.raises(ValueError, match="c: batch does not match"):
+        F.gemm(randn((2, 4, 5), 32), randn((3, 5, 3), 33))
+    with pytest.raises(TypeError, match="c must have native dtype float16"):
+        _C.op_gemm(a, b, np.zeros((4, 3), np.float32), "f32", "f32", "f16", False, False, 1.0, 0.0)
+    with pytest.raises(ValueError, match="c: must be"):
+        _C.op_gemm(a, b, np.zeros((4, 4), np.float32), "f32", "f32", "f32", False, False, 1.0, 0.0)
+
+
+# --- linear (gemm + bias) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_linear_matches_reference(dt):
+    x, w, b = ref.to_dtype(randn((3, 4, 12), 40), dt), randn((7, 12), 41), randn(7, 42)
+    got = F.linear(x, w, b)
+    assert got.shape == (3, 4, 7) and got.dtype == x.dtype
+    product = ref.f64(x) @ ref.f64(w).T
+    expected = product + ref.f64(b)
+    # the product is rounded to dt, then the bias sum is rounded again: one ulp of each
+    ulp = 1e-6 if dt == "f32" else ref.ULP[dt]
+    bound = ulp * (np.abs(product) + np.abs(expected)) + 1e-5 * np.abs(ref.f64(x)) @ np.abs(ref.f64(w)).T
+    assert np.all(np.abs(ref.f64(got) - expected) <= bound)
+    assert ref.same_bits(F.linear(x, w), F.gemm(x.reshape(12, 12), w, trans_b=True).reshape(3, 4, 7))
+
+
+def test_linear_backward_matches_finite_differences():
+    x, w, b, dout = randn((5, 6), 43), randn((4, 6), 44), randn(4, 45), randn((5, 4), 46)
+    dx, dw, db = F.linear_backward(dout, x, w)
+    def f_x(v):
+        return v @ ref.f64(w).T + ref.f64(b)
+    def f_w(v):
+        return ref.f64(x) @ v.T + ref.f64(b)
+    def f_b(v):
+        return ref.f64(x) @ ref.f64(w).T + v
+    ref.assert_grad(dx, ref.numerical_grad(f_x, x, ref.f64(dout)))
+    ref.assert_grad(dw, ref.numerical_grad(f_w, w, ref.f64(dout)))
+    ref.assert_grad(db, ref.numerical_grad(f_b, b, ref.f64(dout)))
+    assert F.linear_backward(dout, x, w, with_bias=False)[2] is None
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_linear_backward_half_activations(dt):
+    x, w, dout = ref.to_dtype(randn((9, 6), 47), dt), randn((4, 6), 48), ref.to_dtype(randn((9, 4), 49), dt)
+    dx, dw, db = F.linear_backward(dout, x, w)
+    assert dx.dtype == x.dtype and dw.dtype == np.float32 and db.dtype == np.float32
+    ref.assert_close(dx, ref.f64(dout) @ ref.f64(w), dt, rtol=2 * ref.ULP[dt], atol=1e-4)
+    np.testing.assert_allclose(dw, ref.f64(dout).T @ ref.f64(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, ref.f64(dout).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_bad_arguments():
+    x = randn((3, 4), 50)
+    with pytest.raises(ValueError, match=r"weight must have shape \(out_features, 4\)"):
+        F.linear(x, randn((5, 3), 51))
+    with pytest.raises(TypeError, match="weight must be float32"):
+        F.linear(x, randn((5, 4), 52).astype(np.float16))
+    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
+        F.linear(x, randn((5, 4), 53), randn(4, 54))
+    with pytest.raises(ValueError, match="dout must have shape"):
+        F.linear_backward(randn((3, 6), 55), x, randn((5, 4), 56))
