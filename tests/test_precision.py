@@ -1,0 +1,87 @@
+"""Mixed precision in the training step: fp16/bf16 activations with fp32 master weights, the
+loss scaler inside the fused step, and the smaller activation plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+from test_step import digits
+
+nn = gt.nn
+
+
+def train_digits(precision, epochs=20, scaler=None, seed=0):
+    x_train, y_train, x_test, y_test = digits()
+    gt.random.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+    optimizer = gt.optim.AdamW(model.parameters(), lr=2e-3)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision, scaler=scaler)
+    rng = np.random.default_rng(seed)
+    for _ in range(epochs):
+        order = rng.permutation(len(x_train))
+        for i in range(0, len(order) - 31, 32):
+            step(x_train[order[i:i + 32]], y_train[order[i:i + 32]])
+    return (model.eval()(x_test).argmax(1) == y_test).mean(), model
+
+
+@pytest.fixture(scope="module")
+def fp32_accuracy():
+    return train_digits("fp32")[0]
+
+
+def test_bf16_trains_as_well_as_fp32(fp32_accuracy):
+    accuracy, model = train_digits("bf16")
+    assert accuracy >= fp32_accuracy - 0.005, (accuracy, fp32_accuracy)
+    assert model.compiled.precision == "bf16"
+
+
+def test_fp16_with_a_loss_scaler_trains_as_well_as_fp32(fp32_accuracy):
+    accuracy, _ = train_digits("fp16", scaler=gt.amp.GradScaler())
+    assert accuracy >= fp32_accuracy - 0.005, (accuracy, fp32_accuracy)
+
+
+def test_half_precision_halves_the_activation_plan():
+    gt.random.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
+    f32 = model.compiled.plan((256, 64), precision="f32")
+    bf16 = model.compiled.plan((256, 64), precision="bf16")
+    assert bf16["activations"] * 2 == pytest.approx(f32["activations"], rel=0.01)
+    assert bf16["half_parameters"] == 2 * model.num_parameters()
+    assert bf16["parameters"] == f32["parameters"]  # fp32 master weights either way
+
+
+def test_half_forward_is_the_f32_forward_rounded():
+    gt.random.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    reference = model(x)
+    model.compiled.precision = "bf16"
+    half = model(x)
+    assert not np.array_equal(half, reference)
+    np.testing.assert_allclose(half, reference, rtol=0.05, atol=0.05)
+    assert np.array_equal(gt.cast(gt.cast(half, "bf16"), "f32"), half)  # values are real bf16
+
+
+def test_fp16_overflow_skips_exactly_that_step_and_recovers():
+    x_train, y_train, _, _ = digits()
+    gt.random.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    scaler = gt.amp.GradScaler(init_scale=2.0**10)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-3),
+                        precision="fp16", scaler=scaler)
+    skipped = []
+    for i in range(12):
+        x, y = x_train[32 * i:32 * i + 32], y_train[32 * i:32 * i + 32]
+        if i == 5:
+            x = x * np.float32(1e6)  # beyond fp16 range: the half input holds inf
+            before = [p.data.copy() for p in model.parameters()]
+        out = step(x, y)
+        skipped.append(out.skipped)
+        if i == 5:
+            assert all(np.array_equal(b, p.data) for b, p in zip(before, model.parameters()))
+            assert scaler.get_scale() == 2.0**9
+    assert skipped == [i == 5 for i in range(12)]
+    assert scaler.skipped_steps == 1
+    assert np.isfinite(step(x_train[:32], y_train[:32]).loss)
