@@ -298,3 +298,27 @@ def test_pickle_and_deepcopy_keep_the_whole_state():
 
 def test_per_optimizer_stages_use_pytorch_names():
     assert [s.name for s in OptState] == ["READY", "UNSCALED", "STEPPED"]
+
+
+def test_real_optimizer_and_lr_schedule_advance_only_on_real_steps():
+    from gputrain import optim
+
+    param = Parameter(np.zeros(6, np.float32), name="w")
+    opt = optim.SGD([param], lr=1.0)
+    sched = optim.get_linear_schedule_with_warmup(opt, num_warmup_steps=0, num_training_steps=10)
+    scaler = GradScaler(init_scale=8.0, growth_interval=100)
+    expected = np.zeros(6, np.float64)
+    for it in range(8):
+        param.grad = np.full(6, 0.5, np.float32) * np.float32(scaler.get_scale())
+        if it in (2, 5):
+            param.grad[1] = np.inf
+        lr, before = opt.param_groups[0]["lr"], param.data.copy()
+        if scaler.step(opt):
+            assert np.array_equal(param.data, before)  # a skipped step leaves the weights alone
+        else:
+            expected -= lr * 0.5
+            sched.step()
+        scaler.update()
+        np.testing.assert_allclose(param.data, expected, rtol=1e-6)
+    assert sched.last_epoch == 6 and scaler.skipped_steps == 2
+    assert opt.param_groups[0]["lr"] == pytest.approx((10 - 6) / 10)
