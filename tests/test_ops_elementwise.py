@@ -77,6 +77,23 @@ def test_activations_keep_relative_accuracy_far_left(kind):
         np.testing.assert_allclose(F.activation_backward(dout, x, kind), ref.activation_grad(x, kind), rtol=2e-5)
 
 
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_half_elementwise_ops_round_the_f32_result_once(dt):
+    # load to f32, compute in f32, round once: bit-identical to the f32 op on widened inputs
+    # (f16 goes through staged bulk conversions, bf16 through inline ones; both must agree)
+    x = ref.to_dtype(randn(BIG, 16), dt)
+    dout = ref.to_dtype(randn(BIG, 17), dt)
+    x32, d32 = x.astype(np.float32), dout.astype(np.float32)
+    bias = randn(BIG, 18)
+    for kind in KINDS:
+        assert ref.same_bits(F.activation(x, kind), F.activation(x32, kind).astype(x.dtype)), kind
+        assert ref.same_bits(F.activation_backward(dout, x, kind),
+                             F.activation_backward(d32, x32, kind).astype(x.dtype)), kind
+    assert ref.same_bits(F.add(x, dout), F.add(x32, d32).astype(x.dtype))
+    assert ref.same_bits(F.dropout(x, 0.3, 5, 1, 2, 3), F.dropout(x32, 0.3, 5, 1, 2, 3).astype(x.dtype))
+    assert ref.same_bits(F.bias_add(x.reshape(1, -1), bias), F.bias_add(x32.reshape(1, -1), bias).astype(x.dtype))
+
+
 def test_relu_special_values():
     x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0], dtype=np.float32)
     out = F.relu(x)

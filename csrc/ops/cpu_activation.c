@@ -1,6 +1,7 @@
 /* CPU activations: out = act(in) and din = dout * act'(in), elementwise, with the shared element
  * math of core/activation.h. Chunks of GT_CPU_CHUNK elements run in parallel; each element's
- * result depends only on its inputs, so any thread count gives the same bits. */
+ * result depends only on its inputs, so any thread count gives the same bits. f16 runs through
+ * f32 stage buffers (GT_CPU_KERNEL_STAGED): the same bits, with vectorised conversions. */
 #include "core/activation.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
@@ -21,8 +22,18 @@ GT_INLINE void act_forward_body(void *out, const void *in, size_t begin, size_t 
     case GT_ACT_SILU: GT_ACT_LOOP(gt_silu(x)); break;
     }
 }
-GT_CPU_KERNEL(act_forward, (void *out, const void *in, size_t begin, size_t end,
-                            gt_activation act, gt_dtype dt), out, in, begin, end, act)
+GT_INLINE void act_forward_f16(void *out, const void *in, size_t begin, size_t end,
+                               gt_activation act) {
+    float in32[GT_STAGE], out32[GT_STAGE];
+    for (size_t s = begin; s < end; s += GT_STAGE) {
+        size_t len = gt_stage_len(s, end);
+        gt_cpu_widen_f16(in32, in, s, len);
+        act_forward_body(out32, in32, 0, len, act, GT_F32);
+        gt_cpu_narrow_f16(out, s, out32, len);
+    }
+}
+GT_CPU_KERNEL_STAGED(act_forward, (void *out, const void *in, size_t begin, size_t end,
+                                   gt_activation act, gt_dtype dt), out, in, begin, end, act)
 
 #define GT_ACT_BACKWARD_LOOP(fn)                                            \
     for (size_t i = begin; i < end; i++) {                                  \
@@ -40,9 +51,20 @@ GT_INLINE void act_backward_body(void *din, const void *dout, const void *in, si
     case GT_ACT_SILU: GT_ACT_BACKWARD_LOOP(gt_silu_backward); break;
     }
 }
-GT_CPU_KERNEL(act_backward, (void *din, const void *dout, const void *in, size_t begin,
-                             size_t end, gt_activation act, gt_dtype dt),
-              din, dout, in, begin, end, act)
+GT_INLINE void act_backward_f16(void *din, const void *dout, const void *in, size_t begin,
+                                size_t end, gt_activation act) {
+    float dout32[GT_STAGE], in32[GT_STAGE], din32[GT_STAGE];
+    for (size_t s = begin; s < end; s += GT_STAGE) {
+        size_t len = gt_stage_len(s, end);
+        gt_cpu_widen_f16(dout32, dout, s, len);
+        gt_cpu_widen_f16(in32, in, s, len);
+        act_backward_body(din32, dout32, in32, 0, len, act, GT_F32);
+        gt_cpu_narrow_f16(din, s, din32, len);
+    }
+}
+GT_CPU_KERNEL_STAGED(act_backward, (void *din, const void *dout, const void *in, size_t begin,
+                                    size_t end, gt_activation act, gt_dtype dt),
+                     din, dout, in, begin, end, act)
 
 static gt_status check_activation(gt_activation act, int64_t n, gt_dtype dt) {
     if ((int)act < GT_ACT_RELU || (int)act > GT_ACT_SILU)

@@ -8,8 +8,18 @@ GT_INLINE void add_body(void *out, const void *a, const void *b, size_t begin, s
     for (size_t i = begin; i < end; i++)
         gt_cpu_store(out, i, gt_cpu_load(a, i, dt) + gt_cpu_load(b, i, dt), dt);
 }
-GT_CPU_KERNEL(add, (void *out, const void *a, const void *b, size_t begin, size_t end,
-                    gt_dtype dt), out, a, b, begin, end)
+GT_INLINE void add_f16(void *out, const void *a, const void *b, size_t begin, size_t end) {
+    float a32[GT_STAGE], b32[GT_STAGE];
+    for (size_t s = begin; s < end; s += GT_STAGE) {
+        size_t len = gt_stage_len(s, end);
+        gt_cpu_widen_f16(a32, a, s, len);
+        gt_cpu_widen_f16(b32, b, s, len);
+        add_body(a32, a32, b32, 0, len, GT_F32);
+        gt_cpu_narrow_f16(out, s, a32, len);
+    }
+}
+GT_CPU_KERNEL_STAGED(add, (void *out, const void *a, const void *b, size_t begin, size_t end,
+                           gt_dtype dt), out, a, b, begin, end)
 
 gt_status gt_cpu_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n,
                      gt_dtype dt) {

@@ -14,8 +14,20 @@ GT_INLINE void bias_add_body(void *out, const float *bias, size_t row_begin, siz
             gt_cpu_store(out, i, gt_cpu_load(out, i, dt) + bias[c], dt);
         }
 }
-GT_CPU_KERNEL(bias_add, (void *out, const float *bias, size_t row_begin, size_t row_end,
-                         size_t cols, gt_dtype dt), out, bias, row_begin, row_end, cols)
+/* f16 rows through f32 stage buffers. */
+GT_INLINE void bias_add_f16(void *out, const float *bias, size_t row_begin, size_t row_end,
+                            size_t cols) {
+    float buf[GT_STAGE];
+    for (size_t r = row_begin; r < row_end; r++)
+        for (size_t c = 0; c < cols; c += GT_STAGE) {
+            size_t len = gt_stage_len(c, cols);
+            gt_cpu_widen_f16(buf, out, r * cols + c, len);
+            bias_add_body(buf, bias + c, 0, 1, len, GT_F32);
+            gt_cpu_narrow_f16(out, r * cols + c, buf, len);
+        }
+}
+GT_CPU_KERNEL_STAGED(bias_add, (void *out, const float *bias, size_t row_begin, size_t row_end,
+                                size_t cols, gt_dtype dt), out, bias, row_begin, row_end, cols)
 
 gt_status gt_cpu_bias_add(gt_backend *be, void *out, const float *bias, int64_t rows,
                           int64_t cols, gt_dtype dt) {

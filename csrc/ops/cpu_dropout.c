@@ -37,9 +37,22 @@ GT_INLINE void dropout_body(void *out, const void *in, size_t begin, size_t end,
     for (uint64_t g = tail_begin; g < last; g++)
         dropout_element(out, in, key, g, p, scale, dt);
 }
-GT_CPU_KERNEL(dropout, (void *out, const void *in, size_t begin, size_t end,
-                        const gt_dropout_key *key, float p, float scale, gt_dtype dt),
-              out, in, begin, end, key, p, scale)
+/* f16 through f32 stage buffers; the stage's elements keep their global indices. */
+GT_INLINE void dropout_f16(void *out, const void *in, size_t begin, size_t end,
+                           const gt_dropout_key *key, float p, float scale) {
+    float buf[GT_STAGE];
+    for (size_t s = begin; s < end; s += GT_STAGE) {
+        size_t len = gt_stage_len(s, end);
+        gt_dropout_key stage_key = *key;
+        stage_key.offset += s;
+        gt_cpu_widen_f16(buf, in, s, len);
+        dropout_body(buf, buf, 0, len, &stage_key, p, scale, GT_F32);
+        gt_cpu_narrow_f16(out, s, buf, len);
+    }
+}
+GT_CPU_KERNEL_STAGED(dropout, (void *out, const void *in, size_t begin, size_t end,
+                               const gt_dropout_key *key, float p, float scale, gt_dtype dt),
+                     out, in, begin, end, key, p, scale)
 
 static gt_status dropout_apply(void *out, const void *in, int64_t n, float p,
                                const gt_dropout_key *key, gt_dtype dt) {

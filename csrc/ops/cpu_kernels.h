@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/cast.h"
 #include "core/half.h"
 #include "core/simd.h"
 #include "core/status.h"
@@ -44,6 +45,26 @@ GT_INLINE void gt_cpu_store(void *base, size_t i, float value, gt_dtype dt) {
         ((float *)base)[i] = value;
 }
 
+/* f16 elements converted per step by the staged kernels (GT_CPU_KERNEL_STAGED). */
+enum { GT_STAGE = 2048 };
+
+/* dst[0:len] = f16 src[begin:begin+len] widened through gt_cast, the vectorised bulk conversion
+ * (the scalar gt_f16_to_f32/gt_f32_to_f16 do not vectorise). gt_cast gives the same bits as
+ * core/half.h and cannot fail here: valid dtypes, non-NULL, non-overlapping stack buffers. */
+GT_INLINE void gt_cpu_widen_f16(float *dst, const void *src, size_t begin, size_t len) {
+    (void)gt_cast((const uint16_t *)src + begin, GT_F16, dst, GT_F32, len);
+}
+
+/* dst[begin:begin+len] = src[0:len] rounded to f16 through gt_cast. */
+GT_INLINE void gt_cpu_narrow_f16(void *dst, size_t begin, const float *src, size_t len) {
+    (void)gt_cast(src, GT_F32, (uint16_t *)dst + begin, GT_F16, len);
+}
+
+/* Elements of the staged block that starts at s, for a range ending at end. */
+static inline size_t gt_stage_len(size_t s, size_t end) {
+    return end - s < GT_STAGE ? end - s : GT_STAGE;
+}
+
 /* Defines <name>_<level> for the three SIMD levels; PARAMS must declare `gt_dtype dt` and
  * ARGS are the arguments passed on to <name>_body before the constant dtype. */
 #define GT_CPU_KERNEL_AT(name, level, attr, PARAMS, ...)                  \
@@ -59,6 +80,22 @@ GT_INLINE void gt_cpu_store(void *base, size_t i, float value, gt_dtype dt) {
     GT_CPU_KERNEL_AT(name, scalar, , PARAMS, __VA_ARGS__)                 \
     GT_CPU_KERNEL_AT(name, avx2, GT_TARGET_AVX2, PARAMS, __VA_ARGS__)     \
     GT_CPU_KERNEL_AT(name, avx512, GT_TARGET_AVX512, PARAMS, __VA_ARGS__)
+
+/* Same, with f16 handled by <name>_f16(ARGS) (a loop over GT_STAGE blocks converted with
+ * gt_cpu_widen_f16/gt_cpu_narrow_f16 around the f32 body). */
+#define GT_CPU_KERNEL_STAGED_AT(name, level, attr, PARAMS, ...)           \
+    attr static void name##_##level PARAMS {                              \
+        switch (dt) {                                                     \
+        case GT_F16: name##_f16(__VA_ARGS__); break;                      \
+        case GT_BF16: name##_body(__VA_ARGS__, GT_BF16); break;           \
+        default: name##_body(__VA_ARGS__, GT_F32); break;                 \
+        }                                                                 \
+    }
+
+#define GT_CPU_KERNEL_STAGED(name, PARAMS, ...)                                  \
+    GT_CPU_KERNEL_STAGED_AT(name, scalar, , PARAMS, __VA_ARGS__)                 \
+    GT_CPU_KERNEL_STAGED_AT(name, avx2, GT_TARGET_AVX2, PARAMS, __VA_ARGS__)     \
+    GT_CPU_KERNEL_STAGED_AT(name, avx512, GT_TARGET_AVX512, PARAMS, __VA_ARGS__)
 
 /* The variant of kernel `name` for the SIMD level in use (a function designator). */
 #define GT_CPU_RUN(name)                                                  \
