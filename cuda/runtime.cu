@@ -54,10 +54,9 @@ int device_count() {
 }
 
 gt_status device_malloc(int index, size_t bytes, void **out) {
-    cudaError_t err = cudaSetDevice(index);
-    if (err == cudaSuccess)
-        err = cudaMalloc(out, bytes);
-    return err == cudaSuccess ? GT_OK : gt_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
+    GT_CUDA_TRY(cudaSetDevice(index), "cudaSetDevice");
+    GT_CUDA_TRY(cudaMalloc(out, bytes), "cudaMalloc");
+    return GT_OK;
 }
 
 void device_free(int index, void *ptr) {
@@ -68,17 +67,16 @@ void device_free(int index, void *ptr) {
 gt_status host_alloc_pinned(size_t bytes, void **out) {
     if (device_count() == 0)
         return gt_set_error(GT_ERR_CUDA, __FILE__, __LINE__, "cannot pin memory: %s", unavailable_reason);
-    cudaError_t err = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
-    return err == cudaSuccess ? GT_OK : gt_cuda_error(err, "cudaHostAlloc", __FILE__, __LINE__);
+    GT_CUDA_TRY(cudaHostAlloc(out, bytes, cudaHostAllocPortable), "cudaHostAlloc");
+    return GT_OK;
 }
 
 void host_free_pinned(void *ptr) { cudaFreeHost(ptr); }
 
 gt_status mem_get_info(int index, size_t *free_bytes, size_t *total_bytes) {
-    cudaError_t err = cudaSetDevice(index);
-    if (err == cudaSuccess)
-        err = cudaMemGetInfo(free_bytes, total_bytes);
-    return err == cudaSuccess ? GT_OK : gt_cuda_error(err, "cudaMemGetInfo", __FILE__, __LINE__);
+    GT_CUDA_TRY(cudaSetDevice(index), "cudaSetDevice");
+    GT_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+    return GT_OK;
 }
 
 }  // namespace
