@@ -53,6 +53,7 @@ struct gt_loader {
     size_t in_flight;             /* claimed in this generation, not yet delivered */
     size_t filling;               /* slots being gathered, any generation */
     gt_status failure;            /* first failure of the epoch, GT_OK if none */
+    int broken;                   /* 1 once a worker failed to start: failures outlive epochs */
     char failure_message[GT_LOADER_MESSAGE_BYTES]; /* its message */
 
     int stop;                     /* 1 once the workers were asked to stop */
@@ -217,19 +218,19 @@ static void finish_gather(gt_loader *l, gt_slot *slot, gt_status status) {
 static void *worker_main(void *arg) {
     gt_worker *w = arg;
     gt_loader *l = w->loader;
-    gt_status status = GT_OK;
-    if (l->hooks.worker_start)
-        status = l->hooks.worker_start(l->hooks.ctx, w->id);
+    gt_status started = l->hooks.worker_start ? l->hooks.worker_start(l->hooks.ctx, w->id) : GT_OK;
     pthread_mutex_lock(&l->lock);
-    if (status != GT_OK)
-        record_failure(l, status);
-    for (;;) {
+    if (started != GT_OK) {  /* this worker never gathers; every epoch reports the failure */
+        l->broken = 1;
+        record_failure(l, started);
+    }
+    while (started == GT_OK) {
         while (!l->stop && !can_claim(l))
             pthread_cond_wait(&l->work_cv, &l->lock);
         if (l->stop)
             break;
         gt_slot *slot;
-        status = claim(l, &slot);
+        gt_status status = claim(l, &slot);
         if (status != GT_OK) {
             record_failure(l, status);
             continue;
@@ -481,7 +482,8 @@ gt_status gt_loader_start_epoch(gt_loader *l, const gt_batch_plan *plan, size_t 
     l->next_claim = skip_done(l, &l->claim_cursor, start_batch);
     l->next_deliver = skip_done(l, &l->deliver_cursor, start_batch);
     l->remaining = plan->num_batches - start_batch - num_done;
-    l->failure = GT_OK;
+    if (!l->broken)
+        l->failure = GT_OK;
     l->running = 1;
     pthread_cond_broadcast(&l->work_cv);
     pthread_mutex_unlock(&l->lock);
@@ -541,6 +543,7 @@ static gt_status next_in_caller(gt_loader *l, gt_slot **out) {
     gather(l, slot, l->caller_rows);
     pthread_mutex_lock(&l->lock);
     l->filling--;
+    pthread_cond_broadcast(&l->ready_cv);  /* a concurrent shutdown waits for filling == 0 */
     l->batches_gathered++;
     for (size_t f = 0; f < l->num_fields; f++)
         l->bytes_gathered += slot->rows * l->fields[f].row_bytes;
@@ -592,6 +595,20 @@ gt_status gt_loader_next(gt_loader *l, double timeout_seconds, gt_slot **out) {
     }
     pthread_mutex_unlock(&l->lock);
     return status;
+}
+
+void gt_loader_retain(gt_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    l->refs++;
+    pthread_mutex_unlock(&l->lock);
+}
+
+void gt_loader_unref(gt_loader *l) {
+    pthread_mutex_lock(&l->lock);
+    int last = --l->refs == 0;
+    pthread_mutex_unlock(&l->lock);
+    if (last)
+        destroy(l);
 }
 
 void gt_loader_slot_retain(gt_loader *l, gt_slot *slot) {

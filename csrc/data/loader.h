@@ -112,6 +112,11 @@ void gt_loader_shutdown(gt_loader *loader);
 /* Shuts down and drops the owner's reference; memory goes when no slot is referenced. */
 void gt_loader_release(gt_loader *loader);
 
+/* Adds / drops a reference that keeps the memory (not the threads) alive, for a caller using
+ * the loader while another thread may release it. */
+void gt_loader_retain(gt_loader *loader);
+void gt_loader_unref(gt_loader *loader);
+
 void gt_loader_get_stats(gt_loader *loader, gt_loader_stats *out);
 
 #ifdef __cplusplus

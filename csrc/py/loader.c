@@ -263,11 +263,13 @@ static void engine_release(EngineObject *self) {
     if (!loader)
         return;
     self->loader = NULL;
+    gt_loader_stats last;
     Py_BEGIN_ALLOW_THREADS
     gt_loader_shutdown(loader);
-    gt_loader_get_stats(loader, &self->last_stats);
+    gt_loader_get_stats(loader, &last);
     gt_loader_release(loader);
     Py_END_ALLOW_THREADS
+    self->last_stats = last;
 }
 
 static int engine_traverse(PyObject *op, visitproc visit, void *arg) {
@@ -386,8 +388,11 @@ static PyObject *engine_start_epoch(PyObject *op, PyObject *args, PyObject *kwar
     gt_status status = offsets ? gt_batch_plan_offsets(&plan, &sampler, PyArray_DATA(offsets), num_batches)
                                : gt_batch_plan_uniform(&plan, &sampler, (size_t)batch_size, drop_last);
     if (status == GT_OK) {
+        gt_loader *loader = self->loader;  /* kept alive while another thread may shut down */
+        gt_loader_retain(loader);
         Py_BEGIN_ALLOW_THREADS
-        status = gt_loader_start_epoch(self->loader, &plan, (size_t)start_batch, done, num_done);
+        status = gt_loader_start_epoch(loader, &plan, (size_t)start_batch, done, num_done);
+        gt_loader_unref(loader);
         Py_END_ALLOW_THREADS
     }
     result = status == GT_OK ? PyLong_FromSize_t(plan.num_batches) : gtpy_raise(module, status);
@@ -405,13 +410,13 @@ static double monotonic_seconds(void) {
 }
 
 /* Waits for a batch in slices of 0.1 s so that Ctrl-C (and other signals) are handled. */
-static gt_status wait_next(EngineObject *self, double timeout, gt_slot **slot) {
+static gt_status wait_next(gt_loader *loader, double timeout, gt_slot **slot) {
     double deadline = timeout > 0 ? monotonic_seconds() + timeout : INFINITY;
     for (;;) {
         double slice = fmin(0.1, deadline - monotonic_seconds());
         gt_status status;
         Py_BEGIN_ALLOW_THREADS
-        status = gt_loader_next(self->loader, slice > 0 ? slice : 1e-6, slot);
+        status = gt_loader_next(loader, slice > 0 ? slice : 1e-6, slot);
         Py_END_ALLOW_THREADS
         if (status != GT_ERR_TIMEOUT)
             return status;
@@ -424,15 +429,15 @@ static gt_status wait_next(EngineObject *self, double timeout, gt_slot **slot) {
 }
 
 /* (batch, result): the worker_transform result if it ran, else the tuple of views. */
-static PyObject *deliver(EngineObject *self, gt_slot *slot) {
+static PyObject *deliver(EngineObject *self, gt_loader *loader, gt_slot *slot) {
     PyObject *batch = PyLong_FromSize_t(slot->batch);
     PyObject *result;
     if (slot->user) {
         result = slot->user;
         slot->user = NULL;
-        gt_loader_slot_release(self->loader, slot);  /* the result's views hold their own */
+        gt_loader_slot_release(loader, slot);  /* the result's views hold their own */
     } else {
-        PyObject *owner = gtpy_loader_slot_new((PyTypeObject *)self->slot_type, self->loader, slot);
+        PyObject *owner = gtpy_loader_slot_new((PyTypeObject *)self->slot_type, loader, slot);
         result = owner ? gtpy_loader_slot_views(owner, self->arrays) : NULL;
         Py_XDECREF(owner);
     }
@@ -453,19 +458,23 @@ static PyObject *engine_next(PyObject *op, PyObject *args, PyObject *kwargs) {
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     if (!module || check_open(self) < 0)
         return NULL;
+    gt_loader *loader = self->loader;  /* kept alive while another thread may shut down */
+    gt_loader_retain(loader);
     gt_slot *slot = NULL;
-    gt_status status = wait_next(self, timeout, &slot);
-    if (status != GT_OK && PyErr_Occurred())
-        return NULL;
-    if (status != GT_OK && self->worker_error) {  /* worker_start's error, for the caller to raise */
+    gt_status status = wait_next(loader, timeout, &slot);
+    PyObject *result;
+    if (status != GT_OK && PyErr_Occurred()) {
+        result = NULL;
+    } else if (status != GT_OK && self->worker_error) {  /* worker_start's error, for the caller */
         gt_clear_error();
-        PyObject *error = self->worker_error;
-        self->worker_error = NULL;
-        return Py_BuildValue("(nN)", (Py_ssize_t)-1, error);
+        result = Py_BuildValue("(nO)", (Py_ssize_t)-1, self->worker_error);
+    } else if (status != GT_OK) {
+        result = gtpy_raise(module, status);
+    } else {
+        result = slot ? deliver(self, loader, slot) : Py_NewRef(Py_None);
     }
-    if (status != GT_OK)
-        return gtpy_raise(module, status);
-    return slot ? deliver(self, slot) : Py_NewRef(Py_None);
+    gt_loader_unref(loader);
+    return result;
 }
 
 static PyObject *engine_stop(PyObject *op, PyObject *Py_UNUSED(ignored)) {

@@ -66,11 +66,13 @@ class _Engine:
 
 
 _LIVE_ENGINES: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
+_EXITING = [False]  # set once the interpreter exits: no new worker threads after that
 
 
 @atexit.register
 def _shutdown_all_engines() -> None:
     """Joins every worker thread before the interpreter tears down the arrays they read."""
+    _EXITING[0] = True
     for engine in list(_LIVE_ENGINES):
         engine.shutdown()
 
@@ -393,6 +395,8 @@ class DataLoader:
     # ---- iteration ---------------------------------------------------------------------------
 
     def _new_engine(self, max_rows: int) -> _Engine:
+        if _EXITING[0]:
+            raise RuntimeError("DataLoader: the interpreter is shutting down; no new epoch can start")
         hooks_in_workers = self.transform_in_workers and self.num_workers > 0
         needs_start = self.num_workers > 0 and (self.worker_init_fn is not None or hooks_in_workers)
         worker_start = (make_worker_start(self.num_workers, self._order_seed(), self.dataset, self.worker_init_fn)
@@ -472,11 +476,13 @@ class _DataLoaderIter(Iterator[Any]):
 
     def reset(self, plan: _Plan, epoch: int, start: int, done: list[int]) -> _Progress:
         """Starts epoch `epoch` of `plan` at batch `start`, skipping the batches in `done`."""
+        loader = self._loader_ref()
+        if loader is not None:
+            self._timeout = loader.timeout
         num_batches = self.engine.engine.start_epoch(plan.order, plan.batch_size, plan.drop_last, plan.offsets,
                                                      start, done)
         self._progress = _Progress(epoch, num_batches, start, done)
         self._finished = False
-        loader = self._loader_ref()
         self._device_stage = None
         if loader is not None and loader.device is not None:
             from gputrain.data.transfer import DeviceStage
@@ -500,12 +506,11 @@ class _DataLoaderIter(Iterator[Any]):
             raise StopIteration
         try:
             item = self.engine.engine.next(float(self._timeout))
-        except TimeoutError:
+        except BaseException as error:  # a timeout, Ctrl-C, a C failure: end the epoch at once
             self._finished = True
-            self.engine.stop()
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
-        except BaseException:
-            self._close()
+            self.engine.stop()  # a worker busy in a hook is joined when the engine is dropped
+            if isinstance(error, TimeoutError):
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
             raise
         if item is None:
             self._close()
