@@ -448,6 +448,9 @@ static PyObject *op_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
     if (src && (size_t)PyArray_NBYTES(src) != bytes)
         return PyErr_Format(PyExc_ValueError, "src: has %zu bytes, dst has %zu",
                             (size_t)PyArray_NBYTES(src), bytes);
+    uintptr_t d = (uintptr_t)PyArray_DATA(dst), s = src ? (uintptr_t)PyArray_DATA(src) : 0;
+    if (src && bytes > 0 && d < s + bytes && s < d + bytes)
+        return PyErr_Format(PyExc_ValueError, "src: overlaps dst");
     gt_backend be = cpu_backend(NULL, 0);
     if (src)
         RUN_OP(module, be.ops->copy(&be, PyArray_DATA(dst), PyArray_DATA(src), bytes));
