@@ -1,0 +1,80 @@
+"""Bulk conversions between float32, float16 and bfloat16 arrays (csrc/core/cast.c)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gputrain import _C
+
+try:
+    import ml_dtypes
+
+    _BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    _BFLOAT16 = None
+
+_NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _dtype_name(dtype: Any, arg_name: str) -> str:
+    """'f32', 'f16' or 'bf16' for a string or a NumPy/ml_dtypes dtype."""
+    if isinstance(dtype, str):
+        name = _NAMES.get(dtype, dtype)
+        if name in ("f32", "f16", "bf16"):
+            return name
+        raise ValueError(f"{arg_name} must be 'f32', 'f16' or 'bf16', got {dtype!r}")
+    if not isinstance(dtype, (np.dtype, type)):
+        raise TypeError(f"{arg_name} must be a str or a dtype, not {type(dtype).__name__}")
+    numpy_dtype = np.dtype(dtype)
+    if numpy_dtype.name not in _NAMES:
+        raise ValueError(f"{arg_name} must be float32, float16 or bfloat16, got {numpy_dtype}")
+    return _NAMES[numpy_dtype.name]
+
+
+def _is_bfloat16(array: np.ndarray) -> bool:
+    return _BFLOAT16 is not None and array.dtype == _BFLOAT16
+
+
+def cast(
+    array: Any,
+    dtype: Any,
+    *,
+    src_dtype: str | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Convert an array between float32, float16 and bfloat16, rounding to nearest even.
+
+    Results are bit-identical to ``array.astype(np.float16)`` (NumPy) and to
+    ``array.astype(ml_dtypes.bfloat16)``, NaN payloads included, on every SIMD level.
+
+    Args:
+        array: float32, float16 or ``ml_dtypes.bfloat16`` values, or uint16 bit patterns
+            together with ``src_dtype``. Other dtypes (float64, integers) raise ``TypeError``:
+            convert them to float32 first, so no value is rounded twice without you seeing it.
+        dtype: the result's type: ``"f32"``, ``"f16"`` or ``"bf16"`` (long names and NumPy
+            dtypes such as ``np.float16`` are accepted too).
+        src_dtype: what a uint16 ``array`` holds: ``"bf16"`` or ``"f16"`` bit patterns.
+        out: a C-contiguous array of the input's shape to write into (for ``"bf16"``: a
+            bfloat16 or uint16 array); it must not share memory with ``array``.
+
+    Returns:
+        A new array (or ``out``): float32, float16, and for bf16 ``ml_dtypes.bfloat16`` when
+        ml_dtypes is installed, otherwise its uint16 bit patterns.
+    """
+    target = _dtype_name(dtype, "dtype")
+    source = np.asarray(array)
+    if _is_bfloat16(source):
+        if src_dtype not in (None, "bf16", "bfloat16"):
+            raise ValueError(f"src_dtype {src_dtype!r} does not describe a bfloat16 array")
+        source, src_dtype = source.view(np.uint16), "bf16"
+    if src_dtype is not None:
+        src_dtype = _dtype_name(src_dtype, "src_dtype")
+    if out is None:
+        result = _C.cast(source, target, src_dtype=src_dtype)
+        return result.view(_BFLOAT16) if target == "bf16" and _BFLOAT16 is not None else result
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
+    _C.cast(source, target, src_dtype=src_dtype, out=out.view(np.uint16) if _is_bfloat16(out) else out)
+    return out
