@@ -54,7 +54,7 @@ class AdamWReference:
         t = float(st["step"])
         p *= f32(1 - self.lr * self.wd)
         st["m"] = lerp(st["m"], g, 1 - beta1)
-        st["v"] = st["v"] * f32(beta2) + (f32(1 - beta2) * g) * g
+        st["v"] = fma32(f32(1 - beta2) * g, g, st["v"] * f32(beta2))
         bc1 = 1 - beta1**t
         bc2 = 1 - beta2**t
         step_size = self.lr / bc1

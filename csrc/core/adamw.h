@@ -4,10 +4,14 @@
  * "exact" numerics reproduce PyTorch's CPU AdamW (foreach=False) operation by operation, with
  * scalars computed in float64 on the host and rounded to float32 once:
  *   p = p * f32(1 - lr*wd)
- *   m = lerp(m, g, f32(1 - beta1))                  (one FMA, as torch's vectorised lerp)
- *   v = v * f32(beta2) + (f32(1 - beta2) * g) * g   (no FMA, as torch's mul_ + addcmul_)
+ *   m = lerp(m, g, f32(1 - beta1))                     (one FMA, as torch's vectorised lerp_)
+ *   v = fma(f32(1 - beta2) * g, g, v * f32(beta2))     (torch's mul_, then addcmul_: one FMA)
  *   denom = sqrt(v) / f32(sqrt(1 - beta2^t)) + f32(eps)
- *   p = p + (f32(-lr / (1 - beta1^t)) * m) / denom
+ *   p = p + (f32(-lr / (1 - beta1^t)) * m) / denom     (torch's addcdiv_)
+ * The square root is IEEE's (correctly rounded, the same on every backend). PyTorch's CPU
+ * Tensor.sqrt goes through MKL's vsSqrt, which is within 1 ulp but not always correctly
+ * rounded; that is the one place where the results can differ from PyTorch's (see
+ * tests/test_optim_torch.py, which also checks bit equality with a correctly rounded sqrt).
  * "fast" numerics keep m and v identical but replace both divisions: the bias correction is a
  * multiplication by its float64 reciprocal fused with the eps addition, and 1/denom is a
  * Newton-Raphson reciprocal (gt_recip_newton) fused into the parameter update (DeepSpeed's
@@ -71,7 +75,7 @@ GT_HD float gt_adamw_grad(float g, const gt_adamw_scalars *s) {
 /* Updates the moments in place and returns the second moment the denominator uses. */
 GT_HD float gt_adamw_moments(float g, float *m, float *v, float *v_max, const gt_adamw_scalars *s) {
     *m = gt_lerp(*m, g, s->beta1_weight);
-    *v = gt_add(gt_mul(*v, s->beta2), gt_mul(gt_mul(s->one_minus_beta2, g), g));
+    *v = gt_fma(gt_mul(s->one_minus_beta2, g), g, gt_mul(*v, s->beta2));
     if (!s->amsgrad)
         return *v;
     *v_max = gt_max_nan(*v_max, *v);

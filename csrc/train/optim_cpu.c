@@ -72,8 +72,7 @@ TARGET_AVX512 static void adamw_avx512(gt_numerics numerics, const gt_adamw_scal
         __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
         __m512 mi = _mm512_loadu_ps(m + i);
         mi = _mm512_fmadd_ps(lerp_w, _mm512_sub_ps(gi, mi), small ? mi : gi);
-        __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2),
-                                  _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
+        __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, _mm512_mul_ps(_mm512_loadu_ps(v + i), b2));
         _mm512_storeu_ps(m + i, mi);
         _mm512_storeu_ps(v + i, vi);
         if (s->amsgrad) {
@@ -163,8 +162,7 @@ TARGET_AVX2 static void adamw_avx2(gt_numerics numerics, const gt_adamw_scalars 
         __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
         __m256 mi = _mm256_loadu_ps(m + i);
         mi = _mm256_fmadd_ps(lerp_w, _mm256_sub_ps(gi, mi), small ? mi : gi);
-        __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2),
-                                  _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
+        __m256 vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
         _mm256_storeu_ps(m + i, mi);
         _mm256_storeu_ps(v + i, vi);
         if (s->amsgrad) {
