@@ -7,7 +7,10 @@ of the same bytes (in pedantic's setup), so both are measured in the same run an
 same machine load. Bandwidth is counted in gradient bytes per second (4 bytes per element),
 so a ratio of 1.0 means the unscale costs no more than reading the arena once.
 
-    python -m pytest benchmarks/bench_scaler.py --benchmark-json=benchmarks/results/scaler.json
+    python -m pytest benchmarks/bench_scaler.py
+
+Results go to benchmarks/results/scaler.test_unscale_inf_check_vs_read-<level>-<mode>.json
+(the `record` fixture of benchmarks/conftest.py, with the machine and its load average).
 
 GPUTRAIN_BENCH_SCALER_N sets a smaller arena for a quick run.
 """
@@ -44,7 +47,7 @@ def simd_level(request):
 
 
 @pytest.mark.parametrize("mode", ["unscale", "check_only"])
-def test_unscale_inf_check_vs_read(benchmark, arena, simd_level, mode):
+def test_unscale_inf_check_vs_read(benchmark, record, arena, simd_level, mode):
     """mode 'unscale': scale 2**16 (read, multiply, write); 'check_only': scale 1 (no multiply)."""
     if mode == "unscale":  # alternate 2**16 and 2**-16 so the values never drift into subnormals
         scalers = [GradScaler(init_scale=2.0**16), GradScaler(init_scale=2.0**-16)]
@@ -69,12 +72,15 @@ def test_unscale_inf_check_vs_read(benchmark, arena, simd_level, mode):
     unscale_gbps = gradient_bytes / benchmark.stats.stats.min / 1e9
     read_gbps = gradient_bytes / min(read_seconds) / 1e9
     median_ratio = float(np.median(read_seconds)) / benchmark.stats.stats.median
-    benchmark.extra_info.update({
+    metrics = {
         "elements": N,
+        "mode": mode,
         "simd": simd_level,
         "threads": gputrain.get_num_threads(),
         "unscale_GBps": round(unscale_gbps, 2),
         "read_baseline_GBps": round(read_gbps, 2),
         "ratio_best": round(unscale_gbps / read_gbps, 3),
         "ratio_median": round(median_ratio, 3),
-    })
+    }
+    benchmark.extra_info.update(metrics)
+    record(**metrics)
