@@ -17,19 +17,23 @@ class AdamW(Optimizer):
     the two divisions per element into a multiplication and a Newton-Raphson reciprocal
     (DeepSpeed CPU-Adam style, a few ulps from exact per step) to run at memory bandwidth.
     cpu_offload_fraction=f keeps the state (and an fp32 master copy) of the last f of the
-    parameter elements in pinned host memory, updated by CPU threads; results are identical
-    for every f.
+    parameter elements in pinned host memory, updated by CPU threads while the device updates
+    the rest, with gradients and parameters streamed in chunks of offload_chunk_numel elements
+    (0: 1 Mi) through double-buffered pinned staging; results are identical for every f.
+    Parameters changed other than by step() (e.g. model.load_state_dict) need reload_params()
+    when f > 0.
     """
 
     _kind = "adamw"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-                 numerics: str = "exact", cpu_offload_fraction: float = 0.0) -> None:
+                 numerics: str = "exact", cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "amsgrad": bool(amsgrad), "maximize": bool(maximize)}
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults, numerics=numerics, cpu_offload_fraction=cpu_offload_fraction)
+        super().__init__(params, defaults, numerics=numerics, cpu_offload_fraction=cpu_offload_fraction,
+                         offload_chunk_numel=offload_chunk_numel)
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         lr = _check_number(group["lr"], "lr")

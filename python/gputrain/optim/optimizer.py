@@ -48,7 +48,7 @@ class Optimizer:
     _kind: ClassVar[str] = ""
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, numerics: str = "exact",
-                 cpu_offload_fraction: float = 0.0) -> None:
+                 cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0) -> None:
         if isinstance(params, (Parameter, np.ndarray)):
             raise TypeError("params argument given to the optimizer should be an iterable of "
                             f"Parameters or dicts, but got {type(params).__name__}")
@@ -60,6 +60,9 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.numerics = numerics
         self.cpu_offload_fraction = check_offload_fraction(cpu_offload_fraction)
+        if isinstance(offload_chunk_numel, bool) or not isinstance(offload_chunk_numel, int) or offload_chunk_numel < 0:
+            raise ValueError(f"offload_chunk_numel must be an int >= 0, got {offload_chunk_numel!r}")
+        self.offload_chunk_numel = offload_chunk_numel
         self.param_groups: list[dict[str, Any]] = []
         groups = list(params)
         if not groups:
@@ -128,7 +131,8 @@ class Optimizer:
         default_grads = [p._grad_storage if p._owner is not None and p.requires_grad else None for p in params]
         return _C.Optimizer(self._kind, arrays, group_of, [self._hparams(g) for g in self.param_groups],
                             grads=default_grads, numerics=self.numerics,
-                            cpu_offload_fraction=self.cpu_offload_fraction)
+                            cpu_offload_fraction=self.cpu_offload_fraction,
+                            offload_chunk_numel=self.offload_chunk_numel)
 
     def push_hyperparameters(self) -> None:
         """Copy every group's hyperparameters (e.g. an lr set by a scheduler) into C."""
