@@ -85,3 +85,16 @@ def test_fp16_overflow_skips_exactly_that_step_and_recovers():
     assert skipped == [i == 5 for i in range(12)]
     assert scaler.skipped_steps == 1
     assert np.isfinite(step(x_train[:32], y_train[:32]).loss)
+
+
+def test_tf32_is_reported_not_applicable_on_the_cpu():
+    model = nn.Sequential(nn.Linear(4, 2))
+    step = gt.TrainStep(model, nn.MSELoss(), tf32=True)
+    try:
+        if gt.cuda.device_count() == 0:
+            assert step.tf32_status.startswith("not applicable")
+            assert gt.info()["tf32"].startswith("not applicable (requested)")
+        assert gt.backends.tf32 is True
+    finally:
+        gt.backends.tf32 = False
+    assert "sgemm" in gt.info()["cpu_half_gemm"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gputrain import _C
+from gputrain import _C, backends
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 
@@ -53,6 +53,7 @@ class TrainStep:
         scheduler: Any = None,
         set_to_none: bool = True,
         log_grad_norm: bool = False,
+        tf32: bool | None = None,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -76,11 +77,15 @@ class TrainStep:
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else 0.0
         self.set_to_none = bool(set_to_none)
         self.log_grad_norm = bool(log_grad_norm)
+        if tf32 is not None:
+            backends.set_tf32(tf32)
+        self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
         compiled = model.compiled
         compiled.precision = PRECISIONS[precision]
         compiled.checkpointing = bool(gradient_checkpointing)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
+        scale_before = self.scaler.get_scale() if self.scaler is not None else None
         result = _C.train_step(
             self.model.compiled, x, y, self.loss_fn._spec(),
             micro_batches=self.gradient_accumulation_steps,
@@ -90,6 +95,8 @@ class TrainStep:
             optimizer=self.optimizer,
             scaler=self.scaler,
         )
+        if scale_before is not None:
+            self.scaler._warn_if_below_one(scale_before)
         if self.scheduler is not None and not result["skipped"] and self.optimizer is not None:
             self.scheduler.step()
         return StepOutput(**result)
