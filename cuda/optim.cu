@@ -50,6 +50,14 @@ __global__ void ema_kernel(float *ema, const float *p, float weight, size_t n) {
         gt_ema_update(&ema[i], p[i], weight);
 }
 
+__global__ void ema_swap_kernel(float *ema, float *p, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float kept = ema[i];
+        ema[i] = p[i];
+        p[i] = kept;
+    }
+}
+
 // One block of GT_SUMSQ_LANES threads per chunk: lane l adds the squares of the chunk's
 // elements l, l+16, ... in order, then the lanes fold pairwise; totals[chunk] gets the result.
 __global__ void sumsq_kernel(const float *x, size_t n, size_t chunk_len, double *totals) {
@@ -124,6 +132,17 @@ extern "C" gt_status gt_cuda_ema(int device, float *ema, const float *p, float w
         return GT_FAIL(GT_ERR_VALUE, "ema: NULL device pointer for %zu elements", n);
     ema_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(ema, p, weight, n);
     GT_CUDA_TRY(cudaGetLastError(), "ema_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_ema_swap(int device, float *ema, float *p, size_t n, void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!ema || !p)
+        return GT_FAIL(GT_ERR_VALUE, "ema: NULL device pointer for %zu elements", n);
+    ema_swap_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(ema, p, n);
+    GT_CUDA_TRY(cudaGetLastError(), "ema_swap_kernel launch");
     return GT_OK;
 }
 

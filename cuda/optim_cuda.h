@@ -29,6 +29,9 @@ gt_status gt_cuda_sgd(int device, const gt_sgd_scalars *s, float *p, const float
 /* Queues ema_kernel: ema = lerp(ema, p, weight) over n elements. */
 gt_status gt_cuda_ema(int device, float *ema, const float *p, float weight, size_t n, void *stream);
 
+/* Queues ema_swap_kernel: exchanges ema[0..n) and p[0..n). */
+gt_status gt_cuda_ema_swap(int device, float *ema, float *p, size_t n, void *stream);
+
 /* The sum of squares of n device floats in core/sumsq_order.h's order (the same bits as
  * gt_grad_sumsq); waits for the result. */
 gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream);

@@ -7,6 +7,7 @@
 
 from gputrain.optim.adamw import AdamW
 from gputrain.optim.clip import clip_coefficient, clip_grad_norm_, total_norm
+from gputrain.optim.ema import EMA
 from gputrain.optim.groups import no_weight_decay, param_groups_llrd, param_groups_weight_decay
 from gputrain.optim.optimizer import Optimizer
 from gputrain.optim.schedule import (
@@ -25,6 +26,7 @@ from gputrain.optim.sgd import SGD
 
 __all__ = [
     "SGD",
+    "EMA",
     "AdamW",
     "LambdaLR",
     "Optimizer",

@@ -1,0 +1,221 @@
+/* gputrain._C.EMA: the exponential moving average of parameter arrays (csrc/train/ema.h).
+ * gputrain.optim.EMA wraps it. */
+#include "py/gtpy.h"
+
+#include "train/ema.h"
+
+typedef struct {
+    PyObject_HEAD
+    gt_ema *ema;       /* the C shadow; NULL only while being built */
+    PyObject *params;  /* tuple of the parameter arrays (kept alive: the shadow points at them) */
+} EmaObject;
+
+static PyObject *module_of(PyObject *self) { return PyType_GetModuleByDef(Py_TYPE(self), &gtpy_module_def); }
+
+static int check_param(PyObject *obj, Py_ssize_t index) {
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_FLOAT32) {
+        PyErr_Format(PyExc_TypeError, "params[%zd] must be a float32 NumPy array", index);
+        return -1;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) || !PyArray_ISWRITEABLE((PyArrayObject *)obj)) {
+        PyErr_Format(PyExc_ValueError, "params[%zd] must be a C-contiguous, writeable array", index);
+        return -1;
+    }
+    return 0;
+}
+
+static int create_core(EmaObject *self, PyObject *module, int on_host) {
+    Py_ssize_t n = PyTuple_GET_SIZE(self->params);
+    float **pointers = PyMem_Calloc(n ? n : 1, sizeof *pointers);
+    size_t *numels = PyMem_Calloc(n ? n : 1, sizeof *numels);
+    int rc = -1;
+    if (!pointers || !numels) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyTuple_GET_ITEM(self->params, i);
+        if (check_param(p, i) < 0)
+            goto done;
+        pointers[i] = (float *)PyArray_DATA((PyArrayObject *)p);
+        numels[i] = (size_t)PyArray_SIZE((PyArrayObject *)p);
+    }
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_ema_create(gt_cpu_device(), on_host, pointers, numels, (size_t)n, &self->ema);
+    Py_END_ALLOW_THREADS
+    rc = status == GT_OK ? 0 : gtpy_raise_int(module, status);
+done:
+    PyMem_Free(pointers);
+    PyMem_Free(numels);
+    return rc;
+}
+
+static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"params", "on_host", NULL};
+    PyObject *params = NULL;
+    int on_host = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:EMA", keywords, &params, &on_host))
+        return NULL;
+    PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
+    if (!module)
+        return NULL;
+    EmaObject *self = (EmaObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->params = PySequence_Tuple(params);
+    if (!self->params || create_core(self, module, on_host) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int ema_traverse(PyObject *op, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(((EmaObject *)op)->params);
+    return 0;
+}
+
+static int ema_clear(PyObject *op) {
+    Py_CLEAR(((EmaObject *)op)->params);
+    return 0;
+}
+
+static void ema_dealloc(PyObject *op) {
+    EmaObject *self = (EmaObject *)op;
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    gt_ema_destroy(self->ema);
+    self->ema = NULL;
+    ema_clear(op);
+    type->tp_free(op);
+    Py_DECREF(type);
+}
+
+static PyObject *finish(PyObject *op, gt_status status) {
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
+}
+
+static PyObject *ema_update(PyObject *op, PyObject *arg) {
+    double decay = PyFloat_AsDouble(arg);
+    if (decay == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!(decay >= 0.0 && decay <= 1.0))
+        return PyErr_Format(PyExc_ValueError, "decay must be in [0, 1], got %R", arg);
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_ema_update(((EmaObject *)op)->ema, decay);
+    Py_END_ALLOW_THREADS
+    return finish(op, status);
+}
+
+static PyObject *ema_swap(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_ema_swap(((EmaObject *)op)->ema);
+    Py_END_ALLOW_THREADS
+    return finish(op, status);
+}
+
+static PyObject *ema_copy_to_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_ema_copy_to_params(((EmaObject *)op)->ema);
+    Py_END_ALLOW_THREADS
+    return finish(op, status);
+}
+
+static int param_index(EmaObject *self, Py_ssize_t index, PyArrayObject **param) {
+    if (index < 0 || index >= PyTuple_GET_SIZE(self->params)) {
+        PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zd parameters)", index,
+                     PyTuple_GET_SIZE(self->params));
+        return -1;
+    }
+    *param = (PyArrayObject *)PyTuple_GET_ITEM(self->params, index);
+    return 0;
+}
+
+static PyObject *ema_get(PyObject *op, PyObject *arg) {
+    EmaObject *self = (EmaObject *)op;
+    PyArrayObject *param = NULL;
+    Py_ssize_t index = PyLong_AsSsize_t(arg);
+    if ((index == -1 && PyErr_Occurred()) || param_index(self, index, &param) < 0)
+        return NULL;
+    PyObject *out = PyArray_NewLikeArray(param, NPY_CORDER, NULL, 0);
+    if (!out)
+        return NULL;
+    gt_status status = gt_ema_read(self->ema, (size_t)index, (float *)PyArray_DATA((PyArrayObject *)out));
+    if (status != GT_OK) {
+        Py_DECREF(out);
+        return gtpy_raise(module_of(op), status);
+    }
+    return out;
+}
+
+static PyObject *ema_set(PyObject *op, PyObject *args) {
+    EmaObject *self = (EmaObject *)op;
+    Py_ssize_t index = 0;
+    PyObject *value = NULL;
+    PyArrayObject *param = NULL;
+    if (!PyArg_ParseTuple(args, "nO:set", &index, &value) || param_index(self, index, &param) < 0)
+        return NULL;
+    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+    if (!array)
+        return NULL;
+    if (PyArray_SIZE(array) != PyArray_SIZE(param)) {
+        PyErr_Format(PyExc_ValueError, "shadow %zd has %zd elements, got %zd", index,
+                     (Py_ssize_t)PyArray_SIZE(param), (Py_ssize_t)PyArray_SIZE(array));
+        Py_DECREF(array);
+        return NULL;
+    }
+    gt_status status = gt_ema_write(self->ema, (size_t)index, (const float *)PyArray_DATA(array));
+    Py_DECREF(array);
+    return finish(op, status);
+}
+
+static PyObject *ema_get_nbytes(PyObject *op, void *Py_UNUSED(closure)) {
+    return PyLong_FromSize_t(gt_ema_bytes(((EmaObject *)op)->ema));
+}
+
+static PyMethodDef ema_methods[] = {
+    {"update", ema_update, METH_O, "update(decay)\n--\n\nshadow = lerp(shadow, param, 1 - decay)."},
+    {"swap", ema_swap, METH_NOARGS, "Exchange the shadow and the parameters."},
+    {"copy_to_params", ema_copy_to_params, METH_NOARGS, "Copy the shadow into the parameters."},
+    {"get", ema_get, METH_O, "get(index)\n--\n\nA copy of parameter index's shadow."},
+    {"set", ema_set, METH_VARARGS, "set(index, array)\n--\n\nReplace parameter index's shadow."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ema_getset[] = {
+    {"nbytes", ema_get_nbytes, NULL, "Bytes of the shadow arena.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot ema_slots[] = {
+    {Py_tp_new, ema_new},
+    {Py_tp_dealloc, ema_dealloc},
+    {Py_tp_traverse, ema_traverse},
+    {Py_tp_clear, ema_clear},
+    {Py_tp_methods, ema_methods},
+    {Py_tp_getset, ema_getset},
+    {Py_tp_doc, "EMA(params, *, on_host=False)\n--\n\nA shadow (moving average) of float32 parameter arrays, "
+                "in the cpu pool or, with on_host, in pinned host memory."},
+    {0, NULL},
+};
+
+static PyType_Spec ema_spec = {
+    .name = "gputrain._C.EMA",
+    .basicsize = sizeof(EmaObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = ema_slots,
+};
+
+int gtpy_add_ema(PyObject *module) {
+    PyObject *type = PyType_FromModuleAndSpec(module, &ema_spec, NULL);
+    if (!type)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "EMA", type);
+    Py_DECREF(type);
+    return rc;
+}

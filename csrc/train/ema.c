@@ -1,0 +1,251 @@
+#include "train/ema.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "train/copy_stream.h"
+#include "train/optim_cpu.h"
+
+#ifdef GT_WITH_CUDA
+#include "optim_cuda.h"
+#endif
+
+enum {
+    PARALLEL_MIN = 32768,    /* elements below which a pass stays on one thread */
+    SHARE_ALIGN = 16,        /* thread shares start on multiples of this many elements */
+    STAGING_NUMEL = 1 << 20, /* host-shadow staging chunk for cuda parameters, elements */
+};
+
+/* Parameters adjacent in memory, averaged as one run. */
+typedef struct ema_run {
+    float *param;       /* (numel,) on the device */
+    float *shadow;      /* (numel,) in the shadow arena */
+    size_t numel;       /* elements */
+    size_t work_begin;  /* elements of the earlier runs */
+} ema_run;
+
+struct gt_ema {
+    gt_device device;        /* where the parameters live */
+    int on_host;             /* 1: the shadow is in pinned host memory */
+    gt_arena arena;          /* shadow (total,) [+ staging (staging_numel,)] */
+    float *shadow;           /* (total,) parameters packed in order */
+    float *staging;          /* (staging_numel,) pinned; only for a host shadow of cuda parameters */
+    size_t staging_numel;    /* elements of `staging` (0 without) */
+    size_t total;            /* elements of all parameters */
+    size_t num_params;       /* parameters */
+    size_t *offsets;         /* (num_params,) first shadow element of each parameter */
+    size_t *numels;          /* (num_params,) elements of each parameter */
+    ema_run *runs;           /* (num_runs,) */
+    size_t num_runs;         /* merged runs */
+};
+
+/* 1 when the CPU can touch both the parameters and the shadow. */
+static int host_reachable(const gt_ema *ema) { return ema->device.kind != GT_DEVICE_CUDA; }
+
+static gt_status build_runs(gt_ema *ema, float *const *params) {
+    size_t offset = 0;
+    for (size_t i = 0; i < ema->num_params; i++) {
+        ema->offsets[i] = offset;
+        if (ema->numels[i] == 0)
+            continue;
+        ema_run *last = ema->num_runs ? &ema->runs[ema->num_runs - 1] : NULL;
+        if (last && last->param + last->numel == params[i]) {
+            last->numel += ema->numels[i];
+        } else {
+            ema->runs[ema->num_runs++] = (ema_run){params[i], ema->shadow + offset, ema->numels[i], offset};
+        }
+        offset += ema->numels[i];
+    }
+    return GT_OK;
+}
+
+static gt_status allocate(gt_ema *ema, size_t num_params) {
+    ema->offsets = calloc(num_params ? num_params : 1, sizeof *ema->offsets);
+    ema->numels = calloc(num_params ? num_params : 1, sizeof *ema->numels);
+    ema->runs = calloc(num_params ? num_params : 1, sizeof *ema->runs);
+    if (!ema->offsets || !ema->numels || !ema->runs)
+        return GT_FAIL(GT_ERR_OOM, "ema: out of host memory for %zu parameters", num_params);
+    ema->num_params = num_params;
+    return GT_OK;
+}
+
+static gt_status create_arena(gt_ema *ema) {
+    gt_device pool = ema->on_host ? gt_pinned_device() : ema->device;
+    if (ema->on_host && ema->device.kind == GT_DEVICE_CUDA)
+        ema->staging_numel = ema->total < STAGING_NUMEL ? ema->total : STAGING_NUMEL;
+    size_t shadow_bytes = ema->total * sizeof(float), staging_bytes = ema->staging_numel * sizeof(float);
+    GT_TRY(gt_arena_create(&ema->arena, pool, gt_align_up(shadow_bytes) + gt_align_up(staging_bytes)));
+    void *piece = NULL;
+    if (shadow_bytes) {
+        GT_TRY(gt_arena_take(&ema->arena, shadow_bytes, &piece));
+        ema->shadow = piece;
+    }
+    if (staging_bytes) {
+        GT_TRY(gt_arena_take(&ema->arena, staging_bytes, &piece));
+        ema->staging = piece;
+    }
+    return GT_OK;
+}
+
+static gt_status build(gt_ema *ema, float *const *params, const size_t *numels, size_t num_params) {
+    GT_TRY(allocate(ema, num_params));
+    for (size_t i = 0; i < num_params; i++) {
+        if (numels[i] > 0 && !params[i])
+            return GT_FAIL(GT_ERR_VALUE, "params[%zu]: NULL pointer", i);
+        ema->numels[i] = numels[i];
+        ema->total += numels[i];
+    }
+    GT_TRY(create_arena(ema));
+    GT_TRY(build_runs(ema, params));
+    for (size_t k = 0; k < ema->num_runs; k++)
+        GT_TRY(gt_memcpy_blocking(ema->device, ema->runs[k].shadow, ema->runs[k].param,
+                                  ema->runs[k].numel * sizeof(float)));
+    return GT_OK;
+}
+
+gt_status gt_ema_create(gt_device device, int on_host, float *const *params, const size_t *numels,
+                        size_t num_params, gt_ema **out) {
+    *out = NULL;
+    if (device.kind == GT_DEVICE_PINNED)
+        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
+    gt_ema *ema = calloc(1, sizeof *ema);
+    if (!ema)
+        return GT_FAIL(GT_ERR_OOM, "ema: out of host memory");
+    ema->device = device;
+    ema->on_host = on_host != 0;
+    gt_status status = build(ema, params, numels, num_params);
+    if (status != GT_OK) {
+        gt_ema_destroy(ema);
+        return status;
+    }
+    *out = ema;
+    return GT_OK;
+}
+
+void gt_ema_destroy(gt_ema *ema) {
+    if (!ema)
+        return;
+    gt_arena_destroy(&ema->arena);
+    free(ema->offsets);
+    free(ema->numels);
+    free(ema->runs);
+    free(ema);
+}
+
+size_t gt_ema_bytes(const gt_ema *ema) { return ema->arena.block.bytes; }
+
+/* ------------------------------------------------------------ host passes --------- */
+
+typedef void (*run_pass)(float *shadow, float *param, size_t n, float weight);
+
+static void lerp_pass(float *shadow, float *param, size_t n, float weight) { gt_ema_cpu(shadow, param, weight, n); }
+
+static void swap_pass(float *shadow, float *param, size_t n, float weight) {
+    for (size_t i = 0; i < n; i++) {
+        float kept = shadow[i];
+        shadow[i] = param[i];
+        param[i] = kept;
+    }
+}
+
+static size_t share_bound(size_t total, size_t t, size_t threads) {
+    if (t >= threads)
+        return total;
+    size_t bound = (size_t)((double)total * (double)t / (double)threads);
+    return bound - bound % SHARE_ALIGN;
+}
+
+/* One OpenMP region over all runs, each thread taking its share of the elements. */
+static void host_pass(gt_ema *ema, run_pass pass, float weight) {
+#pragma omp parallel if (ema->total >= PARALLEL_MIN)
+    {
+        size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t begin = share_bound(ema->total, t, threads), end = share_bound(ema->total, t + 1, threads);
+        for (size_t k = 0; k < ema->num_runs && begin < end; k++) {
+            const ema_run *run = &ema->runs[k];
+            size_t lo = begin > run->work_begin ? begin : run->work_begin;
+            size_t hi = end < run->work_begin + run->numel ? end : run->work_begin + run->numel;
+            if (lo < hi)
+                pass(run->shadow + (lo - run->work_begin), run->param + (lo - run->work_begin), hi - lo, weight);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ cuda passes --------- */
+
+#ifdef GT_WITH_CUDA
+/* Host shadow of cuda parameters: each chunk of parameters comes through the staging buffer. */
+static gt_status staged_pass(gt_ema *ema, int swap, float weight) {
+    for (size_t k = 0; k < ema->num_runs; k++) {
+        const ema_run *run = &ema->runs[k];
+        for (size_t first = 0; first < run->numel; first += ema->staging_numel) {
+            size_t n = run->numel - first < ema->staging_numel ? run->numel - first : ema->staging_numel;
+            size_t bytes = n * sizeof(float);
+            GT_TRY(gt_memcpy_blocking(ema->device, ema->staging, run->param + first, bytes));
+            if (swap) {
+                GT_TRY(gt_memcpy_blocking(ema->device, run->param + first, run->shadow + first, bytes));
+                memcpy(run->shadow + first, ema->staging, bytes);
+            } else {
+                gt_ema_cpu(run->shadow + first, ema->staging, weight, n);
+            }
+        }
+    }
+    return GT_OK;
+}
+
+static gt_status device_pass(gt_ema *ema, int swap, float weight) {
+    if (ema->on_host)
+        return staged_pass(ema, swap, weight);
+    for (size_t k = 0; k < ema->num_runs; k++) {
+        const ema_run *run = &ema->runs[k];
+        if (swap)
+            GT_TRY(gt_cuda_ema_swap(ema->device.index, run->shadow, run->param, run->numel, NULL));
+        else
+            GT_TRY(gt_cuda_ema(ema->device.index, run->shadow, run->param, weight, run->numel, NULL));
+    }
+    return GT_OK;
+}
+#endif
+
+static gt_status run(gt_ema *ema, int swap, float weight) {
+#ifdef GT_WITH_CUDA
+    if (!host_reachable(ema))
+        return device_pass(ema, swap, weight);
+#endif
+    if (!host_reachable(ema))
+        return GT_FAIL(GT_ERR_RUNTIME, "ema: this build has no CUDA backend");
+    host_pass(ema, swap ? swap_pass : lerp_pass, weight);
+    return GT_OK;
+}
+
+gt_status gt_ema_update(gt_ema *ema, double decay) {
+    if (!(decay >= 0.0 && decay <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "decay: must be in [0, 1], got %g", decay);
+    return run(ema, 0, (float)(1.0 - decay));
+}
+
+gt_status gt_ema_swap(gt_ema *ema) { return run(ema, 1, 0.0f); }
+
+gt_status gt_ema_copy_to_params(gt_ema *ema) {
+    for (size_t k = 0; k < ema->num_runs; k++)
+        GT_TRY(gt_memcpy_blocking(ema->device, ema->runs[k].param, ema->runs[k].shadow,
+                                  ema->runs[k].numel * sizeof(float)));
+    return GT_OK;
+}
+
+static gt_status transfer(const gt_ema *ema, size_t index, float *host, int to_shadow) {
+    if (index >= ema->num_params)
+        return GT_FAIL(GT_ERR_INDEX, "index: parameter %zu out of range (%zu parameters)", index, ema->num_params);
+    float *shadow = ema->shadow + ema->offsets[index];
+    size_t bytes = ema->numels[index] * sizeof(float);
+    gt_device where = ema->on_host ? gt_cpu_device() : ema->device;
+    return to_shadow ? gt_memcpy_blocking(where, shadow, host, bytes) : gt_memcpy_blocking(where, host, shadow, bytes);
+}
+
+gt_status gt_ema_read(const gt_ema *ema, size_t index, float *host) { return transfer(ema, index, host, 0); }
+
+gt_status gt_ema_write(gt_ema *ema, size_t index, const float *host) {
+    return transfer(ema, index, (float *)host, 1);
+}

@@ -1,0 +1,133 @@
+"""EMA: an exponential moving average of the weights, swapped in for evaluation.
+
+    ema = gt.optim.EMA(model, decay=0.999)            # or location="host" (pinned host memory)
+    for batch in loader:
+        ... optimizer.step() ...
+        ema.update()                                   # after every optimizer step that ran
+    with ema.average_parameters():                     # the averaged weights, then back
+        evaluate(model)
+
+The update is shadow = lerp(shadow, p, 1 - decay) (PyTorch's `ema.lerp_(p, 1 - decay)`), one
+fused C pass over all parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from gputrain import _C
+from gputrain.nn.parameter import Parameter
+
+__all__ = ["EMA"]
+
+LOCATIONS = ("device", "host")
+
+
+def _parameters(params: Any) -> list[Parameter]:
+    if hasattr(params, "parameters"):
+        params = params.parameters()
+    params = [params] if isinstance(params, Parameter) else list(params)
+    for p in params:
+        if not isinstance(p, Parameter):
+            raise TypeError(f"EMA averages Parameters, got {type(p).__name__}")
+    if not params:
+        raise ValueError("EMA got an empty parameter list")
+    return params
+
+
+class EMA:
+    """A shadow copy of the parameters, averaged after each optimizer step.
+
+    Args:
+        params: a module or Parameters.
+        decay: weight of the old average per update, in [0, 1] (ema_decay).
+        location: "device" keeps the shadow beside the parameters; "host" keeps it in pinned
+            host memory (for small GPUs: updates then stream the parameters to the host).
+        use_warmup: use min(decay, (1 + n) / (10 + n)) for update n (TensorFlow/timm warmup),
+            so early averages are not dominated by the random initialisation.
+    """
+
+    def __init__(self, params: Any, decay: float = 0.999, *, location: str = "device",
+                 use_warmup: bool = False) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real):
+            raise TypeError(f"decay must be a real number, not {type(decay).__name__}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"Invalid ema_decay: {decay} (must be in [0, 1])")
+        if location not in LOCATIONS:
+            raise ValueError(f"location must be 'device' or 'host', got {location!r}")
+        self.params = _parameters(params)
+        self.decay = float(decay)
+        self.location = location
+        self.use_warmup = bool(use_warmup)
+        self.num_updates = 0
+        self._swapped = False
+        self._core = _C.EMA([p.data for p in self.params], on_host=location == "host")
+
+    def current_decay(self) -> float:
+        """The decay the next update() uses."""
+        if not self.use_warmup:
+            return self.decay
+        return min(self.decay, (1.0 + self.num_updates) / (10.0 + self.num_updates))
+
+    def update(self) -> None:
+        """Fold the current parameters into the average (call after optimizer steps that ran)."""
+        if self._swapped:
+            raise RuntimeError("EMA.update() while the average is swapped in; swap back first")
+        self._core.update(self.current_decay())
+        self.num_updates += 1
+
+    def swap(self) -> None:
+        """Exchange the parameters and the average (calling it twice restores both exactly)."""
+        self._core.swap()
+        self._swapped = not self._swapped
+
+    @property
+    def swapped(self) -> bool:
+        """True while the parameters hold the average."""
+        return self._swapped
+
+    @contextlib.contextmanager
+    def average_parameters(self) -> Iterator[None]:
+        """Evaluate with the averaged weights inside the block; the trained ones come back after."""
+        if self._swapped:
+            raise RuntimeError("the average is already swapped in")
+        self.swap()
+        try:
+            yield
+        finally:
+            self.swap()
+
+    def copy_to(self) -> None:
+        """Overwrite the parameters with the average (e.g. before saving the final model)."""
+        self._core.copy_to_params()
+
+    @property
+    def shadow(self) -> list[np.ndarray]:
+        """Copies of the averaged values, one per parameter."""
+        return [self._core.get(i) for i in range(len(self.params))]
+
+    def memory(self) -> dict[str, Any]:
+        """Bytes of the shadow and where it lives."""
+        return {"bytes": self._core.nbytes, "location": self.location}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "num_updates": self.num_updates, "use_warmup": self.use_warmup,
+                "shadow": self.shadow}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        shadow = state_dict["shadow"]
+        if len(shadow) != len(self.params):
+            raise ValueError(f"state_dict has {len(shadow)} shadow arrays, expected {len(self.params)}")
+        for index, (value, p) in enumerate(zip(shadow, self.params)):
+            if np.asarray(value).shape != p.shape:
+                raise ValueError(f"shadow[{index}]: expected shape {p.shape}, got {np.asarray(value).shape}")
+        for index, value in enumerate(shadow):
+            self._core.set(index, value)
+        self.decay = float(state_dict["decay"])
+        self.num_updates = int(state_dict["num_updates"])
+        self.use_warmup = bool(state_dict.get("use_warmup", False))
