@@ -3,7 +3,8 @@
 Bandwidth counts bytes read + bytes written. Before every timed round of a conversion, one
 memcpy of the source array (gt_cast with equal dtypes: memcpy in the same OpenMP chunks and
 threads) is timed in pedantic's setup, so conversion and baseline are measured in the same run
-under the same machine load; `ratio` = conversion GB/s / memcpy GB/s, from medians.
+under the same machine load; `ratio` = conversion GB/s / memcpy GB/s, from medians. Each case
+runs with one thread and with all of gputrain's threads (the memcpy uses the same count).
 NumPy's `astype(np.float16)` / `astype(np.float32)` and ml_dtypes' bfloat16 `astype` (both
 single-threaded, allocating their result as users call them) are measured the same way as peers.
 
@@ -28,7 +29,8 @@ from gputrain import _C
 
 MIB = int(os.environ.get("GPUTRAIN_BENCH_CAST_MIB", 64))
 N = MIB * (1 << 20) // 4
-ROUNDS = 15
+ROUNDS = 25
+THREADS = gputrain.get_num_threads()
 LEVELS = ["scalar", "avx2", "avx512"]
 SUPPORTED = LEVELS[: LEVELS.index(gputrain.info()["simd_supported"]) + 1]
 NUMPY_TYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -47,6 +49,14 @@ def simd_level(request):
     _C.set_simd_level(request.param)
     yield request.param
     _C.set_simd_level(SUPPORTED[-1])
+
+
+@pytest.fixture(params=sorted({1, THREADS}), ids=lambda n: f"{n}thr")
+def threads(request):
+    """One thread (NumPy's peers are single-threaded) and all of gputrain's threads."""
+    gputrain.set_num_threads(request.param)
+    yield request.param
+    gputrain.set_num_threads(THREADS)
 
 
 def measure(benchmark, src_name: str, src: np.ndarray, dst_bytes: int, convert: Callable[[], object]) -> dict:
@@ -80,12 +90,12 @@ def measure(benchmark, src_name: str, src: np.ndarray, dst_bytes: int, convert: 
 
 
 @pytest.mark.parametrize(("src", "dst"), [("f32", "bf16"), ("f32", "f16"), ("bf16", "f32"), ("f16", "f32")])
-def test_gputrain_cast(benchmark, record, arrays, simd_level, src, dst):
+def test_gputrain_cast(benchmark, record, arrays, simd_level, threads, src, dst):
     source = arrays[src]
     out = np.empty(N, NUMPY_TYPES[dst])
     metrics = measure(benchmark, src, source, out.nbytes, lambda: gputrain.cast(source, dst, out=out))
     assert np.array_equal(out.view(np.uint8), source.astype(NUMPY_TYPES[dst]).view(np.uint8))
-    record(name=f"cast_{src}_to_{dst}_{simd_level}", simd=simd_level, **metrics)
+    record(name=f"cast_{src}_to_{dst}_{simd_level}_{threads}thr", simd=simd_level, **metrics)
 
 
 PEERS = {
@@ -98,6 +108,8 @@ PEERS = {
 
 @pytest.mark.parametrize("peer", list(PEERS))
 def test_peer_astype(benchmark, record, arrays, peer):
+    """Single-threaded peers, against a single-threaded memcpy."""
+    gputrain.set_num_threads(1)
     src, target = PEERS[peer]
     source = arrays[src]
 
@@ -106,5 +118,8 @@ def test_peer_astype(benchmark, record, arrays, peer):
             warnings.simplefilter("ignore", RuntimeWarning)
             return source.astype(target)
 
-    metrics = measure(benchmark, src, source, N * np.dtype(target).itemsize, convert)
+    try:
+        metrics = measure(benchmark, src, source, N * np.dtype(target).itemsize, convert)
+    finally:
+        gputrain.set_num_threads(THREADS)
     record(name=f"cast_peer_{peer}", **metrics)
