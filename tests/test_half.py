@@ -193,7 +193,11 @@ def exhaustive_references(start: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     x = bits.view(np.float32)
     sign = np.uint16(0x8000 if start >= 1 << 31 else 0)
     low, high = start & 0x7FFFFFFF, (start & 0x7FFFFFFF) + SLOW_CHUNK
-    constant = sign if high <= ZERO_BELOW else (sign | 0x7C00 if INF_FROM <= low and high <= 0x7F800000 else None)
+    constant = None
+    if high <= ZERO_BELOW:
+        constant = sign
+    elif INF_FROM <= low and high <= 0x7F800000:
+        constant = sign | np.uint16(0x7C00)
     if constant is None:
         f16 = numpy_f16_bits(x)
     else:

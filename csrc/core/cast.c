@@ -69,9 +69,11 @@ static int is_castable(gt_dtype dtype) { return dtype == GT_F32 || dtype == GT_F
 
 static gt_status make_plan(gt_dtype src, gt_dtype dst, gt_simd level, cast_plan *plan) {
     if (!is_castable(src))
-        return GT_FAIL(GT_ERR_TYPE, "src_dtype: cast supports f32, f16 and bf16, got '%s'", gt_dtype_name(src));
+        return GT_FAIL(GT_ERR_TYPE, "src_dtype: cast supports f32, f16 and bf16, got '%s'",
+                       gt_dtype_name(src));
     if (!is_castable(dst))
-        return GT_FAIL(GT_ERR_TYPE, "dst_dtype: cast supports f32, f16 and bf16, got '%s'", gt_dtype_name(dst));
+        return GT_FAIL(GT_ERR_TYPE, "dst_dtype: cast supports f32, f16 and bf16, got '%s'",
+                       gt_dtype_name(dst));
     plan->src_size = gt_dtype_size(src);
     plan->dst_size = gt_dtype_size(dst);
     plan->narrow = NULL;

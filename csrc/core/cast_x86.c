@@ -149,7 +149,8 @@ GT_AVX2 void gt_cast_f16_to_f32_avx2(const void *src, void *dst, size_t n) {
         if (!_mm256_testz_si256(nan, nan)) {  /* keep signalling NaNs signalling */
             __m256i sign = _mm256_slli_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x8000)), 16);
             __m256i body = _mm256_add_epi32(_mm256_slli_epi32(magnitude, 13), _mm256_set1_epi32(0x70000000));
-            x = _mm256_blendv_ps(x, _mm256_castsi256_ps(_mm256_or_si256(sign, body)), _mm256_castsi256_ps(nan));
+            __m256 exact = _mm256_castsi256_ps(_mm256_or_si256(sign, body));
+            x = _mm256_blendv_ps(x, exact, _mm256_castsi256_ps(nan));
         }
         _mm256_storeu_ps(out + i, x);
     }

@@ -20,7 +20,8 @@ static int parse_cast_dtype(PyObject *obj, const char *arg_name, gt_dtype *out) 
     const char *text = PyUnicode_AsUTF8(obj);
     if (!text)
         return -1;
-    if (gt_dtype_parse(text, arg_name, out) != GT_OK || (*out != GT_F32 && *out != GT_F16 && *out != GT_BF16)) {
+    if (gt_dtype_parse(text, arg_name, out) != GT_OK ||
+        (*out != GT_F32 && *out != GT_F16 && *out != GT_BF16)) {
         gt_clear_error();
         PyErr_Format(PyExc_ValueError, "%s must be 'f32', 'f16' or 'bf16', got %R", arg_name, obj);
         return -1;
@@ -39,7 +40,8 @@ static int source_dtype(PyArrayObject *array, PyObject *src_dtype_obj, gt_dtype 
     }
     if (src_dtype_obj == Py_None) {
         if (type == NPY_UINT16) {
-            PyErr_SetString(PyExc_TypeError, "array holds uint16: pass src_dtype='bf16' or 'f16' to say what the bits are");
+            PyErr_SetString(PyExc_TypeError,
+                            "array holds uint16: pass src_dtype='bf16' or 'f16' to say what the bits are");
             return -1;
         }
         *out = type == NPY_FLOAT ? GT_F32 : GT_F16;

@@ -14,7 +14,8 @@ static int parse_unsigned(PyObject *obj, const char *arg_name, uint64_t max, uin
     unsigned long long value = PyLong_AsUnsignedLongLong(obj);
     if ((value == (unsigned long long)-1 && PyErr_Occurred()) || value > max) {
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be in 0..%llu, got %R", arg_name, (unsigned long long)max, obj);
+        PyErr_Format(PyExc_ValueError, "%s must be in 0..%llu, got %R", arg_name, (unsigned long long)max,
+                     obj);
         return -1;
     }
     *out = value;
@@ -101,7 +102,8 @@ static PyObject *draw(PyObject *args, PyObject *kwargs, const char *format, draw
         parse_unsigned(objs[4], "count", (uint64_t)1 << 32, &count) < 0)
         return NULL;
     if (count > UINT64_MAX - start)
-        return PyErr_Format(PyExc_ValueError, "start + count must not exceed 2**64, got %R + %R", objs[3], objs[4]);
+        return PyErr_Format(PyExc_ValueError, "start + count must not exceed 2**64, got %R + %R", objs[3],
+                            objs[4]);
     npy_intp dims[2] = {(npy_intp)count, 4};
     PyObject *result = PyArray_SimpleNew(2, dims, kind == DRAW_UINT32 ? NPY_UINT32 : NPY_FLOAT);
     if (!result)
