@@ -252,6 +252,7 @@ def test_worker_init_fn_runs_once_per_worker():
     loader = gt.DataLoader(Y, batch_size=4, num_workers=2, worker_init_fn=init, persistent_workers=True)
     for _ in range(2):
         assert len(list(loader)) == 10
+    del loader  # joins the workers: each ran worker_init_fn first (one may not have gathered at all)
     assert sorted(c[0] for c in calls) == [0, 1]
     assert all(c[0] == c[2] for c in calls) and len({c[1] for c in calls}) == 2
 

@@ -2,16 +2,17 @@
 
 #include "core/philox.h"
 
+#include "data/permute.h"
+
 enum {
-    GT_FEISTEL_ROUNDS = 6,           /* half-updates: each half is mixed three times */
-    GT_SHUFFLE_STREAM = 0x53u << 24, /* Philox stream tag of permutation rounds ('S') */
-    GT_DRAW_STREAM = 0x52u << 24,    /* Philox stream tag of draws with replacement ('R') */
+    GT_DRAW_STREAM = 0x52u << 24,  /* Philox stream tag of draws with replacement ('R') */
+    GT_ROWS_CHUNK = 64,            /* positions permuted per gt_permute_batch call */
 };
 
-/* 64 random bits for (seed, epoch, tag, counter). */
-static uint64_t philox_u64(uint64_t seed, uint64_t epoch, uint32_t tag, uint64_t counter) {
+/* 64 random bits for draw `counter` of (seed, epoch). */
+static uint64_t draw_u64(uint64_t seed, uint64_t epoch, uint64_t counter) {
     uint32_t out[4];
-    uint32_t stream_b = tag | (((uint32_t)(epoch >> 32) & 0xFFFFu) << 8);
+    uint32_t stream_b = GT_DRAW_STREAM | (((uint32_t)(epoch >> 32) & 0xFFFFu) << 8);
     gt_philox_random4(seed, (uint32_t)epoch, stream_b, counter, out);
     return (uint64_t)out[0] | ((uint64_t)out[1] << 32);
 }
@@ -24,24 +25,6 @@ static unsigned bits_for(uint64_t n) {
     return bits;
 }
 
-/* One keyed bijection of [0, 2^bits): the high part (hi_bits) and the low part (bits - hi_bits)
- * are alternately XORed with a Philox function of the other part and the round number. */
-static uint64_t feistel(uint64_t seed, uint64_t epoch, uint32_t pass, unsigned bits,
-                        uint64_t x) {
-    unsigned lo_bits = bits / 2, hi_bits = bits - lo_bits;
-    uint64_t lo_mask = (UINT64_C(1) << lo_bits) - 1;
-    uint64_t hi_mask = hi_bits == 64 ? UINT64_MAX : (UINT64_C(1) << hi_bits) - 1;
-    uint64_t hi = x >> lo_bits, lo = x & lo_mask;
-    for (uint32_t round = 0; round < GT_FEISTEL_ROUNDS; round++) {
-        uint32_t tag = GT_SHUFFLE_STREAM | round;
-        if (round % 2 == 0)
-            hi ^= philox_u64(seed, epoch, tag, lo | ((uint64_t)pass << 32)) & hi_mask;
-        else
-            lo ^= philox_u64(seed, epoch, tag, hi | ((uint64_t)pass << 32)) & lo_mask;
-    }
-    return (hi << lo_bits) | lo;
-}
-
 uint64_t gt_permute_index(uint64_t seed, uint64_t epoch, uint32_t pass, uint64_t n,
                           uint64_t position) {
     if (n < 2)
@@ -49,7 +32,7 @@ uint64_t gt_permute_index(uint64_t seed, uint64_t epoch, uint32_t pass, uint64_t
     unsigned bits = bits_for(n);
     uint64_t x = position;
     do {  /* cycle-walking: the domain is below 2n, so under two steps are expected */
-        x = feistel(seed, epoch, pass, bits, x);
+        x = gt_feistel(seed, epoch, pass, bits, x);
     } while (x >= n);
     return x;
 }
@@ -102,7 +85,7 @@ static uint64_t base_row(const gt_sampler *s, uint64_t q) {
         return gt_permute_index(s->seed, s->epoch, (uint32_t)(q / s->num_rows), s->num_rows,
                                 q % s->num_rows);
     case GT_ORDER_REPLACEMENT: {
-        uint64_t bits = philox_u64(s->seed, s->epoch, GT_DRAW_STREAM, q);
+        uint64_t bits = draw_u64(s->seed, s->epoch, q);
         return (uint64_t)(((unsigned __int128)bits * s->num_rows) >> 64);
     }
     case GT_ORDER_ARRAY: return (uint64_t)s->indices[q];
@@ -145,6 +128,31 @@ gt_status gt_batch_plan_offsets(gt_batch_plan *plan, const gt_sampler *sampler,
     return GT_OK;
 }
 
+/* Rows of positions [start, end) of a PERMUTED order, the permutation run across SIMD lanes. */
+static void permuted_rows(const gt_sampler *s, size_t start, size_t end, int64_t *rows) {
+    uint32_t passes[GT_ROWS_CHUNK];
+    uint64_t positions[GT_ROWS_CHUNK];
+    for (size_t first = start; first < end; first += GT_ROWS_CHUNK) {
+        size_t count = end - first < GT_ROWS_CHUNK ? end - first : GT_ROWS_CHUNK;
+        for (size_t k = 0; k < count; k++) {
+            uint64_t q = (s->rank + (first + k) * s->num_replicas) % s->base_length;
+            passes[k] = (uint32_t)(q / s->num_rows);
+            positions[k] = q % s->num_rows;
+        }
+        gt_permute_batch(s->seed, s->epoch, s->num_rows, passes, positions, rows + (first - start),
+                         count);
+    }
+}
+
+void gt_sampler_rows(const gt_sampler *s, uint64_t start, uint64_t end, int64_t *rows) {
+    if (s->kind == GT_ORDER_PERMUTED && s->num_rows >= 2) {
+        permuted_rows(s, (size_t)start, (size_t)end, rows);
+        return;
+    }
+    for (uint64_t p = start; p < end; p++)
+        rows[p - start] = (int64_t)gt_sampler_row(s, p);
+}
+
 size_t gt_batch_plan_rows(const gt_batch_plan *plan, size_t batch, int64_t *rows) {
     size_t start, end;
     if (plan->batch_offsets) {
@@ -156,7 +164,6 @@ size_t gt_batch_plan_rows(const gt_batch_plan *plan, size_t batch, int64_t *rows
         if (end > plan->sampler.length)
             end = (size_t)plan->sampler.length;
     }
-    for (size_t p = start; p < end; p++)
-        rows[p - start] = (int64_t)gt_sampler_row(&plan->sampler, p);
+    gt_sampler_rows(&plan->sampler, start, end, rows);
     return end - start;
 }

@@ -3,7 +3,7 @@
  * O(batch) from its index alone, so any worker can gather any batch, the sequence does not
  * depend on num_workers or prefetch_factor, and a resume skips batches without reading them.
  * Shuffling is a keyed bijection (an alternating Feistel network whose round function is
- * Philox4x32-10) on [0, 2^bits) with cycle-walking down to [0, n). */
+ * Philox4x32-10, csrc/data/permute.h) on [0, 2^bits) with cycle-walking down to [0, n). */
 #ifndef GT_DATA_SAMPLER_H
 #define GT_DATA_SAMPLER_H
 
@@ -47,6 +47,9 @@ gt_status gt_sampler_shard(gt_sampler *s, uint64_t num_replicas, uint64_t rank, 
 
 /* Row at `position` (< s->length) of the shard. */
 uint64_t gt_sampler_row(const gt_sampler *s, uint64_t position);
+
+/* rows[p - start] = gt_sampler_row(s, p) for p in [start, end), permutations in SIMD lanes. */
+void gt_sampler_rows(const gt_sampler *s, uint64_t start, uint64_t end, int64_t *rows);
 
 /* Position of `position` in the permutation of [0, n) keyed by (seed, epoch, pass). */
 uint64_t gt_permute_index(uint64_t seed, uint64_t epoch, uint32_t pass, uint64_t n,

@@ -93,8 +93,7 @@ static PyObject *sampler_rows(PyObject *module, PyObject *args, PyObject *kwargs
     if (rows) {
         int64_t *out = PyArray_DATA((PyArrayObject *)rows);
         Py_BEGIN_ALLOW_THREADS
-        for (npy_intp p = 0; p < length; p++)
-            out[p] = (int64_t)gt_sampler_row(&sampler, (uint64_t)p);
+        gt_sampler_rows(&sampler, 0, (uint64_t)length, out);
         Py_END_ALLOW_THREADS
     }
     Py_XDECREF(indices);
