@@ -114,13 +114,27 @@ def test_gemm_inputs_are_not_modified():
     assert all(ref.same_bits(x, y) for x, y in zip((a, b, c), copies))
 
 
-def test_gemm_same_result_for_any_thread_count():
-    a, b = randn((256, 300), 22), randn((300, 200), 23)
+@pytest.mark.parametrize("m,n,k", [(256, 300, 200), (40, 1000, 64), (300, 333, 77)])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)])
+def test_gemm_same_bits_for_any_thread_count(m, n, k, trans_a, trans_b):
+    # C is split into row (or column) blocks, one per thread; OpenBLAS sums each element over k
+    # in the same order whatever block it is in, so the thread count does not change the bits
+    a, b = operand(m, k, trans_a, 22), operand(k, n, trans_b, 23)
+    with ref.num_threads(1):
+        one = F.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    with ref.num_threads(2):
+        two = F.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    assert ref.same_bits(one, two)
+    assert_gemm_close(two, a, b, trans_a, trans_b, 1.0, 0.0, None, "f32")
+
+
+def test_gemm_small_batches_run_in_parallel_with_the_same_bits():
+    a, b = randn((64, 16, 24), 60), randn((64, 24, 8), 61)
     with ref.num_threads(1):
         one = F.gemm(a, b)
     with ref.num_threads(2):
         two = F.gemm(a, b)
-    np.testing.assert_allclose(one, two, rtol=1e-5, atol=1e-5)
+    assert ref.same_bits(one, two)
     assert_gemm_close(two, a, b, False, False, 1.0, 0.0, None, "f32")
 
 

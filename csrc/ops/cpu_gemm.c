@@ -1,16 +1,16 @@
-/* CPU GEMM through OpenBLAS cblas_sgemm (row-major): C = alpha op(A) op(B) + beta C.
+/* CPU GEMM through OpenBLAS sgemm (row-major): C = alpha op(A) op(B) + beta C.
  * f32 operands go straight to sgemm (beta = 0 does not read C). OpenBLAS has no half GEMM here,
  * so f16/bf16 operands are widened exactly to f32 in the backend's workspace (one batch at a
  * time), multiplied by sgemm, and the f32 result is rounded once into a half C; a half C is
- * widened first only when beta != 0. Batches run one after the other, each sgemm using the
- * BLAS threads. */
-#include <cblas.h>
+ * widened first only when beta != 0 (half batches run one after the other through the one
+ * workspace). The sgemms run on gputrain's OpenMP threads (cpu_sgemm.c). */
 #include <limits.h>
 
 #include "core/alloc.h"
 #include "core/cast.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/cpu_sgemm.h"
 
 /* The f32 copies of the half operands of one batch, carved from the workspace. */
 typedef struct gemm_scratch {
@@ -114,24 +114,24 @@ static gt_status gemm_one(const gt_gemm_args *g, const gemm_scratch *s, const vo
                           const void *b, void *c) {
     const float *a32 = a, *b32 = b;
     float *c32 = c;
-    int lda = (int)g->lda, ldb = (int)g->ldb, ldc = (int)g->ldc;
+    int64_t lda = g->lda, ldb = g->ldb, ldc = g->ldc;
     if (s->a) {
         GT_TRY(convert_rows(s->a, GT_F32, a_cols(g), a, g->a_dt, (size_t)g->lda, a_rows(g), a_cols(g)));
-        a32 = s->a, lda = (int)(a_cols(g) > 1 ? a_cols(g) : 1);
+        a32 = s->a, lda = a_cols(g) > 1 ? (int64_t)a_cols(g) : 1;
     }
     if (s->b) {
         GT_TRY(convert_rows(s->b, GT_F32, b_cols(g), b, g->b_dt, (size_t)g->ldb, b_rows(g), b_cols(g)));
-        b32 = s->b, ldb = (int)(b_cols(g) > 1 ? b_cols(g) : 1);
+        b32 = s->b, ldb = b_cols(g) > 1 ? (int64_t)b_cols(g) : 1;
     }
     if (s->c) {
-        c32 = s->c, ldc = (int)(g->n > 1 ? g->n : 1);
+        c32 = s->c, ldc = g->n > 1 ? g->n : 1;
         if (g->beta != 0.0f)
             GT_TRY(convert_rows(c32, GT_F32, (size_t)g->n, c, g->c_dt, (size_t)g->ldc,
                                 (size_t)g->m, (size_t)g->n));
     }
-    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
-                g->trans_b ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k,
-                g->alpha, a32, lda, b32, ldb, g->beta, c32, ldc);
+    gt_sgemm sgemm = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->beta,
+                      a32, lda, b32, ldb, c32, ldc};
+    gt_cpu_sgemm(&sgemm);
     if (s->c)
         GT_TRY(convert_rows(c, g->c_dt, (size_t)g->ldc, c32, GT_F32, (size_t)g->n,
                             (size_t)g->m, (size_t)g->n));
@@ -145,6 +145,12 @@ gt_status gt_cpu_gemm(gt_backend *be, const gt_gemm_args *args) {
         return GT_OK;
     gemm_scratch scratch = {NULL, NULL, NULL};
     GT_TRY(carve_scratch(be, args, &scratch));
+    if (!scratch.a && !scratch.b && !scratch.c) {
+        gt_sgemm sgemm = {args->trans_a, args->trans_b, args->m, args->n, args->k, args->alpha,
+                          args->beta, args->a, args->lda, args->b, args->ldb, args->c, args->ldc};
+        gt_cpu_sgemm_batch(&sgemm, args->batch, args->stride_a, args->stride_b, args->stride_c);
+        return GT_OK;
+    }
     size_t a_size = gt_dtype_size(args->a_dt), b_size = gt_dtype_size(args->b_dt);
     size_t c_size = gt_dtype_size(args->c_dt);
     for (int64_t i = 0; i < args->batch; i++) {
