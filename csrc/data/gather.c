@@ -64,16 +64,43 @@ static void gather_rows_packed(const gt_field *field, const int64_t *indices, si
     }
 }
 
-void gt_gather_rows(const gt_field *fields, size_t num_fields, const int64_t *indices,
-                    size_t count, char *slot) {
+/* One ragged field: each row copied, then padded to the batch's longest row. */
+static size_t gather_rows_ragged(const gt_field *field, const int64_t *indices, size_t count,
+                                 char *dst) {
+    size_t width = 0;
+    for (size_t k = 0; k < count; k++) {
+        size_t items = (size_t)(field->offsets[indices[k] + 1] - field->offsets[indices[k]]);
+        width = items > width ? items : width;
+    }
+    size_t pitch = width * field->item_bytes;
+    for (size_t k = 0; k < count; k++) {
+        int64_t first = field->offsets[indices[k]];
+        size_t items = (size_t)(field->offsets[indices[k] + 1] - first);
+        char *row = dst + k * pitch;
+        memcpy(row, field->base + (size_t)first * field->item_bytes, items * field->item_bytes);
+        for (size_t i = items; i < width; i++)
+            memcpy(row + i * field->item_bytes, field->pad, field->item_bytes);
+    }
+    return width;
+}
+
+size_t gt_gather_rows(const gt_field *fields, size_t num_fields, const int64_t *indices,
+                      size_t count, char *slot, size_t *widths) {
+    size_t bytes = 0;
     for (size_t f = 0; f < num_fields; f++) {
         const gt_field *field = &fields[f];
         char *dst = slot + field->slot_offset;
-        if (field->row_bytes == 0)
-            continue;
-        if (field->row_stride == (ptrdiff_t)field->row_bytes)
-            gather_rows_packed(field, indices, count, dst);
-        else
-            gather_rows_strided(field, indices, count, dst);
+        widths[f] = 0;
+        if (field->offsets) {
+            widths[f] = gather_rows_ragged(field, indices, count, dst);
+            bytes += count * widths[f] * field->item_bytes;
+        } else if (field->row_bytes > 0) {
+            if (field->row_stride == (ptrdiff_t)field->row_bytes)
+                gather_rows_packed(field, indices, count, dst);
+            else
+                gather_rows_strided(field, indices, count, dst);
+            bytes += count * field->row_bytes;
+        }
     }
+    return bytes;
 }

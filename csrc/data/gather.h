@@ -12,13 +12,18 @@
 extern "C" {
 #endif
 
-/* One array of the dataset as seen by the gather: rows of `row_bytes` contiguous bytes,
+/* One array of the dataset as seen by the gather. Fixed rows: `row_bytes` contiguous bytes,
  * `row_stride` bytes apart (any sign, 0 for a broadcast row, smaller than row_bytes for
- * overlapping windows over one flat token array). */
+ * overlapping windows over one flat token array). Ragged rows (offsets != NULL): row i is
+ * items offsets[i] .. offsets[i + 1] of `base`, each `item_bytes` long; a batch of them is
+ * padded with `pad` to the width of its longest row. */
 typedef struct gt_field {
-    const char *base;        /* address of row 0 */
-    ptrdiff_t row_stride;    /* bytes from row i to row i + 1 */
-    size_t row_bytes;        /* bytes of one row (itemsize x product of the trailing shape) */
+    const char *base;        /* address of row 0, or of item 0 for ragged rows */
+    ptrdiff_t row_stride;    /* bytes from row i to row i + 1 (fixed rows) */
+    size_t row_bytes;        /* bytes of one row; for ragged rows max_items x item_bytes */
+    const int64_t *offsets;  /* (rows + 1,) item offsets of ragged rows; NULL for fixed rows */
+    size_t item_bytes;       /* bytes of one item of a ragged row */
+    const char *pad;         /* (item_bytes,) the padding item of ragged rows */
     size_t slot_offset;      /* byte offset of this field's rows inside a batch slot */
 } gt_field;
 
@@ -28,9 +33,11 @@ gt_status gt_fields_layout(gt_field *fields, size_t num_fields, size_t max_rows,
                            size_t *slot_bytes);
 
 /* Copies rows `indices[0..count)` of every field into `slot`, row k of field f landing at
- * slot + f.slot_offset + k * f.row_bytes. Indices must be in range (checked by the sampler). */
-void gt_gather_rows(const gt_field *fields, size_t num_fields, const int64_t *indices,
-                    size_t count, char *slot);
+ * slot + f.slot_offset + k * f.row_bytes (fixed rows) or k * widths[f] * f.item_bytes (ragged
+ * rows, widths[f] = the batch's longest row in items; 0 for fixed fields). Indices must be in
+ * range (checked by the sampler). Returns the bytes written. */
+size_t gt_gather_rows(const gt_field *fields, size_t num_fields, const int64_t *indices,
+                      size_t count, char *slot, size_t *widths);
 
 #ifdef __cplusplus
 }

@@ -80,14 +80,20 @@ static gt_status slot_new(gt_loader *l, gt_slot **out) {
         l->slots_capacity = capacity;
     }
     gt_slot *slot = calloc(1, sizeof *slot);
-    if (!slot)
+    size_t *widths = calloc(l->num_fields ? l->num_fields : 1, sizeof *widths);
+    if (!slot || !widths) {
+        free(slot);
+        free(widths);
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for a slot");
+    }
     size_t bytes = l->slot_bytes ? l->slot_bytes : 1;
     gt_status status = gt_block_alloc(l->slot_device, bytes, &slot->block);
     if (status != GT_OK) {
         free(slot);
+        free(widths);
         return status;
     }
+    slot->widths = widths;
     l->slots[l->num_slots++] = slot;
     *out = slot;
     return GT_OK;
@@ -158,10 +164,12 @@ static void record_failure(gt_loader *l, gt_status status) {
     pthread_cond_broadcast(&l->work_cv);
 }
 
-/* Gathers a claimed batch (no lock held): the plan cannot change while `filling` > 0. */
-static void gather(gt_loader *l, gt_slot *slot, int64_t *rows) {
+/* Gathers a claimed batch (no lock held): the plan cannot change while `filling` > 0.
+ * Returns the bytes written. */
+static size_t gather(gt_loader *l, gt_slot *slot, int64_t *rows) {
     slot->rows = gt_batch_plan_rows(&l->plan, slot->batch, rows);
-    gt_gather_rows(l->fields, l->num_fields, rows, slot->rows, (char *)slot->block.ptr);
+    return gt_gather_rows(l->fields, l->num_fields, rows, slot->rows, (char *)slot->block.ptr,
+                          slot->widths);
 }
 
 /* Drops a slot's undelivered batch; unlocks around the hook that releases its user object. */
@@ -198,7 +206,7 @@ static void cancel_locked(gt_loader *l) {
 /* ---- workers ---------------------------------------------------------------------------- */
 
 /* Marks a gathered slot READY, or drops it when its epoch was cancelled meanwhile. */
-static void finish_gather(gt_loader *l, gt_slot *slot, gt_status status) {
+static void finish_gather(gt_loader *l, gt_slot *slot, size_t bytes, gt_status status) {
     l->filling--;
     if (status != GT_OK)
         record_failure(l, status);
@@ -209,8 +217,7 @@ static void finish_gather(gt_loader *l, gt_slot *slot, gt_status status) {
     } else {
         slot->state = GT_SLOT_READY;
         l->batches_gathered++;
-        for (size_t f = 0; f < l->num_fields; f++)
-            l->bytes_gathered += slot->rows * l->fields[f].row_bytes;
+        l->bytes_gathered += bytes;
     }
     pthread_cond_broadcast(&l->ready_cv);
 }
@@ -236,10 +243,10 @@ static void *worker_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&l->lock);
-        gather(l, slot, w->rows);
+        size_t bytes = gather(l, slot, w->rows);
         status = l->hooks.batch_gathered ? l->hooks.batch_gathered(l->hooks.ctx, l, slot) : GT_OK;
         pthread_mutex_lock(&l->lock);
-        finish_gather(l, slot, status);
+        finish_gather(l, slot, bytes, status);
     }
     pthread_mutex_unlock(&l->lock);
     if (l->hooks.worker_stop)
@@ -271,6 +278,7 @@ static gt_status start_workers(gt_loader *l) {
 static void destroy(gt_loader *l) {
     for (size_t i = 0; i < l->num_slots; i++) {
         gt_block_free(&l->slots[i]->block);
+        free(l->slots[i]->widths);
         free(l->slots[i]);
     }
     free(l->slots);
@@ -540,13 +548,12 @@ static gt_status next_in_caller(gt_loader *l, gt_slot **out) {
         *out = NULL;
         return status;
     }
-    gather(l, slot, l->caller_rows);
+    size_t bytes = gather(l, slot, l->caller_rows);
     pthread_mutex_lock(&l->lock);
     l->filling--;
     pthread_cond_broadcast(&l->ready_cv);  /* a concurrent shutdown waits for filling == 0 */
     l->batches_gathered++;
-    for (size_t f = 0; f < l->num_fields; f++)
-        l->bytes_gathered += slot->rows * l->fields[f].row_bytes;
+    l->bytes_gathered += bytes;
     deliver(l, slot);
     pthread_mutex_unlock(&l->lock);
     *out = slot;
@@ -630,6 +637,8 @@ void gt_loader_slot_release(gt_loader *l, gt_slot *slot) {
 char *gt_loader_slot_field(const gt_loader *l, const gt_slot *slot, size_t field) {
     return (char *)slot->block.ptr + l->fields[field].slot_offset;
 }
+
+size_t gt_loader_slot_width(const gt_slot *slot, size_t field) { return slot->widths[field]; }
 
 void gt_loader_get_stats(gt_loader *l, gt_loader_stats *out) {
     pthread_mutex_lock(&l->lock);

@@ -42,6 +42,7 @@ typedef struct gt_slot {
     size_t refs;            /* references: the pipeline's until delivery, then the caller's */
     size_t batch;           /* index of the batch in its epoch */
     size_t rows;            /* rows gathered (<= max_batch_rows) */
+    size_t *widths;         /* (num_fields,) items per row of ragged fields in this batch */
     uint64_t generation;    /* the epoch run that claimed it */
     void *user;             /* object attached by the batch_gathered hook (opaque), or NULL */
 } gt_slot;
@@ -101,6 +102,9 @@ void gt_loader_slot_release(gt_loader *loader, gt_slot *slot);
 
 /* Start of field `field`'s rows in a slot. */
 char *gt_loader_slot_field(const gt_loader *loader, const gt_slot *slot, size_t field);
+
+/* Items per row of ragged field `field` in the slot's batch (0 for a fixed field). */
+size_t gt_loader_slot_width(const gt_slot *slot, size_t field);
 
 /* Asks the workers to stop after their current batch and returns at once; waiting callers
  * return NULL. gt_loader_shutdown() (or gt_loader_release()) joins them later. */

@@ -95,65 +95,6 @@ static void hook_release_user(void *ctx, void *user) {
 
 /* ---- construction ------------------------------------------------------------------ */
 
-/* Checks one dataset array and describes it as a gather field. */
-static int describe_field(PyObject *obj, Py_ssize_t index, gt_field *field, npy_intp *rows) {
-    if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "data: array %zd must be a numpy.ndarray, not %.100s", index,
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    PyArrayObject *array = (PyArrayObject *)obj;
-    if (PyArray_NDIM(array) < 1) {
-        PyErr_Format(PyExc_ValueError, "data: array %zd is 0-d; samples run along the first dimension", index);
-        return -1;
-    }
-    if (PyDataType_REFCHK(PyArray_DESCR(array))) {
-        PyErr_Format(PyExc_TypeError, "data: array %zd holds Python objects (dtype %R); use a numeric dtype",
-                     index, (PyObject *)PyArray_DESCR(array));
-        return -1;
-    }
-    size_t row_bytes = (size_t)PyArray_ITEMSIZE(array);
-    for (int d = PyArray_NDIM(array) - 1; d >= 1; d--) {
-        if (PyArray_DIM(array, d) > 1 && PyArray_STRIDE(array, d) != (npy_intp)row_bytes) {
-            PyErr_Format(PyExc_ValueError, "data: array %zd's rows are not contiguous; pass "
-                         "numpy.ascontiguousarray(...) of it", index);
-            return -1;
-        }
-        row_bytes *= (size_t)PyArray_DIM(array, d);
-    }
-    *field = (gt_field){.base = PyArray_BYTES(array), .row_stride = PyArray_STRIDE(array, 0),
-                        .row_bytes = row_bytes};
-    *rows = PyArray_DIM(array, 0);
-    return 0;
-}
-
-/* Describes every array; all must have the same number of rows. Returns a malloc'd table. */
-static gt_field *describe_fields(PyObject *arrays, uint64_t *num_rows) {
-    Py_ssize_t n = PyTuple_GET_SIZE(arrays);
-    if (n == 0) {
-        PyErr_SetString(PyExc_ValueError, "data: needs at least one array");
-        return NULL;
-    }
-    gt_field *fields = PyMem_Calloc((size_t)n, sizeof *fields);
-    if (!fields)
-        return (gt_field *)PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < n; i++) {
-        npy_intp rows;
-        if (describe_field(PyTuple_GET_ITEM(arrays, i), i, &fields[i], &rows) < 0)
-            goto fail;
-        if (i > 0 && (uint64_t)rows != *num_rows) {
-            PyErr_Format(PyExc_ValueError, "data: arrays must have the same first dimension, "
-                         "got %llu and %zd", (unsigned long long)*num_rows, (Py_ssize_t)rows);
-            goto fail;
-        }
-        *num_rows = (uint64_t)rows;
-    }
-    return fields;
-fail:
-    PyMem_Free(fields);
-    return NULL;
-}
-
 static int optional_callable(PyObject *obj, const char *name, PyObject **out) {
     *out = NULL;
     if (obj == NULL || obj == Py_None)
@@ -247,7 +188,7 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->slot_type = self->arrays ? PyObject_GetAttrString(module, "_LoaderSlot") : NULL;
     if (!self->slot_type || optional_callable(a.worker_start, "worker_start", &self->worker_start) < 0 ||
         optional_callable(a.worker_transform, "worker_transform", &self->worker_transform) < 0 ||
-        !(fields = describe_fields(self->arrays, &self->num_rows)) || alloc_worker_states(self, &a) < 0 ||
+        !(fields = gtpy_loader_describe_fields(self->arrays, &self->num_rows)) || alloc_worker_states(self, &a) < 0 ||
         create_loader(self, module, &a, fields) < 0) {
         PyMem_Free(fields);
         Py_DECREF(self);

@@ -12,8 +12,14 @@
 PyObject *gtpy_loader_slot_new(PyTypeObject *slot_type, gt_loader *loader, gt_slot *slot);
 
 /* A tuple with one array per field of `arrays` (the dataset), each viewing the slot's rows
- * with the field's dtype and trailing shape, based on `owner`. */
+ * with the field's dtype and trailing shape (ragged fields: (rows, width, *item shape)),
+ * based on `owner`. */
 PyObject *gtpy_loader_slot_views(PyObject *owner, PyObject *arrays);
+
+/* The gather fields of the dataset's arrays (a tuple of ndarrays, or (values, offsets, pad)
+ * tuples for ragged rows), which all have *num_rows rows. A PyMem block, or NULL with an
+ * exception naming the array. */
+gt_field *gtpy_loader_describe_fields(PyObject *arrays, uint64_t *num_rows);
 
 /* Registers the _LoaderSlot type (kept out of reach of Python constructors). */
 int gtpy_add_loader_slot(PyObject *module);

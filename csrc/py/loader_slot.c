@@ -27,14 +27,21 @@ static void slot_dealloc(PyObject *op) {
     Py_DECREF(type);
 }
 
-/* One array viewing field `f` of the slot, shaped like `like` with `rows` rows. */
-static PyObject *field_view(PyObject *owner, PyArrayObject *like, size_t f) {
+/* One array viewing field `f` of the slot: shaped like `like` with the batch's rows, or for a
+ * ragged field (`like` = (values, offsets, pad)) as (rows, width, *item shape). */
+static PyObject *field_view(PyObject *owner, PyObject *like, size_t f) {
     SlotObject *self = (SlotObject *)owner;
-    int ndim = PyArray_NDIM(like);
+    int ragged = PyTuple_Check(like);
+    PyArrayObject *array = (PyArrayObject *)(ragged ? PyTuple_GET_ITEM(like, 0) : like);
+    int ndim = PyArray_NDIM(array) + ragged;
+    if (ndim > NPY_MAXDIMS)
+        return PyErr_Format(PyExc_ValueError, "data: ragged array %zu has too many dimensions", f);
     npy_intp dims[NPY_MAXDIMS];
-    memcpy(dims, PyArray_DIMS(like), (size_t)ndim * sizeof *dims);
     dims[0] = (npy_intp)self->slot->rows;
-    PyArray_Descr *descr = PyArray_DESCR(like);
+    if (ragged)
+        dims[1] = (npy_intp)gt_loader_slot_width(self->slot, f);
+    memcpy(dims + 1 + ragged, PyArray_DIMS(array) + 1, (size_t)(PyArray_NDIM(array) - 1) * sizeof *dims);
+    PyArray_Descr *descr = PyArray_DESCR(array);
     Py_INCREF(descr);
     PyObject *view = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, dims, NULL,
                                           gt_loader_slot_field(self->loader, self->slot, f),
@@ -54,7 +61,7 @@ PyObject *gtpy_loader_slot_views(PyObject *owner, PyObject *arrays) {
     if (!views)
         return NULL;
     for (Py_ssize_t f = 0; f < n; f++) {
-        PyObject *view = field_view(owner, (PyArrayObject *)PyTuple_GET_ITEM(arrays, f), (size_t)f);
+        PyObject *view = field_view(owner, PyTuple_GET_ITEM(arrays, f), (size_t)f);
         if (!view) {
             Py_DECREF(views);
             return NULL;

@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gputrain.data._ragged import RaggedArray
+
 Rebuild = Callable[[list[np.ndarray]], Any]
 
 
@@ -51,9 +53,11 @@ def _mapping_builder(kind: type, keys: list[Any]) -> Callable[[list[Any]], Any]:
     return build
 
 
-def flatten(data: Any, where: str = "") -> tuple[list[np.ndarray], Rebuild]:
+def flatten(data: Any, where: str = "") -> tuple[list[np.ndarray | RaggedArray], Rebuild]:
     """The arrays of `data` in order, and a function building the same structure from a list
     with one item per array."""
+    if isinstance(data, RaggedArray):
+        return [data], lambda items: items[0]
     if hasattr(data, "__gputrain_data__"):
         return flatten(data.__gputrain_data__(), where)
     if hasattr(data, "tensors") and isinstance(data.tensors, (tuple, list)):  # TensorDataset
@@ -84,12 +88,12 @@ def _combine(parts: list[tuple[list[np.ndarray], Rebuild]], build: Callable[[lis
     return arrays, rebuild_all
 
 
-def num_samples(arrays: list[np.ndarray]) -> int:
+def num_samples(arrays: list[np.ndarray | RaggedArray]) -> int:
     """The common first dimension; raises ValueError naming the mismatch."""
-    lengths = {int(a.shape[0]) for a in arrays}
+    lengths = {len(a) for a in arrays}
     if len(lengths) != 1:
         raise ValueError(
             "data arrays must have the same first dimension (number of samples), got "
-            + ", ".join(str(int(a.shape[0])) for a in arrays)
+            + ", ".join(str(len(a)) for a in arrays)
         )
     return lengths.pop()

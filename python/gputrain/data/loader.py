@@ -27,6 +27,7 @@ import numpy as np
 
 from gputrain import _C
 from gputrain.data._errors import WorkerError, raise_delivered_error
+from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import flatten, num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
 from gputrain.data.sampler import (
@@ -375,12 +376,16 @@ class DataLoader:
         if isinstance(batch_sampler, BatchSampler):
             order = self._order(batch_sampler.sampler, epoch)
             return _Plan(order, batch_sampler.batch_size, batch_sampler.drop_last, None, batch_sampler.batch_size)
-        batches = [self._indices(b) for b in batch_sampler]
-        lengths = np.array([len(b) for b in batches], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        indices = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        if hasattr(batch_sampler, "batch_arrays"):  # gputrain's bucket sampler: arrays, no lists
+            indices, offsets = batch_sampler.batch_arrays(epoch)
+        else:
+            batches = [self._indices(b) for b in batch_sampler]
+            lengths = [len(b) for b in batches]
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            indices = np.concatenate(batches) if batches else np.zeros(0, np.int64)
         order = make_order(ORDER_ARRAY, len(indices), indices=indices)
-        return _Plan(order, 0, False, offsets, int(lengths.max()) if len(lengths) else 1)
+        max_rows = int(np.diff(offsets).max()) if len(offsets) > 1 else 1
+        return _Plan(order, 0, False, offsets, max_rows)
 
     def _take_start(self) -> tuple[int, int, list[int]]:
         """The epoch the next iteration runs and where in it to start."""
@@ -402,7 +407,8 @@ class DataLoader:
         worker_start = (make_worker_start(self.num_workers, self._order_seed(), self.dataset, self.worker_init_fn)
                         if needs_start else None)
         worker_transform = make_worker_transform(self._batch_pipeline()) if hooks_in_workers else None
-        engine = _C.LoaderEngine(self._arrays, max(max_rows, 1), self.num_workers, max(self.prefetch_factor or 0, 1),
+        fields = [a.field() if isinstance(a, RaggedArray) else a for a in self._arrays]
+        engine = _C.LoaderEngine(fields, max(max_rows, 1), self.num_workers, max(self.prefetch_factor or 0, 1),
                                  in_order=self.in_order, pin_memory=self.pin_memory, worker_start=worker_start,
                                  worker_transform=worker_transform)
         return _Engine(engine, max(max_rows, 1))
