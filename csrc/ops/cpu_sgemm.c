@@ -6,8 +6,9 @@
  * bf16 GEMM whose widening ran on OpenMP took 84 ms instead of 3 ms at 256x1024x784 on 2 cores).
  * GEMMs below GT_SGEMM_MIN_SPLIT_FLOPS run on one thread, and a batch of such small GEMMs runs
  * one GEMM per thread. OpenBLAS sums each element of C over k in the same order whatever block
- * holds it, so the result does not depend on the thread count (tests/test_ops_gemm.py). An OpenBLAS without the per-thread setting (older than 0.3.27) gets each
- * whole GEMM on its own threads instead. */
+ * holds it, so the result does not depend on the thread count (tests/test_ops_gemm.py). An
+ * OpenBLAS without the per-thread setting (older than 0.3.27) runs each whole GEMM on its own
+ * threads instead. */
 #include <cblas.h>
 #include <omp.h>
 

@@ -113,7 +113,8 @@ def _act(value: Any, name: str, dtype: str | None) -> _Act:
         found, raw, bits = "bf16", array.view(np.uint16), False
     elif array.dtype == np.uint16:
         if dtype not in ("bf16", "f16"):
-            raise TypeError(f"{name} is a uint16 array: pass dtype='bf16' or 'f16' to say which bits it holds")
+            raise TypeError(f"{name} is a uint16 array: pass dtype='bf16' or 'f16' "
+                            "to say which bits it holds")
         found, raw, bits = dtype, array if dtype == "bf16" else array.view(np.float16), True
     elif array.dtype in _NUMPY_DT:
         found, raw, bits = _NUMPY_DT[array.dtype], array, False
@@ -147,13 +148,15 @@ def _param(value: Any, name: str, shape: tuple[int, ...] | None = None) -> np.nd
     """Checks a float32 parameter (or gradient) array."""
     array = _array(value, name)
     if array.dtype != np.float32:
-        raise TypeError(f"{name} must be float32 (parameters are always float32), got {array.dtype}")
+        raise TypeError(f"{name} must be float32 (parameters are always float32), "
+                        f"got {array.dtype}")
     if shape is not None and array.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
     return array
 
 
-def _grad_into(value: np.ndarray | None, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, bool]:
+def _grad_into(value: np.ndarray | None, name: str,
+               shape: tuple[int, ...]) -> tuple[np.ndarray, bool]:
     """The gradient buffer and whether to accumulate: a new array to write, or the caller's."""
     if value is None:
         return np.empty(shape, dtype=np.float32), False
@@ -249,7 +252,8 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
         raise ValueError("x must have at least one dimension")
     weight = _param(weight, "weight")
     if weight.ndim != 2 or weight.shape[1] != x_act.raw.shape[-1]:
-        raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), got {weight.shape}")
+        raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), "
+                         f"got {weight.shape}")
     x2 = x_act.raw.reshape(-1, x_act.raw.shape[-1])
     out = np.empty((x2.shape[0], weight.shape[0]), dtype=x2.dtype)
     _C.op_gemm(x2, weight, out, x_act.dt, "f32", x_act.dt, False, True, 1.0, 0.0)
@@ -268,9 +272,11 @@ def linear_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, dtype: 
     dout_act, x_act = _acts(dtype, dout=dout, x=x)
     weight = _param(weight, "weight")
     if weight.ndim != 2 or x_act.raw.ndim < 1 or weight.shape[1] != x_act.raw.shape[-1]:
-        raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), got {weight.shape}")
+        raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), "
+                         f"got {weight.shape}")
     if dout_act.raw.shape != x_act.raw.shape[:-1] + (weight.shape[0],):
-        raise ValueError(f"dout must have shape {x_act.raw.shape[:-1] + (weight.shape[0],)}, got {dout_act.raw.shape}")
+        raise ValueError(f"dout must have shape {x_act.raw.shape[:-1] + (weight.shape[0],)}, "
+                         f"got {dout_act.raw.shape}")
     d2 = dout_act.raw.reshape(-1, weight.shape[0])
     x2 = x_act.raw.reshape(-1, weight.shape[1])
     dx = np.empty(x2.shape, dtype=x2.dtype)
@@ -325,7 +331,7 @@ def _gelu_kind(approximate: str) -> str:
 
 
 def activation(x: np.ndarray, kind: str, dtype: str | None = None) -> np.ndarray:
-    """``act(x)`` elementwise for kind in 'relu', 'gelu' (exact erf), 'gelu_tanh', 'tanh', 'silu'."""
+    """``act(x)`` elementwise; kind: 'relu', 'gelu' (exact erf), 'gelu_tanh', 'tanh', 'silu'."""
     code = _activation_code(kind)
     (x_act,) = _acts(dtype, x=x)
     out = x_act.empty()
@@ -448,7 +454,8 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float =
 def layer_norm_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, mean: np.ndarray,
                         rstd: np.ndarray, dtype: str | None = None,
                         dweight_into: np.ndarray | None = None,
-                        dbias_into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        dbias_into: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of :func:`layer_norm`: ``(dx, dweight, dbias)``.
 
     ``dweight_into`` and ``dbias_into`` (both or neither) accumulate the parameter gradients in
@@ -496,8 +503,10 @@ def embedding_backward(dout: np.ndarray, ids: Any, num: int, dtype: str | None =
     if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 0:
         raise ValueError(f"num must be an int >= 0, got {num!r}")
     if dout_act.raw.ndim != ids.ndim + 1 or dout_act.raw.shape[:-1] != ids.shape:
-        raise ValueError(f"dout must have shape ids.shape + (dim,) = {ids.shape} + (dim,), got {dout_act.raw.shape}")
-    dtable, accumulate = _grad_into(accumulate_into, "accumulate_into", (int(num), dout_act.raw.shape[-1]))
+        raise ValueError(f"dout must have shape ids.shape + (dim,) = {ids.shape} + (dim,), "
+                         f"got {dout_act.raw.shape}")
+    shape = (int(num), dout_act.raw.shape[-1])
+    dtable, accumulate = _grad_into(accumulate_into, "accumulate_into", shape)
     _C.op_embedding(dout_act.raw, ids, dtable, dout_act.dt, backward=True, accumulate=accumulate)
     return dtable
 
@@ -520,7 +529,8 @@ def cross_entropy(logits: np.ndarray, targets: Any, label_smoothing: float = 0.0
         raise ValueError(f"logits must be 2-D (rows, classes), got shape {logits_act.raw.shape}")
     targets = _ids(targets, "targets")
     if targets.shape != logits_act.raw.shape[:1]:
-        raise ValueError(f"targets must have shape ({logits_act.raw.shape[0]},), got {targets.shape}")
+        raise ValueError(f"targets must have shape ({logits_act.raw.shape[0]},), "
+                         f"got {targets.shape}")
     label_smoothing = _real(label_smoothing, "label_smoothing", 0.0, 1.0)
     dloss_scale = _real(dloss_scale, "dloss_scale")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
