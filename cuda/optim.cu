@@ -172,6 +172,12 @@ extern "C" gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, do
     return GT_OK;
 }
 
+extern "C" gt_status gt_cuda_optim_sync(int device, void *stream) {
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    GT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+    return GT_OK;
+}
+
 // ------------------------------------------------------------------ offload copy stream
 
 static gt_status destroy_offload_stream(OffloadStream *s) {

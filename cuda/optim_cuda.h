@@ -36,6 +36,9 @@ gt_status gt_cuda_ema_swap(int device, float *ema, float *p, size_t n, void *str
  * gt_grad_sumsq); waits for the result. */
 gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream);
 
+/* Blocks until the work queued on `stream` (NULL: the legacy default stream) has finished. */
+gt_status gt_cuda_optim_sync(int device, void *stream);
+
 /* A copy stream for the offload pipeline (see train/copy_stream.h): a non-blocking stream
  * and a ring of events. */
 gt_status gt_cuda_offload_stream_create(int device, void *compute_stream, void **out);

@@ -42,7 +42,7 @@ static int create_core(EmaObject *self, PyObject *module, int on_host) {
     }
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
-    status = gt_ema_create(gt_cpu_device(), on_host, pointers, numels, (size_t)n, &self->ema);
+    status = gt_ema_create(gt_cpu_device(), on_host, NULL, pointers, numels, (size_t)n, &self->ema);
     Py_END_ALLOW_THREADS
     rc = status == GT_OK ? 0 : gtpy_raise_int(module, status);
 done:

@@ -5,6 +5,7 @@
 #include "core/alloc.h"
 #include "train/grad_norm.h"
 #include "train/optim.h"
+#include "train/optim_cpu.h"
 
 typedef struct {
     PyObject_HEAD
@@ -530,9 +531,30 @@ static PyObject *grad_sumsq(PyObject *module, PyObject *arg) { return norm_of(mo
 
 static PyObject *grad_absmax(PyObject *module, PyObject *arg) { return norm_of(module, arg, gt_grad_absmax); }
 
+static PyObject *stream_triad(PyObject *module, PyObject *args) {
+    PyObject *objs[3];
+    float scalar = 0.0f;
+    if (!PyArg_ParseTuple(args, "OOOf:stream_triad", &objs[0], &objs[1], &objs[2], &scalar))
+        return NULL;
+    const char *names[3] = {"a", "b", "c"};
+    for (int k = 0; k < 3; k++)
+        if (check_array(objs[k], names[k], 0, k ? PyArray_SIZE((PyArrayObject *)objs[0]) : -1, k == 0) < 0)
+            return NULL;
+    float *a = (float *)PyArray_DATA((PyArrayObject *)objs[0]);
+    const float *b = (const float *)PyArray_DATA((PyArrayObject *)objs[1]);
+    const float *c = (const float *)PyArray_DATA((PyArrayObject *)objs[2]);
+    size_t n = (size_t)PyArray_SIZE((PyArrayObject *)objs[0]);
+    Py_BEGIN_ALLOW_THREADS
+    gt_triad_cpu(a, b, c, scalar, n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef optim_functions[] = {
     {"grad_sumsq", grad_sumsq, METH_O,
      "grad_sumsq(x)\n--\n\nDeterministic float64 sum of squares of a float32 array (thread-count independent)."},
+    {"stream_triad", stream_triad, METH_VARARGS,
+     "stream_triad(a, b, c, s)\n--\n\nSTREAM's triad a = b + s*c on float32 arrays (the bandwidth baseline)."},
     {"grad_absmax", grad_absmax, METH_O, "grad_absmax(x)\n--\n\nmax |x| of a float32 array (NaN if any is NaN)."},
     {NULL, NULL, 0, NULL},
 };

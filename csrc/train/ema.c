@@ -29,6 +29,7 @@ typedef struct ema_run {
 struct gt_ema {
     gt_device device;        /* where the parameters live */
     int on_host;             /* 1: the shadow is in pinned host memory */
+    void *compute_stream;    /* cuda:N: cudaStream_t the kernels are queued on (NULL: default) */
     gt_arena arena;          /* shadow (total,) [+ staging (staging_numel,)] */
     float *shadow;           /* (total,) parameters packed in order */
     float *staging;          /* (staging_numel,) pinned; only for a host shadow of cuda parameters */
@@ -43,6 +44,15 @@ struct gt_ema {
 
 /* 1 when the CPU can touch both the parameters and the shadow. */
 static int host_reachable(const gt_ema *ema) { return ema->device.kind != GT_DEVICE_CUDA; }
+
+/* Waits for the compute stream (cuda:N) before blocking copies touch device memory. */
+static gt_status settle(const gt_ema *ema) {
+#ifdef GT_WITH_CUDA
+    if (ema->device.kind == GT_DEVICE_CUDA)
+        return gt_cuda_optim_sync(ema->device.index, ema->compute_stream);
+#endif
+    return GT_OK;
+}
 
 static gt_status build_runs(gt_ema *ema, float *const *params) {
     size_t offset = 0;
@@ -105,8 +115,8 @@ static gt_status build(gt_ema *ema, float *const *params, const size_t *numels, 
     return GT_OK;
 }
 
-gt_status gt_ema_create(gt_device device, int on_host, float *const *params, const size_t *numels,
-                        size_t num_params, gt_ema **out) {
+gt_status gt_ema_create(gt_device device, int on_host, void *compute_stream, float *const *params,
+                        const size_t *numels, size_t num_params, gt_ema **out) {
     *out = NULL;
     if (device.kind == GT_DEVICE_PINNED)
         return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
@@ -115,6 +125,7 @@ gt_status gt_ema_create(gt_device device, int on_host, float *const *params, con
         return GT_FAIL(GT_ERR_OOM, "ema: out of host memory");
     ema->device = device;
     ema->on_host = on_host != 0;
+    ema->compute_stream = compute_stream;
     gt_status status = build(ema, params, numels, num_params);
     if (status != GT_OK) {
         gt_ema_destroy(ema);
@@ -178,6 +189,7 @@ static void host_pass(gt_ema *ema, run_pass pass, float weight) {
 #ifdef GT_WITH_CUDA
 /* Host shadow of cuda parameters: each chunk of parameters comes through the staging buffer. */
 static gt_status staged_pass(gt_ema *ema, int swap, float weight) {
+    GT_TRY(settle(ema));
     for (size_t k = 0; k < ema->num_runs; k++) {
         const ema_run *run = &ema->runs[k];
         for (size_t first = 0; first < run->numel; first += ema->staging_numel) {
@@ -201,9 +213,10 @@ static gt_status device_pass(gt_ema *ema, int swap, float weight) {
     for (size_t k = 0; k < ema->num_runs; k++) {
         const ema_run *run = &ema->runs[k];
         if (swap)
-            GT_TRY(gt_cuda_ema_swap(ema->device.index, run->shadow, run->param, run->numel, NULL));
+            GT_TRY(gt_cuda_ema_swap(ema->device.index, run->shadow, run->param, run->numel, ema->compute_stream));
         else
-            GT_TRY(gt_cuda_ema(ema->device.index, run->shadow, run->param, weight, run->numel, NULL));
+            GT_TRY(gt_cuda_ema(ema->device.index, run->shadow, run->param, weight, run->numel,
+                               ema->compute_stream));
     }
     return GT_OK;
 }
@@ -229,6 +242,7 @@ gt_status gt_ema_update(gt_ema *ema, double decay) {
 gt_status gt_ema_swap(gt_ema *ema) { return run(ema, 1, 0.0f); }
 
 gt_status gt_ema_copy_to_params(gt_ema *ema) {
+    GT_TRY(settle(ema));
     for (size_t k = 0; k < ema->num_runs; k++)
         GT_TRY(gt_memcpy_blocking(ema->device, ema->runs[k].param, ema->runs[k].shadow,
                                   ema->runs[k].numel * sizeof(float)));
@@ -238,6 +252,7 @@ gt_status gt_ema_copy_to_params(gt_ema *ema) {
 static gt_status transfer(const gt_ema *ema, size_t index, float *host, int to_shadow) {
     if (index >= ema->num_params)
         return GT_FAIL(GT_ERR_INDEX, "index: parameter %zu out of range (%zu parameters)", index, ema->num_params);
+    GT_TRY(settle(ema));
     float *shadow = ema->shadow + ema->offsets[index];
     size_t bytes = ema->numels[index] * sizeof(float);
     gt_device where = ema->on_host ? gt_cpu_device() : ema->device;

@@ -16,9 +16,11 @@
 typedef struct gt_ema gt_ema;
 
 /* A shadow of `num_params` parameters (param[i]: numel[i] floats on `device`), initialised to
- * their current values; on the host (pinned pool) when on_host, else in `device`'s pool. */
-gt_status gt_ema_create(gt_device device, int on_host, float *const *params, const size_t *numels,
-                        size_t num_params, gt_ema **out);
+ * their current values; on the host (pinned pool) when on_host, else in `device`'s pool.
+ * For cuda:N, `compute_stream` (a cudaStream_t, NULL: legacy default) is the training step's
+ * stream: kernels are queued on it, and host-side copies wait for it first. */
+gt_status gt_ema_create(gt_device device, int on_host, void *compute_stream, float *const *params,
+                        const size_t *numels, size_t num_params, gt_ema **out);
 
 void gt_ema_destroy(gt_ema *ema);
 

@@ -110,7 +110,6 @@ static gt_status pipeline(gt_offload *off, const gt_offload_span *spans, size_t 
     chunk pending[2];
     int have[2] = {0, 0};
     uint64_t ticket[2] = {0, 0};
-    GT_TRY(gt_copy_stream_after_compute(off->stream));
     for (int b = 0; b < 2; b++)
         GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
     for (int b = 0; have[b]; b ^= 1) {
@@ -124,6 +123,8 @@ static gt_status pipeline(gt_offload *off, const gt_offload_span *spans, size_t 
     }
     return GT_OK;
 }
+
+gt_status gt_offload_begin(gt_offload *off) { return gt_copy_stream_after_compute(off->stream); }
 
 gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
                           gt_offload_update_fn update, void *ctx) {

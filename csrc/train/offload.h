@@ -52,6 +52,11 @@ void gt_offload_destroy(gt_offload *off);
 gt_status gt_offload_fetch_params(gt_offload *off, gt_device device, const float *param,
                                   size_t offset, size_t n);
 
+/* Makes the copies of the next gt_offload_step wait for the device work queued so far (the
+ * backward that wrote the gradients). Call it before queueing the device's own share of the
+ * update, so the copies do not wait for that share too. */
+gt_status gt_offload_begin(gt_offload *off);
+
 /* Runs the chunked pipeline over the spans (in order) and waits for its copies. */
 gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
                           gt_offload_update_fn update, void *ctx);

@@ -343,7 +343,8 @@ static size_t build_segments(gt_optimizer *opt, float grad_coef, size_t *num_dev
             i++;
             continue;
         }
-        optim_segment run = {first->param, first->grad, first->offset, first->numel, 0, {{0}}};
+        optim_segment run = {.param = first->param, .grad = first->grad, .offset = first->offset,
+                             .numel = first->numel};
         size_t j = i + 1;
         for (; j < opt->num_params && opt->params[j].grad && can_merge(&opt->params[j - 1], &opt->params[j]); j++)
             run.numel += opt->params[j].numel;
@@ -427,14 +428,24 @@ static gt_status run_device_cuda(gt_optimizer *opt, size_t num_device) {
 typedef struct host_update_ctx {
     gt_optimizer *opt;            /* the optimizer */
     const optim_segment *host;    /* its host runs, indexed by span tag */
+    int threads;                  /* OpenMP threads for the host update */
 } host_update_ctx;
+
+/* Threads for the host update: all of them when a GPU's copy engine moves the data; one fewer
+ * on the CPU "device", whose copies run on a thread of their own and need a core. */
+static int host_update_threads(const gt_optimizer *opt) {
+    int threads = omp_get_max_threads();
+    if (opt->config.device.kind == GT_DEVICE_CPU && threads > 1)
+        threads--;
+    return threads;
+}
 
 /* One staged chunk of the offloaded share, updated by all threads. */
 static void update_host_chunk(void *ctx_ptr, size_t tag, float *master, const float *grad,
                               size_t state_index, size_t n) {
     host_update_ctx *ctx = ctx_ptr;
     const optim_segment *seg = &ctx->host[tag];
-#pragma omp parallel if (n >= PARALLEL_MIN)
+#pragma omp parallel if (n >= PARALLEL_MIN) num_threads(ctx->threads)
     {
         size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
         size_t lo = share_bound(n, t, threads), hi = share_bound(n, t + 1, threads);
@@ -447,7 +458,7 @@ static gt_status run_host(gt_optimizer *opt, size_t num_host) {
     const optim_segment *host = opt->segments + opt->num_params + 1;
     for (size_t k = 0; k < num_host; k++)
         opt->spans[k] = (gt_offload_span){host[k].param, host[k].grad, host[k].offset, host[k].numel, k};
-    host_update_ctx ctx = {opt, host};
+    host_update_ctx ctx = {opt, host, host_update_threads(opt)};
     return gt_offload_step(&opt->offload, opt->spans, num_host, update_host_chunk, &ctx);
 }
 
@@ -462,6 +473,8 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
     size_t total = build_segments(opt, grad_coef, &num_device, &num_host);
     if (total == 0)
         return GT_OK;
+    if (num_host > 0)
+        GT_TRY(gt_offload_begin(&opt->offload));
 #ifdef GT_WITH_CUDA
     if (opt->config.device.kind == GT_DEVICE_CUDA)
         GT_TRY(run_device_cuda(opt, num_device));
@@ -527,12 +540,23 @@ gt_status gt_optimizer_set_param_step(gt_optimizer *opt, size_t index, int64_t s
     return GT_OK;
 }
 
+/* Waits for the update kernels queued on the compute stream (cuda:N), so that blocking copies
+ * of device memory see their results. */
+static gt_status settle(const gt_optimizer *opt) {
+#ifdef GT_WITH_CUDA
+    if (opt->config.device.kind == GT_DEVICE_CUDA)
+        return gt_cuda_optim_sync(opt->config.device.index, opt->config.compute_stream);
+#endif
+    return GT_OK;
+}
+
 /* Copies a parameter's slot between host memory and the state (device part, then host part). */
 static gt_status transfer_state(const gt_optimizer *opt, size_t index, gt_optim_slot slot, float *host,
                                 int to_state) {
     GT_TRY(check_index(opt, index));
     if (!gt_optimizer_has_slot(opt, slot))
         return GT_FAIL(GT_ERR_VALUE, "slot: this optimizer keeps no state slot %d", (int)slot);
+    GT_TRY(settle(opt));
     const optim_param *p = &opt->params[index];
     size_t device_part = 0;
     if (p->offset < opt->device_numel)
@@ -564,6 +588,7 @@ gt_status gt_optimizer_reload_params(gt_optimizer *opt) {
     size_t base = opt->device_numel;
     if (opt->total_numel == base)
         return GT_OK;
+    GT_TRY(settle(opt));
     for (size_t i = 0; i < opt->num_params; i++) {
         const optim_param *p = &opt->params[i];
         if (p->offset + p->numel <= base || p->numel == 0)

@@ -1,6 +1,7 @@
 #include "train/optim_cpu.h"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include "core/ema_math.h"
 #include "core/simd.h"
@@ -213,6 +214,46 @@ TARGET_AVX2 static void ema_avx2(float *ema, const float *p, float weight, size_
         _mm256_storeu_ps(ema + i, _mm256_fmadd_ps(w, _mm256_sub_ps(pi, e), small ? e : pi));
     }
     ema_scalar(ema + i, p + i, weight, n - i);
+}
+
+/* ---------------------------------------------------------------- triad ----------- */
+
+static void triad_scalar(float *a, const float *b, const float *c, float s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        a[i] = b[i] + s * c[i];
+}
+
+TARGET_AVX512 static void triad_avx512(float *a, const float *b, const float *c, float s, size_t n) {
+    const __m512 scalar = _mm512_set1_ps(s);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(a + i, _mm512_add_ps(_mm512_loadu_ps(b + i), _mm512_mul_ps(scalar, _mm512_loadu_ps(c + i))));
+    triad_scalar(a + i, b + i, c + i, s, n - i);
+}
+
+TARGET_AVX2 static void triad_avx2(float *a, const float *b, const float *c, float s, size_t n) {
+    const __m256 scalar = _mm256_set1_ps(s);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(b + i), _mm256_mul_ps(scalar, _mm256_loadu_ps(c + i))));
+    triad_scalar(a + i, b + i, c + i, s, n - i);
+}
+
+void gt_triad_cpu(float *a, const float *b, const float *c, float s, size_t n) {
+    gt_simd level = gt_simd_level();
+#pragma omp parallel
+    {
+        size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        lo -= lo % 16;
+        hi = t + 1 == threads ? n : hi - hi % 16;
+        if (level == GT_SIMD_AVX512)
+            triad_avx512(a + lo, b + lo, c + lo, s, hi - lo);
+        else if (level == GT_SIMD_AVX2)
+            triad_avx2(a + lo, b + lo, c + lo, s, hi - lo);
+        else
+            triad_scalar(a + lo, b + lo, c + lo, s, hi - lo);
+    }
 }
 
 /* ---------------------------------------------------------------- dispatch -------- */

@@ -20,4 +20,8 @@ void gt_sgd_cpu(const gt_sgd_scalars *s, float *p, const float *g, float *buf, s
 /* ema = lerp(ema, p, weight) over n elements. */
 void gt_ema_cpu(float *ema, const float *p, float weight, size_t n);
 
+/* STREAM's triad a = b + s*c over n elements with all threads (one OpenMP region, the
+ * optimizer's vector width): the memory-bandwidth baseline of benchmarks/bench_optim.py. */
+void gt_triad_cpu(float *a, const float *b, const float *c, float s, size_t n);
+
 #endif
