@@ -71,11 +71,14 @@ def test_type_errors():
         gt.DataLoader(X).set_epoch(1.0)
 
 
-def test_cuda_device_without_gpu_raises():
+def test_cuda_device_needs_a_gpu():
     if gt.cuda.is_available():
-        pytest.skip("a CUDA device is present")  # covered by the cuda tests
-    with pytest.raises(gt.CudaError, match="not available"):
-        gt.DataLoader(X, device="cuda")
+        assert gt.DataLoader(X, device="cuda").device == "cuda:0"
+    else:
+        with pytest.raises(gt.CudaError, match="not available"):
+            gt.DataLoader(X, device="cuda")
+    with pytest.raises(gt.CudaError, match="CUDA device 99 is not available"):
+        gt.DataLoader(X, device="cuda:99")
 
 
 def test_attributes_frozen_after_init():

@@ -640,6 +640,15 @@ char *gt_loader_slot_field(const gt_loader *l, const gt_slot *slot, size_t field
 
 size_t gt_loader_slot_width(const gt_slot *slot, size_t field) { return slot->widths[field]; }
 
+size_t gt_loader_num_fields(const gt_loader *l) { return l->num_fields; }
+
+size_t gt_loader_field_offset(const gt_loader *l, size_t field) { return l->fields[field].slot_offset; }
+
+size_t gt_loader_slot_field_bytes(const gt_loader *l, const gt_slot *slot, size_t field) {
+    const gt_field *f = &l->fields[field];
+    return f->offsets ? slot->rows * slot->widths[field] * f->item_bytes : slot->rows * f->row_bytes;
+}
+
 void gt_loader_get_stats(gt_loader *l, gt_loader_stats *out) {
     pthread_mutex_lock(&l->lock);
     *out = (gt_loader_stats){.num_slots = l->num_slots, .initial_slots = l->initial_slots,

@@ -106,6 +106,13 @@ char *gt_loader_slot_field(const gt_loader *loader, const gt_slot *slot, size_t 
 /* Items per row of ragged field `field` in the slot's batch (0 for a fixed field). */
 size_t gt_loader_slot_width(const gt_slot *slot, size_t field);
 
+/* Fields per sample, and where field `field` starts inside every slot. */
+size_t gt_loader_num_fields(const gt_loader *loader);
+size_t gt_loader_field_offset(const gt_loader *loader, size_t field);
+
+/* Bytes the slot's batch fills in field `field`. */
+size_t gt_loader_slot_field_bytes(const gt_loader *loader, const gt_slot *slot, size_t field);
+
 /* Asks the workers to stop after their current batch and returns at once; waiting callers
  * return NULL. gt_loader_shutdown() (or gt_loader_release()) joins them later. */
 void gt_loader_request_stop(gt_loader *loader);

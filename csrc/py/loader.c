@@ -498,8 +498,23 @@ static PyType_Spec engine_spec = {
     .slots = engine_slots,
 };
 
+gt_loader *gtpy_loader_engine_loader(PyObject *module, PyObject *engine) {
+    PyObject *type = PyObject_GetAttrString(module, "LoaderEngine");
+    if (!type)
+        return NULL;
+    int is_engine = PyObject_TypeCheck(engine, (PyTypeObject *)type);
+    Py_DECREF(type);
+    if (!is_engine) {
+        PyErr_Format(PyExc_TypeError, "engine must be a LoaderEngine, not %.100s", Py_TYPE(engine)->tp_name);
+        return NULL;
+    }
+    EngineObject *self = (EngineObject *)engine;
+    return check_open(self) < 0 ? NULL : self->loader;
+}
+
 int gtpy_add_loader(PyObject *module) {
-    if (gtpy_add_loader_slot(module) < 0 || gtpy_add_loader_sampler(module) < 0)
+    if (gtpy_add_loader_slot(module) < 0 || gtpy_add_loader_sampler(module) < 0 ||
+        gtpy_add_loader_transfer(module) < 0)
         return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &engine_spec, NULL);
     if (!type)

@@ -11,6 +11,16 @@
  * their base, so the slot is reused only after the last view is gone. Steals the reference. */
 PyObject *gtpy_loader_slot_new(PyTypeObject *slot_type, gt_loader *loader, gt_slot *slot);
 
+/* The loader and slot of a _LoaderSlot object; TypeError for anything else. */
+int gtpy_loader_slot_unpack(PyObject *slot_type, PyObject *obj, gt_loader **loader, gt_slot **slot);
+
+/* The C loader of a LoaderEngine (NULL with RuntimeError once shut down; TypeError for
+ * anything else). */
+gt_loader *gtpy_loader_engine_loader(PyObject *module, PyObject *engine);
+
+/* Registers LoaderTransfer and _DeviceSlot (device copies of batches). */
+int gtpy_add_loader_transfer(PyObject *module);
+
 /* A tuple with one array per field of `arrays` (the dataset), each viewing the slot's rows
  * with the field's dtype and trailing shape (ragged fields: (rows, width, *item shape)),
  * based on `owner`. */

@@ -19,6 +19,17 @@ PyObject *gtpy_loader_slot_new(PyTypeObject *slot_type, gt_loader *loader, gt_sl
     return (PyObject *)self;
 }
 
+int gtpy_loader_slot_unpack(PyObject *slot_type, PyObject *obj, gt_loader **loader, gt_slot **slot) {
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)slot_type)) {
+        PyErr_Format(PyExc_TypeError, "batch: expected the base of a DataLoader batch (_LoaderSlot), not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *loader = ((SlotObject *)obj)->loader;
+    *slot = ((SlotObject *)obj)->slot;
+    return 0;
+}
+
 static void slot_dealloc(PyObject *op) {
     SlotObject *self = (SlotObject *)op;
     PyTypeObject *type = Py_TYPE(op);

@@ -30,6 +30,7 @@ from gputrain.data._errors import WorkerError, raise_delivered_error
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import flatten, num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
+from gputrain.data.transfer import DeviceStage
 from gputrain.data.sampler import (
     ORDER_ARRAY,
     BatchSampler,
@@ -473,7 +474,8 @@ class _DataLoaderIter(Iterator[Any]):
         self._loader_ref = weakref.ref(loader)
         self._progress: _Progress | None = None
         self._finished = True
-        self._device_stage: Any = None
+        self._device_stage: DeviceStage | None = None
+        self._device_engine: _Engine | None = None
 
     def replace_engine(self, engine: _Engine) -> None:
         """Uses `engine` from now on (a batch_sampler's epoch needs bigger slots)."""
@@ -489,11 +491,15 @@ class _DataLoaderIter(Iterator[Any]):
                                                      start, done)
         self._progress = _Progress(epoch, num_batches, start, done)
         self._finished = False
-        self._device_stage = None
-        if loader is not None and loader.device is not None:
-            from gputrain.data.transfer import DeviceStage
-
-            self._device_stage = DeviceStage(loader.device, self.engine.engine.stats()["slot_bytes"])
+        device = loader.device if loader is not None else None
+        if device is None:
+            self._device_stage = None
+        elif (self._device_stage is None or self._device_stage.device != device
+              or self._device_engine is not self.engine):
+            self._device_stage = DeviceStage(device, self.engine.engine)
+            self._device_engine = self.engine
+        else:
+            self._device_stage.reset()
         return self._progress
 
     def __iter__(self) -> "_DataLoaderIter":
@@ -507,7 +513,8 @@ class _DataLoaderIter(Iterator[Any]):
         if not self._persistent:
             self.engine.shutdown()
 
-    def _next_host(self) -> Any:
+    def _next_host(self) -> tuple[int, Any]:
+        """(batch index, the batch after the hooks) from the engine."""
         if self._finished:
             raise StopIteration
         try:
@@ -525,11 +532,13 @@ class _DataLoaderIter(Iterator[Any]):
         if batch < 0 or isinstance(result, (WorkerError, BaseException)):
             self._close()
             raise_delivered_error(result)
-        assert self._progress is not None
-        self._progress.mark(batch)
-        return result if self._worker_side else self._pipeline(result)
+        return batch, result if self._worker_side else self._pipeline(result)
 
     def __next__(self) -> Any:
         if self._device_stage is None:
-            return self._next_host()
-        return self._device_stage.next(self._next_host)
+            batch, result = self._next_host()
+        else:
+            batch, result = self._device_stage.next(self._next_host)
+        assert self._progress is not None
+        self._progress.mark(batch)  # counted when the caller gets it, not when prefetched
+        return result

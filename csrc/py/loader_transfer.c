@@ -1,0 +1,272 @@
+/* gputrain._C.LoaderTransfer: copies delivered batches to a CUDA device (csrc/data/transfer.h),
+ * and gputrain._C._DeviceSlot: the owner of one device batch (or of one copied array), which
+ * keeps its transfer alive and hands the device memory back when it dies. */
+#include "py/loader.h"
+
+#include "data/transfer.h"
+
+typedef struct {
+    PyObject_HEAD
+    gt_transfer *transfer;   /* the copies; destroyed with the object */
+    PyObject *slot_type;     /* gputrain._C._LoaderSlot */
+    PyObject *device_type;   /* gputrain._C._DeviceSlot */
+    gt_loader *loader;       /* the engine's loader (the transfer holds a reference to it) */
+} TransferObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;         /* the LoaderTransfer (kept alive while this batch lives) */
+    gt_device_batch *batch;  /* the device batch, or NULL for a copied array */
+    gt_block block;          /* a copied array's device memory (batch == NULL) */
+} DeviceSlotObject;
+
+static gt_transfer *transfer_of(PyObject *op) { return ((TransferObject *)op)->transfer; }
+
+static PyObject *device_slot_new(TransferObject *owner, gt_device_batch *batch, gt_block block) {
+    DeviceSlotObject *self = PyObject_GC_New(DeviceSlotObject, (PyTypeObject *)owner->device_type);
+    if (!self) {
+        if (batch)
+            gt_transfer_release(owner->transfer, batch);
+        gt_block_free(&block);
+        return NULL;
+    }
+    self->owner = Py_NewRef((PyObject *)owner);
+    self->batch = batch;
+    self->block = block;
+    PyObject_GC_Track((PyObject *)self);
+    return (PyObject *)self;
+}
+
+static int device_slot_traverse(PyObject *op, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(((DeviceSlotObject *)op)->owner);
+    return 0;
+}
+
+static void device_slot_dealloc(PyObject *op) {
+    DeviceSlotObject *self = (DeviceSlotObject *)op;
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    if (self->batch)
+        gt_transfer_release(transfer_of(self->owner), self->batch);
+    gt_block_free(&self->block);
+    Py_DECREF(self->owner);
+    PyObject_GC_Del(op);
+    Py_DECREF(type);
+}
+
+static char *device_start(DeviceSlotObject *self) {
+    return (char *)(self->batch ? self->batch->block.ptr : self->block.ptr);
+}
+
+static size_t device_bytes(DeviceSlotObject *self) {
+    return self->batch ? self->batch->block.bytes : self->block.bytes;
+}
+
+static PyObject *raise_status(PyObject *obj, gt_status status) {
+    PyObject *module = PyType_GetModuleByDef(Py_TYPE(obj), &gtpy_module_def);
+    return module ? gtpy_raise(module, status) : NULL;
+}
+
+static PyObject *device_slot_wait(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    DeviceSlotObject *self = (DeviceSlotObject *)op;
+    gt_status status = GT_OK;
+    if (self->batch) {
+        Py_BEGIN_ALLOW_THREADS
+        status = gt_transfer_wait(transfer_of(self->owner), self->batch);
+        Py_END_ALLOW_THREADS
+    }
+    return status == GT_OK ? Py_NewRef(Py_None) : raise_status(op, status);
+}
+
+/* copy_to(offset, out): fills the C-contiguous writeable array `out` from device offset `offset`. */
+static PyObject *device_slot_copy_to(PyObject *op, PyObject *args) {
+    DeviceSlotObject *self = (DeviceSlotObject *)op;
+    Py_ssize_t offset;
+    PyArrayObject *out;
+    if (!PyArg_ParseTuple(args, "nO!:copy_to", &offset, &PyArray_Type, &out))
+        return NULL;
+    size_t bytes = (size_t)PyArray_NBYTES(out);
+    if (!PyArray_ISCARRAY(out) || offset < 0 || (size_t)offset + bytes > device_bytes(self))
+        return PyErr_Format(PyExc_ValueError, "out: needs a C-contiguous writeable array within the batch");
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_transfer_to_host(transfer_of(self->owner), PyArray_DATA(out), device_start(self) + offset, bytes);
+    Py_END_ALLOW_THREADS
+    return status == GT_OK ? Py_NewRef(Py_None) : raise_status(op, status);
+}
+
+static PyObject *device_slot_get_address(PyObject *op, void *Py_UNUSED(closure)) {
+    return PyLong_FromVoidPtr(device_start((DeviceSlotObject *)op));
+}
+
+static PyMethodDef device_slot_methods[] = {
+    {"wait", device_slot_wait, METH_NOARGS, "Blocks until the copy into this batch is done."},
+    {"copy_to", device_slot_copy_to, METH_VARARGS, "copy_to(offset, out): device bytes into a host array."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef device_slot_getset[] = {
+    {"address", device_slot_get_address, NULL, "Device address of the batch as an int.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot device_slot_slots[] = {
+    {Py_tp_dealloc, device_slot_dealloc},
+    {Py_tp_traverse, device_slot_traverse},
+    {Py_tp_methods, device_slot_methods},
+    {Py_tp_getset, device_slot_getset},
+    {Py_tp_doc, "Device memory of one delivered batch (or one copied array)."},
+    {0, NULL},
+};
+
+static PyType_Spec device_slot_spec = {
+    .name = "gputrain._C._DeviceSlot",
+    .basicsize = sizeof(DeviceSlotObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION |
+             Py_TPFLAGS_HAVE_GC,
+    .slots = device_slot_slots,
+};
+
+/* ---- LoaderTransfer ------------------------------------------------------------------- */
+
+static PyObject *transfer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"engine", "device", NULL};
+    PyObject *engine;
+    int device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi:LoaderTransfer", keywords, &engine, &device))
+        return NULL;
+    PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
+    gt_loader *loader = module ? gtpy_loader_engine_loader(module, engine) : NULL;
+    if (!loader)
+        return NULL;
+    TransferObject *self = (TransferObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->loader = loader;
+    self->slot_type = PyObject_GetAttrString(module, "_LoaderSlot");
+    self->device_type = self->slot_type ? PyObject_GetAttrString(module, "_DeviceSlot") : NULL;
+    if (!self->device_type) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    gt_loader_stats stats;
+    gt_loader_get_stats(loader, &stats);
+    gt_status status = gt_transfer_create(loader, device, stats.slot_bytes, &self->transfer);
+    if (status != GT_OK) {
+        Py_DECREF(self);
+        return gtpy_raise(module, status);
+    }
+    return (PyObject *)self;
+}
+
+static int transfer_traverse(PyObject *op, visitproc visit, void *arg) {
+    TransferObject *self = (TransferObject *)op;
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(self->slot_type);
+    Py_VISIT(self->device_type);
+    return 0;
+}
+
+static int transfer_clear(PyObject *op) {
+    TransferObject *self = (TransferObject *)op;
+    Py_CLEAR(self->slot_type);
+    Py_CLEAR(self->device_type);
+    return 0;
+}
+
+static void transfer_dealloc(PyObject *op) {
+    TransferObject *self = (TransferObject *)op;
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    gt_transfer *transfer = self->transfer;
+    if (transfer) {  /* no device batch is alive: each holds a reference to this object */
+        Py_BEGIN_ALLOW_THREADS
+        gt_transfer_destroy(transfer);
+        Py_END_ALLOW_THREADS
+    }
+    transfer_clear(op);
+    type->tp_free(op);
+    Py_DECREF(type);
+}
+
+/* submit(batch_base): queues the copy of the slot behind a batch's arrays; a _DeviceSlot. */
+static PyObject *transfer_submit(PyObject *op, PyObject *slot_obj) {
+    TransferObject *self = (TransferObject *)op;
+    gt_loader *loader;
+    gt_slot *slot;
+    if (gtpy_loader_slot_unpack(self->slot_type, slot_obj, &loader, &slot) < 0)
+        return NULL;
+    if (loader != self->loader)
+        return PyErr_Format(PyExc_ValueError, "batch: comes from another loader than this transfer's");
+    gt_loader_slot_retain(loader, slot);  /* the transfer's, until the copy is done */
+    gt_device_batch *batch;
+    gt_status status = gt_transfer_submit(self->transfer, slot, &batch);
+    if (status != GT_OK)
+        return raise_status(op, status);
+    return device_slot_new(self, batch, (gt_block){0});
+}
+
+/* copy(array): a C-contiguous host array copied into its own device memory; a _DeviceSlot. */
+static PyObject *transfer_copy(PyObject *op, PyObject *array_obj) {
+    TransferObject *self = (TransferObject *)op;
+    if (!PyArray_Check(array_obj) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)array_obj))
+        return PyErr_Format(PyExc_TypeError, "array must be a C-contiguous numpy.ndarray");
+    PyArrayObject *array = (PyArrayObject *)array_obj;
+    gt_block block = {0};
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_transfer_copy_bytes(self->transfer, PyArray_DATA(array), (size_t)PyArray_NBYTES(array), &block);
+    Py_END_ALLOW_THREADS
+    if (status != GT_OK)
+        return raise_status(op, status);
+    return device_slot_new(self, NULL, block);
+}
+
+static PyObject *transfer_get_stream(PyObject *op, void *Py_UNUSED(closure)) {
+    return PyLong_FromVoidPtr(gt_transfer_native_stream(transfer_of(op)));
+}
+
+static PyMethodDef transfer_methods[] = {
+    {"submit", transfer_submit, METH_O, "submit(batch.base) -> the batch's device copy (queued)."},
+    {"copy", transfer_copy, METH_O, "copy(array) -> a device copy of a host array (synchronous)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef transfer_getset[] = {
+    {"stream", transfer_get_stream, NULL, "The copy stream's cudaStream_t as an int.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot transfer_slots[] = {
+    {Py_tp_new, transfer_new},
+    {Py_tp_dealloc, transfer_dealloc},
+    {Py_tp_traverse, transfer_traverse},
+    {Py_tp_clear, transfer_clear},
+    {Py_tp_methods, transfer_methods},
+    {Py_tp_getset, transfer_getset},
+    {Py_tp_doc, "LoaderTransfer(engine, device)\n--\n\nCopies an engine's batches to CUDA device `device`."},
+    {0, NULL},
+};
+
+static PyType_Spec transfer_spec = {
+    .name = "gputrain._C.LoaderTransfer",
+    .basicsize = sizeof(TransferObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = transfer_slots,
+};
+
+static int add_type(PyObject *module, PyType_Spec *spec, const char *name) {
+    PyObject *type = PyType_FromModuleAndSpec(module, spec, NULL);
+    if (!type)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, name, type);
+    Py_DECREF(type);
+    return rc;
+}
+
+int gtpy_add_loader_transfer(PyObject *module) {
+    if (add_type(module, &device_slot_spec, "_DeviceSlot") < 0)
+        return -1;
+    return add_type(module, &transfer_spec, "LoaderTransfer");
+}

@@ -1,0 +1,116 @@
+"""Device batches: `DataLoader(..., device="cuda")` copies each gathered slot to device memory
+with asynchronous copies on a copy stream (csrc/data/transfer.c), one batch ahead of the
+consumer, and yields DeviceArray objects in the batch's structure.
+
+A DeviceArray exposes `__cuda_array_interface__` (with the copy stream, so that CuPy, Numba or
+PyTorch order their work after the copy), `.numpy()` for a host copy, and `.wait()`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import numpy as np
+
+from gputrain import _C
+
+
+class DeviceArray:
+    """An array in CUDA device memory, one field of a device batch (or a copied array)."""
+
+    __slots__ = ("_owner", "_offset", "shape", "dtype", "device", "_stream")
+
+    def __init__(self, owner: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype, device: str,
+                 stream: int) -> None:
+        self._owner = owner
+        self._offset = offset
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self._stream = stream
+
+    @property
+    def address(self) -> int:
+        """Device address of the first element."""
+        return self._owner.address + self._offset
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, False), "version": 3,
+                "strides": None, "stream": self._stream or None}
+
+    def wait(self) -> None:
+        """Blocks until the copy that filled this array is done."""
+        self._owner.wait()
+
+    def numpy(self) -> np.ndarray:
+        """A host copy (waits for the device copy first)."""
+        out = np.empty(self.shape, dtype=self.dtype)
+        self._owner.copy_to(self._offset, out)
+        return out
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device!r})"
+
+
+def _map_arrays(batch: Any, move: Callable[[np.ndarray], Any]) -> Any:
+    """`batch` with every NumPy array replaced by move(array), in the same structure."""
+    if isinstance(batch, np.ndarray):
+        return move(batch)
+    if isinstance(batch, Mapping):
+        return type(batch)((k, _map_arrays(v, move)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_map_arrays(v, move) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_map_arrays(v, move) for v in batch)
+    return batch
+
+
+class DeviceStage:
+    """Moves the host batches of one engine to `device`, keeping one copy in flight."""
+
+    def __init__(self, device: str, engine: _C.LoaderEngine) -> None:
+        self.device = device
+        self._transfer = _C.LoaderTransfer(engine, int(device.partition(":")[2]))
+        self._pending: Any = None
+
+    def _move(self, batch: Any) -> Any:
+        device_slots: dict[int, Any] = {}
+
+        def move(array: np.ndarray) -> DeviceArray:
+            base = array.base
+            if isinstance(base, _C._LoaderSlot) and array.flags.c_contiguous:
+                owner = device_slots.get(id(base))
+                if owner is None:  # one queued copy per slot, shared by its fields
+                    owner = device_slots[id(base)] = self._transfer.submit(base)
+                offset = array.ctypes.data - base.address
+            else:  # a hook built this array: copy it on its own
+                owner, offset = self._transfer.copy(np.ascontiguousarray(array)), 0
+            return DeviceArray(owner, offset, array.shape, array.dtype, self.device, self._transfer.stream)
+
+        return _map_arrays(batch, move)
+
+    def reset(self) -> None:
+        """Drops the batch copied ahead (a new epoch starts)."""
+        self._pending = None
+
+    def next(self, next_host: Callable[[], tuple[int, Any]]) -> tuple[int, Any]:
+        """(batch index, the batch on the device); the copy of the next one is queued before
+        returning, so it overlaps with the caller's work on this one."""
+        if self._pending is None:
+            batch, host = next_host()
+            self._pending = (batch, self._move(host))
+        current = self._pending
+        try:
+            batch, host = next_host()
+            self._pending = (batch, self._move(host))
+        except StopIteration:
+            self._pending = None
+        return current

@@ -1,0 +1,95 @@
+"""Device batches: DataLoader(device="cuda") copies each slot to the GPU on a copy stream.
+Tests marked `cuda` need a device; the last test checks the refusal without one."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+from gputrain.data.transfer import DeviceArray
+
+X = np.random.default_rng(0).standard_normal((203, 5, 3)).astype(np.float32)
+Y = np.arange(203, dtype=np.int64)
+
+
+def host(batch):
+    return [a.numpy() for a in batch]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("settings", [dict(num_workers=0), dict(num_workers=2, pin_memory=True),
+                                      dict(num_workers=2, persistent_workers=True, in_order=False)])
+def test_device_batches_equal_host_batches(settings):
+    loader = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=3, device="cuda", **settings)
+    seen = []
+    for epoch in range(2):
+        for xb, yb in loader:
+            assert isinstance(xb, DeviceArray) and xb.shape[1:] == (5, 3) and xb.dtype == np.float32
+            interface = xb.__cuda_array_interface__
+            assert interface["shape"] == xb.shape and interface["typestr"] == "<f4" and interface["version"] == 3
+            x, y = xb.numpy(), yb.numpy()
+            np.testing.assert_array_equal(x, X[y])
+            seen.extend(y.tolist())
+    assert sorted(seen) == sorted(list(range(203)) * 2)
+
+
+@pytest.mark.cuda
+def test_held_device_batches_are_never_overwritten():
+    loader = gt.DataLoader((X, Y), batch_size=8, shuffle=True, seed=1, num_workers=2, pin_memory=True,
+                           device="cuda")
+    batches = list(loader)
+    for xb, yb in batches:
+        np.testing.assert_array_equal(xb.numpy(), X[yb.numpy()])
+    order = np.concatenate([yb.numpy() for _, yb in batches])
+    reference = np.concatenate([yb for _, yb in gt.DataLoader((X, Y), batch_size=8, shuffle=True, seed=1)])
+    np.testing.assert_array_equal(order, reference)
+
+
+@pytest.mark.cuda
+def test_hook_results_and_structures_move_to_the_device():
+    loader = gt.DataLoader({"x": X, "y": Y}, batch_size=10, device="cuda:0",
+                           collate_fn=lambda b: {"x2": b["x"] * 2, "y": b["y"]})
+    batch = next(iter(loader))
+    assert set(batch) == {"x2", "y"}
+    np.testing.assert_array_equal(batch["x2"].numpy(), X[:10] * 2)
+    np.testing.assert_array_equal(batch["y"].numpy(), Y[:10])
+
+
+@pytest.mark.cuda
+def test_device_memory_returns_when_batches_die():
+    gc.collect()
+    before = gt.cuda.memory_stats(0)["allocated_bytes"]
+    loader = gt.DataLoader((X, Y), batch_size=32, num_workers=1).to("cuda")
+    batches = list(loader)
+    assert gt.cuda.memory_stats(0)["allocated_bytes"] > before
+    del batches, loader
+    gc.collect()
+    assert gt.cuda.memory_stats(0)["allocated_bytes"] == before
+
+
+@pytest.mark.cuda
+def test_resume_counts_only_delivered_device_batches():
+    loader = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=4, device="cuda")
+    it = iter(loader)
+    for _ in range(3):
+        next(it)  # the copy of the fourth is already queued
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 3
+    resumed = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=4)
+    resumed.load_state_dict(state)
+    expected = [yb.numpy().tolist() for _, yb in it]
+    assert [yb.tolist() for _, yb in resumed] == expected
+
+
+def test_transfer_needs_a_device():
+    it = iter(gt.DataLoader(Y, batch_size=4, num_workers=1))
+    if gt.cuda.is_available():
+        assert gt._C.LoaderTransfer(it.engine.engine, 0).stream != 0
+    else:
+        with pytest.raises(gt.CudaError, match="CUDA"):
+            gt._C.LoaderTransfer(it.engine.engine, 0)
+    with pytest.raises(TypeError, match="engine must be a LoaderEngine"):
+        gt._C.LoaderTransfer(object(), 0)
