@@ -1,0 +1,67 @@
+/* The CUDA backend's op table (ops.h) and its per-backend state, callable from C. Included by C
+ * files only when built with GT_WITH_CUDA.
+ *
+ * Every op of gt_cuda_ops() queues its work on the state's stream and returns without waiting,
+ * except the ops whose results the caller reads on the host: softmax_xent (*count), mse (*loss),
+ * sum_squares (*out), and the id checks of embedding_forward/embedding_backward; those wait for
+ * the stream. Array arguments are device pointers of the state's device; `count`, `loss` and
+ * `out` are host pointers. Errors of the caller's data (ids or targets out of range) are reported
+ * as GT_ERR_INDEX naming the first bad position, as on the CPU.
+ *
+ * Element math is the GT_HD code of core/ (half.h, activation.h, dropout.h), so elementwise ops
+ * match the CPU backend to the last bit (activations: within the few ulp by which CUDA's expf,
+ * erfcf and tanhf differ from glibc's), dropout masks are bit-identical, and sum_squares, mse and
+ * the LayerNorm statistics follow the CPU's summation order (GT_LANE_SUM in fixed parts), so
+ * they match it bit for bit. bias_backward, the LayerNorm parameter gradients and
+ * embedding_backward use fixed orders without floating-point atomics: the same bits on every
+ * run (embedding_backward also adds in the CPU's order, so it matches it exactly). */
+#ifndef GT_OPS_CUDA_H
+#define GT_OPS_CUDA_H
+
+#include <stddef.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gt_cuda_context;
+
+/* What a CUDA gt_backend's `impl` points to. */
+typedef struct gt_cuda_backend_state {
+    int device;                       /* CUDA ordinal every op runs on */
+    void *stream;                     /* cudaStream_t the ops queue on; NULL: legacy default stream */
+    struct gt_cuda_context *context;  /* the device's shared cuBLASLt handle and TF32 flag */
+    gt_block scratch;                 /* device memory: reduction parts and check results */
+} gt_cuda_backend_state;
+
+/* Bytes of a state's device scratch: GT_CUDA_MAX_PARTS doubles and a few 64-bit words. */
+enum { GT_CUDA_MAX_PARTS = 1024, GT_CUDA_SCRATCH_BYTES = GT_CUDA_MAX_PARTS * 8 + 64 };
+
+/* The CUDA backend's table (cuda/ops_*.cu). */
+const gt_ops *gt_cuda_ops(void);
+
+/* Fills `be` with the CUDA table, device `device`, no workspace, and a new state (the device's
+ * shared context, its scratch taken from the device's pool) queueing on `stream` (a
+ * cudaStream_t; NULL for the legacy default stream). Without CUDA or that device it fails with
+ * GT_ERR_CUDA / GT_ERR_VALUE (cuda_backend.h). Release with gt_cuda_backend_release. */
+gt_status gt_cuda_backend_init(gt_backend *be, int device, void *stream);
+
+/* Waits for the state's stream, frees the state and clears be->impl. An uninitialised or
+ * released backend (impl NULL) is ignored. */
+void gt_cuda_backend_release(gt_backend *be);
+
+/* Waits until every op queued so far on the backend's stream has finished. */
+gt_status gt_cuda_backend_synchronize(gt_backend *be);
+
+/* Copies `bytes` between host and device memory (either direction, or device to device) in
+ * the backend's stream order; returns when the copy is done. */
+gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const void *src, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

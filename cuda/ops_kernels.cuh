@@ -1,0 +1,183 @@
+// Shared by the CUDA op files (cuda/ops_*.cu) only (C++): dtype-templated loads and stores with
+// the RNE conversions of core/half.h, launch sizes, the argument checks (the CPU backend's
+// messages), the per-call set-up, the fixed-order lane sums of the CPU's GT_LANE_SUM, and the
+// op functions each file defines for the table in ops_table.cu.
+#ifndef GT_OPS_KERNELS_CUH
+#define GT_OPS_KERNELS_CUH
+
+#include <cuda_runtime.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/half.h"
+#include "cuda_internal.cuh"
+#include "ops/ops.h"
+#include "ops_cuda.h"
+
+constexpr int kThreads = 256;            // threads per block of the elementwise kernels
+constexpr size_t kMaxBlocks = 65535;     // grid cap; grid-stride loops cover the rest
+constexpr unsigned kLanes = 8;           // lanes of a fixed-order sum (the CPU's GT_LANES)
+constexpr unsigned kRowsPerBlock = kThreads / kLanes;  // rows of a lane-sum block (32)
+
+// Blocks for `units` independent units of work of `per_block` units each, capped.
+static inline unsigned grid_for(size_t units, size_t per_block = kThreads) {
+    size_t blocks = (units + per_block - 1) / per_block;
+    return (unsigned)(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+// Element i of an activation array of dtype DT, widened to f32 (exact).
+template <gt_dtype DT>
+__device__ __forceinline__ float load_elem(const void *base, size_t i) {
+    if constexpr (DT == GT_F16)
+        return gt_f16_to_f32(static_cast<const uint16_t *>(base)[i]);
+    else if constexpr (DT == GT_BF16)
+        return gt_bf16_to_f32(static_cast<const uint16_t *>(base)[i]);
+    else
+        return static_cast<const float *>(base)[i];
+}
+
+// Stores an f32 value into element i of an array of dtype DT, rounding once (RNE).
+template <gt_dtype DT>
+__device__ __forceinline__ void store_elem(void *base, size_t i, float value) {
+    if constexpr (DT == GT_F16)
+        static_cast<uint16_t *>(base)[i] = gt_f32_to_f16(value);
+    else if constexpr (DT == GT_BF16)
+        static_cast<uint16_t *>(base)[i] = gt_f32_to_bf16(value);
+    else
+        static_cast<float *>(base)[i] = value;
+}
+
+// for (size_t i = first global thread; i < n; i += all threads of the grid)
+#define GT_GRID_STRIDE(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);    \
+         i += (size_t)gridDim.x * blockDim.x)
+
+// Launches KERNEL<dt>, an activation-dtype template, with the given configuration and args.
+#define GT_LAUNCH_DT(dt, KERNEL, grid, block, shmem, stream, ...)                      \
+    do {                                                                               \
+        switch (dt) {                                                                  \
+        case GT_F16: KERNEL<GT_F16><<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); break;   \
+        case GT_BF16: KERNEL<GT_BF16><<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); break; \
+        default: KERNEL<GT_F32><<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); break;        \
+        }                                                                              \
+    } while (0)
+
+// The sum of the 8 lane values of one group of 8 consecutive threads of a warp, folded as the
+// CPU's GT_LANE_SUM folds them: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Valid in
+// the group's lane 0. Every thread of the warp must call it (full-warp shuffles).
+__device__ __forceinline__ double fold_lanes(double value, unsigned lane) {
+    for (unsigned width = 1; width < kLanes; width *= 2) {
+        double other = __shfl_down_sync(0xffffffffu, value, width, kLanes);
+        if (lane % (2 * width) == 0)
+            value = __dadd_rn(value, other);
+    }
+    return value;
+}
+
+// Lane `lane`'s share of a fixed-order sum over [begin, end): the terms k = begin + lane,
+// begin + lane + 8, ... added in increasing k (a lane of the CPU's GT_LANE_SUM).
+template <typename Term>
+__device__ __forceinline__ double lane_partial(size_t begin, size_t end, unsigned lane, Term term) {
+    double sum = 0.0;
+    for (size_t k = begin + lane; k < end; k += kLanes)
+        sum = __dadd_rn(sum, term(k));
+    return sum;
+}
+
+// parts[p] = the fixed-order sum (the CPU's GT_LANE_SUM) of term(k) over part p's elements
+// [p * part_size, min(n, (p + 1) * part_size)): 8 threads per part, 32 parts per block.
+template <typename Term>
+__global__ void lane_parts_kernel(double *parts, size_t n, size_t part_size, size_t num_parts, Term term) {
+    const unsigned lane = threadIdx.x % kLanes;
+    const size_t groups = (num_parts + kRowsPerBlock - 1) / kRowsPerBlock;
+    for (size_t group = blockIdx.x; group < groups; group += gridDim.x) {
+        const size_t p = group * kRowsPerBlock + threadIdx.x / kLanes;
+        const size_t begin = p < num_parts ? p * part_size : n;
+        const size_t end = n - begin < part_size ? n : begin + part_size;
+        double sum = fold_lanes(lane_partial(begin, end, lane, term), lane);
+        if (p < num_parts && lane == 0)
+            parts[p] = sum;
+    }
+}
+
+// The backend state of `be` with its device made current on this thread.
+gt_status gt_cuda_op_begin(gt_backend *be, gt_cuda_backend_state **out);
+
+// The stream of a state as a cudaStream_t.
+static inline cudaStream_t stream_of(const gt_cuda_backend_state *state) {
+    return static_cast<cudaStream_t>(state->stream);
+}
+
+// Fails with GT_ERR_CUDA naming `kernel` when its launch failed.
+gt_status gt_cuda_check_launch(const char *kernel);
+
+// Argument checks with the CPU backend's messages (GT_ERR_VALUE naming the argument).
+gt_status gt_cuda_check_dtype(gt_dtype dt, const char *arg_name);
+gt_status gt_cuda_check_size(int64_t value, const char *arg_name);
+gt_status gt_cuda_check_ptr(const void *ptr, const char *arg_name);
+
+// Device scratch of a state: GT_CUDA_MAX_PARTS doubles, then 64-bit check words.
+static inline double *scratch_parts(const gt_cuda_backend_state *state) {
+    return static_cast<double *>(state->scratch.ptr);
+}
+static inline unsigned long long *scratch_words(const gt_cuda_backend_state *state) {
+    return reinterpret_cast<unsigned long long *>(static_cast<char *>(state->scratch.ptr) +
+                                                  GT_CUDA_MAX_PARTS * sizeof(double));
+}
+
+// Parts of a fixed-order sum over n elements (cpu_reduce.c): at most GT_CUDA_MAX_PARTS parts of
+// part_size(n) elements, at least 16384 and a multiple of 8.
+size_t gt_cuda_sum_part_size(size_t n);
+
+// The part sums of `num_parts` parts copied back from the scratch and added in part order on
+// the host (the CPU's add_parts); waits for the stream.
+gt_status gt_cuda_add_parts(const gt_cuda_backend_state *state, size_t num_parts, double *out);
+
+// *out = the sum of term(k) over k < n (n >= 1) in the CPU's order (cpu_reduce.c): parts summed
+// by lane_parts_kernel, their sums added in part order on the host. Waits for the stream.
+template <typename Term>
+gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, Term term, double *out) {
+    size_t size = gt_cuda_sum_part_size(n), num_parts = (n + size - 1) / size;
+    lane_parts_kernel<<<grid_for(num_parts, kRowsPerBlock), kThreads, 0, stream_of(state)>>>(
+        scratch_parts(state), n, size, num_parts, term);
+    GT_TRY(gt_cuda_check_launch("lane_parts_kernel launch"));
+    return gt_cuda_add_parts(state, num_parts, out);
+}
+
+// The op functions of the table (signatures and semantics of ops.h), one group per file.
+size_t gt_cuda_gemm_workspace_bytes(const gt_gemm_args *args);
+gt_status gt_cuda_gemm(gt_backend *be, const gt_gemm_args *args);
+gt_status gt_cuda_bias_add(gt_backend *be, void *out, const float *bias, int64_t rows, int64_t cols, gt_dtype dt);
+gt_status gt_cuda_activation_forward(gt_backend *be, void *out, const void *in, int64_t n, gt_activation act,
+                                     gt_dtype dt);
+gt_status gt_cuda_activation_backward(gt_backend *be, void *din, const void *dout, const void *in, int64_t n,
+                                      gt_activation act, gt_dtype dt);
+gt_status gt_cuda_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n, gt_dtype dt);
+gt_status gt_cuda_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, float p,
+                                  gt_dropout_key key, gt_dtype dt);
+gt_status gt_cuda_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n, float p,
+                                   gt_dropout_key key, gt_dtype dt);
+gt_status gt_cuda_layernorm_forward(gt_backend *be, void *out, float *mean, float *rstd, const void *in,
+                                    const float *weight, const float *bias, int64_t rows, int64_t cols, float eps,
+                                    gt_dtype dt);
+gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, float *dbias, const void *dout,
+                                     const void *in, const float *weight, const float *mean, const float *rstd,
+                                     int64_t rows, int64_t cols, gt_dtype dt, int accumulate);
+gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *ids, const float *table, int64_t n,
+                                    int64_t num, int64_t dim, gt_dtype dt);
+gt_status gt_cuda_embedding_backward(gt_backend *be, float *dtable, const void *dout, const int64_t *ids, int64_t n,
+                                     int64_t num, int64_t dim, gt_dtype dt, int accumulate);
+gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits, const void *logits,
+                               const int64_t *targets, int64_t rows, int64_t classes, float label_smoothing,
+                               int64_t ignore_index, float dloss_scale, gt_dtype dt);
+gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target, int64_t n,
+                      float dloss_scale, gt_dtype dt);
+gt_status gt_cuda_bias_backward(gt_backend *be, float *dbias, const void *dout, int64_t rows, int64_t cols,
+                                gt_dtype dt, int accumulate);
+gt_status gt_cuda_sum_squares(gt_backend *be, double *out, const float *x, int64_t n);
+gt_status gt_cuda_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src, gt_dtype src_dt, int64_t n);
+gt_status gt_cuda_copy(gt_backend *be, void *dst, const void *src, size_t bytes);
+gt_status gt_cuda_zero(gt_backend *be, void *dst, size_t bytes);
+
+#endif
