@@ -298,3 +298,35 @@ def test_pin_memory_takes_slots_from_the_pinned_pool(xy):
     if _C.cuda_device_count() == 0:
         assert after["num_pin_fallbacks"] - before["num_pin_fallbacks"] == 4
         assert xb.base.pinned is False
+
+
+def test_without_workers_slots_are_reused_across_epochs(xy):
+    x, y = xy
+    loader = gt.DataLoader((x, y), batch_size=8, shuffle=True, seed=0)
+    for batch in loader:
+        pass
+    del batch
+    allocs = gt.memory_stats("cpu")["num_allocs"]
+    for _ in range(3):
+        for xb, yb in loader:
+            np.testing.assert_array_equal(xb, x[yb])
+    assert gt.memory_stats("cpu")["num_allocs"] == allocs  # no slot allocated after the first epoch
+
+
+def test_nested_iteration_of_one_loader(xy):
+    x, y = xy
+    loader = gt.DataLoader((x, y), batch_size=50, shuffle=True, seed=0)
+    pairs = [(a[1].tolist(), b[1].tolist()) for a in loader for b in loader]
+    assert len(pairs) == 9
+    outer = [p[0] for p in pairs[::3]]
+    assert sorted(sum(outer, [])) == list(range(103))
+    for a, b in pairs:
+        assert len(a) in (50, 3) and len(b) in (50, 3)
+
+
+def test_settings_changed_between_epochs_take_effect(xy):
+    x, y = xy
+    loader = gt.DataLoader((x, y), batch_size=8, num_workers=1, persistent_workers=True)
+    list(loader)
+    loader.collate_fn = lambda batch: batch[1]
+    assert np.concatenate(list(loader)).tolist() == list(range(103))

@@ -94,7 +94,7 @@ static gt_status free_batch(gt_transfer *t, gt_device_batch **out) {
 }
 
 gt_status gt_transfer_submit(gt_transfer *t, gt_slot *slot, gt_device_batch **out) {
-    gt_device_batch *b;
+    gt_device_batch *b = NULL;
     gt_status status = free_batch(t, &b);
     for (size_t f = 0; status == GT_OK && f < gt_loader_num_fields(t->loader); f++) {
         size_t offset = gt_loader_field_offset(t->loader, f);

@@ -49,11 +49,12 @@ _FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "da
 class _Engine:
     """A C LoaderEngine, weakly tracked so that interpreter exit can stop its threads."""
 
-    __slots__ = ("engine", "max_rows", "stopped", "__weakref__")
+    __slots__ = ("engine", "max_rows", "config", "stopped", "__weakref__")
 
-    def __init__(self, engine: _C.LoaderEngine, max_rows: int) -> None:
+    def __init__(self, engine: _C.LoaderEngine, max_rows: int, config: tuple[Any, ...]) -> None:
         self.engine = engine
         self.max_rows = max_rows
+        self.config = config  # the loader settings it was built with (DataLoader._engine_config)
         self.stopped = False
         _LIVE_ENGINES.add(self)
 
@@ -236,6 +237,7 @@ class DataLoader:
         self._resume: tuple[int, list[int]] | None = None
         self._progress: _Progress | None = None
         self._iterator: _DataLoaderIter | None = None
+        self._spare_engine: _Engine | None = None  # num_workers=0: slots kept between epochs
         self._pin_warned = False
         self._initialized = True
         self.check_worker_number_rationality()
@@ -412,7 +414,16 @@ class DataLoader:
         engine = _C.LoaderEngine(fields, max(max_rows, 1), self.num_workers, max(self.prefetch_factor or 0, 1),
                                  in_order=self.in_order, pin_memory=self.pin_memory, worker_start=worker_start,
                                  worker_transform=worker_transform)
-        return _Engine(engine, max(max_rows, 1))
+        return _Engine(engine, max(max_rows, 1), self._engine_config())
+
+    def _engine_config(self) -> tuple[Any, ...]:
+        """The settings an engine is built from (they may be changed between epochs)."""
+        return (self.num_workers, self.prefetch_factor, self.in_order, self.pin_memory, self.worker_init_fn,
+                self.transform, self.collate_fn, self.transform_in_workers)
+
+    def _reusable(self, engine: _Engine | None, max_rows: int) -> bool:
+        return (engine is not None and not engine.stopped and engine.max_rows >= max_rows
+                and engine.config == self._engine_config())
 
     def _batch_pipeline(self) -> Callable[[tuple[np.ndarray, ...]], Any]:
         """views -> the batch the user sees: structure, then transform, then collate_fn."""
@@ -440,11 +451,13 @@ class DataLoader:
         epoch, start, done = self._take_start()
         plan = self._plan(epoch)
         if not self.persistent_workers:
-            iterator = _DataLoaderIter(self, self._new_engine(plan.max_rows), persistent=False)
+            spare, self._spare_engine = self._spare_engine, None
+            engine = spare if self._reusable(spare, plan.max_rows) else self._new_engine(plan.max_rows)
+            iterator = _DataLoaderIter(self, engine, persistent=False)
         else:
             if self._iterator is None:
                 self._iterator = _DataLoaderIter(self, self._new_engine(plan.max_rows), persistent=True)
-            elif self._iterator.engine.max_rows < plan.max_rows or self._iterator.engine.stopped:
+            elif not self._reusable(self._iterator.engine, plan.max_rows):
                 self._iterator.replace_engine(self._new_engine(plan.max_rows))
             iterator = self._iterator
         self._progress = iterator.reset(plan, epoch, start, done)
@@ -485,8 +498,10 @@ class _DataLoaderIter(Iterator[Any]):
     def reset(self, plan: _Plan, epoch: int, start: int, done: list[int]) -> _Progress:
         """Starts epoch `epoch` of `plan` at batch `start`, skipping the batches in `done`."""
         loader = self._loader_ref()
-        if loader is not None:
+        if loader is not None:  # settings may have changed since the last epoch
             self._timeout = loader.timeout
+            self._pipeline = loader._batch_pipeline()
+            self._worker_side = loader.transform_in_workers and loader.num_workers > 0
         num_batches = self.engine.engine.start_epoch(plan.order, plan.batch_size, plan.drop_last, plan.offsets,
                                                      start, done)
         self._progress = _Progress(epoch, num_batches, start, done)
@@ -509,8 +524,16 @@ class _DataLoaderIter(Iterator[Any]):
         return self._progress.num_batches if self._progress is not None else 0
 
     def _close(self) -> None:
+        """Ends the epoch. Worker threads of a non-persistent loader stop here; without workers
+        the loader keeps the engine's two slots for its next epoch (no threads to stop, and a
+        fresh slot would start every epoch with page faults)."""
         self._finished = True
-        if not self._persistent:
+        if self._persistent:
+            return
+        loader = self._loader_ref()
+        if self.engine.config[0] == 0 and loader is not None:
+            loader._spare_engine = self.engine
+        else:
             self.engine.shutdown()
 
     def _next_host(self) -> tuple[int, Any]:
