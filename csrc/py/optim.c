@@ -6,6 +6,7 @@
 #include "train/grad_norm.h"
 #include "train/optim.h"
 #include "train/optim_cpu.h"
+#include "py/optim_py.h"
 
 typedef struct {
     PyObject_HEAD
@@ -86,8 +87,7 @@ static int get_betas(PyObject *dict, gt_optim_hparams *hp) {
     return rc;
 }
 
-/* A group's hyperparameters from a dict with PyTorch's keys (missing keys take defaults). */
-static int parse_hparams(PyObject *dict, gt_optim_hparams *hp) {
+int gtpy_optim_parse_hparams(PyObject *dict, gt_optim_hparams *hp) {
     if (!PyDict_Check(dict)) {
         PyErr_Format(PyExc_TypeError, "hyperparameters must be a dict, not %.100s", Py_TYPE(dict)->tp_name);
         return -1;
@@ -171,7 +171,7 @@ static int build_descs(PyObject *params, PyObject *groups, PyObject *grads, Py_s
 
 static int parse_all_hparams(PyObject *hparams, gt_optim_hparams *out) {
     for (Py_ssize_t g = 0; g < PySequence_Fast_GET_SIZE(hparams); g++)
-        if (parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &out[g]) < 0)
+        if (gtpy_optim_parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &out[g]) < 0)
             return -1;
     return 0;
 }
@@ -359,7 +359,7 @@ static PyObject *optimizer_set_hparams(PyObject *op, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nO:set_hparams", &group, &dict))
         return NULL;
     gt_optim_hparams hp;
-    if (parse_hparams(dict, &hp) < 0)
+    if (gtpy_optim_parse_hparams(dict, &hp) < 0)
         return NULL;
     if (group < 0)
         return PyErr_Format(PyExc_IndexError, "group %zd out of range", group);
@@ -593,5 +593,5 @@ int gtpy_add_optim(PyObject *module) {
         return -1;
     int rc = PyModule_AddObjectRef(module, "Optimizer", type);
     Py_DECREF(type);
-    return rc < 0 ? -1 : PyModule_AddFunctions(module, optim_functions);
+    return rc < 0 || PyModule_AddFunctions(module, optim_functions) < 0 ? -1 : gtpy_add_optim_device(module);
 }

@@ -488,13 +488,27 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
     return GT_OK;
 }
 
-/* ------------------------------------------------------------ norms --------------- */
-
-static gt_status run_sumsq(const gt_optimizer *opt, const float *grad, size_t n, double *out) {
+/* Waits for the update kernels queued on the compute stream (cuda:N), so that blocking copies
+ * of device memory see their results. */
+static gt_status settle(const gt_optimizer *opt) {
 #ifdef GT_WITH_CUDA
     if (opt->config.device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_grad_sumsq(opt->config.device.index, grad, n, out, opt->config.compute_stream);
+        return gt_cuda_optim_sync(opt->config.device.index, opt->config.compute_stream);
 #endif
+    return GT_OK;
+}
+
+gt_status gt_optimizer_synchronize(const gt_optimizer *opt) { return settle(opt); }
+
+/* ------------------------------------------------------------ norms --------------- */
+
+gt_status gt_grad_sumsq_on(gt_device device, void *stream, const float *grad, size_t n, double *out) {
+#ifdef GT_WITH_CUDA
+    if (device.kind == GT_DEVICE_CUDA)
+        return gt_cuda_grad_sumsq(device.index, grad, n, out, stream);
+#endif
+    if (device.kind == GT_DEVICE_CUDA)
+        return GT_FAIL(GT_ERR_RUNTIME, "device: this build has no CUDA backend");
     return gt_grad_sumsq(grad, n, out);
 }
 
@@ -508,7 +522,7 @@ gt_status gt_optimizer_grad_norm(const gt_optimizer *opt, double *out) {
                 n += opt->params[j].numel;
         if (first->grad && n > 0) {
             double sumsq = 0.0;
-            GT_TRY(run_sumsq(opt, first->grad, n, &sumsq));
+            GT_TRY(gt_grad_sumsq_on(opt->config.device, opt->config.compute_stream, first->grad, n, &sumsq));
             total += sumsq;
         }
         i = j;
@@ -537,16 +551,6 @@ gt_status gt_optimizer_set_param_step(gt_optimizer *opt, size_t index, int64_t s
     if (step < 0)
         return GT_FAIL(GT_ERR_VALUE, "step: must be >= 0, got %lld", (long long)step);
     opt->params[index].step = step;
-    return GT_OK;
-}
-
-/* Waits for the update kernels queued on the compute stream (cuda:N), so that blocking copies
- * of device memory see their results. */
-static gt_status settle(const gt_optimizer *opt) {
-#ifdef GT_WITH_CUDA
-    if (opt->config.device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_optim_sync(opt->config.device.index, opt->config.compute_stream);
-#endif
     return GT_OK;
 }
 

@@ -97,9 +97,17 @@ gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad);
  * are not written). Synchronous: parameters are updated when it returns. */
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
 
+/* Waits until the device share of the steps queued so far has finished (cuda:N: the compute
+ * stream; a no-op on the CPU, where gt_optimizer_step returns when everything is done). */
+gt_status gt_optimizer_synchronize(const gt_optimizer *opt);
+
 /* L2 norm of the set gradients, as gt_grad_norm_l2 over each maximal run of adjacent
  * gradients, the runs' sums of squares added in parameter order. */
 gt_status gt_optimizer_grad_norm(const gt_optimizer *opt, double *out);
+
+/* gt_grad_sumsq (train/grad_norm.h) for n floats on `device` (cpu or cuda:N, where it queues on
+ * `stream`, a cudaStream_t, and waits for the result): the same bits on both. */
+gt_status gt_grad_sumsq_on(gt_device device, void *stream, const float *grad, size_t n, double *out);
 
 /* Number of gt_optimizer_step calls that updated at least one parameter. */
 int64_t gt_optimizer_num_steps(const gt_optimizer *opt);

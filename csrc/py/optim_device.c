@@ -1,0 +1,198 @@
+/* _C.optimizer_on_device / _C.grad_sumsq_on_device: the C optimizer and the gradient norm on
+ * any device ('cpu' or 'cuda:N') over device copies of NumPy arrays, so tests can compare the
+ * CUDA kernels and the CUDA offload pipeline with the CPU bit for bit. The parameters and each
+ * step's gradients are packed into one block each (as a model's arenas are). */
+#include "py/optim_py.h"
+
+#include "core/alloc.h"
+#include "train/copy_stream.h"
+
+typedef struct device_run {
+    gt_optimizer_config config;   /* kind, numerics, device, offload */
+    gt_optim_hparams hparams;     /* the one group */
+    float grad_coef;              /* passed to every step */
+    float *params;                /* (total,) host: initial values in, final values out */
+    const float *grads;           /* (steps, total) host gradients, one row per step */
+    size_t *sizes;                /* (num_params,) elements of each parameter */
+    size_t num_params;            /* parameters */
+    size_t total;                 /* elements */
+    size_t steps;                 /* optimizer steps */
+} device_run;
+
+static gt_status create_over(const device_run *run, const gt_block *params, const gt_block *grads,
+                             gt_optimizer **opt) {
+    gt_optim_param_desc *descs = calloc(run->num_params ? run->num_params : 1, sizeof *descs);
+    if (!descs)
+        return GT_FAIL(GT_ERR_OOM, "out of host memory");
+    size_t offset = 0;
+    for (size_t i = 0; i < run->num_params; i++) {
+        descs[i] = (gt_optim_param_desc){(float *)params->ptr + offset, (float *)grads->ptr + offset,
+                                         run->sizes[i], 0};
+        offset += run->sizes[i];
+    }
+    gt_status status = gt_optimizer_create(&run->config, &run->hparams, 1, descs, run->num_params, opt);
+    free(descs);
+    return status;
+}
+
+/* With the device blocks allocated: copy in, step, wait for the device, copy out. */
+static gt_status steps_on(const device_run *run, gt_block *params, gt_block *grads) {
+    gt_device device = run->config.device;
+    size_t bytes = run->total * sizeof(float);
+    gt_optimizer *opt = NULL;
+    GT_TRY(gt_memcpy_blocking(device, params->ptr, run->params, bytes));
+    GT_TRY(create_over(run, params, grads, &opt));
+    gt_status status = GT_OK;
+    for (size_t s = 0; status == GT_OK && s < run->steps; s++) {
+        status = gt_optimizer_synchronize(opt);  /* the previous step still reads the gradients */
+        if (status == GT_OK)
+            status = gt_memcpy_blocking(device, grads->ptr, run->grads + s * run->total, bytes);
+        if (status == GT_OK)
+            status = gt_optimizer_step(opt, run->grad_coef);
+    }
+    if (status == GT_OK)
+        status = gt_optimizer_synchronize(opt);
+    gt_optimizer_destroy(opt);
+    return status == GT_OK ? gt_memcpy_blocking(device, run->params, params->ptr, bytes) : status;
+}
+
+static gt_status run_on_device(const device_run *run) {
+    gt_block params = {0}, grads = {0};
+    gt_status status = gt_block_alloc(run->config.device, run->total * sizeof(float), &params);
+    if (status == GT_OK)
+        status = gt_block_alloc(run->config.device, run->total * sizeof(float), &grads);
+    if (status == GT_OK)
+        status = steps_on(run, &params, &grads);
+    gt_block_free(&grads);
+    gt_block_free(&params);
+    return status;
+}
+
+static int parse_names(const char *kind, const char *numerics, gt_optimizer_config *config) {
+    int kind_ok = strcmp(kind, "adamw") == 0 || strcmp(kind, "sgd") == 0;
+    int numerics_ok = strcmp(numerics, "exact") == 0 || strcmp(numerics, "fast") == 0;
+    if (!kind_ok || !numerics_ok) {
+        PyErr_Format(PyExc_ValueError, "kind must be 'adamw' or 'sgd' and numerics 'exact' or 'fast', got %s, %s",
+                     kind, numerics);
+        return -1;
+    }
+    config->kind = strcmp(kind, "sgd") == 0 ? GT_OPTIM_SGD : GT_OPTIM_ADAMW;
+    config->numerics = strcmp(numerics, "fast") == 0 ? GT_NUMERICS_FAST : GT_NUMERICS_EXACT;
+    return 0;
+}
+
+/* params: 1-D float32 (writeable); grads: 2-D float32 (steps, params.size); sizes sum to it. */
+static int parse_arrays(PyObject *params, PyObject *grads, PyObject *sizes, device_run *run) {
+    if (!PyArray_Check(params) || PyArray_TYPE((PyArrayObject *)params) != NPY_FLOAT32 ||
+        PyArray_NDIM((PyArrayObject *)params) != 1 || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)params) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)params)) {
+        PyErr_SetString(PyExc_TypeError, "params must be a writeable, contiguous 1-D float32 array");
+        return -1;
+    }
+    run->params = PyArray_DATA((PyArrayObject *)params);
+    run->total = (size_t)PyArray_SIZE((PyArrayObject *)params);
+    if (!PyArray_Check(grads) || PyArray_TYPE((PyArrayObject *)grads) != NPY_FLOAT32 ||
+        PyArray_NDIM((PyArrayObject *)grads) != 2 || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)grads) ||
+        (size_t)PyArray_DIM((PyArrayObject *)grads, 1) != run->total) {
+        PyErr_Format(PyExc_ValueError, "grads must be a contiguous float32 array of shape (steps, %zu)", run->total);
+        return -1;
+    }
+    run->grads = PyArray_DATA((PyArrayObject *)grads);
+    run->steps = (size_t)PyArray_DIM((PyArrayObject *)grads, 0);
+    run->num_params = (size_t)PySequence_Fast_GET_SIZE(sizes);
+    run->sizes = PyMem_Calloc(run->num_params ? run->num_params : 1, sizeof *run->sizes);
+    if (!run->sizes) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t sum = 0;
+    for (size_t i = 0; i < run->num_params; i++) {
+        Py_ssize_t n = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(sizes, (Py_ssize_t)i));
+        if (n < 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "sizes[%zu] must be >= 0", i);
+            return -1;
+        }
+        run->sizes[i] = (size_t)n;
+        sum += (size_t)n;
+    }
+    if (sum != run->total) {
+        PyErr_Format(PyExc_ValueError, "sizes add up to %zu, params has %zu elements", sum, run->total);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *optimizer_on_device(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"kind", "device", "params", "sizes", "grads", "hparams", "numerics",
+                               "cpu_offload_fraction", "grad_coef", "offload_chunk_numel", NULL};
+    const char *kind = NULL, *numerics = "exact";
+    PyObject *device_obj, *params, *sizes_obj, *grads, *hparams;
+    device_run run = {.grad_coef = 1.0f};
+    Py_ssize_t chunk = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOOO!|$sdfn:optimizer_on_device", keywords, &kind,
+                                     &device_obj, &params, &sizes_obj, &grads, &PyDict_Type, &hparams, &numerics,
+                                     &run.config.cpu_offload_fraction, &run.grad_coef, &chunk))
+        return NULL;
+    run.config.offload_chunk_numel = chunk > 0 ? (size_t)chunk : 0;
+    PyObject *sizes = PySequence_Fast(sizes_obj, "sizes must be a sequence of ints");
+    int ok = sizes && parse_names(kind, numerics, &run.config) == 0 &&
+             gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &run.config.device) == 0 &&
+             gtpy_optim_parse_hparams(hparams, &run.hparams) == 0 && parse_arrays(params, grads, sizes, &run) == 0;
+    PyObject *result = NULL;
+    if (ok) {
+        gt_status status;
+        Py_BEGIN_ALLOW_THREADS
+        status = run_on_device(&run);
+        Py_END_ALLOW_THREADS
+        result = status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    }
+    PyMem_Free(run.sizes);
+    Py_XDECREF(sizes);
+    return result;
+}
+
+static gt_status sumsq_on_device(gt_device device, const float *host, size_t n, double *out) {
+    gt_block block = {0};
+    *out = 0.0;
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_block_alloc(device, n * sizeof(float), &block));
+    gt_status status = gt_memcpy_blocking(device, block.ptr, host, n * sizeof(float));
+    if (status == GT_OK)
+        status = gt_grad_sumsq_on(device, NULL, block.ptr, n, out);
+    gt_block_free(&block);
+    return status;
+}
+
+static PyObject *grad_sumsq_on_device(PyObject *module, PyObject *args) {
+    PyObject *x_obj, *device_obj;
+    if (!PyArg_ParseTuple(args, "OO:grad_sumsq_on_device", &x_obj, &device_obj))
+        return NULL;
+    gt_device device;
+    if (gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0)
+        return NULL;
+    PyArrayObject *x = (PyArrayObject *)PyArray_FROM_OTF(x_obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+    if (!x)
+        return NULL;
+    double out = 0.0;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = sumsq_on_device(device, PyArray_DATA(x), (size_t)PyArray_SIZE(x), &out);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(x);
+    return status == GT_OK ? PyFloat_FromDouble(out) : gtpy_raise(module, status);
+}
+
+static PyMethodDef optim_device_functions[] = {
+    {"optimizer_on_device", (PyCFunction)(void (*)(void))optimizer_on_device, METH_VARARGS | METH_KEYWORDS,
+     "optimizer_on_device(kind, device, params, sizes, grads, hparams, *, numerics='exact', "
+     "cpu_offload_fraction=0.0, grad_coef=1.0, offload_chunk_numel=0)\n--\n\n"
+     "Run grads.shape[0] steps of the C optimizer on a device over a packed copy of params "
+     "(split by sizes), then write the result back into params."},
+    {"grad_sumsq_on_device", grad_sumsq_on_device, METH_VARARGS,
+     "grad_sumsq_on_device(x, device)\n--\n\nThe deterministic sum of squares computed on a device."},
+    {NULL, NULL, 0, NULL},
+};
+
+int gtpy_add_optim_device(PyObject *module) { return PyModule_AddFunctions(module, optim_device_functions); }
