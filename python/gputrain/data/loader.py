@@ -419,7 +419,7 @@ class DataLoader:
     def _engine_config(self) -> tuple[Any, ...]:
         """The settings an engine is built from (they may be changed between epochs)."""
         return (self.num_workers, self.prefetch_factor, self.in_order, self.pin_memory, self.worker_init_fn,
-                self.transform, self.collate_fn, self.transform_in_workers)
+                self.transform, self.collate_fn, self.transform_in_workers, self._order_seed())
 
     def _reusable(self, engine: _Engine | None, max_rows: int) -> bool:
         return (engine is not None and not engine.stopped and engine.max_rows >= max_rows
