@@ -235,7 +235,7 @@ def test_batches_are_zero_copy_views_of_a_slot(xy):
     x, y = xy
     loader = gt.DataLoader((x, y), batch_size=16, shuffle=True, seed=0, num_workers=2)
     xb, yb = next(iter(loader))
-    assert isinstance(xb.base, _C._LoaderSlot) and xb.base is yb.base
+    assert isinstance(xb.base, _C._LoaderSlot) and xb.base is yb.base and xb.base.rows == 16
     start = xb.base.address
     assert start <= xb.ctypes.data < yb.ctypes.data
     assert xb.flags.c_contiguous and xb.flags.writeable
@@ -263,11 +263,15 @@ def test_slots_are_recycled_in_a_plain_loop(xy):
     for _ in range(3):
         for xb, yb in loader:
             np.testing.assert_array_equal(xb, x[yb])
-    stats = loader._iterator.engine.engine.stats()
+    engine = loader._iterator.engine.engine
+    stats = engine.stats()
+    assert engine.num_rows == 103 and not engine.closed
     assert stats["initial_slots"] == 2 * 2 + 2
     assert stats["num_slots"] == stats["initial_slots"]
     assert stats["batches_gathered"] == 3 * 52
     assert stats["bytes_gathered"] == 3 * 103 * (7 * 4 + 8)
+    engine.shutdown()
+    assert engine.closed and engine.stats()["batches_gathered"] == 3 * 52  # kept after shutdown
 
 
 def test_slot_memory_is_returned_when_views_die(xy):
