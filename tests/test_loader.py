@@ -272,6 +272,7 @@ def test_slots_are_recycled_in_a_plain_loop(xy):
     assert stats["bytes_gathered"] == 3 * 103 * (7 * 4 + 8)
     engine.shutdown()
     assert engine.closed and engine.stats()["batches_gathered"] == 3 * 52  # kept after shutdown
+    assert len(list(loader)) == 52  # a fresh engine replaces the closed one
 
 
 def test_slot_memory_is_returned_when_views_die(xy):

@@ -422,8 +422,8 @@ class DataLoader:
                 self.transform, self.collate_fn, self.transform_in_workers, self._order_seed())
 
     def _reusable(self, engine: _Engine | None, max_rows: int) -> bool:
-        return (engine is not None and not engine.stopped and engine.max_rows >= max_rows
-                and engine.config == self._engine_config())
+        return (engine is not None and not engine.stopped and not engine.engine.closed
+                and engine.max_rows >= max_rows and engine.config == self._engine_config())
 
     def _batch_pipeline(self) -> Callable[[tuple[np.ndarray, ...]], Any]:
         """views -> the batch the user sees: structure, then transform, then collate_fn."""
