@@ -9,8 +9,8 @@
 // f32 and rounds the result once into C. beta = 0 does not read C (cuBLAS's contract; a staged
 // half C is widened only when beta != 0). k = 0 gives C = beta C (0 when beta = 0) by a kernel.
 //
-// The pointer alignments are given to the heuristic (its default assumes 256 bytes; parameter
-// slices of a model are often only 2- or 4-byte aligned). When cuBLASLt offers no algorithm,
+// The pointer alignments (up to 16 bytes) are given to the heuristic (its default assumes 256
+// bytes; parameter slices of a model are often only 2- or 4-byte aligned). When cuBLASLt offers no algorithm,
 // the GEMM falls back to cublasGemmStridedBatchedEx on the context's cuBLAS handle, whose
 // stream is set under a lock (the handle is shared by every backend of the device).
 #include <cublasLt.h>
@@ -160,9 +160,11 @@ struct BlasCall {
     size_t workspace_bytes;              // its size
 };
 
-// The largest power of two <= 256 dividing the address (and the batch stride in bytes).
+// The largest power of two <= 16 dividing the address (and the batch stride in bytes). Capped at
+// 16 bytes (the widest vector access), so that operands placed differently (a checkpointed
+// block's recompute region) get the same algorithm and the same bits.
 uint32_t alignment_of(const void *ptr, int64_t stride, size_t elem_size, int32_t batch) {
-    uint32_t align = 256;
+    uint32_t align = 16;
     while (align > 1 && (uintptr_t)ptr % align != 0)
         align /= 2;
     while (batch > 1 && align > 1 && ((size_t)stride * elem_size) % align != 0)

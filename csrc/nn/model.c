@@ -1,11 +1,36 @@
 /* Model lifetime: parameter layout (one f32 arena each for parameters and gradients, packed in
- * state_dict order), activation planning and allocation, forward, loss and backward. */
+ * state_dict order), activation planning and allocation, forward, loss and backward.
+ *
+ * A model on cuda:N runs the CUDA op table (on the legacy default stream, so its kernels are
+ * ordered with the optimizer's and with blocking copies); its arenas are device memory.
+ * Parameters are initialised in a host staging buffer and copied over; host inputs and targets
+ * are copied into device pieces of the loss region that the plan reserves; per-row losses are
+ * read back and summed on the host in row order, as on the CPU. */
 #include "nn/model.h"
 
 #include <string.h>
 
+#include "core/cast.h"
 #include "nn/init.h"
 #include "nn/plan.h"
+#ifdef GT_WITH_CUDA
+#include "ops_cuda.h"
+#endif
+
+enum { GT_LOSS_CHUNK = 1024 };  /* per-row losses read back from a device per copy */
+
+static int on_cuda(const gt_model *model) { return model->backend.device.kind == GT_DEVICE_CUDA; }
+
+/* dst = src (bytes) between host memory and the model's memory, in the model's stream order. */
+static gt_status model_memcpy(gt_model *model, void *dst, const void *src, size_t bytes) {
+#ifdef GT_WITH_CUDA
+    if (on_cuda(model))
+        return gt_cuda_backend_memcpy(&model->backend, dst, src, bytes);
+#endif
+    if (bytes > 0)
+        memcpy(dst, src, bytes);
+    return GT_OK;
+}
 
 static void set_param(gt_param *param, size_t *offset, int ndim, int64_t d0, int64_t d1) {
     param->offset = *offset;
@@ -65,6 +90,20 @@ static gt_status create_lowp(gt_model *model) {
     return gt_model_refresh_lowp(model);
 }
 
+/* The op table of `device`: CUDA's for cuda:N (with its backend state), else the CPU's. */
+static gt_status init_backend(gt_model *model, gt_device device) {
+    model->backend.ops = gt_cpu_ops();
+    model->backend.device = device;
+    if (device.kind != GT_DEVICE_CUDA)
+        return GT_OK;
+#ifdef GT_WITH_CUDA
+    return gt_cuda_backend_init(&model->backend, device.index, NULL);
+#else
+    return GT_FAIL(GT_ERR_CUDA, "device: 'cuda:%d' needs the CUDA backend, which was not compiled in",
+                   device.index);
+#endif
+}
+
 gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_dtype dt,
                           uint64_t seed) {
     memset(model, 0, sizeof *model);
@@ -72,21 +111,23 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     model->dt = dt;
     model->seed = seed;
     model->training = 1;
-    model->backend.ops = gt_cpu_ops();
-    model->backend.device = device;
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
+    GT_TRY(init_backend(model, device));
     layout_layer(&model->root, &model->num_params);
     size_t bytes = gt_align_up(model->num_params * sizeof(float));
     GT_TRY(gt_arena_create(&model->params, device, model->num_params ? bytes : 0));
     GT_TRY(gt_arena_create(&model->grads, device, model->num_params ? bytes : 0));
     if (model->num_params)
-        memset(model->grads.block.ptr, 0, bytes);
+        GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr, bytes));
     point_layer(&model->root, model);
     return gt_model_init_params(model, seed);
 }
 
 void gt_model_destroy(gt_model *model) {
+#ifdef GT_WITH_CUDA
+    gt_cuda_backend_release(&model->backend);
+#endif
     gt_arena_destroy(&model->activations);
     gt_arena_destroy(&model->lowp_params);
     gt_arena_destroy(&model->grads);
@@ -95,9 +136,35 @@ void gt_model_destroy(gt_model *model) {
     memset(model, 0, sizeof *model);
 }
 
+/* Points every parameter's `data` at its offset in `base` (a host staging copy of the arena). */
+static void point_data_at(gt_layer *layer, float *base) {
+    if (layer->weight.numel)
+        layer->weight.data = base + layer->weight.offset;
+    if (layer->bias.numel)
+        layer->bias.data = base + layer->bias.offset;
+    for (size_t i = 0; i < layer->num_children; i++)
+        point_data_at(&layer->children[i], base);
+}
+
+/* Initialises device parameters in host memory and copies them over. */
+static gt_status init_params_staged(gt_model *model, uint64_t seed) {
+    size_t bytes = model->num_params * sizeof(float);
+    gt_block staging = {0};
+    GT_TRY(gt_block_alloc(gt_cpu_device(), bytes, &staging));
+    point_data_at(&model->root, staging.ptr);
+    gt_init_layer_tree(&model->root, seed);
+    point_layer(&model->root, model);
+    gt_status status = model_memcpy(model, model->params.block.ptr, staging.ptr, bytes);
+    gt_block_free(&staging);
+    return status;
+}
+
 gt_status gt_model_init_params(gt_model *model, uint64_t seed) {
     model->seed = seed;
-    gt_init_layer_tree(&model->root, seed);
+    if (on_cuda(model) && model->num_params > 0)
+        GT_TRY(init_params_staged(model, seed));
+    else
+        gt_init_layer_tree(&model->root, seed);
     return create_lowp(model);
 }
 
@@ -138,7 +205,12 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     size_t cast_bytes = dt != GT_F32 && input->dtype != GT_I64 ? gt_align_up(gt_tensor_numel(input) * gt_dtype_size(dt)) : 0;
     size_t dout_bytes = gt_align_up(gt_tensor_bytes(out));
     size_t loss_rows = (size_t)gt_rows_of(out);
-    plan->loss_bytes = cast_bytes + dout_bytes + gt_align_up(loss_rows * sizeof(float));
+    size_t losses_bytes = gt_align_up(loss_rows * sizeof(float));
+    int copies_input = on_cuda(model) && input->device.kind != GT_DEVICE_CUDA;
+    size_t input_bytes = copies_input ? gt_align_up(gt_tensor_bytes(input)) : 0;
+    size_t label_bytes = loss_rows * sizeof(int64_t), value_bytes = gt_tensor_numel(out) * sizeof(float);
+    size_t targets_bytes = copies_input ? gt_align_up(label_bytes > value_bytes ? label_bytes : value_bytes) : 0;
+    plan->loss_bytes = cast_bytes + dout_bytes + losses_bytes + input_bytes + targets_bytes;
     plan->workspace_bytes = gt_align_up(walk.workspace_bytes);
     plan->param_bytes = model->num_params * sizeof(float);
     plan->grad_bytes = plan->param_bytes;
@@ -155,6 +227,9 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     model->input_cast = cast_bytes ? cursor : NULL;
     model->dout = cursor + cast_bytes;
     model->losses = (float *)(cursor + cast_bytes + dout_bytes);
+    char *io = cursor + cast_bytes + dout_bytes + losses_bytes;
+    model->input_device = input_bytes ? io : NULL;
+    model->targets_device = targets_bytes ? io + input_bytes : NULL;
     model->backend.workspace = plan->workspace_bytes ? cursor + plan->loss_bytes : NULL;
     model->backend.workspace_bytes = plan->workspace_bytes;
     return GT_OK;
@@ -208,14 +283,27 @@ static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {
     return run;
 }
 
-/* The input as the first layer reads it: cast to the half format in f16/bf16 mode. */
+/* The input as the first layer reads it: copied to the device for a CUDA model given a host
+ * input, and cast to the half format in f16/bf16 mode. */
 static gt_status model_input(gt_model *model, const gt_tensor *input, const void **out) {
-    *out = input->ptr;
+    const void *source = input->ptr;
+    if (model->input_device) {
+        GT_TRY(model_memcpy(model, model->input_device, input->ptr, gt_tensor_bytes(input)));
+        source = model->input_device;
+    }
+    *out = source;
     if (!model->input_cast)
         return GT_OK;
     *out = model->input_cast;
-    return model->backend.ops->cast(&model->backend, model->input_cast, model->dt, input->ptr,
+    return model->backend.ops->cast(&model->backend, model->input_cast, model->dt, source,
                                     input->dtype, (int64_t)gt_tensor_numel(input));
+}
+
+/* The input the forward on `input` fed the first layer (model_input's result). */
+static const void *forward_input(const gt_model *model, const gt_tensor *input) {
+    if (model->input_cast)
+        return model->input_cast;
+    return model->input_device ? model->input_device : input->ptr;
 }
 
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
@@ -246,27 +334,51 @@ static gt_status check_targets(const gt_tensor *out, const gt_loss *loss, const 
     return GT_OK;
 }
 
+/* The sum of the first `rows` per-row losses in row order (read back in chunks from a device). */
+static gt_status sum_losses(gt_model *model, int64_t rows, double *out) {
+    double sum = 0.0;
+    if (!on_cuda(model)) {
+        for (int64_t r = 0; r < rows; r++)
+            sum += model->losses[r];
+        *out = sum;
+        return GT_OK;
+    }
+    float chunk[GT_LOSS_CHUNK];
+    for (int64_t r = 0; r < rows; r += GT_LOSS_CHUNK) {
+        size_t len = rows - r < GT_LOSS_CHUNK ? (size_t)(rows - r) : GT_LOSS_CHUNK;
+        GT_TRY(model_memcpy(model, chunk, model->losses + r, len * sizeof(float)));
+        for (size_t i = 0; i < len; i++)
+            sum += chunk[i];
+    }
+    *out = sum;
+    return GT_OK;
+}
+
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
                         float dloss_scale, int want_grad, double *loss_value, int64_t *count) {
     const gt_tensor *out = &model->root.out;
     GT_TRY(check_targets(out, loss, targets));
     const gt_ops *ops = model->backend.ops;
     void *dout = want_grad ? model->dout : NULL;
+    const void *target_data = targets->ptr;
+    if (model->targets_device && targets->device.kind != GT_DEVICE_CUDA) {
+        GT_TRY(model_memcpy(model, model->targets_device, targets->ptr, gt_tensor_bytes(targets)));
+        target_data = model->targets_device;
+    }
     if (loss->kind == GT_LOSS_MSE) {
         float value = 0.0f;
-        GT_TRY(ops->mse(&model->backend, &value, dout, out->ptr, targets->ptr,
+        GT_TRY(ops->mse(&model->backend, &value, dout, out->ptr, target_data,
                         (int64_t)gt_tensor_numel(out), dloss_scale, model->dt));
         *loss_value = value;
         *count = (int64_t)gt_tensor_numel(out);
         return GT_OK;
     }
     int64_t rows = gt_rows_of(out), classes = out->shape[out->ndim - 1];
-    GT_TRY(ops->softmax_xent(&model->backend, model->losses, count, dout, out->ptr, targets->ptr,
+    GT_TRY(ops->softmax_xent(&model->backend, model->losses, count, dout, out->ptr, target_data,
                              rows, classes, loss->label_smoothing, loss->ignore_index, dloss_scale,
                              model->dt));
     double sum = 0.0;
-    for (int64_t r = 0; r < rows; r++)
-        sum += model->losses[r];
+    GT_TRY(sum_losses(model, rows, &sum));
     *loss_value = *count > 0 ? sum / (double)*count : 0.0;
     return GT_OK;
 }
@@ -275,7 +387,41 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
                             int accumulate) {
     if (!model->planned)
         return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
-    const void *in = model->input_cast ? model->input_cast : input->ptr;
     gt_run run = make_run(model, micro, accumulate);
-    return gt_sequential_backward(&model->root, NULL, model->dout, in, &run);
+    return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
+}
+
+gt_status gt_model_read_parameters(gt_model *model, float *host) {
+    return model_memcpy(model, host, model->params.block.ptr, model->num_params * sizeof(float));
+}
+
+gt_status gt_model_read_gradients(gt_model *model, float *host) {
+    return model_memcpy(model, host, model->grads.block.ptr, model->num_params * sizeof(float));
+}
+
+gt_status gt_model_write_parameters(gt_model *model, const float *host) {
+    GT_TRY(model_memcpy(model, model->params.block.ptr, host, model->num_params * sizeof(float)));
+    return gt_model_refresh_lowp(model);
+}
+
+gt_status gt_model_zero_gradients(gt_model *model) {
+    if (model->num_params == 0)
+        return GT_OK;
+    return model->backend.ops->zero(&model->backend, model->grads.block.ptr,
+                                    model->num_params * sizeof(float));
+}
+
+gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host) {
+    size_t n = gt_tensor_numel(t);
+    if (!on_cuda(model))
+        return model->backend.ops->cast(&model->backend, host, GT_F32, t->ptr, t->dtype, (int64_t)n);
+    if (t->dtype == GT_F32)
+        return model_memcpy(model, host, t->ptr, n * sizeof(float));
+    gt_block staging = {0};  /* the half values, converted on the host (bit-exact RNE widening) */
+    GT_TRY(gt_block_alloc(gt_cpu_device(), n * gt_dtype_size(t->dtype) + 1, &staging));
+    gt_status status = model_memcpy(model, staging.ptr, t->ptr, n * gt_dtype_size(t->dtype));
+    if (status == GT_OK)
+        status = gt_cast(staging.ptr, t->dtype, host, GT_F32, n);
+    gt_block_free(&staging);
+    return status;
 }

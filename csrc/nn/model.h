@@ -29,7 +29,8 @@ typedef struct gt_model_plan {
     size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
     size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
     size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */
-    size_t loss_bytes;        /* input cast buffer, output gradient, per-row losses */
+    size_t loss_bytes;        /* input cast buffer, output gradient, per-row losses; on a CUDA
+                                 model also the device copies of a host input and its targets */
     size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */
     size_t total_bytes;       /* sum of the above */
     int nesting_levels;       /* levels with scratch buffers */
@@ -53,6 +54,9 @@ typedef struct gt_model {
     int planned;                /* 1 when `activations` matches planned_input */
     gt_model_plan plan;         /* bytes of the current plan */
     void *input_cast;           /* (input numel,) dt copy of a float input in half mode */
+    void *input_device;         /* (input bytes,) device copy of a host input (CUDA model), else NULL */
+    void *targets_device;       /* device copy of host targets (CUDA model): room for (rows,) int64
+                                   labels or (output numel,) f32 values; else NULL */
     void *dout;                 /* (output numel,) dt gradient of the loss w.r.t. the output */
     float *losses;              /* (output rows,) per-row losses */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
@@ -92,6 +96,19 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
 
 /* Changes the activation precision; the half copy is (re)built. */
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt);
+
+/* Copies the (num_params,) f32 parameters or gradients to host memory `host` (from the device
+ * for a CUDA model), or writes the parameters from `host` (the half copy is refreshed). */
+gt_status gt_model_read_parameters(gt_model *model, float *host);
+gt_status gt_model_read_gradients(gt_model *model, float *host);
+gt_status gt_model_write_parameters(gt_model *model, const float *host);
+
+/* Writes zeros into every gradient (zero_grad(set_to_none=False)). */
+gt_status gt_model_zero_gradients(gt_model *model);
+
+/* Converts a tensor of the model's memory (e.g. the output of gt_model_forward) into
+ * (numel,) f32 values in host memory `host`. */
+gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host);
 
 #ifdef __cplusplus
 }

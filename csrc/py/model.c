@@ -134,9 +134,14 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     gt_status status = gt_dtype_parse(precision, "precision", &dt);
     if (status != GT_OK)
         return gtpy_raise(module, status);
-    if (device.kind != GT_DEVICE_CPU)
+#ifdef GT_WITH_CUDA
+    int supported = device.kind == GT_DEVICE_CPU || device.kind == GT_DEVICE_CUDA;
+#else
+    int supported = device.kind == GT_DEVICE_CPU;
+#endif
+    if (!supported)
         return PyErr_Format(PyExc_NotImplementedError,
-                            "device: models run on the CPU backend in this build; '%s' is not supported yet",
+                            "device: models run on 'cpu' or 'cuda:N' in this build; '%s' is not supported",
                             PyUnicode_Check(device_obj) ? PyUnicode_AsUTF8(device_obj) : "?");
     gt_layer root = {.kind = GT_LAYER_SEQUENTIAL};
     uint32_t next_dropout_id = 0;
@@ -175,6 +180,13 @@ static PyObject *float_view(PyObject *owner, float *data, size_t count) {
 
 static PyObject *model_parameter_arrays(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     ModelObject *self = (ModelObject *)op;
+    if (self->model.backend.device.kind != GT_DEVICE_CPU) {
+        char name[32];
+        gt_device_name(self->model.backend.device, name, sizeof name);
+        return PyErr_Format(PyExc_RuntimeError,
+                            "parameter_arrays: the parameters of this model live on '%s', where NumPy cannot "
+                            "view them; copy them with read_parameters()/write_parameters()", name);
+    }
     size_t n = self->model.num_params;
     static float empty[1];
     float *params = n ? self->model.params.block.ptr : empty;
@@ -280,7 +292,7 @@ int gtpy_model_takes_ids(const gt_model *model) {
     return leaf && leaf->kind == GT_LAYER_EMBEDDING;
 }
 
-/* A new float32 array holding `t` (converted from its half format if needed). */
+/* A new float32 array holding `t` (converted from its half format, copied from a device). */
 static PyObject *tensor_to_numpy(PyObject *module, gt_model *model, const gt_tensor *t) {
     npy_intp dims[GT_MAX_DIMS];
     for (int i = 0; i < t->ndim; i++)
@@ -288,8 +300,10 @@ static PyObject *tensor_to_numpy(PyObject *module, gt_model *model, const gt_ten
     PyObject *array = PyArray_SimpleNew(t->ndim, dims, NPY_FLOAT32);
     if (!array)
         return NULL;
-    gt_status status = model->backend.ops->cast(&model->backend, PyArray_DATA((PyArrayObject *)array), GT_F32,
-                                                t->ptr, t->dtype, (int64_t)gt_tensor_numel(t));
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_read_tensor(model, t, PyArray_DATA((PyArrayObject *)array));
+    Py_END_ALLOW_THREADS
     if (status != GT_OK) {
         Py_DECREF(array);
         return gtpy_raise(module, status);
@@ -378,6 +392,58 @@ static PyObject *model_init_parameters(PyObject *op, PyObject *arg) {
                            : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
 }
 
+/* A new (num_params,) float32 array read by `read` (parameters or gradients). */
+static PyObject *read_flat(PyObject *op, gt_status (*read)(gt_model *, float *)) {
+    ModelObject *self = (ModelObject *)op;
+    npy_intp dims[1] = {(npy_intp)self->model.num_params};
+    PyObject *array = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    if (!array)
+        return NULL;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = read(&self->model, PyArray_DATA((PyArrayObject *)array));
+    Py_END_ALLOW_THREADS
+    if (status != GT_OK) {
+        Py_DECREF(array);
+        return gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+    }
+    return array;
+}
+
+static PyObject *model_read_parameters(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    return read_flat(op, gt_model_read_parameters);
+}
+
+static PyObject *model_read_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    return read_flat(op, gt_model_read_gradients);
+}
+
+static PyObject *model_write_parameters(PyObject *op, PyObject *arg) {
+    ModelObject *self = (ModelObject *)op;
+    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(arg, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+    if (!array)
+        return NULL;
+    if (PyArray_NDIM(array) != 1 || (size_t)PyArray_DIM(array, 0) != self->model.num_params) {
+        PyErr_Format(PyExc_ValueError, "values: expected a 1-d array of %zu float32 values (num_parameters)",
+                     self->model.num_params);
+        Py_DECREF(array);
+        return NULL;
+    }
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_write_parameters(&self->model, PyArray_DATA(array));
+    Py_END_ALLOW_THREADS
+    Py_DECREF(array);
+    return status == GT_OK ? Py_NewRef(Py_None)
+                           : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+}
+
+static PyObject *model_zero_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    gt_status status = gt_model_zero_gradients(&((ModelObject *)op)->model);
+    return status == GT_OK ? Py_NewRef(Py_None)
+                           : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+}
+
 static PyObject *model_refresh(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     gt_status status = gt_model_refresh_lowp(&((ModelObject *)op)->model);
     return status == GT_OK ? Py_NewRef(Py_None)
@@ -390,6 +456,12 @@ static PyObject *get_grads_valid(PyObject *op, void *c) { return PyBool_FromLong
 static PyObject *get_step(PyObject *op, void *c) { return PyLong_FromUnsignedLong(((ModelObject *)op)->model.step); }
 static PyObject *get_num_parameters(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_params); }
 static PyObject *get_precision(PyObject *op, void *c) { return PyUnicode_FromString(gt_dtype_name(((ModelObject *)op)->model.dt)); }
+
+static PyObject *get_device(PyObject *op, void *c) {
+    char name[32];
+    gt_device_name(((ModelObject *)op)->model.backend.device, name, sizeof name);
+    return PyUnicode_FromString(name);
+}
 
 static PyObject *get_current_plan(PyObject *op, void *c) {
     ModelObject *self = (ModelObject *)op;
@@ -458,6 +530,11 @@ static PyMethodDef model_methods[] = {
      "plan(shape, checkpointing=False, precision=None)\n--\n\nBytes of every region for an input shape."},
     {"init_parameters", model_init_parameters, METH_O, "Re-initialise the parameters from a seed."},
     {"refresh_half_parameters", model_refresh, METH_NOARGS, "Rebuild the half copy after writing parameters."},
+    {"read_parameters", model_read_parameters, METH_NOARGS, "A float32 copy of the flat parameters (any device)."},
+    {"read_gradients", model_read_gradients, METH_NOARGS, "A float32 copy of the flat gradients (any device)."},
+    {"write_parameters", model_write_parameters, METH_O,
+     "Write the flat parameters from a 1-d float32 array (any device); refreshes the half copy."},
+    {"zero_gradients", model_zero_gradients, METH_NOARGS, "Write zeros into every gradient (any device)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -468,6 +545,7 @@ static PyGetSetDef model_getset[] = {
     {"step", get_step, set_step, "Optimizer steps taken (keys dropout masks).", NULL},
     {"precision", get_precision, set_precision, "Activation precision: 'f32', 'f16' or 'bf16'.", NULL},
     {"num_parameters", get_num_parameters, NULL, "Number of f32 parameters.", NULL},
+    {"device", get_device, NULL, "Where the arenas live and the ops run: 'cpu' or 'cuda:N'.", NULL},
     {"current_plan", get_current_plan, NULL, "Bytes of the allocated plan, or None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -36,6 +36,7 @@ static const registration registrations[] = {
     gtpy_add_ema,
     gtpy_add_loader,
     gtpy_add_ops,
+    gtpy_add_cuda_ops,
 };
 
 static int module_exec(PyObject *module) {

@@ -32,6 +32,19 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
     return 0;
 }
 
+/* A model on CUDA: the step's gradient passes run there; the loss scaler, the gradient norm and
+ * the optimizer hand-over of csrc/train/step.c read the gradients on the host, so they are
+ * refused until the step dispatches them to the device. */
+static int check_cuda_step(const gt_step_config *cfg, PyObject *optimizer, PyObject *scaler) {
+    const char *refused = optimizer != Py_None ? "optimizer" : scaler != Py_None ? "scaler"
+                          : cfg->max_grad_norm > 0.0 ? "max_grad_norm" : cfg->want_grad_norm ? "want_grad_norm" : NULL;
+    if (refused)
+        PyErr_Format(PyExc_NotImplementedError,
+                     "%s: the training step of a CUDA model computes the loss and gradients only in this build "
+                     "(the optimizer, loss scaler and gradient norm of the step run on host memory)", refused);
+    return refused ? -1 : 0;
+}
+
 static PyObject *step_result(const gt_step_result *r) {
     return Py_BuildValue("{s:d,s:d,s:O,s:d}", "loss", r->loss, "grad_norm", r->grad_norm, "skipped",
                          r->skipped ? Py_True : Py_False, "scale", (double)r->scale);
@@ -51,6 +64,8 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
         return NULL;
     if (!isfinite(cfg.max_grad_norm))
         return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
+    if (model->backend.device.kind == GT_DEVICE_CUDA && check_cuda_step(&cfg, optimizer_obj, scaler_obj) < 0)
+        return NULL;
     if (optimizer_obj != Py_None && !(cfg.optimizer = gtpy_optimizer_get(optimizer_obj)))
         return NULL;
     if (scaler_obj != Py_None && !(cfg.scaler = gtpy_scaler_get(scaler_obj)))

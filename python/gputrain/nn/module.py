@@ -2,7 +2,11 @@
 constructed (so, as in PyTorch, initial values follow the global seed sequence in construction
 order); a container compiles its whole tree into one gputrain._C.Model (parameter, gradient and
 activation arenas in C), keeps the values its children already had, and hands every submodule
-its Parameters as views into its arenas. A submodule then belongs to that model."""
+its Parameters as views into its arenas. A submodule then belongs to that model.
+
+A model moved to a CUDA device (`.to("cuda")`) keeps its arenas in device memory, which NumPy
+cannot view: it has no Parameter objects (named_parameters()/parameters() raise and say so),
+and its weights are read and written as copies through state_dict()/load_state_dict()."""
 
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ class _Compiled:
     def __init__(self, spec: list[tuple], seed: int, device: str) -> None:
         self.model = _C.Model(spec, seed, device=device)
         self.device = device
-        self.params_flat, self.grads_flat = self.model.parameter_arrays()
+        self.on_host = self.model.device == "cpu"  # False: arenas in device memory, no NumPy views
+        self.params_flat, self.grads_flat = self.model.parameter_arrays() if self.on_host else (None, None)
 
     @property
     def grads_valid(self) -> bool:
@@ -33,7 +38,10 @@ class _Compiled:
         self.model.grads_valid = bool(value)
 
     def zero_grads(self) -> None:
-        self.grads_flat.fill(0.0)
+        if self.on_host:
+            self.grads_flat.fill(0.0)
+        else:
+            self.model.zero_gradients()
 
 
 class Module:
@@ -69,22 +77,66 @@ class Module:
     def _has_param(self, name: str) -> bool:
         return True
 
+    def _on_device(self) -> bool:
+        """True when this module's parameters live in device memory (its model is on CUDA)."""
+        compiled = (self._owner or self)._compiled
+        return compiled is not None and not compiled.on_host
+
+    def _device_layout(self) -> dict[tuple[int, str], tuple[int, tuple[int, ...]]]:
+        """(offset, shape) in the flat arena of every parameter slot of this root, by (id(module), name)."""
+        slots = ((id(module), local) for module, local, _ in self._named_param_slots())
+        return dict(zip(slots, self._compiled.model.parameter_layout()))
+
+    def _device_arrays(self) -> dict[tuple[int, str], np.ndarray]:
+        """Host copies of a device root's parameters, by (id(module), name)."""
+        flat = self._compiled.model.read_parameters()
+        return {key: flat[offset:offset + int(np.prod(shape))].reshape(shape)
+                for key, (offset, shape) in self._device_layout().items()}
+
+    def _current_values(self) -> dict[str, np.ndarray]:
+        """Copies of the current parameter values by full name, wherever they live."""
+        values: dict[str, np.ndarray] = {}
+        device_arrays: dict[int, dict[tuple[int, str], np.ndarray]] = {}
+        for module, local, full in self._named_param_slots():
+            if local in module._params:
+                values[full] = module._params[local].data.copy()
+            elif module._on_device():
+                root = module._owner or module
+                if id(root) not in device_arrays:
+                    device_arrays[id(root)] = root._device_arrays()
+                values[full] = device_arrays[id(root)][(id(module), local)]
+        return values
+
+    def _device_refused(self, what: str) -> RuntimeError:
+        device = (self._owner or self)._compiled.model.device
+        return RuntimeError(f"{what}: the parameters of this model live on '{device}', where NumPy cannot view "
+                            "them; read and write them with state_dict()/load_state_dict(), or move the model "
+                            "with .to('cpu')")
+
     def _compile(self, device: str = "cpu") -> _Compiled:
-        previous = {full: module._params[local].data.copy()
-                    for module, local, full in self._named_param_slots() if local in module._params}
+        previous = self._current_values()
         compiled = _Compiled(self._spec_list(), random.next_seed(), device)
         layout = compiled.model.parameter_layout()
         slots = list(self._named_param_slots())
         if len(slots) != len(layout):
             raise RuntimeError(f"internal: {len(slots)} parameter names for {len(layout)} parameters")
+        flat = None if compiled.on_host else compiled.model.read_parameters()
         for (module, local, full), (offset, shape) in zip(slots, layout):
             count = int(np.prod(shape))
+            if flat is not None:  # device memory: no Parameter views; keep values in the host copy
+                module._params.pop(local, None)
+                if full in previous:
+                    flat[offset:offset + count] = previous[full].reshape(-1)
+                continue
             data = compiled.params_flat[offset:offset + count].reshape(shape)
             grad = compiled.grads_flat[offset:offset + count].reshape(shape)
             module._params[local] = Parameter._in_arena(data, grad, full, compiled)
             if full in previous:  # keep values a submodule already had as a root of its own
                 data[...] = previous[full]
-        compiled.model.refresh_half_parameters()
+        if flat is not None:
+            compiled.model.write_parameters(flat)  # refreshes the half copy too
+        else:
+            compiled.model.refresh_half_parameters()
         for module in self.modules():
             module._compiled = None
             module._owner = self
@@ -104,6 +156,8 @@ class Module:
     def __getattr__(self, name: str) -> Any:
         if name in type(self)._param_names:
             if name not in self.__dict__.get("_params", {}):
+                if self._has_param(name) and self._on_device():
+                    raise self._device_refused(name)
                 self.compiled  # compiling creates the parameters
             params = self.__dict__["_params"]
             if name in params:
@@ -120,6 +174,8 @@ class Module:
     def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
         if self._compiled is None and self._owner is None:
             self._compile()
+        if self._on_device():
+            raise self._device_refused("named_parameters")
         for module, local, full in self._named_param_slots():
             yield full, module._params[local]
 
@@ -128,15 +184,30 @@ class Module:
             yield parameter
 
     def num_parameters(self) -> int:
+        if self._on_device():
+            return sum(module._own_param_count() for module in self.modules())
         return sum(p.numel() for p in self.parameters())
+
+    def _own_param_count(self) -> int:
+        """Elements of this module's own parameters (not its children's)."""
+        if self._on_device():
+            layout = (self._owner or self)._device_layout()
+            return sum(int(np.prod(layout[(id(self), local)][1]))
+                       for local in self._param_names if self._has_param(local))
+        return sum(p.numel() for p in self._params.values())
 
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Copies of the parameters under PyTorch's names ('0.weight', '0.bias', ...)."""
+        if self._compiled is None and self._owner is None:
+            self._compile()
+        if self._on_device():
+            arrays = (self._owner or self)._device_arrays()
+            return OrderedDict((full, arrays[(id(module), local)]) for module, local, full in self._named_param_slots())
         return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters())
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Copy arrays (NumPy, or anything np.asarray accepts, e.g. CPU torch tensors) in."""
-        own = dict(self.named_parameters())
+        own = self.state_dict() if self._on_device() else {n: p.data for n, p in self.named_parameters()}
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         if strict and (missing or unexpected):
@@ -147,8 +218,17 @@ class Module:
             array = np.asarray(value, dtype=np.float32)
             if array.shape != own[name].shape:
                 raise ValueError(f"state_dict[{name!r}]: expected shape {own[name].shape}, got {array.shape}")
-            own[name].data[...] = array
-        (self._owner or self).compiled.refresh_half_parameters()
+            own[name][...] = array
+        root = self._owner or self
+        if self._on_device():  # `own` holds host copies: write the whole arena back
+            layout = root._device_layout()
+            flat = root._compiled.model.read_parameters()
+            for module, local, full in self._named_param_slots():
+                offset, shape = layout[(id(module), local)]
+                flat[offset:offset + int(np.prod(shape))] = own[full].reshape(-1)
+            root._compiled.model.write_parameters(flat)
+        else:
+            root.compiled.refresh_half_parameters()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: mark them None (no memory touched) or write zeros."""
@@ -197,7 +277,7 @@ class Module:
         compiled = self.compiled
         rows = [f"{'layer':<28} {'type':<12} {'parameters':>12} {'bytes':>12}"]
         for name, module in self._named_modules():
-            count = sum(p.numel() for p in module._params.values())
+            count = module._own_param_count()
             rows.append(f"{name or '(root)':<28} {type(module).__name__:<12} {count:>12,} {format_bytes(4 * count):>12}")
         total = compiled.num_parameters
         rows.append(f"{'total':<28} {'':<12} {total:>12,} {format_bytes(4 * total):>12}")
