@@ -100,27 +100,19 @@ static PyObject *cuda_driver_version(PyObject *Py_UNUSED(module), PyObject *Py_U
 }
 
 #ifdef GT_WITH_CUDA
-static int put(PyObject *dict, const char *key, PyObject *value) {
-    if (!value)
-        return -1;
-    int rc = PyDict_SetItemString(dict, key, value);
-    Py_DECREF(value);
-    return rc;
-}
-
 static PyObject *props_to_dict(const gt_cuda_device_props *p) {
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    if (put(d, "name", PyUnicode_FromString(p->name)) < 0 ||
-        put(d, "total_memory", PyLong_FromSize_t(p->total_memory)) < 0 ||
-        put(d, "major", PyLong_FromLong(p->major)) < 0 ||
-        put(d, "minor", PyLong_FromLong(p->minor)) < 0 ||
-        put(d, "multi_processor_count", PyLong_FromLong(p->multiprocessor_count)) < 0 ||
-        put(d, "max_threads_per_block", PyLong_FromLong(p->max_threads_per_block)) < 0 ||
-        put(d, "warp_size", PyLong_FromLong(p->warp_size)) < 0 ||
-        put(d, "shared_memory_per_block", PyLong_FromSize_t(p->shared_memory_per_block)) < 0 ||
-        put(d, "l2_cache_bytes", PyLong_FromSize_t(p->l2_cache_bytes)) < 0) {
+    if (gtpy_dict_put(d, "name", PyUnicode_FromString(p->name)) < 0 ||
+        gtpy_dict_put(d, "total_memory", PyLong_FromSize_t(p->total_memory)) < 0 ||
+        gtpy_dict_put(d, "major", PyLong_FromLong(p->major)) < 0 ||
+        gtpy_dict_put(d, "minor", PyLong_FromLong(p->minor)) < 0 ||
+        gtpy_dict_put(d, "multi_processor_count", PyLong_FromLong(p->multiprocessor_count)) < 0 ||
+        gtpy_dict_put(d, "max_threads_per_block", PyLong_FromLong(p->max_threads_per_block)) < 0 ||
+        gtpy_dict_put(d, "warp_size", PyLong_FromLong(p->warp_size)) < 0 ||
+        gtpy_dict_put(d, "shared_memory_per_block", PyLong_FromSize_t(p->shared_memory_per_block)) < 0 ||
+        gtpy_dict_put(d, "l2_cache_bytes", PyLong_FromSize_t(p->l2_cache_bytes)) < 0) {
         Py_DECREF(d);
         return NULL;
     }

@@ -39,6 +39,12 @@ int gtpy_raise_int(PyObject *module, gt_status status);
 int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_device fallback,
                       gt_device *out);
 
+/* dict[key] = value, stealing the new reference `value` (NULL: an error is already set). */
+int gtpy_dict_put(PyObject *dict, const char *key, PyObject *value);
+
+/* dict[key] = int(value). */
+int gtpy_dict_put_size(PyObject *dict, const char *key, size_t value);
+
 /* Registration functions, one per binding file, called from the module's exec slot. */
 int gtpy_add_memory(PyObject *module);
 int gtpy_add_runtime(PyObject *module);

@@ -430,24 +430,17 @@ static PyObject *engine_shutdown(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     return Py_NewRef(Py_None);
 }
 
-static int put_size(PyObject *dict, const char *key, size_t value) {
-    PyObject *number = PyLong_FromSize_t(value);
-    int rc = number ? PyDict_SetItemString(dict, key, number) : -1;
-    Py_XDECREF(number);
-    return rc;
-}
-
 static PyObject *engine_stats(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     EngineObject *self = (EngineObject *)op;
     gt_loader_stats s = self->last_stats;
     if (self->loader)
         gt_loader_get_stats(self->loader, &s);
     PyObject *d = PyDict_New();
-    if (d && (put_size(d, "num_slots", s.num_slots) < 0 || put_size(d, "initial_slots", s.initial_slots) < 0 ||
-              put_size(d, "slot_bytes", s.slot_bytes) < 0 || put_size(d, "slots_pinned", s.slots_pinned) < 0 ||
-              put_size(d, "batches_gathered", s.batches_gathered) < 0 ||
-              put_size(d, "bytes_gathered", s.bytes_gathered) < 0 ||
-              put_size(d, "num_workers", s.num_workers) < 0))
+    if (d && (gtpy_dict_put_size(d, "num_slots", s.num_slots) < 0 || gtpy_dict_put_size(d, "initial_slots", s.initial_slots) < 0 ||
+              gtpy_dict_put_size(d, "slot_bytes", s.slot_bytes) < 0 || gtpy_dict_put_size(d, "slots_pinned", s.slots_pinned) < 0 ||
+              gtpy_dict_put_size(d, "batches_gathered", s.batches_gathered) < 0 ||
+              gtpy_dict_put_size(d, "bytes_gathered", s.bytes_gathered) < 0 ||
+              gtpy_dict_put_size(d, "num_workers", s.num_workers) < 0))
         Py_CLEAR(d);
     return d;
 }

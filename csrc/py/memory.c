@@ -49,13 +49,9 @@ static PyObject *set_memory_fraction(PyObject *module, PyObject *args, PyObject 
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
 }
 
+/* A byte count, or None for GT_NO_LIMIT. */
 static int put_size(PyObject *dict, const char *key, size_t value) {
-    PyObject *number = value == GT_NO_LIMIT ? Py_NewRef(Py_None) : PyLong_FromSize_t(value);
-    if (!number)
-        return -1;
-    int rc = PyDict_SetItemString(dict, key, number);
-    Py_DECREF(number);
-    return rc;
+    return gtpy_dict_put(dict, key, value == GT_NO_LIMIT ? Py_NewRef(Py_None) : PyLong_FromSize_t(value));
 }
 
 static PyObject *stats_to_dict(const gt_mem_stats *s) {

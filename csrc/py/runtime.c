@@ -13,14 +13,6 @@
 #define GT_BUILD_FLAGS ""
 #endif
 
-static int put(PyObject *dict, const char *key, PyObject *value) {
-    if (!value)
-        return -1;
-    int rc = PyDict_SetItemString(dict, key, value);
-    Py_DECREF(value);
-    return rc;
-}
-
 static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
     PyObject *d = PyDict_New();
     if (!d)
@@ -30,20 +22,20 @@ static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ign
 #else
     const int cuda_compiled = 0;
 #endif
-    if (put(d, "version", PyUnicode_FromString(GT_VERSION)) < 0 ||
-        put(d, "cuda_compiled", PyBool_FromLong(cuda_compiled)) < 0 ||
-        put(d, "cuda_device_count", PyLong_FromLong(gt_cuda_device_count())) < 0 ||
-        put(d, "simd", PyUnicode_FromString(gt_simd_name(gt_simd_level()))) < 0 ||
-        put(d, "simd_supported", PyUnicode_FromString(gt_simd_name(gt_simd_supported()))) < 0 ||
-        put(d, "avx512_bf16", PyBool_FromLong(gt_cpu_has_avx512_bf16())) < 0 ||
-        put(d, "blas", PyUnicode_FromString("openblas")) < 0 ||
-        put(d, "blas_config", PyUnicode_FromString(openblas_get_config())) < 0 ||
-        put(d, "blas_num_threads", PyLong_FromLong(gt_blas_num_threads())) < 0 ||
-        put(d, "num_threads", PyLong_FromLong(gt_get_num_threads())) < 0 ||
-        put(d, "cpu_count", PyLong_FromLong(gt_cpu_count())) < 0 ||
-        put(d, "openmp", PyLong_FromLong(_OPENMP)) < 0 ||
-        put(d, "compiler", PyUnicode_FromString("gcc " __VERSION__)) < 0 ||
-        put(d, "compile_flags", PyUnicode_FromString(GT_BUILD_FLAGS)) < 0) {
+    if (gtpy_dict_put(d, "version", PyUnicode_FromString(GT_VERSION)) < 0 ||
+        gtpy_dict_put(d, "cuda_compiled", PyBool_FromLong(cuda_compiled)) < 0 ||
+        gtpy_dict_put(d, "cuda_device_count", PyLong_FromLong(gt_cuda_device_count())) < 0 ||
+        gtpy_dict_put(d, "simd", PyUnicode_FromString(gt_simd_name(gt_simd_level()))) < 0 ||
+        gtpy_dict_put(d, "simd_supported", PyUnicode_FromString(gt_simd_name(gt_simd_supported()))) < 0 ||
+        gtpy_dict_put(d, "avx512_bf16", PyBool_FromLong(gt_cpu_has_avx512_bf16())) < 0 ||
+        gtpy_dict_put(d, "blas", PyUnicode_FromString("openblas")) < 0 ||
+        gtpy_dict_put(d, "blas_config", PyUnicode_FromString(openblas_get_config())) < 0 ||
+        gtpy_dict_put(d, "blas_num_threads", PyLong_FromLong(gt_blas_num_threads())) < 0 ||
+        gtpy_dict_put(d, "num_threads", PyLong_FromLong(gt_get_num_threads())) < 0 ||
+        gtpy_dict_put(d, "cpu_count", PyLong_FromLong(gt_cpu_count())) < 0 ||
+        gtpy_dict_put(d, "openmp", PyLong_FromLong(_OPENMP)) < 0 ||
+        gtpy_dict_put(d, "compiler", PyUnicode_FromString("gcc " __VERSION__)) < 0 ||
+        gtpy_dict_put(d, "compile_flags", PyUnicode_FromString(GT_BUILD_FLAGS)) < 0) {
         Py_DECREF(d);
         return NULL;
     }
