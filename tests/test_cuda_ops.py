@@ -649,6 +649,18 @@ def test_device_models_are_read_and_written_through_host_copies(simulated_device
     assert same_bits(nn.Sequential(linear, nn.ReLU()).state_dict()["0.weight"], kept["weight"])
 
 
+def test_moving_a_model_keeps_its_dropout_stream_and_step_settings(simulated_device):
+    model = mixed_model(8)
+    compiled = model.compiled
+    compiled.step, compiled.precision, compiled.checkpointing = 3, "bf16", True
+    seed = compiled.seed
+    x, _ = batch(seed=33)
+    out = model(x)  # training mode: dropout active, keyed by (seed, step)
+    moved = model.to("sim").compiled
+    assert (moved.seed, moved.step, moved.precision, moved.checkpointing) == (seed, 3, "bf16", True)
+    assert same_bits(model(x), out)
+
+
 def test_model_host_copies_of_parameters_and_gradients():
     model = mixed_model(6)
     compiled = model.compiled

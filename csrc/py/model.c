@@ -454,6 +454,7 @@ static PyObject *get_training(PyObject *op, void *c) { return PyBool_FromLong(((
 static PyObject *get_checkpointing(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.checkpointing); }
 static PyObject *get_grads_valid(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.grads_valid); }
 static PyObject *get_step(PyObject *op, void *c) { return PyLong_FromUnsignedLong(((ModelObject *)op)->model.step); }
+static PyObject *get_seed(PyObject *op, void *c) { return PyLong_FromUnsignedLongLong(((ModelObject *)op)->model.seed); }
 static PyObject *get_num_parameters(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_params); }
 static PyObject *get_precision(PyObject *op, void *c) { return PyUnicode_FromString(gt_dtype_name(((ModelObject *)op)->model.dt)); }
 
@@ -546,6 +547,7 @@ static PyGetSetDef model_getset[] = {
     {"precision", get_precision, set_precision, "Activation precision: 'f32', 'f16' or 'bf16'.", NULL},
     {"num_parameters", get_num_parameters, NULL, "Number of f32 parameters.", NULL},
     {"device", get_device, NULL, "Where the arenas live and the ops run: 'cpu' or 'cuda:N'.", NULL},
+    {"seed", get_seed, NULL, "The initialisation and dropout seed.", NULL},
     {"current_plan", get_current_plan, NULL, "Bytes of the allocated plan, or None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -113,9 +113,9 @@ class Module:
                             "them; read and write them with state_dict()/load_state_dict(), or move the model "
                             "with .to('cpu')")
 
-    def _compile(self, device: str = "cpu") -> _Compiled:
+    def _compile(self, device: str = "cpu", seed: int | None = None) -> _Compiled:
         previous = self._current_values()
-        compiled = _Compiled(self._spec_list(), random.next_seed(), device)
+        compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device)
         layout = compiled.model.parameter_layout()
         slots = list(self._named_param_slots())
         if len(slots) != len(layout):
@@ -260,8 +260,12 @@ class Module:
         if not isinstance(device, str):
             raise TypeError(f"device must be a str, not {type(device).__name__}")
         current = self._compiled.device if self._compiled is not None else None
-        if device != current:
-            self._compile(device)  # keeps the parameter values
+        if device == current:
+            return self
+        old = self._compiled.model if self._compiled is not None else None
+        new = self._compile(device, seed=None if old is None else old.seed).model  # keeps the values
+        if old is not None:  # a move keeps the dropout stream (seed, step) and the step settings
+            new.step, new.precision, new.checkpointing = old.step, old.precision, old.checkpointing
         return self
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
