@@ -539,7 +539,8 @@ def test_cuda_step_refuses_what_runs_on_host_memory():
 def test_run_op_on_the_cpu_table_matches_numpy():
     a, b = randn((3, 4), 40), randn((5, 4), 41)
     c = np.full((3, 5), np.nan, np.float32)
-    assert _C.run_op("cpu", "gemm", [a, b, c], gemm_args(False, True, 3, 5, 4, 2.0, 0.0, ("f32",) * 3, (4, 4, 5))) is None
+    args = gemm_args(False, True, 3, 5, 4, 2.0, 0.0, ("f32",) * 3, (4, 4, 5))
+    assert _C.run_op("cpu", "gemm", [a, b, c], args) is None
     np.testing.assert_allclose(c, 2.0 * a @ b.T, rtol=1e-6)
     x = randn(10, 42)
     assert _C.run_op("cpu", "sum_squares", [x], (10,)) == pytest.approx(float(np.sum(ref.f64(x) ** 2)), rel=1e-15)

@@ -326,7 +326,8 @@ static gt_status run_sum_squares(gt_backend *be, op_call *call) {
 static int parse_cast(PyObject *module, PyObject *args, op_call *call) {
     const char *dst_dt, *src_dt;
     if (!PyArg_ParseTuple(args, "ssL:cast", &dst_dt, &src_dt, &call->size[0]) ||
-        parse_dtype(module, dst_dt, "dst_dt", &call->dt[0]) < 0 || parse_dtype(module, src_dt, "src_dt", &call->dt[1]) < 0)
+        parse_dtype(module, dst_dt, "dst_dt", &call->dt[0]) < 0 ||
+        parse_dtype(module, src_dt, "src_dt", &call->dt[1]) < 0)
         return -1;
     call->need[0] = bytes_of(call->size[0], 1, gt_dtype_size(call->dt[0]));
     call->need[1] = bytes_of(call->size[0], 1, gt_dtype_size(call->dt[1]));
@@ -468,9 +469,12 @@ static gt_status copy_in(gt_backend *be, const op_spec *spec, op_call *call, PyA
 }
 
 static gt_status copy_out(gt_backend *be, const op_spec *spec, const op_call *call, PyArrayObject **arrays) {
-    for (int k = 0; k < spec->num_arrays; k++)
-        if (arrays[k])
-            GT_TRY(gt_cuda_backend_memcpy(be, PyArray_DATA(arrays[k]), call->ptr[k], (size_t)PyArray_NBYTES(arrays[k])));
+    for (int k = 0; k < spec->num_arrays; k++) {
+        if (!arrays[k])
+            continue;
+        size_t bytes = (size_t)PyArray_NBYTES(arrays[k]);
+        GT_TRY(gt_cuda_backend_memcpy(be, PyArray_DATA(arrays[k]), call->ptr[k], bytes));
+    }
     return GT_OK;
 }
 
