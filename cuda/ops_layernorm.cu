@@ -42,7 +42,8 @@ __global__ void layernorm_forward_kernel(void *out, float *mean, float *rstd, co
             __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(squares, (double)cols), (double)eps))));
         for (size_t c = lane; c < width; c += kLanes) {
             float xhat = __fmul_rn(__fsub_rn(load_elem<DT>(in, row + c), m), s);
-            store_elem<DT>(out, row + c, __fadd_rn(__fmul_rn(xhat, weight[c]), bias[c]));
+            float scaled = __fmul_rn(xhat, weight[c]);
+            store_elem<DT>(out, row + c, bias ? __fadd_rn(scaled, bias[c]) : scaled);
         }
         if (valid && lane == 0) {
             mean[r] = m;
@@ -112,7 +113,8 @@ __global__ void layernorm_dparams_kernel(float *dweight, float *dbias, const voi
     if (y == 0 && c < cols) {
         float dw = __double2float_rn(sum_w[0][x]), db = __double2float_rn(sum_b[0][x]);
         dweight[c] = accumulate ? __fadd_rn(dweight[c], dw) : dw;
-        dbias[c] = accumulate ? __fadd_rn(dbias[c], db) : db;
+        if (dbias)
+            dbias[c] = accumulate ? __fadd_rn(dbias[c], db) : db;
     }
 }
 
@@ -141,7 +143,6 @@ gt_status gt_cuda_layernorm_forward(gt_backend *be, void *out, float *mean, floa
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (rows == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(bias, "bias"));
     GT_TRY(gt_cuda_check_ptr(out, "out"));
     GT_TRY(gt_cuda_check_ptr(mean, "mean"));
     GT_TRY(gt_cuda_check_ptr(rstd, "rstd"));
@@ -156,7 +157,6 @@ gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, 
                                      int64_t rows, int64_t cols, gt_dtype dt, int accumulate) {
     GT_TRY(check_layernorm(in, weight, rows, cols, dt));
     GT_TRY(gt_cuda_check_ptr(dweight, "dweight"));
-    GT_TRY(gt_cuda_check_ptr(dbias, "dbias"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (cols == 0)

@@ -24,6 +24,12 @@ def transformer_like():
                          nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, 5))
 
 
+def without_biases():
+    gt.random.manual_seed(2)
+    return nn.Sequential(nn.Linear(12, 16, bias=False), nn.LayerNorm(16, bias=False), nn.ReLU(),
+                         nn.Residual(nn.LayerNorm(16), nn.Linear(16, 16, bias=False)), nn.Linear(16, 5))
+
+
 def test_parameter_names_and_shapes_follow_pytorch():
     model = mlp()
     shapes = {name: p.shape for name, p in model.named_parameters()}
@@ -60,7 +66,7 @@ def test_forward_matches_numpy(make):
     np.testing.assert_allclose(model(x), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [mlp, transformer_like])
+@pytest.mark.parametrize("make", [mlp, transformer_like, without_biases])
 def test_gradients_match_numpy(make):
     model = make()
     rng = np.random.default_rng(1)

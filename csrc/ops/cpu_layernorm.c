@@ -27,7 +27,8 @@ GT_INLINE void ln_forward_body(void *out, float *mean, float *rstd, const void *
         float s = (float)(1.0 / sqrt(squares / (double)cols + (double)eps));
         for (size_t c = 0; c < cols; c++) {
             float xhat = (gt_cpu_load(in, row + c, dt) - m) * s;
-            gt_cpu_store(out, row + c, xhat * weight[c] + bias[c], dt);
+            float scaled = xhat * weight[c];
+            gt_cpu_store(out, row + c, bias ? scaled + bias[c] : scaled, dt);
         }
         mean[r] = m;
         rstd[r] = s;
@@ -61,7 +62,6 @@ gt_status gt_cpu_layernorm_forward(gt_backend *be, void *out, float *mean, float
         return GT_FAIL(GT_ERR_VALUE, "eps: must be >= 0, got %g", (double)eps);
     if (rows == 0)
         return GT_OK;
-    GT_TRY(gt_cpu_check_ptr(bias, "bias"));
     __typeof__(&ln_forward_scalar) kernel = GT_CPU_RUN(ln_forward);
     size_t block = ln_block_rows(cols), blocks = ((size_t)rows + block - 1) / block;
 #pragma omp parallel for schedule(static) if (blocks > 1)
@@ -114,7 +114,8 @@ GT_INLINE void ln_dparams_body(float *dweight, float *dbias, const void *dout, c
     for (size_t c = 0; c < width; c++) {
         float w = (float)sum_w[c], b = (float)sum_b[c];
         dweight[col_begin + c] = accumulate ? dweight[col_begin + c] + w : w;
-        dbias[col_begin + c] = accumulate ? dbias[col_begin + c] + b : b;
+        if (dbias)
+            dbias[col_begin + c] = accumulate ? dbias[col_begin + c] + b : b;
     }
 }
 GT_CPU_KERNEL(ln_dparams, (float *dweight, float *dbias, const void *dout, const void *in,
@@ -130,7 +131,6 @@ gt_status gt_cpu_layernorm_backward(gt_backend *be, void *din, float *dweight, f
                                     int64_t cols, gt_dtype dt, int accumulate) {
     GT_TRY(check_layernorm(in, weight, rows, cols, dt));
     GT_TRY(gt_cpu_check_ptr(dweight, "dweight"));
-    GT_TRY(gt_cpu_check_ptr(dbias, "dbias"));
     __typeof__(&ln_dparams_scalar) dparams = GT_CPU_RUN(ln_dparams);
     size_t col_blocks = ((size_t)cols + GT_LN_COLS - 1) / GT_LN_COLS;
 #pragma omp parallel for schedule(static) if (col_blocks > 1 && rows * cols > GT_CPU_CHUNK)

@@ -103,12 +103,13 @@ typedef struct gt_ops {
     gt_status (*add)(gt_backend *be, void *out, const void *a, const void *b, int64_t n,
                      gt_dtype dt);
 
-    /* LayerNorm over the last dim: out = (in - mean) * rstd * weight + bias.
-     * mean, rstd: (rows,) f32, saved for backward. */
+    /* LayerNorm over the last dim: out = (in - mean) * rstd * weight + bias (bias may be NULL:
+     * no bias). mean, rstd: (rows,) f32, saved for backward. */
     gt_status (*layernorm_forward)(gt_backend *be, void *out, float *mean, float *rstd,
                                    const void *in, const float *weight, const float *bias,
                                    int64_t rows, int64_t cols, float eps, gt_dtype dt);
-    /* din = dLN/din (written); dweight, dbias (+)= per `accumulate`. */
+    /* din = dLN/din (written; may alias dout); dweight, dbias (+)= per `accumulate`; dbias may be
+     * NULL (no bias). */
     gt_status (*layernorm_backward)(gt_backend *be, void *din, float *dweight, float *dbias,
                                     const void *dout, const void *in, const float *weight,
                                     const float *mean, const float *rstd, int64_t rows,
