@@ -1,4 +1,4 @@
-/* Thread counts: one setting drives OpenMP regions and the BLAS thread pool. */
+/* Thread counts: one setting drives OpenMP regions, which also split the GEMMs. */
 #ifndef GT_THREADS_H
 #define GT_THREADS_H
 
@@ -8,13 +8,16 @@
 extern "C" {
 #endif
 
-/* Sets the threads used by gputrain's parallel loops and by the BLAS (n >= 1). */
+/* Sets the threads used by gputrain's parallel loops, GEMMs included (n >= 1). */
 gt_status gt_set_num_threads(int n);
+
+/* Keeps the BLAS single-threaded inside each of gputrain's threads; called at module start. */
+void gt_threads_init(void);
 
 /* Threads used by parallel loops. */
 int gt_get_num_threads(void);
 
-/* Threads the BLAS library uses. */
+/* Threads the BLAS library uses per call (1: gputrain's threads split the GEMMs). */
 int gt_blas_num_threads(void);
 
 /* Logical CPUs this process may run on. */

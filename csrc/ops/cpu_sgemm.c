@@ -75,8 +75,12 @@ void gt_cpu_sgemm(const gt_sgemm *g) {
 
 void gt_cpu_sgemm_batch(const gt_sgemm *g, int64_t batch, int64_t stride_a, int64_t stride_b,
                         int64_t stride_c) {
+    if (batch == 1) {  /* no enclosing region: a nested one would leave the split one thread */
+        gt_cpu_sgemm(g);
+        return;
+    }
     int small = openblas_set_num_threads_local && sgemm_flops(g) < GT_SGEMM_MIN_SPLIT_FLOPS;
-#pragma omp parallel for schedule(static) if (small && batch > 1)
+#pragma omp parallel for schedule(static) if (small)
     for (int64_t i = 0; i < batch; i++) {
         gt_sgemm one = *g;  /* a and b may be NULL when k = 0 */
         one.a = one.a ? one.a + i * stride_a : NULL;

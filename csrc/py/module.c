@@ -3,6 +3,8 @@
 #define GTPY_IMPORTS_NUMPY
 #include "py/gtpy.h"
 
+#include "core/threads.h"
+
 #ifdef GT_WITH_CUDA
 #include "cuda_backend.h"
 #endif
@@ -52,6 +54,7 @@ static int module_exec(PyObject *module) {
 #ifdef GT_WITH_CUDA
     gt_cuda_install_hooks();
 #endif
+    gt_threads_init();
     for (size_t i = 0; i < sizeof registrations / sizeof registrations[0]; i++)
         if (registrations[i](module) < 0)
             return -1;
