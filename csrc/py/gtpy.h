@@ -59,6 +59,7 @@ int gtpy_add_cuda_stream(PyObject *module);
 int gtpy_add_cuda_event(PyObject *module);
 int gtpy_add_scaler(PyObject *module);
 int gtpy_add_optim(PyObject *module);
+int gtpy_add_optim_model(PyObject *module);
 int gtpy_add_ema(PyObject *module);
 int gtpy_add_loader(PyObject *module);
 int gtpy_add_ops(PyObject *module);

@@ -35,6 +35,7 @@ static const registration registrations[] = {
     gtpy_add_cuda_event,
     gtpy_add_scaler,
     gtpy_add_optim,
+    gtpy_add_optim_model,
     gtpy_add_ema,
     gtpy_add_loader,
     gtpy_add_ops,

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "py/model.h"
+#include "py/optim_model.h"
 #include "train/step.h"
 
 static int parse_loss(PyObject *spec, gt_loss *loss) {
@@ -32,17 +33,21 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
     return 0;
 }
 
-/* A model on CUDA: the step's gradient passes run there; the loss scaler, the gradient norm and
- * the optimizer hand-over of csrc/train/step.c read the gradients on the host, so they are
- * refused until the step dispatches them to the device. */
-static int check_cuda_step(const gt_step_config *cfg, PyObject *optimizer, PyObject *scaler) {
-    const char *refused = optimizer != Py_None ? "optimizer" : scaler != Py_None ? "scaler"
-                          : cfg->max_grad_norm > 0.0 ? "max_grad_norm" : cfg->want_grad_norm ? "want_grad_norm" : NULL;
-    if (refused)
-        PyErr_Format(PyExc_NotImplementedError,
-                     "%s: the training step of a CUDA model computes the loss and gradients only in this build "
-                     "(the optimizer, loss scaler and gradient norm of the step run on host memory)", refused);
-    return refused ? -1 : 0;
+/* The C optimizer of `obj` for `model`: a ModelOptimizer (for_model) must have been built for
+ * this model; a host optimizer (over NumPy arrays, on the CPU) cannot update a model on CUDA. */
+static int resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_model *model, gt_optimizer **out) {
+    int found = gtpy_model_optimizer_resolve(obj, model_obj, out);
+    if (found != 0)
+        return found < 0 ? -1 : 0;
+    if (model->backend.device.kind == GT_DEVICE_CUDA) {
+        char device[32];
+        gt_device_name(model->backend.device, device, sizeof device);
+        PyErr_Format(PyExc_ValueError, "optimizer: the model is on %s but this optimizer updates host (cpu) "
+                     "NumPy arrays; build it with AdamW.for_model(model) or SGD.for_model(model)", device);
+        return -1;
+    }
+    *out = gtpy_optimizer_get(obj);
+    return *out ? 0 : -1;
 }
 
 static PyObject *step_result(const gt_step_result *r) {
@@ -64,9 +69,7 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
         return NULL;
     if (!isfinite(cfg.max_grad_norm))
         return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
-    if (model->backend.device.kind == GT_DEVICE_CUDA && check_cuda_step(&cfg, optimizer_obj, scaler_obj) < 0)
-        return NULL;
-    if (optimizer_obj != Py_None && !(cfg.optimizer = gtpy_optimizer_get(optimizer_obj)))
+    if (optimizer_obj != Py_None && resolve_optimizer(optimizer_obj, model_obj, model, &cfg.optimizer) < 0)
         return NULL;
     if (scaler_obj != Py_None && !(cfg.scaler = gtpy_scaler_get(scaler_obj)))
         return NULL;

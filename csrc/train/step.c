@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "train/grad_norm.h"
+#include "train/step_device.h"
 
 /* Rows [first, first + count) of a batch tensor, as a tensor of its own. */
 static gt_tensor micro_slice(const gt_tensor *batch, int64_t first, int64_t count) {
@@ -54,6 +55,25 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
     return GT_OK;
 }
 
+/* The scaler's unscale + inf check over the gradient arena, where the model's arenas live. */
+static gt_status unscale_check(gt_model *model, const gt_scaler *scaler, int *found_inf) {
+    if (model->backend.device.kind == GT_DEVICE_CUDA)
+        return gt_step_unscale_check_device(model, scaler, found_inf);
+    return gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, found_inf);
+}
+
+/* The global L2 norm of the gradient arena; on CUDA with the kernel that sums in the CPU's
+ * order (core/sumsq_order.h), on the model's stream (the legacy default one). */
+static gt_status grad_norm(gt_model *model, double *out) {
+    if (model->backend.device.kind != GT_DEVICE_CUDA)
+        return gt_grad_norm_l2(model->grads.block.ptr, model->num_params, out);
+    double sumsq = 0.0;
+    if (model->num_params)
+        GT_TRY(gt_grad_sumsq_on(model->backend.device, NULL, model->grads.block.ptr, model->num_params, &sumsq));
+    *out = sqrt(sumsq);
+    return GT_OK;
+}
+
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
@@ -62,13 +82,12 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
     out->scale = scaler ? scaler->scale : 1.0f;
     out->grad_norm = NAN;
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, out->scale, &out->loss));
-    float *grads = model->grads.block.ptr;
     int found_inf = 0;
     if (scaler)
-        GT_TRY(gt_scaler_unscale_check(scaler, grads, model->num_params, &found_inf));
+        GT_TRY(unscale_check(model, scaler, &found_inf));
     float grad_coef = 1.0f;
     if (!found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm)) {
-        GT_TRY(gt_grad_norm_l2(grads, model->num_params, &out->grad_norm));
+        GT_TRY(grad_norm(model, &out->grad_norm));
         if (cfg->max_grad_norm > 0.0)
             grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
     }

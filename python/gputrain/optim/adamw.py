@@ -35,7 +35,8 @@ class AdamW(Optimizer):
         super().__init__(params, defaults, numerics=numerics, cpu_offload_fraction=cpu_offload_fraction,
                          offload_chunk_numel=offload_chunk_numel)
 
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+    @staticmethod
+    def _check_hyperparameters(group: dict[str, Any]) -> None:
         lr = _check_number(group["lr"], "lr")
         eps = _check_number(group["eps"], "eps")
         betas = group["betas"]

@@ -15,13 +15,16 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from gputrain import _C
 from gputrain.nn.parameter import Parameter
 from gputrain.optim.clip import clip_coefficient, total_norm
+
+if TYPE_CHECKING:
+    from gputrain.optim.model_optimizer import ModelOptimizer
 
 __all__ = ["Optimizer"]
 
@@ -77,13 +80,25 @@ class Optimizer:
         self._core = self._build_core()
 
     # -- hooks for subclasses -------------------------------------------------------------
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+    @staticmethod
+    def _check_hyperparameters(group: dict[str, Any]) -> None:
         """Raise ValueError (PyTorch's messages) for invalid hyperparameters of a group."""
         raise NotImplementedError
 
     def _state_names(self) -> tuple[str, ...]:
         """The state_dict names of the per-parameter state arrays."""
         raise NotImplementedError
+
+    @classmethod
+    def for_model(cls, model: Any, **hyperparameters: Any) -> ModelOptimizer:
+        """This optimizer over a compiled model's own parameter and gradient arenas, on the
+        model's device (the way to train a model moved to CUDA with TrainStep).
+
+        `hyperparameters` are the constructor's (lr, betas, ..., numerics); one group.
+        """
+        from gputrain.optim.model_optimizer import ModelOptimizer
+
+        return ModelOptimizer(cls, model, **hyperparameters)
 
     # -- groups -----------------------------------------------------------------------------
     def _add_group(self, group: dict[str, Any]) -> None:

@@ -24,7 +24,8 @@ class SGD(Optimizer):
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)
 
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+    @staticmethod
+    def _check_hyperparameters(group: dict[str, Any]) -> None:
         lr = _check_number(group["lr"], "lr")
         momentum = _check_number(group["momentum"], "momentum")
         dampening = _check_number(group["dampening"], "dampening")
