@@ -96,7 +96,7 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler)
+    if (scaler)  /* on the host for CUDA models too: found_inf is here, the rules are the kernel's */
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;
