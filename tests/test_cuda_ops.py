@@ -522,17 +522,6 @@ def test_cuda_model_plan_reserves_the_input_and_target_copies():
     assert gpu_plan["activations"] == cpu_plan["activations"]
 
 
-@cuda
-def test_cuda_step_refuses_what_runs_on_host_memory():
-    model = mixed_model(4).to("cuda")
-    x, y = batch()
-    sgd = gt.optim.SGD(mixed_model(4).parameters(), lr=0.1)
-    for kwargs, name in [({"optimizer": sgd}, "optimizer"), ({"max_grad_norm": 1.0}, "max_grad_norm"),
-                         ({"want_grad_norm": True}, "want_grad_norm")]:
-        with pytest.raises(NotImplementedError, match=name):
-            _C.train_step(model.compiled, x, y, ("cross_entropy", 0.0, -100), **kwargs)
-
-
 # ------------------------------------------------------------------ everywhere
 
 
