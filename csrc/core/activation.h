@@ -1,7 +1,7 @@
 /* Element math of the activation functions and their derivatives, shared by the CPU backend
- * and the CUDA kernels (DESIGN.md principle 3). All in f32, with erfcf/tanhf/expf from the
- * platform's math library (glibc on the CPU, CUDA's libdevice on the GPU), so the two backends
- * agree to a few ulp. Semantics follow PyTorch: relu(NaN) = NaN, relu'(0) = 0,
+ * and the CUDA kernels (DESIGN.md principle 3). All in f32, with the branch-free exp, normal CDF
+ * and tanh of core/vmath.h (not libm's, which neither vectorise nor match between glibc and
+ * CUDA), so every SIMD level and the GPU give the same bits. Semantics follow PyTorch: relu(NaN) = NaN, relu'(0) = 0,
  * GELU "none" is x * Phi(x) with the exact erf, GELU "tanh" its tanh approximation. The formulas
  * are rearranged where PyTorch's cancel (1 + erf, 1 + tanh and 1 - sigmoid for large |x|), so
  * every result keeps f32 relative accuracy, which half-precision outputs near 0 need. */
@@ -11,8 +11,8 @@
 #include <math.h>
 
 #include "core/hd.h"
+#include "core/vmath.h"
 
-#define GT_SQRT1_2_F 0.70710678118654752440f    /* 1 / sqrt(2) */
 #define GT_INV_SQRT_2PI_F 0.39894228040143267794f  /* 1 / sqrt(2 pi) */
 #define GT_SQRT_2_OVER_PI_F 0.79788456080286535588f  /* sqrt(2 / pi) */
 #define GT_GELU_TANH_COEF_F 0.044715f             /* the cubic term of the tanh approximation */
@@ -26,20 +26,20 @@ GT_HD float gt_relu_backward(float dout, float x) { return x > 0.0f ? dout : 0.0
 /* sigmoid(z) and 1 - sigmoid(z) without cancellation or overflow: e = exp(-|z|) <= 1, and
  * 1 / (1 + e), e / (1 + e) are assigned to s and 1 - s by the sign of z. */
 GT_HD void gt_sigmoid_pair(float z, float *s, float *one_minus_s) {
-    float e = expf(-fabsf(z));
+    float e = gt_vm_expf(-fabsf(z));
     float big = 1.0f / (1.0f + e), small = e / (1.0f + e);
-    *s = z >= 0.0f ? big : small;
-    *one_minus_s = z >= 0.0f ? small : big;
+    *s = gt_vm_select(z >= 0.0f, big, small);
+    *one_minus_s = gt_vm_select(z >= 0.0f, small, big);
 }
 
-/* x * Phi(x) = 0.5 x erfc(-x / sqrt 2): erfc keeps Phi's relative accuracy for x << 0, where
- * 1 + erf(x / sqrt 2) would cancel. */
-GT_HD float gt_gelu_erf(float x) { return 0.5f * x * erfcf(-x * GT_SQRT1_2_F); }
+/* x * Phi(x), with Phi accurate to the last bits in the left tail, where 1 + erf(x / sqrt 2)
+ * would cancel. */
+GT_HD float gt_gelu_erf(float x) { return x * gt_vm_normal_cdf(x); }
 
 /* dout * (Phi(x) + x phi(x)) with phi(x) = exp(-x^2 / 2) / sqrt(2 pi). */
 GT_HD float gt_gelu_erf_backward(float dout, float x) {
-    float cdf = 0.5f * erfcf(-x * GT_SQRT1_2_F);
-    float pdf = expf(-0.5f * x * x) * GT_INV_SQRT_2PI_F;
+    float cdf = gt_vm_normal_cdf(x);
+    float pdf = gt_vm_scaled_exp_neg_half_sq(GT_INV_SQRT_2PI_F, x);
     return dout * (cdf + x * pdf);
 }
 
@@ -65,11 +65,11 @@ GT_HD float gt_gelu_tanh_backward(float dout, float x) {
     return dout * (s + 2.0f * x * (s * one_minus_s) * du);
 }
 
-GT_HD float gt_tanh_act(float x) { return tanhf(x); }
+GT_HD float gt_tanh_act(float x) { return gt_vm_tanhf(x); }
 
 /* dout * (1 - tanh(x)^2). */
 GT_HD float gt_tanh_backward(float dout, float x) {
-    float t = tanhf(x);
+    float t = gt_vm_tanhf(x);
     return dout * (1.0f - t * t);
 }
 
