@@ -1,10 +1,11 @@
 /* Element math of the activation functions and their derivatives, shared by the CPU backend
  * and the CUDA kernels (DESIGN.md principle 3). All in f32, with the branch-free exp, normal CDF
  * and tanh of core/vmath.h (not libm's, which neither vectorise nor match between glibc and
- * CUDA), so every SIMD level and the GPU give the same bits. Semantics follow PyTorch: relu(NaN) = NaN, relu'(0) = 0,
- * GELU "none" is x * Phi(x) with the exact erf, GELU "tanh" its tanh approximation. The formulas
- * are rearranged where PyTorch's cancel (1 + erf, 1 + tanh and 1 - sigmoid for large |x|), so
- * every result keeps f32 relative accuracy, which half-precision outputs near 0 need. */
+ * CUDA), so every SIMD level and the GPU give the same bits. Semantics follow PyTorch:
+ * relu(NaN) = NaN, relu'(0) = 0, GELU "none" is x * Phi(x) with the exact erf, GELU "tanh" its
+ * tanh approximation. The formulas are rearranged where PyTorch's cancel (1 + erf, 1 + tanh
+ * and 1 - sigmoid for large |x|), so every result keeps f32 relative accuracy, which
+ * half-precision outputs near 0 need. */
 #ifndef GT_ACTIVATION_H
 #define GT_ACTIVATION_H
 

@@ -1,16 +1,16 @@
-/* Branch-free f32 exp, erfc and tanh for the activation math (core/activation.h), shared by the
- * CPU backend and the CUDA kernels. libm's expf/erfcf/tanhf are calls the compiler cannot
- * vectorise; these are straight-line sequences of + - * /, compares-and-selects and integer bit
- * operations on the float's IEEE bits, so the CPU loops vectorise inside the AVX2/AVX-512 clones
- * of ops/cpu_kernels.h. Every operation is a single correctly rounded IEEE operation (the build
- * uses -ffp-contract=off, nvcc --fmad=false, no fmaf), so the scalar, AVX2, AVX-512 and CUDA
- * paths give the same bits.
+/* Branch-free f32 exp, normal CDF and tanh for the activation math (core/activation.h), shared
+ * by the CPU backend and the CUDA kernels. libm's expf/erfcf/tanhf are calls the compiler cannot
+ * vectorise; these are straight-line sequences of + - * /, compares, bit selects and integer
+ * operations on the float's IEEE bits, so the CPU loops vectorise inside the SSE, AVX2 and
+ * AVX-512 clones of ops/cpu_kernels.h. Every operation is a single correctly rounded IEEE
+ * operation (the build uses -ffp-contract=off, nvcc --fmad=false, no fmaf), so the scalar, AVX2,
+ * AVX-512 and CUDA paths give the same bits.
  *
- * Accuracy (measured against float64 over a dense sweep of [-20, 20] and the edge cases,
- * tests/test_vmath_activations.py): gt_vm_expf <= 1 ulp, gt_vm_tanhf <= 2 ulp and
- * gt_vm_erfcf <= 4 ulp relative to the true value wherever it is a normal f32. Special values
- * follow libm: exp(-inf) = 0, exp(+inf) = +inf, erfc(+inf) = 0, erfc(-inf) = 2,
- * tanh(+-inf) = +-1, tanh(-0) = -0, NaN in gives NaN out. */
+ * Accuracy, measured against float64 at every multiple of 1e-6 in [-20, 20] (the activations
+ * built on these are checked in tests/test_activation_accuracy.py): gt_vm_expf 1 ulp,
+ * gt_vm_scaled_exp_neg_half_sq 1.2 ulp, gt_vm_tanhf 1.6 ulp, gt_vm_normal_cdf 5 ulp (an ulp of a
+ * subnormal result being 2^-149). Special values follow libm: exp(-inf) = 0, exp(+inf) = +inf,
+ * Phi(-inf) = 0, Phi(+inf) = 1, tanh(+-inf) = +-1, tanh(-0) = -0, NaN in gives NaN out. */
 #ifndef GT_VMATH_H
 #define GT_VMATH_H
 
