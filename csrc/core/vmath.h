@@ -26,13 +26,13 @@
 #define GT_VM GT_HD __attribute__((always_inline))
 #endif
 
-#define GT_VM_LOG2E_F 1.44269504088896341f    /* 1 / ln 2 */
+#define GT_VM_LOG2E_F 1.44269502f    /* 1 / ln 2 */
 #define GT_VM_LN2_HI_F 0.693359375f           /* ln 2 to 9 bits: n * GT_VM_LN2_HI_F is exact */
 #define GT_VM_LN2_LO_F -2.12194440e-4f        /* ln 2 - GT_VM_LN2_HI_F */
 #define GT_VM_ROUND_SHIFT_F 12582912.0f       /* 1.5 * 2^23: x + it rounds x to an integer */
 #define GT_VM_EXP_MAX_F 89.0f                 /* exp overflows above 88.73 */
 #define GT_VM_EXP_MIN_F -120.0f               /* exp rounds to 0 below -103.98 */
-#define GT_VM_NORMAL_MAX_F 15.0f              /* exp(-15^2 / 2) = 1.9e-49 rounds to 0 */
+#define GT_VM_NORMAL_MAX_F 15.0f              /* exp(-15^2 / 2) = 1.4e-49 rounds to 0 */
 
 /* take_a ? a : b on the bits, with no branch. Without -fno-trapping-math GCC keeps some float
  * ?: as branches (a clamp followed by another, or arms holding a division), and a branch in the
@@ -46,10 +46,10 @@ GT_VM float gt_vm_select(int take_a, float a, float b) {
  * would round away and m is a finite scale factor. Range reduction: n = round((hi + lo) / ln 2)
  * with the 1.5 * 2^23 rounding trick, r = (hi - n ln2_hi) + lo - n ln2_lo in [-0.35, 0.35]
  * (Cody-Waite: n ln2_hi is exact and hi - n ln2_hi nearly so). exp(r) = 1 + r + r^2 P(r), P of
- * degree 5 (Cephes expf's minimax coefficients, relative error 1.2e-7 on that interval). m exp(r)
- * is scaled by 2^n as 2^n1 * 2^n2 with n1 + n2 = n, both normal powers of two, so a result in
- * the subnormals is rounded once and one above FLT_MAX becomes +-inf. The integer work is
- * unsigned on the float's bits, so a NaN argument (which gives NaN) is well defined. */
+ * degree 5 (Cephes expf's minimax coefficients; with the roundings, gt_vm_expf is within 1 ulp).
+ * m exp(r) is scaled by 2^n as 2^n1 * 2^n2 with n1 + n2 = n, both normal powers of two, so a
+ * result in the subnormals is rounded once and one above FLT_MAX becomes +-inf. The integer work
+ * is unsigned on the float's bits, so a NaN argument (which gives NaN) is well defined. */
 GT_VM float gt_vm_scaled_exp(float m, float hi, float lo) {
     float shifted = (hi + lo) * GT_VM_LOG2E_F + GT_VM_ROUND_SHIFT_F;
     float n = shifted - GT_VM_ROUND_SHIFT_F;
@@ -104,26 +104,26 @@ GT_VM float gt_vm_normal_cdf(float x) {
     float a = gt_bits_f32(gt_f32_bits(x) & 0x7fffffffu);
     a = gt_vm_select(a > GT_VM_NORMAL_MAX_F, GT_VM_NORMAL_MAX_F, a);
     float t = 1.0f / (1.0f + 0.5f * a);
-    float p = -0.15918312966823578f;
-    p = p * t + 0.7432196736335754f;
-    p = p * t - 1.4361947774887085f;
-    p = p * t + 1.3945378065109253f;
-    p = p * t - 0.6049793362617493f;
-    p = p * t + 0.055221352726221085f;
-    p = p * t - 0.09498728811740875f;
-    p = p * t + 0.05404498428106308f;
-    p = p * t + 0.1492702066898346f;
-    p = p * t + 0.1994859278202057f;
-    p = p * t + 0.1994708627462387f;
+    float p = -0.15918313f;
+    p = p * t + 0.743219674f;
+    p = p * t - 1.43619478f;
+    p = p * t + 1.39453781f;
+    p = p * t - 0.604979336f;
+    p = p * t + 0.0552213527f;
+    p = p * t - 0.0949872881f;
+    p = p * t + 0.0540449843f;
+    p = p * t + 0.149270207f;
+    p = p * t + 0.199485928f;
+    p = p * t + 0.199470863f;
     float left = gt_vm_scaled_exp_neg_half_sq(t * p, x);  /* Phi(-|x|) */
     float tail = gt_vm_select(x < 0.0f, left, 1.0f - left);
     return gt_vm_select((x < 0.75f) & (x > -0.75f), central, tail);
 }
 
 /* tanh(x), computed for a = |x| and given x's sign bit (so tanh(-0) = -0). a < 0.625:
- * a + a^3 P(a^2), P of degree 4 (Cephes tanhf's minimax coefficients, relative error 1e-7
- * there). Otherwise (1 - e) / (1 + e) with e = exp(-2a) <= 0.29, so 1 - e does not cancel;
- * large a gives e = 0 and exactly 1. */
+ * a + a^3 P(a^2), P of degree 4 (Cephes tanhf's minimax coefficients). Otherwise
+ * (1 - e) / (1 + e) with e = exp(-2a) <= 0.29, so 1 - e does not cancel; large a gives e = 0
+ * and exactly 1. */
 GT_VM float gt_vm_tanhf(float x) {
     uint32_t sign = gt_f32_bits(x) & 0x80000000u;
     float a = gt_bits_f32(gt_f32_bits(x) & 0x7fffffffu);
