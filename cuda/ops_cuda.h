@@ -8,9 +8,9 @@
  * `out` are host pointers. Errors of the caller's data (ids or targets out of range) are reported
  * as GT_ERR_INDEX naming the first bad position, as on the CPU.
  *
- * Element math is the GT_HD code of core/ (half.h, activation.h, dropout.h), so elementwise ops
- * match the CPU backend to the last bit (activations: within the few ulp by which CUDA's expf,
- * erfcf and tanhf differ from glibc's), dropout masks are bit-identical, and sum_squares, mse and
+ * Element math is the GT_HD code of core/ (half.h, activation.h with vmath.h's correctly rounded
+ * + - * / only, dropout.h), so elementwise ops and activations match the CPU backend to the last
+ * bit, dropout masks are bit-identical, and sum_squares, mse and
  * the LayerNorm statistics follow the CPU's summation order (GT_LANE_SUM in fixed parts), so
  * they match it bit for bit. bias_backward, the LayerNorm parameter gradients and
  * embedding_backward use fixed orders without floating-point atomics: the same bits on every
