@@ -98,7 +98,7 @@ class BuildExt(build_ext):
         for source in sources:
             obj = os.path.join(self.build_temp, source + ".o")
             os.makedirs(os.path.dirname(obj), exist_ok=True)
-            deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/core/*.h")
+            deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/**/*.h", recursive=True)
             if self.force or not os.path.exists(obj) or any(os.path.getmtime(d) > os.path.getmtime(obj) for d in deps):
                 cmd = [nvcc, *nvcc_flags(), "-c", source, "-o", obj]
                 print(" ".join(shlex.quote(c) for c in cmd), flush=True)

@@ -28,16 +28,16 @@ __global__ void dropout_kernel(void *out, const void *in, size_t n, gt_dropout_k
 
 gt_status dropout_apply(gt_backend *be, void *out, const void *in, int64_t n, float p, const gt_dropout_key &key,
                         gt_dtype dt) {
-    GT_TRY(gt_cuda_check_size(n, "n"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (!(p >= 0.0f && p < 1.0f))
         return GT_FAIL(GT_ERR_VALUE, "p: dropout probability must be in [0, 1), got %g", (double)p);
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (n == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
-    GT_TRY(gt_cuda_check_ptr(in, "in"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(in, "in"));
     uint64_t groups = (key.offset + (uint64_t)n + 3u) / 4u - key.offset / 4u;
     GT_LAUNCH_DT(dt, dropout_kernel, grid_for((size_t)groups), kThreads, 0, stream_of(state), out, in, (size_t)n,
                  key, p, gt_dropout_scale(p));

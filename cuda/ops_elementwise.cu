@@ -61,22 +61,22 @@ __global__ void add_kernel(void *out, const void *a, const void *b, size_t n) {
 gt_status check_activation(gt_activation act, int64_t n, gt_dtype dt) {
     if ((int)act < GT_ACT_RELU || (int)act > GT_ACT_SILU)
         return GT_FAIL(GT_ERR_VALUE, "act: unknown activation %d", (int)act);
-    GT_TRY(gt_cuda_check_size(n, "n"));
-    return gt_cuda_check_dtype(dt, "dt");
+    GT_TRY(gt_op_check_size(n, "n"));
+    return gt_op_check_dtype(dt, "dt");
 }
 
 }  // namespace
 
 gt_status gt_cuda_bias_add(gt_backend *be, void *out, const float *bias, int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(gt_cuda_check_size(rows, "rows"));
-    GT_TRY(gt_cuda_check_size(cols, "cols"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (rows == 0 || cols == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
-    GT_TRY(gt_cuda_check_ptr(bias, "bias"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(bias, "bias"));
     size_t n = (size_t)rows * (size_t)cols;
     GT_LAUNCH_DT(dt, bias_add_kernel, grid_for(n), kThreads, 0, stream_of(state), out, bias, (size_t)rows,
                  (size_t)cols);
@@ -90,8 +90,8 @@ gt_status gt_cuda_activation_forward(gt_backend *be, void *out, const void *in, 
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (n == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
-    GT_TRY(gt_cuda_check_ptr(in, "in"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(in, "in"));
     GT_LAUNCH_DT(dt, activation_forward_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), out, in,
                  (size_t)n, act);
     return gt_cuda_check_launch("activation_forward_kernel launch");
@@ -104,24 +104,24 @@ gt_status gt_cuda_activation_backward(gt_backend *be, void *din, const void *dou
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (n == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(din, "din"));
-    GT_TRY(gt_cuda_check_ptr(dout, "dout"));
-    GT_TRY(gt_cuda_check_ptr(in, "in"));
+    GT_TRY(gt_op_check_ptr(din, "din"));
+    GT_TRY(gt_op_check_ptr(dout, "dout"));
+    GT_TRY(gt_op_check_ptr(in, "in"));
     GT_LAUNCH_DT(dt, activation_backward_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), din, dout, in,
                  (size_t)n, act);
     return gt_cuda_check_launch("activation_backward_kernel launch");
 }
 
 gt_status gt_cuda_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n, gt_dtype dt) {
-    GT_TRY(gt_cuda_check_size(n, "n"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (n == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
-    GT_TRY(gt_cuda_check_ptr(a, "a"));
-    GT_TRY(gt_cuda_check_ptr(b, "b"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(a, "a"));
+    GT_TRY(gt_op_check_ptr(b, "b"));
     GT_LAUNCH_DT(dt, add_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), out, a, b, (size_t)n);
     return gt_cuda_check_launch("add_kernel launch");
 }

@@ -77,12 +77,12 @@ gt_status check_ids(const gt_cuda_backend_state *state, const int64_t *ids, int6
 
 gt_status check_embedding(const gt_cuda_backend_state *state, const int64_t *ids, int64_t n, int64_t num,
                           int64_t dim, gt_dtype dt) {
-    GT_TRY(gt_cuda_check_size(n, "n"));
-    GT_TRY(gt_cuda_check_size(num, "num"));
-    GT_TRY(gt_cuda_check_size(dim, "dim"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_size(num, "num"));
+    GT_TRY(gt_op_check_size(dim, "dim"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (n > 0)
-        GT_TRY(gt_cuda_check_ptr(ids, "ids"));
+        GT_TRY(gt_op_check_ptr(ids, "ids"));
     return check_ids(state, ids, n, num);
 }
 
@@ -95,8 +95,8 @@ gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *id
     GT_TRY(check_embedding(state, ids, n, num, dim, dt));
     if (n == 0 || dim == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
-    GT_TRY(gt_cuda_check_ptr(table, "table"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(table, "table"));
     GT_LAUNCH_DT(dt, embedding_forward_kernel, grid_for((size_t)n * (size_t)dim), kThreads, 0, stream_of(state),
                  out, ids, table, (size_t)n, (size_t)dim);
     return gt_cuda_check_launch("embedding_forward_kernel launch");
@@ -109,13 +109,13 @@ gt_status gt_cuda_embedding_backward(gt_backend *be, float *dtable, const void *
     GT_TRY(gt_cuda_op_begin(be, &state));
     GT_TRY(check_embedding(state, ids, n, num, dim, dt));
     if (num > 0 && dim > 0)
-        GT_TRY(gt_cuda_check_ptr(dtable, "dtable"));
+        GT_TRY(gt_op_check_ptr(dtable, "dtable"));
     cudaStream_t stream = stream_of(state);
     if (!accumulate && num > 0 && dim > 0)
         GT_CUDA_TRY(cudaMemsetAsync(dtable, 0, (size_t)num * (size_t)dim * sizeof(float), stream), "cudaMemsetAsync");
     if (n == 0 || dim == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(dout, "dout"));
+    GT_TRY(gt_op_check_ptr(dout, "dout"));
     unsigned partitions = num < (int64_t)kPartitions ? (unsigned)num : kPartitions;
     dim3 grid((unsigned)(((size_t)dim + kEmbCols - 1) / kEmbCols), partitions);
     GT_LAUNCH_DT(dt, embedding_backward_kernel, grid, kEmbCols, 0, stream, dtable, dout, ids, (size_t)n,

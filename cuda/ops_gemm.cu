@@ -16,7 +16,6 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
-#include <limits.h>
 #include <mutex>
 
 #include "core/alloc.h"
@@ -29,10 +28,6 @@ constexpr size_t kLtAlign = 256;           // alignment of that workspace, bytes
 
 std::mutex legacy_lock;  // guards the stream of the shared cuBLAS handles (fallback path)
 
-size_t a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
-size_t a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }
-size_t b_rows(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->n : g->k); }
-size_t b_cols(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->k : g->n); }
 
 // 1 when cuBLAS multiplies these operand types directly.
 bool direct_types(const gt_gemm_args *g) {
@@ -45,9 +40,9 @@ size_t staging_bytes(const gt_gemm_args *g) {
         return 0;
     size_t bytes = 0;
     if (g->a_dt != GT_F32)
-        bytes += gt_align_up(a_rows(g) * a_cols(g) * sizeof(float));
+        bytes += gt_align_up(gt_gemm_a_rows(g) * gt_gemm_a_cols(g) * sizeof(float));
     if (g->b_dt != GT_F32)
-        bytes += gt_align_up(b_rows(g) * b_cols(g) * sizeof(float));
+        bytes += gt_align_up(gt_gemm_b_rows(g) * gt_gemm_b_cols(g) * sizeof(float));
     if (g->c_dt != GT_F32)
         bytes += gt_align_up((size_t)g->m * (size_t)g->n * sizeof(float));
     return bytes;
@@ -67,37 +62,6 @@ gt_status cublas_fail(cublasStatus_t status, const char *what, int line) {
 
 cudaDataType_t cuda_type(gt_dtype dt) {
     return dt == GT_F16 ? CUDA_R_16F : (dt == GT_BF16 ? CUDA_R_16BF : CUDA_R_32F);
-}
-
-// Fails unless value is in [minimum, INT_MAX] (the CPU backend's limits).
-gt_status check_dim(int64_t value, int64_t minimum, const char *arg_name) {
-    if (value < minimum || value > INT_MAX)
-        return GT_FAIL(GT_ERR_VALUE, "%s: must be in [%lld, %d], got %lld", arg_name, (long long)minimum, INT_MAX,
-                       (long long)value);
-    return GT_OK;
-}
-
-gt_status check_gemm(const gt_gemm_args *g) {
-    GT_TRY(gt_cuda_check_dtype(g->a_dt, "a_dt"));
-    GT_TRY(gt_cuda_check_dtype(g->b_dt, "b_dt"));
-    GT_TRY(gt_cuda_check_dtype(g->c_dt, "c_dt"));
-    GT_TRY(check_dim(g->m, 0, "m"));
-    GT_TRY(check_dim(g->n, 0, "n"));
-    GT_TRY(check_dim(g->k, 0, "k"));
-    GT_TRY(check_dim(g->lda, a_cols(g) > 1 ? (int64_t)a_cols(g) : 1, "lda"));
-    GT_TRY(check_dim(g->ldb, b_cols(g) > 1 ? (int64_t)b_cols(g) : 1, "ldb"));
-    GT_TRY(check_dim(g->ldc, g->n > 1 ? g->n : 1, "ldc"));
-    GT_TRY(check_dim(g->batch, 1, "batch"));
-    if (g->batch > 1 && (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0))
-        return GT_FAIL(GT_ERR_VALUE, "stride_a/stride_b/stride_c: must be >= 0");
-    if (g->m > 0 && g->n > 0) {
-        GT_TRY(gt_cuda_check_ptr(g->c, "c"));
-        if (g->k > 0) {
-            GT_TRY(gt_cuda_check_ptr(g->a, "a"));
-            GT_TRY(gt_cuda_check_ptr(g->b, "b"));
-        }
-    }
-    return GT_OK;
 }
 
 // ------------------------------------------------------------------ kernels
@@ -319,9 +283,9 @@ gt_status staged_gemm(gt_backend *be, const gt_cuda_backend_state *state, const 
     char *next = static_cast<char *>(be->workspace);
     float *a32 = nullptr, *b32 = nullptr, *c32 = nullptr;
     if (g->a_dt != GT_F32)
-        a32 = reinterpret_cast<float *>(next), next += gt_align_up(a_rows(g) * a_cols(g) * sizeof(float));
+        a32 = reinterpret_cast<float *>(next), next += gt_align_up(gt_gemm_a_rows(g) * gt_gemm_a_cols(g) * sizeof(float));
     if (g->b_dt != GT_F32)
-        b32 = reinterpret_cast<float *>(next), next += gt_align_up(b_rows(g) * b_cols(g) * sizeof(float));
+        b32 = reinterpret_cast<float *>(next), next += gt_align_up(gt_gemm_b_rows(g) * gt_gemm_b_cols(g) * sizeof(float));
     if (g->c_dt != GT_F32)
         c32 = reinterpret_cast<float *>(next);
     cudaStream_t stream = stream_of(state);
@@ -331,14 +295,14 @@ gt_status staged_gemm(gt_backend *be, const gt_cuda_backend_state *state, const 
         const char *b = static_cast<const char *>(g->b) + (size_t)(i * g->stride_b) * b_size;
         char *c = static_cast<char *>(g->c) + (size_t)(i * g->stride_c) * c_size;
         if (a32)
-            GT_TRY(convert_matrix(stream, a32, GT_F32, a_cols(g), a, g->a_dt, (size_t)g->lda, a_rows(g), a_cols(g)));
+            GT_TRY(convert_matrix(stream, a32, GT_F32, gt_gemm_a_cols(g), a, g->a_dt, (size_t)g->lda, gt_gemm_a_rows(g), gt_gemm_a_cols(g)));
         if (b32)
-            GT_TRY(convert_matrix(stream, b32, GT_F32, b_cols(g), b, g->b_dt, (size_t)g->ldb, b_rows(g), b_cols(g)));
+            GT_TRY(convert_matrix(stream, b32, GT_F32, gt_gemm_b_cols(g), b, g->b_dt, (size_t)g->ldb, gt_gemm_b_rows(g), gt_gemm_b_cols(g)));
         if (c32 && g->beta != 0.0f)
             GT_TRY(convert_matrix(stream, c32, GT_F32, (size_t)g->n, c, g->c_dt, (size_t)g->ldc, (size_t)g->m,
                                   (size_t)g->n));
-        BlasCall call = make_call(state, g, a32 ? a32 : (const void *)a, GT_F32, a32 ? (int64_t)a_cols(g) : g->lda,
-                                  b32 ? b32 : (const void *)b, GT_F32, b32 ? (int64_t)b_cols(g) : g->ldb,
+        BlasCall call = make_call(state, g, a32 ? a32 : (const void *)a, GT_F32, a32 ? (int64_t)gt_gemm_a_cols(g) : g->lda,
+                                  b32 ? b32 : (const void *)b, GT_F32, b32 ? (int64_t)gt_gemm_b_cols(g) : g->ldb,
                                   c32 ? c32 : (void *)c, GT_F32, c32 ? g->n : g->ldc, 1);
         call.workspace = lt->workspace, call.workspace_bytes = lt->workspace_bytes;
         GT_TRY(blas_matmul(state, call));
@@ -364,8 +328,7 @@ size_t gt_cuda_gemm_workspace_bytes(const gt_gemm_args *args) {
 }
 
 gt_status gt_cuda_gemm(gt_backend *be, const gt_gemm_args *args) {
-    GT_TRY(gt_cuda_check_ptr(args, "args"));
-    GT_TRY(check_gemm(args));
+    GT_TRY(gt_gemm_check(args));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (args->m == 0 || args->n == 0)

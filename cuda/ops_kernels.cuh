@@ -12,6 +12,7 @@
 
 #include "core/half.h"
 #include "cuda_internal.cuh"
+#include "ops/checks.h"
 #include "ops/ops.h"
 #include "ops_cuda.h"
 
@@ -111,11 +112,6 @@ static inline cudaStream_t stream_of(const gt_cuda_backend_state *state) {
 
 // Fails with GT_ERR_CUDA naming `kernel` when its launch failed.
 gt_status gt_cuda_check_launch(const char *kernel);
-
-// Argument checks with the CPU backend's messages (GT_ERR_VALUE naming the argument).
-gt_status gt_cuda_check_dtype(gt_dtype dt, const char *arg_name);
-gt_status gt_cuda_check_size(int64_t value, const char *arg_name);
-gt_status gt_cuda_check_ptr(const void *ptr, const char *arg_name);
 
 // Device scratch of a state: GT_CUDA_MAX_PARTS doubles, then 64-bit check words.
 static inline double *scratch_parts(const gt_cuda_backend_state *state) {

@@ -119,14 +119,14 @@ __global__ void layernorm_dparams_kernel(float *dweight, float *dbias, const voi
 }
 
 gt_status check_layernorm(const void *in, const float *weight, int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(gt_cuda_check_size(rows, "rows"));
-    GT_TRY(gt_cuda_check_size(cols, "cols"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (rows > 0 && cols == 0)
         return GT_FAIL(GT_ERR_VALUE, "cols: LayerNorm needs at least one column");
     if (rows > 0) {
-        GT_TRY(gt_cuda_check_ptr(weight, "weight"));
-        GT_TRY(gt_cuda_check_ptr(in, "in"));
+        GT_TRY(gt_op_check_ptr(weight, "weight"));
+        GT_TRY(gt_op_check_ptr(in, "in"));
     }
     return GT_OK;
 }
@@ -143,9 +143,9 @@ gt_status gt_cuda_layernorm_forward(gt_backend *be, void *out, float *mean, floa
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (rows == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
-    GT_TRY(gt_cuda_check_ptr(mean, "mean"));
-    GT_TRY(gt_cuda_check_ptr(rstd, "rstd"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(mean, "mean"));
+    GT_TRY(gt_op_check_ptr(rstd, "rstd"));
     GT_LAUNCH_DT(dt, layernorm_forward_kernel, grid_for((size_t)rows, kRowsPerBlock), kThreads, 0, stream_of(state),
                  out, mean, rstd, in, weight, bias, (size_t)rows, (size_t)cols, eps);
     return gt_cuda_check_launch("layernorm_forward_kernel launch");
@@ -156,16 +156,16 @@ gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, 
                                      const void *in, const float *weight, const float *mean, const float *rstd,
                                      int64_t rows, int64_t cols, gt_dtype dt, int accumulate) {
     GT_TRY(check_layernorm(in, weight, rows, cols, dt));
-    GT_TRY(gt_cuda_check_ptr(dweight, "dweight"));
+    GT_TRY(gt_op_check_ptr(dweight, "dweight"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (cols == 0)
         return GT_OK;
     if (rows > 0) {
-        GT_TRY(gt_cuda_check_ptr(din, "din"));
-        GT_TRY(gt_cuda_check_ptr(dout, "dout"));
-        GT_TRY(gt_cuda_check_ptr(mean, "mean"));
-        GT_TRY(gt_cuda_check_ptr(rstd, "rstd"));
+        GT_TRY(gt_op_check_ptr(din, "din"));
+        GT_TRY(gt_op_check_ptr(dout, "dout"));
+        GT_TRY(gt_op_check_ptr(mean, "mean"));
+        GT_TRY(gt_op_check_ptr(rstd, "rstd"));
     }
     cudaStream_t stream = stream_of(state);
     dim3 param_block(kParamCols, kParamLanes);

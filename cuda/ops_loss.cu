@@ -133,8 +133,8 @@ gt_status count_targets(const gt_cuda_backend_state *state, int64_t *count, cons
 }
 
 gt_status check_xent(int64_t rows, int64_t classes, float label_smoothing, gt_dtype dt) {
-    GT_TRY(gt_cuda_check_size(rows, "rows"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (classes < 1)
         return GT_FAIL(GT_ERR_VALUE, "classes: must be >= 1, got %lld", (long long)classes);
     if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
@@ -172,11 +172,11 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
                                const int64_t *targets, int64_t rows, int64_t classes, float label_smoothing,
                                int64_t ignore_index, float dloss_scale, gt_dtype dt) {
     GT_TRY(check_xent(rows, classes, label_smoothing, dt));
-    GT_TRY(gt_cuda_check_ptr(count, "count"));
+    GT_TRY(gt_op_check_ptr(count, "count"));
     if (rows > 0) {
-        GT_TRY(gt_cuda_check_ptr(targets, "targets"));
-        GT_TRY(gt_cuda_check_ptr(losses, "losses"));
-        GT_TRY(gt_cuda_check_ptr(logits, "logits"));
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
+        GT_TRY(gt_op_check_ptr(losses, "losses"));
+        GT_TRY(gt_op_check_ptr(logits, "logits"));
     }
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
@@ -193,12 +193,12 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
 
 gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target, int64_t n,
                       float dloss_scale, gt_dtype dt) {
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
-    GT_TRY(gt_cuda_check_ptr(loss, "loss"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_ptr(loss, "loss"));
     if (n < 1)
         return GT_FAIL(GT_ERR_VALUE, "n: the mean squared error needs n >= 1, got %lld", (long long)n);
-    GT_TRY(gt_cuda_check_ptr(pred, "pred"));
-    GT_TRY(gt_cuda_check_ptr(target, "target"));
+    GT_TRY(gt_op_check_ptr(pred, "pred"));
+    GT_TRY(gt_op_check_ptr(target, "target"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     double total = 0.0;

@@ -72,16 +72,16 @@ bool ranges_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes
 
 gt_status gt_cuda_bias_backward(gt_backend *be, float *dbias, const void *dout, int64_t rows, int64_t cols,
                                 gt_dtype dt, int accumulate) {
-    GT_TRY(gt_cuda_check_size(rows, "rows"));
-    GT_TRY(gt_cuda_check_size(cols, "cols"));
-    GT_TRY(gt_cuda_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (cols == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(dbias, "dbias"));
+    GT_TRY(gt_op_check_ptr(dbias, "dbias"));
     if (rows > 0)
-        GT_TRY(gt_cuda_check_ptr(dout, "dout"));
+        GT_TRY(gt_op_check_ptr(dout, "dout"));
     dim3 block(kBiasCols, kBiasLanes);
     unsigned grid = (unsigned)(((size_t)cols + kBiasCols - 1) / kBiasCols);
     GT_LAUNCH_DT(dt, bias_backward_kernel, grid, block, 0, stream_of(state), dbias, dout, (size_t)rows, (size_t)cols,
@@ -90,19 +90,19 @@ gt_status gt_cuda_bias_backward(gt_backend *be, float *dbias, const void *dout, 
 }
 
 gt_status gt_cuda_sum_squares(gt_backend *be, double *out, const float *x, int64_t n) {
-    GT_TRY(gt_cuda_check_size(n, "n"));
-    GT_TRY(gt_cuda_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     *out = 0.0;
     if (n == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(x, "x"));
+    GT_TRY(gt_op_check_ptr(x, "x"));
     return gt_cuda_fixed_order_sum(state, (size_t)n, SquareTerm{x}, out);
 }
 
 gt_status gt_cuda_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src, gt_dtype src_dt, int64_t n) {
-    GT_TRY(gt_cuda_check_size(n, "n"));
+    GT_TRY(gt_op_check_size(n, "n"));
     if (!castable(src_dt))
         return GT_FAIL(GT_ERR_TYPE, "src_dtype: cast supports f32, f16 and bf16, got '%s'", gt_dtype_name(src_dt));
     if (!castable(dst_dt))
@@ -135,8 +135,8 @@ gt_status gt_cuda_copy(gt_backend *be, void *dst, const void *src, size_t bytes)
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (bytes == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(dst, "dst"));
-    GT_TRY(gt_cuda_check_ptr(src, "src"));
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(src, "src"));
     GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(state)), "cudaMemcpyAsync");
     return GT_OK;
 }
@@ -146,7 +146,7 @@ gt_status gt_cuda_zero(gt_backend *be, void *dst, size_t bytes) {
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (bytes == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
     GT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, stream_of(state)), "cudaMemsetAsync");
     return GT_OK;
 }

@@ -89,8 +89,8 @@ extern "C" gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const voi
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (bytes == 0)
         return GT_OK;
-    GT_TRY(gt_cuda_check_ptr(dst, "dst"));
-    GT_TRY(gt_cuda_check_ptr(src, "src"));
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(src, "src"));
     GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(state)), "cudaMemcpyAsync");
     GT_CUDA_TRY(cudaStreamSynchronize(stream_of(state)), "cudaStreamSynchronize");
     return GT_OK;
@@ -98,24 +98,6 @@ extern "C" gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const voi
 
 gt_status gt_cuda_check_launch(const char *kernel) {
     GT_CUDA_TRY(cudaGetLastError(), kernel);
-    return GT_OK;
-}
-
-gt_status gt_cuda_check_dtype(gt_dtype dt, const char *arg_name) {
-    if (dt == GT_F32 || dt == GT_F16 || dt == GT_BF16)
-        return GT_OK;
-    return GT_FAIL(GT_ERR_VALUE, "%s: expected f32, f16 or bf16, got %s", arg_name, gt_dtype_name(dt));
-}
-
-gt_status gt_cuda_check_size(int64_t value, const char *arg_name) {
-    if (value < 0)
-        return GT_FAIL(GT_ERR_VALUE, "%s: must be >= 0, got %lld", arg_name, (long long)value);
-    return GT_OK;
-}
-
-gt_status gt_cuda_check_ptr(const void *ptr, const char *arg_name) {
-    if (!ptr)
-        return GT_FAIL(GT_ERR_VALUE, "%s: NULL pointer", arg_name);
     return GT_OK;
 }
 

@@ -69,8 +69,8 @@ GT_CPU_KERNEL_STAGED(act_backward, (void *din, const void *dout, const void *in,
 static gt_status check_activation(gt_activation act, int64_t n, gt_dtype dt) {
     if ((int)act < GT_ACT_RELU || (int)act > GT_ACT_SILU)
         return GT_FAIL(GT_ERR_VALUE, "act: unknown activation %d", (int)act);
-    GT_TRY(gt_cpu_check_size(n, "n"));
-    return gt_cpu_check_dtype(dt, "dt");
+    GT_TRY(gt_op_check_size(n, "n"));
+    return gt_op_check_dtype(dt, "dt");
 }
 
 gt_status gt_cpu_activation_forward(gt_backend *be, void *out, const void *in, int64_t n,

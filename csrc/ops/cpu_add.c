@@ -23,8 +23,8 @@ GT_CPU_KERNEL_STAGED(add, (void *out, const void *a, const void *b, size_t begin
 
 gt_status gt_cpu_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n,
                      gt_dtype dt) {
-    GT_TRY(gt_cpu_check_size(n, "n"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     __typeof__(&add_scalar) kernel = GT_CPU_RUN(add);
     size_t count = (size_t)n, chunks = gt_cpu_chunks(count);
 #pragma omp parallel for schedule(static) if (chunks > 1)

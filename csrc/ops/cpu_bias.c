@@ -31,9 +31,9 @@ GT_CPU_KERNEL_STAGED(bias_add, (void *out, const float *bias, size_t row_begin, 
 
 gt_status gt_cpu_bias_add(gt_backend *be, void *out, const float *bias, int64_t rows,
                           int64_t cols, gt_dtype dt) {
-    GT_TRY(gt_cpu_check_size(rows, "rows"));
-    GT_TRY(gt_cpu_check_size(cols, "cols"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (rows == 0 || cols == 0)
         return GT_OK;
     __typeof__(&bias_add_scalar) kernel = GT_CPU_RUN(bias_add);
@@ -69,9 +69,9 @@ GT_CPU_KERNEL(bias_backward, (float *dbias, const void *dout, size_t rows, size_
 
 gt_status gt_cpu_bias_backward(gt_backend *be, float *dbias, const void *dout, int64_t rows,
                                int64_t cols, gt_dtype dt, int accumulate) {
-    GT_TRY(gt_cpu_check_size(rows, "rows"));
-    GT_TRY(gt_cpu_check_size(cols, "cols"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     __typeof__(&bias_backward_scalar) kernel = GT_CPU_RUN(bias_backward);
     size_t blocks = ((size_t)cols + GT_BIAS_COLS - 1) / GT_BIAS_COLS;
 #pragma omp parallel for schedule(static) if (blocks > 1 && rows * cols > GT_CPU_CHUNK)

@@ -56,8 +56,8 @@ GT_CPU_KERNEL_STAGED(dropout, (void *out, const void *in, size_t begin, size_t e
 
 static gt_status dropout_apply(void *out, const void *in, int64_t n, float p,
                                const gt_dropout_key *key, gt_dtype dt) {
-    GT_TRY(gt_cpu_check_size(n, "n"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (!(p >= 0.0f && p < 1.0f))
         return GT_FAIL(GT_ERR_VALUE, "p: dropout probability must be in [0, 1), got %g",
                        (double)p);

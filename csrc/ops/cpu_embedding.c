@@ -20,12 +20,12 @@ static gt_status check_ids(const int64_t *ids, int64_t n, int64_t num) {
 
 static gt_status check_embedding(const int64_t *ids, int64_t n, int64_t num, int64_t dim,
                                  gt_dtype dt) {
-    GT_TRY(gt_cpu_check_size(n, "n"));
-    GT_TRY(gt_cpu_check_size(num, "num"));
-    GT_TRY(gt_cpu_check_size(dim, "dim"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_size(num, "num"));
+    GT_TRY(gt_op_check_size(dim, "dim"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (n > 0)
-        GT_TRY(gt_cpu_check_ptr(ids, "ids"));
+        GT_TRY(gt_op_check_ptr(ids, "ids"));
     return check_ids(ids, n, num);
 }
 

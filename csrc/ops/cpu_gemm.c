@@ -4,12 +4,12 @@
  * time), multiplied by sgemm, and the f32 result is rounded once into a half C; a half C is
  * widened first only when beta != 0 (half batches run one after the other through the one
  * workspace). The sgemms run on gputrain's OpenMP threads (cpu_sgemm.c). */
-#include <limits.h>
 
 #include "core/alloc.h"
 #include "core/cast.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/checks.h"
 #include "ops/cpu_sgemm.h"
 
 /* The f32 copies of the half operands of one batch, carved from the workspace. */
@@ -19,52 +19,16 @@ typedef struct gemm_scratch {
     float *c;  /* C compact: (m, n); NULL when C is f32 */
 } gemm_scratch;
 
-static size_t a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
-static size_t a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }
-static size_t b_rows(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->n : g->k); }
-static size_t b_cols(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->k : g->n); }
 
 size_t gt_cpu_gemm_workspace_bytes(const gt_gemm_args *args) {
     size_t bytes = 0;
     if (args->a_dt != GT_F32)
-        bytes += gt_align_up(a_rows(args) * a_cols(args) * sizeof(float));
+        bytes += gt_align_up(gt_gemm_a_rows(args) * gt_gemm_a_cols(args) * sizeof(float));
     if (args->b_dt != GT_F32)
-        bytes += gt_align_up(b_rows(args) * b_cols(args) * sizeof(float));
+        bytes += gt_align_up(gt_gemm_b_rows(args) * gt_gemm_b_cols(args) * sizeof(float));
     if (args->c_dt != GT_F32)
         bytes += gt_align_up((size_t)args->m * (size_t)args->n * sizeof(float));
     return bytes;
-}
-
-/* Fails unless value fits OpenBLAS's 32-bit int arguments and is >= minimum. */
-static gt_status check_dim(int64_t value, int64_t minimum, const char *arg_name) {
-    if (value < minimum || value > INT_MAX)
-        return GT_FAIL(GT_ERR_VALUE, "%s: must be in [%lld, %d], got %lld", arg_name,
-                       (long long)minimum, INT_MAX, (long long)value);
-    return GT_OK;
-}
-
-static gt_status check_gemm(const gt_gemm_args *g) {
-    GT_TRY(gt_cpu_check_dtype(g->a_dt, "a_dt"));
-    GT_TRY(gt_cpu_check_dtype(g->b_dt, "b_dt"));
-    GT_TRY(gt_cpu_check_dtype(g->c_dt, "c_dt"));
-    GT_TRY(check_dim(g->m, 0, "m"));
-    GT_TRY(check_dim(g->n, 0, "n"));
-    GT_TRY(check_dim(g->k, 0, "k"));
-    GT_TRY(check_dim(g->lda, a_cols(g) > 1 ? (int64_t)a_cols(g) : 1, "lda"));
-    GT_TRY(check_dim(g->ldb, b_cols(g) > 1 ? (int64_t)b_cols(g) : 1, "ldb"));
-    GT_TRY(check_dim(g->ldc, g->n > 1 ? g->n : 1, "ldc"));
-    if (g->batch < 1)
-        return GT_FAIL(GT_ERR_VALUE, "batch: must be >= 1, got %lld", (long long)g->batch);
-    if (g->batch > 1 && (g->stride_a < 0 || g->stride_b < 0 || g->stride_c < 0))
-        return GT_FAIL(GT_ERR_VALUE, "stride_a/stride_b/stride_c: must be >= 0");
-    if (g->m > 0 && g->n > 0) {
-        GT_TRY(gt_cpu_check_ptr(g->c, "c"));
-        if (g->k > 0) {
-            GT_TRY(gt_cpu_check_ptr(g->a, "a"));
-            GT_TRY(gt_cpu_check_ptr(g->b, "b"));
-        }
-    }
-    return GT_OK;
 }
 
 /* Splits the workspace into the f32 copies the half operands need. */
@@ -79,11 +43,11 @@ static gt_status carve_scratch(gt_backend *be, const gt_gemm_args *g, gemm_scrat
     s->a = s->b = s->c = NULL;
     if (g->a_dt != GT_F32) {
         s->a = (float *)next;
-        next += gt_align_up(a_rows(g) * a_cols(g) * sizeof(float));
+        next += gt_align_up(gt_gemm_a_rows(g) * gt_gemm_a_cols(g) * sizeof(float));
     }
     if (g->b_dt != GT_F32) {
         s->b = (float *)next;
-        next += gt_align_up(b_rows(g) * b_cols(g) * sizeof(float));
+        next += gt_align_up(gt_gemm_b_rows(g) * gt_gemm_b_cols(g) * sizeof(float));
     }
     if (g->c_dt != GT_F32)
         s->c = (float *)next;
@@ -116,12 +80,12 @@ static gt_status gemm_one(const gt_gemm_args *g, const gemm_scratch *s, const vo
     float *c32 = c;
     int64_t lda = g->lda, ldb = g->ldb, ldc = g->ldc;
     if (s->a) {
-        GT_TRY(convert_rows(s->a, GT_F32, a_cols(g), a, g->a_dt, (size_t)g->lda, a_rows(g), a_cols(g)));
-        a32 = s->a, lda = a_cols(g) > 1 ? (int64_t)a_cols(g) : 1;
+        GT_TRY(convert_rows(s->a, GT_F32, gt_gemm_a_cols(g), a, g->a_dt, (size_t)g->lda, gt_gemm_a_rows(g), gt_gemm_a_cols(g)));
+        a32 = s->a, lda = gt_gemm_a_cols(g) > 1 ? (int64_t)gt_gemm_a_cols(g) : 1;
     }
     if (s->b) {
-        GT_TRY(convert_rows(s->b, GT_F32, b_cols(g), b, g->b_dt, (size_t)g->ldb, b_rows(g), b_cols(g)));
-        b32 = s->b, ldb = b_cols(g) > 1 ? (int64_t)b_cols(g) : 1;
+        GT_TRY(convert_rows(s->b, GT_F32, gt_gemm_b_cols(g), b, g->b_dt, (size_t)g->ldb, gt_gemm_b_rows(g), gt_gemm_b_cols(g)));
+        b32 = s->b, ldb = gt_gemm_b_cols(g) > 1 ? (int64_t)gt_gemm_b_cols(g) : 1;
     }
     if (s->c) {
         c32 = s->c, ldc = g->n > 1 ? g->n : 1;
@@ -139,8 +103,7 @@ static gt_status gemm_one(const gt_gemm_args *g, const gemm_scratch *s, const vo
 }
 
 gt_status gt_cpu_gemm(gt_backend *be, const gt_gemm_args *args) {
-    GT_TRY(gt_cpu_check_ptr(args, "args"));
-    GT_TRY(check_gemm(args));
+    GT_TRY(gt_gemm_check(args));
     if (args->m == 0 || args->n == 0)
         return GT_OK;
     gemm_scratch scratch = {NULL, NULL, NULL};

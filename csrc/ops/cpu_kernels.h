@@ -18,6 +18,7 @@
 #include "core/simd.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/checks.h"
 
 #define GT_INLINE static inline __attribute__((always_inline))
 #define GT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -135,14 +136,5 @@ enum { GT_LANES = 8 };
         (out) = ((lanes_[0] + lanes_[1]) + (lanes_[2] + lanes_[3])) +                   \
                 ((lanes_[4] + lanes_[5]) + (lanes_[6] + lanes_[7]));                    \
     } while (0)
-
-/* Fails with GT_ERR_VALUE unless `dt` is an activation dtype (f32, f16, bf16). */
-gt_status gt_cpu_check_dtype(gt_dtype dt, const char *arg_name);
-
-/* Fails with GT_ERR_VALUE when a size is negative. */
-gt_status gt_cpu_check_size(int64_t value, const char *arg_name);
-
-/* Fails with GT_ERR_VALUE when a pointer needed for a non-empty op is NULL. */
-gt_status gt_cpu_check_ptr(const void *ptr, const char *arg_name);
 
 #endif

@@ -41,13 +41,13 @@ GT_CPU_KERNEL(ln_forward, (void *out, float *mean, float *rstd, const void *in,
 
 static gt_status check_layernorm(const void *in, const float *weight, int64_t rows,
                                  int64_t cols, gt_dtype dt) {
-    GT_TRY(gt_cpu_check_size(rows, "rows"));
-    GT_TRY(gt_cpu_check_size(cols, "cols"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (rows > 0 && cols == 0)
         return GT_FAIL(GT_ERR_VALUE, "cols: LayerNorm needs at least one column");
     if (rows > 0)
-        GT_TRY(gt_cpu_check_ptr(weight, "weight"));
+        GT_TRY(gt_op_check_ptr(weight, "weight"));
     return GT_OK;
 }
 
@@ -130,7 +130,7 @@ gt_status gt_cpu_layernorm_backward(gt_backend *be, void *din, float *dweight, f
                                     const float *mean, const float *rstd, int64_t rows,
                                     int64_t cols, gt_dtype dt, int accumulate) {
     GT_TRY(check_layernorm(in, weight, rows, cols, dt));
-    GT_TRY(gt_cpu_check_ptr(dweight, "dweight"));
+    GT_TRY(gt_op_check_ptr(dweight, "dweight"));
     __typeof__(&ln_dparams_scalar) dparams = GT_CPU_RUN(ln_dparams);
     size_t col_blocks = ((size_t)cols + GT_LN_COLS - 1) / GT_LN_COLS;
 #pragma omp parallel for schedule(static) if (col_blocks > 1 && rows * cols > GT_CPU_CHUNK)

@@ -11,8 +11,8 @@ enum { GT_COPY_CHUNK = 1 << 20 };  /* bytes per parallel chunk of copy/zero */
 gt_status gt_cpu_copy(gt_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes == 0)
         return GT_OK;
-    GT_TRY(gt_cpu_check_ptr(dst, "dst"));
-    GT_TRY(gt_cpu_check_ptr(src, "src"));
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(src, "src"));
     size_t chunks = (bytes + GT_COPY_CHUNK - 1) / GT_COPY_CHUNK;
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (size_t c = 0; c < chunks; c++) {
@@ -26,7 +26,7 @@ gt_status gt_cpu_copy(gt_backend *be, void *dst, const void *src, size_t bytes) 
 gt_status gt_cpu_zero(gt_backend *be, void *dst, size_t bytes) {
     if (bytes == 0)
         return GT_OK;
-    GT_TRY(gt_cpu_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
     size_t chunks = (bytes + GT_COPY_CHUNK - 1) / GT_COPY_CHUNK;
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (size_t c = 0; c < chunks; c++) {
@@ -39,6 +39,6 @@ gt_status gt_cpu_zero(gt_backend *be, void *dst, size_t bytes) {
 
 gt_status gt_cpu_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src,
                       gt_dtype src_dt, int64_t n) {
-    GT_TRY(gt_cpu_check_size(n, "n"));
+    GT_TRY(gt_op_check_size(n, "n"));
     return gt_cast(src, src_dt, dst, dst_dt, (size_t)n);
 }

@@ -31,8 +31,8 @@ GT_CPU_KERNEL(squares, (double *part, const float *x, size_t begin, size_t end, 
               part, x, begin, end)
 
 gt_status gt_cpu_sum_squares(gt_backend *be, double *out, const float *x, int64_t n) {
-    GT_TRY(gt_cpu_check_size(n, "n"));
-    GT_TRY(gt_cpu_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_ptr(out, "out"));
     __typeof__(&squares_scalar) kernel = GT_CPU_RUN(squares);
     double parts[GT_SUM_PARTS];
     size_t count = (size_t)n, size = part_size(count), num_parts = (count + size - 1) / size;
@@ -61,8 +61,8 @@ GT_CPU_KERNEL(mse, (double *part, void *dpred, const void *pred, const float *ta
 
 gt_status gt_cpu_mse(gt_backend *be, float *loss, void *dpred, const void *pred,
                      const float *target, int64_t n, float dloss_scale, gt_dtype dt) {
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
-    GT_TRY(gt_cpu_check_ptr(loss, "loss"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_ptr(loss, "loss"));
     if (n < 1)
         return GT_FAIL(GT_ERR_VALUE, "n: the mean squared error needs n >= 1, got %lld",
                        (long long)n);

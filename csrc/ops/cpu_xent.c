@@ -86,8 +86,8 @@ static gt_status count_targets(int64_t *count, const int64_t *targets, int64_t r
 }
 
 static gt_status check_xent(int64_t rows, int64_t classes, float label_smoothing, gt_dtype dt) {
-    GT_TRY(gt_cpu_check_size(rows, "rows"));
-    GT_TRY(gt_cpu_check_dtype(dt, "dt"));
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (classes < 1)
         return GT_FAIL(GT_ERR_VALUE, "classes: must be >= 1, got %lld", (long long)classes);
     if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
@@ -101,9 +101,9 @@ gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, voi
                               int64_t classes, float label_smoothing, int64_t ignore_index,
                               float dloss_scale, gt_dtype dt) {
     GT_TRY(check_xent(rows, classes, label_smoothing, dt));
-    GT_TRY(gt_cpu_check_ptr(count, "count"));
+    GT_TRY(gt_op_check_ptr(count, "count"));
     if (rows > 0)
-        GT_TRY(gt_cpu_check_ptr(targets, "targets"));
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
     GT_TRY(count_targets(count, targets, rows, classes, ignore_index));
     xent_rule rule = {(size_t)classes, label_smoothing, ignore_index,
                       *count > 0 ? dloss_scale / (float)*count : 0.0f};

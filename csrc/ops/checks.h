@@ -1,0 +1,37 @@
+/* Argument checks every backend's ops share (the same rules and messages on the CPU and on
+ * CUDA), and the shapes of a GEMM's operands as they are stored. */
+#ifndef GT_OPS_CHECKS_H
+#define GT_OPS_CHECKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fails with GT_ERR_VALUE unless `dt` is an activation dtype (f32, f16, bf16). */
+gt_status gt_op_check_dtype(gt_dtype dt, const char *arg_name);
+
+/* Fails with GT_ERR_VALUE when a size is negative. */
+gt_status gt_op_check_size(int64_t value, const char *arg_name);
+
+/* Fails with GT_ERR_VALUE when a pointer needed for a non-empty op is NULL. */
+gt_status gt_op_check_ptr(const void *ptr, const char *arg_name);
+
+/* Checks a GEMM's dtypes, sizes (within 32-bit BLAS ints), leading dimensions, batch, strides
+ * and pointers, naming the offending field. */
+gt_status gt_gemm_check(const gt_gemm_args *g);
+
+/* Rows and columns of A and B as stored (before the transposes). */
+static inline size_t gt_gemm_a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
+static inline size_t gt_gemm_a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }
+static inline size_t gt_gemm_b_rows(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->n : g->k); }
+static inline size_t gt_gemm_b_cols(const gt_gemm_args *g) { return (size_t)(g->trans_b ? g->k : g->n); }
+
+#ifdef __cplusplus
+}
+#endif
+#endif
