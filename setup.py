@@ -4,14 +4,22 @@ Environment:
   GPUTRAIN_CUDA=1/0      force the CUDA backend on/off (default: on when nvcc is found)
   GPUTRAIN_SANITIZE=1    build with -fsanitize=address,undefined
   CUDA_HOME / CUDA_PATH  the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
+
+The CPU GEMM library is oneDNN (onednn-cpu-gomp) on x86-64 and OpenBLAS (scipy-openblas32)
+elsewhere, both build requirements found through their installed files.
 """
 
 import glob
+import hashlib
+import importlib.metadata
+import json
 import os
+import platform
 import shlex
 import shutil
 import subprocess
 import sys
+from typing import NamedTuple
 
 import numpy
 from setuptools import Extension, setup
@@ -21,13 +29,42 @@ VERSION = "0.1.0"
 CUDA_ARCHS = ["80", "86", "89", "90"]  # sm_XX targets; PTX of the last is embedded for newer GPUs
 
 
-def find_openblas():
-    """The cmeel.prefix of cmeel-openblas, installed as a build requirement."""
-    for entry in sys.path:
-        prefix = os.path.join(entry, "cmeel.prefix")
-        if os.path.exists(os.path.join(prefix, "include", "openblas", "cblas.h")):
-            return prefix
-    raise RuntimeError("cmeel-openblas not found: pip install cmeel-openblas (a build requirement)")
+class Blas(NamedTuple):
+    """The CPU GEMM library gputrain._C links against."""
+
+    name: str                 # "onednn" or "openblas"
+    source: str               # the csrc file that calls it
+    include_dir: str          # its headers
+    library_dir: str          # its shared library
+    library: str              # the -l name
+    rpath: str                # where the installed extension finds it, relative to $ORIGIN
+
+
+def installed_file(distribution: str, suffix: str) -> str:
+    """The path of the file ending in `suffix` that the installed `distribution` ships."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(f"{distribution} is not installed (a build requirement): "
+                           f"pip install {distribution}") from None
+    for file in dist.files or []:
+        if str(file).replace("\\", "/").endswith(suffix):
+            return os.path.normpath(str(dist.locate_file(file)))
+    raise RuntimeError(f"{distribution} has no file ending in {suffix}")
+
+
+def find_blas() -> Blas:
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        header = installed_file("onednn-devel-cpu-gomp", "include/oneapi/dnnl/dnnl.h")
+        library = installed_file("onednn-cpu-gomp", "/libdnnl.so")
+        # site-packages/gputrain/_C.so -> <prefix>/lib, where the wheel puts libdnnl.so.3
+        return Blas("onednn", "csrc/ops/cpu_blas_onednn.c",
+                    os.path.dirname(os.path.dirname(os.path.dirname(header))),
+                    os.path.dirname(library), "dnnl", "$ORIGIN/../../..")
+    header = installed_file("scipy-openblas32", "scipy_openblas32/include/cblas.h")
+    library = installed_file("scipy-openblas32", "scipy_openblas32/lib/libscipy_openblas.so")
+    return Blas("openblas", "csrc/ops/cpu_blas_openblas.c", os.path.dirname(header),
+                os.path.dirname(library), "scipy_openblas", "$ORIGIN/../scipy_openblas32/lib")
 
 
 def find_cuda():
@@ -46,31 +83,40 @@ def find_cuda():
     return None
 
 
+def nvcc_version(cuda_home):
+    out = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
 SANITIZE = os.environ.get("GPUTRAIN_SANITIZE", "") == "1"
-OPENBLAS = find_openblas()
+BLAS = find_blas()
 CUDA_HOME = find_cuda()
 
 C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing",
            "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
-LINK_FLAGS = ["-fopenmp", f"-Wl,-rpath,$ORIGIN/../cmeel.prefix/lib", f"-Wl,-rpath,{OPENBLAS}/lib"]
+LINK_FLAGS = ["-fopenmp", f"-Wl,-rpath,{BLAS.rpath}"]
 if SANITIZE:
     san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
     C_FLAGS += san
     LINK_FLAGS += san
 
 macros = [("GT_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", None)]
-libraries = ["openblas", "m"]
-library_dirs = [os.path.join(OPENBLAS, "lib")]
-include_dirs = ["csrc", "cuda", numpy.get_include(), os.path.join(OPENBLAS, "include", "openblas")]
+libraries = [BLAS.library, "m"]
+library_dirs = [BLAS.library_dir]
+include_dirs = ["csrc", "cuda", numpy.get_include(), BLAS.include_dir]
 if CUDA_HOME:
     cuda_lib = os.path.join(CUDA_HOME, "lib64")
     macros.append(("GT_WITH_CUDA", "1"))
-    libraries += ["cudart", "cublas", "cublasLt", "cudnn", "stdc++"]
+    libraries += ["cudart", "cublas", "cublasLt", "stdc++"]
     library_dirs.append(cuda_lib)
     include_dirs.append(os.path.join(CUDA_HOME, "include"))
     LINK_FLAGS.append(f"-Wl,-rpath,{cuda_lib}")
 macros.append(("GT_BUILD_FLAGS", '"' + " ".join(C_FLAGS).replace('"', "") + (" +cuda" if CUDA_HOME else "") + '"'))
+
+OTHER_BLAS_SOURCES = {"csrc/ops/cpu_blas_onednn.c", "csrc/ops/cpu_blas_openblas.c"} - {BLAS.source}
+C_SOURCES = sorted(s for s in glob.glob("csrc/**/*.c", recursive=True) if s not in OTHER_BLAS_SOURCES)
 
 
 def nvcc_flags():
@@ -82,15 +128,47 @@ def nvcc_flags():
     return flags
 
 
+def build_settings():
+    """Everything besides the sources that the compiled objects depend on."""
+    return {
+        "blas": BLAS._asdict(),
+        "cuda": CUDA_HOME and {"home": CUDA_HOME, "nvcc": nvcc_version(CUDA_HOME),
+                               "flags": nvcc_flags()},
+        "c_flags": C_FLAGS, "link_flags": LINK_FLAGS, "macros": macros,
+        "python": sys.version, "numpy": numpy.__version__,
+    }
+
+
 class BuildExt(build_ext):
-    """Compiles cuda/*.cu with nvcc into objects linked with the C extension."""
+    """Compiles cuda/*.cu with nvcc into objects linked with the C extension. A change of the
+    build settings (GPUTRAIN_CUDA, the toolkit, the BLAS, sanitizers) rebuilds everything."""
 
     def build_extensions(self):
         self.parallel = self.parallel or os.cpu_count()
+        self.rebuild_if_settings_changed()
+        print(f"gputrain: CPU GEMM library {BLAS.name} ({BLAS.library_dir})", flush=True)
+        if CUDA_HOME:
+            print(f"gputrain: CUDA backend with {CUDA_HOME} ({nvcc_version(CUDA_HOME)}), "
+                  f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX", flush=True)
+        else:
+            print("gputrain: CPU-only build (no nvcc found, or GPUTRAIN_CUDA=0)", flush=True)
         for ext in self.extensions:
             if CUDA_HOME:
                 ext.extra_objects += self.compile_cuda(sorted(glob.glob("cuda/*.cu")))
         super().build_extensions()
+
+    def rebuild_if_settings_changed(self):
+        os.makedirs(self.build_temp, exist_ok=True)
+        stamp = os.path.join(self.build_temp, "gputrain-build-settings.json")
+        settings = json.dumps(build_settings(), sort_keys=True, indent=1)
+        previous = open(stamp).read() if os.path.exists(stamp) else None
+        if previous != settings:
+            if previous is not None:
+                print("gputrain: build settings changed since the last build: rebuilding all",
+                      flush=True)
+            self.force = True
+            with open(stamp, "w") as f:
+                f.write(settings)
 
     def compile_cuda(self, sources):
         nvcc = os.path.join(CUDA_HOME, "bin", "nvcc")
@@ -109,7 +187,7 @@ class BuildExt(build_ext):
 
 extension = Extension(
     "gputrain._C",
-    sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
+    sources=C_SOURCES,
     depends=glob.glob("csrc/**/*.h", recursive=True) + glob.glob("cuda/*.h"),
     include_dirs=include_dirs,
     define_macros=macros,

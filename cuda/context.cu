@@ -1,10 +1,9 @@
-// The per-device library context (cuBLAS, cuBLASLt, cuDNN handles), the table of shared
+// The per-device library context (cuBLAS and cuBLASLt handles), the table of shared
 // contexts, and the TF32 switch. The table is the only process-wide state; its mutex
 // guards the contexts and the TF32 choice.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -28,11 +27,6 @@ gt_status cublas_error(cublasStatus_t status, const char *what, int line) {
                         cublasGetStatusString(status), cublasGetStatusName(status));
 }
 
-gt_status cudnn_error(cudnnStatus_t status, const char *what, int line) {
-    return gt_set_error(GT_ERR_CUDA, __FILE__, line, "%s failed: %s (cudnnStatus_t %d)", what,
-                        cudnnGetErrorString(status), (int)status);
-}
-
 gt_status create_handles(gt_cuda_context *context) {
     cublasStatus_t blas = cublasCreate(&context->cublas);
     if (blas != CUBLAS_STATUS_SUCCESS)
@@ -40,9 +34,6 @@ gt_status create_handles(gt_cuda_context *context) {
     blas = cublasLtCreate(&context->cublaslt);
     if (blas != CUBLAS_STATUS_SUCCESS)
         return cublas_error(blas, "cublasLtCreate", __LINE__);
-    cudnnStatus_t dnn = cudnnCreate(&context->cudnn);
-    if (dnn != CUDNN_STATUS_SUCCESS)
-        return cudnn_error(dnn, "cudnnCreate", __LINE__);
     return GT_OK;
 }
 
@@ -76,8 +67,6 @@ extern "C" void gt_cuda_context_free(gt_cuda_context *context) {
     if (!context)
         return;
     cudaSetDevice(context->device);
-    if (context->cudnn)
-        cudnnDestroy(context->cudnn);
     if (context->cublaslt)
         cublasLtDestroy(context->cublaslt);
     if (context->cublas)

@@ -1,10 +1,10 @@
 /* The C-callable surface of the CUDA backend (extern "C" wrappers around the runtime,
- * cuBLAS(Lt), cuDNN and kernels). Included by C files only when built with GT_WITH_CUDA.
+ * cuBLAS(Lt) and kernels). Included by C files only when built with GT_WITH_CUDA.
  *
  * Conventions for every function below that returns a gt_status:
  *  - Arguments are checked first (GT_ERR_VALUE naming the argument).
  *  - Without a driver or device the function fails with GT_ERR_CUDA
- *    "CUDA is not available: <reason>" and calls nothing in cuBLAS/cuDNN.
+ *    "CUDA is not available: <reason>" and calls nothing in cuBLAS.
  *  - A failing CUDA call gives "<call> failed: <cudaGetErrorString> (<cudaGetErrorName>)"
  *    as GT_ERR_CUDA, or GT_ERR_OOM when the runtime ran out of memory.
  *  - Device indices are CUDA ordinals; functions that take one make it current on the
@@ -142,19 +142,17 @@ gt_status gt_cuda_memset(void *dst, int value, size_t bytes, int device);
 /* Queues the fill on `stream` and returns at once. */
 gt_status gt_cuda_memset_async(void *dst, int value, size_t bytes, gt_cuda_stream *stream);
 
-/* ---- context.cu: cuBLAS, cuBLASLt and cuDNN handles per device ---- */
+/* ---- context.cu: cuBLAS and cuBLASLt handles per device ---- */
 
 struct cublasContext;    /* behind cublasHandle_t */
 struct cublasLtContext;  /* behind cublasLtHandle_t */
-struct cudnnContext;     /* behind cudnnHandle_t */
 
-/* The library handles of one device. GEMM and convolution code reads `tf32` to choose
- * CUBLAS_COMPUTE_32F_FAST_TF32 (cuBLASLt) or the cuDNN math type for fp32 work. */
+/* The library handles of one device (cuDNN joins them when a layer uses it). GEMM code reads
+ * `tf32` to choose CUBLAS_COMPUTE_32F_FAST_TF32 (cuBLASLt) for fp32 work. */
 typedef struct gt_cuda_context {
     int device;                        /* CUDA ordinal the handles were created on */
     struct cublasContext *cublas;      /* cublasHandle_t */
     struct cublasLtContext *cublaslt;  /* cublasLtHandle_t */
-    struct cudnnContext *cudnn;        /* cudnnHandle_t */
     int tf32;                          /* 1: fp32 GEMMs/convs may use TF32 tensor cores */
 } gt_cuda_context;
 

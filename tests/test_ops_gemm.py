@@ -4,6 +4,10 @@ linear, thread counts and bad arguments."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -114,18 +118,57 @@ def test_gemm_inputs_are_not_modified():
     assert all(ref.same_bits(x, y) for x, y in zip((a, b, c), copies))
 
 
-@pytest.mark.parametrize("m,n,k", [(256, 300, 200), (40, 1000, 64), (300, 333, 77)])
-@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False)])
-def test_gemm_same_bits_for_any_thread_count(m, n, k, trans_a, trans_b):
-    # C is split into row (or column) blocks, one per thread; OpenBLAS sums each element over k
-    # in the same order whatever block it is in, so the thread count does not change the bits
-    a, b = operand(m, k, trans_a, 22), operand(k, n, trans_b, 23)
-    with ref.num_threads(1):
-        one = F.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
-    with ref.num_threads(2):
-        two = F.gemm(a, b, trans_a=trans_a, trans_b=trans_b)
-    assert ref.same_bits(one, two)
-    assert_gemm_close(two, a, b, trans_a, trans_b, 1.0, 0.0, None, "f32")
+# Shapes cut into one part, a few, and many (up to 32) parts, rows or columns, with edges that
+# are not multiples of the 16-element alignment.
+THREAD_SHAPES = [(256, 300, 200), (40, 1000, 64), (300, 333, 77), (256, 1024, 784),
+                 (1500, 200, 96), (64, 4100, 33)]
+
+
+@pytest.mark.parametrize("m,n,k", THREAD_SHAPES)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (False, False)])
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_gemm_same_bits_for_any_thread_count(m, n, k, trans_a, trans_b, dt):
+    # C is cut into parts by its sizes alone and each part is one single-threaded library call,
+    # so every thread count makes the same calls: the bits cannot depend on the threads
+    a, b = operand(m, k, trans_a, 22, dt), operand(k, n, trans_b, 23, dt)
+    results = []
+    for threads in (1, 2, 3):
+        with ref.num_threads(threads):
+            results.append(F.gemm(a, b, trans_a=trans_a, trans_b=trans_b, out_dtype="f32"))
+    assert all(ref.same_bits(results[0], other) for other in results[1:])
+    assert_gemm_close(results[1], a, b, trans_a, trans_b, 1.0, 0.0, None, "f32")
+
+
+# Run in a fresh process whose CPU library is capped at an instruction set (oneDNN reads
+# DNNL_MAX_CPU_ISA before it generates its first kernel), so the kernels of CPUs without AVX-512
+# run here too. Prints the kernel level, then whether 1, 2 and 3 threads gave the same bits.
+CAPPED_GEMMS = """
+import numpy as np, gputrain as gt
+from gputrain import functional as F
+rng = np.random.default_rng(0)
+same = []
+for m, n, k in [(256, 1024, 784), (1500, 200, 96), (300, 333, 77)]:
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((n, k), dtype=np.float32)
+    outs = []
+    for threads in (1, 2, 3):
+        gt.set_num_threads(threads)
+        outs.append(F.gemm(a, b, trans_b=True))
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.max(np.abs(outs[0] - ref) / (np.abs(a) @ np.abs(b).T)) < 1e-5
+    same.append(all(o.tobytes() == outs[0].tobytes() for o in outs))
+print(gt.info()["blas_kernel"], all(same))
+"""
+
+
+@pytest.mark.skipif(_C.build_info()["blas"] != "onednn", reason="caps oneDNN's kernels")
+@pytest.mark.parametrize("isa,kernel", [("AVX2", "avx2"), ("SSE41", "sse41")])
+def test_gemm_same_bits_for_any_thread_count_at_lower_instruction_sets(isa, kernel):
+    env = dict(os.environ, DNNL_MAX_CPU_ISA=isa)
+    out = subprocess.run([sys.executable, "-c", CAPPED_GEMMS], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [kernel, "True"]
 
 
 def test_gemm_small_batches_run_in_parallel_with_the_same_bits():

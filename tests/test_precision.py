@@ -97,4 +97,4 @@ def test_tf32_is_reported_not_applicable_on_the_cpu():
         assert gt.backends.tf32 is True
     finally:
         gt.backends.tf32 = False
-    assert "sgemm" in gt.info()["cpu_half_gemm"]
+    assert "widened exactly to f32" in gt.info()["cpu_half_gemm"]

@@ -11,14 +11,8 @@ extern "C" {
 /* Sets the threads used by gputrain's parallel loops, GEMMs included (n >= 1). */
 gt_status gt_set_num_threads(int n);
 
-/* Keeps the BLAS single-threaded inside each of gputrain's threads; called at module start. */
-void gt_threads_init(void);
-
 /* Threads used by parallel loops. */
 int gt_get_num_threads(void);
-
-/* Threads the BLAS library uses per call (1: gputrain's threads split the GEMMs). */
-int gt_blas_num_threads(void);
 
 /* Logical CPUs this process may run on. */
 int gt_cpu_count(void);

@@ -13,13 +13,20 @@ static void *cursor_take(gt_plan_cursor *cursor, size_t bytes) {
 
 static size_t tensor_bytes(const gt_tensor *t) { return gt_tensor_bytes(t); }
 
+/* Notes the workspace of a GEMM as the layers run it: alpha 1, compact leading dimensions, and
+ * beta 0, or both 0 and 1 when it may accumulate (native half GEMMs plan beta in their scratch). */
 static void note_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
-                           int64_t k, gt_dtype a_dt, gt_dtype b_dt, gt_dtype c_dt) {
+                           int64_t k, gt_dtype a_dt, gt_dtype b_dt, gt_dtype c_dt,
+                           int may_accumulate) {
     gt_gemm_args args = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
-                         .a_dt = a_dt, .b_dt = b_dt, .c_dt = c_dt, .batch = 1};
-    size_t bytes = w->ops->gemm_workspace_bytes(&args);
-    if (bytes > w->workspace_bytes)
-        w->workspace_bytes = bytes;
+                         .alpha = 1.0f, .a_dt = a_dt, .lda = trans_a ? m : k, .b_dt = b_dt,
+                         .ldb = trans_b ? k : n, .c_dt = c_dt, .ldc = n, .batch = 1};
+    for (int accumulate = 0; accumulate <= may_accumulate; accumulate++) {
+        args.beta = accumulate ? 1.0f : 0.0f;
+        size_t bytes = w->ops->gemm_workspace_bytes(&args);
+        if (bytes > w->workspace_bytes)
+            w->workspace_bytes = bytes;
+    }
 }
 
 static gt_status check_last_dim(const gt_tensor *in, int64_t expected, const char *what) {
@@ -36,9 +43,10 @@ static gt_status plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
     layer->out.shape[in->ndim - 1] = layer->out_features;
     int64_t rows = gt_rows_of(in);
     gt_dtype wdt = w->dt;
-    note_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, wdt, w->dt);
-    note_workspace(w, 1, 0, layer->out_features, layer->in_features, rows, w->dt, w->dt, GT_F32);
-    note_workspace(w, 0, 0, rows, layer->in_features, layer->out_features, w->dt, wdt, w->dt);
+    note_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, wdt, w->dt, 0);
+    note_workspace(w, 1, 0, layer->out_features, layer->in_features, rows, w->dt, w->dt, GT_F32,
+                   1);
+    note_workspace(w, 0, 0, rows, layer->in_features, layer->out_features, w->dt, wdt, w->dt, 0);
     return GT_OK;
 }
 

@@ -1,16 +1,18 @@
-/* CPU GEMM through OpenBLAS sgemm (row-major): C = alpha op(A) op(B) + beta C.
- * f32 operands go straight to sgemm (beta = 0 does not read C). OpenBLAS has no half GEMM here,
- * so f16/bf16 operands are widened exactly to f32 in the backend's workspace (one batch at a
- * time), multiplied by sgemm, and the f32 result is rounded once into a half C; a half C is
- * widened first only when beta != 0 (half batches run one after the other through the one
- * workspace). The sgemms run on gputrain's OpenMP threads (cpu_sgemm.c). */
+/* CPU GEMM (row-major): C = alpha op(A) op(B) + beta C, through the CPU library (cpu_blas.h)
+ * split over gputrain's OpenMP threads (cpu_gemm_split.c).
+ * - f32 operands go straight to the library (beta = 0 does not read C).
+ * - bf16 operands go straight to it too where it multiplies them natively on this CPU
+ *   (AVX512_BF16/AMX): f32 accumulation, C rounded once; its scratch is the workspace.
+ * - Otherwise f16/bf16 operands are widened exactly to f32 in the workspace (one batch at a
+ *   time), multiplied in f32, and the result is rounded once into a half C; a half C is widened
+ *   first only when beta != 0. */
 
 #include "core/alloc.h"
 #include "core/cast.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
 #include "ops/checks.h"
-#include "ops/cpu_sgemm.h"
+#include "ops/cpu_gemm_split.h"
 
 /* The f32 copies of the half operands of one batch, carved from the workspace. */
 typedef struct gemm_scratch {
@@ -20,7 +22,25 @@ typedef struct gemm_scratch {
 } gemm_scratch;
 
 
-size_t gt_cpu_gemm_workspace_bytes(const gt_gemm_args *args) {
+/* The library GEMM of matrix 0 of args, when the library multiplies its dtypes natively. */
+static gt_blas_gemm library_gemm(const gt_gemm_args *g) {
+    gt_blas_gemm lib = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->beta,
+                        g->a, g->lda, g->b, g->ldb, g->a_dt, g->c, g->ldc, g->c_dt};
+    return lib;
+}
+
+/* 1 when args run natively in the library (bytes: the scratch that needs); a half GEMM whose
+ * primitive the library cannot make is widened instead. */
+static int native_gemm(const gt_gemm_args *g, size_t *scratch_bytes) {
+    *scratch_bytes = 0;
+    if (g->a_dt != g->b_dt || g->k == 0 || !gt_blas_native(g->a_dt, g->c_dt, g->alpha))
+        return 0;
+    gt_blas_gemm lib = library_gemm(g);
+    return gt_cpu_gemm_split_scratch(&lib, scratch_bytes) == GT_OK;
+}
+
+/* Bytes of the f32 copies of the half operands a widened GEMM needs. */
+static size_t widened_bytes(const gt_gemm_args *args) {
     size_t bytes = 0;
     if (args->a_dt != GT_F32)
         bytes += gt_align_up(gt_gemm_a_rows(args) * gt_gemm_a_cols(args) * sizeof(float));
@@ -31,9 +51,14 @@ size_t gt_cpu_gemm_workspace_bytes(const gt_gemm_args *args) {
     return bytes;
 }
 
+size_t gt_cpu_gemm_workspace_bytes(const gt_gemm_args *args) {
+    size_t scratch_bytes;
+    return native_gemm(args, &scratch_bytes) ? scratch_bytes : widened_bytes(args);
+}
+
 /* Splits the workspace into the f32 copies the half operands need. */
 static gt_status carve_scratch(gt_backend *be, const gt_gemm_args *g, gemm_scratch *s) {
-    size_t need = gt_cpu_gemm_workspace_bytes(g);
+    size_t need = widened_bytes(g);
     if (need > 0 && (!be->workspace || be->workspace_bytes < need))
         return GT_FAIL(GT_ERR_RUNTIME,
                        "workspace: a half-precision GEMM (%lld x %lld x %lld) needs %zu bytes, "
@@ -93,27 +118,36 @@ static gt_status gemm_one(const gt_gemm_args *g, const gemm_scratch *s, const vo
             GT_TRY(convert_rows(c32, GT_F32, (size_t)g->n, c, g->c_dt, (size_t)g->ldc,
                                 (size_t)g->m, (size_t)g->n));
     }
-    gt_sgemm sgemm = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->beta,
-                      a32, lda, b32, ldb, c32, ldc};
-    gt_cpu_sgemm(&sgemm);
+    gt_blas_gemm sgemm = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->beta,
+                          a32, lda, b32, ldb, GT_F32, c32, ldc, GT_F32};
+    GT_TRY(gt_cpu_gemm_split(&sgemm, NULL));
     if (s->c)
         GT_TRY(convert_rows(c, g->c_dt, (size_t)g->ldc, c32, GT_F32, (size_t)g->n,
                             (size_t)g->m, (size_t)g->n));
     return GT_OK;
 }
 
+/* A native GEMM: the library's scratch is the workspace. */
+static gt_status native_run(gt_backend *be, const gt_gemm_args *g, size_t scratch_bytes) {
+    if (scratch_bytes > 0 && (!be->workspace || be->workspace_bytes < scratch_bytes))
+        return GT_FAIL(GT_ERR_RUNTIME,
+                       "workspace: a %s GEMM (%lld x %lld x %lld) needs %zu bytes, the backend "
+                       "has %zu", gt_dtype_name(g->a_dt), (long long)g->m, (long long)g->n,
+                       (long long)g->k, scratch_bytes, be->workspace ? be->workspace_bytes : 0);
+    gt_blas_gemm lib = library_gemm(g);
+    return gt_cpu_gemm_split_batch(&lib, g->batch, g->stride_a, g->stride_b, g->stride_c,
+                                   be->workspace);
+}
+
 gt_status gt_cpu_gemm(gt_backend *be, const gt_gemm_args *args) {
     GT_TRY(gt_gemm_check(args));
     if (args->m == 0 || args->n == 0)
         return GT_OK;
+    size_t scratch_bytes;
+    if (native_gemm(args, &scratch_bytes))
+        return native_run(be, args, scratch_bytes);
     gemm_scratch scratch = {NULL, NULL, NULL};
     GT_TRY(carve_scratch(be, args, &scratch));
-    if (!scratch.a && !scratch.b && !scratch.c) {
-        gt_sgemm sgemm = {args->trans_a, args->trans_b, args->m, args->n, args->k, args->alpha,
-                          args->beta, args->a, args->lda, args->b, args->ldb, args->c, args->ldc};
-        gt_cpu_sgemm_batch(&sgemm, args->batch, args->stride_a, args->stride_b, args->stride_c);
-        return GT_OK;
-    }
     size_t a_size = gt_dtype_size(args->a_dt), b_size = gt_dtype_size(args->b_dt);
     size_t c_size = gt_dtype_size(args->c_dt);
     for (int64_t i = 0; i < args->batch; i++) {

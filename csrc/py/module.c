@@ -4,6 +4,7 @@
 #include "py/gtpy.h"
 
 #include "core/threads.h"
+#include "ops/cpu_blas.h"
 
 #ifdef GT_WITH_CUDA
 #include "cuda_backend.h"
@@ -55,7 +56,7 @@ static int module_exec(PyObject *module) {
 #ifdef GT_WITH_CUDA
     gt_cuda_install_hooks();
 #endif
-    gt_threads_init();
+    gt_blas_init();
     for (size_t i = 0; i < sizeof registrations / sizeof registrations[0]; i++)
         if (registrations[i](module) < 0)
             return -1;

@@ -1,10 +1,9 @@
 /* Bindings of build facts and run-time settings: info, threads, SIMD level, CUDA presence. */
 #include "py/gtpy.h"
 
-#include <cblas.h>
-
 #include "core/simd.h"
 #include "core/threads.h"
+#include "ops/cpu_blas.h"
 
 #ifndef GT_VERSION
 #define GT_VERSION "0.0.0"
@@ -12,6 +11,14 @@
 #ifndef GT_BUILD_FLAGS
 #define GT_BUILD_FLAGS ""
 #endif
+
+/* How f16/bf16 GEMMs run on this CPU (gputrain.info()["cpu_half_gemm"]). */
+static const char *half_gemm_path(void) {
+    if (gt_blas_native(GT_BF16, GT_F32, 1.0f))
+        return "bf16: native in the CPU library (bf16 products, f32 accumulation); f16: widened "
+               "exactly to f32, f32 GEMM, output rounded once";
+    return "f16/bf16: widened exactly to f32, f32 GEMM, output rounded once";
+}
 
 static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
     PyObject *d = PyDict_New();
@@ -28,9 +35,10 @@ static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ign
         gtpy_dict_put(d, "simd", PyUnicode_FromString(gt_simd_name(gt_simd_level()))) < 0 ||
         gtpy_dict_put(d, "simd_supported", PyUnicode_FromString(gt_simd_name(gt_simd_supported()))) < 0 ||
         gtpy_dict_put(d, "avx512_bf16", PyBool_FromLong(gt_cpu_has_avx512_bf16())) < 0 ||
-        gtpy_dict_put(d, "blas", PyUnicode_FromString("openblas")) < 0 ||
-        gtpy_dict_put(d, "blas_config", PyUnicode_FromString(openblas_get_config())) < 0 ||
-        gtpy_dict_put(d, "blas_num_threads", PyLong_FromLong(gt_blas_num_threads())) < 0 ||
+        gtpy_dict_put(d, "blas", PyUnicode_FromString(gt_blas_name())) < 0 ||
+        gtpy_dict_put(d, "blas_config", PyUnicode_FromString(gt_blas_config())) < 0 ||
+        gtpy_dict_put(d, "blas_kernel", PyUnicode_FromString(gt_blas_kernel())) < 0 ||
+        gtpy_dict_put(d, "cpu_half_gemm", PyUnicode_FromString(half_gemm_path())) < 0 ||
         gtpy_dict_put(d, "num_threads", PyLong_FromLong(gt_get_num_threads())) < 0 ||
         gtpy_dict_put(d, "cpu_count", PyLong_FromLong(gt_cpu_count())) < 0 ||
         gtpy_dict_put(d, "openmp", PyLong_FromLong(_OPENMP)) < 0 ||

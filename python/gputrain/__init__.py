@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from gputrain import _C
+from gputrain import _libs
+
+_libs.preload()
+
+from gputrain import _C  # noqa: E402  (after the libraries it links against are loaded)
 from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain import functional

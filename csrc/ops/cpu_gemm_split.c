@@ -1,0 +1,166 @@
+/* GEMMs of the CPU library on gputrain's OpenMP threads. C is cut into blocks of rows (or of
+ * columns when C is wider than tall), and each block is one single-threaded library call
+ * (cpu_blas.h), the blocks spread over the threads. The library's own threads are never used,
+ * so GEMMs and the elementwise loops between them share one pool instead of two spinning
+ * against each other (with OpenBLAS threading beside OpenMP the MLP step ran 3x slower).
+ *
+ * The cut depends on the GEMM's sizes only, never on the thread count: every thread count makes
+ * the same library calls on the same blocks, so the bits of C cannot depend on it, whatever
+ * kernels and internal blocking the library picks on this CPU (a cut per thread did: OpenBLAS's
+ * Haswell kernels gave other bits next to the cut). Blocks are at least GT_GEMM_MIN_PART wide:
+ * measured on one thread with oneDNN (benchmarks/README.md), cutting the wider side of the MLP's
+ * GEMMs into 128-wide blocks cost 0-5% against one call, 64-wide blocks up to 45%. */
+#include <omp.h>
+#include <stdio.h>
+
+#include "core/alloc.h"
+#include "ops/cpu_gemm_split.h"
+
+enum {
+    GT_GEMM_MIN_SPLIT_FLOPS = 1 << 22,  /* 2 m n k below which a GEMM is one call */
+    GT_GEMM_MIN_PART_FLOPS = 1 << 21,   /* 2 m n k a block has at least */
+    GT_GEMM_MIN_PART = 128,             /* rows/columns a block has at least (about) */
+    GT_GEMM_MAX_PARTS = 32,             /* blocks a GEMM is cut into at most */
+    GT_GEMM_PART_ALIGN = 16,            /* block edges fall on multiples of this */
+};
+
+static double gemm_flops(const gt_blas_gemm *g) {
+    return 2.0 * (double)g->m * (double)g->n * (double)g->k;
+}
+
+gt_gemm_parts gt_gemm_parts_of(const gt_blas_gemm *g) {
+    gt_gemm_parts parts = {g->m >= g->n, 1, g->m >= g->n ? g->m : g->n};
+    double flops = gemm_flops(g);
+    if (flops < GT_GEMM_MIN_SPLIT_FLOPS)
+        return parts;
+    int64_t count = parts.extent / GT_GEMM_MIN_PART;
+    if (count > GT_GEMM_MAX_PARTS)
+        count = GT_GEMM_MAX_PARTS;
+    if ((double)count > flops / GT_GEMM_MIN_PART_FLOPS)
+        count = (int64_t)(flops / GT_GEMM_MIN_PART_FLOPS);
+    parts.count = count > 1 ? count : 1;
+    return parts;
+}
+
+/* First row/column of block `index` (index == count gives the extent). */
+static int64_t part_start(const gt_gemm_parts *parts, int64_t index) {
+    if (index >= parts->count)
+        return parts->extent;
+    int64_t even = index * parts->extent / parts->count;
+    return even / GT_GEMM_PART_ALIGN * GT_GEMM_PART_ALIGN;
+}
+
+/* The GEMM of block `index` of g. */
+static gt_blas_gemm part_gemm(const gt_blas_gemm *g, const gt_gemm_parts *parts, int64_t index) {
+    int64_t lo = part_start(parts, index), hi = part_start(parts, index + 1);
+    size_t ab_size = gt_dtype_size(g->ab_dt), c_size = gt_dtype_size(g->c_dt);
+    gt_blas_gemm part = *g;
+    if (parts->split_rows) {
+        if (g->a)
+            part.a = (const char *)g->a + (size_t)(g->trans_a ? lo : lo * g->lda) * ab_size;
+        part.c = (char *)g->c + (size_t)(lo * g->ldc) * c_size;
+        part.m = hi - lo;
+    } else {
+        if (g->b)
+            part.b = (const char *)g->b + (size_t)(g->trans_b ? lo * g->ldb : lo) * ab_size;
+        part.c = (char *)g->c + (size_t)lo * c_size;
+        part.n = hi - lo;
+    }
+    return part;
+}
+
+/* The scratch bytes of the neediest block (every block gets that much). */
+static gt_status part_scratch(const gt_blas_gemm *g, const gt_gemm_parts *parts,
+                              size_t *bytes) {
+    *bytes = 0;
+    for (int64_t i = 0; i < parts->count; i++) {
+        gt_blas_gemm part = part_gemm(g, parts, i);
+        size_t need;
+        GT_TRY(gt_blas_scratch_bytes(&part, &need));
+        *bytes = need > *bytes ? gt_align_up(need) : *bytes;
+    }
+    return GT_OK;
+}
+
+gt_status gt_cpu_gemm_split_scratch(const gt_blas_gemm *g, size_t *bytes) {
+    gt_gemm_parts parts = gt_gemm_parts_of(g);
+    size_t per_part;
+    GT_TRY(part_scratch(g, &parts, &per_part));
+    *bytes = per_part * (size_t)parts.count;
+    return GT_OK;
+}
+
+/* C = beta C, as BLAS defines a GEMM with k = 0 (oneDNN leaves C as it is then); beta = 0
+ * writes zeros without reading C. */
+static gt_status scale_c(const gt_blas_gemm *g) {
+    if (g->c_dt != GT_F32)
+        return GT_FAIL(GT_ERR_RUNTIME, "gemm: k = 0 with a %s C goes through f32",
+                       gt_dtype_name(g->c_dt));
+    for (int64_t r = 0; r < g->m; r++) {
+        float *row = (float *)g->c + r * g->ldc;
+        for (int64_t j = 0; j < g->n; j++)
+            row[j] = g->beta == 0.0f ? 0.0f : g->beta * row[j];
+    }
+    return GT_OK;
+}
+
+gt_status gt_cpu_gemm_split(const gt_blas_gemm *g, void *scratch) {
+    if (g->m == 0 || g->n == 0)
+        return GT_OK;
+    if (g->k == 0)
+        return scale_c(g);
+    gt_gemm_parts parts = gt_gemm_parts_of(g);
+    size_t per_part;
+    GT_TRY(part_scratch(g, &parts, &per_part));
+    gt_status failed = GT_OK;
+    char message[512] = "";
+#pragma omp parallel for schedule(static) if (parts.count > 1)
+    for (int64_t i = 0; i < parts.count; i++) {
+        gt_blas_gemm part = part_gemm(g, &parts, i);
+        gt_status status = gt_blas_gemm_run(&part, per_part ? (char *)scratch + i * per_part : NULL);
+        if (status != GT_OK) {
+#pragma omp critical(gt_gemm_split_failure)
+            if (failed == GT_OK) {  /* the message is on this worker's thread: copy it */
+                failed = status;
+                snprintf(message, sizeof message, "%s", gt_error_message());
+            }
+        }
+    }
+    if (failed != GT_OK)
+        return GT_FAIL(failed, "gemm (%lld x %lld x %lld): %s", (long long)g->m, (long long)g->n,
+                       (long long)g->k, message);
+    return GT_OK;
+}
+
+/* Matrix i of the batch described by g and the strides. */
+static gt_blas_gemm batch_item(const gt_blas_gemm *g, int64_t i, int64_t stride_a,
+                               int64_t stride_b, int64_t stride_c) {
+    size_t ab_size = gt_dtype_size(g->ab_dt), c_size = gt_dtype_size(g->c_dt);
+    gt_blas_gemm one = *g;  /* a and b may be NULL when k = 0 */
+    one.a = one.a ? (const char *)one.a + (size_t)(i * stride_a) * ab_size : NULL;
+    one.b = one.b ? (const char *)one.b + (size_t)(i * stride_b) * ab_size : NULL;
+    one.c = (char *)one.c + (size_t)(i * stride_c) * c_size;
+    return one;
+}
+
+gt_status gt_cpu_gemm_split_batch(const gt_blas_gemm *g, int64_t batch, int64_t stride_a,
+                                  int64_t stride_b, int64_t stride_c, void *scratch) {
+    gt_gemm_parts parts = gt_gemm_parts_of(g);
+    if (batch == 1 || parts.count > 1 || g->ab_dt != GT_F32) {
+        for (int64_t i = 0; i < batch; i++) {
+            gt_blas_gemm one = batch_item(g, i, stride_a, stride_b, stride_c);
+            GT_TRY(gt_cpu_gemm_split(&one, scratch));
+        }
+        return GT_OK;
+    }
+    /* small f32 GEMMs (no scratch): one whole GEMM per thread */
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int64_t i = 0; i < batch; i++) {
+        gt_blas_gemm one = batch_item(g, i, stride_a, stride_b, stride_c);
+        failed |= gt_blas_gemm_run(&one, NULL) != GT_OK;
+    }
+    return failed ? GT_FAIL(GT_ERR_RUNTIME, "gemm: a GEMM of the batch of %lld failed",
+                            (long long)batch)
+                  : GT_OK;
+}

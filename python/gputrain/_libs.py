@@ -1,0 +1,42 @@
+"""Loads the shared libraries that gputrain._C links against from the wheels that ship them.
+
+The extension's rpath finds them in a virtual environment or a system prefix; loading them here
+first, by the file lists of their installed distributions, also covers user installs, --target
+installs and other layouts, so no LD_LIBRARY_PATH is ever needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import platform
+
+# (distribution, file the extension needs): the CPU GEMM library of this architecture.
+_CPU_LIBRARIES = {
+    "x86_64": [("onednn-cpu-gomp", "libdnnl.so.3")],
+}
+_OTHER_CPU_LIBRARIES = [("scipy-openblas32", "libscipy_openblas.so")]
+
+
+def installed_file(distribution: str, name: str) -> str | None:
+    """The path of the file called `name` that `distribution` installed, if it is installed."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or []:
+        if file.name == name:
+            return str(dist.locate_file(file))
+    return None
+
+
+def preload() -> list[str]:
+    """Loads the CPU library, returning the paths loaded (none found: the rpath must do)."""
+    wanted = _CPU_LIBRARIES.get(platform.machine().lower(), _OTHER_CPU_LIBRARIES)
+    loaded = []
+    for distribution, name in wanted:
+        path = installed_file(distribution, name)
+        if path is not None:
+            ctypes.CDLL(path)
+            loaded.append(path)
+    return loaded
