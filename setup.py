@@ -1,9 +1,11 @@
 """Build gputrain._C: C sources with setuptools, CUDA sources with nvcc (cupy's pattern).
 
 Environment:
-  GPUTRAIN_CUDA=1/0      force the CUDA backend on/off (default: on when nvcc is found)
-  GPUTRAIN_SANITIZE=1    build with -fsanitize=address,undefined
-  CUDA_HOME / CUDA_PATH  the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
+  GPUTRAIN_CUDA=0/1/wheels  CUDA backend off / required / built from NVIDIA's registry wheels
+                            (default: a toolkit if found, else the wheels when a driver for
+                            CUDA 13+ is present; _build/gputrain_cuda.py)
+  GPUTRAIN_SANITIZE=1       build with -fsanitize=address,undefined
+  CUDA_HOME / CUDA_PATH     the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
 
 The CPU GEMM library is oneDNN (onednn-cpu-gomp) on x86-64 and OpenBLAS (scipy-openblas32)
 elsewhere, both build requirements found through their installed files.
@@ -24,6 +26,9 @@ from typing import NamedTuple
 import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build"))
+import gputrain_cuda  # noqa: E402
 
 VERSION = "0.1.0"
 CUDA_ARCHS = ["80", "86", "89", "90"]  # sm_XX targets; PTX of the last is embedded for newer GPUs
@@ -67,19 +72,28 @@ def find_blas() -> Blas:
                 os.path.dirname(library), "scipy_openblas", "$ORIGIN/../scipy_openblas32/lib")
 
 
-def find_cuda():
-    """The CUDA toolkit directory, or None for a CPU-only build (benfred/implicit's order)."""
-    switch = os.environ.get("GPUTRAIN_CUDA", "").strip()
-    if switch == "0":
-        return None
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if not home:
-        nvcc = shutil.which("nvcc")
-        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
-    if os.path.exists(os.path.join(home, "bin", "nvcc")):
-        return home
-    if switch == "1":
-        raise RuntimeError(f"GPUTRAIN_CUDA=1 but nvcc was not found under {home}")
+class Cuda(NamedTuple):
+    """Where the CUDA backend is compiled and linked from."""
+
+    home: str               # directory with bin/nvcc, include and the libraries
+    library_dir: str        # the CUDA libraries
+    libraries: list[str]    # -l names of cudart, cuBLASLt, cuBLAS
+    rpath: str              # where the installed extension finds them
+    run_requires: list[str]  # distributions the installed extension needs
+
+
+def find_cuda(source):
+    if source.kind == "toolkit":
+        home = gputrain_cuda.toolkit_home()
+        lib = os.path.join(home, "lib64")
+        return Cuda(home, lib, ["cudart", "cublasLt", "cublas"], lib, [])
+    if source.kind == "wheels":
+        home = gputrain_cuda.wheels_home()
+        names = [f":{name}" for _, name in gputrain_cuda.WHEEL_LIBRARIES]
+        rpath = "$ORIGIN/../" + os.path.relpath(os.path.join(home, "lib"),
+                                                 os.path.dirname(os.path.dirname(home)))
+        return Cuda(home, os.path.join(home, "lib"), names, rpath,
+                    gputrain_cuda.WHEELS_AT_RUN_TIME)
     return None
 
 
@@ -91,7 +105,9 @@ def nvcc_version(cuda_home):
 
 SANITIZE = os.environ.get("GPUTRAIN_SANITIZE", "") == "1"
 BLAS = find_blas()
-CUDA_HOME = find_cuda()
+CUDA_SOURCE = gputrain_cuda.choose()
+CUDA = find_cuda(CUDA_SOURCE)
+CUDA_HOME = CUDA.home if CUDA else None
 
 C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing",
            "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
@@ -106,13 +122,12 @@ macros = [("GT_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", None)]
 libraries = [BLAS.library, "m"]
 library_dirs = [BLAS.library_dir]
 include_dirs = ["csrc", "cuda", numpy.get_include(), BLAS.include_dir]
-if CUDA_HOME:
-    cuda_lib = os.path.join(CUDA_HOME, "lib64")
+if CUDA:
     macros.append(("GT_WITH_CUDA", "1"))
-    libraries += ["cudart", "cublas", "cublasLt", "stdc++"]
-    library_dirs.append(cuda_lib)
-    include_dirs.append(os.path.join(CUDA_HOME, "include"))
-    LINK_FLAGS.append(f"-Wl,-rpath,{cuda_lib}")
+    libraries += CUDA.libraries + ["stdc++"]
+    library_dirs.append(CUDA.library_dir)
+    include_dirs.append(os.path.join(CUDA.home, "include"))
+    LINK_FLAGS.append(f"-Wl,-rpath,{CUDA.rpath}")
 macros.append(("GT_BUILD_FLAGS", '"' + " ".join(C_FLAGS).replace('"', "") + (" +cuda" if CUDA_HOME else "") + '"'))
 
 OTHER_BLAS_SOURCES = {"csrc/ops/cpu_blas_onednn.c", "csrc/ops/cpu_blas_openblas.c"} - {BLAS.source}
@@ -132,8 +147,8 @@ def build_settings():
     """Everything besides the sources that the compiled objects depend on."""
     return {
         "blas": BLAS._asdict(),
-        "cuda": CUDA_HOME and {"home": CUDA_HOME, "nvcc": nvcc_version(CUDA_HOME),
-                               "flags": nvcc_flags()},
+        "cuda": CUDA and {**CUDA._asdict(), "nvcc": nvcc_version(CUDA.home),
+                          "flags": nvcc_flags()},
         "c_flags": C_FLAGS, "link_flags": LINK_FLAGS, "macros": macros,
         "python": sys.version, "numpy": numpy.__version__,
     }
@@ -147,11 +162,11 @@ class BuildExt(build_ext):
         self.parallel = self.parallel or os.cpu_count()
         self.rebuild_if_settings_changed()
         print(f"gputrain: CPU GEMM library {BLAS.name} ({BLAS.library_dir})", flush=True)
-        if CUDA_HOME:
-            print(f"gputrain: CUDA backend with {CUDA_HOME} ({nvcc_version(CUDA_HOME)}), "
+        if CUDA:
+            print(f"gputrain: CUDA backend from the {CUDA_SOURCE.why} ({nvcc_version(CUDA.home)}), "
                   f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX", flush=True)
         else:
-            print("gputrain: CPU-only build (no nvcc found, or GPUTRAIN_CUDA=0)", flush=True)
+            print(f"gputrain: CPU-only build ({CUDA_SOURCE.why})", flush=True)
         for ext in self.extensions:
             if CUDA_HOME:
                 ext.extra_objects += self.compile_cuda(sorted(glob.glob("cuda/*.cu")))
@@ -197,4 +212,12 @@ extension = Extension(
     extra_link_args=LINK_FLAGS,
 )
 
-setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt})
+# Runtime requirements: NumPy, the CPU GEMM library, and the CUDA wheels a wheel-built CUDA
+# backend links (pyproject.toml declares them dynamic).
+INSTALL_REQUIRES = [
+    "numpy>=1.25",
+    "onednn-cpu-gomp~=2023.2.0; platform_machine == 'x86_64'",
+    "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
+] + (CUDA.run_requires if CUDA else [])
+
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt}, install_requires=INSTALL_REQUIRES)

@@ -16,6 +16,11 @@ _CPU_LIBRARIES = {
     "x86_64": [("onednn-cpu-gomp", "libdnnl.so.3")],
 }
 _OTHER_CPU_LIBRARIES = [("scipy-openblas32", "libscipy_openblas.so")]
+# The CUDA libraries of a CUDA backend built from NVIDIA's wheels (_build/gputrain_cuda.py), in
+# load order; needed only when this gputrain's metadata requires those wheels.
+_CUDA_WHEEL_LIBRARIES = [("nvidia-cuda-runtime", "libcudart.so.13"),
+                         ("nvidia-cublas", "libcublasLt.so.13"),
+                         ("nvidia-cublas", "libcublas.so.13")]
 
 
 def installed_file(distribution: str, name: str) -> str | None:
@@ -30,9 +35,21 @@ def installed_file(distribution: str, name: str) -> str | None:
     return None
 
 
+def built_with_cuda_wheels() -> bool:
+    """Whether the installed gputrain links the CUDA libraries of NVIDIA's wheels."""
+    try:
+        requirements = importlib.metadata.requires("gputrain") or []
+    except importlib.metadata.PackageNotFoundError:  # an uninstalled build (tests of a tree)
+        return False
+    return any(r.startswith("nvidia-cuda-runtime") for r in requirements)
+
+
 def preload() -> list[str]:
-    """Loads the CPU library, returning the paths loaded (none found: the rpath must do)."""
-    wanted = _CPU_LIBRARIES.get(platform.machine().lower(), _OTHER_CPU_LIBRARIES)
+    """Loads the CPU library (and the CUDA wheels' libraries when gputrain was built with them),
+    returning the paths loaded (a library not found is left to the rpath)."""
+    wanted = list(_CPU_LIBRARIES.get(platform.machine().lower(), _OTHER_CPU_LIBRARIES))
+    if built_with_cuda_wheels():
+        wanted += _CUDA_WHEEL_LIBRARIES
     loaded = []
     for distribution, name in wanted:
         path = installed_file(distribution, name)

@@ -1,0 +1,87 @@
+"""Where the CUDA backend is built from: a CUDA toolkit, NVIDIA's registry wheels, or nowhere.
+
+Used by setup.py (paths) and by backend.py (build requirements). GPUTRAIN_CUDA:
+  0       CPU-only build
+  1       CUDA build required: the toolkit if one is found, else the wheels
+  wheels  CUDA build from the nvidia-* wheels (installed as build requirements)
+  unset   the toolkit if one is found; else the wheels when an NVIDIA driver for CUDA 13 or
+          newer is present; else CPU-only
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import shutil
+from typing import NamedTuple
+
+CUDA_MAJOR = 13  # the CUDA generation of the registry wheels gputrain builds against
+WHEELS_FOR_BUILD = [f"nvidia-cuda-nvcc>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
+                    f"nvidia-cuda-runtime>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
+                    f"nvidia-cublas>={CUDA_MAJOR},<{CUDA_MAJOR + 1}"]
+WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[1:]
+# (distribution, library) for each CUDA library the extension links, in load order
+WHEEL_LIBRARIES = [("nvidia-cuda-runtime", f"libcudart.so.{CUDA_MAJOR}"),
+                   ("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
+                   ("nvidia-cublas", f"libcublas.so.{CUDA_MAJOR}")]
+
+
+class CudaSource(NamedTuple):
+    kind: str  # "toolkit", "wheels" or "none"
+    why: str   # how the choice was made, for the build log
+
+
+def toolkit_home() -> str | None:
+    """A CUDA toolkit directory with bin/nvcc (CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+    return home if os.path.exists(os.path.join(home, "bin", "nvcc")) else None
+
+
+def driver_cuda_version() -> int:
+    """The CUDA version the NVIDIA driver supports (e.g. 12040), 0 without a driver."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    version = ctypes.c_int(0)
+    return version.value if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0 else 0
+
+
+def choose() -> CudaSource:
+    switch = os.environ.get("GPUTRAIN_CUDA", "").strip().lower()
+    if switch == "0":
+        return CudaSource("none", "GPUTRAIN_CUDA=0")
+    if switch == "wheels":
+        return CudaSource("wheels", "GPUTRAIN_CUDA=wheels")
+    home = toolkit_home()
+    if home:
+        return CudaSource("toolkit", f"toolkit at {home}")
+    if switch == "1":
+        return CudaSource("wheels", "GPUTRAIN_CUDA=1 and no toolkit found")
+    driver = driver_cuda_version()
+    if driver >= CUDA_MAJOR * 1000:
+        return CudaSource("wheels", f"no toolkit; the NVIDIA driver supports CUDA "
+                                    f"{driver // 1000}.{driver % 1000 // 10}")
+    if driver:
+        return CudaSource("none", f"no toolkit, and the NVIDIA driver supports CUDA "
+                                  f"{driver // 1000}.{driver % 1000 // 10} only: the registry "
+                                  f"wheels are CUDA {CUDA_MAJOR} (update the driver, or install a "
+                                  f"CUDA toolkit matching it and set CUDA_HOME)")
+    return CudaSource("none", "no CUDA toolkit and no NVIDIA driver")
+
+
+def wheels_home() -> str:
+    """The nvidia/cu13 directory the installed wheels share (bin/nvcc, include, lib)."""
+    try:
+        dist = importlib.metadata.distribution("nvidia-cuda-nvcc")
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError("a CUDA build from the registry wheels needs them installed: "
+                           "pip install " + " ".join(f"'{w}'" for w in WHEELS_FOR_BUILD)) from None
+    for file in dist.files or []:
+        if str(file).replace("\\", "/").endswith("/bin/nvcc"):
+            return os.path.normpath(str(dist.locate_file(file)) + "/../..")
+    raise RuntimeError("nvidia-cuda-nvcc has no bin/nvcc")
