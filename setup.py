@@ -79,21 +79,19 @@ class Cuda(NamedTuple):
     library_dir: str        # the CUDA libraries
     libraries: list[str]    # -l names of cudart, cuBLASLt, cuBLAS
     rpath: str              # where the installed extension finds them
-    run_requires: list[str]  # distributions the installed extension needs
 
 
 def find_cuda(source):
     if source.kind == "toolkit":
         home = gputrain_cuda.toolkit_home()
         lib = os.path.join(home, "lib64")
-        return Cuda(home, lib, ["cudart", "cublasLt", "cublas"], lib, [])
+        return Cuda(home, lib, ["cudart", "cublasLt", "cublas"], lib)
     if source.kind == "wheels":
         home = gputrain_cuda.wheels_home()
         names = [f":{name}" for _, name in gputrain_cuda.WHEEL_LIBRARIES]
         rpath = "$ORIGIN/../" + os.path.relpath(os.path.join(home, "lib"),
                                                  os.path.dirname(os.path.dirname(home)))
-        return Cuda(home, os.path.join(home, "lib"), names, rpath,
-                    gputrain_cuda.WHEELS_AT_RUN_TIME)
+        return Cuda(home, os.path.join(home, "lib"), names, rpath)
     return None
 
 
@@ -105,9 +103,7 @@ def nvcc_version(cuda_home):
 
 SANITIZE = os.environ.get("GPUTRAIN_SANITIZE", "") == "1"
 BLAS = find_blas()
-CUDA_SOURCE = gputrain_cuda.choose()
-CUDA = find_cuda(CUDA_SOURCE)
-CUDA_HOME = CUDA.home if CUDA else None
+CUDA_SOURCE = gputrain_cuda.choose()  # the CUDA files are located in build_ext, once installed
 
 C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing",
            "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
@@ -122,16 +118,20 @@ macros = [("GT_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", None)]
 libraries = [BLAS.library, "m"]
 library_dirs = [BLAS.library_dir]
 include_dirs = ["csrc", "cuda", numpy.get_include(), BLAS.include_dir]
-if CUDA:
-    macros.append(("GT_WITH_CUDA", "1"))
-    libraries += CUDA.libraries + ["stdc++"]
-    library_dirs.append(CUDA.library_dir)
-    include_dirs.append(os.path.join(CUDA.home, "include"))
-    LINK_FLAGS.append(f"-Wl,-rpath,{CUDA.rpath}")
-macros.append(("GT_BUILD_FLAGS", '"' + " ".join(C_FLAGS).replace('"', "") + (" +cuda" if CUDA_HOME else "") + '"'))
+macros.append(("GT_BUILD_FLAGS", '"' + " ".join(C_FLAGS).replace('"', "") +
+               (" +cuda" if CUDA_SOURCE.kind != "none" else "") + '"'))
 
 OTHER_BLAS_SOURCES = {"csrc/ops/cpu_blas_onednn.c", "csrc/ops/cpu_blas_openblas.c"} - {BLAS.source}
 C_SOURCES = sorted(s for s in glob.glob("csrc/**/*.c", recursive=True) if s not in OTHER_BLAS_SOURCES)
+
+
+def add_cuda(ext, cuda):
+    """Compiles and links `ext` with the CUDA backend."""
+    ext.define_macros.append(("GT_WITH_CUDA", "1"))
+    ext.libraries += cuda.libraries + ["stdc++"]
+    ext.library_dirs.append(cuda.library_dir)
+    ext.include_dirs.append(os.path.join(cuda.home, "include"))
+    ext.extra_link_args.append(f"-Wl,-rpath,{cuda.rpath}")
 
 
 def nvcc_flags():
@@ -143,11 +143,11 @@ def nvcc_flags():
     return flags
 
 
-def build_settings():
+def build_settings(cuda):
     """Everything besides the sources that the compiled objects depend on."""
     return {
         "blas": BLAS._asdict(),
-        "cuda": CUDA and {**CUDA._asdict(), "nvcc": nvcc_version(CUDA.home),
+        "cuda": cuda and {**cuda._asdict(), "nvcc": nvcc_version(cuda.home),
                           "flags": nvcc_flags()},
         "c_flags": C_FLAGS, "link_flags": LINK_FLAGS, "macros": macros,
         "python": sys.version, "numpy": numpy.__version__,
@@ -160,22 +160,24 @@ class BuildExt(build_ext):
 
     def build_extensions(self):
         self.parallel = self.parallel or os.cpu_count()
-        self.rebuild_if_settings_changed()
+        cuda = find_cuda(CUDA_SOURCE)
+        self.rebuild_if_settings_changed(cuda)
         print(f"gputrain: CPU GEMM library {BLAS.name} ({BLAS.library_dir})", flush=True)
-        if CUDA:
-            print(f"gputrain: CUDA backend from the {CUDA_SOURCE.why} ({nvcc_version(CUDA.home)}), "
+        if cuda:
+            print(f"gputrain: CUDA backend from the {CUDA_SOURCE.why} ({nvcc_version(cuda.home)}), "
                   f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX", flush=True)
         else:
             print(f"gputrain: CPU-only build ({CUDA_SOURCE.why})", flush=True)
         for ext in self.extensions:
-            if CUDA_HOME:
-                ext.extra_objects += self.compile_cuda(sorted(glob.glob("cuda/*.cu")))
+            if cuda:
+                add_cuda(ext, cuda)
+                ext.extra_objects += self.compile_cuda(cuda, sorted(glob.glob("cuda/*.cu")))
         super().build_extensions()
 
-    def rebuild_if_settings_changed(self):
+    def rebuild_if_settings_changed(self, cuda):
         os.makedirs(self.build_temp, exist_ok=True)
         stamp = os.path.join(self.build_temp, "gputrain-build-settings.json")
-        settings = json.dumps(build_settings(), sort_keys=True, indent=1)
+        settings = json.dumps(build_settings(cuda), sort_keys=True, indent=1)
         previous = open(stamp).read() if os.path.exists(stamp) else None
         if previous != settings:
             if previous is not None:
@@ -185,8 +187,8 @@ class BuildExt(build_ext):
             with open(stamp, "w") as f:
                 f.write(settings)
 
-    def compile_cuda(self, sources):
-        nvcc = os.path.join(CUDA_HOME, "bin", "nvcc")
+    def compile_cuda(self, cuda, sources):
+        nvcc = os.path.join(cuda.home, "bin", "nvcc")
         objects = []
         for source in sources:
             obj = os.path.join(self.build_temp, source + ".o")
@@ -218,6 +220,6 @@ INSTALL_REQUIRES = [
     "numpy>=1.25",
     "onednn-cpu-gomp~=2023.2.0; platform_machine == 'x86_64'",
     "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
-] + (CUDA.run_requires if CUDA else [])
+] + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
 
 setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt}, install_requires=INSTALL_REQUIRES)
