@@ -12,7 +12,7 @@ namespace {
 
 std::once_flag probe_once;
 int usable_devices = 0;             // devices found by the first probe
-char unavailable_reason[256] = "";  // why usable_devices is 0
+char unavailable_reason[512] = "";  // why usable_devices is 0
 
 // Says why cudaGetDeviceCount failed, in the user's terms.
 void describe_probe_failure(cudaError_t err) {
@@ -24,9 +24,11 @@ void describe_probe_failure(cudaError_t err) {
                  cudaGetErrorName(err));
     else if (err == cudaErrorInsufficientDriver)
         snprintf(unavailable_reason, sizeof unavailable_reason,
-                 "the NVIDIA driver supports CUDA %d.%d, older than the CUDA runtime %d.%d (%s)",
+                 "the NVIDIA driver supports CUDA %d.%d, but gputrain was built with the CUDA "
+                 "%d.%d runtime, which needs a driver for CUDA %d.0 or newer: update the driver, "
+                 "or rebuild gputrain with a CUDA %d toolkit (CUDA_HOME=... pip install .) (%s)",
                  driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10,
-                 cudaGetErrorName(err));
+                 runtime / 1000, driver / 1000, cudaGetErrorName(err));
     else if (err == cudaErrorNoDevice)
         snprintf(unavailable_reason, sizeof unavailable_reason, "no CUDA device (%s)",
                  cudaGetErrorName(err));
