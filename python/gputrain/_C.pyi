@@ -230,7 +230,7 @@ def op_layernorm_forward(
     bias: np.ndarray, eps: float, dt: str,
 ) -> None: ...
 def op_layernorm_backward(
-    din: np.ndarray, dweight: np.ndarray, dbias: np.ndarray, dout: np.ndarray, x: np.ndarray,
+    din: np.ndarray | None, dweight: np.ndarray, dbias: np.ndarray, dout: np.ndarray, x: np.ndarray,
     weight: np.ndarray, mean: np.ndarray, rstd: np.ndarray, dt: str, accumulate: bool = ...,
 ) -> None: ...
 def op_embedding(
