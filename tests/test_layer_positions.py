@@ -59,11 +59,16 @@ POSITIONS = {
     "residual_first": lambda layer: nn.Sequential(nn.Residual(layer, lin()), lin()),
     "residual_last": lambda layer: nn.Sequential(lin(), nn.Residual(lin(), layer)),
     "nested_first": lambda layer: nn.Sequential(nn.Sequential(layer, nn.Tanh()), lin()),
+    # 3-D activations (N, 2, 3), for Flatten to have something to flatten after the first layer
+    "middle_3d": lambda layer: nn.Sequential(nn.Linear(3, 3), layer, lin()),
+    "last_3d": lambda layer: nn.Sequential(nn.Linear(3, 3), nn.Tanh(), layer),
 }
+THREE_D = ("first", "nested_first", "middle_3d", "last_3d")  # Flatten positions fed (N, 2, 3)
 
 #: Embedding turns int64 ids into features: it can only come first.
 CASES = [(kind, position) for kind in KINDS for position in POSITIONS
-         if kind != "embedding" or position in ("first", "nested_first")]
+         if (kind != "embedding" or position in ("first", "nested_first"))
+         and (kind == "flatten" or not position.endswith("_3d"))]
 
 #: Relative error of the gradients against the float64 reference (norm of the difference over
 #: the norm of the reference): one f32 rounding, or a few roundings of each half format.
@@ -80,7 +85,7 @@ def batch(kind: str, position: str, seed: int = 1) -> tuple[np.ndarray, np.ndarr
     y = rng.integers(0, WIDTH, ROWS)
     if kind == "embedding":
         return rng.integers(0, VOCAB, ROWS), y
-    if kind == "flatten" and position in ("first", "nested_first"):  # (N, 2, 3) -> (N, 6)
+    if kind == "flatten" and position in THREE_D:  # (N, 2, 3) -> (N, 6)
         return rng.standard_normal((ROWS, 2, WIDTH // 2)).astype(np.float32), y
     return rng.standard_normal((ROWS, WIDTH)).astype(np.float32), y
 
