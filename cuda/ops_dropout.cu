@@ -53,5 +53,6 @@ gt_status gt_cuda_dropout_forward(gt_backend *be, void *out, const void *in, int
 
 gt_status gt_cuda_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n, float p,
                                    gt_dropout_key key, gt_dtype dt) {
-    return dropout_apply(be, din, dout, n, p, key, dt);
+    // A NULL din: the input gradient is not wanted; only the arguments are checked.
+    return dropout_apply(be, din, dout, din ? n : 0, p, key, dt);
 }

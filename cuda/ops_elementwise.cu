@@ -102,7 +102,7 @@ gt_status gt_cuda_activation_backward(gt_backend *be, void *din, const void *dou
     GT_TRY(check_activation(act, n, dt));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
-    if (n == 0)
+    if (n == 0 || !din)  // a NULL din: the input gradient is not wanted
         return GT_OK;
     GT_TRY(gt_op_check_ptr(din, "din"));
     GT_TRY(gt_op_check_ptr(dout, "dout"));

@@ -39,12 +39,15 @@ size_t staging_bytes(const gt_gemm_args *g) {
     if (direct_types(g))
         return 0;
     size_t bytes = 0;
-    if (g->a_dt != GT_F32)
-        bytes += gt_align_up(gt_gemm_a_rows(g) * gt_gemm_a_cols(g) * sizeof(float));
+    if (g->a_dt != GT_F32)  /* saturating: SIZE_MAX when the sizes overflow (never allocated) */
+        bytes = gt_size_add_sat(bytes, gt_align_up(gt_size_mul_sat(gt_gemm_a_rows(g) * sizeof(float),
+                                                                   gt_gemm_a_cols(g))));
     if (g->b_dt != GT_F32)
-        bytes += gt_align_up(gt_gemm_b_rows(g) * gt_gemm_b_cols(g) * sizeof(float));
+        bytes = gt_size_add_sat(bytes, gt_align_up(gt_size_mul_sat(gt_gemm_b_rows(g) * sizeof(float),
+                                                                   gt_gemm_b_cols(g))));
     if (g->c_dt != GT_F32)
-        bytes += gt_align_up((size_t)g->m * (size_t)g->n * sizeof(float));
+        bytes = gt_size_add_sat(bytes, gt_align_up(gt_size_mul_sat((size_t)g->m * sizeof(float),
+                                                                   (size_t)g->n)));
     return bytes;
 }
 
@@ -324,7 +327,7 @@ gt_status scale_c(const gt_cuda_backend_state *state, const gt_gemm_args *g) {
 }  // namespace
 
 size_t gt_cuda_gemm_workspace_bytes(const gt_gemm_args *args) {
-    return staging_bytes(args) + kLtWorkspace + kLtAlign;
+    return gt_size_add_sat(staging_bytes(args), kLtWorkspace + kLtAlign);
 }
 
 gt_status gt_cuda_gemm(gt_backend *be, const gt_gemm_args *args) {

@@ -151,7 +151,7 @@ gt_status gt_cuda_layernorm_forward(gt_backend *be, void *out, float *mean, floa
     return gt_cuda_check_launch("layernorm_forward_kernel launch");
 }
 
-// The weight and bias gradients come first: din may then alias dout.
+// The weight and bias gradients come first: din may then alias dout, or be NULL (not wanted).
 gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, float *dbias, const void *dout,
                                      const void *in, const float *weight, const float *mean, const float *rstd,
                                      int64_t rows, int64_t cols, gt_dtype dt, int accumulate) {
@@ -162,7 +162,6 @@ gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, 
     if (cols == 0)
         return GT_OK;
     if (rows > 0) {
-        GT_TRY(gt_op_check_ptr(din, "din"));
         GT_TRY(gt_op_check_ptr(dout, "dout"));
         GT_TRY(gt_op_check_ptr(mean, "mean"));
         GT_TRY(gt_op_check_ptr(rstd, "rstd"));
@@ -173,7 +172,7 @@ gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, 
     GT_LAUNCH_DT(dt, layernorm_dparams_kernel, param_grid, param_block, 0, stream, dweight, dbias, dout, in, mean,
                  rstd, (size_t)rows, (size_t)cols, accumulate);
     GT_TRY(gt_cuda_check_launch("layernorm_dparams_kernel launch"));
-    if (rows == 0)
+    if (rows == 0 || !din)  // a NULL din (the model's first layer): parameter gradients only
         return GT_OK;
     GT_LAUNCH_DT(dt, layernorm_din_kernel, grid_for((size_t)rows, kRowsPerBlock), kThreads, 0, stream, din, dout,
                  in, weight, mean, rstd, (size_t)rows, (size_t)cols);

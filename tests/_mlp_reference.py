@@ -26,8 +26,9 @@ def gelu_grad(x, approximate):
     return cdf + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
 
 
-def layer_forward(layer, x, params):
-    """Forward of one layer; returns (output, cache for backward)."""
+def layer_forward(layer, x, params, dropout=None):
+    """Forward of one layer; returns (output, cache for backward). `dropout(layer, shape)` gives a
+    Dropout layer's multiplier (keep mask times 1 / (1 - p)) in training; None: eval mode."""
     if isinstance(layer, gt.nn.Linear):
         w = params[id(layer)]["weight"]
         b = params[id(layer)].get("bias")
@@ -42,7 +43,15 @@ def layer_forward(layer, x, params):
     if isinstance(layer, gt.nn.GELU):
         return gelu(x, layer.approximate), x
     if isinstance(layer, gt.nn.Dropout):
-        return x, None  # references run in eval mode or with p = 0
+        if dropout is None:
+            return x, None  # eval mode
+        multiplier = dropout(layer, x.shape)
+        return x * multiplier, multiplier
+    if isinstance(layer, gt.nn.Embedding):
+        ids = np.asarray(x, dtype=np.int64)
+        return params[id(layer)]["weight"][ids], ids
+    if isinstance(layer, gt.nn.Flatten):
+        return x.reshape(x.shape[0], -1) if x.ndim >= 2 else x, x.shape
     if isinstance(layer, gt.nn.LayerNorm):
         mean = x.mean(-1, keepdims=True)
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -53,11 +62,11 @@ def layer_forward(layer, x, params):
     if isinstance(layer, gt.nn.Sequential):
         caches = []
         for child in layer.layers:
-            x, cache = layer_forward(child, x, params)
+            x, cache = layer_forward(child, x, params, dropout)
             caches.append(cache)
         return x, caches
     if isinstance(layer, gt.nn.Residual):
-        y, cache = layer_forward(layer.block, x, params)
+        y, cache = layer_forward(layer.block, x, params, dropout)
         return x + y, cache
     raise TypeError(type(layer))
 
@@ -82,7 +91,14 @@ def layer_backward(layer, dy, cache, params, grads):
     if isinstance(layer, gt.nn.GELU):
         return dy * gelu_grad(cache, layer.approximate)
     if isinstance(layer, gt.nn.Dropout):
-        return dy
+        return dy if cache is None else dy * cache
+    if isinstance(layer, gt.nn.Embedding):
+        table = np.zeros_like(params[id(layer)]["weight"])
+        np.add.at(table, cache.reshape(-1), dy.reshape(-1, table.shape[1]))
+        grads.setdefault(id(layer), {})["weight"] = table
+        return None  # no gradient for integer ids
+    if isinstance(layer, gt.nn.Flatten):
+        return dy.reshape(cache)
     if isinstance(layer, gt.nn.LayerNorm):
         xhat, rstd = cache
         p = params[id(layer)]

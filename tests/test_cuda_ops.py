@@ -597,8 +597,8 @@ def simulated_device(monkeypatch):
 
     original = module._Compiled.__init__
 
-    def compile_for(self, spec, seed, device):
-        original(self, spec, seed, "cpu" if device == "sim" else device)
+    def compile_for(self, spec, seed, device, precision="f32"):
+        original(self, spec, seed, "cpu" if device == "sim" else device, precision)
         if device == "sim":
             self.device, self.on_host, self.params_flat, self.grads_flat = "sim", False, None, None
 

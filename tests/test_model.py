@@ -149,9 +149,9 @@ def test_summary_lists_layers_parameters_and_bytes():
 @pytest.mark.parametrize(
     "x, error, match",
     [
-        (np.ones((4, 7), np.float32), ValueError, "input.*12.*7"),
+        (np.ones((4, 7), np.float32), ValueError, r"x: expected 12 features .*Linear\(12, 32\).*got 7"),
+        (np.ones((4, 20), np.float32)[:, :7], ValueError, r"x: expected 12 features .*got 7"),
         (np.ones((4, 12), np.float64), TypeError, "x: expected a float32"),
-        (np.ones((12, 4), np.float32).T, ValueError, "x: expected a C-contiguous"),
         (np.full((4, 12), np.nan, np.float32), ValueError, "x contains NaN"),
         ("hello", TypeError, "x"),
     ],

@@ -56,8 +56,9 @@ static gt_status refuse_over_limit(gt_device device, gt_pool *pool, size_t bytes
     format_bytes(limit, sizeof limit, pool->stats.limit);
     pool->stats.num_ooms++;
     return GT_FAIL(GT_ERR_OOM,
-                   "%s out of memory: tried to allocate %s; %s already reserved; limit %s",
-                   name, want, used, limit);
+                   "%s out of memory: tried to allocate %s; %s already reserved; limit %s. Use a "
+                   "smaller batch or gradient checkpointing, free other gputrain objects, or raise "
+                   "the limit (gputrain.set_memory_limit)", name, want, used, limit);
 }
 
 static gt_status refuse_by_system(gt_device device, gt_pool *pool, size_t bytes) {
@@ -67,7 +68,8 @@ static gt_status refuse_by_system(gt_device device, gt_pool *pool, size_t bytes)
     pthread_mutex_lock(&pool->lock);
     pool->stats.num_ooms++;
     pthread_mutex_unlock(&pool->lock);
-    return GT_FAIL(GT_ERR_OOM, "%s out of memory: the system refused %s", name, want);
+    return GT_FAIL(GT_ERR_OOM, "%s out of memory: the system refused %s; use a smaller batch or "
+                   "model, or free memory", name, want);
 }
 
 /* Reserves the bytes in the pool's books; refuses when over the limit. */
@@ -143,8 +145,7 @@ gt_status gt_block_alloc(gt_device device, size_t bytes, gt_block *out) {
     memset(out, 0, sizeof *out);
     if (bytes == 0)
         return GT_FAIL(GT_ERR_VALUE, "cannot allocate a block of 0 bytes");
-    if (bytes > SIZE_MAX - GT_ALIGN)
-        return GT_FAIL(GT_ERR_VALUE, "allocation size %zu is too large", bytes);
+    GT_TRY(gt_size_check(bytes, "allocation"));
     gt_pool *pool = NULL;
     GT_TRY(pool_of(device, &pool));
     GT_TRY(pool_reserve(device, pool, bytes));
@@ -208,6 +209,35 @@ gt_status gt_mem_reset_peak(gt_device device) {
     pool->stats.peak_allocated = pool->stats.allocated;
     pool->stats.peak_reserved = pool->stats.reserved;
     pthread_mutex_unlock(&pool->lock);
+    return GT_OK;
+}
+
+gt_status gt_size_check(size_t bytes, const char *what) {
+    if (bytes <= GT_MAX_BYTES)
+        return GT_OK;
+    return GT_FAIL(GT_ERR_OOM,
+                   "%s: the size overflows (more than %zu bytes, beyond any address space); "
+                   "use smaller sizes", what, GT_MAX_BYTES);
+}
+
+gt_status gt_size_mul(size_t a, size_t b, const char *what, size_t *out) {
+    size_t product = gt_size_mul_sat(a, b);
+    GT_TRY(gt_size_check(product, what));
+    *out = product;
+    return GT_OK;
+}
+
+gt_status gt_size_add(size_t a, size_t b, const char *what, size_t *out) {
+    size_t sum = gt_size_add_sat(a, b);
+    GT_TRY(gt_size_check(sum, what));
+    *out = sum;
+    return GT_OK;
+}
+
+gt_status gt_size_align(size_t a, const char *what, size_t *out) {
+    size_t aligned = gt_align_up(a);
+    GT_TRY(gt_size_check(aligned, what));
+    *out = aligned;
     return GT_OK;
 }
 

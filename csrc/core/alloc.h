@@ -60,10 +60,37 @@ gt_status gt_mem_set_fraction(gt_device device, double fraction);
 /* Resets peak_allocated/peak_reserved to the current values. */
 gt_status gt_mem_reset_peak(gt_device device);
 
-/* Bytes an arena piece of `bytes` occupies (rounded up to GT_ALIGN). */
+/* The largest byte count of one buffer, as in C and NumPy (PTRDIFF_MAX): every element count
+ * then fits an int64 and the sum of two checked sizes cannot wrap. */
+#define GT_MAX_BYTES ((size_t)PTRDIFF_MAX)
+
+/* Bytes an arena piece of `bytes` occupies (rounded up to GT_ALIGN); SIZE_MAX (never allocated)
+ * when the rounding would wrap. */
 static inline size_t gt_align_up(size_t bytes) {
+    if (bytes > SIZE_MAX - (GT_ALIGN - 1))
+        return SIZE_MAX;
     return (bytes + (GT_ALIGN - 1)) & ~(size_t)(GT_ALIGN - 1);
 }
+
+/* a * b, or SIZE_MAX when the product does not fit (for size functions that cannot fail: their
+ * callers check the result against GT_MAX_BYTES). */
+static inline size_t gt_size_mul_sat(size_t a, size_t b) {
+    return a != 0 && b > SIZE_MAX / a ? SIZE_MAX : a * b;
+}
+
+/* a + b, or SIZE_MAX when the sum does not fit. */
+static inline size_t gt_size_add_sat(size_t a, size_t b) {
+    return b > SIZE_MAX - a ? SIZE_MAX : a + b;
+}
+
+/* Checked size arithmetic for plans: *out = a * b, a + b, or gt_align_up(a); GT_ERR_OOM naming
+ * `what` when the result would exceed GT_MAX_BYTES (*out is then left unchanged). */
+gt_status gt_size_mul(size_t a, size_t b, const char *what, size_t *out);
+gt_status gt_size_add(size_t a, size_t b, const char *what, size_t *out);
+gt_status gt_size_align(size_t a, const char *what, size_t *out);
+
+/* GT_ERR_OOM naming `what` unless bytes <= GT_MAX_BYTES (e.g. a saturated size). */
+gt_status gt_size_check(size_t bytes, const char *what);
 
 typedef struct gt_arena {
     gt_block block;  /* the one allocation behind the arena */

@@ -1,14 +1,19 @@
 #include "core/status.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-enum { GT_ERROR_MESSAGE_BYTES = 1024 };
+static _Thread_local char error_message[GT_ERROR_MESSAGE_BYTES];    /* the last failure's text */
+static _Thread_local char error_location[GT_ERROR_LOCATION_BYTES];  /* its "file.c:line" */
+static _Thread_local char error_display[GT_ERROR_MESSAGE_BYTES + GT_ERROR_LOCATION_BYTES + 4];
 
-static _Thread_local char error_message[GT_ERROR_MESSAGE_BYTES];
+/* -1 until set or read from GPUTRAIN_DEBUG; then 0 or 1. */
+static atomic_int debug_mode = -1;
 
-/* Drops the directories of a source path so messages read "alloc.c:42". */
+/* Drops the directories of a source path so locations read "alloc.c:42". */
 static const char *base_name(const char *path) {
     const char *slash = strrchr(path, '/');
     return slash ? slash + 1 : path;
@@ -20,15 +25,47 @@ gt_status gt_set_error(gt_status code, const char *file, int line, const char *f
     int written = vsnprintf(error_message, sizeof error_message, fmt, args);
     va_end(args);
     if (written < 0)
-        written = 0;
-    size_t used = (size_t)written < sizeof error_message ? (size_t)written : sizeof error_message - 1;
-    snprintf(error_message + used, sizeof error_message - used, " (%s:%d)", base_name(file), line);
+        error_message[0] = '\0';
+    snprintf(error_location, sizeof error_location, "%s:%d", base_name(file), line);
     return code;
 }
 
-const char *gt_error_message(void) { return error_message; }
+const char *gt_error_message(void) {
+    if (!gt_debug_enabled() || !error_location[0])
+        return error_message;
+    snprintf(error_display, sizeof error_display, "%s (%s)", error_message, error_location);
+    return error_display;
+}
 
-void gt_clear_error(void) { error_message[0] = '\0'; }
+void gt_clear_error(void) {
+    error_message[0] = '\0';
+    error_location[0] = '\0';
+}
+
+void gt_error_save(gt_status code, gt_error_state *out) {
+    out->code = code;
+    memcpy(out->message, error_message, sizeof out->message);
+    memcpy(out->location, error_location, sizeof out->location);
+}
+
+gt_status gt_error_restore(const gt_error_state *saved) {
+    memcpy(error_message, saved->message, sizeof error_message);
+    memcpy(error_location, saved->location, sizeof error_location);
+    return saved->code;
+}
+
+void gt_set_debug(int on) { atomic_store(&debug_mode, on ? 1 : 0); }
+
+int gt_debug_enabled(void) {
+    int mode = atomic_load(&debug_mode);
+    if (mode >= 0)
+        return mode;
+    const char *value = getenv("GPUTRAIN_DEBUG");
+    int from_env = value && value[0] && strcmp(value, "0") != 0;
+    int unset = -1;  /* a concurrent gt_set_debug wins over the environment */
+    atomic_compare_exchange_strong(&debug_mode, &unset, from_env);
+    return atomic_load(&debug_mode);
+}
 
 const char *gt_status_name(gt_status code) {
     switch (code) {

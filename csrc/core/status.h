@@ -1,6 +1,8 @@
 /* Status codes and the thread-local error message (DESIGN.md principle 5).
- * Every fallible core function returns a gt_status; on failure it has called
- * GT_FAIL, which records "message (file:line)" for the binding layer to raise. */
+ * Every fallible core function returns a gt_status; on failure it has called GT_FAIL, which
+ * records the message, and the file:line it was raised at, for the binding layer to raise.
+ * Users see the message alone; in debug mode (gt_set_debug, or the environment variable
+ * GPUTRAIN_DEBUG=1) the message ends with " (file:line)". */
 #ifndef GT_STATUS_H
 #define GT_STATUS_H
 
@@ -20,7 +22,7 @@ typedef enum gt_status {
     GT_ERR_TIMEOUT,     /* a wait ran out of time             -> TimeoutError */
 } gt_status;
 
-/* Records the message (printf-style) with file:line and returns `code`. */
+/* Records the message (printf-style) and file:line, and returns `code`. */
 gt_status gt_set_error(gt_status code, const char *file, int line, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
@@ -37,10 +39,33 @@ gt_status gt_set_error(gt_status code, const char *file, int line, const char *f
             return gt_try_s_;             \
     } while (0)
 
-/* The message of the last failure on this thread ("" if none). */
+/* The message of the last failure on this thread ("" if none), followed by " (file:line)" of
+ * the GT_FAIL that raised it in debug mode. */
 const char *gt_error_message(void);
 
 void gt_clear_error(void);
+
+enum { GT_ERROR_MESSAGE_BYTES = 1024, GT_ERROR_LOCATION_BYTES = 96 };
+
+/* A failure kept aside while cleanup code that may fail itself runs (gt_error_save, then
+ * gt_error_restore so that the caller sees the first failure, not a later one). */
+typedef struct gt_error_state {
+    gt_status code;                               /* the failed status */
+    char message[GT_ERROR_MESSAGE_BYTES];         /* its message, without the location */
+    char location[GT_ERROR_LOCATION_BYTES];       /* "file.c:123" where it was raised */
+} gt_error_state;
+
+/* Copies this thread's failure (code `code`) into *out. */
+void gt_error_save(gt_status code, gt_error_state *out);
+
+/* Makes *saved this thread's failure again; returns its code. */
+gt_status gt_error_restore(const gt_error_state *saved);
+
+/* Debug mode for messages: 1 appends the file:line of the failure to every message. Off by
+ * default; the environment variable GPUTRAIN_DEBUG (any value but "" or "0") turns it on at the
+ * first use. Process-wide. */
+void gt_set_debug(int on);
+int gt_debug_enabled(void);
 
 /* The name of a status code, e.g. "GT_ERR_OOM". */
 const char *gt_status_name(gt_status code);

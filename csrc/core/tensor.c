@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/alloc.h"
+
 #include <string.h>
 
 typedef struct dtype_info {
@@ -42,6 +44,14 @@ size_t gt_tensor_numel(const gt_tensor *t) {
 }
 
 size_t gt_tensor_bytes(const gt_tensor *t) { return gt_tensor_numel(t) * gt_dtype_size(t->dtype); }
+
+gt_status gt_tensor_checked_bytes(const gt_tensor *t, const char *what, size_t *out) {
+    size_t bytes = gt_dtype_size(t->dtype);  /* every prefix product is checked */
+    for (int i = 0; i < t->ndim; i++)
+        GT_TRY(gt_size_mul(bytes, (size_t)t->shape[i], what, &bytes));
+    *out = bytes;
+    return GT_OK;
+}
 
 gt_status gt_tensor_make(gt_tensor *out, void *ptr, gt_dtype dtype, int ndim,
                          const int64_t *shape, gt_device device) {

@@ -51,6 +51,10 @@ size_t gt_tensor_numel(const gt_tensor *t);
 /* Bytes of the elements. */
 size_t gt_tensor_bytes(const gt_tensor *t);
 
+/* Bytes of the elements, checked: GT_ERR_OOM naming `what` when the byte count (or the bytes of
+ * a leading part of the shape) would exceed PTRDIFF_MAX, the largest buffer there can be. */
+gt_status gt_tensor_checked_bytes(const gt_tensor *t, const char *what, size_t *out);
+
 /* A descriptor for `ndim` dimensions; fails on negative extents or ndim out of range. */
 gt_status gt_tensor_make(gt_tensor *out, void *ptr, gt_dtype dtype, int ndim,
                          const int64_t *shape, gt_device device);

@@ -8,6 +8,8 @@
  * read back and summed on the host in row order, as on the CPU. */
 #include "nn/model.h"
 
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/cast.h"
@@ -32,34 +34,61 @@ static gt_status model_memcpy(gt_model *model, void *dst, const void *src, size_
     return GT_OK;
 }
 
-static void set_param(gt_param *param, size_t *offset, int ndim, int64_t d0, int64_t d1) {
+/* Gives `param` its offset in the arenas (pass 1): (d0, d1) for ndim 2, (d0,) for ndim 1. The
+ * element count, the running offset and their f32 bytes are checked (`layer` names the layer). */
+static gt_status set_param(gt_param *param, size_t *offset, int ndim, int64_t d0, int64_t d1,
+                           const char *layer) {
+    char what[160];
+    snprintf(what, sizeof what, "parameters of %s", layer);
+    size_t numel = 0, end = 0, bytes = 0;
+    GT_TRY(gt_size_mul((size_t)d0, ndim == 2 ? (size_t)d1 : 1, what, &numel));
+    GT_TRY(gt_size_add(*offset, numel, what, &end));
+    GT_TRY(gt_size_mul(end, sizeof(float), what, &bytes));
+    GT_TRY(gt_size_align(bytes, what, &bytes));
     param->offset = *offset;
     param->ndim = ndim;
     param->shape[0] = d0;
     param->shape[1] = ndim == 2 ? d1 : 0;
-    param->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
-    *offset += param->numel;
+    param->numel = numel;
+    *offset = end;
+    return GT_OK;
+}
+
+/* A Linear's GEMMs take its sizes as BLAS int dimensions. */
+static gt_status check_gemm_dim(int64_t value, const char *arg_name, const char *layer) {
+    if (value > INT_MAX)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %lld is more than %d, the largest matrix dimension the GEMMs "
+                       "of %s can take", arg_name, (long long)value, INT_MAX, layer);
+    return GT_OK;
 }
 
 /* Gives every parameter its offset (pass 1) in state_dict order. */
-static void layout_layer(gt_layer *layer, size_t *offset) {
+static gt_status layout_layer(gt_layer *layer, size_t *offset) {
+    char name[128];
     switch (layer->kind) {
     case GT_LAYER_LINEAR:
-        set_param(&layer->weight, offset, 2, layer->out_features, layer->in_features);
+        snprintf(name, sizeof name, "Linear(%lld, %lld)", (long long)layer->in_features,
+                 (long long)layer->out_features);
+        GT_TRY(check_gemm_dim(layer->in_features, "in_features", name));
+        GT_TRY(check_gemm_dim(layer->out_features, "out_features", name));
+        GT_TRY(set_param(&layer->weight, offset, 2, layer->out_features, layer->in_features, name));
         if (layer->has_bias)
-            set_param(&layer->bias, offset, 1, layer->out_features, 0);
-        break;
+            GT_TRY(set_param(&layer->bias, offset, 1, layer->out_features, 0, name));
+        return GT_OK;
     case GT_LAYER_LAYERNORM:
-        set_param(&layer->weight, offset, 1, layer->in_features, 0);
+        snprintf(name, sizeof name, "LayerNorm(%lld)", (long long)layer->in_features);
+        GT_TRY(set_param(&layer->weight, offset, 1, layer->in_features, 0, name));
         if (layer->has_bias)
-            set_param(&layer->bias, offset, 1, layer->in_features, 0);
-        break;
+            GT_TRY(set_param(&layer->bias, offset, 1, layer->in_features, 0, name));
+        return GT_OK;
     case GT_LAYER_EMBEDDING:
-        set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim);
-        break;
+        snprintf(name, sizeof name, "Embedding(%lld, %lld)", (long long)layer->num_embeddings,
+                 (long long)layer->embedding_dim);
+        return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
     default:
         for (size_t i = 0; i < layer->num_children; i++)
-            layout_layer(&layer->children[i], offset);
+            GT_TRY(layout_layer(&layer->children[i], offset));
+        return GT_OK;
     }
 }
 
@@ -81,13 +110,27 @@ static void point_layer(gt_layer *layer, gt_model *model) {
         point_layer(&layer->children[i], model);
 }
 
-static gt_status create_lowp(gt_model *model) {
+/* A new half-precision copy of the parameters in `dt` (an empty arena for f32), filled from the
+ * f32 master; the model is not touched, so a failure leaves it as it was. */
+static gt_status build_lowp(gt_model *model, gt_dtype dt, gt_arena *out) {
+    memset(out, 0, sizeof *out);
+    out->block.device = model->backend.device;
+    if (dt == GT_F32 || model->num_params == 0)
+        return GT_OK;
+    GT_TRY(gt_arena_create(out, model->backend.device, gt_align_up(model->num_params * gt_dtype_size(dt))));
+    gt_status status = model->backend.ops->cast(&model->backend, out->block.ptr, dt, model->params.block.ptr,
+                                                GT_F32, (int64_t)model->num_params);
+    if (status != GT_OK)
+        gt_arena_destroy(out);
+    return status;
+}
+
+/* Makes `fresh` (from build_lowp) the model's half copy in `dt`, freeing the previous one. */
+static void swap_lowp(gt_model *model, gt_dtype dt, gt_arena *fresh) {
     gt_arena_destroy(&model->lowp_params);
-    if (model->dt != GT_F32 && model->num_params > 0)
-        GT_TRY(gt_arena_create(&model->lowp_params, model->backend.device,
-                               gt_align_up(model->num_params * gt_dtype_size(model->dt))));
+    model->lowp_params = *fresh;
+    model->dt = dt;
     point_layer(&model->root, model);
-    return gt_model_refresh_lowp(model);
 }
 
 /* The op table of `device`: CUDA's for cuda:N (with its backend state), else the CPU's. */
@@ -114,14 +157,18 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
-    layout_layer(&model->root, &model->num_params);
-    size_t bytes = gt_align_up(model->num_params * sizeof(float));
+    GT_TRY(layout_layer(&model->root, &model->num_params));
+    size_t bytes = gt_align_up(model->num_params * sizeof(float));  /* checked by the layout */
     GT_TRY(gt_arena_create(&model->params, device, model->num_params ? bytes : 0));
     GT_TRY(gt_arena_create(&model->grads, device, model->num_params ? bytes : 0));
     if (model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr, bytes));
     point_layer(&model->root, model);
-    return gt_model_init_params(model, seed);
+    GT_TRY(gt_model_init_params(model, seed));
+    gt_arena lowp;
+    GT_TRY(build_lowp(model, dt, &lowp));
+    swap_lowp(model, dt, &lowp);
+    return GT_OK;
 }
 
 void gt_model_destroy(gt_model *model) {
@@ -160,12 +207,12 @@ static gt_status init_params_staged(gt_model *model, uint64_t seed) {
 }
 
 gt_status gt_model_init_params(gt_model *model, uint64_t seed) {
-    model->seed = seed;
     if (on_cuda(model) && model->num_params > 0)
         GT_TRY(init_params_staged(model, seed));
     else
         gt_init_layer_tree(&model->root, seed);
-    return create_lowp(model);
+    model->seed = seed;
+    return gt_model_refresh_lowp(model);
 }
 
 gt_status gt_model_refresh_lowp(gt_model *model) {
@@ -180,75 +227,134 @@ gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt) {
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     if (dt == model->dt)
         return GT_OK;
-    model->dt = dt;
-    model->planned = 0;
+    gt_arena lowp;  /* built before anything changes: a failure leaves the model as it was */
+    GT_TRY(build_lowp(model, dt, &lowp));
+    swap_lowp(model, dt, &lowp);
+    model->planned = 0;  /* the activations are re-planned in the new precision */
     gt_arena_destroy(&model->activations);
-    return create_lowp(model);
-}
-
-/* One walk over the layers, counting (base NULL) or placing buffers; fills `plan`. */
-static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpointing,
-                           gt_dtype dt, char *base, gt_model_plan *plan) {
-    gt_plan_walk walk = {.ops = model->backend.ops, .dt = dt, .checkpointing = checkpointing};
-    if (base)
-        walk.recompute_base = base + plan->activation_bytes;
-    gt_plan_cursor main_region = {base, 0};
-    gt_tensor in = *input;
-    in.ptr = NULL;
-    GT_TRY(gt_plan_layer(&walk, &model->root, &in, -1, 0, &main_region));
-    const gt_tensor *out = &model->root.out;
-    plan->activation_bytes = main_region.used;
-    plan->recompute_bytes = gt_align_up(walk.recompute_bytes);
-    plan->nesting_levels = walk.levels;
-    size_t scratch_each = gt_align_up(walk.max_activation_bytes);
-    plan->scratch_bytes = scratch_each * 2 * (size_t)walk.levels;
-    size_t cast_bytes = dt != GT_F32 && input->dtype != GT_I64 ? gt_align_up(gt_tensor_numel(input) * gt_dtype_size(dt)) : 0;
-    size_t dout_bytes = gt_align_up(gt_tensor_bytes(out));
-    size_t loss_rows = (size_t)gt_rows_of(out);
-    size_t losses_bytes = gt_align_up(loss_rows * sizeof(float));
-    int copies_input = on_cuda(model) && input->device.kind != GT_DEVICE_CUDA;
-    size_t input_bytes = copies_input ? gt_align_up(gt_tensor_bytes(input)) : 0;
-    size_t label_bytes = loss_rows * sizeof(int64_t), value_bytes = gt_tensor_numel(out) * sizeof(float);
-    size_t targets_bytes = copies_input ? gt_align_up(label_bytes > value_bytes ? label_bytes : value_bytes) : 0;
-    plan->loss_bytes = cast_bytes + dout_bytes + losses_bytes + input_bytes + targets_bytes;
-    plan->workspace_bytes = gt_align_up(walk.workspace_bytes);
-    plan->param_bytes = model->num_params * sizeof(float);
-    plan->grad_bytes = plan->param_bytes;
-    plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_params * gt_dtype_size(dt);
-    plan->total_bytes = plan->param_bytes + plan->grad_bytes + plan->lowp_param_bytes +
-                        plan->activation_bytes + plan->recompute_bytes + plan->scratch_bytes +
-                        plan->loss_bytes + plan->workspace_bytes;
-    if (!base)
-        return GT_OK;
-    char *cursor = base + plan->activation_bytes + plan->recompute_bytes;
-    for (int level = 0; level < walk.levels; level++)
-        for (int k = 0; k < 2; k++, cursor += scratch_each)
-            model->scratch[level][k] = cursor;
-    model->input_cast = cast_bytes ? cursor : NULL;
-    model->dout = cursor + cast_bytes;
-    model->losses = (float *)(cursor + cast_bytes + dout_bytes);
-    char *io = cursor + cast_bytes + dout_bytes + losses_bytes;
-    model->input_device = input_bytes ? io : NULL;
-    model->targets_device = targets_bytes ? io + input_bytes : NULL;
-    model->backend.workspace = plan->workspace_bytes ? cursor + plan->loss_bytes : NULL;
-    model->backend.workspace_bytes = plan->workspace_bytes;
     return GT_OK;
 }
 
+/* *total += gt_align_up(bytes), checked; *piece = the aligned bytes. */
+static gt_status add_piece(size_t *total, size_t bytes, const char *what, size_t *piece) {
+    GT_TRY(gt_size_align(bytes, what, piece));
+    return gt_size_add(*total, *piece, what, total);
+}
+
+/* Bytes of the buffers after the layers' activations, in the order walk_plan lays them out. */
+typedef struct gt_tail_sizes {
+    size_t scratch_each;  /* one backward ping-pong buffer */
+    size_t cast;          /* the input cast to the half format (0 in f32 or for ids) */
+    size_t dout;          /* the gradient of the loss w.r.t. the output */
+    size_t losses;        /* per-row losses */
+    size_t input;         /* device copy of a host input (CUDA model), else 0 */
+    size_t targets;       /* device copy of host targets (CUDA model), else 0 */
+} gt_tail_sizes;
+
+/* The sizes after the layers (walk done) and the plan's totals, every sum and product checked. */
+static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_plan_walk *walk,
+                           const char *what, gt_dtype dt, gt_tail_sizes *t, gt_model_plan *plan) {
+    const gt_tensor *out = &model->root.out;
+    size_t bytes = 0, scratch = 0, loss = 0, rows = (size_t)gt_rows_of(out);
+    GT_TRY(gt_size_align(walk->max_activation_bytes, what, &t->scratch_each));
+    GT_TRY(gt_size_mul(t->scratch_each, 2 * (size_t)walk->levels, what, &scratch));
+    gt_tensor cast = *input;
+    cast.dtype = dt;
+    GT_TRY(gt_tensor_checked_bytes(&cast, what, &bytes));
+    GT_TRY(add_piece(&loss, dt != GT_F32 && input->dtype != GT_I64 ? bytes : 0, what, &t->cast));
+    GT_TRY(gt_tensor_checked_bytes(out, what, &bytes));
+    GT_TRY(add_piece(&loss, bytes, what, &t->dout));
+    GT_TRY(gt_size_mul(rows, sizeof(float), what, &bytes));
+    GT_TRY(add_piece(&loss, bytes, what, &t->losses));
+    int copies_input = on_cuda(model) && input->device.kind != GT_DEVICE_CUDA;
+    GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
+    GT_TRY(add_piece(&loss, copies_input ? bytes : 0, what, &t->input));
+    size_t labels = 0, values = 0;
+    GT_TRY(gt_size_mul(rows, sizeof(int64_t), what, &labels));
+    GT_TRY(gt_size_mul(gt_tensor_numel(out), sizeof(float), what, &values));
+    GT_TRY(add_piece(&loss, copies_input ? (labels > values ? labels : values) : 0, what, &t->targets));
+    plan->scratch_bytes = scratch;
+    plan->loss_bytes = loss;
+    GT_TRY(gt_size_align(walk->recompute_bytes, what, &plan->recompute_bytes));
+    GT_TRY(gt_size_align(walk->workspace_bytes, what, &plan->workspace_bytes));
+    plan->param_bytes = model->num_params * sizeof(float);  /* checked by the layout */
+    plan->grad_bytes = plan->param_bytes;
+    plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_params * gt_dtype_size(dt);
+    size_t total = 0;
+    const size_t parts[] = {plan->param_bytes, plan->grad_bytes, plan->lowp_param_bytes,
+                            plan->activation_bytes, plan->recompute_bytes, plan->scratch_bytes,
+                            plan->loss_bytes, plan->workspace_bytes};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        GT_TRY(gt_size_add(total, parts[i], what, &total));
+    plan->total_bytes = total;
+    return GT_OK;
+}
+
+/* Points the model's buffers after the layers' activations into the arena at `base`. */
+static void place_tail(gt_model *model, char *base, int levels, const gt_tail_sizes *t,
+                       const gt_model_plan *plan) {
+    char *cursor = base + plan->activation_bytes + plan->recompute_bytes;
+    for (int level = 0; level < levels; level++)
+        for (int k = 0; k < 2; k++, cursor += t->scratch_each)
+            model->scratch[level][k] = cursor;
+    model->input_cast = t->cast ? cursor : NULL;
+    model->dout = cursor + t->cast;
+    model->losses = (float *)(cursor + t->cast + t->dout);
+    char *io = cursor + t->cast + t->dout + t->losses;
+    model->input_device = t->input ? io : NULL;
+    model->targets_device = t->targets ? io + t->input : NULL;
+    model->backend.workspace = plan->workspace_bytes ? cursor + plan->loss_bytes : NULL;
+    model->backend.workspace_bytes = plan->workspace_bytes;
+}
+
+/* One walk over the layers, counting (base NULL) or placing buffers; fills `plan`. Errors name
+ * the input as `input_name`. A counting walk clears the layers' placed pointers (see
+ * restore_placement). */
+static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpointing,
+                           gt_dtype dt, const char *input_name, char *base, gt_model_plan *plan) {
+    gt_tensor in = *input;  /* inside the model, features are in dt (model_input casts them) */
+    in.ptr = NULL;
+    if (in.dtype != GT_I64)
+        in.dtype = dt;
+    gt_plan_walk walk = {.ops = model->backend.ops, .dt = dt, .checkpointing = checkpointing,
+                         .input = &in, .input_name = input_name};
+    char what[96];
+    snprintf(what, sizeof what, "%s: the buffers for a batch of this shape", input_name);
+    size_t bytes = 0;
+    GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
+    if (base)
+        walk.recompute_base = base + plan->activation_bytes;
+    gt_plan_cursor main_region = {base, 0};
+    GT_TRY(gt_plan_layer(&walk, &model->root, &in, -1, 0, "", &main_region));
+    plan->activation_bytes = main_region.used;
+    plan->nesting_levels = walk.levels;
+    gt_tail_sizes tail = {0};
+    GT_TRY(size_tail(model, input, &walk, what, dt, &tail, plan));
+    if (base)
+        place_tail(model, base, walk.levels, &tail, plan);
+    return GT_OK;
+}
+
+/* Bytes of the activation arena of a plan (a part of its checked total). */
 static size_t region_bytes(const gt_model_plan *plan) {
     return plan->activation_bytes + plan->recompute_bytes + plan->scratch_bytes + plan->loss_bytes +
            plan->workspace_bytes;
 }
 
+/* Places the layers' buffers of the current plan again, after a counting walk cleared them. */
+static gt_status restore_placement(gt_model *model) {
+    if (!model->planned)
+        return GT_OK;
+    gt_model_plan current = model->plan;
+    return walk_plan(model, &model->planned_input, model->checkpointing, model->dt, "x",
+                     model->activations.block.ptr, &current);
+}
+
 gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
                                 gt_dtype dt, gt_model_plan *out) {
     memset(out, 0, sizeof *out);
-    gt_status status = walk_plan(model, input, checkpointing, dt, NULL, out);
-    if (model->planned) {  /* the counting walk cleared the placed pointers: place them again */
-        gt_model_plan current = model->plan;
-        GT_TRY(walk_plan(model, &model->planned_input, model->checkpointing, model->dt,
-                         model->activations.block.ptr, &current));
-    }
+    gt_status status = walk_plan(model, input, checkpointing, dt, "shape", NULL, out);
+    GT_TRY(restore_placement(model));
     return status;
 }
 
@@ -257,17 +363,68 @@ static int same_shape(const gt_tensor *a, const gt_tensor *b) {
            memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }
 
+/* 1 when the pool of the model's device would have room for `bytes` more once `held` (a block
+ * of its own) were released. */
+static int fits_after_release(const gt_model *model, const gt_arena *held, size_t bytes) {
+    gt_mem_stats stats;
+    if (!held->block.ptr)
+        return 0;
+    gt_error_state saved;  /* the refusal's message outlives this query */
+    gt_error_save(GT_ERR_OOM, &saved);
+    gt_status status = gt_mem_get_stats(model->backend.device, &stats);
+    gt_error_restore(&saved);
+    if (status != GT_OK)
+        return 0;
+    size_t after = stats.reserved - gt_align_up(held->block.bytes);
+    return gt_align_up(bytes) <= stats.limit && after <= stats.limit - gt_align_up(bytes);
+}
+
+/* A new activation arena of `bytes` while the current one is kept, so that a failure changes
+ * nothing. Only when that is refused and the pool would have room without the current arena is
+ * the current one released first (the model is then unplanned until the swap or the restore). */
+static gt_status allocate_activations(gt_model *model, size_t bytes, gt_arena *fresh) {
+    gt_status status = gt_arena_create(fresh, model->backend.device, bytes);
+    if (status != GT_ERR_OOM || !fits_after_release(model, &model->activations, bytes))
+        return status;
+    model->planned = 0;
+    gt_arena_destroy(&model->activations);
+    gt_clear_error();
+    return gt_arena_create(fresh, model->backend.device, bytes);
+}
+
+/* After allocate_activations released the current arena and still failed: the arena of the
+ * previous plan again, so the model is as it was (it stays unplanned, and re-plans on its next
+ * forward, only if even that memory is refused). */
+static void reinstate_activations(gt_model *model, const gt_model_plan *previous, int was_planned) {
+    if (!was_planned || model->planned || model->activations.block.ptr)
+        return;
+    if (gt_arena_create(&model->activations, model->backend.device, region_bytes(previous)) != GT_OK)
+        return;
+    model->planned = 1;
+}
+
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     if (model->planned && same_shape(input, &model->planned_input))
         return GT_OK;
-    model->planned = 0;
-    gt_arena_destroy(&model->activations);
-    gt_model_plan plan;
+    gt_model_plan plan, previous = model->plan;
     memset(&plan, 0, sizeof plan);
-    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, NULL, &plan));
-    GT_TRY(gt_arena_create(&model->activations, model->backend.device, region_bytes(&plan)));
-    char *base = model->activations.block.ptr;
-    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, base, &plan));
+    int was_planned = model->planned;
+    gt_arena fresh = {0};
+    gt_status status = walk_plan(model, input, model->checkpointing, model->dt, "x", NULL, &plan);
+    if (status == GT_OK)
+        status = allocate_activations(model, region_bytes(&plan), &fresh);
+    if (status != GT_OK) {  /* keep the failure's message over any from the restore */
+        gt_error_state saved;
+        gt_error_save(status, &saved);
+        reinstate_activations(model, &previous, was_planned);
+        if (restore_placement(model) != GT_OK)
+            model->planned = 0;
+        return gt_error_restore(&saved);
+    }
+    gt_arena_destroy(&model->activations);
+    model->activations = fresh;
+    model->planned = 0;
+    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, "x", fresh.block.ptr, &plan));
     model->plan = plan;
     model->planned_input = *input;
     model->planned_input.ptr = NULL;
@@ -317,19 +474,21 @@ gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t mic
     return GT_OK;
 }
 
-static gt_status check_targets(const gt_tensor *out, const gt_loss *loss, const gt_tensor *targets) {
+gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets) {
+    const gt_tensor *out = &model->root.out;
     if (loss->kind == GT_LOSS_CROSS_ENTROPY) {
         if (targets->dtype != GT_I64)
-            return GT_FAIL(GT_ERR_TYPE, "targets: cross-entropy needs integer class labels");
+            return GT_FAIL(GT_ERR_TYPE, "y: cross-entropy targets are integer class labels, got %s",
+                           gt_dtype_name(targets->dtype));
         if ((int64_t)gt_tensor_numel(targets) != gt_rows_of(out))
-            return GT_FAIL(GT_ERR_VALUE, "targets: expected %lld labels, got %zu",
-                           (long long)gt_rows_of(out), gt_tensor_numel(targets));
+            return GT_FAIL(GT_ERR_VALUE, "y: expected %lld class labels (targets, one per output row), "
+                           "got %zu", (long long)gt_rows_of(out), gt_tensor_numel(targets));
         return GT_OK;
     }
     if (targets->dtype != GT_F32)
-        return GT_FAIL(GT_ERR_TYPE, "targets: MSE needs float32 targets");
+        return GT_FAIL(GT_ERR_TYPE, "y: MSE targets are float32 values, got %s", gt_dtype_name(targets->dtype));
     if (gt_tensor_numel(targets) != gt_tensor_numel(out))
-        return GT_FAIL(GT_ERR_VALUE, "targets: expected %zu values (the output's size), got %zu",
+        return GT_FAIL(GT_ERR_VALUE, "y: expected %zu target values (the output's size), got %zu",
                        gt_tensor_numel(out), gt_tensor_numel(targets));
     return GT_OK;
 }
@@ -357,7 +516,7 @@ static gt_status sum_losses(gt_model *model, int64_t rows, double *out) {
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
                         float dloss_scale, int want_grad, double *loss_value, int64_t *count) {
     const gt_tensor *out = &model->root.out;
-    GT_TRY(check_targets(out, loss, targets));
+    GT_TRY(gt_model_check_targets(model, loss, targets));
     const gt_ops *ops = model->backend.ops;
     void *dout = want_grad ? model->dout : NULL;
     const void *target_data = targets->ptr;

@@ -85,6 +85,9 @@ gt_status gt_model_refresh_lowp(gt_model *model);
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
                            gt_tensor *output);
 
+/* Checks `targets` (dtype, count) against the planned output for `loss`, before any forward. */
+gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets);
+
 /* Loss of the last forward against `targets`; writes model->dout scaled by dloss_scale when
  * `want_grad`. *loss_sum is the sum of per-row losses, *count the rows that count. */
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,

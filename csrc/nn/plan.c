@@ -1,70 +1,117 @@
 /* The plan walk: shapes of every layer for one input shape, and the exact bytes of every
  * activation region. The same walk runs twice: once counting (base NULL), once assigning
- * pointers into the allocated arena, so the plan and the allocation cannot disagree. */
+ * pointers into the allocated arena, so the plan and the allocation cannot disagree. Every size
+ * is checked (gt_size_*), so a shape too large for any memory fails with GT_ERR_OOM instead of
+ * wrapping around; errors name the layer by its state_dict path, or the model's input. */
 #include "nn/plan.h"
 
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
-static void *cursor_take(gt_plan_cursor *cursor, size_t bytes) {
-    void *ptr = cursor->base ? cursor->base + cursor->used : NULL;
-    cursor->used += gt_align_up(bytes);
-    return ptr;
+static gt_status cursor_take(gt_plan_cursor *cursor, size_t bytes, const char *what, void **out) {
+    size_t aligned = 0, used = 0;
+    GT_TRY(gt_size_align(bytes, what, &aligned));
+    GT_TRY(gt_size_add(cursor->used, aligned, what, &used));
+    *out = cursor->base ? cursor->base + cursor->used : NULL;
+    cursor->used = used;
+    return GT_OK;
 }
 
-static size_t tensor_bytes(const gt_tensor *t) { return gt_tensor_bytes(t); }
+/* "layer '1.block.0' (Linear(16, 8))" into buf. */
+static const char *describe(char *buf, size_t bytes, const gt_layer *layer, const char *path) {
+    switch (layer->kind) {
+    case GT_LAYER_LINEAR:
+        snprintf(buf, bytes, "layer '%s' (Linear(%lld, %lld))", path, (long long)layer->in_features,
+                 (long long)layer->out_features);
+        break;
+    case GT_LAYER_LAYERNORM:
+        snprintf(buf, bytes, "layer '%s' (LayerNorm(%lld))", path, (long long)layer->in_features);
+        break;
+    case GT_LAYER_EMBEDDING:
+        snprintf(buf, bytes, "layer '%s' (Embedding(%lld, %lld))", path,
+                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
+        break;
+    case GT_LAYER_RESIDUAL: snprintf(buf, bytes, "layer '%s' (Residual)", path); break;
+    default: snprintf(buf, bytes, "layer '%s'", path); break;
+    }
+    return buf;
+}
 
 /* Notes the workspace of a GEMM as the layers run it: alpha 1, compact leading dimensions, and
  * beta 0, or both 0 and 1 when it may accumulate (native half GEMMs plan beta in their scratch). */
-static void note_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
-                           int64_t k, gt_dtype a_dt, gt_dtype b_dt, gt_dtype c_dt,
-                           int may_accumulate) {
+static gt_status note_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
+                                int64_t k, gt_dtype c_dt, int may_accumulate) {
     gt_gemm_args args = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
-                         .alpha = 1.0f, .a_dt = a_dt, .lda = trans_a ? m : k, .b_dt = b_dt,
+                         .alpha = 1.0f, .a_dt = w->dt, .lda = trans_a ? m : k, .b_dt = w->dt,
                          .ldb = trans_b ? k : n, .c_dt = c_dt, .ldc = n, .batch = 1};
     for (int accumulate = 0; accumulate <= may_accumulate; accumulate++) {
         args.beta = accumulate ? 1.0f : 0.0f;
         size_t bytes = w->ops->gemm_workspace_bytes(&args);
+        GT_TRY(gt_size_check(bytes, "workspace of a half-precision GEMM"));
         if (bytes > w->workspace_bytes)
             w->workspace_bytes = bytes;
     }
-}
-
-static gt_status check_last_dim(const gt_tensor *in, int64_t expected, const char *what) {
-    if (in->ndim < 1 || in->shape[in->ndim - 1] != expected)
-        return GT_FAIL(GT_ERR_VALUE, "input: %s expects a last dimension of %lld, got %lld", what,
-                       (long long)expected, in->ndim ? (long long)in->shape[in->ndim - 1] : 0LL);
-    if (in->dtype == GT_I64)
-        return GT_FAIL(GT_ERR_TYPE, "input: %s expects floating-point input, got integer ids", what);
     return GT_OK;
 }
 
-static gt_status plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in) {
-    GT_TRY(check_last_dim(in, layer->in_features, "Linear"));
+static gt_status check_features(gt_plan_walk *w, const gt_tensor *in, int64_t expected,
+                                const gt_layer *layer, const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    describe(name, sizeof name, layer, path);
+    if (in->dtype == GT_I64)
+        return GT_FAIL(GT_ERR_TYPE, "model: %s takes floating-point features, but gets int64 ids; "
+                       "only an Embedding can read ids", name);
+    int64_t got = in->ndim ? in->shape[in->ndim - 1] : 0;
+    if (in->ndim >= 1 && got == expected)
+        return GT_OK;
+    if (in == w->input)
+        return GT_FAIL(GT_ERR_VALUE, "%s: expected %lld features (the size of the last dimension, "
+                       "read by %s), got %lld", w->input_name, (long long)expected, name, (long long)got);
+    return GT_FAIL(GT_ERR_VALUE, "model: %s expects %lld input features, but the layer before it "
+                   "gives %lld; make the sizes of consecutive layers agree", name, (long long)expected,
+                   (long long)got);
+}
+
+static gt_status plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path) {
+    GT_TRY(check_features(w, in, layer->in_features, layer, path));
     layer->out.shape[in->ndim - 1] = layer->out_features;
     int64_t rows = gt_rows_of(in);
-    gt_dtype wdt = w->dt;
-    note_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, wdt, w->dt, 0);
-    note_workspace(w, 1, 0, layer->out_features, layer->in_features, rows, w->dt, w->dt, GT_F32,
-                   1);
-    note_workspace(w, 0, 0, rows, layer->in_features, layer->out_features, w->dt, wdt, w->dt, 0);
-    return GT_OK;
+    if (rows > INT_MAX) {
+        char name[GT_LAYER_PATH_BYTES + 64];
+        return GT_FAIL(GT_ERR_VALUE, "%s: %lld rows per micro-batch are more than the GEMMs of %s can "
+                       "take (%d); use a smaller batch or more gradient_accumulation_steps",
+                       w->input_name, (long long)rows, describe(name, sizeof name, layer, path), INT_MAX);
+    }
+    GT_TRY(note_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, 0));
+    GT_TRY(note_workspace(w, 1, 0, layer->out_features, layer->in_features, rows, GT_F32, 1));
+    return note_workspace(w, 0, 0, rows, layer->in_features, layer->out_features, w->dt, 0);
 }
 
 static gt_status plan_layernorm(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                gt_plan_cursor *region) {
-    GT_TRY(check_last_dim(in, layer->in_features, "LayerNorm"));
-    size_t stat_bytes = (size_t)gt_rows_of(in) * sizeof(float);
-    layer->mean = cursor_take(region, stat_bytes);
-    layer->rstd = cursor_take(region, stat_bytes);
+                                const char *path, gt_plan_cursor *region) {
+    GT_TRY(check_features(w, in, layer->in_features, layer, path));
+    const char *what = "LayerNorm statistics";
+    size_t stat_bytes = 0;
+    GT_TRY(gt_size_mul((size_t)gt_rows_of(in), sizeof(float), what, &stat_bytes));
+    void *mean = NULL, *rstd = NULL;
+    GT_TRY(cursor_take(region, stat_bytes, what, &mean));
+    GT_TRY(cursor_take(region, stat_bytes, what, &rstd));
+    layer->mean = mean;
+    layer->rstd = rstd;
     return GT_OK;
 }
 
-static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in) {
+static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                                const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 64];
     if (in->dtype != GT_I64)
-        return GT_FAIL(GT_ERR_TYPE, "input: Embedding expects int64 ids, got %s",
+        return GT_FAIL(GT_ERR_TYPE, "model: %s reads int64 ids, but gets %s activations; an Embedding "
+                       "must be the model's first layer", describe(name, sizeof name, layer, path),
                        gt_dtype_name(in->dtype));
     if (in->ndim + 1 > GT_MAX_DIMS)
-        return GT_FAIL(GT_ERR_VALUE, "input: too many dimensions for Embedding (%d)", in->ndim);
+        return GT_FAIL(GT_ERR_VALUE, "%s: ids of %d dimensions are too many for an Embedding (at most %d)",
+                       w->input_name, in->ndim, GT_MAX_DIMS - 1);
     layer->out.ndim = in->ndim + 1;
     layer->out.shape[in->ndim] = layer->embedding_dim;
     return GT_OK;
@@ -72,26 +119,34 @@ static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tenso
 
 static gt_status plan_flatten(gt_layer *layer, const gt_tensor *in) {
     if (in->ndim < 1)
-        return GT_FAIL(GT_ERR_VALUE, "input: Flatten needs at least one dimension");
-    int64_t rest = 1;
+        return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
+    size_t rest = 1;
     for (int i = 1; i < in->ndim; i++)
-        rest *= in->shape[i];
+        GT_TRY(gt_size_mul(rest, (size_t)in->shape[i], "Flatten: the flattened size", &rest));
     layer->out.ndim = in->ndim >= 2 ? 2 : 1;
     layer->out.shape[0] = in->shape[0];
-    layer->out.shape[1] = rest;
+    layer->out.shape[1] = (int64_t)rest;
     return GT_OK;
 }
 
+/* The dotted name of child i of a container named `path`. */
+static void child_path(char *buf, size_t bytes, const char *path, size_t i) {
+    snprintf(buf, bytes, "%s%s%zu", path, path[0] ? "." : "", i);
+}
+
 static gt_status plan_sequential(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                 int level, int inside_checkpoint, gt_plan_cursor *region) {
+                                 int level, int inside_checkpoint, const char *path,
+                                 gt_plan_cursor *region) {
     if (level >= GT_MAX_NESTING)
-        return GT_FAIL(GT_ERR_VALUE, "model nests deeper than %d levels", GT_MAX_NESTING);
+        return GT_FAIL(GT_ERR_VALUE, "model: layers nest deeper than %d levels", GT_MAX_NESTING);
     if (level + 1 > w->levels)
         w->levels = level + 1;
     const gt_tensor *cur = in;
     for (size_t i = 0; i < layer->num_children; i++) {
+        char name[GT_LAYER_PATH_BYTES];
+        child_path(name, sizeof name, path, i);
         layer->children[i].level = level;
-        GT_TRY(gt_plan_layer(w, &layer->children[i], cur, level, inside_checkpoint, region));
+        GT_TRY(gt_plan_layer(w, &layer->children[i], cur, level, inside_checkpoint, name, region));
         cur = &layer->children[i].out;
     }
     layer->out = *cur;
@@ -99,47 +154,62 @@ static gt_status plan_sequential(gt_plan_walk *w, gt_layer *layer, const gt_tens
 }
 
 static gt_status plan_residual(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
-                               int inside_checkpoint, gt_plan_cursor *region) {
+                               int inside_checkpoint, const char *path, gt_plan_cursor *region) {
     gt_layer *block = &layer->children[0];
+    char name[GT_LAYER_PATH_BYTES];
+    snprintf(name, sizeof name, "%s%sblock", path, path[0] ? "." : "");
     layer->checkpointed = w->checkpointing && !inside_checkpoint;
     if (layer->checkpointed) {
         gt_plan_cursor recompute = {w->recompute_base, 0};
-        GT_TRY(plan_sequential(w, block, in, level + 1, 1, &recompute));
+        GT_TRY(plan_sequential(w, block, in, level + 1, 1, name, &recompute));
         if (recompute.used > w->recompute_bytes)
             w->recompute_bytes = recompute.used;
     } else {
-        GT_TRY(plan_sequential(w, block, in, level + 1, inside_checkpoint, region));
+        GT_TRY(plan_sequential(w, block, in, level + 1, inside_checkpoint, name, region));
     }
-    if (block->out.ndim != in->ndim || memcmp(block->out.shape, in->shape, sizeof(int64_t) * (size_t)in->ndim) != 0)
-        return GT_FAIL(GT_ERR_VALUE, "Residual: the block must keep the input shape");
+    if (block->out.ndim != in->ndim ||
+        memcmp(block->out.shape, in->shape, sizeof(int64_t) * (size_t)in->ndim) != 0) {
+        char what[GT_LAYER_PATH_BYTES + 64];
+        return GT_FAIL(GT_ERR_VALUE, "model: the block of %s changes the shape of its input (last "
+                       "dimension %lld -> %lld); a Residual's block must keep its input's shape",
+                       describe(what, sizeof what, layer, path),
+                       in->ndim ? (long long)in->shape[in->ndim - 1] : 0LL,
+                       block->out.ndim ? (long long)block->out.shape[block->out.ndim - 1] : 0LL);
+    }
     return GT_OK;
 }
 
 gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
-                        int inside_checkpoint, gt_plan_cursor *region) {
+                        int inside_checkpoint, const char *path, gt_plan_cursor *region) {
     layer->in_shape = *in;
     layer->in_shape.ptr = NULL;
     layer->out = *in;
     layer->out.dtype = w->dt;
     layer->out.ptr = NULL;
     switch (layer->kind) {
-    case GT_LAYER_LINEAR: GT_TRY(plan_linear(w, layer, in)); break;
+    case GT_LAYER_LINEAR: GT_TRY(plan_linear(w, layer, in, path)); break;
     case GT_LAYER_ACTIVATION:
     case GT_LAYER_DROPOUT:
         if (in->dtype == GT_I64)
-            return GT_FAIL(GT_ERR_TYPE, "input: elementwise layers expect floating-point input");
+            return GT_FAIL(GT_ERR_TYPE, "model: layer '%s' takes floating-point values, but gets int64 "
+                           "ids; only an Embedding can read ids", path);
         break;
-    case GT_LAYER_LAYERNORM: GT_TRY(plan_layernorm(w, layer, in, region)); break;
-    case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in)); break;
+    case GT_LAYER_LAYERNORM: GT_TRY(plan_layernorm(w, layer, in, path, region)); break;
+    case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
-        return plan_sequential(w, layer, in, level + 1, inside_checkpoint, region);
+        return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);
     case GT_LAYER_RESIDUAL:
-        GT_TRY(plan_residual(w, layer, in, level, inside_checkpoint, region));
+        GT_TRY(plan_residual(w, layer, in, level, inside_checkpoint, path, region));
         break;
     }
-    size_t bytes = tensor_bytes(&layer->out);
-    layer->out.ptr = cursor_take(region, bytes);
+    char what[GT_LAYER_PATH_BYTES + 96];
+    snprintf(what, sizeof what, "%s: the activations of layer '%s'", w->input_name, path);
+    size_t bytes = 0;
+    void *ptr = NULL;
+    GT_TRY(gt_tensor_checked_bytes(&layer->out, what, &bytes));
+    GT_TRY(cursor_take(region, bytes, what, &ptr));
+    layer->out.ptr = ptr;
     if (bytes > w->max_activation_bytes)
         w->max_activation_bytes = bytes;
     return GT_OK;

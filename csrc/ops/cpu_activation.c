@@ -90,6 +90,8 @@ gt_status gt_cpu_activation_forward(gt_backend *be, void *out, const void *in, i
 gt_status gt_cpu_activation_backward(gt_backend *be, void *din, const void *dout,
                                      const void *in, int64_t n, gt_activation act, gt_dtype dt) {
     GT_TRY(check_activation(act, n, dt));
+    if (!din)  /* the input gradient is not wanted */
+        return GT_OK;
     __typeof__(&act_backward_scalar) kernel = GT_CPU_RUN(act_backward);
     size_t count = (size_t)n, chunks = gt_cpu_chunks(count);
 #pragma omp parallel for schedule(static) if (chunks > 1)

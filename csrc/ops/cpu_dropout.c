@@ -79,5 +79,7 @@ gt_status gt_cpu_dropout_forward(gt_backend *be, void *out, const void *in, int6
 
 gt_status gt_cpu_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n,
                                   float p, gt_dropout_key key, gt_dtype dt) {
+    if (!din)  /* the input gradient is not wanted: only the arguments are checked */
+        return dropout_apply(NULL, NULL, 0, p, &key, dt);
     return dropout_apply(din, dout, n, p, &key, dt);
 }

@@ -42,12 +42,15 @@ static int native_gemm(const gt_gemm_args *g, size_t *scratch_bytes) {
 /* Bytes of the f32 copies of the half operands a widened GEMM needs. */
 static size_t widened_bytes(const gt_gemm_args *args) {
     size_t bytes = 0;
-    if (args->a_dt != GT_F32)
-        bytes += gt_align_up(gt_gemm_a_rows(args) * gt_gemm_a_cols(args) * sizeof(float));
+    if (args->a_dt != GT_F32)  /* saturating: SIZE_MAX when the sizes overflow (never allocated) */
+        bytes = gt_size_add_sat(bytes, gt_align_up(gt_size_mul_sat(gt_gemm_a_rows(args) * sizeof(float),
+                                                                   gt_gemm_a_cols(args))));
     if (args->b_dt != GT_F32)
-        bytes += gt_align_up(gt_gemm_b_rows(args) * gt_gemm_b_cols(args) * sizeof(float));
+        bytes = gt_size_add_sat(bytes, gt_align_up(gt_size_mul_sat(gt_gemm_b_rows(args) * sizeof(float),
+                                                                   gt_gemm_b_cols(args))));
     if (args->c_dt != GT_F32)
-        bytes += gt_align_up((size_t)args->m * (size_t)args->n * sizeof(float));
+        bytes = gt_size_add_sat(bytes, gt_align_up(gt_size_mul_sat((size_t)args->m * sizeof(float),
+                                                                   (size_t)args->n)));
     return bytes;
 }
 

@@ -124,7 +124,8 @@ GT_CPU_KERNEL(ln_dparams, (float *dweight, float *dbias, const void *dout, const
               dweight, dbias, dout, in, mean, rstd, rows, cols, col_begin, col_end, accumulate)
 
 /* The weight and bias gradients come first: din may then alias dout (each row of dout is read
- * completely before its din row is written). */
+ * completely before its din row is written). A NULL din (the model's first layer: no input
+ * gradient is wanted) computes the parameter gradients only. */
 gt_status gt_cpu_layernorm_backward(gt_backend *be, void *din, float *dweight, float *dbias,
                                     const void *dout, const void *in, const float *weight,
                                     const float *mean, const float *rstd, int64_t rows,
@@ -140,7 +141,7 @@ gt_status gt_cpu_layernorm_backward(gt_backend *be, void *din, float *dweight, f
         dparams(dweight, dbias, dout, in, mean, rstd, (size_t)rows, (size_t)cols, begin, end,
                 accumulate, dt);
     }
-    if (rows == 0)
+    if (rows == 0 || !din)
         return GT_OK;
     __typeof__(&ln_din_scalar) kernel = GT_CPU_RUN(ln_din);
     size_t block = ln_block_rows(cols), blocks = ((size_t)rows + block - 1) / block;

@@ -88,14 +88,15 @@ typedef struct gt_ops {
     /* out = act(in), elementwise over n. */
     gt_status (*activation_forward)(gt_backend *be, void *out, const void *in, int64_t n,
                                     gt_activation act, gt_dtype dt);
-    /* din = dout * act'(in), elementwise over n (din may alias dout). */
+    /* din = dout * act'(in), elementwise over n (din may alias dout; NULL din: nothing to do). */
     gt_status (*activation_backward)(gt_backend *be, void *din, const void *dout,
                                      const void *in, int64_t n, gt_activation act, gt_dtype dt);
 
     /* out = in * mask / (1 - p) with mask = uniform(key, i) >= p; p in [0, 1). */
     gt_status (*dropout_forward)(gt_backend *be, void *out, const void *in, int64_t n, float p,
                                  gt_dropout_key key, gt_dtype dt);
-    /* din = dout * mask / (1 - p), the mask regenerated from the same key. */
+    /* din = dout * mask / (1 - p), the mask regenerated from the same key (NULL din: nothing to
+     * do). */
     gt_status (*dropout_backward)(gt_backend *be, void *din, const void *dout, int64_t n,
                                   float p, gt_dropout_key key, gt_dtype dt);
 
@@ -108,8 +109,8 @@ typedef struct gt_ops {
     gt_status (*layernorm_forward)(gt_backend *be, void *out, float *mean, float *rstd,
                                    const void *in, const float *weight, const float *bias,
                                    int64_t rows, int64_t cols, float eps, gt_dtype dt);
-    /* din = dLN/din (written; may alias dout); dweight, dbias (+)= per `accumulate`; dbias may be
-     * NULL (no bias). */
+    /* din = dLN/din (written; may alias dout; NULL: not wanted, only the parameter gradients are
+     * computed); dweight, dbias (+)= per `accumulate`; dbias may be NULL (no bias). */
     gt_status (*layernorm_backward)(gt_backend *be, void *din, float *dweight, float *dbias,
                                     const void *dout, const void *in, const float *weight,
                                     const float *mean, const float *rstd, int64_t rows,

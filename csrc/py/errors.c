@@ -46,3 +46,24 @@ int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_
     gt_status status = gt_device_parse(text, arg_name, out);
     return status == GT_OK ? 0 : gtpy_raise_int(module, status);
 }
+
+static PyObject *set_debug(PyObject *module, PyObject *arg) {
+    if (!PyBool_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "enabled must be a bool, not %.100s", Py_TYPE(arg)->tp_name);
+    gt_set_debug(arg == Py_True);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_debug(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(gt_debug_enabled());
+}
+
+static PyMethodDef error_methods[] = {
+    {"set_debug", set_debug, METH_O,
+     "set_debug(enabled)\n--\n\nAppend the C file:line of the failure to error messages (process-wide)."},
+    {"get_debug", get_debug, METH_NOARGS,
+     "get_debug()\n--\n\nTrue when error messages end with the C file:line (set_debug or GPUTRAIN_DEBUG)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int gtpy_add_errors(PyObject *module) { return PyModule_AddFunctions(module, error_methods); }

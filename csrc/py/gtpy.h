@@ -64,6 +64,7 @@ int gtpy_add_ema(PyObject *module);
 int gtpy_add_loader(PyObject *module);
 int gtpy_add_ops(PyObject *module);
 int gtpy_add_cuda_ops(PyObject *module);
+int gtpy_add_errors(PyObject *module);
 
 /* The gt_scaler inside a gputrain.amp.GradScaler (or _C.Scaler); NULL with TypeError otherwise. */
 struct gt_scaler *gtpy_scaler_get(PyObject *obj);

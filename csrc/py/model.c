@@ -236,29 +236,29 @@ static int all_finite(const float *x, size_t n) {
     return finite;
 }
 
-PyArrayObject *gtpy_array_arg(PyObject *obj, const char *arg_name, char kind, gt_tensor *tensor) {
-    int is_array = PyArray_Check(obj);
-    if (is_array && !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj)) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a C-contiguous array (use np.ascontiguousarray)", arg_name);
-        return NULL;
-    }
-    if (is_array) {
+PyArrayObject *gtpy_input_array(PyObject *obj, const char *arg_name, char kind, gt_tensor *shape) {
+    PyArrayObject *array = NULL;
+    if (PyArray_Check(obj)) {
         PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)obj);
         int ok = kind == 'f' ? descr->type_num == NPY_FLOAT32 : PyDataType_ISINTEGER(descr);
         if (!ok) {
             PyErr_Format(PyExc_TypeError, "%s: expected %s, got an array of dtype %S", arg_name,
-                         kind == 'f' ? "a float32 array" : "an integer array", (PyObject *)descr);
+                         kind == 'f' ? "a float32 array (convert with x.astype(np.float32))" : "an integer array",
+                         (PyObject *)descr);
             return NULL;
         }
-    }
-    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(obj, kind == 'f' ? NPY_FLOAT32 : NPY_INT64,
-                                                             NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
-    if (!array) {
-        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s: expected a numeric array, got %.100s", arg_name, Py_TYPE(obj)->tp_name);
+        array = (PyArrayObject *)Py_NewRef(obj);  /* any layout: copied when the data is read */
+    } else {
+        array = (PyArrayObject *)PyArray_FROM_OTF(obj, kind == 'f' ? NPY_FLOAT32 : NPY_INT64,
+                                                  NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+        if (!array) {
+            if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "%s: expected a numeric array, got %.100s", arg_name,
+                             Py_TYPE(obj)->tp_name);
+            }
+            return NULL;
         }
-        return NULL;
     }
     int ndim = PyArray_NDIM(array);
     if (ndim < 1 || ndim > GT_MAX_DIMS) {
@@ -266,16 +266,38 @@ PyArrayObject *gtpy_array_arg(PyObject *obj, const char *arg_name, char kind, gt
         Py_DECREF(array);
         return NULL;
     }
-    int64_t shape[GT_MAX_DIMS];
+    int64_t dims[GT_MAX_DIMS];
     for (int i = 0; i < ndim; i++)
-        shape[i] = PyArray_DIM(array, i);
-    gt_tensor_make(tensor, PyArray_DATA(array), kind == 'f' ? GT_F32 : GT_I64, ndim, shape, gt_cpu_device());
-    if (kind == 'f' && !all_finite(PyArray_DATA(array), gt_tensor_numel(tensor))) {
-        PyErr_Format(PyExc_ValueError, "%s contains NaN or infinite values", arg_name);
-        Py_DECREF(array);
+        dims[i] = PyArray_DIM(array, i);
+    gt_tensor_make(shape, NULL, kind == 'f' ? GT_F32 : GT_I64, ndim, dims, gt_cpu_device());
+    return array;
+}
+
+/* Raises OutOfMemoryError for a failed copy of `arg_name` when NumPy ran out of memory. */
+static void copy_failed(PyObject *module, PyArrayObject *array, const char *arg_name) {
+    if (!PyErr_ExceptionMatches(PyExc_MemoryError))
+        return;
+    PyErr_Clear();
+    PyErr_Format(gtpy_state_of(module)->out_of_memory_error,
+                 "%s: out of memory for a C-contiguous copy of the array (%zd bytes); pass a smaller "
+                 "or contiguous array", arg_name, (Py_ssize_t)PyArray_NBYTES(array));
+}
+
+PyArrayObject *gtpy_input_data(PyObject *module, PyArrayObject *array, const char *arg_name, char kind,
+                               gt_tensor *tensor) {
+    PyArrayObject *data = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)array, kind == 'f' ? NPY_FLOAT32 : NPY_INT64,
+                                                            NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (!data) {
+        copy_failed(module, array, arg_name);
         return NULL;
     }
-    return array;
+    tensor->ptr = PyArray_DATA(data);
+    if (kind == 'f' && !all_finite(PyArray_DATA(data), gt_tensor_numel(tensor))) {
+        PyErr_Format(PyExc_ValueError, "%s contains NaN or infinite values", arg_name);
+        Py_DECREF(data);
+        return NULL;
+    }
+    return data;
 }
 
 static const gt_layer *first_leaf(const gt_layer *layer) {
@@ -315,10 +337,18 @@ static PyObject *model_forward(PyObject *op, PyObject *arg) {
     ModelObject *self = (ModelObject *)op;
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     gt_tensor input, output;
-    PyArrayObject *x = gtpy_array_arg(arg, "x", gtpy_model_takes_ids(&self->model) ? 'i' : 'f', &input);
-    if (!x)
+    char kind = gtpy_model_takes_ids(&self->model) ? 'i' : 'f';
+    PyArrayObject *given = gtpy_input_array(arg, "x", kind, &input);
+    if (!given)
         return NULL;
     gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_prepare(&self->model, &input);  /* the shape is checked before any copy */
+    Py_END_ALLOW_THREADS
+    PyArrayObject *x = status == GT_OK ? gtpy_input_data(module, given, "x", kind, &input) : NULL;
+    Py_DECREF(given);
+    if (!x)
+        return status == GT_OK ? NULL : gtpy_raise(module, status);
     Py_BEGIN_ALLOW_THREADS
     status = gt_model_forward(&self->model, &input, 0, &output);
     Py_END_ALLOW_THREADS
@@ -348,6 +378,41 @@ static PyObject *plan_to_dict(const gt_model_plan *plan) {
     return d;
 }
 
+/* A shape: a sequence of 1 to GT_MAX_DIMS non-negative ints. Returns ndim, or -1 with an
+ * exception naming the offending entry (OutOfMemoryError for a size beyond any memory). */
+static int parse_shape(PyObject *module, PyObject *obj, int64_t *shape) {
+    PyObject *seq = PySequence_Fast(obj, "shape must be a sequence of ints");
+    if (!seq)
+        return -1;
+    Py_ssize_t ndim = PySequence_Fast_GET_SIZE(seq);
+    int rc = ndim >= 1 && ndim <= GT_MAX_DIMS ? (int)ndim : -1;
+    if (rc < 0)
+        PyErr_Format(PyExc_ValueError, "shape: expected 1 to %d dimensions, got %zd", GT_MAX_DIMS, ndim);
+    for (Py_ssize_t i = 0; rc >= 0 && i < ndim; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *index = PyNumber_Index(item);
+        int overflow = 0;
+        long long value = index ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+        Py_XDECREF(index);
+        if (!index) {
+            PyErr_Format(PyExc_TypeError, "shape[%zd] must be an int, not %.100s", i, Py_TYPE(item)->tp_name);
+            rc = -1;
+        } else if (overflow > 0 || (value == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            PyErr_Format(gtpy_state_of(module)->out_of_memory_error,
+                         "shape[%zd]: %R is too large for any memory (more than 2**63 - 1)", i, item);
+            rc = -1;
+        } else if (overflow < 0 || value < 0) {
+            PyErr_Format(PyExc_ValueError, "shape[%zd] must be >= 0, got %R", i, item);
+            rc = -1;
+        } else {
+            shape[i] = value;
+        }
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
 static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"shape", "checkpointing", "precision", NULL};
     ModelObject *self = (ModelObject *)op;
@@ -361,21 +426,13 @@ static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     gt_status status = precision ? gt_dtype_parse(precision, "precision", &dt) : GT_OK;
     if (status != GT_OK)
         return gtpy_raise(module, status);
-    PyObject *seq = PySequence_Fast(shape_obj, "shape must be a sequence of ints");
-    if (!seq)
-        return NULL;
-    Py_ssize_t ndim = PySequence_Fast_GET_SIZE(seq);
     int64_t shape[GT_MAX_DIMS];
-    for (Py_ssize_t i = 0; i < ndim && i < GT_MAX_DIMS; i++)
-        shape[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-    Py_DECREF(seq);
-    if (PyErr_Occurred())
+    int ndim = parse_shape(module, shape_obj, shape);
+    if (ndim < 0)
         return NULL;
-    if (ndim < 1 || ndim > GT_MAX_DIMS)
-        return PyErr_Format(PyExc_ValueError, "shape: expected 1 to %d dimensions", GT_MAX_DIMS);
     gt_tensor input;
     gt_dtype in_dt = gtpy_model_takes_ids(&self->model) ? GT_I64 : GT_F32;
-    status = gt_tensor_make(&input, NULL, in_dt, (int)ndim, shape, gt_cpu_device());
+    status = gt_tensor_make(&input, NULL, in_dt, ndim, shape, gt_cpu_device());
     gt_model_plan plan;
     if (status == GT_OK)
         status = gt_model_compute_plan(&self->model, &input, checkpointing, dt, &plan);

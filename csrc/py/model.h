@@ -15,9 +15,17 @@ typedef struct {
 /* The gt_model inside a gputrain._C.Model, or NULL with TypeError naming `arg_name`. */
 gt_model *gtpy_model_get(PyObject *module, PyObject *obj, const char *arg_name);
 
-/* Converts an argument to a C-contiguous array of float32 (kind 'f', finite values only) or
- * int64 (kind 'i'); fills `tensor` (on the CPU). Returns a new reference or NULL. */
-PyArrayObject *gtpy_array_arg(PyObject *obj, const char *arg_name, char kind, gt_tensor *tensor);
+/* Checks an input argument without copying an array: float32 (kind 'f') or any integer dtype
+ * (kind 'i'), 1 to GT_MAX_DIMS dimensions, any memory layout (other objects are converted). Fills
+ * `shape` (dtype f32 or i64, on the CPU, ptr NULL). Returns a new reference, or NULL with an
+ * exception naming `arg_name`. */
+PyArrayObject *gtpy_input_array(PyObject *obj, const char *arg_name, char kind, gt_tensor *shape);
+
+/* The data of a checked input as a C-contiguous float32 (finite values only) or int64 array: the
+ * array itself, or a copy (a NumPy MemoryError becomes OutOfMemoryError). Sets tensor->ptr.
+ * Returns a new reference or NULL with an exception. */
+PyArrayObject *gtpy_input_data(PyObject *module, PyArrayObject *array, const char *arg_name, char kind,
+                               gt_tensor *tensor);
 
 /* 1 when the model's first leaf layer is an Embedding (its input is int64 ids). */
 int gtpy_model_takes_ids(const gt_model *model);

@@ -41,6 +41,7 @@ static const registration registrations[] = {
     gtpy_add_loader,
     gtpy_add_ops,
     gtpy_add_cuda_ops,
+    gtpy_add_errors,
 };
 
 static int module_exec(PyObject *module) {

@@ -275,10 +275,11 @@ static PyObject *op_layernorm_backward(PyObject *module, PyObject *args, PyObjec
     if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
         return NULL;
     int typenum = gtpy_typenum_of(dt);
-    PyArrayObject *x = gtpy_as_array(x_obj, "x", typenum, 0), *din, *dout, *dweight, *dbias,
-                  *weight, *mean, *rstd;
+    PyArrayObject *x = gtpy_as_array(x_obj, "x", typenum, 0), *din = NULL, *dout, *dweight,
+                  *dbias, *weight, *mean, *rstd;
     if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0 ||
-        !(din = gtpy_as_array(din_obj, "din", typenum, 1)) || gtpy_same_shape(din, "din", x, "x") < 0 ||
+        (din_obj != Py_None && (!(din = gtpy_as_array(din_obj, "din", typenum, 1)) ||
+                                gtpy_same_shape(din, "din", x, "x") < 0)) ||
         !(dout = gtpy_as_array(dout_obj, "dout", typenum, 0)) ||
         gtpy_same_shape(dout, "dout", x, "x") < 0 ||
         !(dweight = gtpy_vector(dweight_obj, "dweight", NPY_FLOAT32, cols, 1)) ||
@@ -288,7 +289,7 @@ static PyObject *op_layernorm_backward(PyObject *module, PyObject *args, PyObjec
         !(rstd = gtpy_vector(rstd_obj, "rstd", NPY_FLOAT32, rows, 0)))
         return NULL;
     gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->layernorm_backward(&be, PyArray_DATA(din), PyArray_DATA(dweight),
+    RUN_OP(module, be.ops->layernorm_backward(&be, din ? PyArray_DATA(din) : NULL, PyArray_DATA(dweight),
                                               PyArray_DATA(dbias), PyArray_DATA(dout),
                                               PyArray_DATA(x), PyArray_DATA(weight),
                                               PyArray_DATA(mean), PyArray_DATA(rstd), rows, cols,
@@ -475,7 +476,7 @@ static PyMethodDef ops_methods[] = {
      "op_layernorm_forward(out, mean, rstd, x, weight, bias, eps, dt)\n--\n\nLayerNorm over the last dim."},
     {"op_layernorm_backward", KW(op_layernorm_backward),
      "op_layernorm_backward(din, dweight, dbias, dout, x, weight, mean, rstd, dt, accumulate=False)\n--\n\n"
-     "Gradients of LayerNorm."},
+     "Gradients of LayerNorm (din None: the parameter gradients only)."},
     {"op_embedding", KW(op_embedding), "op_embedding(x, ids, table, dt, backward=False, accumulate=False)\n--\n\n"
      "x = table[ids], or table (+)= scatter-add of x at ids when backward."},
     {"op_softmax_xent", KW(op_softmax_xent),

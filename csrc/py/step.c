@@ -74,16 +74,26 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
     if (scaler_obj != Py_None && !(cfg.scaler = gtpy_scaler_get(scaler_obj)))
         return NULL;
     gt_tensor x, y;
-    PyArrayObject *x_array = gtpy_array_arg(x_obj, "x", gtpy_model_takes_ids(model) ? 'i' : 'f', &x);
-    if (!x_array)
-        return NULL;
-    PyArrayObject *y_array = gtpy_array_arg(y_obj, "y", cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i', &y);
-    if (!y_array) {
-        Py_DECREF(x_array);
+    char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i';
+    PyArrayObject *x_given = gtpy_input_array(x_obj, "x", x_kind, &x), *y_given = NULL;
+    if (!x_given || !(y_given = gtpy_input_array(y_obj, "y", y_kind, &y))) {
+        Py_XDECREF(x_given);
         return NULL;
     }
-    gt_step_result result;
     gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_train_step_prepare(model, &x, &y, &cfg);  /* shapes checked before any copy */
+    Py_END_ALLOW_THREADS
+    PyArrayObject *x_array = NULL, *y_array = NULL;
+    if (status == GT_OK && (x_array = gtpy_input_data(module, x_given, "x", x_kind, &x)))
+        y_array = gtpy_input_data(module, y_given, "y", y_kind, &y);
+    Py_DECREF(x_given);
+    Py_DECREF(y_given);
+    if (!y_array) {
+        Py_XDECREF(x_array);
+        return status == GT_OK ? NULL : gtpy_raise(module, status);
+    }
+    gt_step_result result;
     Py_BEGIN_ALLOW_THREADS
     status = gt_train_step(model, &x, &y, &cfg, &result);
     Py_END_ALLOW_THREADS

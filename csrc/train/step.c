@@ -19,14 +19,25 @@ static gt_status check_batch(const gt_tensor *inputs, const gt_tensor *targets, 
     if (micro_batches < 1)
         return GT_FAIL(GT_ERR_VALUE, "gradient_accumulation_steps must be >= 1, got %d", micro_batches);
     if (inputs->ndim < 1 || targets->ndim < 1 || inputs->shape[0] != targets->shape[0])
-        return GT_FAIL(GT_ERR_VALUE, "targets: expected %lld rows to match x, got %lld",
+        return GT_FAIL(GT_ERR_VALUE, "y: expected %lld rows of targets to match x, got %lld",
                        inputs->ndim ? (long long)inputs->shape[0] : 0LL,
                        targets->ndim ? (long long)targets->shape[0] : 0LL);
     if (inputs->shape[0] == 0 || inputs->shape[0] % micro_batches != 0)
         return GT_FAIL(GT_ERR_VALUE,
-                       "x: a batch of %lld rows does not split into %d equal micro-batches",
+                       "x: a batch of %lld rows does not split into %d equal micro-batches "
+                       "(gradient_accumulation_steps); use a batch size divisible by it",
                        (long long)inputs->shape[0], micro_batches);
     return GT_OK;
+}
+
+gt_status gt_train_step_prepare(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                                const gt_step_config *cfg) {
+    GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
+    gt_tensor x = *inputs, y = *targets;  /* the first micro-batch's shapes */
+    x.shape[0] /= cfg->micro_batches;
+    y.shape[0] /= cfg->micro_batches;
+    GT_TRY(gt_model_prepare(model, &x));
+    return gt_model_check_targets(model, &cfg->loss, &y);
 }
 
 /* Forward, loss and backward of every micro-batch, accumulating f32 gradients. */

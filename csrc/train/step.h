@@ -30,6 +30,12 @@ typedef struct gt_step_result {
     float scale;               /* the loss scale this step used (1 without a scaler) */
 } gt_step_result;
 
+/* Everything gt_train_step checks before it computes, for the shapes of `inputs` and `targets`
+ * (their data is not read, ptr may be NULL): the batch split, the model's plan for a
+ * micro-batch (allocated now) and the targets. Lets a caller validate a batch before copying it. */
+gt_status gt_train_step_prepare(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                                const gt_step_config *cfg);
+
 /* One training step over `inputs` (B, ...) and `targets` (B, ...), B divisible by
  * cfg->micro_batches. */
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,

@@ -36,6 +36,25 @@ def get_num_threads() -> int:
     return _C.get_num_threads()
 
 
+def set_debug(enabled: bool) -> None:
+    """Debug mode for error messages (process-wide; off by default).
+
+    Errors raised from gputrain's C core say what went wrong, which argument, and how to fix it.
+    With debug mode on, each message also ends with the C source location that raised it, e.g.
+    ``"x: expected 64 features ..., got 60 (plan.c:71)"`` -- useful in a bug report. Setting
+    the environment variable ``GPUTRAIN_DEBUG=1`` before the first error turns it on as well
+    (the variable is read once); ``set_debug`` overrides it either way.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    _C.set_debug(enabled)
+
+
+def get_debug() -> bool:
+    """True when error messages end with their C source location (see :func:`set_debug`)."""
+    return _C.get_debug()
+
+
 __version__ = _C.build_info()["version"]
 
 __all__ = [
@@ -49,12 +68,14 @@ __all__ = [
     "CudaError",
     "OutOfMemoryError",
     "cast",
+    "get_debug",
     "get_num_threads",
     "info",
     "memory_stats",
     "memory_summary",
     "reset_peak_memory_stats",
     "set_memory_fraction",
+    "set_debug",
     "set_memory_limit",
     "set_num_threads",
 ]

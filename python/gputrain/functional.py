@@ -8,8 +8,10 @@ Activation precision: activation arrays (inputs, outputs, their gradients) may b
 float16 or ``ml_dtypes.bfloat16``; the dtype is taken from the array (uint16 arrays hold bf16 or
 f16 bit patterns and need ``dtype="bf16"`` or ``"f16"``). Ops load half values into float32,
 compute in float32 and round the result once. Parameters (weights, biases, tables) and their
-gradients are always float32. Arrays must be C-contiguous and of the exact dtype: nothing is
-converted silently (use :func:`gputrain.cast`).
+gradients are always float32. Dtypes must be exact: nothing is converted silently (use
+:func:`gputrain.cast`). Inputs may have any memory layout (a strided view such as ``x[:, ::2]``
+is copied to a C-contiguous array first); an ``*_into`` array, written in place, must be
+C-contiguous.
 """
 
 from __future__ import annotations
@@ -98,12 +100,17 @@ def _dtype_name(dtype: str | None, arg_name: str = "dtype") -> str | None:
     return _DTYPE_NAMES[dtype]
 
 
-def _array(value: Any, name: str) -> np.ndarray:
+def _array(value: Any, name: str, in_place: bool = False) -> np.ndarray:
+    """An array as the C ops read it: C-contiguous and aligned, copied when it is not (inputs are
+    never written); an array written in place must be so already."""
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, not {type(value).__name__}")
-    if not value.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
-    return value
+    if value.flags.c_contiguous and value.flags.aligned:
+        return value
+    if in_place:
+        raise ValueError(f"{name} must be C-contiguous and aligned: it is updated in place "
+                         "(pass an array made with np.ascontiguousarray and keep using that one)")
+    return np.require(value, requirements=["C", "A"])
 
 
 def _act(value: Any, name: str, dtype: str | None) -> _Act:
@@ -144,9 +151,10 @@ def _is_bits(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.dtype == np.uint16
 
 
-def _param(value: Any, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+def _param(value: Any, name: str, shape: tuple[int, ...] | None = None,
+           in_place: bool = False) -> np.ndarray:
     """Checks a float32 parameter (or gradient) array."""
-    array = _array(value, name)
+    array = _array(value, name, in_place)
     if array.dtype != np.float32:
         raise TypeError(f"{name} must be float32 (parameters are always float32), "
                         f"got {array.dtype}")
@@ -160,7 +168,7 @@ def _grad_into(value: np.ndarray | None, name: str,
     """The gradient buffer and whether to accumulate: a new array to write, or the caller's."""
     if value is None:
         return np.empty(shape, dtype=np.float32), False
-    array = _param(value, name, shape)
+    array = _param(value, name, shape, in_place=True)
     if not array.flags.writeable:
         raise ValueError(f"{name} must be writeable")
     return array, True

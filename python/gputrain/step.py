@@ -14,6 +14,7 @@ one's mean loss is divided by their number, as Hugging Face's Trainer does.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,12 +102,29 @@ class TrainStep:
             self.scheduler.step()
         return StepOutput(**result)
 
-    def memory_plan(self, batch_shape: tuple[int, ...]) -> dict[str, int]:
-        """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation)."""
-        shape = tuple(batch_shape)
-        if not shape or shape[0] % self.gradient_accumulation_steps:
-            raise ValueError(f"batch_shape {shape} does not split into "
-                             f"{self.gradient_accumulation_steps} equal micro-batches")
-        micro = (shape[0] // self.gradient_accumulation_steps, *shape[1:])
+    def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
+        """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).
+
+        `batch_shape` is the batch's shape, e.g. ``(64, 128)``, or a batch array itself (of any
+        memory layout; only its shape is read). A shape too large for any memory raises
+        gputrain.OutOfMemoryError; one the model cannot take, ValueError.
+        """
+        if isinstance(batch_shape, np.ndarray):
+            batch_shape = batch_shape.shape
+        if isinstance(batch_shape, (str, bytes)) or not isinstance(batch_shape, Sequence):
+            raise TypeError(f"batch_shape must be a tuple of ints such as (64, 128), "
+                            f"not {type(batch_shape).__name__}")
+        shape = []
+        for i, size in enumerate(batch_shape):
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+                raise TypeError(f"batch_shape[{i}] must be an int, not {type(size).__name__}")
+            if size < 0:
+                raise ValueError(f"batch_shape[{i}] must be >= 0, got {size}")
+            shape.append(int(size))
+        steps = self.gradient_accumulation_steps
+        if not shape or shape[0] == 0 or shape[0] % steps:
+            raise ValueError(f"batch_shape {tuple(shape)} does not split into {steps} equal micro-batches "
+                             f"(gradient_accumulation_steps); use a batch size divisible by {steps}")
+        micro = (shape[0] // steps, *shape[1:])
         compiled = self.model.compiled
         return compiled.plan(micro, checkpointing=compiled.checkpointing, precision=compiled.precision)

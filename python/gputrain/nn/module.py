@@ -23,8 +23,8 @@ from gputrain.nn.parameter import Parameter
 class _Compiled:
     """A compiled model and the flat views of its arenas; the gradient owner of its Parameters."""
 
-    def __init__(self, spec: list[tuple], seed: int, device: str) -> None:
-        self.model = _C.Model(spec, seed, device=device)
+    def __init__(self, spec: list[tuple], seed: int, device: str, precision: str = "f32") -> None:
+        self.model = _C.Model(spec, seed, device=device, precision=precision)
         self.device = device
         self.on_host = self.model.device == "cpu"  # False: arenas in device memory, no NumPy views
         self.params_flat, self.grads_flat = self.model.parameter_arrays() if self.on_host else (None, None)
@@ -113,30 +113,30 @@ class Module:
                             "them; read and write them with state_dict()/load_state_dict(), or move the model "
                             "with .to('cpu')")
 
-    def _compile(self, device: str = "cpu", seed: int | None = None) -> _Compiled:
+    def _compile(self, device: str = "cpu", seed: int | None = None, precision: str = "f32") -> _Compiled:
         previous = self._current_values()
-        compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device)
+        compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device, precision)
         layout = compiled.model.parameter_layout()
         slots = list(self._named_param_slots())
         if len(slots) != len(layout):
             raise RuntimeError(f"internal: {len(slots)} parameter names for {len(layout)} parameters")
-        flat = None if compiled.on_host else compiled.model.read_parameters()
+        # Everything that can fail happens before a module is touched: a failure leaves them as they were.
+        flat = compiled.params_flat if compiled.on_host else compiled.model.read_parameters()
+        for (_, _, full), (offset, shape) in zip(slots, layout):
+            if full in previous:  # keep values a submodule already had as a root of its own
+                flat[offset:offset + int(np.prod(shape))] = previous[full].reshape(-1)
+        if compiled.on_host:
+            compiled.model.refresh_half_parameters()
+        else:
+            compiled.model.write_parameters(flat)  # refreshes the half copy too
         for (module, local, full), (offset, shape) in zip(slots, layout):
-            count = int(np.prod(shape))
-            if flat is not None:  # device memory: no Parameter views; keep values in the host copy
+            if not compiled.on_host:  # device memory: no Parameter views
                 module._params.pop(local, None)
-                if full in previous:
-                    flat[offset:offset + count] = previous[full].reshape(-1)
                 continue
+            count = int(np.prod(shape))
             data = compiled.params_flat[offset:offset + count].reshape(shape)
             grad = compiled.grads_flat[offset:offset + count].reshape(shape)
             module._params[local] = Parameter._in_arena(data, grad, full, compiled)
-            if full in previous:  # keep values a submodule already had as a root of its own
-                data[...] = previous[full]
-        if flat is not None:
-            compiled.model.write_parameters(flat)  # refreshes the half copy too
-        else:
-            compiled.model.refresh_half_parameters()
         for module in self.modules():
             module._compiled = None
             module._owner = self
@@ -263,9 +263,13 @@ class Module:
         if device == current:
             return self
         old = self._compiled.model if self._compiled is not None else None
-        new = self._compile(device, seed=None if old is None else old.seed).model  # keeps the values
-        if old is not None:  # a move keeps the dropout stream (seed, step) and the step settings
-            new.step, new.precision, new.checkpointing = old.step, old.precision, old.checkpointing
+        if old is None:
+            self._compile(device)
+            return self
+        # A move keeps the values, the dropout stream (seed, step) and the step settings; the new
+        # model is built in its precision at once, so a failure (e.g. out of memory) changes nothing.
+        new = self._compile(device, seed=old.seed, precision=old.precision).model
+        new.step, new.checkpointing = old.step, old.checkpointing
         return self
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
