@@ -150,9 +150,9 @@ gt_status gt_cuda_activation_forward(gt_backend *be, void *out, const void *in, 
 gt_status gt_cuda_activation_backward(gt_backend *be, void *din, const void *dout, const void *in, int64_t n,
                                       gt_activation act, gt_dtype dt);
 gt_status gt_cuda_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n, gt_dtype dt);
-gt_status gt_cuda_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, float p,
+gt_status gt_cuda_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, double p,
                                   gt_dropout_key key, gt_dtype dt);
-gt_status gt_cuda_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n, float p,
+gt_status gt_cuda_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n, double p,
                                    gt_dropout_key key, gt_dtype dt);
 gt_status gt_cuda_layernorm_forward(gt_backend *be, void *out, float *mean, float *rstd, const void *in,
                                     const float *weight, const float *bias, int64_t rows, int64_t cols, float eps,

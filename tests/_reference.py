@@ -210,9 +210,10 @@ def dropout_mask(n: int, p: float, seed: int, layer: int, step: int, offset: int
 
 def dropout(x: np.ndarray, p: float, seed: int, layer: int = 0, step: int = 0,
             offset: int = 0) -> np.ndarray:
-    """x * mask * (1 / (1 - p)) with the scale rounded to float32 as the op does."""
+    """x * mask * scale with PyTorch's CPU scale: float32(1) / float32(1 - p), 1 - p in double
+    (0 for p = 1, where nothing is kept)."""
     mask = dropout_mask(x.size, p, seed, layer, step, offset).reshape(x.shape)
-    scale = float(np.float32(1.0) / (np.float32(1.0) - np.float32(p)))
+    scale = float(np.float32(1.0) / np.float32(1.0 - p)) if p < 1 else 0.0
     return f64(x) * mask * scale
 
 

@@ -415,7 +415,7 @@ def test_size_and_dtype_errors_match_the_cpu():
     x = np.zeros(8, np.float32)
     cases = [("add", [x, x, x], (-1, "f32"), ValueError, "n: must be >= 0"),
              ("activation_forward", [x, x], (8, 9, "f32"), ValueError, "act: unknown activation"),
-             ("dropout_forward", [x, x], (8, 1.0, 0, 0, 0, 0, "f32"), ValueError, "p: dropout probability"),
+             ("dropout_forward", [x, x], (8, 1.5, 0, 0, 0, 0, "f32"), ValueError, "p: dropout probability"),
              ("cast", [x, x], ("i32", "f32", 2), TypeError, "dst_dtype: cast supports"),
              ("mse", [None, x, x], (0, 1.0, "f32"), ValueError, "n: the mean squared error needs")]
     for op, arrays, args, error, match in cases:

@@ -127,6 +127,18 @@ def test_eval_disables_dropout_and_train_enables_it():
     assert not np.allclose(model(x), reference)
 
 
+def test_dropout_p1_zeroes_the_output_in_training_and_the_gradients_behind_it():
+    # PyTorch accepts Dropout(1.0): zeros in training, identity in eval, zero gradients behind it.
+    model = nn.Sequential(nn.Linear(12, 8), nn.Dropout(1.0), nn.Linear(8, 3))
+    x = np.ones((4, 12), np.float32)
+    assert np.all(model(x) == model[2].bias.data)
+    gt.TrainStep(model, nn.CrossEntropyLoss())(x, np.zeros(4, np.int64))
+    assert np.all(model[0].weight.grad == 0) and np.all(model[0].bias.grad == 0)
+    assert np.all(model[2].weight.grad == 0) and np.any(model[2].bias.grad != 0)
+    model.eval()
+    assert not np.all(model(x) == model[2].bias.data)
+
+
 def test_zero_grad_set_to_none_reads_none_without_touching_memory():
     model = mlp()
     gt.TrainStep(model, nn.CrossEntropyLoss())(np.ones((4, 12), np.float32), np.zeros(4, np.int64))
@@ -177,7 +189,7 @@ def test_layer_constructors_validate_arguments():
     with pytest.raises(TypeError, match="out_features"):
         nn.Linear(3, 2.5)
     with pytest.raises(ValueError, match="dropout probability"):
-        nn.Dropout(1.0)
+        nn.Dropout(1.5)
     with pytest.raises(ValueError, match="approximate"):
         nn.GELU("fast")
     with pytest.raises(ValueError, match="label_smoothing"):

@@ -260,6 +260,28 @@ def test_dropout_rate_and_scale():
     np.testing.assert_array_equal(out[kept], np.float32(1) / np.float32(0.75))
 
 
+@pytest.mark.parametrize("p", [0.9, 0.999, 0.1, 1 / 3, 0.7])
+def test_dropout_scale_is_rounded_as_pytorch_cpu(p):
+    # torch's CPU dropout: noise.div_(1 - p) on a float32 tensor, 1 - p in double (p = 0.9: 10.0,
+    # not 1 / (1 - float32(0.9)) = 9.999998).
+    x = np.ones(4096, np.float32)
+    expected = np.float32(1.0) / np.float32(1.0 - p)
+    for out in (F.dropout(x, p, seed=5), F.dropout_backward(x, p, seed=5)):
+        kept = out[out != 0]
+        assert kept.size > 0 and np.all(kept == expected), (p, kept[:1], expected)
+    if p == 0.9:
+        assert expected == np.float32(10.0)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_dropout_p1_gives_zeros_and_keeps_nan(dt):
+    x = ref.to_dtype(np.array([1.0, -2.0, np.nan, np.inf, 0.0, 3.0], np.float32), dt)
+    out = ref.f64(F.dropout(x, 1.0, seed=3))
+    assert np.array_equal(np.isnan(out), [False, False, True, True, False, False])
+    assert np.all(out[~np.isnan(out)] == 0)
+    assert np.all(ref.f64(F.dropout_backward(ref.to_dtype(np.ones(6, np.float32), dt), 1.0, seed=3)) == 0)
+
+
 def test_dropout_offset_splits_a_tensor_consistently():
     x = randn(1003, 41)
     whole = F.dropout(x, 0.5, 11, layer=2, step=3)
@@ -297,7 +319,7 @@ def test_dropout_same_bits_for_any_thread_count_and_simd_level(dt):
 
 def test_dropout_bad_arguments():
     x = randn(10, 46)
-    for p in (1.0, -0.1, float("nan"), 1.5):
+    for p in (-0.1, float("nan"), 1.5):
         with pytest.raises(ValueError, match="p must"):
             F.dropout(x, p, 1)
     with pytest.raises(TypeError, match="p must be a real number"):
@@ -309,7 +331,7 @@ def test_dropout_bad_arguments():
     with pytest.raises(TypeError, match="step must be an int"):
         F.dropout(x, 0.5, 1, step=1.5)
     with pytest.raises(ValueError, match="p: dropout probability must be in"):
-        _C.op_dropout(np.empty_like(x), x, 1.0, 1, 0, 0, 0, "f32")
+        _C.op_dropout(np.empty_like(x), x, 1.5, 1, 0, 0, 0, "f32")
 
 
 # --- cast, copy, zero ----------------------------------------------------------------------------

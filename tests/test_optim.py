@@ -268,6 +268,18 @@ def test_state_dict_layout_is_pytorchs():
     assert set(opt.state) == set(params)
 
 
+@pytest.mark.parametrize("make", [lambda ps: AdamW(ps), lambda ps: SGD(ps, momentum=0.9)])
+def test_state_of_a_parameter_without_state_reads_empty_as_pytorch(make):
+    # torch's optimizer.state is a defaultdict(dict): state[p] is {} before p's first step
+    params = _params(23, [(3,), (4,)])
+    opt = make(params)
+    assert opt.state[params[0]] == {}
+    params[1].grad = np.ones(4, np.float32)
+    opt.step()
+    state = opt.state
+    assert state[params[0]] == {} and sorted(state[params[1]]) != []
+
+
 def test_load_state_dict_rejects_mismatches():
     params = _params(21, [(3,), (4,)])
     opt = AdamW(params)

@@ -5,9 +5,9 @@
  * of dropout layer `layer` at training step `step` uses word g % 4 of
  *     gt_philox_random4(seed, stream_a = layer, stream_b = step, index = g / 4)
  * (so one Philox call serves four consecutive elements), u = gt_uint32_to_uniform(word) in
- * [0, 1) with 24 random bits, and the element is kept when u >= p. Kept elements are scaled by
- * 1 / (1 - p), computed in f32; dropped ones are multiplied by 0 (NaN and inf stay NaN, as in
- * PyTorch's x * mask * scale). */
+ * [0, 1) with 24 random bits, and the element is kept when u >= (float)p. Kept elements are
+ * scaled by gt_dropout_scale(p); dropped ones are multiplied by 0 (NaN and inf stay NaN, as in
+ * PyTorch's x * mask * scale). p = 1 drops every element (u < 1 always). */
 #ifndef GT_DROPOUT_H
 #define GT_DROPOUT_H
 
@@ -16,8 +16,13 @@
 #include "core/hd.h"
 #include "core/philox.h"
 
-/* The factor of kept elements, 1 / (1 - p) in f32. */
-GT_HD float gt_dropout_scale(float p) { return 1.0f / (1.0f - p); }
+/* The factor of kept elements, PyTorch's CPU rule (noise.div_(1 - p) on a float tensor): 1 - p
+ * in double, rounded to f32, then 1 / that in f32 (p = 0.9 gives 10, not 1 / (1 - 0.9f) =
+ * 9.999998). p = 1 keeps nothing; its scale is defined as 0 (as PyTorch's CUDA kernel does). */
+GT_HD float gt_dropout_scale(double p) {
+    float keep = (float)(1.0 - p);
+    return keep == 0.0f ? 0.0f : 1.0f / keep;
+}
 
 /* scale when the element drawn from `word` is kept (u >= p), else 0. */
 GT_HD float gt_dropout_factor(uint32_t word, float p, float scale) {

@@ -58,7 +58,7 @@ struct gt_layer {
     int64_t out_features;      /* Linear: output width */
     int has_bias;              /* Linear/LayerNorm: 1 when a bias exists */
     gt_activation activation;  /* Activation: which function */
-    float p;                   /* Dropout: drop probability in [0, 1) */
+    double p;                  /* Dropout: drop probability in [0, 1] */
     uint32_t dropout_id;       /* Dropout: layer id in the Philox key, unique in the model */
     float eps;                 /* LayerNorm: variance epsilon */
     int64_t num_embeddings;    /* Embedding: rows of the table */

@@ -1,4 +1,4 @@
-/* CPU dropout: out = in * mask / (1 - p), the mask drawn by the rule of core/dropout.h from
+/* CPU dropout: out = in * mask * gt_dropout_scale(p), the mask drawn by the rule of core/dropout.h from
  * Philox(seed; layer, step; (offset + i) / 4), word (offset + i) % 4. The backward applies the
  * same multipliers to dout, regenerated from the same key, so no mask is stored. Chunks run in
  * parallel; an element's multiplier depends only on the key and its index. */
@@ -54,31 +54,30 @@ GT_CPU_KERNEL_STAGED(dropout, (void *out, const void *in, size_t begin, size_t e
                                const gt_dropout_key *key, float p, float scale, gt_dtype dt),
                      out, in, begin, end, key, p, scale)
 
-static gt_status dropout_apply(void *out, const void *in, int64_t n, float p,
+static gt_status dropout_apply(void *out, const void *in, int64_t n, double p,
                                const gt_dropout_key *key, gt_dtype dt) {
     GT_TRY(gt_op_check_size(n, "n"));
     GT_TRY(gt_op_check_dtype(dt, "dt"));
-    if (!(p >= 0.0f && p < 1.0f))
-        return GT_FAIL(GT_ERR_VALUE, "p: dropout probability must be in [0, 1), got %g",
-                       (double)p);
+    if (!(p >= 0.0 && p <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "p: dropout probability must be in [0, 1], got %g", p);
     float scale = gt_dropout_scale(p);
     __typeof__(&dropout_scalar) kernel = GT_CPU_RUN(dropout);
     size_t count = (size_t)n, chunks = gt_cpu_chunks(count);
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (size_t c = 0; c < chunks; c++) {
         size_t begin = c * GT_CPU_CHUNK;
-        kernel(out, in, begin, gt_cpu_chunk_end(begin, count), key, p, scale, dt);
+        kernel(out, in, begin, gt_cpu_chunk_end(begin, count), key, (float)p, scale, dt);
     }
     return GT_OK;
 }
 
-gt_status gt_cpu_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, float p,
+gt_status gt_cpu_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, double p,
                                  gt_dropout_key key, gt_dtype dt) {
     return dropout_apply(out, in, n, p, &key, dt);
 }
 
 gt_status gt_cpu_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n,
-                                  float p, gt_dropout_key key, gt_dtype dt) {
+                                  double p, gt_dropout_key key, gt_dtype dt) {
     if (!din)  /* the input gradient is not wanted: only the arguments are checked */
         return dropout_apply(NULL, NULL, 0, p, &key, dt);
     return dropout_apply(din, dout, n, p, &key, dt);

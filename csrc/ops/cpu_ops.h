@@ -22,10 +22,10 @@ gt_status gt_cpu_activation_backward(gt_backend *be, void *din, const void *dout
                                      const void *in, int64_t n, gt_activation act, gt_dtype dt);
 
 /* cpu_dropout.c */
-gt_status gt_cpu_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, float p,
+gt_status gt_cpu_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, double p,
                                  gt_dropout_key key, gt_dtype dt);
 gt_status gt_cpu_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n,
-                                  float p, gt_dropout_key key, gt_dtype dt);
+                                  double p, gt_dropout_key key, gt_dtype dt);
 
 /* cpu_add.c */
 gt_status gt_cpu_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n,

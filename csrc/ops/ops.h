@@ -92,13 +92,14 @@ typedef struct gt_ops {
     gt_status (*activation_backward)(gt_backend *be, void *din, const void *dout,
                                      const void *in, int64_t n, gt_activation act, gt_dtype dt);
 
-    /* out = in * mask / (1 - p) with mask = uniform(key, i) >= p; p in [0, 1). */
-    gt_status (*dropout_forward)(gt_backend *be, void *out, const void *in, int64_t n, float p,
+    /* out = in * mask * gt_dropout_scale(p) with mask = uniform(key, i) >= (float)p; p in
+     * [0, 1] (p = 1: out = in * 0). p is a double so the scale is rounded as PyTorch's. */
+    gt_status (*dropout_forward)(gt_backend *be, void *out, const void *in, int64_t n, double p,
                                  gt_dropout_key key, gt_dtype dt);
-    /* din = dout * mask / (1 - p), the mask regenerated from the same key (NULL din: nothing to
-     * do). */
+    /* din = dout * mask * gt_dropout_scale(p), the mask regenerated from the same key (NULL din:
+     * nothing to do). */
     gt_status (*dropout_backward)(gt_backend *be, void *din, const void *dout, int64_t n,
-                                  float p, gt_dropout_key key, gt_dtype dt);
+                                  double p, gt_dropout_key key, gt_dtype dt);
 
     /* out = a + b elementwise (out may alias a or b). */
     gt_status (*add)(gt_backend *be, void *out, const void *a, const void *b, int64_t n,

@@ -178,12 +178,12 @@ static int parse_dropout(PyObject *module, PyObject *args, op_call *call) {
 }
 
 static gt_status run_dropout_forward(gt_backend *be, op_call *call) {
-    return be->ops->dropout_forward(be, call->ptr[0], call->ptr[1], call->size[0], (float)call->real[0], call->key,
+    return be->ops->dropout_forward(be, call->ptr[0], call->ptr[1], call->size[0], call->real[0], call->key,
                                     call->dt[0]);
 }
 
 static gt_status run_dropout_backward(gt_backend *be, op_call *call) {
-    return be->ops->dropout_backward(be, call->ptr[0], call->ptr[1], call->size[0], (float)call->real[0],
+    return be->ops->dropout_backward(be, call->ptr[0], call->ptr[1], call->size[0], call->real[0],
                                      call->key, call->dt[0]);
 }
 

@@ -70,9 +70,9 @@ static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_i
     } else if (strcmp(kind, "dropout") == 0) {
         if (!PyArg_ParseTuple(spec, "sd", &kind, &real))
             return -1;
-        if (!(real >= 0.0 && real < 1.0))
-            return spec_error("Dropout p must be in [0, 1)", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_DROPOUT, .p = (float)real, .dropout_id = (*next_dropout_id)++};
+        if (!(real >= 0.0 && real <= 1.0))
+            return spec_error("Dropout p must be in [0, 1]", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_DROPOUT, .p = real, .dropout_id = (*next_dropout_id)++};
     } else if (strcmp(kind, "layernorm") == 0) {
         if (!PyArg_ParseTuple(spec, "sLdp", &kind, &a, &real, &flag))
             return -1;

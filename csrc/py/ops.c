@@ -172,15 +172,15 @@ static PyObject *op_activation(PyObject *module, PyObject *args, PyObject *kwarg
     Py_RETURN_NONE;
 }
 
-/* dropout_forward (backward = 0) or dropout_backward: out = x * mask / (1 - p). */
+/* dropout_forward (backward = 0) or dropout_backward: out = x * mask * gt_dropout_scale(p). */
 static PyObject *op_dropout(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"out", "x", "p", "seed", "layer", "step", "offset", "dt",
                                "backward", NULL};
     PyObject *out_obj, *x_obj, *seed_obj, *layer_obj, *step_obj, *offset_obj;
-    float p;
+    double p;
     const char *text;
     int backward = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOfOOOOs|p:op_dropout", keywords, &out_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOdOOOOs|p:op_dropout", keywords, &out_obj,
                                      &x_obj, &p, &seed_obj, &layer_obj, &step_obj, &offset_obj,
                                      &text, &backward))
         return NULL;

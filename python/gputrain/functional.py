@@ -184,9 +184,8 @@ def _ids(value: Any, name: str) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def _real(value: Any, name: str, low: float | None = None, high: float | None = None,
-          high_open: bool = False) -> float:
-    """A finite real scalar, optionally within [low, high] (or [low, high))."""
+def _real(value: Any, name: str, low: float | None = None, high: float | None = None) -> float:
+    """A finite real scalar, optionally within [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
     number = float(value)
@@ -194,8 +193,8 @@ def _real(value: Any, name: str, low: float | None = None, high: float | None = 
         raise ValueError(f"{name} must be finite, got {number}")
     if low is not None and number < low:
         raise ValueError(f"{name} must be >= {low}, got {number}")
-    if high is not None and (number > high or (high_open and number == high)):
-        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {number}")
+    if high is not None and number > high:
+        raise ValueError(f"{name} must be <= {high}, got {number}")
     return number
 
 
@@ -405,10 +404,11 @@ def silu_backward(dout: np.ndarray, x: np.ndarray, dtype: str | None = None) -> 
 
 def dropout(x: np.ndarray, p: float, seed: int, layer: int = 0, step: int = 0, offset: int = 0,
             dtype: str | None = None) -> np.ndarray:
-    """``x * mask / (1 - p)``; element i is kept when the Philox uniform of (seed, layer, step,
-    offset + i) is >= p (rule in csrc/core/dropout.h). The same key gives the same mask on every
-    backend and thread count."""
-    p = _real(p, "p", 0.0, 1.0, high_open=True)
+    """``x * mask * scale``; element i is kept when the Philox uniform of (seed, layer, step,
+    offset + i) is >= p (rule in csrc/core/dropout.h). ``scale`` is PyTorch's float32
+    ``1 / (1 - p)`` (``1 - p`` rounded to float32 first: 10.0 for p = 0.9); p = 1 gives zeros
+    (NaN stays NaN). The same key gives the same mask on every backend and thread count."""
+    p = _real(p, "p", 0.0, 1.0)
     (x_act,) = _acts(dtype, x=x)
     out = x_act.empty()
     _C.op_dropout(out, x_act.raw, p, seed, layer, step, offset, x_act.dt)
@@ -417,8 +417,8 @@ def dropout(x: np.ndarray, p: float, seed: int, layer: int = 0, step: int = 0, o
 
 def dropout_backward(dout: np.ndarray, p: float, seed: int, layer: int = 0, step: int = 0,
                      offset: int = 0, dtype: str | None = None) -> np.ndarray:
-    """``dout * mask / (1 - p)`` with the mask regenerated from the same key."""
-    p = _real(p, "p", 0.0, 1.0, high_open=True)
+    """``dout * mask * scale`` with the mask regenerated from the same key (see :func:`dropout`)."""
+    p = _real(p, "p", 0.0, 1.0)
     (dout_act,) = _acts(dtype, dout=dout)
     din = dout_act.empty()
     _C.op_dropout(din, dout_act.raw, p, seed, layer, step, offset, dout_act.dt, backward=True)

@@ -71,15 +71,16 @@ class GELU(_Activation):
 
 
 class Dropout(Module):
-    """Zeroes elements with probability p in training, scaling the rest by 1/(1-p); the mask
-    comes from Philox(seed, layer, step, index), so it is reproducible and never stored."""
+    """Zeroes elements with probability p in [0, 1] in training, scaling the rest by 1/(1-p)
+    (float32, rounded as PyTorch's CPU dropout; p = 1 zeroes everything); the mask comes from
+    Philox(seed, layer, step, index), so it is reproducible and never stored."""
 
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float)):
             raise TypeError(f"p must be a float, not {type(p).__name__}")
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability has to be in [0, 1), but got {p}")
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p = float(p)
 
     def _spec(self) -> tuple:

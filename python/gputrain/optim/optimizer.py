@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -222,9 +223,10 @@ class Optimizer:
         return out
 
     @property
-    def state(self) -> dict[Parameter, dict[str, Any]]:
-        """Per-parameter state (copies), keyed by Parameter, as torch's optimizer.state."""
-        result = {}
+    def state(self) -> defaultdict[Parameter, dict[str, Any]]:
+        """Per-parameter state (copies), keyed by Parameter, as torch's optimizer.state: a
+        defaultdict(dict), so a parameter without state yet reads as {}."""
+        result: defaultdict[Parameter, dict[str, Any]] = defaultdict(dict)
         for index, p in enumerate(self._params()):
             exported = self._export_state(index, p.shape)
             if exported is not None:
