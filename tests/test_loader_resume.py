@@ -147,13 +147,15 @@ def test_resume_with_a_batch_sampler():
 def test_load_state_dict_rejects_bad_states():
     loader = make()
     state = loader.state_dict()
-    with pytest.raises(KeyError, match="missing key 'seed'"):
+    with pytest.raises(KeyError, match=r"missing keys \['seed'\]"):
         loader.load_state_dict({k: v for k, v in state.items() if k != "seed"})
     with pytest.raises(ValueError, match="saved from a loader with 3 batches per epoch; this one has 17"):
         loader.load_state_dict(dict(state, num_batches=3))
     with pytest.raises(ValueError, match="version 9"):
         loader.load_state_dict(dict(state, version=9))
-    with pytest.raises(ValueError, match="inconsistent"):
+    with pytest.raises(ValueError, match=r"state_dict\['done'\] entries must be in \[4, 16\], got 2"):
         loader.load_state_dict(dict(state, next_batch=3, done=[2]))
-    with pytest.raises(TypeError, match="epoch must be an int"):
+    with pytest.raises(ValueError, match="inconsistent"):
+        loader.load_state_dict(dict(state, next_batch=3, done=[5, 5]))
+    with pytest.raises(TypeError, match=r"epoch'\] must be an int"):
         loader.load_state_dict(dict(state, epoch="1"))

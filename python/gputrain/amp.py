@@ -24,14 +24,19 @@ from __future__ import annotations
 import enum
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
 from gputrain import _C
+from gputrain._state_checks import check_keys, check_mapping, integer, real
 
 __all__ = ["GradScaler", "OptState", "ScaleUnderflowWarning"]
+
+
+# The keys of GradScaler.state_dict(), PyTorch's.
+_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
 class OptState(enum.Enum):
@@ -282,19 +287,32 @@ class GradScaler(_C.Scaler):
             "_growth_tracker": self._growth_tracker,
         }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state_dict(); every value is checked before any is applied."""
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state_dict(): PyTorch's five keys (KeyError for a missing or an unexpected
+        one), each of the right type (TypeError) and in range (ValueError): `scale` finite and
+        > 0 in float32, `growth_factor` > 1, `backoff_factor` in (0, 1), `growth_interval` >= 1,
+        `_growth_tracker` in [0, growth_interval). Everything is checked before anything is
+        applied: a failed load leaves the scaler as it was."""
         if not self._enabled:
             return
+        check_mapping(state_dict, "state_dict")
         if len(state_dict) == 0:
             raise RuntimeError("The source state dict is empty, possibly because it was saved "
                                "from a disabled instance of GradScaler.")
+        check_keys(state_dict, "state_dict", _STATE_KEYS)
+        scale = real(state_dict["scale"], "state_dict['scale']", 0.0, low_open=True)
+        with np.errstate(over="ignore"):
+            scale32 = np.float32(scale)
+        if not 0.0 < scale32 < np.inf:
+            raise ValueError(f"state_dict['scale'] must be finite and > 0 in float32, got {scale!r}")
+        interval = integer(state_dict["growth_interval"], "state_dict['growth_interval']", 1, 2**31 - 1)
         self._configure(
-            scale=_scalar(state_dict["scale"], "scale"),
-            growth_factor=_scalar(state_dict["growth_factor"], "growth_factor"),
-            backoff_factor=_scalar(state_dict["backoff_factor"], "backoff_factor"),
-            growth_interval=state_dict["growth_interval"],
-            growth_tracker=state_dict["_growth_tracker"],
+            scale=scale,
+            growth_factor=real(state_dict["growth_factor"], "state_dict['growth_factor']", 1.0, low_open=True),
+            backoff_factor=real(state_dict["backoff_factor"], "state_dict['backoff_factor']", 0.0, 1.0,
+                                low_open=True, high_open=True),
+            growth_interval=interval,
+            growth_tracker=integer(state_dict["_growth_tracker"], "state_dict['_growth_tracker']", 0, interval - 1),
         )
 
     def __getstate__(self) -> dict[str, Any]:

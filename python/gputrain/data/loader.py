@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from gputrain import _C
+from gputrain._state_checks import check_keys, check_mapping, integer
 from gputrain.data._errors import WorkerError, raise_delivered_error
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import flatten, num_samples
@@ -332,20 +333,24 @@ class DataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from `state`: the next iteration yields exactly the batches of that epoch
         that were not yielded yet (without gathering the others), then epochs go on as before."""
-        for key in ("version", "seed", "epoch", "next_batch", "done", "num_batches"):
-            if key not in state:
-                raise KeyError(f"state_dict: missing key {key!r}")
+        check_mapping(state, "state_dict")
+        check_keys(state, "state_dict", ("version", "seed", "epoch", "next_batch", "done", "num_batches"),
+                   ("batches_yielded",))
         if state["version"] != _STATE_VERSION:
-            raise ValueError(f"state_dict: version {state['version']} is not {_STATE_VERSION}")
-        num_batches = _check_int("num_batches", state["num_batches"])
+            raise ValueError(f"state_dict: version {state['version']!r} is not {_STATE_VERSION}")
+        num_batches = integer(state["num_batches"], "state_dict['num_batches']", 0)
         if hasattr(self.batch_sampler or self.sampler, "__len__") and num_batches != len(self):
             raise ValueError(f"state_dict: saved from a loader with {num_batches} batches per epoch; "
                              f"this one has {len(self)}")
-        epoch, low = _check_int("epoch", state["epoch"]), _check_int("next_batch", state["next_batch"])
-        done = sorted(_check_int("done", b) for b in state["done"])
-        if epoch < 0 or low < 0 or any(b <= low for b in done) or any(b >= num_batches for b in done):
-            raise ValueError("state_dict: epoch/next_batch/done are inconsistent")
-        seed = _check_int("seed", state["seed"])
+        epoch = integer(state["epoch"], "state_dict['epoch']", 0)
+        low = integer(state["next_batch"], "state_dict['next_batch']", 0)
+        if not isinstance(state["done"], (list, tuple)):
+            raise TypeError(f"state_dict['done'] must be a list of ints, not {type(state['done']).__name__}")
+        done = sorted(integer(b, "state_dict['done'] entries", low + 1, num_batches - 1) for b in state["done"])
+        if len(set(done)) != len(done) or ("batches_yielded" in state and integer(
+                state["batches_yielded"], "state_dict['batches_yielded']", 0) != low + len(done)):
+            raise ValueError("state_dict: next_batch/done/batches_yielded are inconsistent")
+        seed = integer(state["seed"], "state_dict['seed']", 0, 2**64 - 1)
         order_sampler = self._order_sampler()
         if order_sampler is not None and hasattr(order_sampler, "seed"):
             order_sampler.seed = seed

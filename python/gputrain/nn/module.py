@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C, random
+from gputrain._state_checks import check_keys, check_mapping, float32_array
 from gputrain.nn.parameter import Parameter
 
 
@@ -206,18 +207,19 @@ class Module:
         return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters())
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
-        """Copy arrays (NumPy, or anything np.asarray accepts, e.g. CPU torch tensors) in."""
+        """Copy arrays (NumPy, or anything np.asarray accepts, e.g. CPU torch tensors) in.
+
+        Every entry is checked before any is copied, so a bad one changes nothing: KeyError for
+        missing/unexpected names (strict), TypeError for a non-numeric value, ValueError for a
+        wrong shape or a NaN/infinite value (one beyond float32 included).
+        """
+        check_mapping(state_dict, "state_dict")
         own = self.state_dict() if self._on_device() else {n: p.data for n, p in self.named_parameters()}
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
-        if strict and (missing or unexpected):
-            raise KeyError(f"state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        for name, value in state_dict.items():
-            if name not in own:
-                continue
-            array = np.asarray(value, dtype=np.float32)
-            if array.shape != own[name].shape:
-                raise ValueError(f"state_dict[{name!r}]: expected shape {own[name].shape}, got {array.shape}")
+        if strict:
+            check_keys(state_dict, "state_dict", own)
+        staged = {name: float32_array(value, f"state_dict[{name!r}]", shape=own[name].shape)
+                  for name, value in state_dict.items() if name in own}
+        for name, array in staged.items():
             own[name][...] = array
         root = self._owner or self
         if self._on_device():  # `own` holds host copies: write the whole arena back

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gputrain.optim.optimizer import Optimizer, _check_number
+from gputrain.optim.optimizer import Optimizer, _check_flags, _check_number
 
 __all__ = ["AdamW"]
 
@@ -44,6 +44,7 @@ class AdamW(Optimizer):
             raise ValueError(f"betas must be a pair of floats, got {betas!r}")
         beta1, beta2 = (_check_number(b, f"betas[{i}]") for i, b in enumerate(betas))
         weight_decay = _check_number(group["weight_decay"], "weight_decay")
+        _check_flags(group, ("amsgrad", "maximize"))
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 < eps:
@@ -54,6 +55,10 @@ class AdamW(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {beta2}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+    def _state_keys(self, group: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        required = ("step", "exp_avg", "exp_avg_sq")
+        return (required + ("max_exp_avg_sq",) if group["amsgrad"] else required), ()
 
     def _state_names(self) -> tuple[str, ...]:
         if any(group.get("amsgrad") for group in self.param_groups):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C
+from gputrain._state_checks import check_keys, check_mapping, float32_array, integer, real
 from gputrain.nn.parameter import Parameter
 
 __all__ = ["EMA"]
@@ -120,14 +121,23 @@ class EMA:
                 "shadow": self.shadow}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state_dict(): its four keys (KeyError otherwise), decay in [0, 1],
+        num_updates >= 0, use_warmup a bool, one finite float32-compatible shadow array of each
+        parameter's shape. Everything is checked before anything is applied."""
+        check_mapping(state_dict, "state_dict")
+        check_keys(state_dict, "state_dict", ("decay", "num_updates", "use_warmup", "shadow"))
+        decay = real(state_dict["decay"], "state_dict['decay']", 0.0, 1.0)
+        num_updates = integer(state_dict["num_updates"], "state_dict['num_updates']", 0)
+        use_warmup = state_dict["use_warmup"]
+        if not isinstance(use_warmup, (bool, np.bool_)):
+            raise TypeError(f"state_dict['use_warmup'] must be a bool, not {type(use_warmup).__name__}")
         shadow = state_dict["shadow"]
+        if not isinstance(shadow, (list, tuple)):
+            raise TypeError(f"state_dict['shadow'] must be a list of arrays, not {type(shadow).__name__}")
         if len(shadow) != len(self.params):
             raise ValueError(f"state_dict has {len(shadow)} shadow arrays, expected {len(self.params)}")
-        for index, (value, p) in enumerate(zip(shadow, self.params)):
-            if np.asarray(value).shape != p.shape:
-                raise ValueError(f"shadow[{index}]: expected shape {p.shape}, got {np.asarray(value).shape}")
-        for index, value in enumerate(shadow):
-            self._core.set(index, value)
-        self.decay = float(state_dict["decay"])
-        self.num_updates = int(state_dict["num_updates"])
-        self.use_warmup = bool(state_dict.get("use_warmup", False))
+        arrays = [float32_array(value, f"state_dict['shadow'][{index}]", shape=p.shape)
+                  for index, (value, p) in enumerate(zip(shadow, self.params))]
+        for index, array in enumerate(arrays):
+            self._core.set(index, array)
+        self.decay, self.num_updates, self.use_warmup = decay, num_updates, bool(use_warmup)

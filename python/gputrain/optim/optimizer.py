@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from gputrain import _C
+from gputrain._state_checks import check_keys, check_mapping, float32_array, integer, real
 from gputrain.nn.parameter import Parameter
 from gputrain.optim.clip import clip_coefficient, total_norm
 
@@ -31,11 +32,28 @@ __all__ = ["Optimizer"]
 
 NUMERICS = ("exact", "fast")
 
+# Saved state arrays that must be >= 0 (second moments: their square root is taken).
+_NONNEGATIVE_STATE = ("exp_avg_sq", "max_exp_avg_sq")
+
+
+def _state_index(key: Any) -> int:
+    """A key of state_dict['state'] as a parameter index (an int, or its decimal string)."""
+    if isinstance(key, str) and key.isdigit():
+        return int(key)
+    return integer(key, "state_dict['state'] keys", 0)
+
 
 def _check_number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
     return float(value)
+
+
+def _check_flags(group: dict[str, Any], names: tuple[str, ...]) -> None:
+    """TypeError unless every flag of the group is a bool (KeyError when one is missing)."""
+    for name in names:
+        if not isinstance(group[name], (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, not {type(group[name]).__name__}")
 
 
 def check_offload_fraction(fraction: Any) -> float:
@@ -247,54 +265,122 @@ class Optimizer:
             start += count
         return {"state": state, "param_groups": groups}
 
-    def _prepare_state(self, index: int, p: Parameter, saved: dict[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
-        """A saved per-parameter state as (step, flat float32 arrays), checked against p."""
-        step = saved.get("step", 0)
-        step = int(round(float(np.asarray(step)))) if step is not None else 0
+    def _state_keys(self, group: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(required, optional) keys of one parameter's saved state in a group with these
+        hyperparameters (PyTorch's names)."""
+        raise NotImplementedError
+
+    def _prepare_state(self, index: int, p: Parameter, saved: Any,
+                       group: dict[str, Any]) -> tuple[int, dict[str, np.ndarray]]:
+        """A saved per-parameter state as (step, flat float32 arrays), checked against p and its group."""
+        name = f"state_dict['state'][{index}]"
+        check_mapping(saved, name)
+        required, optional = self._state_keys(group)
+        check_keys(saved, name, required, optional)
+        step = 0
+        if saved.get("step") is not None:
+            value = real(saved["step"], f"{name}['step']", 0.0, 2.0**53)
+            if not value.is_integer():
+                raise ValueError(f"{name}['step'] must be a whole number of steps, got {value}")
+            step = int(value)
         arrays = {}
-        for name in self._state_names():
-            value = saved.get(name)
-            if name == "step" or value is None:
+        for key, value in saved.items():
+            if key == "step":
                 continue
-            array = np.asarray(value, dtype=np.float32)
-            if array.size != p.numel():
-                raise ValueError(f"state_dict['state'][{index}][{name!r}]: expected {p.numel()} elements "
-                                 f"(shape {p.shape}), got shape {array.shape}")
-            arrays[name] = np.ascontiguousarray(array).reshape(-1)
+            if value is None:
+                if key in required:
+                    raise TypeError(f"{name}[{key!r}] must be an array, not None")
+                continue
+            arrays[key] = float32_array(value, f"{name}[{key!r}]", shape=p.shape,
+                                        nonnegative=key in _NONNEGATIVE_STATE).reshape(-1)
         return self._imported_step(step, arrays), arrays
 
     def _imported_step(self, step: int, arrays: dict[str, np.ndarray]) -> int:
         return step
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state_dict of PyTorch's layout (arrays may be NumPy or anything np.asarray takes)."""
+    def _saved_groups(self, state_dict: Any) -> tuple[list[dict[str, Any]], dict[int, int]]:
+        """The checked param_groups of a state_dict (hyperparameters with our Parameters) and
+        the position in self._params() of every saved parameter index."""
+        check_mapping(state_dict, "state_dict")
+        check_keys(state_dict, "state_dict", ("state", "param_groups"))
         groups = state_dict["param_groups"]
+        if not isinstance(groups, (list, tuple)):
+            raise TypeError(f"state_dict['param_groups'] must be a list, not {type(groups).__name__}")
         if len(groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
-        for saved, own in zip(groups, self.param_groups):
-            if len(saved["params"]) != len(own["params"]):
+        position = {id(p): i for i, p in enumerate(self._params())}
+        index_of: dict[int, int] = {}
+        new_groups = []
+        for g, (saved, own) in enumerate(zip(groups, self.param_groups)):
+            name = f"state_dict['param_groups'][{g}]"
+            check_mapping(saved, name)
+            if "params" not in saved:
+                raise KeyError(f"{name}: missing key 'params'")
+            indices = saved["params"]
+            if not isinstance(indices, (list, tuple)):
+                raise TypeError(f"{name}['params'] must be a list of ints, not {type(indices).__name__}")
+            if len(indices) != len(own["params"]):
                 raise ValueError("loaded state dict contains a parameter group that doesn't match "
                                  "the size of optimizer's group")
-        saved_state = {int(k): v for k, v in state_dict["state"].items()}
+            for saved_index, p in zip(indices, own["params"]):
+                saved_index = integer(saved_index, f"{name}['params'] entries", 0)
+                if saved_index in index_of:
+                    raise ValueError(f"{name}['params']: parameter index {saved_index} appears twice")
+                index_of[saved_index] = position[id(p)]
+            group = {**self._hparams(saved), "params": own["params"]}
+            try:
+                self._check_hyperparameters(group)
+            except (KeyError, TypeError, ValueError) as error:
+                raise type(error)(f"{name}: {error.args[0] if error.args else error}") from None
+            new_groups.append(group)
+        return new_groups, index_of
+
+    def _saved_states(self, state_dict: Any, groups: list[dict[str, Any]],
+                      index_of: dict[int, int]) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+        """The checked per-parameter states, by position in self._params()."""
+        saved_state = check_mapping(state_dict["state"], "state_dict['state']")
         params = self._params()
-        position = {id(p): i for i, p in enumerate(params)}
-        index_of = {saved_index: position[id(p)] for saved_g, own_g in zip(groups, self.param_groups)
-                    for saved_index, p in zip(saved_g["params"], own_g["params"])}
-        unknown = sorted(set(saved_state) - set(index_of))
-        if unknown:
-            raise ValueError(f"loaded state dict has state for parameters {unknown}, which are in no group")
-        new_groups = [{**self._hparams(saved), "params": own["params"]} for saved, own in zip(groups, self.param_groups)]
-        for group in new_groups:
-            self._check_hyperparameters(group)
-        prepared = {index_of[k]: self._prepare_state(k, params[index_of[k]], v) for k, v in saved_state.items()}
-        self.param_groups = new_groups
-        self.push_hyperparameters()
-        for i, p in enumerate(params):
+        group_of = [g for g, group in enumerate(groups) for _ in group["params"]]
+        prepared = {}
+        for key, saved in saved_state.items():
+            index = _state_index(key)
+            if index not in index_of:
+                raise ValueError(f"loaded state dict has state for parameter {key!r}, which is in no group")
+            at = index_of[index]
+            prepared[at] = self._prepare_state(index, params[at], saved, groups[group_of[at]])
+        return prepared
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state_dict of PyTorch's layout (arrays may be NumPy or anything np.asarray takes).
+
+        Everything is checked before anything is applied (KeyError: a wrong key set; TypeError:
+        a wrong type; ValueError: a wrong size, a NaN/infinite or negative second moment, a
+        hyperparameter out of range), and a refusal by the C optimizer (e.g. amsgrad turned on
+        in a group of an optimizer built without it) restores the previous groups and state:
+        a failed load leaves the optimizer exactly as it was.
+        """
+        new_groups, index_of = self._saved_groups(state_dict)
+        prepared = self._saved_states(state_dict, new_groups, index_of)
+        old_groups = self.param_groups
+        old_states = [self._core.get_state(i) for i in range(len(self._params()))]
+        try:
+            self.param_groups = new_groups
+            self.push_hyperparameters()
+            self._write_states(prepared)
+        except BaseException:
+            self.param_groups = old_groups
+            self.push_hyperparameters()
+            self._write_states({i: (state.pop("step"), state) for i, state in enumerate(old_states)})
+            raise
+        self._core.reload_params()
+
+    def _write_states(self, states: dict[int, tuple[int, dict[str, np.ndarray]]]) -> None:
+        """Sets every parameter's step and state arrays (zeros and step 0 where `states` has none)."""
+        for i, p in enumerate(self._params()):
             current = self._core.get_state(i)
-            step, arrays = prepared.get(i, (0, {}))
+            step, arrays = states.get(i, (0, {}))
             zeros = {k: np.zeros(p.numel(), np.float32) for k in current if k != "step" and k not in arrays}
             self._core.set_state(i, step, {**zeros, **arrays})
-        self._core.reload_params()
 
     def reload_params(self) -> None:
         """Re-read offloaded parameters into the host master copy after changing them directly

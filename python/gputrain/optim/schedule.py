@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from gputrain._state_checks import check_keys, check_mapping, integer, real
+
 __all__ = [
     "LambdaLR",
     "SchedulerType",
@@ -26,6 +28,10 @@ __all__ = [
     "get_polynomial_decay_schedule_with_warmup",
     "get_scheduler",
 ]
+
+
+# Keys of torch's LambdaLR.state_dict() that gputrain's has no use for (ignored when loaded).
+_TORCH_ONLY_KEYS = ("verbose", "_get_lr_called_within_step", "_is_initial")
 
 
 class LambdaLR:
@@ -78,8 +84,29 @@ class LambdaLR:
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore last_epoch, base_lrs and the last lrs (the lambdas stay as constructed)."""
-        self.__dict__.update({k: v for k, v in state_dict.items() if k != "lr_lambdas"})
+        """Restore last_epoch, base_lrs and the last lrs (the lambdas stay as constructed).
+
+        The keys are state_dict()'s (KeyError otherwise); every value is checked (TypeError,
+        ValueError: one finite lr >= 0 per group, last_epoch >= -1) before any is applied.
+        """
+        check_mapping(state_dict, "state_dict")
+        check_keys(state_dict, "state_dict", self.state_dict(), _TORCH_ONLY_KEYS)
+        groups = len(self.lr_lambdas)
+        staged: dict[str, Any] = {
+            "last_epoch": integer(state_dict["last_epoch"], "state_dict['last_epoch']", -1),
+            "_step_count": integer(state_dict["_step_count"], "state_dict['_step_count']", 0),
+        }
+        for key in ("base_lrs", "_last_lr"):
+            values = state_dict[key]
+            if not isinstance(values, (list, tuple)):
+                raise TypeError(f"state_dict[{key!r}] must be a list, not {type(values).__name__}")
+            if len(values) != groups:
+                raise ValueError(f"state_dict[{key!r}] has {len(values)} entries, expected {groups} (one per group)")
+            staged[key] = [real(v, f"state_dict[{key!r}][{i}]", 0.0) for i, v in enumerate(values)]
+        lambdas = state_dict["lr_lambdas"]
+        if not isinstance(lambdas, (list, tuple)) or len(lambdas) != groups:
+            raise ValueError(f"state_dict['lr_lambdas'] must be a list of {groups} entries")
+        self.__dict__.update(staged)
 
 
 def _warmup(step: int, num_warmup_steps: int) -> float:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gputrain.optim.optimizer import Optimizer, _check_number
+from gputrain.optim.optimizer import Optimizer, _check_flags, _check_number
 
 __all__ = ["SGD"]
 
@@ -30,6 +30,7 @@ class SGD(Optimizer):
         momentum = _check_number(group["momentum"], "momentum")
         dampening = _check_number(group["dampening"], "dampening")
         weight_decay = _check_number(group["weight_decay"], "weight_decay")
+        _check_flags(group, ("nesterov", "maximize"))
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -38,6 +39,9 @@ class SGD(Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def _state_keys(self, group: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (), ("momentum_buffer",)
 
     def _state_names(self) -> tuple[str, ...]:
         return ("momentum_buffer",)
