@@ -236,6 +236,30 @@ static int all_finite(const float *x, size_t n) {
     return finite;
 }
 
+/* A list or other non-array input converted with NumPy's own dtype inference (never a forced
+ * cast: float targets such as [0.7, 1.9] must not be truncated to class indices), or NULL. */
+static PyArrayObject *convert_sequence(PyObject *obj, const char *arg_name, char kind) {
+    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_O(obj);
+    if (!array) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s: expected a numeric array, got %.100s", arg_name,
+                         Py_TYPE(obj)->tp_name);
+        }
+        return NULL;
+    }
+    int numeric = PyDataType_ISINTEGER(PyArray_DESCR(array)) ||
+                  (kind == 'f' && (PyDataType_ISFLOAT(PyArray_DESCR(array)) || PyArray_ISBOOL(array)));
+    if (!numeric) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %s, got %.100s holding %S", arg_name,
+                     kind == 'f' ? "real numbers" : "integer class indices (not floats or bools)",
+                     Py_TYPE(obj)->tp_name, (PyObject *)PyArray_DESCR(array));
+        Py_DECREF(array);
+        return NULL;
+    }
+    return array;
+}
+
 PyArrayObject *gtpy_input_array(PyObject *obj, const char *arg_name, char kind, gt_tensor *shape) {
     PyArrayObject *array = NULL;
     if (PyArray_Check(obj)) {
@@ -248,17 +272,8 @@ PyArrayObject *gtpy_input_array(PyObject *obj, const char *arg_name, char kind, 
             return NULL;
         }
         array = (PyArrayObject *)Py_NewRef(obj);  /* any layout: copied when the data is read */
-    } else {
-        array = (PyArrayObject *)PyArray_FROM_OTF(obj, kind == 'f' ? NPY_FLOAT32 : NPY_INT64,
-                                                  NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
-        if (!array) {
-            if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_TypeError, "%s: expected a numeric array, got %.100s", arg_name,
-                             Py_TYPE(obj)->tp_name);
-            }
-            return NULL;
-        }
+    } else if (!(array = convert_sequence(obj, arg_name, kind))) {
+        return NULL;
     }
     int ndim = PyArray_NDIM(array);
     if (ndim < 1 || ndim > GT_MAX_DIMS) {

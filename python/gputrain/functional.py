@@ -134,12 +134,12 @@ def _act(value: Any, name: str, dtype: str | None) -> _Act:
 
 
 def _acts(dtype: str | None, **arrays: Any) -> list[_Act]:
-    """Checks several activation arrays that must share one dtype (dtype, else the first's)."""
+    """Checks several activation arrays that must share one dtype (dtype, else the first's). A
+    uint16 array needs an explicit dtype: its bits are never read as another array's dtype."""
     dtype = _dtype_name(dtype)
     checked: list[_Act] = []
     for name, value in arrays.items():
-        bits_dtype = dtype or (checked[0].dt if checked else None)
-        act = _act(value, name, bits_dtype if _is_bits(value) else dtype)
+        act = _act(value, name, dtype)
         if checked and act.dt != checked[0].dt:
             raise TypeError(f"{name} is {act.dt} but {next(iter(arrays))} is {checked[0].dt}: "
                             "the activation arrays of one call share one dtype")
@@ -175,13 +175,13 @@ def _grad_into(value: np.ndarray | None, name: str,
 
 
 def _ids(value: Any, name: str) -> np.ndarray:
-    """An integer index array as C-contiguous int64."""
+    """An integer index array as C-contiguous int64 of the same shape (0-d stays 0-d)."""
     array = np.asarray(value)
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must be an integer array, got {array.dtype}")
     if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{name} has values that do not fit int64")
-    return np.ascontiguousarray(array, dtype=np.int64)
+    return np.asarray(array, dtype=np.int64, order="C")
 
 
 def _real(value: Any, name: str, low: float | None = None, high: float | None = None) -> float:
@@ -226,7 +226,8 @@ def gemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool =
     dtype = _dtype_name(dtype)
     a_act = _act(a, "a", dtype if _is_bits(a) else None)
     b_act = _act(b, "b", dtype if _is_bits(b) else None)
-    out_dt = _dtype_name(out_dtype, "out_dtype") or a_act.dt
+    explicit_out = _dtype_name(out_dtype, "out_dtype")
+    out_dt = explicit_out or a_act.dt
     alpha, beta = _real(alpha, "alpha"), _real(beta, "beta")
     for name, act in (("a", a_act), ("b", b_act)):
         if act.raw.ndim not in (2, 3):
@@ -238,7 +239,9 @@ def gemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool =
     if c is None or beta == 0.0:
         out = np.empty(shape, dtype=_RAW_TYPES[out_dt])
     else:
-        c_act = _act(c, "c", out_dt)
+        c_act = _act(c, "c", (explicit_out or dtype) if _is_bits(c) else out_dt)
+        if c_act.dt != out_dt:
+            raise TypeError(f"c holds {c_act.dt} values but the result is {out_dt} (pass out_dtype)")
         if c_act.raw.shape != shape:
             raise ValueError(f"c must have shape {shape}, got {c_act.raw.shape}")
         out = c_act.raw.copy()

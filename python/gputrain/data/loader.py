@@ -17,6 +17,8 @@ prefetch_factor, in_order or persistent_workers, and `state_dict()` resumes mid-
 from __future__ import annotations
 
 import atexit
+import math
+import numbers
 import os
 import warnings
 import weakref
@@ -44,6 +46,8 @@ from gputrain.data.sampler import (
 )
 
 _STATE_VERSION = 1
+MAX_NUM_WORKERS = 256  # worker threads per loader: far past the point where gathering is memory-bound
+_SLOT_ALIGN = 64  # bytes; each field of a slot starts on this boundary (GT_ALIGN in csrc/core/alloc.h)
 _FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
@@ -130,6 +134,22 @@ def _check_int(name: str, value: Any) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     return int(value)
+
+
+def _physical_memory() -> int | None:
+    """Bytes of RAM in this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _row_bytes(array: np.ndarray | RaggedArray) -> int:
+    """Bytes one row of a field takes in a slot (a ragged field: its longest row)."""
+    if isinstance(array, RaggedArray):
+        longest = int(array.lengths.max()) if len(array) else 0
+        return longest * array.values.dtype.itemsize * int(np.prod(array.values.shape[1:], dtype=np.int64))
+    return array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
 
 
 def _cpu_count() -> int:
@@ -240,17 +260,27 @@ class DataLoader:
         self._iterator: _DataLoaderIter | None = None
         self._spare_engine: _Engine | None = None  # num_workers=0: slots kept between epochs
         self._pin_warned = False
+        if batch_sampler is None or isinstance(batch_sampler, BatchSampler):  # the batch size is known now
+            self._check_slot_memory(batch_sampler.batch_size if batch_sampler is not None else 1)
         self._initialized = True
         self.check_worker_number_rationality()
 
     @staticmethod
     def _check_options(num_workers: int, timeout: float, prefetch_factor: int | None, persistent_workers: bool,
                        multiprocessing_context: Any, collate_fn: Any, transform: Any, worker_init_fn: Any) -> int | None:
-        """PyTorch's checks, in PyTorch's order and words; returns the prefetch factor."""
+        """PyTorch's checks, in PyTorch's order and words, and gputrain's bounds (num_workers at
+        most MAX_NUM_WORKERS threads, a finite timeout); returns the prefetch factor."""
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+        if num_workers > MAX_NUM_WORKERS:
+            raise ValueError(f"num_workers={num_workers} is more than gputrain's limit of {MAX_NUM_WORKERS} worker "
+                             "threads (each gathers whole batches; a few per CPU core already saturate memory)")
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
+        if not math.isfinite(timeout):
+            raise ValueError(f"timeout must be a finite number of seconds (0: wait forever), got {timeout}")
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing."
                              "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
@@ -260,6 +290,8 @@ class DataLoader:
             prefetch_factor = _check_int("prefetch_factor", prefetch_factor)
             if prefetch_factor < 0:
                 raise ValueError("prefetch_factor option should be non-negative")
+            if prefetch_factor == 0:
+                raise ValueError("prefetch_factor must be >= 1 with num_workers > 0 (batches each worker keeps in flight)")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         if multiprocessing_context is not None and num_workers == 0:
@@ -269,6 +301,26 @@ class DataLoader:
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
         return prefetch_factor
+
+    def _check_slot_memory(self, max_rows: int) -> None:
+        """OutOfMemoryError, before anything is allocated, when the ring of slots an epoch needs
+        (num_workers * prefetch_factor + 2 batches of `max_rows` rows) cannot fit what is left
+        under the memory limit of its pool (gputrain.set_memory_limit), or the machine's RAM
+        without one."""
+        slot = max(sum(-(-max_rows * _row_bytes(a) // _SLOT_ALIGN) * _SLOT_ALIGN for a in self._arrays),
+                   _SLOT_ALIGN)
+        needed = (self.num_workers * (self.prefetch_factor or 0) + 2) * slot
+        pool = "pinned" if self.pin_memory else "cpu"
+        stats = _C.memory_stats(device=pool)
+        if stats["limit_bytes"] is not None:
+            room, where = stats["limit_bytes"] - stats["reserved_bytes"], f"left under the {pool!r} pool's memory limit"
+        else:
+            room, where = _physical_memory(), "of memory in this machine"
+        if room is not None and needed > room:
+            raise _C.OutOfMemoryError(
+                f"DataLoader: num_workers={self.num_workers} x prefetch_factor={self.prefetch_factor} (+2) slots "
+                f"of {slot:,} bytes ({max_rows} rows) need {needed:,} bytes, more than the {max(room, 0):,} bytes "
+                f"{where}; lower prefetch_factor, num_workers or batch_size")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized", False):
@@ -415,6 +467,7 @@ class DataLoader:
         worker_start = (make_worker_start(self.num_workers, self._order_seed(), self.dataset, self.worker_init_fn)
                         if needs_start else None)
         worker_transform = make_worker_transform(self._batch_pipeline()) if hooks_in_workers else None
+        self._check_slot_memory(max(max_rows, 1))
         fields = [a.field() if isinstance(a, RaggedArray) else a for a in self._arrays]
         engine = _C.LoaderEngine(fields, max(max_rows, 1), self.num_workers, max(self.prefetch_factor or 0, 1),
                                  in_order=self.in_order, pin_memory=self.pin_memory, worker_start=worker_start,
