@@ -157,7 +157,8 @@ def test_update_without_checks_and_update_with_new_scale():
     assert scaler.skipped_steps == 1 and scaler._get_growth_tracker() == 1
     scaler.update(np.array([3.0], np.float32))
     assert scaler.get_scale() == 3.0 and scaler.consecutive_skipped_steps == 0
-    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+    for bad, error in ((-1.0, ValueError), (0.0, ValueError), (1e-46, ValueError),  # 0 in float32
+                       (float("nan"), ValueError), (float("inf"), ValueError),
                        (1e39, ValueError), ("2", TypeError), (np.ones(2), ValueError), (True, TypeError)):
         with pytest.raises(error, match="new_scale"):
             scaler.update(bad)

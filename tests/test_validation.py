@@ -51,6 +51,13 @@ def test_num_workers_beyond_the_limit_is_refused_before_any_thread_starts(num_wo
         gt.DataLoader((X, Y), batch_size=8, num_workers=num_workers)
 
 
+def test_num_workers_raised_after_construction_is_refused_when_the_epoch_starts(nothing_started):
+    loader = gt.DataLoader((X, Y), batch_size=8, num_workers=1)
+    loader.num_workers = 2**20
+    with pytest.raises(ValueError, match="more than gputrain's limit"):
+        iter(loader)
+
+
 def test_num_workers_at_the_limit_is_accepted_and_starts_nothing_yet(nothing_started):
     with pytest.warns(UserWarning, match="worker threads in total"):
         loader = gt.DataLoader((X, Y), batch_size=8, num_workers=MAX_NUM_WORKERS)

@@ -71,8 +71,8 @@ gt_status gt_scaler_set_scale(gt_scaler *s, double new_scale, int found_inf) {
     if (!s)
         return GT_FAIL(GT_ERR_VALUE, "scaler: NULL");
     float scale = (float)new_scale;
-    if (!(scale >= 0.0f) || gt_f32_is_nonfinite(scale))
-        return GT_FAIL(GT_ERR_VALUE, "new_scale must be finite and >= 0 in float32, got %g", new_scale);
+    if (!(scale > 0.0f) || gt_f32_is_nonfinite(scale))  /* 0 would unscale by inf: NaN weights */
+        return GT_FAIL(GT_ERR_VALUE, "new_scale must be finite and > 0 in float32, got %g", new_scale);
     if (!s->enabled)
         return GT_OK;
     s->scale = scale;

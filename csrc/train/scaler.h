@@ -47,7 +47,7 @@ gt_status gt_scaler_unscale_check(const gt_scaler *s, float *grad, size_t n, int
  * disabled scaler changes nothing. */
 void gt_scaler_update(gt_scaler *s, int found_inf);
 
-/* update(new_scale): sets the scale (rounded to fp32; finite and >= 0) and counts the
+/* update(new_scale): sets the scale (rounded to fp32; finite and > 0) and counts the
  * iteration's found_inf in the skip counters; growth_tracker is kept, as in PyTorch. */
 gt_status gt_scaler_set_scale(gt_scaler *s, double new_scale, int found_inf);
 

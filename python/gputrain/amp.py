@@ -216,7 +216,7 @@ class GradScaler(_C.Scaler):
         """End the iteration: back off after NaN/Inf, grow after growth_interval clean ones.
 
         Warns (ScaleUnderflowWarning) when a backoff takes the scale below 1. `new_scale` sets
-        the scale directly instead (rounded to float32, growth tracker kept). Either way the
+        the scale directly instead (finite and > 0, rounded to float32, growth tracker kept). Either way the
         iteration's NaN/Inf result is counted in skipped_steps / consecutive_skipped_steps.
         """
         if not self._enabled:

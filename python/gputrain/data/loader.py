@@ -152,6 +152,12 @@ def _row_bytes(array: np.ndarray | RaggedArray) -> int:
     return array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
 
 
+def _check_worker_limit(num_workers: int) -> None:
+    if num_workers > MAX_NUM_WORKERS:
+        raise ValueError(f"num_workers={num_workers} is more than gputrain's limit of {MAX_NUM_WORKERS} worker "
+                         "threads (each gathers whole batches; a few per CPU core already saturate memory)")
+
+
 def _cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -261,7 +267,7 @@ class DataLoader:
         self._spare_engine: _Engine | None = None  # num_workers=0: slots kept between epochs
         self._pin_warned = False
         if batch_sampler is None or isinstance(batch_sampler, BatchSampler):  # the batch size is known now
-            self._check_slot_memory(batch_sampler.batch_size if batch_sampler is not None else 1)
+            self._check_engine_size(batch_sampler.batch_size if batch_sampler is not None else 1)
         self._initialized = True
         self.check_worker_number_rationality()
 
@@ -272,9 +278,7 @@ class DataLoader:
         most MAX_NUM_WORKERS threads, a finite timeout); returns the prefetch factor."""
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
-        if num_workers > MAX_NUM_WORKERS:
-            raise ValueError(f"num_workers={num_workers} is more than gputrain's limit of {MAX_NUM_WORKERS} worker "
-                             "threads (each gathers whole batches; a few per CPU core already saturate memory)")
+        _check_worker_limit(num_workers)
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
         if timeout < 0:
@@ -291,7 +295,8 @@ class DataLoader:
             if prefetch_factor < 0:
                 raise ValueError("prefetch_factor option should be non-negative")
             if prefetch_factor == 0:
-                raise ValueError("prefetch_factor must be >= 1 with num_workers > 0 (batches each worker keeps in flight)")
+                raise ValueError("prefetch_factor must be >= 1 with num_workers > 0 "
+                                 "(batches each worker keeps in flight)")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         if multiprocessing_context is not None and num_workers == 0:
@@ -302,11 +307,12 @@ class DataLoader:
                 raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
         return prefetch_factor
 
-    def _check_slot_memory(self, max_rows: int) -> None:
+    def _check_engine_size(self, max_rows: int) -> None:
         """OutOfMemoryError, before anything is allocated, when the ring of slots an epoch needs
         (num_workers * prefetch_factor + 2 batches of `max_rows` rows) cannot fit what is left
         under the memory limit of its pool (gputrain.set_memory_limit), or the machine's RAM
-        without one."""
+        without one; ValueError for more than MAX_NUM_WORKERS workers (set after construction)."""
+        _check_worker_limit(self.num_workers)
         slot = max(sum(-(-max_rows * _row_bytes(a) // _SLOT_ALIGN) * _SLOT_ALIGN for a in self._arrays),
                    _SLOT_ALIGN)
         needed = (self.num_workers * (self.prefetch_factor or 0) + 2) * slot
@@ -467,7 +473,7 @@ class DataLoader:
         worker_start = (make_worker_start(self.num_workers, self._order_seed(), self.dataset, self.worker_init_fn)
                         if needs_start else None)
         worker_transform = make_worker_transform(self._batch_pipeline()) if hooks_in_workers else None
-        self._check_slot_memory(max(max_rows, 1))
+        self._check_engine_size(max(max_rows, 1))
         fields = [a.field() if isinstance(a, RaggedArray) else a for a in self._arrays]
         engine = _C.LoaderEngine(fields, max(max_rows, 1), self.num_workers, max(self.prefetch_factor or 0, 1),
                                  in_order=self.in_order, pin_memory=self.pin_memory, worker_start=worker_start,
