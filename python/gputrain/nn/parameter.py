@@ -5,6 +5,9 @@ gradient arenas (one allocation each), and gradient validity is one flag of the 
 `zero_grad(set_to_none=True)` only clears that flag, so `.grad` reads None and the next
 backward writes the gradients instead of accumulating, without touching their memory.
 Standalone parameters (tests, user code) hold their own arrays.
+
+A Parameter is one object wherever its module goes: when a container compiles a layer into
+its arenas, the layer's Parameter objects are moved there (`_move_to_arena`), not replaced.
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ class Parameter:
         parameter._grad_storage = grad_storage
         parameter._owner = owner
         return parameter
+
+    def _move_to_arena(self, data: np.ndarray, grad_storage: np.ndarray, name: str, owner: GradOwner) -> None:
+        """Makes this parameter a view of another model's arenas (a container adopting its layer):
+        the object stays the same, so optimizers and user code holding it follow it."""
+        self._data = data
+        self._grad_storage = grad_storage
+        self._grad_valid = False
+        self._owner = owner
+        self.name = name
 
     @property
     def data(self) -> np.ndarray:
