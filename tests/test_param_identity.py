@@ -124,6 +124,22 @@ def test_optimizer_built_from_a_submodule_trains_only_it_after_more_nesting():
     assert not np.array_equal(after["0.2.weight"], before["0.2.weight"])
 
 
+def test_a_model_whose_layer_was_taken_by_another_model_refuses_to_run_or_save():
+    gt.random.manual_seed(9)
+    lin = nn.Linear(4, 4)
+    first = nn.Sequential(lin, nn.ReLU())
+    optimizer = gt.optim.SGD(first.parameters(), lr=0.5)
+    second = nn.Sequential(lin, nn.Linear(4, 3))
+    for use in (lambda: first(batch()[0]), first.state_dict, lambda: list(first.parameters()),
+                lambda: gt.TrainStep(first, nn.CrossEntropyLoss(), optimizer)):
+        with pytest.raises(RuntimeError, match="its Linear layer was put in another model .Sequential."):
+            use()
+    before = second.state_dict()
+    losses_of(gt.TrainStep(second, nn.CrossEntropyLoss(), optimizer), 3)  # it follows lin
+    assert not np.array_equal(second.state_dict()["0.weight"], before["0.weight"])
+    np.testing.assert_array_equal(second.state_dict()["1.weight"], before["1.weight"])
+
+
 # -- TrainStep and an optimizer over other parameters -------------------------------------------
 def test_train_step_refuses_another_models_optimizer_and_changes_nothing():
     model_a, model_b = nn.Sequential(nn.Linear(4, 3)), nn.Sequential(nn.Linear(4, 3))

@@ -61,6 +61,7 @@ class Module:
         self._compiled: _Compiled | None = None
         self._params: dict[str, Parameter] = {}
         self._owner: Module | None = None  # the compiled container this module belongs to
+        self._lost: tuple[Module, Module] | None = None  # (a layer of this root, the model that took it)
         self.training = True
 
     # -- structure, overridden by layers -------------------------------------------------
@@ -169,13 +170,33 @@ class Module:
                 module._params[local]._move_to_arena(data, grad, full, compiled)
             else:
                 module._params[local] = Parameter._in_arena(data, grad, full, compiled)
+        self._mark_losers()
         for module in self.modules():
             module._compiled = None
             module._owner = self
         self._owner = None
+        self._lost = None
         self._compiled = compiled
         self._apply_training(self.training)
         return compiled
+
+    def _mark_losers(self) -> None:
+        """Marks every compiled model outside this one that is losing one of its layers to it: that
+        layer's parameters move into this model, so the other one can no longer run or save it."""
+        members = {id(module) for module in self.modules()}
+        for module in self.modules():
+            former = module._owner if module._owner is not None else module if module._compiled else None
+            if former is not None and id(former) not in members:
+                former._lost = (module, self)
+
+    def _check_intact(self) -> None:
+        """Raises when one of this model's layers was put in another model since it was compiled."""
+        if self._lost is not None:
+            layer, taker = self._lost
+            raise RuntimeError(f"this {type(self).__name__} no longer holds all its parameters: its "
+                               f"{type(layer).__name__} layer was put in another model ({type(taker).__name__}), "
+                               "which now holds that layer's parameters (a layer belongs to one compiled "
+                               "model at a time): use the other model, or build this one again")
 
     @property
     def compiled(self) -> _C.Model:
@@ -183,6 +204,7 @@ class Module:
         if self._owner is not None:
             raise RuntimeError(f"this {type(self).__name__} belongs to a compiled "
                                f"{type(self._owner).__name__}: run or train that model instead")
+        self._check_intact()
         return (self._compiled or self._compile()).model
 
     def __getattr__(self, name: str) -> Any:
@@ -208,6 +230,7 @@ class Module:
         name, unless remove_duplicate is False (then under every name, as state_dict())."""
         if self._compiled is None and self._owner is None:
             self._compile()
+        self._check_intact()
         if self._on_device():
             raise self._device_refused("named_parameters")
         slots = self._unique_param_slots() if remove_duplicate else self._named_param_slots()
@@ -235,6 +258,7 @@ class Module:
         """Copies of the parameters under PyTorch's names ('0.weight', '0.bias', ...)."""
         if self._compiled is None and self._owner is None:
             self._compile()
+        self._check_intact()
         if self._on_device():
             arrays = (self._owner or self)._device_arrays()
             return OrderedDict((full, arrays[(id(module), local)]) for module, local, full in self._named_param_slots())
