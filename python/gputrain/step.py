@@ -23,6 +23,7 @@ import numpy as np
 from gputrain import _C, backends
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
+from gputrain.nn.parameter import Parameter
 from gputrain.optim.optimizer import Optimizer
 
 PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
@@ -83,6 +84,7 @@ class TrainStep:
             backends.set_tf32(tf32)
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
         compiled = model.compiled
+        self._checked: tuple[Any, ...] = ()  # (optimizer core, model, Parameter.generation) last checked
         self._check_optimizer()
         compiled.precision = PRECISIONS[precision]
         compiled.checkpointing = bool(gradient_checkpointing)
@@ -94,7 +96,11 @@ class TrainStep:
         compiled = self.model._compiled
         if not isinstance(self.optimizer, Optimizer) or compiled is None or not compiled.on_host:
             return
+        generation = Parameter.generation
         self.optimizer._follow_params()  # parameters whose layer was moved into a container since
+        checked = (self.optimizer._core, compiled, generation)
+        if checked == self._checked:
+            return
         for index, p in enumerate(self.optimizer._params()):
             if p._owner is not compiled:
                 whose = "a standalone Parameter" if p._owner is None else f"{p.name!r} of another model"
@@ -102,6 +108,7 @@ class TrainStep:
                                  f"parameter of this {type(self.model).__name__}; the step computes gradients "
                                  "for the model's own parameters only: build the optimizer from "
                                  "model.parameters() or a subset of them")
+        self._checked = checked
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
         self._check_optimizer()

@@ -81,6 +81,7 @@ class Optimizer:
         self._skip_next = False
         self.last_step_skipped = False
         self._steps_before = 0  # steps taken by the cores that _rebuild_core replaced
+        self._generation = Parameter.generation  # read before _views: a later move changes it
         self._views = self._param_views()  # the arrays the C optimizer points into
         self._core = self._build_core(self._views)
 
@@ -168,11 +169,15 @@ class Optimizer:
 
     def _follow_params(self) -> None:
         """Re-points C at parameters that moved since it was built (their module was compiled into
-        a container) or whose requires_grad changed."""
+        a container) or whose requires_grad changed; free unless some Parameter did."""
+        generation = Parameter.generation
+        if generation == self._generation:
+            return
         current = self._param_views()
         if any(data is not old_data or grad is not old_grad
                for (data, grad), (old_data, old_grad) in zip(current, self._views)):
             self._rebuild_core()
+        self._generation = generation
 
     def push_hyperparameters(self) -> None:
         """Copy every group's hyperparameters (e.g. an lr set by a scheduler) into C, after
