@@ -2,13 +2,14 @@
 constructed (so, as in PyTorch, initial values follow the global seed sequence in construction
 order); a container compiles its whole tree into one gputrain._C.Model (parameter, gradient and
 activation arenas in C), keeps the values its children already had, and hands every submodule
-its Parameters as views into its arenas. A submodule then belongs to that model.
+its Parameters as views into its arenas. A submodule then belongs to that model; a model whose
+layer was since put in another model refuses to run or save (that layer's parameters left it).
 
 A Parameter is one object wherever its module goes (PyTorch's semantics): compiling a container
 moves its children's existing Parameter objects into the new arenas instead of replacing them,
 so an optimizer built from a layer before the layer was put in a container trains it there.
-A module used more than once in a model (weight sharing, e.g. tying an output layer to an
-embedding) is one set of parameters: the C model lays them out once, every use reads them and
+A module used more than once in a model (weight sharing, e.g. one block applied twice) is
+one set of parameters: the C model lays them out once, every use reads them and
 their gradients are summed; parameters()/named_parameters()/modules() list them once (under
 the first name), while state_dict() has every name, as PyTorch's.
 
@@ -185,8 +186,8 @@ class Module:
         layer's parameters move into this model, so the other one can no longer run or save it."""
         members = {id(module) for module in self.modules()}
         for module in self.modules():
-            former = module._owner if module._owner is not None else module if module._compiled else None
-            if former is not None and id(former) not in members:
+            former = module._owner if module._owner is not None else module  # its compiled root, if any
+            if former._compiled is not None and id(former) not in members:
                 former._lost = (module, self)
 
     def _check_intact(self) -> None:

@@ -2,11 +2,13 @@
 
 Parameters are packed in group order into one flat state space owned by C; `step()` is one
 pass over parameters, gradients and state (parameters that are adjacent in memory, as a
-model's are, merge into one run). The C optimizer points into the parameters' arrays; a
-Parameter whose module was since compiled into a container has moved to the container's arena,
-and before the next step the optimizer re-points C at it (same state), so an optimizer built
-from a layer before the layer went into a model trains it there. Hyperparameters live in `param_groups` (plain dicts, so
+model's are, merge into one run). Hyperparameters live in `param_groups` (plain dicts, so
 schedulers and GradScaler work as with PyTorch) and are pushed into C before every step.
+
+The C optimizer points into the parameters' arrays. A Parameter whose module was since compiled
+into a container has moved into the container's arena; before the next step the optimizer
+re-points C at it, keeping its state, so an optimizer built from a layer before the layer was
+put in a model trains it there.
 
 Clipping can be fused: `optimizer.clip_grad_norm_(max_norm)` returns the total norm and makes
 the next `step()` multiply each gradient element by the clip coefficient as it is read,
