@@ -91,11 +91,10 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         return -1;
     if (index < 0 || (size_t)index >= ctx->count)
         return spec_error("a tied layer must name an earlier layer with parameters", spec);
-    *layer = (gt_layer){.kind = ctx->first[index]->kind, .in_features = ctx->first[index]->in_features,
-                        .out_features = ctx->first[index]->out_features,
-                        .has_bias = ctx->first[index]->has_bias, .eps = ctx->first[index]->eps,
-                        .num_embeddings = ctx->first[index]->num_embeddings,
-                        .embedding_dim = ctx->first[index]->embedding_dim, .tied = ctx->first[index]};
+    const gt_layer *first = ctx->first[index];
+    *layer = (gt_layer){.kind = first->kind, .in_features = first->in_features, .out_features = first->out_features,
+                        .has_bias = first->has_bias, .eps = first->eps, .num_embeddings = first->num_embeddings,
+                        .embedding_dim = first->embedding_dim, .tied = first};
     ctx->last[index]->grad_accumulates = 1;
     ctx->last[index] = layer;
     return 0;
