@@ -40,6 +40,26 @@ def test_optimizer_built_before_the_sequential_trains_the_layer(kind):
     np.testing.assert_array_equal(lin.weight.data, model.state_dict()["0.weight"])
 
 
+@pytest.mark.parametrize("location", ["device", "host"])
+def test_ema_built_before_the_sequential_averages_the_layer_there(location):
+    gt.random.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    ema = gt.optim.EMA(lin, decay=0.5, location=location)
+    initial = lin.weight.data.copy()
+    model = nn.Sequential(lin)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.5))
+    x, y = batch()
+    step(x, y)
+    ema.update()
+    trained = model.state_dict()["0.weight"]
+    expected = (initial + np.float32(0.5) * (trained - initial)).astype(np.float32)
+    average = ema.shadow[0]
+    np.testing.assert_allclose(average, expected, rtol=1e-6, atol=1e-7)
+    with ema.average_parameters():
+        np.testing.assert_array_equal(model.state_dict()["0.weight"], average)
+    np.testing.assert_array_equal(model.state_dict()["0.weight"], trained)
+
+
 def test_optimizer_built_before_residual_nesting_trains_only_its_layers():
     gt.random.manual_seed(1)
     inner = nn.Linear(4, 4)
