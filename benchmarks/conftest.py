@@ -20,6 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _record  # noqa: E402  (needs the path above under --import-mode=importlib)
 
+from gputrain.testing import pytest_plugin  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Benchmarks usually run against a build on PYTHONPATH, which has no pytest11 entry point.
+    if not config.pluginmanager.has_plugin("gputrain"):
+        config.pluginmanager.register(pytest_plugin, "gputrain")
+
 
 def default_name(node: pytest.Item) -> str:
     """'<module without bench_>.<test name with parameters>', e.g. 'cast.test_convert-f32-bf16'."""
