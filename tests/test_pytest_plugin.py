@@ -187,6 +187,29 @@ def test_disabled_benchmarks_still_run_one_step_and_plan(inner: pytest.Pytester)
     inner.runpytest("--benchmark-disable", *QUICK).assert_outcomes(passed=1)
 
 
+def test_peaks_exclude_garbage_of_earlier_tests(inner: pytest.Pytester) -> None:
+    inner.makepyfile("""
+        import gc
+        import numpy as np
+        import gputrain as gt
+
+        def test_leaves_a_model_in_a_reference_cycle():
+            gc.disable()  # only an explicit collection frees it
+            big = gt.nn.Sequential(gt.nn.Linear(2048, 2048), gt.nn.ReLU(), gt.nn.Linear(2048, 2))
+            assert big.num_parameters() > 4 << 20
+
+        def test_small_step(gputrain_benchmark):
+            try:
+                model = gt.nn.Sequential(gt.nn.Linear(8, 4))
+                step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.1))
+                result = gputrain_benchmark.train_step(step, np.ones((16, 8), np.float32), np.zeros(16, np.int64))
+            finally:
+                gc.enable()
+            assert result.memory_peaks["cpu"] < 1 << 20
+    """)
+    inner.runpytest("-p", "no:randomly", *QUICK).assert_outcomes(passed=2)
+
+
 def test_without_pytest_benchmark_the_fixture_says_so_and_other_tests_run(inner: pytest.Pytester) -> None:
     inner.makepyfile("""
         def test_bench(gputrain_benchmark):

@@ -10,6 +10,7 @@ pytest-benchmark is not imported here: the fixture hands in its ``benchmark`` ob
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -168,6 +169,7 @@ class StepBenchmark:
         if tokens_per_sample is not None:
             _check_count(tokens_per_sample, "tokens_per_sample", 1)
         kinds = sorted(set(memory.memory_kinds()) | set(plan))
+        gc.collect()  # earlier tests' models (reference cycles) must not count in this run's peaks
         memory.reset_peak_memory(kinds)
         warm_times = []
         for _ in range(warmup):
