@@ -294,6 +294,20 @@ def test_reproducible_same_seed(precision: str) -> None:
     assert isinstance(step, gt.TrainStep)
 
 
+def test_bit_identical_reads_a_for_model_optimizer_state() -> None:
+    def run(lr: float) -> gt.TrainStep:
+        gt.random.manual_seed(0)
+        model = gt.nn.Sequential(gt.nn.Linear(8, 4))
+        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=lr))
+        step(np.ones((4, 8), np.float32), np.arange(4))
+        return step
+
+    assert_bit_identical(run(1e-2), run(1e-2))
+    with pytest.raises(AssertionError, match=r"at model\['0\.weight'\]\[0, 0\].*\n.*more entries differ: "
+                                             r"model\['0\.bias'\], optimizer\['param_groups'\]\[0\]\['lr'\]"):
+        assert_bit_identical(run(1e-2), run(2e-2))
+
+
 def test_bit_identical_fails_when_seed_differs() -> None:
     with pytest.raises(AssertionError, match=r"first difference \(a vs b\) at model\['0\.weight'\]\[0, 0\]: "
                                              r"\S+ vs \S+ \(bits 0x[0-9a-f]+ vs 0x[0-9a-f]+\); \d+ of 128 elements"):
