@@ -124,8 +124,11 @@ def test_bad_input(gputrain_benchmark):
         gputrain_benchmark.train_step(step, X, Y, loader=[(X, Y)])
     with pytest.raises(TypeError, match="loader must be re-iterable"):
         gputrain_benchmark.train_step(step, loader=iter([(X, Y)]))
+    batches = [(X, Y)]
     with pytest.raises(ValueError, match="rounds must be >= 1"):
-        gputrain_benchmark.train_step(step, X, Y, rounds=0)
+        gputrain_benchmark.train_step(step, loader=batches, rounds=0)
+    with pytest.raises(TypeError, match="tokens_per_sample must be an int"):
+        gputrain_benchmark(lambda: None, samples_per_step=1, tokens_per_sample=1.5)
     with pytest.raises(ValueError, match="memory_plan: 'gpu' is not a memory kind"):
         gputrain_benchmark(lambda: None, samples_per_step=1, memory_plan={"gpu": {}})
     with pytest.raises(TypeError, match="bad: extra_info values must be JSON-serialisable"):
@@ -178,8 +181,7 @@ def test_disabled_benchmarks_still_run_one_step_and_plan(inner: pytest.Pytester)
         def test_step(gputrain_benchmark):
             model = gt.nn.Sequential(gt.nn.Linear(8, 4))
             step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.1))
-            result = gputrain_benchmark.train_step(step, np.ones((16, 8), np.float32), np.zeros(16, np.int64),
-                                                   warmup=0)
+            result = gputrain_benchmark.train_step(step, np.ones((16, 8), np.float32), np.zeros(16, np.int64))
             assert result.seconds is None and result.samples_per_s is None
             assert result.memory_plan["cpu"]["parameters"] == 4 * (8 * 4 + 4)
             assert model.compiled.step == 1

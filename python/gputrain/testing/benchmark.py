@@ -62,6 +62,14 @@ def _check_count(value: Any, name: str, minimum: int) -> int:
     return value
 
 
+def _check_run(tokens_per_sample: Any, warmup: Any, rounds: Any) -> None:
+    if tokens_per_sample is not None:
+        _check_count(tokens_per_sample, "tokens_per_sample", 1)
+    _check_count(warmup, "warmup", 0)
+    if rounds is not None:
+        _check_count(rounds, "rounds", 1)
+
+
 def _seconds_of(value: Any, name: str) -> float:
     seconds = getattr(value, "seconds", value)
     if seconds is None:
@@ -126,11 +134,13 @@ class StepBenchmark:
     def __call__(self, step: Callable[[], Any], *, samples_per_step: int, tokens_per_sample: int | None = None,
                  memory_plan: Mapping[str, Mapping[str, int]] | None = None, warmup: int = 2,
                  rounds: int | None = None) -> StepResult:
-        """Benchmark `step()`, one whole optimizer step on `samples_per_step` samples; `memory_plan`
-        (per memory kind) is recorded as given."""
+        """Benchmark `step()`, one whole optimizer step on `samples_per_step` samples, which must
+        return when its work is done (a TrainStep does: it reads the loss); `memory_plan` (per
+        memory kind) is recorded as given."""
         if not callable(step):
             raise TypeError(f"step must be callable, not {type(step).__name__}")
         _check_count(samples_per_step, "samples_per_step", 1)
+        _check_run(tokens_per_sample, warmup, rounds)
 
         def one_step() -> tuple[Any, int]:
             return step(), samples_per_step
@@ -143,13 +153,17 @@ class StepBenchmark:
                    loader: Iterable[Any] | None = None, tokens_per_sample: int | None = None,
                    warmup: int = 2, rounds: int | None = None) -> StepResult:
         """Benchmark `step` on the batch (x, y), or on the batches of `loader` (an (x, y) per
-        item; a new epoch starts when it runs out), fetching included in the step's time."""
+        item; a new epoch starts when it runs out), fetching included in the step's time.
+        With --benchmark-disable, one step runs (no warm-up) and only the memory is recorded."""
         if not isinstance(step, TrainStep):
             raise TypeError(f"step must be a gputrain.TrainStep, not {type(step).__name__}")
         if loader is not None and (x is not None or y is not None):
             raise TypeError("give the batch x, y or loader=, not both")
         if loader is None and (x is None or y is None):
             raise TypeError("give the batch as x and y, or batches as loader=")
+        if isinstance(loader, Iterator):
+            raise TypeError("loader must be re-iterable (a DataLoader or a list of batches), not an iterator")
+        _check_run(tokens_per_sample, warmup, rounds)
         batches = _epochs(loader) if loader is not None else None
         first = next(batches) if batches is not None else (x, y)
         plan = memory.memory_plan(step, np.shape(first[0]))
@@ -163,11 +177,8 @@ class StepBenchmark:
 
     def _measure(self, one_step: Callable[[], tuple[Any, int]], plan: dict[str, dict[str, int]],
                  tokens_per_sample: int | None, warmup: int, rounds: int | None) -> StepResult:
-        _check_count(warmup, "warmup", 0)
-        if rounds is not None:
-            _check_count(rounds, "rounds", 1)
-        if tokens_per_sample is not None:
-            _check_count(tokens_per_sample, "tokens_per_sample", 1)
+        if self.benchmark.disabled:  # pytest-benchmark's --benchmark-disable: run the step once
+            warmup = 0
         kinds = sorted(set(memory.memory_kinds()) | set(plan))
         gc.collect()  # earlier tests' models (reference cycles) must not count in this run's peaks
         memory.reset_peak_memory(kinds)
@@ -202,8 +213,6 @@ class StepBenchmark:
 
 def _epochs(loader: Iterable[Any]) -> Iterator[Any]:
     """The loader's items, epoch after epoch (a fresh iter() each time it runs out)."""
-    if isinstance(loader, Iterator):
-        raise TypeError("loader must be re-iterable (a DataLoader or a list of batches), not an iterator")
     while True:
         empty = True
         for item in loader:
