@@ -95,7 +95,7 @@ def test_gputrain_cast(benchmark, gputrain_benchmark, arrays, simd_level, thread
     out = np.empty(N, NUMPY_TYPES[dst])
     metrics = measure(benchmark, src, source, out.nbytes, lambda: gputrain.cast(source, dst, out=out))
     assert np.array_equal(out.view(np.uint8), source.astype(NUMPY_TYPES[dst]).view(np.uint8))
-    gputrain_benchmark.record(simd=simd_level)
+    gputrain_benchmark.record(simd=simd_level, **metrics)
 
 
 PEERS = {
@@ -122,4 +122,4 @@ def test_peer_astype(benchmark, gputrain_benchmark, arrays, peer):
         metrics = measure(benchmark, src, source, N * np.dtype(target).itemsize, convert)
     finally:
         gputrain.set_num_threads(THREADS)
-    gputrain_benchmark.record(peer=peer)
+    gputrain_benchmark.record(peer=peer, **metrics)

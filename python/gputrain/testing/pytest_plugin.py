@@ -21,7 +21,7 @@ import pytest
 
 import gputrain
 from gputrain.testing import benchmark as _benchmark
-from gputrain.testing import determinism, memory
+from gputrain.testing import determinism
 
 # pytest-benchmark registers itself as "benchmark" (entry point) or by module name (-p).
 _PYTEST_BENCHMARK = ("benchmark", "pytest_benchmark.plugin")
@@ -44,7 +44,7 @@ def cuda_skip_reason() -> str | None:
 def sim_skip_reason() -> str | None:
     """Why `sim`-marked tests cannot run here, or None when the build has the 'sim' device."""
     try:
-        memory.memory_stats("sim")
+        gputrain.memory_stats("sim")
     except ValueError as error:
         return f"needs gputrain's simulated device 'sim', which this build does not have ({error})"
     return None
