@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from gputrain.testing import pytest_plugin
+import _gputrain_pytest as pytest_plugin
 
 
 def pytest_configure(config: pytest.Config) -> None:

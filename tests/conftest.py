@@ -11,7 +11,7 @@ import pytest
 # Test helpers (NumPy references) live beside the tests; importlib mode does not add this folder.
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gputrain.testing import pytest_plugin
+import _gputrain_pytest as pytest_plugin
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +25,7 @@ from gputrain.testing import (
     peak_memory,
     time_steps,
 )
-from gputrain.testing import pytest_plugin
+import _gputrain_pytest as pytest_plugin
 
 pytest_plugins = ["pytester"]
 
@@ -30,7 +33,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "bench_my_model.py"
 QUICK = ("--benchmark-min-rounds=2", "--benchmark-max-time=0", "-p", "no:cacheprovider")
 # What tests/conftest.py does: an in-place build has no pytest11 entry point.
 CONFTEST = """
-from gputrain.testing import pytest_plugin
+import _gputrain_pytest as pytest_plugin
 
 def pytest_configure(config):
     if not config.pluginmanager.has_plugin("gputrain"):
@@ -225,13 +228,32 @@ def test_without_pytest_benchmark_the_fixture_says_so_and_other_tests_run(inner:
     result.stdout.fnmatch_lines(["*gputrain_benchmark needs pytest-benchmark: pip install pytest-benchmark*"])
 
 
+def test_cuda_marker_of_a_module_without_gputrain_is_left_alone(inner: pytest.Pytester) -> None:
+    inner.makepyfile("""
+        import pytest
+
+        @pytest.mark.cuda
+        def test_someone_elses_gpu_test():
+            pass
+    """)
+    inner.runpytest(*QUICK).assert_outcomes(passed=1)
+
+
+def test_loading_the_plugin_imports_neither_gputrain_nor_numpy() -> None:
+    code = ("import sys, _gputrain_pytest; "
+            "print(sorted(m for m in ('gputrain', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"
+
+
 def test_entry_point_registers_the_plugin() -> None:
     try:
         dist = importlib.metadata.distribution("gputrain")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("gputrain is not installed (in-place build): only an installed package has entry points")
     points = {ep.name: ep.value for ep in dist.entry_points if ep.group == "pytest11"}
-    assert points == {"gputrain": "gputrain.testing.pytest_plugin"}
+    assert points == {"gputrain": "_gputrain_pytest"}
 
 
 def test_markers_skip_with_reasons() -> None:

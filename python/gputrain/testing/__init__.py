@@ -1,4 +1,4 @@
-"""Testing helpers for users' test and benchmark suites (pytest's plugin: pytest_plugin.py).
+"""Testing helpers for users' test and benchmark suites (the pytest plugin: python/_gputrain_pytest.py).
 
     from gputrain.testing import assert_memory_within, assert_reproducible
 
