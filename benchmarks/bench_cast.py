@@ -90,12 +90,12 @@ def measure(benchmark, src_name: str, src: np.ndarray, dst_bytes: int, convert: 
 
 
 @pytest.mark.parametrize(("src", "dst"), [("f32", "bf16"), ("f32", "f16"), ("bf16", "f32"), ("f16", "f32")])
-def test_gputrain_cast(benchmark, record, arrays, simd_level, threads, src, dst):
+def test_gputrain_cast(benchmark, gputrain_benchmark, arrays, simd_level, threads, src, dst):
     source = arrays[src]
     out = np.empty(N, NUMPY_TYPES[dst])
     metrics = measure(benchmark, src, source, out.nbytes, lambda: gputrain.cast(source, dst, out=out))
     assert np.array_equal(out.view(np.uint8), source.astype(NUMPY_TYPES[dst]).view(np.uint8))
-    record(name=f"cast_{src}_to_{dst}_{simd_level}_{threads}thr", simd=simd_level, **metrics)
+    gputrain_benchmark.record(simd=simd_level, **metrics)
 
 
 PEERS = {
@@ -107,7 +107,7 @@ PEERS = {
 
 
 @pytest.mark.parametrize("peer", list(PEERS))
-def test_peer_astype(benchmark, record, arrays, peer):
+def test_peer_astype(benchmark, gputrain_benchmark, arrays, peer):
     """Single-threaded peers, against a single-threaded memcpy."""
     gputrain.set_num_threads(1)
     src, target = PEERS[peer]
@@ -122,4 +122,4 @@ def test_peer_astype(benchmark, record, arrays, peer):
         metrics = measure(benchmark, src, source, N * np.dtype(target).itemsize, convert)
     finally:
         gputrain.set_num_threads(THREADS)
-    record(name=f"cast_peer_{peer}", **metrics)
+    gputrain_benchmark.record(peer=peer, **metrics)

@@ -99,7 +99,7 @@ def torch_epoch_seconds(spec: dict, workers: int) -> dict | None:
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
-def test_loader_epoch(benchmark, record, case, workers):
+def test_loader_epoch(benchmark, gputrain_benchmark, case, workers):
     name, spec, x, y = case
     loader = gt.DataLoader((x, y), batch_size=spec["batch_size"], shuffle=True, seed=0, num_workers=workers,
                            persistent_workers=workers > 0)
@@ -125,11 +125,10 @@ def test_loader_epoch(benchmark, record, case, workers):
         "ratio_torch": torch["median"] / seconds if torch else None,
         "torch_version": torch["version"] if torch else None,
     }
-    record(name=f"loader.{name}-{workers}w", **metrics)
-    benchmark.extra_info.update(metrics)
+    gputrain_benchmark.record(**metrics)
 
 
-def test_numpy_fancy_index_peer(benchmark, record, case):
+def test_numpy_fancy_index_peer(benchmark, gputrain_benchmark, case):
     """What slicing the arrays by hand in Python costs, for scale."""
     name, spec, x, y = case
     order = gt.data.RandomSampler(spec["rows"], seed=0).rows(0)
@@ -142,5 +141,5 @@ def test_numpy_fancy_index_peer(benchmark, record, case):
 
     benchmark.pedantic(epoch, rounds=ROUNDS, warmup_rounds=1)
     seconds = benchmark.stats.stats.median
-    record(name=f"loader.{name}-numpy", samples_per_s=spec["rows"] / seconds,
-           gb_per_s=epoch_bytes(x, y) / seconds / 1e9, epoch_seconds_median=seconds)
+    gputrain_benchmark.record(case=name, samples_per_s=spec["rows"] / seconds,
+                              gb_per_s=epoch_bytes(x, y) / seconds / 1e9, epoch_seconds_median=seconds)

@@ -16,7 +16,8 @@ updated values back, on the copy thread) compete with the update for the same co
 overlap efficiency = offloaded step time / max(copy time, update time), where copy time is a
 single-threaded copy of the same bytes (what the copy thread does) and update time is the f=0 step.
 
-GPUTRAIN_BENCH_OPTIM_N sets a smaller N for a quick run. Results: benchmarks/results/optim.*.json.
+GPUTRAIN_BENCH_OPTIM_N sets a smaller N for a quick run. Results: --benchmark-json's
+extra_info (gputrain_benchmark.record).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _triad(arrays, seconds: list[float]) -> None:
 
 @pytest.mark.parametrize("numerics", ["exact", "fast"])
 @pytest.mark.parametrize("level", SUPPORTED)
-def test_adamw_vs_triad(benchmark, record, arrays, numerics, level):
+def test_adamw_vs_triad(benchmark, gputrain_benchmark, arrays, numerics, level):
     best = SUPPORTED[-1]
     arrays.setdefault("triad_a", np.empty(N, np.float32))
     opt, _ = _optimizer(arrays, numerics=numerics)
@@ -79,17 +80,18 @@ def test_adamw_vs_triad(benchmark, record, arrays, numerics, level):
         _C.set_simd_level(best)
     adamw_gbps = BYTES_PER_PARAM * N / benchmark.stats.stats.min / 1e9
     triad_gbps = TRIAD_BYTES * N / min(triad_seconds) / 1e9
-    record(elements=N, numerics=numerics, simd=level, threads=gputrain.get_num_threads(),
-           adamw_GBps=round(adamw_gbps, 2), triad_GBps=round(triad_gbps, 2),
-           ratio_best=round(adamw_gbps / triad_gbps, 3),
-           ratio_median=round((BYTES_PER_PARAM / TRIAD_BYTES) * float(np.median(triad_seconds))
-                              / benchmark.stats.stats.median, 3),
-           adamw_seconds_min=benchmark.stats.stats.min)
+    gputrain_benchmark.record(
+        elements=N, numerics=numerics, simd=level, threads=gputrain.get_num_threads(),
+        adamw_GBps=round(adamw_gbps, 2), triad_GBps=round(triad_gbps, 2),
+        ratio_best=round(adamw_gbps / triad_gbps, 3),
+        ratio_median=round((BYTES_PER_PARAM / TRIAD_BYTES) * float(np.median(triad_seconds))
+                           / benchmark.stats.stats.median, 3),
+        adamw_seconds_min=benchmark.stats.stats.min)
 
 
 @pytest.mark.parametrize("variant", ["foreach", "fused"])
 @pytest.mark.parametrize("numerics", ["exact", "fast"])
-def test_adamw_vs_pytorch(benchmark, record, arrays, numerics, variant):
+def test_adamw_vs_pytorch(benchmark, gputrain_benchmark, arrays, numerics, variant):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(gputrain.get_num_threads())
     tp = torch.nn.Parameter(torch.from_numpy(arrays["p"].copy()))
@@ -106,15 +108,16 @@ def test_adamw_vs_pytorch(benchmark, record, arrays, numerics, variant):
 
     benchmark.pedantic(opt.step, setup=setup, rounds=ROUNDS, warmup_rounds=1)
     ours = benchmark.stats.stats
-    record(elements=N, numerics=numerics, torch_variant=variant, torch_version=torch.__version__,
-           threads=gputrain.get_num_threads(),
-           adamw_GBps=round(BYTES_PER_PARAM * N / ours.min / 1e9, 2),
-           torch_GBps=round(BYTES_PER_PARAM * N / min(torch_seconds) / 1e9, 2),
-           speedup_best=round(min(torch_seconds) / ours.min, 3),
-           speedup_median=round(float(np.median(torch_seconds)) / ours.median, 3))
+    gputrain_benchmark.record(
+        elements=N, numerics=numerics, torch_variant=variant, torch_version=torch.__version__,
+        threads=gputrain.get_num_threads(),
+        adamw_GBps=round(BYTES_PER_PARAM * N / ours.min / 1e9, 2),
+        torch_GBps=round(BYTES_PER_PARAM * N / min(torch_seconds) / 1e9, 2),
+        speedup_best=round(min(torch_seconds) / ours.min, 3),
+        speedup_median=round(float(np.median(torch_seconds)) / ours.median, 3))
 
 
-def test_offload_overlap(benchmark, record, arrays):
+def test_offload_overlap(benchmark, gputrain_benchmark, arrays):
     """f = 1: every element is staged; compared with the copies alone and the update alone."""
     plain, _ = _optimizer(arrays)
     update_seconds, copy_seconds = [], []
@@ -133,8 +136,9 @@ def test_offload_overlap(benchmark, record, arrays):
     benchmark.pedantic(offloaded.step, setup=setup, rounds=ROUNDS, warmup_rounds=1)
     step = benchmark.stats.stats.min
     bound = max(min(update_seconds), min(copy_seconds))
-    record(elements=N, threads=gputrain.get_num_threads(), offloaded_step_seconds=step,
-           update_seconds=min(update_seconds), copy_seconds=min(copy_seconds),
-           overlap_efficiency=round(step / bound, 3),
-           serial_sum_ratio=round(step / (min(update_seconds) + min(copy_seconds)), 3),
-           memory=offloaded.memory())
+    gputrain_benchmark.record(
+        elements=N, threads=gputrain.get_num_threads(), offloaded_step_seconds=step,
+        update_seconds=min(update_seconds), copy_seconds=min(copy_seconds),
+        overlap_efficiency=round(step / bound, 3),
+        serial_sum_ratio=round(step / (min(update_seconds) + min(copy_seconds)), 3),
+        memory=offloaded.memory())

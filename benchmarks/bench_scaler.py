@@ -9,8 +9,8 @@ so a ratio of 1.0 means the unscale costs no more than reading the arena once.
 
     python -m pytest benchmarks/bench_scaler.py
 
-Results go to benchmarks/results/scaler.test_unscale_inf_check_vs_read-<level>-<mode>.json
-(the `record` fixture of benchmarks/conftest.py, with the machine and its load average).
+Results: pytest-benchmark's JSON (--benchmark-json=PATH), whose extra_info holds these metrics
+and the machine facts, with its load average (gputrain_benchmark.record, benchmarks/conftest.py).
 
 GPUTRAIN_BENCH_SCALER_N sets a smaller arena for a quick run.
 """
@@ -47,7 +47,7 @@ def simd_level(request):
 
 
 @pytest.mark.parametrize("mode", ["unscale", "check_only"])
-def test_unscale_inf_check_vs_read(benchmark, record, arena, simd_level, mode):
+def test_unscale_inf_check_vs_read(benchmark, gputrain_benchmark, arena, simd_level, mode):
     """mode 'unscale': scale 2**16 (read, multiply, write); 'check_only': scale 1 (no multiply)."""
     if mode == "unscale":  # alternate 2**16 and 2**-16 so the values never drift into subnormals
         scalers = [GradScaler(init_scale=2.0**16), GradScaler(init_scale=2.0**-16)]
@@ -82,5 +82,4 @@ def test_unscale_inf_check_vs_read(benchmark, record, arena, simd_level, mode):
         "ratio_best": round(unscale_gbps / read_gbps, 3),
         "ratio_median": round(median_ratio, 3),
     }
-    benchmark.extra_info.update(metrics)
-    record(**metrics)
+    gputrain_benchmark.record(**metrics)

@@ -96,7 +96,7 @@ def median_seconds(fn, rounds: int = ROUNDS) -> float:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_mlp_step(benchmark, record, precision):
+def test_mlp_step(benchmark, gputrain_benchmark, precision):
     step = gputrain_step(precision)
     peak = sgemm_peak()
     benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=3)
@@ -116,5 +116,5 @@ def test_mlp_step(benchmark, record, precision):
         metrics["speedup_vs_torch_fp32"] = torch_seconds / seconds
     except pytest.skip.Exception:
         metrics["torch"] = "not installed"
-    record(**metrics)
+    gputrain_benchmark.record(**metrics)
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})

@@ -37,6 +37,8 @@ static void fill_constant(float *x, size_t n, float value) {
 }
 
 static void init_layer(gt_layer *layer, uint64_t seed, uint32_t *next_id) {
+    if (layer->tied)  /* initialised at its first use */
+        return;
     switch (layer->kind) {
     case GT_LAYER_LINEAR: {
         float bound = 1.0f / sqrtf((float)layer->in_features);

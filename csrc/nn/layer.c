@@ -11,6 +11,10 @@ int64_t gt_rows_of(const gt_tensor *t) {
     return last == 0 ? 0 : (int64_t)gt_tensor_numel(t) / last;
 }
 
+int gt_layer_accumulates(const gt_layer *layer, const gt_run *run) {
+    return run->accumulate || layer->grad_accumulates;
+}
+
 int64_t gt_layer_out_numel(const gt_layer *layer) { return (int64_t)gt_tensor_numel(&layer->out); }
 
 static gt_dropout_key dropout_key(const gt_layer *layer, const gt_run *run) {

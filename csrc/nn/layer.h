@@ -10,7 +10,10 @@
  *
  * Backward passes gradients through scratch buffers: nesting level L (a Sequential at depth L)
  * ping-pongs between the two scratch buffers of level L, so a Residual's incoming gradient is
- * never overwritten by its block. A NULL `din` means the input gradient is not needed (the
+ * never overwritten by its block. A module used more than once is one layer per use whose
+ * parameters are those of its first use (`tied`): they are laid out, initialised and listed
+ * once, and every use but the last adds its gradients, so they are summed as in PyTorch.
+ * A NULL `din` means the input gradient is not needed (the
  * first layer of the model): no work is spent on it. */
 #ifndef GT_NN_LAYER_H
 #define GT_NN_LAYER_H
@@ -69,6 +72,10 @@ struct gt_layer {
        Embedding: weight (num, dim)) */
     gt_param weight;           /* numel 0 when absent */
     gt_param bias;             /* numel 0 when absent */
+    const gt_layer *tied;      /* Linear/LayerNorm/Embedding: the first use of the same module, whose
+                                  parameters this later use shares (weight tying), else NULL */
+    int grad_accumulates;      /* 1: adds its parameter gradients in every backward, because a later
+                                  use of the same parameters (run before it in backward) wrote them */
     /* plan for the current input shape */
     gt_tensor in_shape;        /* shape and dtype of the input (ptr unused) */
     gt_tensor out;             /* output activation (ptr into an activation region) */
@@ -113,6 +120,9 @@ gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, c
 gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                gt_run *run);
+
+/* 1 when the layer adds its parameter gradients (run->accumulate, or a shared use's rule). */
+int gt_layer_accumulates(const gt_layer *layer, const gt_run *run);
 
 /* Rows of a tensor seen as (rows, last dim). */
 int64_t gt_rows_of(const gt_tensor *t);

@@ -28,17 +28,18 @@ gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const
                              gt_run *run) {
     const gt_ops *ops = run->backend->ops;
     int64_t rows = gt_rows_of(&layer->in_shape);
+    int accumulate = gt_layer_accumulates(layer, run);
     gt_gemm_args dweight = {
         .trans_a = 1, .trans_b = 0, .m = layer->out_features, .n = layer->in_features, .k = rows,
         .alpha = 1.0f, .a = dout, .a_dt = run->dt, .lda = layer->out_features,
         .b = in, .b_dt = run->dt, .ldb = layer->in_features,
-        .beta = run->accumulate ? 1.0f : 0.0f, .c = layer->weight.grad, .c_dt = GT_F32,
+        .beta = accumulate ? 1.0f : 0.0f, .c = layer->weight.grad, .c_dt = GT_F32,
         .ldc = layer->in_features, .batch = 1,
     };
     GT_TRY(ops->gemm(run->backend, &dweight));
     if (layer->has_bias)
         GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features,
-                                  run->dt, run->accumulate));
+                                  run->dt, accumulate));
     if (!din)
         return GT_OK;
     gt_gemm_args dinput = {

@@ -62,9 +62,15 @@ static gt_status check_gemm_dim(int64_t value, const char *arg_name, const char 
     return GT_OK;
 }
 
-/* Gives every parameter its offset (pass 1) in state_dict order. */
+/* Gives every parameter its offset (pass 1) in state_dict order; a later use of a module takes
+ * its first use's (laid out before it, in this same pre-order walk). */
 static gt_status layout_layer(gt_layer *layer, size_t *offset) {
     char name[128];
+    if (layer->tied) {
+        layer->weight = layer->tied->weight;
+        layer->bias = layer->tied->bias;
+        return GT_OK;
+    }
     switch (layer->kind) {
     case GT_LAYER_LINEAR:
         snprintf(name, sizeof name, "Linear(%lld, %lld)", (long long)layer->in_features,

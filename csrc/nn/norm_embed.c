@@ -13,7 +13,7 @@ gt_status gt_layernorm_backward(gt_layer *layer, void *din, const void *dout, co
     return run->backend->ops->layernorm_backward(
         run->backend, din, layer->weight.grad, layer->has_bias ? layer->bias.grad : NULL, dout,
         in, layer->weight.data, layer->mean, layer->rstd, gt_rows_of(&layer->in_shape),
-        layer->in_features, run->dt, run->accumulate);
+        layer->in_features, run->dt, gt_layer_accumulates(layer, run));
 }
 
 gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run) {
@@ -27,5 +27,5 @@ gt_status gt_embedding_backward(gt_layer *layer, const void *dout, const void *i
     return run->backend->ops->embedding_backward(
         run->backend, layer->weight.grad, dout, (const int64_t *)in,
         (int64_t)gt_tensor_numel(&layer->in_shape), layer->num_embeddings, layer->embedding_dim,
-        run->dt, run->accumulate);
+        run->dt, gt_layer_accumulates(layer, run));
 }

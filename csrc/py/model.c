@@ -14,10 +14,24 @@ static int spec_error(const char *message, PyObject *spec) {
     return -1;
 }
 
-static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_id);
+/* What parsing a spec tree carries from one layer to the next (pre-order). */
+typedef struct spec_parse {
+    uint32_t next_dropout_id;  /* Dropout ids handed out so far */
+    gt_layer **first;          /* (count,) first use of every module with parameters, by index */
+    gt_layer **last;           /* (count,) its latest use so far (the first in backward) */
+    size_t count;              /* modules with parameters seen so far */
+    size_t capacity;           /* length of the first and last arrays */
+} spec_parse;
+
+static void spec_parse_free(spec_parse *ctx) {
+    free(ctx->first);
+    free(ctx->last);
+}
+
+static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx);
 
 /* ("sequential", [specs]) or ("residual", [specs]): the children of a container. */
-static int parse_children(PyObject *list, gt_layer *layer, uint32_t *next_dropout_id) {
+static int parse_children(PyObject *list, gt_layer *layer, spec_parse *ctx) {
     if (!PyList_Check(list))
         return spec_error("container children must be a list", list);
     Py_ssize_t n = PyList_GET_SIZE(list);
@@ -28,7 +42,7 @@ static int parse_children(PyObject *list, gt_layer *layer, uint32_t *next_dropou
     }
     layer->num_children = (size_t)n;
     for (Py_ssize_t i = 0; i < n; i++)
-        if (parse_layer(PyList_GET_ITEM(list, i), &layer->children[i], next_dropout_id) < 0)
+        if (parse_layer(PyList_GET_ITEM(list, i), &layer->children[i], ctx) < 0)
             return -1;
     return 0;
 }
@@ -47,7 +61,46 @@ static int parse_activation(const char *name, gt_activation *out) {
     return -1;
 }
 
-static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_id) {
+/* Records `layer` (Linear, LayerNorm or Embedding) as the first use of the next module with
+ * parameters; ("tied", index) specs refer to it by that index. */
+static int register_params(gt_layer *layer, spec_parse *ctx) {
+    if (ctx->count == ctx->capacity) {
+        size_t capacity = ctx->capacity ? 2 * ctx->capacity : 16;
+        gt_layer **first = realloc(ctx->first, capacity * sizeof *first);
+        if (first)
+            ctx->first = first;
+        gt_layer **last = first ? realloc(ctx->last, capacity * sizeof *last) : NULL;
+        if (!last) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        ctx->last = last;
+        ctx->capacity = capacity;
+    }
+    ctx->first[ctx->count] = ctx->last[ctx->count] = layer;
+    ctx->count++;
+    return 0;
+}
+
+/* ("tied", index): another use of the index-th module with parameters. It shares that module's
+ * parameters; the use before it now adds its gradients (this one runs before it in backward). */
+static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
+    const char *kind = NULL;
+    Py_ssize_t index = 0;
+    if (!PyArg_ParseTuple(spec, "sn", &kind, &index))
+        return -1;
+    if (index < 0 || (size_t)index >= ctx->count)
+        return spec_error("a tied layer must name an earlier layer with parameters", spec);
+    const gt_layer *first = ctx->first[index];
+    *layer = (gt_layer){.kind = first->kind, .in_features = first->in_features, .out_features = first->out_features,
+                        .has_bias = first->has_bias, .eps = first->eps, .num_embeddings = first->num_embeddings,
+                        .embedding_dim = first->embedding_dim, .tied = first};
+    ctx->last[index]->grad_accumulates = 1;
+    ctx->last[index] = layer;
+    return 0;
+}
+
+static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0)))
         return spec_error("each layer must be a tuple starting with its kind", spec);
     const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
@@ -62,6 +115,7 @@ static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_i
         if (a <= 0 || b <= 0)
             return spec_error("Linear sizes must be positive", spec);
         *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = a, .out_features = b, .has_bias = flag};
+        return register_params(layer, ctx);
     } else if (strcmp(kind, "activation") == 0) {
         if (!PyArg_ParseTuple(spec, "ss", &kind, &name))
             return -1;
@@ -72,19 +126,23 @@ static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_i
             return -1;
         if (!(real >= 0.0 && real <= 1.0))
             return spec_error("Dropout p must be in [0, 1]", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_DROPOUT, .p = real, .dropout_id = (*next_dropout_id)++};
+        *layer = (gt_layer){.kind = GT_LAYER_DROPOUT, .p = real, .dropout_id = ctx->next_dropout_id++};
     } else if (strcmp(kind, "layernorm") == 0) {
         if (!PyArg_ParseTuple(spec, "sLdp", &kind, &a, &real, &flag))
             return -1;
         if (a <= 0 || !(real > 0.0))
             return spec_error("LayerNorm needs a positive size and eps", spec);
         *layer = (gt_layer){.kind = GT_LAYER_LAYERNORM, .in_features = a, .eps = (float)real, .has_bias = flag};
+        return register_params(layer, ctx);
     } else if (strcmp(kind, "embedding") == 0) {
         if (!PyArg_ParseTuple(spec, "sLL", &kind, &a, &b))
             return -1;
         if (a <= 0 || b <= 0)
             return spec_error("Embedding sizes must be positive", spec);
         *layer = (gt_layer){.kind = GT_LAYER_EMBEDDING, .num_embeddings = a, .embedding_dim = b};
+        return register_params(layer, ctx);
+    } else if (strcmp(kind, "tied") == 0) {
+        return parse_tied(spec, layer, ctx);
     } else if (strcmp(kind, "flatten") == 0) {
         *layer = (gt_layer){.kind = GT_LAYER_FLATTEN};
     } else if (strcmp(kind, "sequential") == 0 || strcmp(kind, "residual") == 0) {
@@ -93,7 +151,7 @@ static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_i
         int residual = kind[0] == 'r';
         *layer = (gt_layer){.kind = residual ? GT_LAYER_RESIDUAL : GT_LAYER_SEQUENTIAL};
         if (!residual)
-            return parse_children(list, layer, next_dropout_id);
+            return parse_children(list, layer, ctx);
         layer->children = calloc(1, sizeof(gt_layer));
         if (!layer->children) {
             PyErr_NoMemory();
@@ -101,7 +159,7 @@ static int parse_layer(PyObject *spec, gt_layer *layer, uint32_t *next_dropout_i
         }
         layer->num_children = 1;
         layer->children[0].kind = GT_LAYER_SEQUENTIAL;
-        return parse_children(list, &layer->children[0], next_dropout_id);
+        return parse_children(list, &layer->children[0], ctx);
     } else {
         PyErr_Format(PyExc_ValueError, "model spec: unknown layer kind '%s'", kind);
         return -1;
@@ -144,8 +202,10 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
                             "device: models run on 'cpu' or 'cuda:N' in this build; '%s' is not supported",
                             PyUnicode_Check(device_obj) ? PyUnicode_AsUTF8(device_obj) : "?");
     gt_layer root = {.kind = GT_LAYER_SEQUENTIAL};
-    uint32_t next_dropout_id = 0;
-    if (parse_children(spec, &root, &next_dropout_id) < 0) {
+    spec_parse ctx = {0};
+    int parsed = parse_children(spec, &root, &ctx);
+    spec_parse_free(&ctx);
+    if (parsed < 0) {
         gt_layer_free_children(&root);
         return NULL;
     }
@@ -212,6 +272,8 @@ static int append_param(PyObject *list, const gt_param *param) {
 }
 
 static int collect_layout(PyObject *list, const gt_layer *layer) {
+    if (layer->tied)  /* listed at its first use */
+        return 0;
     if (layer->weight.numel && append_param(list, &layer->weight) < 0)
         return -1;
     if (layer->bias.numel && append_param(list, &layer->bias) < 0)

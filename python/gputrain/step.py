@@ -23,6 +23,8 @@ import numpy as np
 from gputrain import _C, backends
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
+from gputrain.nn.parameter import Parameter
+from gputrain.optim.optimizer import Optimizer
 
 PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
@@ -82,10 +84,34 @@ class TrainStep:
             backends.set_tf32(tf32)
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
         compiled = model.compiled
+        self._checked: tuple[Any, ...] = ()  # (optimizer core, model, Parameter.generation) last checked
+        self._check_optimizer()
         compiled.precision = PRECISIONS[precision]
         compiled.checkpointing = bool(gradient_checkpointing)
 
+    def _check_optimizer(self) -> None:
+        """Refuses an optimizer with a parameter that is not the model's: the step computes the
+        gradients of the model's parameters only, so it would update nothing or apply stale
+        gradients. (for_model optimizers and non-optimizers are checked in C.)"""
+        compiled = self.model._compiled
+        if not isinstance(self.optimizer, Optimizer) or compiled is None or not compiled.on_host:
+            return
+        generation = Parameter.generation
+        self.optimizer._follow_params()  # parameters whose layer was moved into a container since
+        checked = (self.optimizer._core, compiled, generation)
+        if checked == self._checked:
+            return
+        for index, p in enumerate(self.optimizer._params()):
+            if p._owner is not compiled:
+                whose = "a standalone Parameter" if p._owner is None else f"{p.name!r} of another model"
+                raise ValueError(f"optimizer: its parameter {index} (shape {p.shape}) is {whose}, not a "
+                                 f"parameter of this {type(self.model).__name__}; the step computes gradients "
+                                 "for the model's own parameters only: build the optimizer from "
+                                 "model.parameters() or a subset of them")
+        self._checked = checked
+
     def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
+        self._check_optimizer()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         result = _C.train_step(
             self.model.compiled, x, y, self.loss_fn._spec(),

@@ -163,11 +163,12 @@ class Sequential(Module):
     def __len__(self) -> int:
         return len(self.layers)
 
-    def _spec(self) -> tuple:
-        return ("sequential", self._spec_list())
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        return ("sequential", self._spec_list(tied))
 
-    def _spec_list(self) -> list[tuple]:
-        return [layer._spec() for layer in self.layers]
+    def _spec_list(self, tied: dict[int, int] | None = None) -> list[tuple]:
+        tied = {} if tied is None else tied
+        return [layer._spec_in(tied) for layer in self.layers]
 
 
 class Residual(Module):
@@ -185,5 +186,5 @@ class Residual(Module):
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter((("block", self.block),))
 
-    def _spec(self) -> tuple:
-        return ("residual", self.block._spec_list())
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        return ("residual", self.block._spec_list(tied))

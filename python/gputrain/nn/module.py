@@ -2,7 +2,16 @@
 constructed (so, as in PyTorch, initial values follow the global seed sequence in construction
 order); a container compiles its whole tree into one gputrain._C.Model (parameter, gradient and
 activation arenas in C), keeps the values its children already had, and hands every submodule
-its Parameters as views into its arenas. A submodule then belongs to that model.
+its Parameters as views into its arenas. A submodule then belongs to that model; a model whose
+layer was since put in another model refuses to run or save (that layer's parameters left it).
+
+A Parameter is one object wherever its module goes (PyTorch's semantics): compiling a container
+moves its children's existing Parameter objects into the new arenas instead of replacing them,
+so an optimizer built from a layer before the layer was put in a container trains it there.
+A module used more than once in a model (weight sharing, e.g. one block applied twice) is
+one set of parameters: the C model lays them out once, every use reads them and
+their gradients are summed; parameters()/named_parameters()/modules() list them once (under
+the first name), while state_dict() has every name, as PyTorch's.
 
 A model moved to a CUDA device (`.to("cuda")`) keeps its arenas in device memory, which NumPy
 cannot view: it has no Parameter objects (named_parameters()/parameters() raise and say so),
@@ -54,6 +63,7 @@ class Module:
         self._compiled: _Compiled | None = None
         self._params: dict[str, Parameter] = {}
         self._owner: Module | None = None  # the compiled container this module belongs to
+        self._lost: tuple[Module, Module] | None = None  # (a layer of this root, the model that took it)
         self.training = True
 
     # -- structure, overridden by layers -------------------------------------------------
@@ -63,17 +73,38 @@ class Module:
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter(())
 
-    def _spec_list(self) -> list[tuple]:
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        """This module's C spec inside a model being compiled. `tied` numbers the modules with
+        parameters met so far (pre-order, as C lays them out); a module met again becomes
+        ("tied", k), another use of the k-th one's parameters."""
+        if not self._param_names:
+            return self._spec()
+        if id(self) in tied:
+            return ("tied", tied[id(self)])
+        tied[id(self)] = len(tied)
+        return self._spec()
+
+    def _spec_list(self, tied: dict[int, int] | None = None) -> list[tuple]:
         """The root's layers as the C spec of the top-level Sequential."""
-        return [self._spec()]
+        return [self._spec_in({} if tied is None else tied)]
 
     # -- compilation ---------------------------------------------------------------------
     def _named_param_slots(self, prefix: str = "") -> Iterator[tuple[Module, str, str]]:
+        """(module, local name, full name) of every parameter use, a shared module's at each use."""
         for name in self._param_names:
             if self._has_param(name):
                 yield self, name, prefix + name
         for child_name, child in self.named_children():
             yield from child._named_param_slots(prefix + child_name + ".")
+
+    def _unique_param_slots(self) -> Iterator[tuple[Module, str, str]]:
+        """_named_param_slots with a shared module's parameters at their first use only: one
+        entry per parameter, in the order of the C model's parameter_layout()."""
+        seen: set[tuple[int, str]] = set()
+        for module, local, full in self._named_param_slots():
+            if (id(module), local) not in seen:
+                seen.add((id(module), local))
+                yield module, local, full
 
     def _has_param(self, name: str) -> bool:
         return True
@@ -85,7 +116,7 @@ class Module:
 
     def _device_layout(self) -> dict[tuple[int, str], tuple[int, tuple[int, ...]]]:
         """(offset, shape) in the flat arena of every parameter slot of this root, by (id(module), name)."""
-        slots = ((id(module), local) for module, local, _ in self._named_param_slots())
+        slots = ((id(module), local) for module, local, _ in self._unique_param_slots())
         return dict(zip(slots, self._compiled.model.parameter_layout()))
 
     def _device_arrays(self) -> dict[tuple[int, str], np.ndarray]:
@@ -118,7 +149,7 @@ class Module:
         previous = self._current_values()
         compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device, precision)
         layout = compiled.model.parameter_layout()
-        slots = list(self._named_param_slots())
+        slots = list(self._unique_param_slots())
         if len(slots) != len(layout):
             raise RuntimeError(f"internal: {len(slots)} parameter names for {len(layout)} parameters")
         # Everything that can fail happens before a module is touched: a failure leaves them as they were.
@@ -137,14 +168,37 @@ class Module:
             count = int(np.prod(shape))
             data = compiled.params_flat[offset:offset + count].reshape(shape)
             grad = compiled.grads_flat[offset:offset + count].reshape(shape)
-            module._params[local] = Parameter._in_arena(data, grad, full, compiled)
+            if local in module._params:  # the same object, now in this model's arenas
+                module._params[local]._move_to_arena(data, grad, full, compiled)
+            else:
+                module._params[local] = Parameter._in_arena(data, grad, full, compiled)
+        self._mark_losers()
         for module in self.modules():
             module._compiled = None
             module._owner = self
         self._owner = None
+        self._lost = None
         self._compiled = compiled
         self._apply_training(self.training)
         return compiled
+
+    def _mark_losers(self) -> None:
+        """Marks every compiled model outside this one that is losing one of its layers to it: that
+        layer's parameters move into this model, so the other one can no longer run or save it."""
+        members = {id(module) for module in self.modules()}
+        for module in self.modules():
+            former = module._owner if module._owner is not None else module  # its compiled root, if any
+            if former._compiled is not None and id(former) not in members:
+                former._lost = (module, self)
+
+    def _check_intact(self) -> None:
+        """Raises when one of this model's layers was put in another model since it was compiled."""
+        if self._lost is not None:
+            layer, taker = self._lost
+            raise RuntimeError(f"this {type(self).__name__} no longer holds all its parameters: its "
+                               f"{type(layer).__name__} layer was put in another model ({type(taker).__name__}), "
+                               "which now holds that layer's parameters (a layer belongs to one compiled "
+                               "model at a time): use the other model, or build this one again")
 
     @property
     def compiled(self) -> _C.Model:
@@ -152,6 +206,7 @@ class Module:
         if self._owner is not None:
             raise RuntimeError(f"this {type(self).__name__} belongs to a compiled "
                                f"{type(self._owner).__name__}: run or train that model instead")
+        self._check_intact()
         return (self._compiled or self._compile()).model
 
     def __getattr__(self, name: str) -> Any:
@@ -168,16 +223,20 @@ class Module:
 
     # -- PyTorch-style API ---------------------------------------------------------------
     def modules(self) -> Iterator[Module]:
-        yield self
-        for _, child in self.named_children():
-            yield from child.modules()
+        """This module and every submodule, each once (a module used twice is listed once)."""
+        for _, module in self._named_modules():
+            yield module
 
-    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+    def named_parameters(self, remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """(full name, Parameter) pairs; a shared module's parameters once, under their first
+        name, unless remove_duplicate is False (then under every name, as state_dict())."""
         if self._compiled is None and self._owner is None:
             self._compile()
+        self._check_intact()
         if self._on_device():
             raise self._device_refused("named_parameters")
-        for module, local, full in self._named_param_slots():
+        slots = self._unique_param_slots() if remove_duplicate else self._named_param_slots()
+        for module, local, full in slots:
             yield full, module._params[local]
 
     def parameters(self) -> Iterator[Parameter]:
@@ -201,10 +260,11 @@ class Module:
         """Copies of the parameters under PyTorch's names ('0.weight', '0.bias', ...)."""
         if self._compiled is None and self._owner is None:
             self._compile()
+        self._check_intact()
         if self._on_device():
             arrays = (self._owner or self)._device_arrays()
             return OrderedDict((full, arrays[(id(module), local)]) for module, local, full in self._named_param_slots())
-        return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters())
+        return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters(remove_duplicate=False))
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Copy arrays (NumPy, or anything np.asarray accepts, e.g. CPU torch tensors) in.
@@ -214,7 +274,8 @@ class Module:
         wrong shape or a NaN/infinite value (one beyond float32 included).
         """
         check_mapping(state_dict, "state_dict")
-        own = self.state_dict() if self._on_device() else {n: p.data for n, p in self.named_parameters()}
+        own = (self.state_dict() if self._on_device()
+               else {n: p.data for n, p in self.named_parameters(remove_duplicate=False)})
         if strict:
             check_keys(state_dict, "state_dict", own)
         staged = {name: float32_array(value, f"state_dict[{name!r}]", shape=own[name].shape)
@@ -299,10 +360,15 @@ class Module:
             rows.extend(f"  {key:<18} {format_bytes(value):>12} ({value:,} bytes)" for key, value in plan.items())
         return "\n".join(rows)
 
-    def _named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+    def _named_modules(self, prefix: str = "", seen: set[int] | None = None) -> Iterator[tuple[str, Module]]:
+        """(name, module) for this module and its submodules, each once under its first name."""
+        seen = set() if seen is None else seen
+        if id(self) in seen:
+            return
+        seen.add(id(self))
         yield prefix, self
         for name, child in self.named_children():
-            yield from child._named_modules(f"{prefix}.{name}" if prefix else name)
+            yield from child._named_modules(f"{prefix}.{name}" if prefix else name, seen)
 
     def extra_repr(self) -> str:
         return ""

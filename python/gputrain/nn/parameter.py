@@ -5,11 +5,18 @@ gradient arenas (one allocation each), and gradient validity is one flag of the 
 `zero_grad(set_to_none=True)` only clears that flag, so `.grad` reads None and the next
 backward writes the gradients instead of accumulating, without touching their memory.
 Standalone parameters (tests, user code) hold their own arrays.
+
+A Parameter is one object wherever its module goes: when a container compiles a layer into
+its arenas, the layer's Parameter objects are moved there (`_move_to_arena`), not replaced.
+`Parameter.generation` changes whenever a parameter moves or its requires_grad changes, so an
+optimizer re-checks what its C core points into only then.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import itertools
+from collections.abc import Iterator
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -26,7 +33,10 @@ class GradOwner(Protocol):
 class Parameter:
     """A trainable float32 tensor; `.data` and `.grad` are NumPy arrays (or `.grad` is None)."""
 
-    __slots__ = ("_data", "_grad_storage", "_grad_valid", "_owner", "name", "requires_grad")
+    __slots__ = ("_data", "_grad_storage", "_grad_valid", "_owner", "_requires_grad", "name")
+
+    generation: ClassVar[int] = 0  # a new value after every move or requires_grad change (any parameter)
+    _generations: ClassVar[Iterator[int]] = itertools.count(1)  # unique values, atomic under threads
 
     def __init__(self, data: np.ndarray, name: str = "", requires_grad: bool = True) -> None:
         array = np.asarray(data)
@@ -39,7 +49,7 @@ class Parameter:
         self._grad_valid = False
         self._owner: GradOwner | None = None
         self.name = name
-        self.requires_grad = requires_grad
+        self._requires_grad = bool(requires_grad)
 
     @classmethod
     def _in_arena(cls, data: np.ndarray, grad_storage: np.ndarray, name: str, owner: GradOwner) -> Parameter:
@@ -48,6 +58,25 @@ class Parameter:
         parameter._grad_storage = grad_storage
         parameter._owner = owner
         return parameter
+
+    def _move_to_arena(self, data: np.ndarray, grad_storage: np.ndarray, name: str, owner: GradOwner) -> None:
+        """Makes this parameter a view of another model's arenas (a container adopting its layer):
+        the object stays the same, so optimizers and user code holding it follow it."""
+        self._data = data
+        self._grad_storage = grad_storage
+        self._grad_valid = False
+        self._owner = owner
+        self.name = name
+        Parameter.generation = next(Parameter._generations)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self._requires_grad = bool(value)
+        Parameter.generation = next(Parameter._generations)
 
     @property
     def data(self) -> np.ndarray:

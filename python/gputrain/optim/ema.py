@@ -67,7 +67,24 @@ class EMA:
         self.use_warmup = bool(use_warmup)
         self.num_updates = 0
         self._swapped = False
-        self._core = _C.EMA([p.data for p in self.params], on_host=location == "host")
+        self._generation = Parameter.generation  # read before the views: a later move changes it
+        self._views = [p.data for p in self.params]  # the arrays the C average points into
+        self._core = _C.EMA(self._views, on_host=location == "host")
+
+    def _follow_params(self) -> None:
+        """Re-points C at parameters that moved since it was built (their module was compiled into
+        a container, as the optimizer does), keeping the average; free unless some Parameter did."""
+        generation = Parameter.generation
+        if generation == self._generation:
+            return
+        views = [p.data for p in self.params]
+        if any(new is not old for new, old in zip(views, self._views)):
+            shadow = self.shadow
+            core = _C.EMA(views, on_host=self.location == "host")
+            for index, value in enumerate(shadow):
+                core.set(index, value)
+            self._core, self._views = core, views
+        self._generation = generation
 
     def current_decay(self) -> float:
         """The decay the next update() uses."""
@@ -79,11 +96,13 @@ class EMA:
         """Fold the current parameters into the average (call after optimizer steps that ran)."""
         if self._swapped:
             raise RuntimeError("EMA.update() while the average is swapped in; swap back first")
+        self._follow_params()
         self._core.update(self.current_decay())
         self.num_updates += 1
 
     def swap(self) -> None:
         """Exchange the parameters and the average (calling it twice restores both exactly)."""
+        self._follow_params()
         self._core.swap()
         self._swapped = not self._swapped
 
@@ -105,6 +124,7 @@ class EMA:
 
     def copy_to(self) -> None:
         """Overwrite the parameters with the average (e.g. before saving the final model)."""
+        self._follow_params()
         self._core.copy_to_params()
 
     @property

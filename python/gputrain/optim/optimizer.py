@@ -5,6 +5,11 @@ pass over parameters, gradients and state (parameters that are adjacent in memor
 model's are, merge into one run). Hyperparameters live in `param_groups` (plain dicts, so
 schedulers and GradScaler work as with PyTorch) and are pushed into C before every step.
 
+The C optimizer points into the parameters' arrays. A Parameter whose module was since compiled
+into a container has moved into the container's arena; before the next step the optimizer
+re-points C at it, keeping its state, so an optimizer built from a layer before the layer was
+put in a model trains it there.
+
 Clipping can be fused: `optimizer.clip_grad_norm_(max_norm)` returns the total norm and makes
 the next `step()` multiply each gradient element by the clip coefficient as it is read,
 without rewriting the gradients (`gputrain.optim.clip_grad_norm_` rewrites them, as PyTorch's).
@@ -96,7 +101,10 @@ class Optimizer:
         self._pending_coef = 1.0
         self._skip_next = False
         self.last_step_skipped = False
-        self._core = self._build_core()
+        self._steps_before = 0  # steps taken by the cores that _rebuild_core replaced
+        self._generation = Parameter.generation  # read before _views: a later move changes it
+        self._views = self._param_views()  # the arrays the C optimizer points into
+        self._core = self._build_core(self._views)
 
     # -- hooks for subclasses -------------------------------------------------------------
     @staticmethod
@@ -145,11 +153,8 @@ class Optimizer:
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (PyTorch's semantics); the state of the existing parameters is kept."""
-        saved = [self._core.get_state(i) for i in range(len(self._params()))]
         self._add_group(param_group)
-        self._core = self._build_core()
-        for index, state in enumerate(saved):
-            self._core.set_state(index, state.pop("step"), state)
+        self._rebuild_core()
 
     def _params(self) -> list[Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -158,18 +163,47 @@ class Optimizer:
     def _hparams(group: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in group.items() if k != "params"}
 
-    def _build_core(self) -> Any:
-        params = self._params()
-        arrays = [p.data for p in params]
+    def _param_views(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """What the C optimizer points into: each parameter's data and its gradient in a model
+        (None for a standalone parameter or one that does not require grad)."""
+        return [(p.data, p._grad_storage if p._owner is not None and p.requires_grad else None)
+                for p in self._params()]
+
+    def _build_core(self, views: list[tuple[np.ndarray, np.ndarray | None]]) -> Any:
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
-        default_grads = [p._grad_storage if p._owner is not None and p.requires_grad else None for p in params]
-        return _C.Optimizer(self._kind, arrays, group_of, [self._hparams(g) for g in self.param_groups],
-                            grads=default_grads, numerics=self.numerics,
+        return _C.Optimizer(self._kind, [data for data, _ in views], group_of,
+                            [self._hparams(g) for g in self.param_groups],
+                            grads=[grad for _, grad in views], numerics=self.numerics,
                             cpu_offload_fraction=self.cpu_offload_fraction,
                             offload_chunk_numel=self.offload_chunk_numel)
 
+    def _rebuild_core(self) -> None:
+        """A new C optimizer over the current parameter arrays, keeping every parameter's state
+        (the parameters already known keep their index) and the step count."""
+        saved = [self._core.get_state(i) for i in range(len(self._views))]
+        steps = self.step_count
+        views = self._param_views()
+        core = self._build_core(views)
+        for index, state in enumerate(saved):
+            core.set_state(index, state.pop("step"), state)
+        self._core, self._views, self._steps_before = core, views, steps
+
+    def _follow_params(self) -> None:
+        """Re-points C at parameters that moved since it was built (their module was compiled into
+        a container) or whose requires_grad changed; free unless some Parameter did."""
+        generation = Parameter.generation
+        if generation == self._generation:
+            return
+        current = self._param_views()
+        if any(data is not old_data or grad is not old_grad
+               for (data, grad), (old_data, old_grad) in zip(current, self._views)):
+            self._rebuild_core()
+        self._generation = generation
+
     def push_hyperparameters(self) -> None:
-        """Copy every group's hyperparameters (e.g. an lr set by a scheduler) into C."""
+        """Copy every group's hyperparameters (e.g. an lr set by a scheduler) into C, after
+        re-pointing it at parameters that moved (run before every step, TrainStep's included)."""
+        self._follow_params()
         for index, group in enumerate(self.param_groups):
             self._check_hyperparameters(group)
             self._core.set_hparams(index, self._hparams(group))
@@ -213,7 +247,7 @@ class Optimizer:
     @property
     def step_count(self) -> int:
         """Steps that updated at least one parameter (skipped steps do not count)."""
-        return self._core.num_steps
+        return self._steps_before + self._core.num_steps
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients (None, no memory touched) or zero them in place."""
@@ -385,6 +419,7 @@ class Optimizer:
     def reload_params(self) -> None:
         """Re-read offloaded parameters into the host master copy after changing them directly
         (e.g. model.load_state_dict); not needed without cpu_offload_fraction."""
+        self._follow_params()
         self._core.reload_params()
 
     def memory(self) -> dict[str, int]:
