@@ -323,3 +323,17 @@ def test_math_nan_is_not_a_valid_step_count():
     state["state"][0]["step"] = np.array(math.nan, np.float32)
     with pytest.raises(ValueError, match=r"state_dict\['state'\]\[0\]\['step'\]"):
         world.optimizer.load_state_dict(state)
+
+
+def test_c_set_state_checks_every_slot_before_writing_any():
+    world = World("adamw", seed=1, steps=2)
+    core, shape = world.optimizer._core, world.model[0].weight.shape
+    before = core.get_state(0)
+    good, bad = np.full(int(np.prod(shape)), 7.0, np.float32), np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="state 'exp_avg_sq' of parameter 0 has 3 elements"):
+        core.set_state(0, 99, {"exp_avg": good, "exp_avg_sq": bad})
+    with pytest.raises(ValueError, match="'max_exp_avg_sq' is not kept"):
+        core.set_state(0, 99, {"exp_avg": good, "max_exp_avg_sq": good})
+    after = core.get_state(0)
+    assert after["step"] == before["step"]
+    assert all(np.array_equal(after[k], before[k]) for k in before if k != "step")

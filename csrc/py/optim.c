@@ -408,44 +408,51 @@ static PyObject *optimizer_get_state(PyObject *op, PyObject *arg) {
     return dict;
 }
 
-static int write_slot(OptimizerObject *self, Py_ssize_t index, gt_optim_slot slot, PyObject *value,
-                      npy_intp numel) {
-    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
-    if (!array)
-        return -1;
-    int rc = -1;
-    if (PyArray_SIZE(array) != numel)
-        PyErr_Format(PyExc_ValueError, "state '%s' of parameter %zd has %zd elements, expected %zd",
-                     slot_names[slot], index, (Py_ssize_t)PyArray_SIZE(array), (Py_ssize_t)numel);
-    else {
-        gt_status status = gt_optimizer_write_state(self->opt, (size_t)index, slot, PyArray_DATA(array));
-        rc = status == GT_OK ? 0 : gtpy_raise_int(module_of((PyObject *)self), status);
-    }
-    Py_DECREF(array);
-    return rc;
-}
-
-static PyObject *optimizer_set_state(PyObject *op, PyObject *args) {
-    OptimizerObject *self = (OptimizerObject *)op;
-    Py_ssize_t index = 0, step = 0;
-    PyObject *slots = NULL;
-    PyArrayObject *param = NULL;
-    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots) ||
-        param_index(self, index, &param) < 0)
-        return NULL;
-    gt_status status = gt_optimizer_set_param_step(self->opt, (size_t)index, step);
-    if (status != GT_OK)
-        return gtpy_raise(module_of(op), status);
+/* Converts the state arrays given in `slots` (name -> array; None or absent: not given) into
+ * arrays[slot], checking each slot is kept and has `numel` elements; nothing is written. */
+static int read_slots(OptimizerObject *self, Py_ssize_t index, PyObject *slots, npy_intp numel,
+                      PyArrayObject *arrays[GT_SLOT_COUNT]) {
     for (int s = 0; s < GT_SLOT_COUNT; s++) {
         PyObject *value = PyDict_GetItemString(slots, slot_names[s]);
         if (!value || value == Py_None)
             continue;
-        if (!gt_optimizer_has_slot(self->opt, (gt_optim_slot)s))
-            return PyErr_Format(PyExc_ValueError, "state '%s' is not kept by this optimizer", slot_names[s]);
-        if (write_slot(self, index, (gt_optim_slot)s, value, PyArray_SIZE(param)) < 0)
-            return NULL;
+        if (!gt_optimizer_has_slot(self->opt, (gt_optim_slot)s)) {
+            PyErr_Format(PyExc_ValueError, "state '%s' is not kept by this optimizer", slot_names[s]);
+            return -1;
+        }
+        arrays[s] = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+        if (!arrays[s])
+            return -1;
+        if (PyArray_SIZE(arrays[s]) != numel) {
+            PyErr_Format(PyExc_ValueError, "state '%s' of parameter %zd has %zd elements, expected %zd",
+                         slot_names[s], index, (Py_ssize_t)PyArray_SIZE(arrays[s]), (Py_ssize_t)numel);
+            return -1;
+        }
     }
-    Py_RETURN_NONE;
+    return 0;
+}
+
+/* Sets a parameter's step and state arrays; every argument is checked before anything is
+ * written, so a bad one leaves the parameter's state as it was. */
+static PyObject *optimizer_set_state(PyObject *op, PyObject *args) {
+    OptimizerObject *self = (OptimizerObject *)op;
+    Py_ssize_t index = 0, step = 0;
+    PyObject *slots = NULL, *result = NULL;
+    PyArrayObject *param = NULL, *arrays[GT_SLOT_COUNT] = {NULL};
+    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots) ||
+        param_index(self, index, &param) < 0)
+        return NULL;
+    if (read_slots(self, index, slots, PyArray_SIZE(param), arrays) == 0) {
+        gt_status status = gt_optimizer_set_param_step(self->opt, (size_t)index, step);
+        for (int s = 0; s < GT_SLOT_COUNT && status == GT_OK; s++)
+            if (arrays[s])
+                status = gt_optimizer_write_state(self->opt, (size_t)index, (gt_optim_slot)s,
+                                                  PyArray_DATA(arrays[s]));
+        result = status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
+    }
+    for (int s = 0; s < GT_SLOT_COUNT; s++)
+        Py_XDECREF(arrays[s]);
+    return result;
 }
 
 static PyObject *optimizer_reload_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {
