@@ -31,7 +31,7 @@ def nothing_started():
     """Asserts that the test started no thread and allocated nothing from gputrain's pools."""
     threads, allocations = _threads(), _allocations()
     yield
-    assert _threads() == threads
+    assert _threads() <= threads  # (a thread of an earlier test may end meanwhile)
     assert _allocations() == allocations
 
 
