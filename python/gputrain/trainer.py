@@ -148,7 +148,9 @@ class Trainer:
         self._step: TrainStep | None = None
         self._grouped = False  # True: a user DataLoader whose batches are gathered into groups
         self._updates_per_epoch = 0
-        self._logged = {"loss_sum": 0.0, "steps": 0, "last_logged_step": 0, "grad_norm": math.nan}
+        # losses since the last log, and of the whole run (train_loss: their mean over all steps, as HF's)
+        self._logged = {"loss_sum": 0.0, "steps": 0, "last_logged_step": 0, "grad_norm": math.nan,
+                        "total_loss": 0.0, "total_steps": 0}
         self._done = {"eval": -1, "save": -1}  # the steps last evaluated and saved at
         if train_dataset is not None:
             self._setup_training()
@@ -388,6 +390,8 @@ class Trainer:
                 state.epoch = epoch + in_epoch / self._updates_per_epoch
                 self._logged["loss_sum"] += out.loss
                 self._logged["steps"] += 1
+                self._logged["total_loss"] += out.loss
+                self._logged["total_steps"] += 1
                 self._logged["grad_norm"] = out.grad_norm
                 self.control._new_step()
                 self.control = self.callback_handler.call_event("on_step_end", args, state, self.control)
@@ -408,9 +412,7 @@ class Trainer:
             logger.info("Loading best model from %s (score: %s).", state.best_model_checkpoint, state.best_metric)
             self._load_weights(state.best_model_checkpoint)
         runtime = time.perf_counter() - start
-        losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
-        pending = self._logged["loss_sum"] / self._logged["steps"] if self._logged["steps"] else None
-        train_loss = float(np.mean(losses + ([pending] if pending is not None else []))) if losses or pending else 0.0
+        train_loss = self._logged["total_loss"] / max(self._logged["total_steps"], 1)
         steps = state.global_step - start_step
         metrics = {"train_runtime": round(runtime, 4),
                    "train_samples_per_second": round(rows_done / runtime, 3) if runtime > 0 else 0.0,
