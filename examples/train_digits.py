@@ -73,8 +73,6 @@ def main() -> None:
         bf16=options.precision == "bf16", fp16=options.precision == "fp16", ema_decay=0.99,
         eval_strategy="epoch", logging_strategy="epoch", save_strategy="epoch" if options.save else "no",
         save_total_limit=2, metric_for_best_model="f1_macro", seed=0)
-    if os.path.exists(os.path.join(options.output_dir, "history.jsonl")) and not options.resume:
-        os.remove(os.path.join(options.output_dir, "history.jsonl"))
     trainer = gt.Trainer(model, args, train_dataset=(x_train, y_train), eval_dataset=(x_test, y_test),
                          compute_metrics=gt.metrics.classification_metrics("macro"))
     result = trainer.train(resume_from_checkpoint=True if options.resume else None)

@@ -165,7 +165,7 @@ def test_early_stopping(tmp_path):
     assert trainer.state.best_metric == 0.6 and trainer.state.best_global_step == 4
     with pytest.raises(ValueError, match="requires metric_for_best_model"):
         gt.Trainer(model(), args(tmp_path, eval_strategy="steps", eval_steps=2), train_dataset=(x, y),
-                   callbacks=[gt.EarlyStoppingCallback()]).train()
+                   eval_dataset=(x, y), callbacks=[gt.EarlyStoppingCallback()]).train()
     with pytest.raises(ValueError, match="early_stopping_patience"):
         gt.EarlyStoppingCallback(0)
 
@@ -218,7 +218,21 @@ def test_misconfigurations_fail_at_construction(tmp_path):
         gt.Trainer(model(), args(tmp_path, label_smoothing_factor=0.1), loss_fn=nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match="no batch of per_device_train_batch_size"):
         gt.Trainer(model(), args(tmp_path, dataloader_drop_last=True), train_dataset=(x[:5], y[:5]))
+    with pytest.raises(ValueError, match="didn't pass an eval_dataset"):
+        gt.Trainer(model(), args(tmp_path, eval_strategy="epoch"), train_dataset=(x, y))
     with pytest.raises(ValueError, match="requires a train_dataset"):
         gt.Trainer(model(), args(tmp_path)).train()
     with pytest.raises(ValueError, match="requires an eval_dataset"):
         gt.Trainer(model(), args(tmp_path)).evaluate()
+
+
+def test_progress_bar_goes_to_stderr(tmp_path, capsys):
+    pytest.importorskip("tqdm")
+    x, y = data()
+    trainer = gt.Trainer(model(), args(tmp_path, max_steps=4, disable_tqdm=False), train_dataset=(x, y))
+    assert any(isinstance(c, gt.trainer_callback.ProgressCallback) for c in trainer.callback_handler.callbacks)
+    trainer.train()
+    captured = capsys.readouterr()
+    assert captured.out == "" and "4/4" in captured.err
+    quiet = gt.Trainer(model(), args(tmp_path, disable_tqdm=True), train_dataset=(x, y))
+    assert not any(isinstance(c, gt.trainer_callback.ProgressCallback) for c in quiet.callback_handler.callbacks)

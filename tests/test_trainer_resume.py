@@ -103,6 +103,8 @@ def test_stop_and_resume_is_bit_identical(reference, tmp_path):
     losses = [e["loss"] for e in result["log"] if "loss" in e and e["step"] > 9]
     expected = [e["loss"] for e in reference["log"] if "loss" in e and e["step"] > 9]
     assert losses == expected
+    with open(os.path.join(str(tmp_path), "history.jsonl")) as f:  # no entry twice after the resume
+        assert [json.loads(line) for line in f] == json.loads(json.dumps(resumed.state.log_history))
 
 
 def test_resume_without_the_dropout_position_diverges(reference, tmp_path):

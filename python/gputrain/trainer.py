@@ -125,6 +125,9 @@ class Trainer:
             raise TypeError(f"args must be a gputrain.TrainingArguments, not {type(args).__name__}")
         _check_dataset("train_dataset", train_dataset)
         _check_dataset("eval_dataset", eval_dataset)
+        if args.eval_strategy != "no" and eval_dataset is None:
+            raise ValueError(f"You have set args.eval_strategy to {args.eval_strategy!r} but you didn't pass an "
+                             "eval_dataset to Trainer. Either set args.eval_strategy to 'no' or pass an eval_dataset.")
         if compute_metrics is not None and not callable(compute_metrics):
             raise TypeError(f"compute_metrics must be callable, not {type(compute_metrics).__name__}")
         self.loss_fn = self._make_loss(loss_fn, args)
@@ -302,6 +305,12 @@ class Trainer:
             lines.append(f"  Memory plan unavailable: {error}")
         return "\n".join(lines)
 
+    def _rewrite_history(self) -> None:
+        """history.jsonl := state.log_history (a resumed run drops what came after its checkpoint)."""
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, HISTORY_NAME), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(entry) + "\n" for entry in self.state.log_history)
+
     def log(self, logs: dict[str, float]) -> None:
         """Adds `logs` (with epoch and step) to state.log_history and history.jsonl, and calls on_log."""
         if self.state.epoch is not None:
@@ -368,6 +377,7 @@ class Trainer:
         args, state = self.args, self.state
         x_shape = np.asarray(self.train_dataset[0]).shape if not isinstance(self.train_dataset, DataLoader) \
             else (self._micro_rows(1),)
+        self._rewrite_history()
         logger.info("%s", self._startup_block(tuple(x_shape)))
         self.model.train()
         self.control._new_training()
