@@ -216,8 +216,13 @@ def test_misconfigurations_fail_at_construction(tmp_path):
         gt.Trainer(model(), {"learning_rate": 1e-3})
     with pytest.raises(ValueError, match="conflicts with loss_fn"):
         gt.Trainer(model(), args(tmp_path, label_smoothing_factor=0.1), loss_fn=nn.CrossEntropyLoss())
+    m = model()
+    gt.random.manual_seed(11)
+    expected = gt.random.next_seed()
+    gt.random.manual_seed(11)
     with pytest.raises(ValueError, match="no batch of per_device_train_batch_size"):
-        gt.Trainer(model(), args(tmp_path, dataloader_drop_last=True), train_dataset=(x[:5], y[:5]))
+        gt.Trainer(m, args(tmp_path, dataloader_drop_last=True), train_dataset=(x[:5], y[:5]))
+    assert gt.random.next_seed() == expected  # refused before anything changed (HF's set_seed included)
     with pytest.raises(ValueError, match="didn't pass an eval_dataset"):
         gt.Trainer(model(), args(tmp_path, eval_strategy="epoch"), train_dataset=(x, y))
     with pytest.raises(ValueError, match="requires a train_dataset"):

@@ -173,7 +173,8 @@ def save_optimizer(directory: str, optimizer: Any) -> None:
     save_json(os.path.join(directory, "optimizer.json"), {"param_groups": groups, "steps": steps})
 
 
-def load_optimizer(directory: str, optimizer: Any) -> None:
+def read_optimizer(directory: str) -> dict[str, Any]:
+    """The optimizer's state_dict() as save_optimizer wrote it."""
     meta = load_json(os.path.join(directory, "optimizer.json"))
     arrays = load_arrays(os.path.join(directory, "optimizer.safetensors"))
     state: dict[int, dict[str, Any]] = {}
@@ -186,7 +187,7 @@ def load_optimizer(directory: str, optimizer: Any) -> None:
     for group in groups:
         if "betas" in group:
             group["betas"] = tuple(group["betas"])
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
 
 
 def save_ema(directory: str, ema: Any, names: list[str]) -> None:
@@ -195,12 +196,13 @@ def save_ema(directory: str, ema: Any, names: list[str]) -> None:
     save_json(os.path.join(directory, "ema.json"), {k: v for k, v in state.items() if k != "shadow"})
 
 
-def load_ema(directory: str, ema: Any, names: list[str]) -> None:
+def read_ema(directory: str, names: list[str]) -> dict[str, Any]:
+    """The EMA's state_dict() as save_ema wrote it (shadow arrays in the order of `names`)."""
     arrays = load_arrays(os.path.join(directory, "model_ema.safetensors"))
     missing = [name for name in names if name not in arrays]
     if missing:
         raise KeyError(f"{directory}: model_ema.safetensors lacks {missing}")
-    ema.load_state_dict({**load_json(os.path.join(directory, "ema.json")), "shadow": [arrays[n] for n in names]})
+    return {**load_json(os.path.join(directory, "ema.json")), "shadow": [arrays[n] for n in names]}
 
 
 def to_json_state(state: dict[str, Any]) -> dict[str, Any]:

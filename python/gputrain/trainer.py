@@ -95,6 +95,22 @@ def _micro_batches(rows: int, max_rows: int) -> int:
     return count
 
 
+def _train_batches(args: TrainingArguments, dataset: Any) -> int:
+    """Loader batches of per_device_train_batch_size rows per epoch (0 without a dataset)."""
+    if dataset is None:
+        return 0
+    if isinstance(dataset, DataLoader):
+        batches = len(dataset)
+    else:
+        rows, size = len(dataset[0]), args.per_device_train_batch_size
+        batches = rows // size if args.dataloader_drop_last else -(-rows // size)
+    if batches == 0:
+        raise ValueError(f"train_dataset gives no batch of per_device_train_batch_size="
+                         f"{args.per_device_train_batch_size} rows (dataloader_drop_last="
+                         f"{args.dataloader_drop_last})")
+    return batches
+
+
 def _resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if _C.cuda_device_count() > 0 else "cpu"
@@ -130,13 +146,22 @@ class Trainer:
                              "eval_dataset to Trainer. Either set args.eval_strategy to 'no' or pass an eval_dataset.")
         if compute_metrics is not None and not callable(compute_metrics):
             raise TypeError(f"compute_metrics must be callable, not {type(compute_metrics).__name__}")
+        for callback in callbacks or []:
+            if not (isinstance(callback, TrainerCallback)
+                    or (isinstance(callback, type) and issubclass(callback, TrainerCallback))):
+                raise TypeError(f"callbacks must be TrainerCallback instances or classes, not "
+                                f"{type(callback).__name__}")
         self.loss_fn = self._make_loss(loss_fn, args)
+        self.device = _resolve_device(args.device)
+        if self.device != "cpu" and (args.ema_decay is not None or args.llrd is not None):
+            raise ValueError("ema_decay and llrd need a model on the CPU for now: the EMA and parameter "
+                             f"groups of a model on {self.device!r} are not supported by the Trainer yet")
+        batches = _train_batches(args, train_dataset)  # everything above only checks; from here on, effects
         self.model = model
         self.args = args
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.compute_metrics = compute_metrics
-        self.device = _resolve_device(args.device)
         random.manual_seed(args.seed)  # HF's set_seed: whatever is built from here on is reproducible
         self._apply_memory_cap()
         if self.device != "cpu":
@@ -156,7 +181,7 @@ class Trainer:
                         "total_loss": 0.0, "total_steps": 0}
         self._done = {"eval": -1, "save": -1}  # the steps last evaluated and saved at
         if train_dataset is not None:
-            self._setup_training()
+            self._setup_training(batches)
         default = [DefaultFlowCallback] + ([ProgressCallback] if self._progress_bar() else [])
         self.callback_handler = CallbackHandler(
             default + list(callbacks or []), model=model, optimizer=self.optimizer,
@@ -206,22 +231,15 @@ class Trainer:
                           pin_memory=args.dataloader_pin_memory and self.device != "cpu",
                           persistent_workers=args.dataloader_persistent_workers)
 
-    def _setup_training(self) -> None:
+    def _setup_training(self, batches: int) -> None:
         args = self.args
         accumulation = args.gradient_accumulation_steps
         if isinstance(self.train_dataset, DataLoader):
             self.train_dataloader = self.train_dataset
             self._grouped = accumulation > 1
-            batches = len(self.train_dataloader)
         else:
-            rows = len(self.train_dataset[0])
             self.train_dataloader = self._loader(self.train_dataset, args.per_device_train_batch_size * accumulation,
                                                  shuffle=True)
-            batches = rows // args.per_device_train_batch_size if args.dataloader_drop_last \
-                else -(-rows // args.per_device_train_batch_size)
-        if batches == 0:
-            raise ValueError(f"train_dataset gives no batch of per_device_train_batch_size="
-                             f"{args.per_device_train_batch_size} rows with dataloader_drop_last=True")
         self._updates_per_epoch = -(-batches // accumulation)
         max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._updates_per_epoch)
         self.state.max_steps = max_steps
@@ -237,8 +255,6 @@ class Trainer:
                                           scheduler_specific_kwargs=args.lr_scheduler_kwargs)
         self.scaler = GradScaler() if args.fp16 else None
         if args.ema_decay is not None:
-            if self.device != "cpu":
-                raise ValueError("ema_decay: the EMA of a model on a CUDA device is not supported by the Trainer yet")
             self.ema = EMA(self.model, decay=args.ema_decay)
         max_grad_norm = args.max_grad_norm if args.max_grad_norm else None
         self._step = TrainStep(self.model, self.loss_fn, self.optimizer, precision=args.precision,
@@ -253,8 +269,6 @@ class Trainer:
     def _make_optimizer(self) -> Any:
         args = self.args
         if self.device != "cpu":
-            if args.llrd is not None:
-                raise ValueError("llrd: parameter groups of a model on a CUDA device are not supported yet")
             if args.optim == "sgd":
                 return SGD.for_model(self.model, lr=args.learning_rate)
             return AdamW.for_model(self.model, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
@@ -275,8 +289,8 @@ class Trainer:
         loader = self.train_dataloader
         lines = [
             "***** Running training *****",
-            f"  Num examples per epoch = {self._updates_per_epoch} steps; epochs = {self.state.num_train_epochs}; "
-            f"total optimization steps = {self.state.max_steps}",
+            f"  Optimization steps = {self._updates_per_epoch} per epoch x {self.state.num_train_epochs} epochs: "
+            f"{self.state.max_steps} in all",
             f"  Batch = {args.per_device_train_batch_size} per micro-batch x {args.gradient_accumulation_steps} "
             f"accumulation = {args.per_device_train_batch_size * args.gradient_accumulation_steps} per step "
             "(one C call per step)",
@@ -572,11 +586,19 @@ class Trainer:
         with open(os.path.join(directory, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
             f.write(self.state.to_json_string())
 
-    def _load_weights(self, directory: str) -> None:
-        self.model.load_state_dict(ckpt.load_arrays(os.path.join(directory, "model.safetensors")))
-        if self.ema is not None:
-            ckpt.load_ema(directory, self.ema, self._param_names())
+    def _read_weights(self, directory: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
+        weights = ckpt.load_arrays(os.path.join(directory, "model.safetensors"))
+        ema = ckpt.read_ema(directory, self._param_names()) if self.ema is not None else None
+        return weights, ema
+
+    def _apply_weights(self, weights: dict[str, np.ndarray], ema: dict[str, Any] | None) -> None:
+        self.model.load_state_dict(weights)
+        if ema is not None:
+            self.ema.load_state_dict(ema)
         self.optimizer.reload_params()
+
+    def _load_weights(self, directory: str) -> None:
+        self._apply_weights(*self._read_weights(directory))
 
     def _load_checkpoint(self, directory: str) -> None:
         """Restores everything a checkpoint holds; every file is read before anything changes."""
@@ -596,11 +618,14 @@ class Trainer:
         if extra["model_seed"] != compiled.seed:
             logger.warning("the model's dropout seed (%d) is not the checkpoint's (%d): build the model after the "
                            "same gt.random.manual_seed to resume exactly", compiled.seed, extra["model_seed"])
-        self._load_weights(directory)
-        ckpt.load_optimizer(directory, self.optimizer)
+        weights, ema = self._read_weights(directory)
+        optimizer = ckpt.read_optimizer(directory)
+        scaler = ckpt.load_json(scaler_path) if self.scaler is not None else None
+        self._apply_weights(weights, ema)
+        self.optimizer.load_state_dict(optimizer)
         self.lr_scheduler.load_state_dict(scheduler)
-        if self.scaler is not None:
-            self.scaler.load_state_dict(ckpt.load_json(scaler_path))
+        if scaler is not None:
+            self.scaler.load_state_dict(scaler)
         self.train_dataloader.load_state_dict(extra["loader"])
         compiled.step = extra["model_step"]
         self._logged = dict(extra["logging"])
