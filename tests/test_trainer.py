@@ -241,3 +241,18 @@ def test_progress_bar_goes_to_stderr(tmp_path, capsys):
     assert captured.out == "" and "4/4" in captured.err
     quiet = gt.Trainer(model(), args(tmp_path, disable_tqdm=True), train_dataset=(x, y))
     assert not any(isinstance(c, gt.trainer_callback.ProgressCallback) for c in quiet.callback_handler.callbacks)
+
+
+class SkipRestOfEpoch(gt.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            control.should_epoch_stop = True
+
+
+def test_should_epoch_stop_skips_to_the_next_epoch(tmp_path):
+    x, y = data(80)  # 10 batches of 8 per epoch
+    trainer = gt.Trainer(model(), args(tmp_path, num_train_epochs=2), train_dataset=(x, y),
+                         callbacks=[SkipRestOfEpoch()])
+    trainer.train()
+    assert trainer.state.global_step == 12  # 2 steps of epoch 0, then all 10 of epoch 1
+    assert trainer.state.epoch == 2.0

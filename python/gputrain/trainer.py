@@ -134,29 +134,10 @@ class Trainer:
                  eval_dataset: Any = None, compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
                  callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
                  loss_fn: CrossEntropyLoss | MSELoss | None = None) -> None:
-        if not isinstance(model, Module):
-            raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
         args = TrainingArguments() if args is None else args
-        if not isinstance(args, TrainingArguments):
-            raise TypeError(f"args must be a gputrain.TrainingArguments, not {type(args).__name__}")
-        _check_dataset("train_dataset", train_dataset)
-        _check_dataset("eval_dataset", eval_dataset)
-        if args.eval_strategy != "no" and eval_dataset is None:
-            raise ValueError(f"You have set args.eval_strategy to {args.eval_strategy!r} but you didn't pass an "
-                             "eval_dataset to Trainer. Either set args.eval_strategy to 'no' or pass an eval_dataset.")
-        if compute_metrics is not None and not callable(compute_metrics):
-            raise TypeError(f"compute_metrics must be callable, not {type(compute_metrics).__name__}")
-        for callback in callbacks or []:
-            if not (isinstance(callback, TrainerCallback)
-                    or (isinstance(callback, type) and issubclass(callback, TrainerCallback))):
-                raise TypeError(f"callbacks must be TrainerCallback instances or classes, not "
-                                f"{type(callback).__name__}")
+        batches = self._check_arguments(model, args, train_dataset, eval_dataset, compute_metrics, callbacks)
         self.loss_fn = self._make_loss(loss_fn, args)
-        self.device = _resolve_device(args.device)
-        if self.device != "cpu" and (args.ema_decay is not None or args.llrd is not None):
-            raise ValueError("ema_decay and llrd need a model on the CPU for now: the EMA and parameter "
-                             f"groups of a model on {self.device!r} are not supported by the Trainer yet")
-        batches = _train_batches(args, train_dataset)  # everything above only checks; from here on, effects
+        self.device = _resolve_device(args.device)  # everything above only checks; from here on, effects
         self.model = model
         self.args = args
         self.train_dataset = train_dataset
@@ -190,14 +171,41 @@ class Trainer:
 
     # -- construction ----------------------------------------------------------------------------
     @staticmethod
+    def _check_arguments(model: Any, args: Any, train_dataset: Any, eval_dataset: Any, compute_metrics: Any,
+                         callbacks: Any) -> int:
+        """Every check of the constructor's arguments (nothing changes); returns the loader
+        batches per epoch."""
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
+        if not isinstance(args, TrainingArguments):
+            raise TypeError(f"args must be a gputrain.TrainingArguments, not {type(args).__name__}")
+        _check_dataset("train_dataset", train_dataset)
+        _check_dataset("eval_dataset", eval_dataset)
+        if args.eval_strategy != "no" and eval_dataset is None:
+            raise ValueError(f"You have set args.eval_strategy to {args.eval_strategy!r} but you didn't pass an "
+                             "eval_dataset to Trainer. Either set args.eval_strategy to 'no' or pass an eval_dataset.")
+        if compute_metrics is not None and not callable(compute_metrics):
+            raise TypeError(f"compute_metrics must be callable, not {type(compute_metrics).__name__}")
+        for callback in callbacks or []:
+            if not (isinstance(callback, TrainerCallback)
+                    or (isinstance(callback, type) and issubclass(callback, TrainerCallback))):
+                raise TypeError(f"callbacks must be TrainerCallback instances or classes, not "
+                                f"{type(callback).__name__}")
+        device = _resolve_device(args.device)
+        if device != "cpu" and (args.ema_decay is not None or args.llrd is not None):
+            raise ValueError("ema_decay and llrd need a model on the CPU for now: the EMA and parameter "
+                             f"groups of a model on {device!r} are not supported by the Trainer yet")
+        return _train_batches(args, train_dataset)
+
+    @staticmethod
     def _make_loss(loss_fn: Any, args: TrainingArguments) -> CrossEntropyLoss | MSELoss:
         if loss_fn is None:
             return CrossEntropyLoss(label_smoothing=args.label_smoothing_factor)
         if not isinstance(loss_fn, (CrossEntropyLoss, MSELoss)):
             raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
         if args.label_smoothing_factor and getattr(loss_fn, "label_smoothing", None) != args.label_smoothing_factor:
-            raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor} conflicts with loss_fn={loss_fn!r}: "
-                             "give the smoothing in one place")
+            raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor} conflicts with "
+                             f"loss_fn={loss_fn!r}: give the smoothing in one place")
         return loss_fn
 
     def _apply_memory_cap(self) -> None:
@@ -397,38 +405,53 @@ class Trainer:
         self.control._new_training()
         self.control = self.callback_handler.call_event("on_train_begin", args, state, self.control)
         start, start_step, rows_done = time.perf_counter(), state.global_step, 0
-        while state.global_step < state.max_steps and not self.control.should_training_stop:
-            position = self.train_dataloader.state_dict()
-            epoch = position["epoch"]
-            done = position["batches_yielded"]
-            in_epoch = -(-done // args.gradient_accumulation_steps) if self._grouped else done
-            self.control._new_epoch()
-            self.control = self.callback_handler.call_event("on_epoch_begin", args, state, self.control)
-            finished = True
-            for x, y in self._groups():
-                self.control = self.callback_handler.call_event("on_step_begin", args, state, self.control)
-                out = self._training_step(x, y)
-                rows_done += len(x)
-                in_epoch += 1
-                state.global_step += 1
-                state.epoch = epoch + in_epoch / self._updates_per_epoch
-                self._logged["loss_sum"] += out.loss
-                self._logged["steps"] += 1
-                self._logged["total_loss"] += out.loss
-                self._logged["total_steps"] += 1
-                self._logged["grad_norm"] = out.grad_norm
-                self.control._new_step()
-                self.control = self.callback_handler.call_event("on_step_end", args, state, self.control)
-                self._maybe_log_save_evaluate()
-                if self.control.should_training_stop or self.control.should_epoch_stop \
-                        or state.global_step >= state.max_steps:
-                    finished = in_epoch >= self._updates_per_epoch
-                    break
-            if finished:
-                state.epoch = float(epoch + 1)
-                self.control = self.callback_handler.call_event("on_epoch_end", args, state, self.control)
-                self._maybe_log_save_evaluate()
+        while (state.global_step < state.max_steps and not self.control.should_training_stop
+               and self.train_dataloader.state_dict()["epoch"] < state.num_train_epochs):
+            rows_done += self._train_epoch()
         return self._finish_training(start, start_step, rows_done)
+
+    def _train_epoch(self) -> int:
+        """Runs the rest of the loader's current epoch (or until a stop); returns the rows trained on."""
+        args, state = self.args, self.state
+        position = self.train_dataloader.state_dict()
+        epoch, done = position["epoch"], position["batches_yielded"]
+        in_epoch = -(-done // args.gradient_accumulation_steps) if self._grouped else done
+        self.control._new_epoch()
+        self.control = self.callback_handler.call_event("on_epoch_begin", args, state, self.control)
+        rows = 0
+        for x, y in self._groups():
+            self.control = self.callback_handler.call_event("on_step_begin", args, state, self.control)
+            out = self._training_step(x, y)
+            rows += len(x)
+            in_epoch += 1
+            state.global_step += 1
+            state.epoch = epoch + in_epoch / self._updates_per_epoch
+            self._record(out)
+            self.control._new_step()
+            self.control = self.callback_handler.call_event("on_step_end", args, state, self.control)
+            self._maybe_log_save_evaluate()
+            last = in_epoch >= self._updates_per_epoch
+            if self.control.should_training_stop or state.global_step >= state.max_steps:
+                if not last:
+                    return rows  # stopped inside the epoch: no epoch end
+                break
+            if self.control.should_epoch_stop:
+                if not last:
+                    self.train_dataloader.set_epoch(epoch + 1)  # the rest of this epoch is skipped
+                break
+        state.epoch = float(epoch + 1)
+        self.control = self.callback_handler.call_event("on_epoch_end", args, state, self.control)
+        self._maybe_log_save_evaluate()
+        return rows
+
+    def _record(self, out: Any) -> None:
+        """Adds a step's loss to the running sums that logs and train_loss report."""
+        logged = self._logged
+        logged["loss_sum"] += out.loss
+        logged["steps"] += 1
+        logged["total_loss"] += out.loss
+        logged["total_steps"] += 1
+        logged["grad_norm"] = out.grad_norm
 
     def _finish_training(self, start: float, start_step: int, rows_done: int) -> TrainOutput:
         args, state = self.args, self.state

@@ -246,7 +246,8 @@ class TrainingArguments:
                 raise ValueError("--load_best_model_at_end requires the save and eval strategy to match, but found\n"
                                  f"- Evaluation strategy: {self.eval_strategy}\n- Save strategy: {self.save_strategy}")
             if self.eval_strategy == "no":
-                raise ValueError("--load_best_model_at_end requires an eval_strategy and a save_strategy other than 'no'")
+                raise ValueError("--load_best_model_at_end requires an eval_strategy and a save_strategy "
+                                 "other than 'no'")
             if self.eval_strategy == "steps":
                 self._check_save_multiple_of_eval()
             if self.metric_for_best_model is None:
