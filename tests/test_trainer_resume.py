@@ -23,7 +23,7 @@ SETUP = r"""
 import numpy as np
 import gputrain as gt
 
-def make_trainer(output_dir, precision="bf16", callbacks=(), **overrides):
+def make_trainer(output_dir, precision="bf16", callbacks=(), ready_loader=False, **overrides):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((203, 12)).astype(np.float32)   # 203 rows: a short last group
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64) + 2 * (x[:, 2] > 0.5)
@@ -37,7 +37,8 @@ def make_trainer(output_dir, precision="bf16", callbacks=(), **overrides):
                    fp16=precision == "fp16", bf16=precision == "bf16", seed=7)
     options.update(overrides)
     args = gt.TrainingArguments(**options)
-    return gt.Trainer(model, args, train_dataset=(x, y), eval_dataset=(x[:50], y[:50]),
+    train = gt.DataLoader((x, y), batch_size=16, shuffle=True, seed=7) if ready_loader else (x, y)
+    return gt.Trainer(model, args, train_dataset=train, eval_dataset=(x[:50], y[:50]),
                       compute_metrics=gt.metrics.classification_metrics("macro"), callbacks=list(callbacks))
 """
 namespace: dict = {}
@@ -91,11 +92,15 @@ def test_uninterrupted_run_is_deterministic(reference, tmp_path):
     assert trainer.state.global_step == 21  # 203 rows / 32 = 7 steps per epoch (the 7th: 11 rows)
 
 
-def test_stop_and_resume_is_bit_identical(reference, tmp_path):
-    first = make_trainer(str(tmp_path), callbacks=[StopAt(9)])
+@pytest.mark.parametrize("resumed_options", [{}, {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 3},
+                                             {"ready_loader": True}])
+def test_stop_and_resume_is_bit_identical(reference, tmp_path, resumed_options):
+    """Also when the resumed run loads with worker threads, or from a DataLoader it is given
+    (whose batches it groups into steps itself): the same rows, the same weights."""
+    first = make_trainer(str(tmp_path), callbacks=[StopAt(9)], ready_loader=resumed_options.get("ready_loader", False))
     first.train()
     assert first.state.global_step == 9
-    resumed = make_trainer(str(tmp_path))
+    resumed = make_trainer(str(tmp_path), **resumed_options)
     resumed.train(resume_from_checkpoint=True)
     result = snapshot(resumed)
     assert_identical(result, reference)
