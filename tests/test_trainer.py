@@ -256,3 +256,15 @@ def test_should_epoch_stop_skips_to_the_next_epoch(tmp_path):
     trainer.train()
     assert trainer.state.global_step == 12  # 2 steps of epoch 0, then all 10 of epoch 1
     assert trainer.state.epoch == 2.0
+
+
+def test_offload_and_checkpointing_args_reach_the_step_and_keep_the_result(tmp_path):
+    x, y = data()
+    plain = gt.Trainer(model(0.1), args(tmp_path, max_steps=4), train_dataset=(x, y))
+    plain.train()
+    tuned = gt.Trainer(model(0.1), args(tmp_path, max_steps=4, cpu_offload_fraction=0.5, gradient_checkpointing=True),
+                       train_dataset=(x, y))
+    assert tuned.optimizer.cpu_offload_fraction == 0.5 and tuned.model.compiled.checkpointing
+    tuned.train()
+    for name, value in plain.model.state_dict().items():
+        assert np.array_equal(value, tuned.model.state_dict()[name]), name
