@@ -268,3 +268,20 @@ def test_offload_and_checkpointing_args_reach_the_step_and_keep_the_result(tmp_p
     tuned.train()
     for name, value in plain.model.state_dict().items():
         assert np.array_equal(value, tuned.model.state_dict()[name]), name
+
+
+def test_evaluation_during_training_does_not_change_the_training(tmp_path):
+    """Evaluating (EMA swapped in, half copies refreshed, eval mode) leaves the dropout stream and
+    the weights of the run exactly as without it."""
+    x, y = data()
+    options = dict(max_steps=8, ema_decay=0.9, bf16=True)
+    quiet = gt.Trainer(model(0.2), args(tmp_path, **options), train_dataset=(x, y))
+    quiet.train()
+    watched = gt.Trainer(model(0.2), args(tmp_path, eval_strategy="steps", eval_steps=2, **options),
+                         train_dataset=(x, y), eval_dataset=(x[:40], y[:40]))
+    watched.train()
+    assert len([e for e in watched.state.log_history if "eval_loss" in e]) == 4
+    for name, value in quiet.model.state_dict().items():
+        assert np.array_equal(value, watched.model.state_dict()[name]), name
+    for a, b in zip(quiet.ema.shadow, watched.ema.shadow):
+        assert np.array_equal(a, b)
