@@ -214,10 +214,11 @@ extension = Extension(
     extra_link_args=LINK_FLAGS,
 )
 
-# Runtime requirements: NumPy, the CPU GEMM library, and the CUDA wheels a wheel-built CUDA
+# Runtime requirements: NumPy, safetensors, the CPU GEMM library, and the CUDA wheels a wheel-built CUDA
 # backend links (pyproject.toml declares them dynamic).
 INSTALL_REQUIRES = [
     "numpy>=1.25",
+    "safetensors>=0.4",  # the Trainer's checkpoint format (gputrain/checkpoint.py)
     "onednn-cpu-gomp~=2023.2.0; platform_machine == 'x86_64'",
     "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
 ] + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])

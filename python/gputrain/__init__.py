@@ -17,6 +17,15 @@ from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain.data import DataLoader
 from gputrain._cast import cast
 from gputrain._info import info
+from gputrain import metrics
+from gputrain.training_args import TrainingArguments
+from gputrain.trainer_callback import (
+    EarlyStoppingCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from gputrain.trainer import Trainer, TrainOutput
 from gputrain.memory import (
     memory_stats,
     memory_summary,
@@ -60,6 +69,14 @@ __version__ = _C.build_info()["version"]
 __all__ = [
     "StepOutput",
     "TrainStep",
+    "EarlyStoppingCallback",
+    "TrainOutput",
+    "Trainer",
+    "TrainerCallback",
+    "TrainerControl",
+    "TrainerState",
+    "TrainingArguments",
+    "metrics",
     "nn",
     "optim",
     "random",

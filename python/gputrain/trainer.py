@@ -1,0 +1,664 @@
+"""Trainer: Hugging Face's training loop over gputrain's one-call step.
+
+    args = gt.TrainingArguments(output_dir="run", num_train_epochs=3, per_device_train_batch_size=32,
+                                eval_strategy="epoch", save_strategy="epoch", bf16=True)
+    trainer = gt.Trainer(model, args, train_dataset=(x, y), eval_dataset=(x_val, y_val),
+                         compute_metrics=gt.metrics.classification_metrics("macro"))
+    trainer.train()                      # or train(resume_from_checkpoint=True)
+    trainer.evaluate()                   # {"eval_loss": ..., "eval_accuracy": ..., ...}
+
+Gradient accumulation keeps Hugging Face's meaning (gradient_accumulation_steps loader batches
+per optimizer step) and each optimizer step stays one C call: the training loader yields
+per_device_train_batch_size * gradient_accumulation_steps rows at a time (the same rows, in the
+same order, as that many consecutive batches), and TrainStep splits them into micro-batches of
+at most per_device_train_batch_size rows. The loss of a step is the mean over all its rows, as
+Hugging Face's since transformers 4.46 (the loss summed over the group's items divided by
+num_items_in_batch) -- also for the last, shorter group of an epoch, which is split into the
+fewest equal micro-batches of at most per_device_train_batch_size rows. (With ignore_index
+labels, each micro-batch's mean over its counted rows is averaged instead.)
+
+The model's dropout stream (its seed and step), the loader's position, the optimizer, scheduler,
+scaler and EMA are all in a checkpoint, so a run stopped (or killed) and resumed ends
+bit-identical to an uninterrupted one. With ema_decay set, evaluate() and predict() run with
+the averaged weights; the trained weights are what the model holds outside them, and
+save_model() writes both (model.safetensors and model_ema.safetensors).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from gputrain import _C, backends, memory, random
+from gputrain import checkpoint as ckpt
+from gputrain.amp import GradScaler
+from gputrain.data import DataLoader
+from gputrain.metrics import EvalPrediction, PredictionOutput
+from gputrain.nn.loss import CrossEntropyLoss, MSELoss
+from gputrain.nn.module import Module
+from gputrain.optim import EMA, SGD, AdamW, get_scheduler, param_groups_llrd, param_groups_weight_decay
+from gputrain.step import TrainStep
+from gputrain.trainer_callback import (
+    CallbackHandler,
+    DefaultFlowCallback,
+    ProgressCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from gputrain.training_args import TrainingArguments
+
+__all__ = ["EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer"]
+
+logger = logging.getLogger("gputrain.trainer")
+
+TRAINER_STATE_NAME = "trainer_state.json"
+GPUTRAIN_STATE_NAME = "gputrain_state.json"
+HISTORY_NAME = "history.jsonl"
+
+
+class TrainOutput(NamedTuple):
+    """What train() returns (Hugging Face's TrainOutput)."""
+
+    global_step: int
+    training_loss: float
+    metrics: dict[str, float]
+
+
+def _check_dataset(name: str, dataset: Any) -> None:
+    """A dataset is a DataLoader yielding (inputs, labels) or an (inputs, labels) pair of arrays."""
+    if dataset is None or isinstance(dataset, DataLoader):
+        return
+    if not isinstance(dataset, (tuple, list)) or len(dataset) != 2:
+        raise TypeError(f"{name} must be an (inputs, labels) pair of arrays or a gputrain.DataLoader, "
+                        f"not {type(dataset).__name__}")
+    x, y = (np.asarray(a) for a in dataset)
+    if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
+        raise ValueError(f"{name}: inputs and labels must have the same number of rows, got shapes "
+                         f"{x.shape} and {y.shape}")
+    if len(x) == 0:
+        raise ValueError(f"{name} has no rows")
+
+
+def _micro_batches(rows: int, max_rows: int) -> int:
+    """The fewest equal micro-batches of at most max_rows rows that `rows` splits into."""
+    count = -(-rows // max_rows)
+    while rows % count:
+        count += 1
+    return count
+
+
+def _train_batches(args: TrainingArguments, dataset: Any) -> int:
+    """Loader batches of per_device_train_batch_size rows per epoch (0 without a dataset)."""
+    if dataset is None:
+        return 0
+    if isinstance(dataset, DataLoader):
+        batches = len(dataset)
+    else:
+        rows, size = len(dataset[0]), args.per_device_train_batch_size
+        batches = rows // size if args.dataloader_drop_last else -(-rows // size)
+    if batches == 0:
+        raise ValueError(f"train_dataset gives no batch of per_device_train_batch_size="
+                         f"{args.per_device_train_batch_size} rows (dataloader_drop_last="
+                         f"{args.dataloader_drop_last})")
+    return batches
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if _C.cuda_device_count() > 0 else "cpu"
+    return device
+
+
+class Trainer:
+    """Trains `model` as Hugging Face's Trainer does, one C call per optimizer step.
+
+    Args:
+        model: a gputrain.nn.Module.
+        args: TrainingArguments (default: TrainingArguments()).
+        train_dataset / eval_dataset: an (inputs, labels) pair of arrays, or a gputrain.DataLoader
+            yielding (inputs, labels) batches (then its batch size and options are used as given).
+        compute_metrics: EvalPrediction -> dict of metrics (see gputrain.metrics).
+        callbacks: TrainerCallback instances or classes, after the default flow and progress ones.
+        loss_fn: CrossEntropyLoss (default, with label_smoothing_factor) or MSELoss.
+    """
+
+    def __init__(self, model: Module, args: TrainingArguments | None = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
+                 callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+                 loss_fn: CrossEntropyLoss | MSELoss | None = None) -> None:
+        args = TrainingArguments() if args is None else args
+        batches = self._check_arguments(model, args, train_dataset, eval_dataset, compute_metrics, callbacks)
+        self.loss_fn = self._make_loss(loss_fn, args)
+        self.device = _resolve_device(args.device)  # everything above only checks; from here on, effects
+        self.model = model
+        self.args = args
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.compute_metrics = compute_metrics
+        random.manual_seed(args.seed)  # HF's set_seed: whatever is built from here on is reproducible
+        self._apply_memory_cap()
+        if self.device != "cpu":
+            model.to(self.device)
+        self.state = TrainerState()
+        self.control = TrainerControl()
+        self.optimizer: Any = None
+        self.lr_scheduler: Any = None
+        self.scaler: GradScaler | None = None
+        self.ema: EMA | None = None
+        self.train_dataloader: DataLoader | None = None
+        self._step: TrainStep | None = None
+        self._grouped = False  # True: a user DataLoader whose batches are gathered into groups
+        self._updates_per_epoch = 0
+        # losses since the last log, and of the whole run (train_loss: their mean over all steps, as HF's)
+        self._logged = {"loss_sum": 0.0, "steps": 0, "last_logged_step": 0, "grad_norm": math.nan,
+                        "total_loss": 0.0, "total_steps": 0}
+        self._done = {"eval": -1, "save": -1}  # the steps last evaluated and saved at
+        if train_dataset is not None:
+            self._setup_training(batches)
+        default = [DefaultFlowCallback] + ([ProgressCallback] if self._progress_bar() else [])
+        self.callback_handler = CallbackHandler(
+            default + list(callbacks or []), model=model, optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader)
+        self.control = self.callback_handler.call_event("on_init_end", args, self.state, self.control)
+
+    # -- construction ----------------------------------------------------------------------------
+    @staticmethod
+    def _check_arguments(model: Any, args: Any, train_dataset: Any, eval_dataset: Any, compute_metrics: Any,
+                         callbacks: Any) -> int:
+        """Every check of the constructor's arguments (nothing changes); returns the loader
+        batches per epoch."""
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
+        if not isinstance(args, TrainingArguments):
+            raise TypeError(f"args must be a gputrain.TrainingArguments, not {type(args).__name__}")
+        _check_dataset("train_dataset", train_dataset)
+        _check_dataset("eval_dataset", eval_dataset)
+        if args.eval_strategy != "no" and eval_dataset is None:
+            raise ValueError(f"You have set args.eval_strategy to {args.eval_strategy!r} but you didn't pass an "
+                             "eval_dataset to Trainer. Either set args.eval_strategy to 'no' or pass an eval_dataset.")
+        if compute_metrics is not None and not callable(compute_metrics):
+            raise TypeError(f"compute_metrics must be callable, not {type(compute_metrics).__name__}")
+        for callback in callbacks or []:
+            if not (isinstance(callback, TrainerCallback)
+                    or (isinstance(callback, type) and issubclass(callback, TrainerCallback))):
+                raise TypeError(f"callbacks must be TrainerCallback instances or classes, not "
+                                f"{type(callback).__name__}")
+        device = _resolve_device(args.device)
+        if device != "cpu" and (args.ema_decay is not None or args.llrd is not None):
+            raise ValueError("ema_decay and llrd need a model on the CPU for now: the EMA and parameter "
+                             f"groups of a model on {device!r} are not supported by the Trainer yet")
+        return _train_batches(args, train_dataset)
+
+    @staticmethod
+    def _make_loss(loss_fn: Any, args: TrainingArguments) -> CrossEntropyLoss | MSELoss:
+        if loss_fn is None:
+            return CrossEntropyLoss(label_smoothing=args.label_smoothing_factor)
+        if not isinstance(loss_fn, (CrossEntropyLoss, MSELoss)):
+            raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
+        if args.label_smoothing_factor and getattr(loss_fn, "label_smoothing", None) != args.label_smoothing_factor:
+            raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor} conflicts with "
+                             f"loss_fn={loss_fn!r}: give the smoothing in one place")
+        return loss_fn
+
+    def _apply_memory_cap(self) -> None:
+        if self.args.memory_limit is not None:
+            memory.set_memory_limit(self.args.memory_limit, device=self._memory_device())
+        elif self.args.memory_fraction is not None:
+            memory.set_memory_fraction(self.args.memory_fraction, device=self._memory_device())
+
+    def _memory_device(self) -> str:
+        return "cuda:0" if self.device == "cuda" else self.device
+
+    def _progress_bar(self) -> bool:
+        disable = self.args.disable_tqdm
+        if disable is None:
+            disable = logger.getEffectiveLevel() > logging.WARNING
+        if disable:
+            return False
+        try:
+            import tqdm.auto  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def _loader(self, dataset: Any, batch_size: int, shuffle: bool) -> DataLoader:
+        if isinstance(dataset, DataLoader):
+            return dataset
+        args = self.args
+        workers = args.dataloader_num_workers
+        return DataLoader((np.asarray(dataset[0]), np.asarray(dataset[1])), batch_size=batch_size, shuffle=shuffle,
+                          seed=args.seed, num_workers=workers, prefetch_factor=args.dataloader_prefetch_factor,
+                          pin_memory=args.dataloader_pin_memory and self.device != "cpu",
+                          persistent_workers=args.dataloader_persistent_workers)
+
+    def _setup_training(self, batches: int) -> None:
+        args = self.args
+        accumulation = args.gradient_accumulation_steps
+        if isinstance(self.train_dataset, DataLoader):
+            self.train_dataloader = self.train_dataset
+            self._grouped = accumulation > 1
+        else:
+            self.train_dataloader = self._loader(self.train_dataset, args.per_device_train_batch_size * accumulation,
+                                                 shuffle=True)
+        self._updates_per_epoch = -(-batches // accumulation)
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._updates_per_epoch)
+        self.state.max_steps = max_steps
+        self.state.num_train_epochs = math.ceil(max_steps / self._updates_per_epoch)
+        self.state.train_batch_size = args.per_device_train_batch_size
+        self.state.logging_steps = self._interval(args.logging_steps, max_steps)
+        self.state.eval_steps = self._interval(args.eval_steps, max_steps) if args.eval_steps else 0
+        self.state.save_steps = self._interval(args.save_steps, max_steps)
+        self.optimizer = self._make_optimizer()
+        self.lr_scheduler = get_scheduler(args.lr_scheduler_type, self.optimizer,
+                                          num_warmup_steps=args.get_warmup_steps(max_steps),
+                                          num_training_steps=max_steps,
+                                          scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+        self.scaler = GradScaler() if args.fp16 else None
+        if args.ema_decay is not None:
+            self.ema = EMA(self.model, decay=args.ema_decay)
+        max_grad_norm = args.max_grad_norm if args.max_grad_norm else None
+        self._step = TrainStep(self.model, self.loss_fn, self.optimizer, precision=args.precision,
+                               gradient_checkpointing=args.gradient_checkpointing, max_grad_norm=max_grad_norm,
+                               scaler=self.scaler, scheduler=self.lr_scheduler, log_grad_norm=True, tf32=args.tf32)
+
+    @staticmethod
+    def _interval(value: float, max_steps: int) -> int:
+        """HF: steps given as a ratio in (0, 1) are that share of max_steps, rounded up."""
+        return math.ceil(max_steps * value) if value < 1 else int(value)
+
+    def _make_optimizer(self) -> Any:
+        args = self.args
+        if self.device != "cpu":
+            if args.optim == "sgd":
+                return SGD.for_model(self.model, lr=args.learning_rate)
+            return AdamW.for_model(self.model, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                                   eps=args.adam_epsilon, weight_decay=args.weight_decay)
+        if args.llrd is not None:
+            groups = param_groups_llrd(self.model, args.learning_rate, args.llrd, args.weight_decay)
+        else:
+            groups = param_groups_weight_decay(self.model, args.weight_decay)
+        if args.optim == "sgd":
+            return SGD(groups, lr=args.learning_rate)
+        return AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                     weight_decay=args.weight_decay, cpu_offload_fraction=args.cpu_offload_fraction)
+
+    # -- what users see ---------------------------------------------------------------------------
+    def _startup_block(self, x_shape: tuple[int, ...]) -> str:
+        args, step = self.args, self._step
+        micro = (min(args.per_device_train_batch_size, x_shape[0]), *x_shape[1:])
+        loader = self.train_dataloader
+        lines = [
+            "***** Running training *****",
+            f"  Optimization steps = {self._updates_per_epoch} per epoch x {self.state.num_train_epochs} epochs: "
+            f"{self.state.max_steps} in all",
+            f"  Batch = {args.per_device_train_batch_size} per micro-batch x {args.gradient_accumulation_steps} "
+            f"accumulation = {args.per_device_train_batch_size * args.gradient_accumulation_steps} per step "
+            "(one C call per step)",
+            f"  Device = {self.device}; precision = {args.precision}"
+            f"{' with a dynamic loss scaler' if self.scaler is not None else ''}; TF32: {backends.tf32_status()}",
+            f"  Optimizer = {type(self.optimizer).__name__} (fused, lr {args.learning_rate:g}, weight decay "
+            f"{args.weight_decay:g}{', llrd %g' % args.llrd if args.llrd else ''}); offload fraction "
+            f"{args.cpu_offload_fraction:g}; schedule {args.lr_scheduler_type} with "
+            f"{args.get_warmup_steps(self.state.max_steps)} warm-up steps",
+            f"  Gradient clipping = {args.max_grad_norm or 'off'}; checkpointing = {args.gradient_checkpointing}; "
+            f"set_to_none = {step.set_to_none}; EMA = {args.ema_decay if self.ema is not None else 'off'}",
+            f"  Loader = {loader.num_workers} workers, prefetch {loader.prefetch_factor}, "
+            f"pinned {loader.pin_memory}",
+        ]
+        if args.auto_find_batch_size:
+            lines.append("  auto_find_batch_size: fitting the batch to the memory limit is not implemented yet; "
+                         f"training with per_device_train_batch_size={args.per_device_train_batch_size}")
+        try:
+            plan = self.model.compiled.plan(micro, checkpointing=args.gradient_checkpointing,
+                                            precision=self.model.compiled.precision)
+            lines.append(f"  Memory plan per micro-batch {micro} (model arenas; optimizer state, EMA and "
+                         "loader slots not included yet):")
+            lines.extend(f"    {key:<18} {memory.format_bytes(value):>12} ({value:,} bytes)"
+                         for key, value in plan.items())
+        except (ValueError, MemoryError) as error:
+            lines.append(f"  Memory plan unavailable: {error}")
+        return "\n".join(lines)
+
+    def _rewrite_history(self) -> None:
+        """history.jsonl := state.log_history (a resumed run drops what came after its checkpoint)."""
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, HISTORY_NAME), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(entry) + "\n" for entry in self.state.log_history)
+
+    def log(self, logs: dict[str, float]) -> None:
+        """Adds `logs` (with epoch and step) to state.log_history and history.jsonl, and calls on_log."""
+        if self.state.epoch is not None:
+            logs = {**logs, "epoch": self.state.epoch}
+        output = {**logs, "step": self.state.global_step}
+        self.state.log_history.append(output)
+        logger.info("%s", json.dumps(output))
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, HISTORY_NAME), "a", encoding="utf-8") as f:
+            f.write(json.dumps(output) + "\n")
+        self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
+
+    # -- training -----------------------------------------------------------------------------------
+    def _groups(self) -> Any:
+        """One epoch of (x, y) groups, each one optimizer step's rows."""
+        args = self.args
+        batch = args.per_device_train_batch_size
+        if not self._grouped:
+            for x, y in self.train_dataloader:
+                if args.dataloader_drop_last and not isinstance(self.train_dataset, DataLoader):
+                    keep = len(x) - len(x) % batch  # HF drops the last short batch, not the group
+                    if keep == 0:
+                        continue
+                    x, y = x[:keep], y[:keep]
+                yield x, y
+            return
+        xs, ys = [], []
+        for x, y in self.train_dataloader:  # copies: a loader's views are reused by later batches
+            xs.append(np.array(x))
+            ys.append(np.array(y))
+            if len(xs) == args.gradient_accumulation_steps:
+                yield np.concatenate(xs), np.concatenate(ys)
+                xs, ys = [], []
+        if xs:
+            yield np.concatenate(xs), np.concatenate(ys)
+
+    def _training_step(self, x: np.ndarray, y: np.ndarray) -> Any:
+        step = self._step
+        step.gradient_accumulation_steps = _micro_batches(len(x), self._micro_rows(len(x)))
+        out = step(x, y)
+        if self.ema is not None and not out.skipped:
+            self.ema.update()
+        return out
+
+    def _micro_rows(self, rows: int) -> int:
+        if self._grouped:
+            return self.train_dataloader.batch_size or rows
+        return self.args.per_device_train_batch_size
+
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+        """Runs the training loop to max_steps (or until a callback stops it).
+
+        resume_from_checkpoint: a checkpoint directory, or True for the last one in output_dir;
+        training then continues exactly where that checkpoint was written.
+        """
+        if self._step is None:
+            raise ValueError("Trainer: training requires a train_dataset")
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = ckpt.get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
+        if resume_from_checkpoint not in (None, False):
+            self._load_checkpoint(os.fspath(resume_from_checkpoint))
+        args, state = self.args, self.state
+        x_shape = np.asarray(self.train_dataset[0]).shape if not isinstance(self.train_dataset, DataLoader) \
+            else (self._micro_rows(1),)
+        self._rewrite_history()
+        logger.info("%s", self._startup_block(tuple(x_shape)))
+        self.model.train()
+        self.control._new_training()
+        self.control = self.callback_handler.call_event("on_train_begin", args, state, self.control)
+        start, start_step, rows_done = time.perf_counter(), state.global_step, 0
+        while (state.global_step < state.max_steps and not self.control.should_training_stop
+               and self.train_dataloader.state_dict()["epoch"] < state.num_train_epochs):
+            rows_done += self._train_epoch()
+        return self._finish_training(start, start_step, rows_done)
+
+    def _train_epoch(self) -> int:
+        """Runs the rest of the loader's current epoch (or until a stop); returns the rows trained on."""
+        args, state = self.args, self.state
+        position = self.train_dataloader.state_dict()
+        epoch, done = position["epoch"], position["batches_yielded"]
+        in_epoch = -(-done // args.gradient_accumulation_steps) if self._grouped else done
+        self.control._new_epoch()
+        self.control = self.callback_handler.call_event("on_epoch_begin", args, state, self.control)
+        rows = 0
+        for x, y in self._groups():
+            self.control = self.callback_handler.call_event("on_step_begin", args, state, self.control)
+            out = self._training_step(x, y)
+            rows += len(x)
+            in_epoch += 1
+            state.global_step += 1
+            state.epoch = epoch + in_epoch / self._updates_per_epoch
+            self._record(out)
+            self.control._new_step()
+            self.control = self.callback_handler.call_event("on_step_end", args, state, self.control)
+            self._maybe_log_save_evaluate()
+            last = in_epoch >= self._updates_per_epoch
+            if self.control.should_training_stop or state.global_step >= state.max_steps:
+                if not last:
+                    return rows  # stopped inside the epoch: no epoch end
+                break
+            if self.control.should_epoch_stop:
+                if not last:
+                    self.train_dataloader.set_epoch(epoch + 1)  # the rest of this epoch is skipped
+                break
+        state.epoch = float(epoch + 1)
+        self.control = self.callback_handler.call_event("on_epoch_end", args, state, self.control)
+        self._maybe_log_save_evaluate()
+        return rows
+
+    def _record(self, out: Any) -> None:
+        """Adds a step's loss to the running sums that logs and train_loss report."""
+        logged = self._logged
+        logged["loss_sum"] += out.loss
+        logged["steps"] += 1
+        logged["total_loss"] += out.loss
+        logged["total_steps"] += 1
+        logged["grad_norm"] = out.grad_norm
+
+    def _finish_training(self, start: float, start_step: int, rows_done: int) -> TrainOutput:
+        args, state = self.args, self.state
+        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
+            logger.info("Loading best model from %s (score: %s).", state.best_model_checkpoint, state.best_metric)
+            self._load_weights(state.best_model_checkpoint)
+        runtime = time.perf_counter() - start
+        train_loss = self._logged["total_loss"] / max(self._logged["total_steps"], 1)
+        steps = state.global_step - start_step
+        metrics = {"train_runtime": round(runtime, 4),
+                   "train_samples_per_second": round(rows_done / runtime, 3) if runtime > 0 else 0.0,
+                   "train_steps_per_second": round(steps / runtime, 3) if runtime > 0 else 0.0,
+                   "train_loss": train_loss}
+        self.log(metrics)
+        self.control = self.callback_handler.call_event("on_train_end", args, state, self.control)
+        return TrainOutput(state.global_step, train_loss, metrics)
+
+    def _maybe_log_save_evaluate(self) -> None:
+        state, control = self.state, self.control
+        if control.should_log and state.global_step > self._logged["last_logged_step"]:
+            logs = {"loss": self._logged["loss_sum"] / max(self._logged["steps"], 1),
+                    "grad_norm": self._logged["grad_norm"],
+                    "learning_rate": self.lr_scheduler.get_last_lr()[0]}
+            self._logged.update(loss_sum=0.0, steps=0, last_logged_step=state.global_step)
+            self.log(logs)
+        if control.should_evaluate and self._done["eval"] != state.global_step and self.eval_dataset is not None:
+            self._done["eval"] = state.global_step
+            metrics = self.evaluate()
+            self._determine_best_metric(metrics)
+        if control.should_save and self._done["save"] != state.global_step:
+            self._done["save"] = state.global_step
+            self._save_checkpoint()
+            self.control = self.callback_handler.call_event("on_save", self.args, state, self.control)
+
+    def _determine_best_metric(self, metrics: dict[str, float]) -> None:
+        name = self.args.metric_for_best_model
+        if name is None:
+            return
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise KeyError(f"The metric_for_best_model {name!r} is not among the evaluation metrics "
+                           f"{sorted(metrics)}; consider changing metric_for_best_model")
+        value = metrics[key]
+        best = self.state.best_metric
+        if best is None or (value > best if self.args.greater_is_better else value < best):
+            self.state.best_metric = value
+            self.state.best_global_step = self.state.global_step
+            if self._done["save"] == self.state.global_step:  # this step's checkpoint was written before
+                self.state.best_model_checkpoint = self._checkpoint_path()
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    def _run_model(self, dataset: Any) -> tuple[np.ndarray, np.ndarray, float]:
+        """(outputs, labels, mean loss over rows) for a dataset, with the EMA weights when kept."""
+        loader = self._loader(dataset, self.args.per_device_eval_batch_size, shuffle=False)
+        was_training = self.model.training
+        self.model.eval()
+        outputs, labels, loss_sum, rows = [], [], 0.0, 0
+        swapped = self.ema is not None and not self.ema.swapped
+        if swapped:
+            self.ema.swap()
+            self._refresh_half()
+        try:
+            for x, y in loader:
+                logits = self.model(x)
+                labels_copy = np.array(y)
+                loss_sum += self.loss_fn(logits, labels_copy) * len(x)
+                rows += len(x)
+                outputs.append(logits)
+                labels.append(labels_copy)
+        finally:
+            if swapped:
+                self.ema.swap()
+                self._refresh_half()
+            self.model.train(was_training)
+        return np.concatenate(outputs), np.concatenate(labels), loss_sum / max(rows, 1)
+
+    def _refresh_half(self) -> None:
+        compiled = self.model.compiled
+        if compiled.precision != "f32":
+            compiled.refresh_half_parameters()
+
+    def _metrics(self, dataset: Any, prefix: str) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+        start = time.perf_counter()
+        predictions, label_ids, loss = self._run_model(dataset)
+        metrics = {"loss": float(loss)}
+        if self.compute_metrics is not None:
+            metrics.update(self.compute_metrics(EvalPrediction(predictions, label_ids)))
+        runtime = time.perf_counter() - start
+        metrics.update(runtime=round(runtime, 4), samples_per_second=round(len(predictions) / runtime, 3))
+        return predictions, label_ids, {f"{prefix}_{k}": float(v) for k, v in metrics.items()}
+
+    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Loss and compute_metrics on eval_dataset, keys prefixed with `eval_`; logged."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset")
+        _check_dataset("eval_dataset", dataset)
+        _, _, metrics = self._metrics(dataset, metric_key_prefix)
+        self.log(metrics)
+        self.control = self.callback_handler.call_event("on_evaluate", self.args, self.state, self.control,
+                                                        metrics=metrics)
+        return metrics
+
+    def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
+        """The model's outputs on test_dataset, its labels, and the metrics (prefixed `test_`)."""
+        _check_dataset("test_dataset", test_dataset)
+        if test_dataset is None:
+            raise ValueError("Trainer: predict requires a test_dataset")
+        predictions, label_ids, metrics = self._metrics(test_dataset, metric_key_prefix)
+        self.control = self.callback_handler.call_event("on_predict", self.args, self.state, self.control,
+                                                        metrics=metrics)
+        return PredictionOutput(predictions, label_ids, metrics)
+
+    # -- saving and loading -------------------------------------------------------------------------
+    def save_model(self, output_dir: str | None = None) -> None:
+        """Writes model.safetensors (the trained weights), model_ema.safetensors (the EMA, when
+        kept) and training_args.json to output_dir (default: args.output_dir)."""
+        directory = self.args.output_dir if output_dir is None else output_dir
+        os.makedirs(directory, exist_ok=True)
+        self._write_model(directory)
+
+    def _write_model(self, directory: str) -> None:
+        ckpt.save_arrays(os.path.join(directory, "model.safetensors"), dict(self.model.state_dict()))
+        if self.ema is not None:
+            ckpt.save_ema(directory, self.ema, self._param_names())
+        self.args.to_json_file(os.path.join(directory, "training_args.json"))
+
+    def _param_names(self) -> list[str]:
+        return [name for name, _ in self.model.named_parameters()]
+
+    def _save_checkpoint(self) -> None:
+        state = self.state
+        if state.best_global_step == state.global_step and self.args.metric_for_best_model is not None:
+            state.best_model_checkpoint = self._checkpoint_path()
+        ckpt.write_checkpoint(self.args.output_dir, state.global_step, self._write_checkpoint_files)
+        ckpt.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, state.best_model_checkpoint,
+                                self.args.load_best_model_at_end)
+
+    def _checkpoint_path(self) -> str:
+        return os.path.join(self.args.output_dir, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+
+    def _write_checkpoint_files(self, directory: str) -> None:
+        self._write_model(directory)
+        ckpt.save_optimizer(directory, self.optimizer)
+        ckpt.save_json(os.path.join(directory, "scheduler.json"), ckpt.to_json_state(self.lr_scheduler.state_dict()))
+        if self.scaler is not None:
+            ckpt.save_json(os.path.join(directory, "scaler.json"), ckpt.to_json_state(self.scaler.state_dict()))
+        compiled = self.model.compiled
+        extra = {"model_seed": compiled.seed, "model_step": compiled.step,
+                 "loader": ckpt.to_json_state(self.train_dataloader.state_dict()),
+                 "logging": dict(self._logged), "done": dict(self._done),
+                 "callbacks": {type(c).__name__: c.state_dict() for c in self.callback_handler.callbacks
+                               if hasattr(c, "state_dict")}}
+        ckpt.save_json(os.path.join(directory, GPUTRAIN_STATE_NAME), extra)
+        with open(os.path.join(directory, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
+            f.write(self.state.to_json_string())
+
+    def _read_weights(self, directory: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
+        weights = ckpt.load_arrays(os.path.join(directory, "model.safetensors"))
+        ema = ckpt.read_ema(directory, self._param_names()) if self.ema is not None else None
+        return weights, ema
+
+    def _apply_weights(self, weights: dict[str, np.ndarray], ema: dict[str, Any] | None) -> None:
+        self.model.load_state_dict(weights)
+        if ema is not None:
+            self.ema.load_state_dict(ema)
+        self.optimizer.reload_params()
+
+    def _load_weights(self, directory: str) -> None:
+        self._apply_weights(*self._read_weights(directory))
+
+    def _load_checkpoint(self, directory: str) -> None:
+        """Restores everything a checkpoint holds; every file is read before anything changes."""
+        if not os.path.isdir(directory):
+            raise ValueError(f"Can't find a valid checkpoint at {directory}")
+        with open(os.path.join(directory, TRAINER_STATE_NAME), encoding="utf-8") as f:
+            state = TrainerState.from_json_string(f.read())
+        extra = ckpt.load_json(os.path.join(directory, GPUTRAIN_STATE_NAME))
+        scheduler = ckpt.load_json(os.path.join(directory, "scheduler.json"))
+        scaler_path = os.path.join(directory, "scaler.json")
+        if (self.scaler is not None) != os.path.exists(scaler_path):
+            raise ValueError(f"{directory}: saved with fp16={os.path.exists(scaler_path)}, resumed with "
+                             f"fp16={self.args.fp16}")
+        if state.max_steps != self.state.max_steps:
+            logger.warning("resuming a run planned for %d steps with %d steps", state.max_steps, self.state.max_steps)
+        compiled = self.model.compiled
+        if extra["model_seed"] != compiled.seed:
+            logger.warning("the model's dropout seed (%d) is not the checkpoint's (%d): build the model after the "
+                           "same gt.random.manual_seed to resume exactly", compiled.seed, extra["model_seed"])
+        weights, ema = self._read_weights(directory)
+        optimizer = ckpt.read_optimizer(directory)
+        scaler = ckpt.load_json(scaler_path) if self.scaler is not None else None
+        self._apply_weights(weights, ema)
+        self.optimizer.load_state_dict(optimizer)
+        self.lr_scheduler.load_state_dict(scheduler)
+        if scaler is not None:
+            self.scaler.load_state_dict(scaler)
+        self.train_dataloader.load_state_dict(extra["loader"])
+        compiled.step = extra["model_step"]
+        self._logged = dict(extra["logging"])
+        self._done = dict(extra["done"])
+        for callback in self.callback_handler.callbacks:
+            saved = extra["callbacks"].get(type(callback).__name__)
+            if saved is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(saved)
+        keep = {"max_steps", "logging_steps", "eval_steps", "save_steps", "num_train_epochs", "train_batch_size"}
+        for key, value in vars(state).items():
+            if key not in keep:
+                setattr(self.state, key, value)
+        logger.info("Continuing training from checkpoint %s, global step %d", directory, self.state.global_step)

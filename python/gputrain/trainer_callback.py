@@ -1,0 +1,282 @@
+"""Trainer callbacks with Hugging Face's shape: TrainerState, TrainerControl, TrainerCallback,
+the flow rules that decide when to log, evaluate and save, a tqdm progress bar, and early
+stopping.
+
+    class PrintLoss(gt.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logging.getLogger("mine").info("step %d: %s", state.global_step, logs)
+
+Every event gets (args, state, control, **kwargs) with kwargs model, optimizer, lr_scheduler,
+train_dataloader, eval_dataloader (and logs / metrics where the event has them); a callback
+may set the control's flags, which the Trainer reads after the event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gputrain.training_args import TrainingArguments
+
+__all__ = [
+    "CallbackHandler",
+    "DefaultFlowCallback",
+    "EarlyStoppingCallback",
+    "ProgressCallback",
+    "TrainerCallback",
+    "TrainerControl",
+    "TrainerState",
+]
+
+logger = logging.getLogger("gputrain.trainer")
+
+
+@dataclass
+class TrainerState:
+    """Where training is (saved as trainer_state.json in every checkpoint), Hugging Face's fields."""
+
+    epoch: float | None = None            # epochs done, fractional within an epoch
+    global_step: int = 0                  # optimizer steps done (a step the scaler skipped counts)
+    max_steps: int = 0
+    logging_steps: int = 500
+    eval_steps: int = 500
+    save_steps: int = 500
+    train_batch_size: int | None = None
+    num_train_epochs: int = 0
+    log_history: list[dict[str, float]] = field(default_factory=list)
+    best_metric: float | None = None
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+
+    def to_json_string(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json_string(cls, text: str) -> TrainerState:
+        values = json.loads(text)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass
+class TrainerControl:
+    """Flags callbacks set to change the flow; the Trainer resets the per-step ones."""
+
+    should_training_stop: bool = False
+    should_epoch_stop: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_log: bool = False
+
+    def _new_training(self) -> None:
+        self.should_training_stop = False
+
+    def _new_epoch(self) -> None:
+        self.should_epoch_stop = False
+
+    def _new_step(self) -> None:
+        self.should_save = False
+        self.should_evaluate = False
+        self.should_log = False
+
+
+class TrainerCallback:
+    """Hooks called at the Trainer's events; override the ones you need (all do nothing here)."""
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        pass
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> Any:
+        pass
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> Any:
+        pass
+
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> Any:
+        pass
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> Any:
+        pass
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> Any:
+        pass
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        pass
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> Any:
+        pass
+
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        pass
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        pass
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        pass
+
+
+class CallbackHandler(TrainerCallback):
+    """Calls every callback in order for each event; a callback may return a new control."""
+
+    def __init__(self, callbacks: list[TrainerCallback], **objects: Any) -> None:
+        self.callbacks: list[TrainerCallback] = []
+        for callback in callbacks:
+            self.add_callback(callback)
+        self.objects = objects  # model, optimizer, lr_scheduler, dataloaders: passed to every event
+
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        instance = callback() if isinstance(callback, type) else callback
+        if not isinstance(instance, TrainerCallback):
+            raise TypeError(f"callbacks must be TrainerCallback instances or classes, not {type(instance).__name__}")
+        if any(type(existing) is type(instance) for existing in self.callbacks):
+            logger.warning("You are adding a %s to the callbacks of this Trainer, but there is already one. "
+                           "The current list of callbacks is:\n%s", type(instance).__name__, self.callback_list)
+        self.callbacks.append(instance)
+
+    @property
+    def callback_list(self) -> str:
+        return "\n".join(type(c).__name__ for c in self.callbacks)
+
+    def call_event(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   **kwargs: Any) -> TrainerControl:
+        for callback in self.callbacks:
+            result = getattr(callback, event)(args, state, control, **self.objects, **kwargs)
+            if result is not None:
+                control = result
+        return control
+
+
+def _every(step: int, interval: int) -> bool:
+    return interval > 0 and step % interval == 0
+
+
+class DefaultFlowCallback(TrainerCallback):
+    """Hugging Face's flow: log, evaluate and save by the strategies, and stop at max_steps."""
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        step = state.global_step
+        if step == 1 and args.logging_first_step:
+            control.should_log = True
+        if args.logging_strategy == "steps" and _every(step, state.logging_steps):
+            control.should_log = True
+        if args.eval_strategy == "steps" and _every(step, state.eval_steps):
+            control.should_evaluate = True
+        if args.save_strategy == "steps" and _every(step, state.save_steps):
+            control.should_save = True
+        if step >= state.max_steps:
+            control.should_training_stop = True
+            if args.save_strategy != "no":
+                control.should_save = True
+        return control
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> TrainerControl:
+        if args.logging_strategy == "epoch":
+            control.should_log = True
+        if args.eval_strategy == "epoch":
+            control.should_evaluate = True
+        if args.save_strategy == "epoch":
+            control.should_save = True
+        return control
+
+
+class ProgressCallback(TrainerCallback):
+    """A tqdm.auto bar over the optimizer steps (a widget in notebooks) showing the last logs."""
+
+    def __init__(self) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm = tqdm
+        self.bar: Any = None
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self.bar = self._tqdm(total=state.max_steps, initial=state.global_step, unit="step", dynamic_ncols=True)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if self.bar is not None and logs:
+            shown = {k: logs[k] for k in ("loss", "learning_rate", "samples_per_second", "eval_loss") if k in logs}
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class EarlyStoppingCallback(TrainerCallback):
+    """Stops training when metric_for_best_model has not improved by more than
+    early_stopping_threshold for early_stopping_patience evaluations (Hugging Face's rule)."""
+
+    def __init__(self, early_stopping_patience: int = 1, early_stopping_threshold: float = 0.0) -> None:
+        if isinstance(early_stopping_patience, bool) or not isinstance(early_stopping_patience, int) \
+                or early_stopping_patience < 1:
+            raise ValueError(f"early_stopping_patience must be an int >= 1, got {early_stopping_patience!r}")
+        if isinstance(early_stopping_threshold, bool) or not isinstance(early_stopping_threshold, (int, float)) \
+                or not early_stopping_threshold >= 0:
+            raise ValueError(f"early_stopping_threshold must be a number >= 0, got {early_stopping_threshold!r}")
+        self.early_stopping_patience = early_stopping_patience
+        self.early_stopping_threshold = float(early_stopping_threshold)
+        self.early_stopping_patience_counter = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The patience counter, saved in checkpoints so a resumed run stops where this one would."""
+        return {"early_stopping_patience_counter": self.early_stopping_patience_counter}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.early_stopping_patience_counter = int(state["early_stopping_patience_counter"])
+
+    def check_metric_value(self, args: TrainingArguments, state: TrainerState, metric_value: float) -> None:
+        better = np.greater if args.greater_is_better else np.less
+        if state.best_metric is None or (better(metric_value, state.best_metric)
+                                         and abs(metric_value - state.best_metric) > self.early_stopping_threshold):
+            self.early_stopping_patience_counter = 0
+        else:
+            self.early_stopping_patience_counter += 1
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        if args.metric_for_best_model is None:
+            raise ValueError("EarlyStoppingCallback requires metric_for_best_model to be defined")
+        if args.eval_strategy == "no":
+            raise ValueError("EarlyStoppingCallback requires an eval_strategy of 'steps' or 'epoch'")
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
+        name = args.metric_for_best_model
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        value = (metrics or {}).get(key)
+        if value is None:
+            logger.warning("early stopping required metric_for_best_model, but did not find %s so early stopping "
+                           "is disabled", key)
+            return
+        if not math.isfinite(value):
+            self.early_stopping_patience_counter += 1
+        else:
+            self.check_metric_value(args, state, value)
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            control.should_training_stop = True
