@@ -137,3 +137,31 @@ def test_bad_arguments():
         _C.EMA([np.zeros(3, np.float32)]).update(2.0)
     with pytest.raises(IndexError):
         _C.EMA([np.zeros(3, np.float32)]).get(1)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_swapped_average_reaches_a_half_precision_model(precision):
+    """A bf16/fp16 model computes with a half copy of its weights: swap() and copy_to() must
+    refresh it, or evaluation with the average silently uses the trained weights."""
+    gputrain.random.manual_seed(0)
+    model = gputrain.nn.Sequential(gputrain.nn.Linear(6, 8), gputrain.nn.GELU(), gputrain.nn.Linear(8, 3))
+    step = gputrain.TrainStep(model, gputrain.nn.CrossEntropyLoss(), gputrain.optim.SGD(model.parameters(), lr=0.5),
+                        precision=precision)
+    ema = EMA(model, decay=0.5)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    for _ in range(3):
+        step(x, rng.integers(0, 3, 16))
+        ema.update()
+    model.eval()
+    trained_out = model(x)
+    average = {name: value for name, value in zip(model.state_dict(), ema.shadow)}
+    with ema.average_parameters():
+        swapped_out = model(x)
+    np.testing.assert_array_equal(model(x), trained_out)
+    trained = model.state_dict()
+    model.load_state_dict(average)  # writes the fp32 weights and refreshes the half copy
+    np.testing.assert_array_equal(swapped_out, model(x))
+    model.load_state_dict(trained)
+    ema.copy_to()
+    np.testing.assert_array_equal(model(x), swapped_out)

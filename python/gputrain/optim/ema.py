@@ -104,6 +104,7 @@ class EMA:
         """Exchange the parameters and the average (calling it twice restores both exactly)."""
         self._follow_params()
         self._core.swap()
+        self._refresh_half_copies()
         self._swapped = not self._swapped
 
     @property
@@ -126,6 +127,16 @@ class EMA:
         """Overwrite the parameters with the average (e.g. before saving the final model)."""
         self._follow_params()
         self._core.copy_to_params()
+        self._refresh_half_copies()
+
+    def _refresh_half_copies(self) -> None:
+        """A model trained in bf16/fp16 computes with a half copy of its weights: after the fp32
+        weights were overwritten it must follow them, or evaluation silently uses the old ones."""
+        owners = {id(p._owner): p._owner for p in self.params if p._owner is not None}
+        for owner in owners.values():
+            model = getattr(owner, "model", None)
+            if model is not None and model.precision != "f32":
+                model.refresh_half_parameters()
 
     @property
     def shadow(self) -> list[np.ndarray]:
