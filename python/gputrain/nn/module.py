@@ -241,10 +241,10 @@ class Module:
             compiled.grads_valid = True
 
     def _apply_training(self, mode: bool) -> None:
+        if self._compiled is not None:  # first: it refuses while a step in another thread runs
+            self._compiled.model.training = mode
         for module in self.modules():
             module.training = mode
-        if self._compiled is not None:
-            self._compiled.model.training = mode
 
     def train(self, mode: bool = True) -> Module:
         if not isinstance(mode, bool):
