@@ -117,7 +117,8 @@ static void on_sigint(int signum, siginfo_t *info, void *context) {
 static int interrupt_raises(void) {
     if (PyThread_get_thread_ident() != main_thread_ident)
         return 0;
-    PyObject *signal = PyImport_ImportModule("signal");  /* C code only: no pending signal runs */
+    PyObject *signal = PyImport_ImportModule("_signal");  /* built in: no Python code (and no
+                                                             pending signal's handler) runs */
     PyObject *handler = signal ? PyObject_CallMethod(signal, "getsignal", "i", SIGINT) : NULL;
     PyObject *fallback = signal ? PyObject_GetAttrString(signal, "default_int_handler") : NULL;
     int raises = handler && fallback && handler == fallback;
