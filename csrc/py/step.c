@@ -129,7 +129,8 @@ static int interrupt_raises(void) {
     return raises;
 }
 
-/* Installs on_sigint in front of Python's handler; returns 1 when installed. */
+/* Installs on_sigint in front of Python's handler; returns 1 when installed, 0 when not, -1
+ * with KeyboardInterrupt for a Ctrl-C that came before (nothing done yet). */
 static int interrupt_begin(void) {
     if (!interrupt_raises())
         return 0;
@@ -142,7 +143,12 @@ static int interrupt_begin(void) {
     ours.sa_mask = previous.sa_mask;
     ours.sa_flags = (previous.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
     gt_interrupt_clear();
-    return sigaction(SIGINT, &ours, NULL) == 0;
+    if (sigaction(SIGINT, &ours, NULL) != 0)
+        return 0;
+    if (PyErr_CheckSignals() == 0)  /* from here on a Ctrl-C also sets the step's request */
+        return 1;
+    sigaction(SIGINT, &python_sigint, NULL);
+    return -1;
 }
 
 static void interrupt_end(int installed) {
@@ -154,23 +160,21 @@ static int interrupt_begin(void) { return 0; }
 static void interrupt_end(int installed) { (void)installed; }
 #endif
 
-/* The step without the GIL, abandoned early on Ctrl-C when that raises KeyboardInterrupt. */
-static gt_status run_step(gt_model *model, const gt_tensor *x, const gt_tensor *y, gt_step_config *cfg,
+/* The step without the GIL; an interrupted one raises Python's KeyboardInterrupt. */
+static gt_status run_step(gt_model *model, const gt_tensor *x, const gt_tensor *y, const gt_step_config *cfg,
                           gt_step_result *result) {
-    cfg->interruptible = interrupt_begin();
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
     status = gt_train_step(model, x, y, cfg, result);
     Py_END_ALLOW_THREADS
-    interrupt_end(cfg->interruptible);
-    if (status == GT_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)  /* Python's KeyboardInterrupt */
+    if (status == GT_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)
         gt_clear_error();
     return status;
 }
 
 /* Prepares the plan, copies the inputs and runs the step, with every object held busy. */
-static PyObject *step_held(PyObject *module, gt_model *model, PyArrayObject *x_given, PyArrayObject *y_given,
-                           gt_tensor *x, gt_tensor *y, gt_step_config *cfg) {
+static PyObject *prepare_and_run(PyObject *module, gt_model *model, PyArrayObject *x_given,
+                                 PyArrayObject *y_given, gt_tensor *x, gt_tensor *y, const gt_step_config *cfg) {
     char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg->loss.kind == GT_LOSS_MSE ? 'f' : 'i';
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
@@ -193,21 +197,35 @@ static PyObject *step_held(PyObject *module, gt_model *model, PyArrayObject *x_g
     return PyErr_Occurred() ? NULL : gtpy_raise(module, status);
 }
 
-/* Checks the inputs (no copy yet), holds the objects and runs the step. */
-static PyObject *step_with(PyObject *module, gt_model *model, const step_objects *objects, PyObject *x_obj,
-                           PyObject *y_obj, gt_step_config *cfg) {
-    gt_tensor x, y;
-    char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg->loss.kind == GT_LOSS_MSE ? 'f' : 'i';
-    PyArrayObject *x_given = gtpy_input_array(x_obj, "x", x_kind, &x), *y_given = NULL;
-    if (x_given)
-        y_given = gtpy_input_array(y_obj, "y", y_kind, &y);
+/* prepare_and_run, abandoned early on a Ctrl-C when that raises KeyboardInterrupt (the main
+ * thread with Python's default handler): the handler is in place from before the plan. */
+static PyObject *step_held(PyObject *module, gt_model *model, PyArrayObject *x_given, PyArrayObject *y_given,
+                           gt_tensor *x, gt_tensor *y, gt_step_config *cfg) {
+    int installed = interrupt_begin();
+    if (installed < 0)
+        return NULL;
+    cfg->interruptible = installed;
+    PyObject *result = prepare_and_run(module, model, x_given, y_given, x, y, cfg);
+    interrupt_end(installed);
+    return result;
+}
+
+/* Resolves the optimizer's core and holds the objects with no Python code in between (a
+ * concurrent add_param_group then either came first or is refused), then runs the step. */
+static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_obj, PyObject *optimizer_obj,
+                           PyObject *scaler_obj, PyArrayObject *x_given, PyArrayObject *y_given, gt_tensor *x,
+                           gt_tensor *y, gt_step_config *cfg) {
+    step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj};
+    if (objects.scaler && !gtpy_scaler_get(objects.scaler))
+        return NULL;
+    if (optimizer_obj != Py_None && !(objects.optimizer = resolve_optimizer(optimizer_obj, model_obj, model)))
+        return NULL;
     PyObject *result = NULL;
-    if (y_given && enter_all(objects, cfg) == 0) {
-        result = step_held(module, model, x_given, y_given, &x, &y, cfg);
-        leave_all(objects);
+    if (enter_all(&objects, cfg) == 0) {
+        result = step_held(module, model, x_given, y_given, x, y, cfg);
+        leave_all(&objects);
     }
-    Py_XDECREF(x_given);
-    Py_XDECREF(y_given);
+    Py_XDECREF(objects.optimizer);
     return result;
 }
 
@@ -220,20 +238,21 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
                                      &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
                                      &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj))
         return NULL;
-    if (PyErr_CheckSignals() < 0)  /* a Ctrl-C that came just before: nothing is done */
-        return NULL;
     gt_model *model = gtpy_model_get(module, model_obj, "model");
     if (!model || parse_loss(loss_obj, &cfg.loss) < 0)
         return NULL;
     if (!isfinite(cfg.max_grad_norm))
         return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
-    step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj};
-    if (optimizer_obj != Py_None && !(objects.optimizer = resolve_optimizer(optimizer_obj, model_obj, model)))
-        return NULL;
+    gt_tensor x, y;  /* inputs checked first: converting them may run Python code */
+    char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i';
+    PyArrayObject *x_given = gtpy_input_array(x_obj, "x", x_kind, &x), *y_given = NULL;
+    if (x_given)
+        y_given = gtpy_input_array(y_obj, "y", y_kind, &y);
     PyObject *result = NULL;
-    if (!objects.scaler || gtpy_scaler_get(objects.scaler))
-        result = step_with(module, model, &objects, x_obj, y_obj, &cfg);
-    Py_XDECREF(objects.optimizer);
+    if (y_given)
+        result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, x_given, y_given, &x, &y, &cfg);
+    Py_XDECREF(x_given);
+    Py_XDECREF(y_given);
     return result;
 }
 

@@ -38,10 +38,7 @@ class _Compiled:
         self.model.grads_valid = bool(value)
 
     def zero_grads(self) -> None:
-        if self.on_host:
-            self.grads_flat.fill(0.0)
-        else:
-            self.model.zero_gradients()
+        self.model.zero_gradients()  # in C on any device; refused while a step in another thread runs
 
 
 class Module:
