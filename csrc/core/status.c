@@ -10,6 +10,9 @@ static _Thread_local char error_message[GT_ERROR_MESSAGE_BYTES];    /* the last 
 static _Thread_local char error_location[GT_ERROR_LOCATION_BYTES];  /* its "file.c:line" */
 static _Thread_local char error_display[GT_ERROR_MESSAGE_BYTES + GT_ERROR_LOCATION_BYTES + 4];
 
+/* 1 from a Ctrl-C until the interrupted operation clears it (set in signal handlers: lock-free). */
+static atomic_int interrupt_requested;
+
 /* -1 until set or read from GPUTRAIN_DEBUG; then 0 or 1. */
 static atomic_int debug_mode = -1;
 
@@ -67,6 +70,12 @@ int gt_debug_enabled(void) {
     return atomic_load(&debug_mode);
 }
 
+void gt_interrupt_request(void) { atomic_store(&interrupt_requested, 1); }
+
+void gt_interrupt_clear(void) { atomic_store(&interrupt_requested, 0); }
+
+int gt_interrupt_pending(void) { return atomic_load(&interrupt_requested); }
+
 const char *gt_status_name(gt_status code) {
     switch (code) {
     case GT_OK: return "GT_OK";
@@ -78,6 +87,7 @@ const char *gt_status_name(gt_status code) {
     case GT_ERR_OS: return "GT_ERR_OS";
     case GT_ERR_RUNTIME: return "GT_ERR_RUNTIME";
     case GT_ERR_TIMEOUT: return "GT_ERR_TIMEOUT";
+    case GT_ERR_INTERRUPTED: return "GT_ERR_INTERRUPTED";
     }
     return "GT_ERR_UNKNOWN";
 }

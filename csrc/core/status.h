@@ -20,6 +20,7 @@ typedef enum gt_status {
     GT_ERR_OS,          /* system call failure                -> OSError */
     GT_ERR_RUNTIME,     /* invalid state or unsupported here  -> RuntimeError */
     GT_ERR_TIMEOUT,     /* a wait ran out of time             -> TimeoutError */
+    GT_ERR_INTERRUPTED, /* abandoned on an interrupt (Ctrl-C) -> KeyboardInterrupt */
 } gt_status;
 
 /* Records the message (printf-style) and file:line, and returns `code`. */
@@ -66,6 +67,13 @@ gt_status gt_error_restore(const gt_error_state *saved);
  * first use. Process-wide. */
 void gt_set_debug(int on);
 int gt_debug_enabled(void);
+
+/* The process-wide interrupt request (Ctrl-C while a long operation runs without the GIL).
+ * gt_interrupt_request is async-signal-safe (a signal handler calls it); operations that can
+ * be abandoned cleanly poll gt_interrupt_pending and then fail with GT_ERR_INTERRUPTED. */
+void gt_interrupt_request(void);
+void gt_interrupt_clear(void);
+int gt_interrupt_pending(void);
 
 /* The name of a status code, e.g. "GT_ERR_OOM". */
 const char *gt_status_name(gt_status code);

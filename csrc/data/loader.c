@@ -62,6 +62,8 @@ struct gt_loader {
     int released;                 /* 1 once the owner dropped its reference */
     gt_worker *workers;           /* (num_workers,) */
     int64_t *caller_rows;         /* (max_batch_rows,) row indices when gathering in the caller */
+    int caller_gathering;         /* 1 while a caller gathers into caller_rows: callers of
+                                     gt_loader_next in other threads wait their turn */
 
     size_t refs;                  /* the owner's (until released) + caller slot references */
     size_t batches_gathered;      /* statistics since creation */
@@ -534,15 +536,19 @@ static gt_status replay_failure(const gt_loader *l) {
     return gt_set_error(l->failure, __FILE__, __LINE__, "%s", l->failure_message);
 }
 
-/* num_workers == 0: claims and gathers the next batch on the calling thread. */
+/* num_workers == 0: claims and gathers the next batch on the calling thread; callers in several
+ * threads take turns (one caller_rows buffer, batches delivered in order). */
 static gt_status next_in_caller(gt_loader *l, gt_slot **out) {
     gt_slot *slot = NULL;
     pthread_mutex_lock(&l->lock);
+    while (l->caller_gathering)
+        pthread_cond_wait(&l->ready_cv, &l->lock);
     gt_status status = l->failure;
     if (status != GT_OK)
         status = replay_failure(l);
     else if (l->running && l->remaining > 0 && !l->stop)
         status = claim(l, &slot);
+    l->caller_gathering = slot != NULL;
     pthread_mutex_unlock(&l->lock);
     if (status != GT_OK || !slot) {
         *out = NULL;
@@ -550,6 +556,7 @@ static gt_status next_in_caller(gt_loader *l, gt_slot **out) {
     }
     size_t bytes = gather(l, slot, l->caller_rows);
     pthread_mutex_lock(&l->lock);
+    l->caller_gathering = 0;
     l->filling--;
     pthread_cond_broadcast(&l->ready_cv);  /* a concurrent shutdown waits for filling == 0 */
     l->batches_gathered++;

@@ -2,12 +2,15 @@
  * gputrain.optim.EMA wraps it. */
 #include "py/gtpy.h"
 
+#include "py/model.h"
 #include "train/ema.h"
 
 typedef struct {
     PyObject_HEAD
     gt_ema *ema;       /* the C shadow; NULL only while being built */
     PyObject *params;  /* tuple of the parameter arrays (kept alive: the shadow points at them) */
+    PyObject *models;  /* tuple of the _C.Models whose arenas params view (held while updating) */
+    int busy;          /* 1 while a call uses the shadow without the GIL (other calls raise) */
 } EmaObject;
 
 static PyObject *module_of(PyObject *self) { return PyType_GetModuleByDef(Py_TYPE(self), &gtpy_module_def); }
@@ -64,7 +67,7 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (!self)
         return NULL;
     self->params = PySequence_Tuple(params);
-    if (!self->params || create_core(self, module, on_host) < 0) {
+    if (!self->params || !(self->models = gtpy_model_owners(self->params)) || create_core(self, module, on_host) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -74,11 +77,13 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
 static int ema_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(((EmaObject *)op)->params);
+    Py_VISIT(((EmaObject *)op)->models);
     return 0;
 }
 
 static int ema_clear(PyObject *op) {
     Py_CLEAR(((EmaObject *)op)->params);
+    Py_CLEAR(((EmaObject *)op)->models);
     return 0;
 }
 
@@ -97,33 +102,55 @@ static PyObject *finish(PyObject *op, gt_status status) {
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
+/* Marks the shadow busy, and with `models` the models whose parameters the call reads or
+ * writes (a training step of one of them in another thread then raises, and the other way
+ * round). 0, or -1 with RuntimeError. */
+static int enter(EmaObject *self, int models) {
+    if (gtpy_enter(&self->busy, "EMA") < 0)
+        return -1;
+    if (models && gtpy_models_enter(self->models) < 0) {
+        self->busy = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static void leave(EmaObject *self, int models) {
+    if (models)
+        gtpy_models_leave(self->models);
+    self->busy = 0;
+}
+
+/* One pass over the shadow and the parameters without the GIL. */
+static PyObject *run_pass(PyObject *op, gt_status (*pass)(gt_ema *ema, double decay), double decay) {
+    EmaObject *self = (EmaObject *)op;
+    if (enter(self, 1) < 0)
+        return NULL;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = pass(self->ema, decay);
+    Py_END_ALLOW_THREADS
+    leave(self, 1);
+    return finish(op, status);
+}
+
+static gt_status update_pass(gt_ema *ema, double decay) { return gt_ema_update(ema, decay); }
+static gt_status swap_pass(gt_ema *ema, double decay) { return gt_ema_swap(ema); }
+static gt_status copy_pass(gt_ema *ema, double decay) { return gt_ema_copy_to_params(ema); }
+
 static PyObject *ema_update(PyObject *op, PyObject *arg) {
     double decay = PyFloat_AsDouble(arg);
     if (decay == -1.0 && PyErr_Occurred())
         return NULL;
     if (!(decay >= 0.0 && decay <= 1.0))
         return PyErr_Format(PyExc_ValueError, "decay must be in [0, 1], got %R", arg);
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = gt_ema_update(((EmaObject *)op)->ema, decay);
-    Py_END_ALLOW_THREADS
-    return finish(op, status);
+    return run_pass(op, update_pass, decay);
 }
 
-static PyObject *ema_swap(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = gt_ema_swap(((EmaObject *)op)->ema);
-    Py_END_ALLOW_THREADS
-    return finish(op, status);
-}
+static PyObject *ema_swap(PyObject *op, PyObject *Py_UNUSED(ignored)) { return run_pass(op, swap_pass, 0.0); }
 
 static PyObject *ema_copy_to_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = gt_ema_copy_to_params(((EmaObject *)op)->ema);
-    Py_END_ALLOW_THREADS
-    return finish(op, status);
+    return run_pass(op, copy_pass, 0.0);
 }
 
 static int param_index(EmaObject *self, Py_ssize_t index, PyArrayObject **param) {
@@ -143,9 +170,12 @@ static PyObject *ema_get(PyObject *op, PyObject *arg) {
     if ((index == -1 && PyErr_Occurred()) || param_index(self, index, &param) < 0)
         return NULL;
     PyObject *out = PyArray_NewLikeArray(param, NPY_CORDER, NULL, 0);
-    if (!out)
+    if (!out || enter(self, 0) < 0) {
+        Py_XDECREF(out);
         return NULL;
+    }
     gt_status status = gt_ema_read(self->ema, (size_t)index, (float *)PyArray_DATA((PyArrayObject *)out));
+    leave(self, 0);
     if (status != GT_OK) {
         Py_DECREF(out);
         return gtpy_raise(module_of(op), status);
@@ -169,7 +199,12 @@ static PyObject *ema_set(PyObject *op, PyObject *args) {
         Py_DECREF(array);
         return NULL;
     }
+    if (enter(self, 0) < 0) {
+        Py_DECREF(array);
+        return NULL;
+    }
     gt_status status = gt_ema_write(self->ema, (size_t)index, (const float *)PyArray_DATA(array));
+    leave(self, 0);
     Py_DECREF(array);
     return finish(op, status);
 }

@@ -11,6 +11,7 @@ static PyObject *exception_for(PyObject *module, gt_status status) {
     case GT_ERR_CUDA: return state->cuda_error;
     case GT_ERR_OS: return PyExc_OSError;
     case GT_ERR_TIMEOUT: return PyExc_TimeoutError;
+    case GT_ERR_INTERRUPTED: return PyExc_KeyboardInterrupt;
     case GT_ERR_RUNTIME:
     case GT_OK: break;
     }
@@ -27,6 +28,15 @@ PyObject *gtpy_raise(PyObject *module, gt_status status) {
 int gtpy_raise_int(PyObject *module, gt_status status) {
     gtpy_raise(module, status);
     return -1;
+}
+
+int gtpy_enter(int *busy, const char *what) {
+    if (*busy) {
+        PyErr_Format(PyExc_RuntimeError, "the %s is in use by another thread", what);
+        return -1;
+    }
+    *busy = 1;
+    return 0;
 }
 
 int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_device fallback,

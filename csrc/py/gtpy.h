@@ -35,6 +35,11 @@ PyObject *gtpy_raise(PyObject *module, gt_status status);
 /* Same, for callers that return int: returns -1. */
 int gtpy_raise_int(PyObject *module, gt_status status);
 
+/* Marks an object busy (*busy = 1) for a call that uses it without the GIL; the caller sets
+ * *busy = 0 when done. -1 with RuntimeError "the <what> is in use by another thread" when a
+ * call in another thread holds it (checked and set under the GIL, so no lock is needed). */
+int gtpy_enter(int *busy, const char *what);
+
 /* Parses a device argument (None -> `fallback`), naming `arg_name` in errors. */
 int gtpy_parse_device(PyObject *module, PyObject *obj, const char *arg_name, gt_device fallback,
                       gt_device *out);
@@ -69,8 +74,20 @@ int gtpy_add_errors(PyObject *module);
 /* The gt_scaler inside a gputrain.amp.GradScaler (or _C.Scaler); NULL with TypeError otherwise. */
 struct gt_scaler *gtpy_scaler_get(PyObject *obj);
 
-/* The gt_optimizer inside a gputrain.optim optimizer (after pushing its param_groups' hyperparameters
- * into C) or a _C.Optimizer; NULL with an exception otherwise. Borrowed: valid while obj lives. */
-struct gt_optimizer *gtpy_optimizer_get(PyObject *obj);
+/* Marks a scaler (checked by gtpy_scaler_get) busy for a training step: its state, or NULL with
+ * RuntimeError when another thread's step holds it. gtpy_scaler_leave ends it. */
+struct gt_scaler *gtpy_scaler_enter(PyObject *obj);
+void gtpy_scaler_leave(PyObject *obj);
+
+/* The _C.Optimizer of a gputrain.optim optimizer (after pushing its param_groups' hyperparameters
+ * into C), or obj itself when it is one: a new reference (it outlives a concurrent
+ * add_param_group, which replaces the optimizer's core), or NULL with an exception. */
+PyObject *gtpy_optimizer_core(PyObject *obj);
+
+/* Marks an optimizer core (_C.Optimizer or _C.ModelOptimizer) busy for a training step: its
+ * gt_optimizer, or NULL with RuntimeError when a call in another thread holds it.
+ * gtpy_optimizer_leave ends it. */
+struct gt_optimizer *gtpy_optimizer_enter(PyObject *core);
+void gtpy_optimizer_leave(PyObject *core);
 
 #endif

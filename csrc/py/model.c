@@ -410,7 +410,7 @@ static PyObject *tensor_to_numpy(PyObject *module, gt_model *model, const gt_ten
     return array;
 }
 
-static PyObject *model_forward(PyObject *op, PyObject *arg) {
+static PyObject *forward(PyObject *op, PyObject *arg) {
     ModelObject *self = (ModelObject *)op;
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     gt_tensor input, output;
@@ -490,7 +490,7 @@ static int parse_shape(PyObject *module, PyObject *obj, int64_t *shape) {
     return rc;
 }
 
-static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+static PyObject *plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"shape", "checkpointing", "precision", NULL};
     ModelObject *self = (ModelObject *)op;
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
@@ -516,7 +516,7 @@ static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     return status == GT_OK ? plan_to_dict(&plan) : gtpy_raise(module, status);
 }
 
-static PyObject *model_init_parameters(PyObject *op, PyObject *arg) {
+static PyObject *init_parameters(PyObject *op, PyObject *arg) {
     ModelObject *self = (ModelObject *)op;
     unsigned long long seed = PyLong_AsUnsignedLongLong(arg);
     if (seed == (unsigned long long)-1 && PyErr_Occurred())
@@ -544,15 +544,15 @@ static PyObject *read_flat(PyObject *op, gt_status (*read)(gt_model *, float *))
     return array;
 }
 
-static PyObject *model_read_parameters(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+static PyObject *read_parameters(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     return read_flat(op, gt_model_read_parameters);
 }
 
-static PyObject *model_read_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+static PyObject *read_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     return read_flat(op, gt_model_read_gradients);
 }
 
-static PyObject *model_write_parameters(PyObject *op, PyObject *arg) {
+static PyObject *write_parameters(PyObject *op, PyObject *arg) {
     ModelObject *self = (ModelObject *)op;
     PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(arg, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
     if (!array)
@@ -572,13 +572,13 @@ static PyObject *model_write_parameters(PyObject *op, PyObject *arg) {
                            : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
 }
 
-static PyObject *model_zero_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+static PyObject *zero_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     gt_status status = gt_model_zero_gradients(&((ModelObject *)op)->model);
     return status == GT_OK ? Py_NewRef(Py_None)
                            : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
 }
 
-static PyObject *model_refresh(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+static PyObject *refresh(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     gt_status status = gt_model_refresh_lowp(&((ModelObject *)op)->model);
     return status == GT_OK ? Py_NewRef(Py_None)
                            : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
@@ -612,15 +612,15 @@ static int set_flag(PyObject *value, const char *name, int *flag) {
     return 0;
 }
 
-static int set_training(PyObject *op, PyObject *value, void *c) {
+static int put_training(PyObject *op, PyObject *value) {
     return set_flag(value, "training", &((ModelObject *)op)->model.training);
 }
 
-static int set_grads_valid(PyObject *op, PyObject *value, void *c) {
+static int put_grads_valid(PyObject *op, PyObject *value) {
     return set_flag(value, "grads_valid", &((ModelObject *)op)->model.grads_valid);
 }
 
-static int set_checkpointing(PyObject *op, PyObject *value, void *c) {
+static int put_checkpointing(PyObject *op, PyObject *value) {
     ModelObject *self = (ModelObject *)op;
     int flag = 0;
     if (set_flag(value, "checkpointing", &flag) < 0)
@@ -631,7 +631,7 @@ static int set_checkpointing(PyObject *op, PyObject *value, void *c) {
     return 0;
 }
 
-static int set_step(PyObject *op, PyObject *value, void *c) {
+static int put_step(PyObject *op, PyObject *value) {
     unsigned long step = value ? PyLong_AsUnsignedLong(value) : (unsigned long)-1;
     if (step == (unsigned long)-1 && PyErr_Occurred())
         return -1;
@@ -643,7 +643,7 @@ static int set_step(PyObject *op, PyObject *value, void *c) {
     return 0;
 }
 
-static int set_precision(PyObject *op, PyObject *value, void *c) {
+static int put_precision(PyObject *op, PyObject *value) {
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     const char *name = value && PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
     if (!name) {
@@ -656,6 +656,55 @@ static int set_precision(PyObject *op, PyObject *value, void *c) {
         status = gt_model_set_dtype(&((ModelObject *)op)->model, dt);
     return status == GT_OK ? 0 : gtpy_raise_int(module, status);
 }
+
+
+/* ---- every call that reads or changes the model's memory holds it (gtpy_model_enter) ---- */
+
+typedef PyObject *(*model_call)(PyObject *op, PyObject *arg);
+
+/* call(op, arg) with the model marked busy, so that a training step in another thread raises
+ * instead of racing with it (and the other way round). */
+static PyObject *exclusive(PyObject *op, PyObject *arg, model_call call) {
+    if (!gtpy_model_enter(op))
+        return NULL;
+    PyObject *result = call(op, arg);
+    gtpy_model_leave(op);
+    return result;
+}
+
+static PyObject *model_forward(PyObject *op, PyObject *arg) { return exclusive(op, arg, forward); }
+static PyObject *model_init_parameters(PyObject *op, PyObject *arg) { return exclusive(op, arg, init_parameters); }
+static PyObject *model_read_parameters(PyObject *op, PyObject *arg) { return exclusive(op, arg, read_parameters); }
+static PyObject *model_read_gradients(PyObject *op, PyObject *arg) { return exclusive(op, arg, read_gradients); }
+static PyObject *model_write_parameters(PyObject *op, PyObject *arg) { return exclusive(op, arg, write_parameters); }
+static PyObject *model_zero_gradients(PyObject *op, PyObject *arg) { return exclusive(op, arg, zero_gradients); }
+static PyObject *model_refresh(PyObject *op, PyObject *arg) { return exclusive(op, arg, refresh); }
+
+static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+    if (!gtpy_model_enter(op))  /* planning lays the layers out in place, then restores them */
+        return NULL;
+    PyObject *result = plan(op, args, kwargs);
+    gtpy_model_leave(op);
+    return result;
+}
+
+typedef int (*model_setter)(PyObject *op, PyObject *value);
+
+static int exclusive_set(PyObject *op, PyObject *value, model_setter put) {
+    if (!gtpy_model_enter(op))
+        return -1;
+    int rc = put(op, value);
+    gtpy_model_leave(op);
+    return rc;
+}
+
+static int set_training(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_training); }
+static int set_grads_valid(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_grads_valid); }
+static int set_checkpointing(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_checkpointing); }
+static int set_step(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_step); }
+static int set_precision(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_precision); }
+
+static PyObject *get_busy(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->busy); }
 
 static PyMethodDef model_methods[] = {
     {"parameter_arrays", model_parameter_arrays, METH_NOARGS, "(parameters, gradients) as flat float32 views."},
@@ -683,6 +732,7 @@ static PyGetSetDef model_getset[] = {
     {"device", get_device, NULL, "Where the arenas live and the ops run: 'cpu' or 'cuda:N'.", NULL},
     {"seed", get_seed, NULL, "The initialisation and dropout seed.", NULL},
     {"current_plan", get_current_plan, NULL, "Bytes of the allocated plan, or None.", NULL},
+    {"busy", get_busy, NULL, "True while a call in some thread (e.g. a training step) holds the model.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -711,6 +761,51 @@ gt_model *gtpy_model_get(PyObject *module, PyObject *obj, const char *arg_name) 
         return NULL;
     }
     return &((ModelObject *)obj)->model;
+}
+
+static int is_model(PyObject *obj) { return PyType_GetSlot(Py_TYPE(obj), Py_tp_dealloc) == (void *)model_dealloc; }
+
+gt_model *gtpy_model_enter(PyObject *obj) {
+    ModelObject *self = (ModelObject *)obj;
+    return gtpy_enter(&self->busy, "model") == 0 ? &self->model : NULL;
+}
+
+void gtpy_model_leave(PyObject *obj) { ((ModelObject *)obj)->busy = 0; }
+
+/* The _C.Model at the end of an array's chain of bases, or NULL. */
+static PyObject *owner_of(PyObject *obj) {
+    while (obj && PyArray_Check(obj))
+        obj = PyArray_BASE((PyArrayObject *)obj);
+    return obj && is_model(obj) ? obj : NULL;
+}
+
+PyObject *gtpy_model_owners(PyObject *arrays) {
+    PyObject *owners = PyList_New(0);
+    for (Py_ssize_t i = 0; owners && i < PyTuple_GET_SIZE(arrays); i++) {
+        PyObject *owner = owner_of(PyTuple_GET_ITEM(arrays, i));
+        int known = owner ? PySequence_Contains(owners, owner) : 1;
+        if (known < 0 || (!known && PyList_Append(owners, owner) < 0))
+            Py_CLEAR(owners);
+    }
+    PyObject *tuple = owners ? PyList_AsTuple(owners) : NULL;
+    Py_XDECREF(owners);
+    return tuple;
+}
+
+int gtpy_models_enter(PyObject *models) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(models); i++) {
+        if (!gtpy_model_enter(PyTuple_GET_ITEM(models, i))) {
+            while (i-- > 0)
+                gtpy_model_leave(PyTuple_GET_ITEM(models, i));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void gtpy_models_leave(PyObject *models) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(models); i++)
+        gtpy_model_leave(PyTuple_GET_ITEM(models, i));
 }
 
 int gtpy_add_model(PyObject *module) {

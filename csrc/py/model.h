@@ -10,10 +10,26 @@ typedef struct {
     PyObject_HEAD
     gt_model model;  /* the compiled layer tree and its arenas */
     int created;     /* 1 once gt_model_create ran (its arenas must be freed) */
+    int busy;        /* 1 while a call (a training step, an EMA update, ...) uses it without the
+                        GIL: every other call that reads or changes the model raises */
 } ModelObject;
 
 /* The gt_model inside a gputrain._C.Model, or NULL with TypeError naming `arg_name`. */
 gt_model *gtpy_model_get(PyObject *module, PyObject *obj, const char *arg_name);
+
+/* Marks a _C.Model busy for a call that uses it without the GIL (gtpy_enter): its gt_model,
+ * or NULL with RuntimeError when another thread's call holds it. gtpy_model_leave ends it. */
+gt_model *gtpy_model_enter(PyObject *obj);
+void gtpy_model_leave(PyObject *obj);
+
+/* The distinct _C.Model objects whose parameter or gradient arenas the NumPy arrays in the tuple
+ * `arrays` view (found through their bases): a new tuple, empty when none does. */
+PyObject *gtpy_model_owners(PyObject *arrays);
+
+/* gtpy_model_enter on every model of a tuple from gtpy_model_owners, all or none: 0, or -1
+ * with RuntimeError. gtpy_models_leave ends it. */
+int gtpy_models_enter(PyObject *models);
+void gtpy_models_leave(PyObject *models);
 
 /* Checks an input argument without copying an array: float32 (kind 'f') or any integer dtype
  * (kind 'i'), 1 to GT_MAX_DIMS dimensions, any memory layout (other objects are converted). Fills

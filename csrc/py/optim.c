@@ -6,6 +6,8 @@
 #include "train/grad_norm.h"
 #include "train/optim.h"
 #include "train/optim_cpu.h"
+#include "py/model.h"
+#include "py/optim_model.h"
 #include "py/optim_py.h"
 
 typedef struct {
@@ -13,7 +15,9 @@ typedef struct {
     gt_optimizer *opt;        /* the C optimizer; NULL only while being built */
     PyObject *params;         /* tuple of the parameter arrays (kept alive: opt points into them) */
     PyObject *default_grads;  /* tuple of gradient arrays or None, the pointers steps fall back to */
-    int busy;                 /* 1 while a call runs without the GIL (refuses concurrent calls) */
+    PyObject *models;         /* tuple of the _C.Models whose arenas params view (held busy by steps) */
+    int busy;                 /* 1 while a call (its own step, a training step) uses it without the
+                                 GIL: every other call raises "in use by another thread" */
 } OptimizerObject;
 
 static const char *const slot_names[GT_SLOT_COUNT] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
@@ -238,7 +242,8 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     if (self->params)
         self->default_grads = grads_obj == Py_None ? none_tuple(PyTuple_GET_SIZE(self->params))
                                                    : PySequence_Tuple(grads_obj);
-    int ok = self->default_grads && create_core(self, module, &config, groups, hparams) == 0;
+    int ok = self->default_grads && (self->models = gtpy_model_owners(self->params)) &&
+             create_core(self, module, &config, groups, hparams) == 0;
     Py_XDECREF(groups);
     Py_XDECREF(hparams);
     if (!ok) {
@@ -253,6 +258,7 @@ static int optimizer_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(self->params);
     Py_VISIT(self->default_grads);
+    Py_VISIT(self->models);
     return 0;
 }
 
@@ -260,6 +266,7 @@ static int optimizer_clear(PyObject *op) {
     OptimizerObject *self = (OptimizerObject *)op;
     Py_CLEAR(self->params);
     Py_CLEAR(self->default_grads);
+    Py_CLEAR(self->models);
     return 0;
 }
 
@@ -276,13 +283,23 @@ static void optimizer_dealloc(PyObject *op) {
 
 /* ------------------------------------------------------------ methods ------------- */
 
-static int enter(OptimizerObject *self) {
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the optimizer is in use by another thread");
+static int enter(OptimizerObject *self) { return gtpy_enter(&self->busy, "optimizer"); }
+
+/* enter, and hold the models whose parameters the step updates (a training step of one of
+ * them in another thread raises instead of racing with this update). */
+static int enter_with_models(OptimizerObject *self) {
+    if (enter(self) < 0)
+        return -1;
+    if (gtpy_models_enter(self->models) < 0) {
+        self->busy = 0;
         return -1;
     }
-    self->busy = 1;
     return 0;
+}
+
+static void leave_with_models(OptimizerObject *self) {
+    gtpy_models_leave(self->models);
+    self->busy = 0;
 }
 
 /* Points the C optimizer at `grads` (or the default gradients when NULL). */
@@ -311,7 +328,7 @@ static gt_status call_norm(gt_optimizer *opt, float coef, double *out) { return 
  * restores the default gradient pointers. */
 static int with_grads(OptimizerObject *self, PyObject *grads_obj, grad_call call, float coef, double *out) {
     PyObject *module = module_of((PyObject *)self);
-    if (!module || enter(self) < 0)
+    if (!module || enter_with_models(self) < 0)
         return -1;
     PyObject *grads = grads_obj == Py_None ? NULL : PySequence_Fast(grads_obj, "grads must be a sequence");
     int rc = -1;
@@ -325,7 +342,7 @@ static int with_grads(OptimizerObject *self, PyObject *grads_obj, grad_call call
             rc = -1;
     }
     Py_XDECREF(grads);
-    self->busy = 0;
+    leave_with_models(self);
     return rc;
 }
 
@@ -363,7 +380,10 @@ static PyObject *optimizer_set_hparams(PyObject *op, PyObject *args) {
         return NULL;
     if (group < 0)
         return PyErr_Format(PyExc_IndexError, "group %zd out of range", group);
+    if (enter(self) < 0)
+        return NULL;
     gt_status status = gt_optimizer_set_hparams(self->opt, (size_t)group, &hp);
+    self->busy = 0;
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
@@ -389,7 +409,7 @@ static int put_slot(OptimizerObject *self, PyObject *dict, Py_ssize_t index, gt_
     return rc;
 }
 
-static PyObject *optimizer_get_state(PyObject *op, PyObject *arg) {
+static PyObject *get_state(PyObject *op, PyObject *arg) {
     OptimizerObject *self = (OptimizerObject *)op;
     PyArrayObject *param = NULL;
     Py_ssize_t index = PyLong_AsSsize_t(arg);
@@ -434,7 +454,7 @@ static int read_slots(OptimizerObject *self, Py_ssize_t index, PyObject *slots, 
 
 /* Sets a parameter's step and state arrays; every argument is checked before anything is
  * written, so a bad one leaves the parameter's state as it was. */
-static PyObject *optimizer_set_state(PyObject *op, PyObject *args) {
+static PyObject *set_state(PyObject *op, PyObject *args) {
     OptimizerObject *self = (OptimizerObject *)op;
     Py_ssize_t index = 0, step = 0;
     PyObject *slots = NULL, *result = NULL;
@@ -455,7 +475,7 @@ static PyObject *optimizer_set_state(PyObject *op, PyObject *args) {
     return result;
 }
 
-static PyObject *optimizer_reload_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+static PyObject *reload_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     OptimizerObject *self = (OptimizerObject *)op;
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
@@ -463,6 +483,21 @@ static PyObject *optimizer_reload_params(PyObject *op, PyObject *Py_UNUSED(ignor
     Py_END_ALLOW_THREADS
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
+
+/* call(op, arg) with the optimizer marked busy: its state is neither read half-updated nor
+ * changed under a step running in another thread. */
+static PyObject *exclusive(PyObject *op, PyObject *arg, PyObject *(*call)(PyObject *, PyObject *)) {
+    OptimizerObject *self = (OptimizerObject *)op;
+    if (enter(self) < 0)
+        return NULL;
+    PyObject *result = call(op, arg);
+    self->busy = 0;
+    return result;
+}
+
+static PyObject *optimizer_get_state(PyObject *op, PyObject *arg) { return exclusive(op, arg, get_state); }
+static PyObject *optimizer_set_state(PyObject *op, PyObject *args) { return exclusive(op, args, set_state); }
+static PyObject *optimizer_reload_params(PyObject *op, PyObject *arg) { return exclusive(op, arg, reload_params); }
 
 static PyObject *optimizer_memory(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     gt_optimizer_memory m;
@@ -570,9 +605,9 @@ static PyMethodDef optim_functions[] = {
 
 static int is_core(PyObject *obj) { return PyType_GetSlot(Py_TYPE(obj), Py_tp_dealloc) == (void *)optimizer_dealloc; }
 
-gt_optimizer *gtpy_optimizer_get(PyObject *obj) {
+PyObject *gtpy_optimizer_core(PyObject *obj) {
     if (is_core(obj))
-        return ((OptimizerObject *)obj)->opt;
+        return Py_NewRef(obj);
     PyObject *pushed = PyObject_CallMethod(obj, "push_hyperparameters", NULL);
     if (!pushed) {
         if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -584,14 +619,26 @@ gt_optimizer *gtpy_optimizer_get(PyObject *obj) {
     }
     Py_DECREF(pushed);
     PyObject *core = PyObject_GetAttrString(obj, "_core");
-    if (!core)
-        return NULL;
-    gt_optimizer *opt = is_core(core) ? ((OptimizerObject *)core)->opt : NULL;
-    if (!opt)
+    if (core && !is_core(core)) {
         PyErr_Format(PyExc_TypeError, "optimizer._core must be a gputrain._C.Optimizer, not %.100s",
                      Py_TYPE(core)->tp_name);
-    Py_DECREF(core);
-    return opt;
+        Py_CLEAR(core);
+    }
+    return core;
+}
+
+gt_optimizer *gtpy_optimizer_enter(PyObject *core) {
+    if (!is_core(core))
+        return gtpy_model_optimizer_enter(core);
+    OptimizerObject *self = (OptimizerObject *)core;
+    return enter(self) == 0 ? self->opt : NULL;
+}
+
+void gtpy_optimizer_leave(PyObject *core) {
+    if (is_core(core))
+        ((OptimizerObject *)core)->busy = 0;
+    else
+        gtpy_model_optimizer_leave(core);
 }
 
 int gtpy_add_optim(PyObject *module) {

@@ -13,6 +13,7 @@ typedef struct {
     PyObject *model;     /* the _C.Model whose arenas opt points into (kept alive) */
     size_t *numels;      /* (num_params,) elements of each parameter, PyMem */
     size_t num_params;   /* parameters of the model */
+    int busy;            /* 1 while a training step uses it without the GIL (other calls raise) */
 } ModelOptimizerObject;
 
 static const char *const slot_names[GT_SLOT_COUNT] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
@@ -155,7 +156,11 @@ static PyObject *model_optimizer_set_hparams(PyObject *op, PyObject *args) {
         return NULL;
     if (group != 0)
         return PyErr_Format(PyExc_IndexError, "group %zd out of range (1 group)", group);
-    gt_status status = gt_optimizer_set_hparams(((ModelOptimizerObject *)op)->opt, 0, &hp);
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    if (gtpy_enter(&self->busy, "optimizer") < 0)
+        return NULL;
+    gt_status status = gt_optimizer_set_hparams(self->opt, 0, &hp);
+    self->busy = 0;
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
@@ -180,6 +185,8 @@ static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
     if (index < 0 || (size_t)index >= self->num_params)
         return PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index,
                             self->num_params);
+    if (gtpy_enter(&self->busy, "optimizer") < 0)  /* not read half-updated by a step */
+        return NULL;
     int64_t step = 0;
     gt_optimizer_get_param_step(self->opt, (size_t)index, &step);
     PyObject *dict = PyDict_New(), *step_obj = PyLong_FromLongLong(step);
@@ -187,6 +194,7 @@ static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
     for (int s = 0; ok && s < GT_SLOT_COUNT; s++)
         if (gt_optimizer_has_slot(self->opt, (gt_optim_slot)s))
             ok = put_slot(self, dict, (size_t)index, (gt_optim_slot)s) == 0;
+    self->busy = 0;
     Py_XDECREF(step_obj);
     if (!ok)
         Py_CLEAR(dict);
@@ -239,10 +247,11 @@ static int is_model_optimizer(PyObject *obj) {
     return PyType_GetSlot(Py_TYPE(obj), Py_tp_dealloc) == (void *)model_optimizer_dealloc;
 }
 
-/* obj itself, or its `_core` after push_hyperparameters(), when that is a ModelOptimizer. */
+/* obj itself, or its `_core` after push_hyperparameters(), when that is a ModelOptimizer (a
+ * new reference in *core). */
 static int find_core(PyObject *obj, ModelOptimizerObject **core) {
     if (is_model_optimizer(obj)) {
-        *core = (ModelOptimizerObject *)obj;
+        *core = (ModelOptimizerObject *)Py_NewRef(obj);
         return 1;
     }
     PyObject *inner = PyObject_GetAttrString(obj, "_core");
@@ -250,29 +259,39 @@ static int find_core(PyObject *obj, ModelOptimizerObject **core) {
         PyErr_Clear();
         return 0;
     }
-    int found = is_model_optimizer(inner);
-    *core = (ModelOptimizerObject *)inner;
-    Py_DECREF(inner);  /* obj keeps it alive */
-    if (!found)
+    if (!is_model_optimizer(inner)) {
+        Py_DECREF(inner);
         return 0;
+    }
+    *core = (ModelOptimizerObject *)inner;
     PyObject *pushed = PyObject_CallMethod(obj, "push_hyperparameters", NULL);
     Py_XDECREF(pushed);
+    if (!pushed)
+        Py_CLEAR(*core);
     return pushed ? 1 : -1;
 }
 
-int gtpy_model_optimizer_resolve(PyObject *obj, PyObject *model_obj, gt_optimizer **out) {
+int gtpy_model_optimizer_resolve(PyObject *obj, PyObject *model_obj, PyObject **core_out) {
     ModelOptimizerObject *core = NULL;
     int found = find_core(obj, &core);
     if (found <= 0)
         return found;
     if (core->model != model_obj) {
+        Py_DECREF(core);
         PyErr_SetString(PyExc_ValueError, "optimizer: it was built for another model (for_model(model) "
                                           "binds the optimizer to that model's arenas)");
         return -1;
     }
-    *out = core->opt;
+    *core_out = (PyObject *)core;
     return 1;
 }
+
+gt_optimizer *gtpy_model_optimizer_enter(PyObject *core) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)core;
+    return gtpy_enter(&self->busy, "optimizer") == 0 ? self->opt : NULL;
+}
+
+void gtpy_model_optimizer_leave(PyObject *core) { ((ModelOptimizerObject *)core)->busy = 0; }
 
 int gtpy_add_optim_model(PyObject *module) {
     PyObject *type = PyType_FromModuleAndSpec(module, &model_optimizer_spec, NULL);

@@ -12,6 +12,7 @@
 typedef struct {
     PyObject_HEAD
     gt_scaler state;  /* scale, tracker, factors and counters; shared with the fused step */
+    int busy;         /* 1 while a training step uses it without the GIL (changes then raise) */
 } ScalerObject;
 
 static void scaler_dealloc(PyObject *op) {
@@ -30,6 +31,21 @@ gt_scaler *gtpy_scaler_get(PyObject *obj) {
     PyErr_Format(PyExc_TypeError, "scaler must be a gputrain.amp.GradScaler, not %.100s",
                  Py_TYPE(obj)->tp_name);
     return NULL;
+}
+
+gt_scaler *gtpy_scaler_enter(PyObject *obj) {
+    ScalerObject *self = (ScalerObject *)obj;
+    return gtpy_enter(&self->busy, "GradScaler") == 0 ? &self->state : NULL;
+}
+
+void gtpy_scaler_leave(PyObject *obj) { ((ScalerObject *)obj)->busy = 0; }
+
+/* 0, or -1 with RuntimeError while a training step in another thread uses the scaler. */
+static int check_idle(PyObject *self) {
+    if (!((ScalerObject *)self)->busy)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the GradScaler is in use by another thread");
+    return -1;
 }
 
 /* Raises the exception for a failed status through the module that defined `self`'s type. */
@@ -155,7 +171,7 @@ static PyObject *scaler_unscale(PyObject *self, PyObject *arrays) {
 
 static PyObject *scaler_update(PyObject *self, PyObject *found_inf_obj) {
     int found_inf = PyObject_IsTrue(found_inf_obj);
-    if (found_inf < 0)
+    if (found_inf < 0 || check_idle(self) < 0)
         return NULL;
     gt_scaler_update(&((ScalerObject *)self)->state, found_inf);
     Py_RETURN_NONE;
@@ -164,7 +180,7 @@ static PyObject *scaler_update(PyObject *self, PyObject *found_inf_obj) {
 static PyObject *scaler_set_scale(PyObject *self, PyObject *args) {
     double new_scale = 0.0;
     int found_inf = 0;
-    if (!PyArg_ParseTuple(args, "dp:_set_scale", &new_scale, &found_inf))
+    if (!PyArg_ParseTuple(args, "dp:_set_scale", &new_scale, &found_inf) || check_idle(self) < 0)
         return NULL;
     gt_status status = gt_scaler_set_scale(&((ScalerObject *)self)->state, new_scale, found_inf);
     return status == GT_OK ? Py_NewRef(Py_None) : scaler_raise(self, status);
@@ -200,6 +216,8 @@ static PyObject *scaler_configure(PyObject *self, PyObject *args, PyObject *kwar
     gt_status status = gt_scaler_validate(&next);
     if (status != GT_OK)
         return scaler_raise(self, status);
+    if (check_idle(self) < 0)  /* after the reads, which may run Python code (other threads) */
+        return NULL;
     ((ScalerObject *)self)->state = next;
     Py_RETURN_NONE;
 }

@@ -2,6 +2,8 @@
 #include "py/gtpy.h"
 
 #include <math.h>
+#include <signal.h>
+#include <string.h>
 
 #include "py/model.h"
 #include "py/optim_model.h"
@@ -33,26 +35,198 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
     return 0;
 }
 
-/* The C optimizer of `obj` for `model`: a ModelOptimizer (for_model) must have been built for
- * this model; a host optimizer (over NumPy arrays, on the CPU) cannot update a model on CUDA. */
-static int resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_model *model, gt_optimizer **out) {
-    int found = gtpy_model_optimizer_resolve(obj, model_obj, out);
+/* The optimizer core (_C.Optimizer or _C.ModelOptimizer, a new reference) of `obj` for
+ * `model`: a ModelOptimizer (for_model) must have been built for this model; a host optimizer
+ * (over NumPy arrays, on the CPU) cannot update a model on CUDA. */
+static PyObject *resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_model *model) {
+    PyObject *core = NULL;
+    int found = gtpy_model_optimizer_resolve(obj, model_obj, &core);
     if (found != 0)
-        return found < 0 ? -1 : 0;
+        return found < 0 ? NULL : core;
     if (model->backend.device.kind == GT_DEVICE_CUDA) {
         char device[32];
         gt_device_name(model->backend.device, device, sizeof device);
-        PyErr_Format(PyExc_ValueError, "optimizer: the model is on %s but this optimizer updates host (cpu) "
-                     "NumPy arrays; build it with AdamW.for_model(model) or SGD.for_model(model)", device);
-        return -1;
+        return PyErr_Format(PyExc_ValueError, "optimizer: the model is on %s but this optimizer updates host "
+                            "(cpu) NumPy arrays; build it with AdamW.for_model(model) or SGD.for_model(model)",
+                            device);
     }
-    *out = gtpy_optimizer_get(obj);
-    return *out ? 0 : -1;
+    return gtpy_optimizer_core(obj);
 }
 
 static PyObject *step_result(const gt_step_result *r) {
     return Py_BuildValue("{s:d,s:d,s:O,s:d}", "loss", r->loss, "grad_norm", r->grad_norm, "skipped",
                          r->skipped ? Py_True : Py_False, "scale", (double)r->scale);
+}
+
+/* ---- one step at a time per object: the objects a step uses are held busy while it runs ---- */
+
+typedef struct step_objects {
+    PyObject *model;      /* the _C.Model (borrowed: the arguments keep it alive) */
+    PyObject *optimizer;  /* the optimizer core, a new reference (a concurrent add_param_group
+                             replaces the Python optimizer's core; this one stays alive), or NULL */
+    PyObject *scaler;     /* the GradScaler (borrowed), or NULL */
+} step_objects;
+
+/* Marks every object busy, all or none, with no Python code in between (the GIL is held):
+ * a call in another thread that uses one of them raises "in use by another thread". */
+static int enter_all(const step_objects *o, gt_step_config *cfg) {
+    if (!gtpy_model_enter(o->model))
+        return -1;
+    if (o->optimizer && !(cfg->optimizer = gtpy_optimizer_enter(o->optimizer))) {
+        gtpy_model_leave(o->model);
+        return -1;
+    }
+    if (o->scaler && !(cfg->scaler = gtpy_scaler_enter(o->scaler))) {
+        if (o->optimizer)
+            gtpy_optimizer_leave(o->optimizer);
+        gtpy_model_leave(o->model);
+        return -1;
+    }
+    return 0;
+}
+
+static void leave_all(const step_objects *o) {
+    if (o->scaler)
+        gtpy_scaler_leave(o->scaler);
+    if (o->optimizer)
+        gtpy_optimizer_leave(o->optimizer);
+    gtpy_model_leave(o->model);
+}
+
+/* ---- Ctrl-C during a step: a C SIGINT handler beside Python's, on the main thread only ---- */
+
+/* The ident of the interpreter's main thread, where Python runs its signal handlers (set when
+ * the module is loaded; the interpreter is the only one: multiple interpreters are refused). */
+static unsigned long main_thread_ident;
+
+#ifdef SA_SIGINFO
+static struct sigaction python_sigint;  /* Python's handler, chained to and restored after the step */
+
+/* Records the request for the step to poll, then runs Python's handler, which sets the flag
+ * that raises KeyboardInterrupt once the step returns and the GIL is back. */
+static void on_sigint(int signum, siginfo_t *info, void *context) {
+    gt_interrupt_request();
+    if (python_sigint.sa_flags & SA_SIGINFO)
+        python_sigint.sa_sigaction(signum, info, context);
+    else
+        python_sigint.sa_handler(signum);
+}
+
+/* 1 when Ctrl-C would raise KeyboardInterrupt in this thread: the main thread, with Python's
+ * default SIGINT handler (a custom handler may not raise, so the step must not be abandoned). */
+static int interrupt_raises(void) {
+    if (PyThread_get_thread_ident() != main_thread_ident)
+        return 0;
+    PyObject *signal = PyImport_ImportModule("_signal");  /* built in: no Python code (and no
+                                                             pending signal's handler) runs */
+    PyObject *handler = signal ? PyObject_CallMethod(signal, "getsignal", "i", SIGINT) : NULL;
+    PyObject *fallback = signal ? PyObject_GetAttrString(signal, "default_int_handler") : NULL;
+    int raises = handler && fallback && handler == fallback;
+    Py_XDECREF(signal);
+    Py_XDECREF(handler);
+    Py_XDECREF(fallback);
+    PyErr_Clear();  /* anything odd: the step is just not interruptible */
+    return raises;
+}
+
+/* Installs on_sigint in front of Python's handler; returns 1 when installed, 0 when not, -1
+ * with KeyboardInterrupt for a Ctrl-C that came before (nothing done yet). */
+static int interrupt_begin(void) {
+    if (!interrupt_raises())
+        return 0;
+    struct sigaction ours, previous;
+    if (sigaction(SIGINT, NULL, &previous) != 0 || previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN)
+        return 0;
+    python_sigint = previous;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_sigint;
+    ours.sa_mask = previous.sa_mask;
+    ours.sa_flags = (previous.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+    gt_interrupt_clear();
+    if (sigaction(SIGINT, &ours, NULL) != 0)
+        return 0;
+    if (PyErr_CheckSignals() == 0)  /* from here on a Ctrl-C also sets the step's request */
+        return 1;
+    sigaction(SIGINT, &python_sigint, NULL);
+    return -1;
+}
+
+static void interrupt_end(int installed) {
+    if (installed)
+        sigaction(SIGINT, &python_sigint, NULL);
+}
+#else
+static int interrupt_begin(void) { return 0; }
+static void interrupt_end(int installed) { (void)installed; }
+#endif
+
+/* The step without the GIL; an interrupted one raises Python's KeyboardInterrupt. */
+static gt_status run_step(gt_model *model, const gt_tensor *x, const gt_tensor *y, const gt_step_config *cfg,
+                          gt_step_result *result) {
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_train_step(model, x, y, cfg, result);
+    Py_END_ALLOW_THREADS
+    if (status == GT_ERR_INTERRUPTED && PyErr_CheckSignals() < 0)
+        gt_clear_error();
+    return status;
+}
+
+/* Prepares the plan, copies the inputs and runs the step, with every object held busy. */
+static PyObject *prepare_and_run(PyObject *module, gt_model *model, PyArrayObject *x_given,
+                                 PyArrayObject *y_given, gt_tensor *x, gt_tensor *y, const gt_step_config *cfg) {
+    char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg->loss.kind == GT_LOSS_MSE ? 'f' : 'i';
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_train_step_prepare(model, x, y, cfg);  /* shapes checked before any copy */
+    Py_END_ALLOW_THREADS
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    PyArrayObject *x_array = gtpy_input_data(module, x_given, "x", x_kind, x), *y_array = NULL;
+    if (x_array)
+        y_array = gtpy_input_data(module, y_given, "y", y_kind, y);
+    gt_step_result result;
+    if (y_array)
+        status = run_step(model, x, y, cfg, &result);
+    Py_XDECREF(x_array);
+    Py_XDECREF(y_array);
+    if (!y_array)
+        return NULL;
+    if (status == GT_OK)
+        return step_result(&result);
+    return PyErr_Occurred() ? NULL : gtpy_raise(module, status);
+}
+
+/* prepare_and_run, abandoned early on a Ctrl-C when that raises KeyboardInterrupt (the main
+ * thread with Python's default handler): the handler is in place from before the plan. */
+static PyObject *step_held(PyObject *module, gt_model *model, PyArrayObject *x_given, PyArrayObject *y_given,
+                           gt_tensor *x, gt_tensor *y, gt_step_config *cfg) {
+    int installed = interrupt_begin();
+    if (installed < 0)
+        return NULL;
+    cfg->interruptible = installed;
+    PyObject *result = prepare_and_run(module, model, x_given, y_given, x, y, cfg);
+    interrupt_end(installed);
+    return result;
+}
+
+/* Resolves the optimizer's core and holds the objects with no Python code in between (a
+ * concurrent add_param_group then either came first or is refused), then runs the step. */
+static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_obj, PyObject *optimizer_obj,
+                           PyObject *scaler_obj, PyArrayObject *x_given, PyArrayObject *y_given, gt_tensor *x,
+                           gt_tensor *y, gt_step_config *cfg) {
+    step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj};
+    if (objects.scaler && !gtpy_scaler_get(objects.scaler))
+        return NULL;
+    if (optimizer_obj != Py_None && !(objects.optimizer = resolve_optimizer(optimizer_obj, model_obj, model)))
+        return NULL;
+    PyObject *result = NULL;
+    if (enter_all(&objects, cfg) == 0) {
+        result = step_held(module, model, x_given, y_given, x, y, cfg);
+        leave_all(&objects);
+    }
+    Py_XDECREF(objects.optimizer);
+    return result;
 }
 
 static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -69,37 +243,17 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
         return NULL;
     if (!isfinite(cfg.max_grad_norm))
         return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
-    if (optimizer_obj != Py_None && resolve_optimizer(optimizer_obj, model_obj, model, &cfg.optimizer) < 0)
-        return NULL;
-    if (scaler_obj != Py_None && !(cfg.scaler = gtpy_scaler_get(scaler_obj)))
-        return NULL;
-    gt_tensor x, y;
+    gt_tensor x, y;  /* inputs checked first: converting them may run Python code */
     char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i';
     PyArrayObject *x_given = gtpy_input_array(x_obj, "x", x_kind, &x), *y_given = NULL;
-    if (!x_given || !(y_given = gtpy_input_array(y_obj, "y", y_kind, &y))) {
-        Py_XDECREF(x_given);
-        return NULL;
-    }
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = gt_train_step_prepare(model, &x, &y, &cfg);  /* shapes checked before any copy */
-    Py_END_ALLOW_THREADS
-    PyArrayObject *x_array = NULL, *y_array = NULL;
-    if (status == GT_OK && (x_array = gtpy_input_data(module, x_given, "x", x_kind, &x)))
-        y_array = gtpy_input_data(module, y_given, "y", y_kind, &y);
-    Py_DECREF(x_given);
-    Py_DECREF(y_given);
-    if (!y_array) {
-        Py_XDECREF(x_array);
-        return status == GT_OK ? NULL : gtpy_raise(module, status);
-    }
-    gt_step_result result;
-    Py_BEGIN_ALLOW_THREADS
-    status = gt_train_step(model, &x, &y, &cfg, &result);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(x_array);
-    Py_DECREF(y_array);
-    return status == GT_OK ? step_result(&result) : gtpy_raise(module, status);
+    if (x_given)
+        y_given = gtpy_input_array(y_obj, "y", y_kind, &y);
+    PyObject *result = NULL;
+    if (y_given)
+        result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, x_given, y_given, &x, &y, &cfg);
+    Py_XDECREF(x_given);
+    Py_XDECREF(y_given);
+    return result;
 }
 
 static PyMethodDef step_methods[] = {
@@ -110,4 +264,18 @@ static PyMethodDef step_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int gtpy_add_step(PyObject *module) { return PyModule_AddFunctions(module, step_methods); }
+/* main_thread_ident from threading.main_thread() (the module may be imported in another thread). */
+static int find_main_thread(void) {
+    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *main_thread = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+    PyObject *ident = main_thread ? PyObject_GetAttrString(main_thread, "ident") : NULL;
+    main_thread_ident = ident ? PyLong_AsUnsignedLong(ident) : 0;
+    Py_XDECREF(threading);
+    Py_XDECREF(main_thread);
+    Py_XDECREF(ident);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+int gtpy_add_step(PyObject *module) {
+    return find_main_thread() < 0 ? -1 : PyModule_AddFunctions(module, step_methods);
+}

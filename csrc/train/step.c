@@ -40,12 +40,24 @@ gt_status gt_train_step_prepare(gt_model *model, const gt_tensor *inputs, const 
     return gt_model_check_targets(model, &cfg->loss, &y);
 }
 
+/* Abandons the step when an interrupt was requested (cfg->interruptible). Nothing but the
+ * gradients (once `grads_written`) and scratch memory has changed before the update, so the
+ * gradients are marked invalid and the rest is as before the step. */
+static gt_status poll_interrupt(gt_model *model, const gt_step_config *cfg, int grads_written) {
+    if (!cfg->interruptible || !gt_interrupt_pending())
+        return GT_OK;
+    if (grads_written)
+        model->grads_valid = 0;
+    return GT_FAIL(GT_ERR_INTERRUPTED, "the training step was interrupted before its update (nothing applied)");
+}
+
 /* Forward, loss and backward of every micro-batch, accumulating f32 gradients. */
 static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
                                       const gt_tensor *targets, const gt_step_config *cfg,
                                       float loss_scale, double *mean_loss) {
     int64_t rows = inputs->shape[0] / cfg->micro_batches;
     float dloss_scale = loss_scale / (float)cfg->micro_batches;
+    GT_TRY(poll_interrupt(model, cfg, 0));
     if (!cfg->set_to_none && model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
                                         model->num_params * sizeof(float)));
@@ -55,9 +67,11 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         gt_tensor output;
         double loss = 0.0;
         int64_t count = 0;
+        int accumulate = m > 0 || !cfg->set_to_none;  /* the gradients hold this step's sums */
+        GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_forward(model, &x, (uint64_t)m, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, 1, &loss, &count));
-        int accumulate = m > 0 || !cfg->set_to_none;
+        GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_backward(model, &x, (uint64_t)m, accumulate));
         loss_sum += loss;
     }
@@ -102,6 +116,7 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
         if (cfg->max_grad_norm > 0.0)
             grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
     }
+    GT_TRY(poll_interrupt(model, cfg, 1));  /* the last point before anything is updated */
     out->skipped = found_inf;
     if (!found_inf && cfg->optimizer) {
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));

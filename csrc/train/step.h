@@ -21,6 +21,8 @@ typedef struct gt_step_config {
     int want_grad_norm;        /* 1: compute the norm even without clipping (for logging) */
     gt_scaler *scaler;         /* dynamic loss scaler, or NULL */
     gt_optimizer *optimizer;   /* the update, or NULL to compute gradients only */
+    int interruptible;         /* 1: poll gt_interrupt_pending() between micro-batches and their
+                                  forward/backward, and abandon the step before its update */
 } gt_step_config;
 
 typedef struct gt_step_result {
@@ -37,7 +39,11 @@ gt_status gt_train_step_prepare(gt_model *model, const gt_tensor *inputs, const 
                                 const gt_step_config *cfg);
 
 /* One training step over `inputs` (B, ...) and `targets` (B, ...), B divisible by
- * cfg->micro_batches. */
+ * cfg->micro_batches. With cfg->interruptible, an interrupt request seen before the optimizer
+ * update starts abandons the step with GT_ERR_INTERRUPTED: parameters, optimizer state, scaler
+ * and step counter are as before the call; gradients already overwritten are marked invalid
+ * (grads_valid = 0, as after zero_grad(set_to_none=True)). Once the update has started, the step
+ * runs to its end. */
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out);
 

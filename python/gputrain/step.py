@@ -9,6 +9,17 @@
 
 The batch given to a call is split into `gradient_accumulation_steps` equal micro-batches; each
 one's mean loss is divided by their number, as Hugging Face's Trainer does.
+
+Threads: a step runs without the GIL and holds its model, optimizer and scaler while it runs; a
+call from another thread that would read or change one of them (another step, optimizer.step(),
+add_param_group, state_dict, model(x), scaler.update(), EMA.update(), ...) raises RuntimeError
+"... is in use by another thread" instead of racing with it.
+
+Ctrl-C: a step on the main thread (with Python's default SIGINT handler) notices the interrupt
+between micro-batches and between a micro-batch's forward and backward, abandons the step before
+its optimizer update and raises KeyboardInterrupt: weights, optimizer state, scaler and step
+count are as before the call (gradients it had begun to overwrite read as None). Once the update
+has started the step runs to its end and KeyboardInterrupt follows it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import atexit
 import math
 import numbers
 import os
+import threading
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -540,7 +541,12 @@ class DataLoader:
 
 class _DataLoaderIter(Iterator[Any]):
     """One epoch at a time over a C engine. Non-persistent iterators shut their engine down
-    at the end of the epoch (or when dropped); persistent ones are reset for the next."""
+    at the end of the epoch (or when dropped); persistent ones are reset for the next.
+
+    Thread-safe: threads sharing one iterator take turns in `next()` (a lock), so each batch of
+    the epoch goes to exactly one of them, whole, and the progress that `state_dict()` saves
+    counts every batch once. Which thread gets which batch depends on scheduling.
+    """
 
     def __init__(self, loader: DataLoader, engine: _Engine, persistent: bool) -> None:
         self.engine = engine
@@ -553,6 +559,7 @@ class _DataLoaderIter(Iterator[Any]):
         self._finished = True
         self._device_stage: DeviceStage | None = None
         self._device_engine: _Engine | None = None
+        self._lock = threading.Lock()  # next() and reset() one thread at a time
 
     def replace_engine(self, engine: _Engine) -> None:
         """Uses `engine` from now on (a batch_sampler's epoch needs bigger slots)."""
@@ -561,6 +568,10 @@ class _DataLoaderIter(Iterator[Any]):
 
     def reset(self, plan: _Plan, epoch: int, start: int, done: list[int]) -> _Progress:
         """Starts epoch `epoch` of `plan` at batch `start`, skipping the batches in `done`."""
+        with self._lock:
+            return self._reset(plan, epoch, start, done)
+
+    def _reset(self, plan: _Plan, epoch: int, start: int, done: list[int]) -> _Progress:
         loader = self._loader_ref()
         if loader is not None:  # settings may have changed since the last epoch
             self._timeout = loader.timeout
@@ -622,6 +633,10 @@ class _DataLoaderIter(Iterator[Any]):
         return batch, result if self._worker_side else self._pipeline(result)
 
     def __next__(self) -> Any:
+        with self._lock:
+            return self._next()
+
+    def _next(self) -> Any:
         if self._device_stage is None:
             batch, result = self._next_host()
         else:

@@ -48,10 +48,7 @@ class _Compiled:
         self.model.grads_valid = bool(value)
 
     def zero_grads(self) -> None:
-        if self.on_host:
-            self.grads_flat.fill(0.0)
-        else:
-            self.model.zero_gradients()
+        self.model.zero_gradients()  # in C on any device; refused while a step in another thread runs
 
 
 class Module:
@@ -304,10 +301,10 @@ class Module:
             compiled.grads_valid = True
 
     def _apply_training(self, mode: bool) -> None:
+        if self._compiled is not None:  # first: it refuses while a step in another thread runs
+            self._compiled.model.training = mode
         for module in self.modules():
             module.training = mode
-        if self._compiled is not None:
-            self._compiled.model.training = mode
 
     def train(self, mode: bool = True) -> Module:
         if not isinstance(mode, bool):

@@ -154,7 +154,11 @@ class Optimizer:
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (PyTorch's semantics); the state of the existing parameters is kept."""
         self._add_group(param_group)
-        self._rebuild_core()
+        try:  # the C core checks what the Python side does not (hyperparameters, a running step)
+            self._rebuild_core()
+        except BaseException:
+            self.param_groups.pop()
+            raise
 
     def _params(self) -> list[Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
