@@ -69,7 +69,7 @@ def main() -> None:
             ours_s.append(timed(ours))
         ours_ms, theirs_ms = np.median(ours_s) * 1e3, np.median(theirs_s) * 1e3
         print(f"{activation}: gputrain {ours_ms:.2f} ms, torch {theirs_ms:.2f} ms, "
-              f"speed-up {theirs_ms / ours_ms:.2f}x ({gt.get_num_threads()} threads)")
+              f"speed-up {theirs_ms / ours_ms:.2f}x ({gt.get_num_threads()} thread(s))")
 
 
 if __name__ == "__main__":
