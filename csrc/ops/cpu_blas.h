@@ -34,6 +34,10 @@ void gt_blas_init(void);
  * widening them to f32 (bf16 with AVX512_BF16 or AMX); f32 is always native. */
 int gt_blas_native(gt_dtype ab_dt, gt_dtype c_dt, float alpha);
 
+/* Rows or columns each part of g has at least when cpu_gemm_split.c cuts it: narrower parts
+ * cost this library's kernels more than their parallelism gives back. */
+int64_t gt_blas_min_part(const gt_blas_gemm *g);
+
 /* Scratch bytes one call with these sizes needs (0 for f32); g's pointers are not read. */
 gt_status gt_blas_scratch_bytes(const gt_blas_gemm *g, size_t *bytes);
 
