@@ -2,7 +2,7 @@
  * built (setup.py): oneDNN on x86-64 (cpu_blas_onednn.c; its kernels are generated for the CPU at
  * run time, SSE4.1 through AVX-512, AVX512_BF16 and AMX), OpenBLAS from scipy-openblas32
  * elsewhere (cpu_blas_openblas.c; DYNAMIC_ARCH, every aarch64 core). Each call runs on the
- * calling thread only: cpu_sgemm.c splits GEMMs over gputrain's own OpenMP threads. */
+ * calling thread only: cpu_gemm_split.c splits GEMMs over gputrain's own OpenMP threads. */
 #ifndef GT_CPU_BLAS_H
 #define GT_CPU_BLAS_H
 
