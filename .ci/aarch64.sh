@@ -17,8 +17,9 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python -m pip download --quiet --no-deps --platform manylinux2014_aarch64 --only-binary=:all: \
-    --dest "$work" scipy-openblas32
+# the wheel pip would pick on a current aarch64 Linux (glibc 2.28 or newer)
+python -m pip download --quiet --no-deps --platform manylinux2014_aarch64 \
+    --platform manylinux_2_28_aarch64 --only-binary=:all: --dest "$work" scipy-openblas32
 python -m zipfile -e "$work"/scipy_openblas32-*.whl "$work/wheel"
 openblas=$work/wheel/scipy_openblas32
 
