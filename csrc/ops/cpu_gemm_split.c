@@ -4,7 +4,7 @@
  * so GEMMs and the elementwise loops between them share one pool instead of two spinning
  * against each other (with OpenBLAS threading beside OpenMP the MLP step ran 3x slower).
  *
- * The cut depends on the GEMM's sizes only, never on the thread count: every thread count makes
+ * The cut depends on the GEMM and the CPU, never on the thread count: every thread count makes
  * the same library calls on the same blocks, so the bits of C cannot depend on it, whatever
  * kernels and internal blocking the library picks on this CPU (a cut per thread did: OpenBLAS's
  * Haswell kernels gave other bits next to the cut). Blocks are at least gt_blas_min_part(g) wide
