@@ -4,10 +4,13 @@
 # into _C.so against the aarch64 OpenBLAS of scipy-openblas32, the library setup.py uses off
 # x86-64; every symbol the extension needs is then found in that OpenBLAS, the C library, libm
 # and libgomp, or is CPython's. cpu_blas_onednn.c is left out: oneDNN is the x86-64 library.
+# Then the conversions and a GEMM of the aarch64 build run under qemu-aarch64 (qemu-user) and
+# are compared with the installed x86-64 gputrain (.ci/aarch64_smoke.c, .ci/aarch64_check.py).
 # Uses the Python of the caller (NumPy installed) for the Python and NumPy headers: x86-64 Linux
 # and aarch64 Linux are both LP64, so the same pyconfig.h and numpyconfig.h hold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 cc=aarch64-linux-gnu-gcc
 if ! command -v "$cc" >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
@@ -49,15 +52,27 @@ done
 # the extension's undefined symbols, less those its libraries define, must all be CPython's
 sysroot=/usr/aarch64-linux-gnu/lib
 nm_=aarch64-linux-gnu-nm
-"$nm_" -D --undefined-only "$work/_C.so" | awk '{print $2}' | sed 's/@.*//' | sort -u >"$work/needed"
+"$nm_" -D --undefined-only "$work/_C.so" | awk '{print $2}' | sed 's/@.*//' |
+    sort -u >"$work/needed"
 for lib in "$openblas/lib/libscipy_openblas.so" "$sysroot/libc.so.6" "$sysroot/libm.so.6" \
     "$sysroot/libgomp.so.1"; do
     "$nm_" -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//'
 done | sort -u >"$work/defined"
-missing=$(comm -23 "$work/needed" "$work/defined" | grep -Ev '^_?Py|^__gmon_start__$|^_ITM_|^__cxa_finalize$' || true)
+missing=$(comm -23 "$work/needed" "$work/defined" |
+    grep -Ev '^_?Py|^__gmon_start__$|^_ITM_|^__cxa_finalize$' || true)
 if [ -n "$missing" ]; then
     echo "aarch64: symbols no library provides:"
     echo "$missing"
     exit 1
 fi
-echo "aarch64: ${#objects[@]} C files compiled with -Werror; _C.so links against scipy-openblas32 ($(ls "$work"/scipy_openblas32-*.whl | xargs -n1 basename))"
+# run: conversions and a GEMM of the aarch64 build under qemu, compared with this x86-64 build
+smoke=(csrc/core/cast.c csrc/core/cast_x86.c csrc/core/simd.c csrc/core/status.c csrc/core/tensor.c
+       csrc/ops/cpu_gemm_split.c csrc/ops/cpu_blas_openblas.c .ci/aarch64_smoke.c)
+"$cc" "${flags[@]}" -Werror -ffunction-sections -Wl,--gc-sections -D_GNU_SOURCE -Icsrc \
+    "-I$openblas/include" "${smoke[@]}" "-L$openblas/lib" -lscipy_openblas \
+    "-Wl,-rpath,$openblas/lib" -lm -o "$work/smoke"
+QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 "$work/smoke" "$work/smoke.out"
+(cd /tmp && python "$root/.ci/aarch64_check.py" "$work/smoke.out")
+
+wheel=$(basename "$work"/scipy_openblas32-*.whl)
+echo "aarch64: ${#objects[@]} C files compiled with -Werror; _C.so links against $wheel"
