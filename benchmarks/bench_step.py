@@ -2,16 +2,21 @@
 
 Reported per precision (fp32, bf16, fp16 with a loss scaler): samples/s; the step's GEMM FLOPs
 per second as a fraction of the machine's sgemm peak measured in the same run (a 2048^3 GEMM
-through the same OpenBLAS); and, when PyTorch is importable, the ratio to the same model and
-step in PyTorch on the CPU (same threads), timed in the same run.
+through the same library); and, when PyTorch is importable, the ratio to the same model and
+step in PyTorch on the CPU (same threads; for bf16 also PyTorch under CPU autocast to bf16).
+PyTorch's step runs before every round of ours (pytest-benchmark's `setup`), so both see the
+same machine load; medians of ROUNDS. `test_bf16_vs_fp32_step` alternates gputrain's fp32 and
+bf16 steps the same way.
 
     python -m pytest benchmarks/bench_step.py --benchmark-only
     # with PyTorch for the ratio (a separate venv: never install torch into the test venv):
     PYTHONPATH=<gputrain build lib> /work/venv-torch/bin/python -m pytest benchmarks/bench_step.py --benchmark-only
+    # as on a CPU without AVX-512: ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GPUTRAIN_BENCH_SIMD=avx2
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -21,6 +26,9 @@ import gputrain as gt
 
 BATCH, SIZES = 256, (784, 1024, 1024, 10)
 ROUNDS = 30
+
+if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
+    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def step_flops() -> float:
@@ -63,7 +71,8 @@ def gputrain_step(precision: str):
     return lambda: step(x, y)
 
 
-def torch_step():
+def torch_step(autocast_bf16: bool = False):
+    """PyTorch's step on the same model; under CPU autocast to bf16 when autocast_bf16."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     torch.set_num_threads(gt.get_num_threads())
@@ -79,42 +88,95 @@ def torch_step():
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
         optimizer.step()
 
     return step
 
 
-def median_seconds(fn, rounds: int = ROUNDS) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
+class Timed:
+    """Calls fn and keeps how long each call took (a pedantic `setup`, timed by itself)."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, []
+
+    def __call__(self) -> None:
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        self.fn()
+        self.seconds.append(time.perf_counter() - start)
+
+    def median(self) -> float:
+        return float(np.median(self.seconds))
+
+    def best(self) -> float:
+        return min(self.seconds)
+
+
+def torch_baselines(precision: str) -> dict[str, Timed]:
+    """PyTorch steps to time beside ours: fp32 always, autocast bf16 for our bf16 (none without torch)."""
+    try:
+        baselines = {"torch_fp32": Timed(torch_step())}
+        if precision == "bf16":
+            baselines["torch_autocast_bf16"] = Timed(torch_step(autocast_bf16=True))
+    except pytest.skip.Exception:
+        return {}
+    for baseline in baselines.values():
+        baseline.fn()  # warm-up
+    return baselines
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_mlp_step(benchmark, gputrain_benchmark, precision):
     step = gputrain_step(precision)
     peak = sgemm_peak()
-    benchmark.pedantic(step, rounds=ROUNDS, warmup_rounds=3)
+    baselines = torch_baselines(precision)
+
+    def before_round():
+        for baseline in baselines.values():
+            baseline()
+
+    benchmark.pedantic(step, setup=before_round, rounds=ROUNDS, warmup_rounds=3)
     seconds = benchmark.stats.stats.median
     metrics = {
         "precision": precision,
         "samples_per_s": BATCH / seconds,
         "step_ms": seconds * 1e3,
+        "best_step_ms": benchmark.stats.stats.min * 1e3,
         "gemm_gflops": step_flops() / seconds / 1e9,
         "sgemm_peak_gflops": peak / 1e9,
         "fraction_of_sgemm_peak": step_flops() / seconds / peak,
         "threads": gt.get_num_threads(),
+        "simd": gt.info()["simd"],
+        "load_average": os.getloadavg()[0],
     }
-    try:
-        torch_seconds = median_seconds(torch_step())
-        metrics["torch_samples_per_s"] = BATCH / torch_seconds
-        metrics["speedup_vs_torch_fp32"] = torch_seconds / seconds
-    except pytest.skip.Exception:
+    for name, baseline in baselines.items():
+        metrics[f"{name}_step_ms"] = baseline.median() * 1e3
+        metrics[f"{name}_best_step_ms"] = baseline.best() * 1e3
+        metrics[f"speedup_vs_{name}"] = baseline.median() / seconds
+    if not baselines:
         metrics["torch"] = "not installed"
     gputrain_benchmark.record(**metrics)
+    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+
+
+def test_bf16_vs_fp32_step(benchmark, record):
+    """gputrain's bf16 step against its fp32 step, alternating rounds."""
+    fp32 = Timed(gputrain_step("fp32"))
+    fp32.fn()
+    benchmark.pedantic(gputrain_step("bf16"), setup=fp32, rounds=ROUNDS, warmup_rounds=3)
+    seconds = benchmark.stats.stats.median
+    metrics = {
+        "bf16_step_ms": seconds * 1e3,
+        "fp32_step_ms": fp32.median() * 1e3,
+        "best_bf16_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_fp32_step_ms": fp32.best() * 1e3,
+        "bf16_speedup_over_fp32": fp32.median() / seconds,
+        "cpu_half_gemm": gt.info()["cpu_half_gemm"],
+        "threads": gt.get_num_threads(),
+        "simd": gt.info()["simd"],
+        "load_average": os.getloadavg()[0],
+    }
+    record(**metrics)
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})

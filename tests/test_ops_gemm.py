@@ -147,15 +147,18 @@ import numpy as np, gputrain as gt
 from gputrain import functional as F
 rng = np.random.default_rng(0)
 same = []
-for m, n, k in [(256, 1024, 784), (1500, 200, 96), (300, 333, 77)]:
-    a = rng.standard_normal((m, k), dtype=np.float32)
+# B^T as in forward GEMMs; A^T as in weight gradients (wider parts below AVX-512: cpu_blas.h)
+for m, n, k, trans_a in [(256, 1024, 784, False), (1500, 200, 96, False), (300, 333, 77, False),
+                         (1024, 784, 256, True), (2000, 48, 64, True)]:
+    a = rng.standard_normal((k, m) if trans_a else (m, k), dtype=np.float32)
     b = rng.standard_normal((n, k), dtype=np.float32)
     outs = []
     for threads in (1, 2, 3):
         gt.set_num_threads(threads)
-        outs.append(F.gemm(a, b, trans_b=True))
-    ref = a.astype(np.float64) @ b.astype(np.float64).T
-    assert np.max(np.abs(outs[0] - ref) / (np.abs(a) @ np.abs(b).T)) < 1e-5
+        outs.append(F.gemm(a, b, trans_a=trans_a, trans_b=True))
+    op_a = a.T if trans_a else a
+    ref = op_a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.max(np.abs(outs[0] - ref) / (np.abs(op_a) @ np.abs(b).T)) < 1e-5
     same.append(all(o.tobytes() == outs[0].tobytes() for o in outs))
 print(gt.info()["blas_kernel"], all(same))
 """

@@ -47,15 +47,17 @@ static void copy_2byte(const void *src, void *dst, size_t n) { memcpy(dst, src, 
 
 static void copy_4byte(const void *src, void *dst, size_t n) { memcpy(dst, src, n * 4); }
 
-/* Kernels indexed by gt_simd level: scalar, avx2, avx512. */
-static const gt_cast_kernel to_f16[3] = {f32_to_f16_scalar, gt_cast_f32_to_f16_avx2,
-                                         gt_cast_f32_to_f16_avx512};
-static const gt_cast_kernel from_f16[3] = {f16_to_f32_scalar, gt_cast_f16_to_f32_avx2,
-                                           gt_cast_f16_to_f32_avx512};
-static const gt_cast_kernel to_bf16[3] = {f32_to_bf16_scalar, gt_cast_f32_to_bf16_avx2,
-                                          gt_cast_f32_to_bf16_avx512};
-static const gt_cast_kernel from_bf16[3] = {bf16_to_f32_scalar, gt_cast_bf16_to_f32_avx2,
-                                            gt_cast_bf16_to_f32_avx512};
+/* Kernels indexed by gt_simd level: scalar, avx2, avx512 (scalar only off x86-64, where the
+ * level is always scalar). */
+#if GT_SIMD_X86
+#define GT_CAST_KERNELS(scalar, name) {scalar, gt_cast_##name##_avx2, gt_cast_##name##_avx512}
+#else
+#define GT_CAST_KERNELS(scalar, name) {scalar}
+#endif
+static const gt_cast_kernel to_f16[3] = GT_CAST_KERNELS(f32_to_f16_scalar, f32_to_f16);
+static const gt_cast_kernel from_f16[3] = GT_CAST_KERNELS(f16_to_f32_scalar, f16_to_f32);
+static const gt_cast_kernel to_bf16[3] = GT_CAST_KERNELS(f32_to_bf16_scalar, f32_to_bf16);
+static const gt_cast_kernel from_bf16[3] = GT_CAST_KERNELS(bf16_to_f32_scalar, bf16_to_f32);
 
 /* One conversion: `widen` alone, or `widen` to f32 then `narrow` (f16 <-> bf16). */
 typedef struct cast_plan {

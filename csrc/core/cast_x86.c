@@ -1,7 +1,11 @@
 /* AVX-512 and AVX2 + F16C conversion kernels (declared in core/cast_kernels.h).
  * Hardware f16 conversion rounds like core/half.h but quiets signalling NaNs, so NaN lanes are
  * recomputed with NumPy's rule; bf16 uses integer round-to-nearest-even on the bit patterns.
- * Tails shorter than a vector go through the scalar functions of core/half.h. */
+ * Tails shorter than a vector go through the scalar functions of core/half.h. Empty off
+ * x86-64 (core/simd.h). */
+#include "core/simd.h"
+
+#if GT_SIMD_X86
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -188,3 +192,5 @@ GT_AVX2 void gt_cast_bf16_to_f32_avx2(const void *src, void *dst, size_t n) {
     for (; i < n; i++)
         out[i] = gt_bf16_to_f32(in[i]);
 }
+
+#endif

@@ -5,6 +5,7 @@
 static atomic_int chosen_level = -1;
 
 gt_simd gt_simd_supported(void) {
+#if GT_SIMD_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
@@ -12,6 +13,7 @@ gt_simd gt_simd_supported(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
         return GT_SIMD_AVX2;
+#endif
     return GT_SIMD_SCALAR;
 }
 
@@ -33,8 +35,12 @@ gt_status gt_set_simd_level(gt_simd level) {
 }
 
 int gt_cpu_has_avx512_bf16(void) {
+#if GT_SIMD_X86
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
 }
 
 const char *gt_simd_name(gt_simd level) {

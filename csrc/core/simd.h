@@ -1,9 +1,18 @@
 /* SIMD level chosen at run time for vectorised inner loops. Kernels compile their wide
- * variants with __attribute__((target(...))) and dispatch on gt_simd_level(). */
+ * variants with __attribute__((target(...))) and dispatch on gt_simd_level(). The wide variants
+ * exist on x86-64 only (GT_SIMD_X86): elsewhere every kernel is its portable C, which the
+ * compiler vectorises with the architecture's baseline SIMD (NEON on aarch64), and the level is
+ * always GT_SIMD_SCALAR. */
 #ifndef GT_SIMD_H
 #define GT_SIMD_H
 
 #include "core/status.h"
+
+#if defined(__x86_64__)
+#define GT_SIMD_X86 1
+#else
+#define GT_SIMD_X86 0
+#endif
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,8 +3,10 @@
 #include "core/philox.h"
 #include "core/simd.h"
 
+#if GT_SIMD_X86
 #define GT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define GT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
 
 enum {
     GT_FEISTEL_ROUNDS = 6,           /* half-updates on domains above 2^16: each half mixed 3 times */
@@ -71,19 +73,23 @@ uint64_t gt_feistel(uint64_t seed, uint64_t epoch, uint32_t pass, unsigned bits,
         }                                                                                      \
     }
 
+#if GT_SIMD_X86
 GT_DEFINE_FEISTEL_LANES(feistel_lanes_avx512, GT_AVX512)
 GT_DEFINE_FEISTEL_LANES(feistel_lanes_avx2, GT_AVX2)
+#endif
 GT_DEFINE_FEISTEL_LANES(feistel_lanes_scalar, )
 
 typedef void (*feistel_lanes_fn)(uint64_t, uint64_t, unsigned, const uint32_t *, uint32_t *,
                                  uint32_t *, size_t);
 
 static feistel_lanes_fn lanes_for_level(void) {
+#if GT_SIMD_X86
     switch (gt_simd_level()) {
     case GT_SIMD_AVX512: return feistel_lanes_avx512;
     case GT_SIMD_AVX2: return feistel_lanes_avx2;
     case GT_SIMD_SCALAR: break;
     }
+#endif
     return feistel_lanes_scalar;
 }
 

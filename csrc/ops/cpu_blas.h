@@ -2,7 +2,7 @@
  * built (setup.py): oneDNN on x86-64 (cpu_blas_onednn.c; its kernels are generated for the CPU at
  * run time, SSE4.1 through AVX-512, AVX512_BF16 and AMX), OpenBLAS from scipy-openblas32
  * elsewhere (cpu_blas_openblas.c; DYNAMIC_ARCH, every aarch64 core). Each call runs on the
- * calling thread only: cpu_sgemm.c splits GEMMs over gputrain's own OpenMP threads. */
+ * calling thread only: cpu_gemm_split.c splits GEMMs over gputrain's own OpenMP threads. */
 #ifndef GT_CPU_BLAS_H
 #define GT_CPU_BLAS_H
 
@@ -33,6 +33,10 @@ void gt_blas_init(void);
 /* 1 when the library multiplies ab_dt operands into c_dt natively on this CPU, faster than
  * widening them to f32 (bf16 with AVX512_BF16 or AMX); f32 is always native. */
 int gt_blas_native(gt_dtype ab_dt, gt_dtype c_dt, float alpha);
+
+/* Rows or columns each part of g has at least when cpu_gemm_split.c cuts it: narrower parts
+ * cost this library's kernels more than their parallelism gives back. */
+int64_t gt_blas_min_part(const gt_blas_gemm *g);
 
 /* Scratch bytes one call with these sizes needs (0 for f32); g's pointers are not read. */
 gt_status gt_blas_scratch_bytes(const gt_blas_gemm *g, size_t *bytes);

@@ -66,6 +66,15 @@ int gt_blas_native(gt_dtype ab_dt, gt_dtype c_dt, float alpha) {
            isa_has(dnnl_cpu_isa_avx512_core_bf16);
 }
 
+int64_t gt_blas_min_part(const gt_blas_gemm *g) {
+    /* Below AVX-512, sgemm with a transposed A ran at half speed on parts of 256 rows or fewer
+     * (the MLP's weight gradients, k = 256, AVX2: 59-79 GFLOP/s against 117-122 whole or in
+     * 512-row parts; benchmarks/gemm_split_parts.c). At AVX-512, 128-wide parts cost <= 10%. */
+    if (g->trans_a && g->ab_dt == GT_F32 && !isa_has(dnnl_cpu_isa_avx512_core))
+        return 512;
+    return 128;
+}
+
 static dnnl_data_type_t dnnl_type(gt_dtype dt) {
     return dt == GT_BF16 ? dnnl_bf16 : dt == GT_F16 ? dnnl_f16 : dnnl_f32;
 }

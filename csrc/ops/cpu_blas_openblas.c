@@ -1,7 +1,7 @@
 /* The CPU GEMM library off x86-64 (aarch64): OpenBLAS from the scipy-openblas32 wheel, a
  * DYNAMIC_ARCH build whose kernels are chosen for the core at run time (ARMv8 NEON through
  * Neoverse SVE; its symbols carry a scipy_ prefix, so it never clashes with another OpenBLAS in
- * the process). OpenBLAS is kept single-threaded: cpu_sgemm.c splits GEMMs over gputrain's
+ * the process). OpenBLAS is kept single-threaded: cpu_gemm_split.c splits GEMMs over gputrain's
  * OpenMP threads, so OpenBLAS's pthreads never spin against them. It has no half GEMM in this
  * build, so f16/bf16 GEMMs are widened to f32 (cpu_gemm.c). */
 #include <cblas.h>
@@ -13,6 +13,8 @@ void gt_blas_init(void) { scipy_openblas_set_num_threads(1); }
 int gt_blas_native(gt_dtype ab_dt, gt_dtype c_dt, float alpha) {
     return ab_dt == GT_F32 && c_dt == GT_F32;
 }
+
+int64_t gt_blas_min_part(const gt_blas_gemm *g) { return 128; }
 
 gt_status gt_blas_scratch_bytes(const gt_blas_gemm *g, size_t *bytes) {
     *bytes = 0;

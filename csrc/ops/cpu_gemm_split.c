@@ -4,12 +4,14 @@
  * so GEMMs and the elementwise loops between them share one pool instead of two spinning
  * against each other (with OpenBLAS threading beside OpenMP the MLP step ran 3x slower).
  *
- * The cut depends on the GEMM's sizes only, never on the thread count: every thread count makes
+ * The cut depends on the GEMM and the CPU, never on the thread count: every thread count makes
  * the same library calls on the same blocks, so the bits of C cannot depend on it, whatever
  * kernels and internal blocking the library picks on this CPU (a cut per thread did: OpenBLAS's
- * Haswell kernels gave other bits next to the cut). Blocks are at least GT_GEMM_MIN_PART wide:
- * measured on one thread with oneDNN (benchmarks/README.md), cutting the wider side of the MLP's
- * GEMMs into 128-wide blocks cost 0-5% against one call, 64-wide blocks up to 45%. */
+ * Haswell kernels gave other bits next to the cut). Blocks are at least gt_blas_min_part(g) wide
+ * (128 rows/columns, more where the library's kernels need it): measured on one thread with
+ * oneDNN (benchmarks/README.md), cutting the wider side of the MLP's GEMMs into 128-wide blocks
+ * cost 0-5% against one call at AVX-512, 64-wide blocks up to 45%. The minimum depends on the
+ * GEMM and the CPU, never on the thread count, so the bits still do not. */
 #include <omp.h>
 #include <stdio.h>
 
@@ -19,7 +21,6 @@
 enum {
     GT_GEMM_MIN_SPLIT_FLOPS = 1 << 22,  /* 2 m n k below which a GEMM is one call */
     GT_GEMM_MIN_PART_FLOPS = 1 << 21,   /* 2 m n k a block has at least */
-    GT_GEMM_MIN_PART = 128,             /* rows/columns a block has at least (about) */
     GT_GEMM_MAX_PARTS = 32,             /* blocks a GEMM is cut into at most */
     GT_GEMM_PART_ALIGN = 16,            /* block edges fall on multiples of this */
 };
@@ -33,7 +34,7 @@ gt_gemm_parts gt_gemm_parts_of(const gt_blas_gemm *g) {
     double flops = gemm_flops(g);
     if (flops < GT_GEMM_MIN_SPLIT_FLOPS)
         return parts;
-    int64_t count = parts.extent / GT_GEMM_MIN_PART;
+    int64_t count = parts.extent / gt_blas_min_part(g);
     if (count > GT_GEMM_MAX_PARTS)
         count = GT_GEMM_MAX_PARTS;
     if ((double)count > flops / GT_GEMM_MIN_PART_FLOPS)

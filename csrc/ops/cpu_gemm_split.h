@@ -8,7 +8,7 @@
 
 #include "ops/cpu_blas.h"
 
-/* How a GEMM is cut into library calls: from its sizes alone, never from the thread count. */
+/* How a GEMM is cut into library calls: from the GEMM and the CPU, never from the thread count. */
 typedef struct gt_gemm_parts {
     int split_rows;  /* 1: parts are blocks of rows of C; 0: blocks of columns */
     int64_t count;   /* number of parts (1: one call for the whole GEMM) */

@@ -6,7 +6,8 @@
  * switches on `dt` outside the loop and calls the body with a constant dtype, so the loads
  * and stores below fold to one conversion and the loop vectorises. The build uses
  * -ffp-contract=off, so the three variants give bit-identical results: only the width of the
- * vector registers differs. GT_CPU_RUN(name) picks the variant for gt_simd_level(). */
+ * vector registers differs. GT_CPU_RUN(name) picks the variant for gt_simd_level(). Off x86-64
+ * only the portable variant exists. */
 #ifndef GT_CPU_KERNELS_H
 #define GT_CPU_KERNELS_H
 
@@ -21,8 +22,6 @@
 #include "ops/checks.h"
 
 #define GT_INLINE static inline __attribute__((always_inline))
-#define GT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define GT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 /* Elements per chunk of a parallel elementwise loop: chunks, not threads, fix the work split. */
 enum { GT_CPU_CHUNK = 16384 };
@@ -77,11 +76,6 @@ static inline size_t gt_stage_len(size_t s, size_t end) {
         }                                                                 \
     }
 
-#define GT_CPU_KERNEL(name, PARAMS, ...)                                  \
-    GT_CPU_KERNEL_AT(name, scalar, , PARAMS, __VA_ARGS__)                 \
-    GT_CPU_KERNEL_AT(name, avx2, GT_TARGET_AVX2, PARAMS, __VA_ARGS__)     \
-    GT_CPU_KERNEL_AT(name, avx512, GT_TARGET_AVX512, PARAMS, __VA_ARGS__)
-
 /* Same, with f16 handled by <name>_f16(ARGS) (a loop over GT_STAGE blocks converted with
  * gt_cpu_widen_f16/gt_cpu_narrow_f16 around the f32 body). */
 #define GT_CPU_KERNEL_STAGED_AT(name, level, attr, PARAMS, ...)           \
@@ -93,6 +87,16 @@ static inline size_t gt_stage_len(size_t s, size_t end) {
         }                                                                 \
     }
 
+#if GT_SIMD_X86
+#define GT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define GT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* Defines <name>_scalar, <name>_avx2 and <name>_avx512. */
+#define GT_CPU_KERNEL(name, PARAMS, ...)                                  \
+    GT_CPU_KERNEL_AT(name, scalar, , PARAMS, __VA_ARGS__)                 \
+    GT_CPU_KERNEL_AT(name, avx2, GT_TARGET_AVX2, PARAMS, __VA_ARGS__)     \
+    GT_CPU_KERNEL_AT(name, avx512, GT_TARGET_AVX512, PARAMS, __VA_ARGS__)
+
 #define GT_CPU_KERNEL_STAGED(name, PARAMS, ...)                                  \
     GT_CPU_KERNEL_STAGED_AT(name, scalar, , PARAMS, __VA_ARGS__)                 \
     GT_CPU_KERNEL_STAGED_AT(name, avx2, GT_TARGET_AVX2, PARAMS, __VA_ARGS__)     \
@@ -103,6 +107,12 @@ static inline size_t gt_stage_len(size_t s, size_t end) {
     (gt_simd_level() == GT_SIMD_AVX512 ? name##_avx512                    \
      : gt_simd_level() == GT_SIMD_AVX2 ? name##_avx2                      \
                                         : name##_scalar)
+#else /* one portable variant, vectorised with the architecture's baseline SIMD (core/simd.h) */
+#define GT_CPU_KERNEL(name, PARAMS, ...) GT_CPU_KERNEL_AT(name, scalar, , PARAMS, __VA_ARGS__)
+#define GT_CPU_KERNEL_STAGED(name, PARAMS, ...) \
+    GT_CPU_KERNEL_STAGED_AT(name, scalar, , PARAMS, __VA_ARGS__)
+#define GT_CPU_RUN(name) name##_scalar
+#endif
 
 /* Number of GT_CPU_CHUNK-sized chunks covering n elements. */
 static inline size_t gt_cpu_chunks(size_t n) { return (n + GT_CPU_CHUNK - 1) / GT_CPU_CHUNK; }

@@ -1,12 +1,15 @@
 #include "train/grad_norm.h"
 
-#include <immintrin.h>
 #include <math.h>
 
 #include "core/simd.h"
 
+#if GT_SIMD_X86
+#include <immintrin.h>
+
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
 
 /* Adds the squares of x[start..n) (start a multiple of 16) into the lanes, then folds them. */
 static double finish_chunk(double lanes[GT_SUMSQ_LANES], const float *x, size_t start, size_t n) {
@@ -25,6 +28,7 @@ static double chunk_scalar(const float *x, size_t n) {
     return finish_chunk(lanes, x, 0, n);
 }
 
+#if GT_SIMD_X86
 TARGET_AVX512 static double chunk_avx512(const float *x, size_t n) {
     __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
     size_t i = 0;
@@ -55,13 +59,18 @@ TARGET_AVX2 static double chunk_avx2(const float *x, size_t n) {
         _mm256_storeu_pd(lanes + 4 * q, acc[q]);
     return finish_chunk(lanes, x, i, n);
 }
+#endif
 
 static double chunk_sumsq(gt_simd level, const float *x, size_t n) {
+#if GT_SIMD_X86
     switch (level) {
     case GT_SIMD_AVX512: return chunk_avx512(x, n);
     case GT_SIMD_AVX2: return chunk_avx2(x, n);
     case GT_SIMD_SCALAR: break;
     }
+#else
+    (void)level;
+#endif
     return chunk_scalar(x, n);
 }
 

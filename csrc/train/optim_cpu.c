@@ -1,13 +1,16 @@
 #include "train/optim_cpu.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include "core/ema_math.h"
 #include "core/simd.h"
 
+#if GT_SIMD_X86
+#include <immintrin.h>
+
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
 
 /* ---------------------------------------------------------------- scalar ---------- */
 
@@ -34,6 +37,7 @@ static void ema_scalar(float *ema, const float *p, float weight, size_t n) {
         gt_ema_update(&ema[i], p[i], weight);
 }
 
+#if GT_SIMD_X86
 /* ---------------------------------------------------------------- AVX-512 --------- */
 
 /* gt_recip_newton on 16 lanes: same guess, same FMA steps, same division fallback. */
@@ -216,6 +220,8 @@ TARGET_AVX2 static void ema_avx2(float *ema, const float *p, float weight, size_
     ema_scalar(ema + i, p + i, weight, n - i);
 }
 
+#endif
+
 /* ---------------------------------------------------------------- triad ----------- */
 
 static void triad_scalar(float *a, const float *b, const float *c, float s, size_t n) {
@@ -223,6 +229,7 @@ static void triad_scalar(float *a, const float *b, const float *c, float s, size
         a[i] = b[i] + s * c[i];
 }
 
+#if GT_SIMD_X86
 TARGET_AVX512 static void triad_avx512(float *a, const float *b, const float *c, float s, size_t n) {
     const __m512 scalar = _mm512_set1_ps(s);
     size_t i = 0;
@@ -238,21 +245,30 @@ TARGET_AVX2 static void triad_avx2(float *a, const float *b, const float *c, flo
         _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(b + i), _mm256_mul_ps(scalar, _mm256_loadu_ps(c + i))));
     triad_scalar(a + i, b + i, c + i, s, n - i);
 }
+#endif
+
+typedef void (*triad_fn)(float *a, const float *b, const float *c, float s, size_t n);
+
+static triad_fn pick_triad(void) {
+#if GT_SIMD_X86
+    switch (gt_simd_level()) {
+    case GT_SIMD_AVX512: return triad_avx512;
+    case GT_SIMD_AVX2: return triad_avx2;
+    case GT_SIMD_SCALAR: break;
+    }
+#endif
+    return triad_scalar;
+}
 
 void gt_triad_cpu(float *a, const float *b, const float *c, float s, size_t n) {
-    gt_simd level = gt_simd_level();
+    triad_fn triad = pick_triad();
 #pragma omp parallel
     {
         size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
         size_t lo = n * t / threads, hi = n * (t + 1) / threads;
         lo -= lo % 16;
         hi = t + 1 == threads ? n : hi - hi % 16;
-        if (level == GT_SIMD_AVX512)
-            triad_avx512(a + lo, b + lo, c + lo, s, hi - lo);
-        else if (level == GT_SIMD_AVX2)
-            triad_avx2(a + lo, b + lo, c + lo, s, hi - lo);
-        else
-            triad_scalar(a + lo, b + lo, c + lo, s, hi - lo);
+        triad(a + lo, b + lo, c + lo, s, hi - lo);
     }
 }
 
@@ -260,28 +276,34 @@ void gt_triad_cpu(float *a, const float *b, const float *c, float s, size_t n) {
 
 void gt_adamw_cpu(gt_numerics numerics, const gt_adamw_scalars *s, float *p, const float *g,
                   float *m, float *v, float *v_max, size_t n) {
+#if GT_SIMD_X86
     switch (gt_simd_level()) {
     case GT_SIMD_AVX512: adamw_avx512(numerics, s, p, g, m, v, v_max, n); return;
     case GT_SIMD_AVX2: adamw_avx2(numerics, s, p, g, m, v, v_max, n); return;
     case GT_SIMD_SCALAR: break;
     }
+#endif
     adamw_scalar(numerics, s, p, g, m, v, v_max, n);
 }
 
 void gt_sgd_cpu(const gt_sgd_scalars *s, float *p, const float *g, float *buf, size_t n) {
+#if GT_SIMD_X86
     switch (gt_simd_level()) {
     case GT_SIMD_AVX512: sgd_avx512(s, p, g, buf, n); return;
     case GT_SIMD_AVX2: sgd_avx2(s, p, g, buf, n); return;
     case GT_SIMD_SCALAR: break;
     }
+#endif
     sgd_scalar(s, p, g, buf, n);
 }
 
 void gt_ema_cpu(float *ema, const float *p, float weight, size_t n) {
+#if GT_SIMD_X86
     switch (gt_simd_level()) {
     case GT_SIMD_AVX512: ema_avx512(ema, p, weight, n); return;
     case GT_SIMD_AVX2: ema_avx2(ema, p, weight, n); return;
     case GT_SIMD_SCALAR: break;
     }
+#endif
     ema_scalar(ema, p, weight, n);
 }

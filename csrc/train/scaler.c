@@ -4,13 +4,16 @@
  * (NaN/±Inf), in AVX-512, AVX2 or scalar code, over contiguous per-thread blocks. */
 #include "train/scaler.h"
 
-#include <immintrin.h>
 #include <math.h>
 
 #include "core/simd.h"
 
+#if GT_SIMD_X86
+#include <immintrin.h>
+
 #define GT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define GT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
 
 enum {
     SCALER_BLOCK = 1 << 14,         /* elements per OpenMP work item (64 KiB of fp32) */
@@ -97,6 +100,7 @@ static int unscale_scalar(float *g, size_t n, float inv, int multiply) {
     return bad;
 }
 
+#if GT_SIMD_X86
 GT_TARGET_AVX2 static int unscale_avx2(float *g, size_t n, float inv, int multiply) {
     const __m256i exponent = _mm256_set1_epi32(0x7f800000);
     const __m256 vinv = _mm256_set1_ps(inv);
@@ -135,15 +139,18 @@ GT_TARGET_AVX512 static int unscale_avx512(float *g, size_t n, float inv, int mu
     }
     return bad != 0;
 }
+#endif
 
 typedef int (*unscale_fn)(float *g, size_t n, float inv, int multiply);
 
 static unscale_fn pick_unscale(void) {
+#if GT_SIMD_X86
     switch (gt_simd_level()) {
     case GT_SIMD_AVX512: return unscale_avx512;
     case GT_SIMD_AVX2: return unscale_avx2;
     case GT_SIMD_SCALAR: break;
     }
+#endif
     return unscale_scalar;
 }
 
@@ -181,6 +188,7 @@ static double read_scalar(const float *x, size_t n) {
     return sum;
 }
 
+#if GT_SIMD_X86
 GT_TARGET_AVX2 static double read_avx2(const float *x, size_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     size_t i = 0;
@@ -205,15 +213,18 @@ GT_TARGET_AVX512 static double read_avx512(const float *x, size_t n) {
     }
     return (double)_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + read_scalar(x + i, n - i);
 }
+#endif
 
 typedef double (*read_fn)(const float *x, size_t n);
 
 static read_fn pick_read(void) {
+#if GT_SIMD_X86
     switch (gt_simd_level()) {
     case GT_SIMD_AVX512: return read_avx512;
     case GT_SIMD_AVX2: return read_avx2;
     case GT_SIMD_SCALAR: break;
     }
+#endif
     return read_scalar;
 }
 

@@ -215,7 +215,7 @@ def _check_no_nan(act: _Act, name: str) -> None:
 def gemm(a: np.ndarray, b: np.ndarray, *, trans_a: bool = False, trans_b: bool = False,
          alpha: float = 1.0, beta: float = 0.0, c: np.ndarray | None = None,
          out_dtype: str | None = None, dtype: str | None = None) -> np.ndarray:
-    """``alpha * op(a) @ op(b) + beta * c`` with float32 accumulation (OpenBLAS sgemm).
+    """``alpha * op(a) @ op(b) + beta * c`` with float32 accumulation (oneDNN or OpenBLAS on CPU).
 
     ``a`` and ``b`` are 2-D, or 3-D for a batch of GEMMs (a 2-D operand is shared by the
     batch); ``op(x)`` is ``x`` or its last two axes swapped when ``trans_x``. Each operand keeps
