@@ -12,7 +12,10 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import gputrain as gt
+
+# where the gputrain under test was imported from (installed, or an in-place build's python/)
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(gt.__file__)))
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -66,7 +69,7 @@ SETUP = textwrap.dedent("""
 
 
 def run(code, set_to_none=True):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PACKAGE_DIR, os.environ.get("PYTHONPATH", "")]))
     program = f"SET_TO_NONE = {set_to_none}\n" + SETUP + textwrap.dedent(code)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

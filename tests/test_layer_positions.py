@@ -11,6 +11,7 @@ process, where a segfault is reported as a failure.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -171,8 +172,10 @@ def test_every_kind_first_trains_in_a_child_process():
                             assert np.isfinite(step(x, y).loss)
         print("ok")
     """)
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(gt.__file__)))  # installed or in place
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_dir, os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            cwd=__import__("os").path.dirname(__file__))
+                            cwd=os.path.dirname(__file__), env=env)
     assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-2000:]}"
     assert result.stdout.strip() == "ok"
 

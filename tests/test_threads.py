@@ -20,6 +20,8 @@ import gputrain as gt
 nn = gt.nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where the gputrain under test was imported from (installed, or an in-place build's python/)
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(gt.__file__)))
 ACCUMULATION = 16  # micro-batches per step: a step long enough (~0.1-1 s) to act during it
 
 
@@ -127,7 +129,7 @@ def test_add_param_group_during_a_step_raises_and_changes_nothing():
         assert len(opt.param_groups) == 2
         print("ok")
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PACKAGE_DIR, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
