@@ -128,7 +128,12 @@ class Optimizer:
         """Add a group (PyTorch's semantics); the state of the existing parameters is kept."""
         saved = [self._core.get_state(i) for i in range(len(self._params()))]
         self._add_group(param_group)
-        self._core = self._build_core()
+        try:
+            core = self._build_core()  # the C core checks hyperparameters the Python side does not
+        except BaseException:
+            self.param_groups.pop()
+            raise
+        self._core = core
         for index, state in enumerate(saved):
             self._core.set_state(index, state.pop("step"), state)
 
