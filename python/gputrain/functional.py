@@ -487,13 +487,14 @@ def layer_norm_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, mea
     return x_act.wrap(din), dweight, dbias
 
 
-def embedding(ids: Any, table: np.ndarray, dtype: str = "f32") -> np.ndarray:
-    """``table[ids]`` rounded to ``dtype``: shape ids.shape + (dim,); ids must be in [0, num)."""
+def embedding(ids: Any, table: np.ndarray, dtype: str | None = "f32") -> np.ndarray:
+    """``table[ids]`` rounded to ``dtype`` (None: f32): shape ids.shape + (dim,); ids must be
+    in [0, num)."""
     ids = _ids(ids, "ids")
     table = _param(table, "table")
     if table.ndim != 2:
         raise ValueError(f"table must be 2-D (num, dim), got shape {table.shape}")
-    dt = _dtype_name(dtype)
+    dt = _dtype_name(dtype) or "f32"
     out = np.empty(ids.shape + (table.shape[1],), dtype=_RAW_TYPES[dt])
     _C.op_embedding(out, ids, table, dt)
     return _wrap(out, dt, False)

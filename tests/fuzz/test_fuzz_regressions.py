@@ -1,0 +1,58 @@
+"""Regression tests for what the fuzz suite (test_fuzz_api.py) found, one per finding."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+import gputrain.functional as F
+from gputrain.data import RaggedArray
+from gputrain.optim import total_norm
+
+
+def test_embedding_takes_dtype_none_as_its_error_message_says():
+    # raised KeyError(None) from a dict lookup; the message for a bad dtype lists None as valid
+    ids, table = np.array([[1, 2]]), np.arange(20, dtype=np.float32).reshape(5, 4)
+    np.testing.assert_array_equal(F.embedding(ids, table, dtype=None), table[ids])
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 3.0])
+def test_total_norm_of_something_not_an_array_is_a_type_error(norm_type):
+    # raised AttributeError: 'float' object has no attribute 'astype' for p other than 2 and inf
+    with pytest.raises(TypeError, match="grads must be NumPy arrays"):
+        total_norm([np.ones(3, np.float32), 1.5], norm_type)
+    assert total_norm([np.ones(4, np.float32)], norm_type) == pytest.approx(4 ** (1 / norm_type))
+    assert total_norm([np.ones(4, np.float32)], math.inf) == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"pad_value": 2**100}, {"offsets": [0, 2**70]}])
+def test_ragged_array_with_an_int_beyond_int64_is_a_value_error_naming_it(kwargs):
+    # raised NumPy's OverflowError "Python int too large to convert to C long", naming nothing
+    args = {"values": np.arange(4), "offsets": [0, 2, 4], **kwargs}
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        RaggedArray(**args)
+
+
+def test_set_memory_limit_beyond_int64_is_a_value_error():
+    # raised OverflowError "int too big to convert" from the C conversion
+    with pytest.raises(ValueError, match="limit must be"):
+        gt.set_memory_limit(2**64)
+    gt.set_memory_limit(None)
+
+
+@pytest.mark.parametrize("argument", ["scaler", "scheduler"])
+def test_train_step_refuses_a_scaler_or_scheduler_of_the_wrong_type_before_any_step(argument):
+    # an array as scaler raised AttributeError in the first call; as scheduler, after the
+    # optimizer had already updated the weights
+    model = gt.nn.Sequential(gt.nn.Linear(4, 3))
+    with pytest.raises(TypeError, match=argument):
+        gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters()),
+                     **{argument: np.zeros(2)})
+
+
+def test_total_norm_beyond_the_float_range_is_inf():
+    # norm_type=1e-45 raised OverflowError "Numerical result out of range" from float ** float
+    assert total_norm([np.full(3, 2.0, np.float32)], 1e-45) == math.inf
