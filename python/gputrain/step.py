@@ -63,8 +63,8 @@ class TrainStep:
             raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
         if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
             raise TypeError("gradient_accumulation_steps must be an int")
-        if gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        if not 1 <= gradient_accumulation_steps < 2**31:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1 and < 2**31, got {gradient_accumulation_steps}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0

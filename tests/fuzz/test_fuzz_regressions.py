@@ -56,3 +56,26 @@ def test_train_step_refuses_a_scaler_or_scheduler_of_the_wrong_type_before_any_s
 def test_total_norm_beyond_the_float_range_is_inf():
     # norm_type=1e-45 raised OverflowError "Numerical result out of range" from float ** float
     assert total_norm([np.full(3, 2.0, np.float32)], 1e-45) == math.inf
+
+
+@pytest.mark.parametrize("make", [
+    lambda opt: gt.optim.get_inverse_sqrt_schedule(opt, num_warmup_steps=-1),
+    lambda opt: gt.optim.get_inverse_sqrt_schedule(opt, num_warmup_steps=2, timescale=0),
+    lambda opt: gt.optim.get_polynomial_decay_schedule_with_warmup(opt, 4, 4),
+    lambda opt: gt.optim.get_linear_schedule_with_warmup(opt, 2, 10.5),
+])
+def test_schedule_step_counts_are_checked_when_the_schedule_is_made(make):
+    # these raised ZeroDivisionError (or TypeError) at some step in the middle of training
+    opt = gt.optim.SGD([gt.nn.Parameter(np.zeros(2, np.float32))], lr=0.1)
+    with pytest.raises((ValueError, TypeError), match="num_warmup_steps|num_training_steps|timescale"):
+        schedule = make(opt)
+        for _ in range(6):
+            schedule.step()
+
+
+def test_train_step_with_gradient_accumulation_steps_beyond_c_int_is_refused_when_made():
+    # accepted, then every call raised OverflowError "signed integer is greater than maximum"
+    model = gt.nn.Sequential(gt.nn.Linear(4, 3))
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters()),
+                     gradient_accumulation_steps=2**32)
