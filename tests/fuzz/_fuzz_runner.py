@@ -120,8 +120,10 @@ class Pool:
     """Runs batches on `workers` worker processes; `submit` returns at once while a worker is
     free, so hypothesis generates the next batch while the last ones run."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, batch_timeout: float = BATCH_TIMEOUT, case_timeout: float = CASE_TIMEOUT) -> None:
         self.idle = [Worker() for _ in range(workers)]
+        self.batch_timeout = batch_timeout
+        self.case_timeout = case_timeout
         self.lock = threading.Lock()
         self.free = threading.Semaphore(workers)
         self.executor = ThreadPoolExecutor(workers)
@@ -137,7 +139,7 @@ class Pool:
             worker = self.idle.pop()
         try:
             try:
-                results = worker.run(batch, BATCH_TIMEOUT)
+                results = worker.run(batch, self.batch_timeout)
             except WorkerDied as died:
                 results = [self._alone(worker, case) for case in batch]
                 if not any(r.get("crashed") for r in results):  # only together: report the batch
@@ -153,7 +155,7 @@ class Pool:
     def _alone(self, worker: Worker, case: tuple[int, str, dict[str, Any]]) -> dict[str, Any]:
         """The result of one case of a batch that crashed, run on its own."""
         try:
-            return worker.run([case], CASE_TIMEOUT)[0]
+            return worker.run([case], self.case_timeout)[0]
         except WorkerDied as died:
             return {"id": case[0], "target": case[1], "raised": None, "message": "", "crashed": True,
                     "problems": [f"{died.why}\n{died.stderr}"]}
