@@ -544,6 +544,8 @@ def cross_entropy(logits: np.ndarray, targets: Any, label_smoothing: float = 0.0
     dloss_scale = _real(dloss_scale, "dloss_scale")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"ignore_index must be an int, not {type(ignore_index).__name__}")
+    if not -2**63 <= ignore_index < 2**63:
+        raise ValueError(f"ignore_index must fit in int64 (targets' type), got {ignore_index}")
     _check_no_nan(logits_act, "logits")
     losses = np.empty(targets.shape[0], dtype=np.float32)
     dlogits = logits_act.empty()

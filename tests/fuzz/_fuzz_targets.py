@@ -614,7 +614,7 @@ def _(f, state_dict):
     f.scaler.load_state_dict(state_dict)
 
 
-@target("GradScaler.methods", ARRAYS, setup=with_scaler, state=scaler_state, mutates=("arrays",),
+@target("GradScaler.methods", ARRAYS + (RuntimeError,), setup=with_scaler, state=scaler_state, mutates=("arrays",),
         method=st.sampled_from(["set_growth_factor", "set_backoff_factor", "set_growth_interval", "update",
                                 "unscale_arrays"]).map(lit),
         value=num(2.0, 0.5, 3), arrays=st.lists(anyof(arr(3)), max_size=2).map(lambda s: ("L", s)))

@@ -79,3 +79,13 @@ def test_train_step_with_gradient_accumulation_steps_beyond_c_int_is_refused_whe
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters()),
                      gradient_accumulation_steps=2**32)
+
+
+def test_ignore_index_beyond_int64_is_a_value_error():
+    # F.cross_entropy raised OverflowError "int too big to convert" from the C call;
+    # CrossEntropyLoss accepted it and every TrainStep call raised OverflowError
+    logits, targets = np.zeros((2, 3), np.float32), np.array([0, 1])
+    with pytest.raises(ValueError, match="ignore_index"):
+        F.cross_entropy(logits, targets, ignore_index=2**100)
+    with pytest.raises(ValueError, match="ignore_index"):
+        gt.nn.CrossEntropyLoss(ignore_index=-2**64)
