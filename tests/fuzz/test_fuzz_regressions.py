@@ -89,3 +89,23 @@ def test_ignore_index_beyond_int64_is_a_value_error():
         F.cross_entropy(logits, targets, ignore_index=2**100)
     with pytest.raises(ValueError, match="ignore_index"):
         gt.nn.CrossEntropyLoss(ignore_index=-2**64)
+
+
+def unaligned_int64(values: list[int]) -> np.ndarray:
+    raw = np.zeros(len(values) * 8 + 1, np.uint8)
+    view = raw[1:].view(np.int64)
+    view[:] = values
+    return view
+
+
+def test_ragged_offsets_that_are_not_aligned_are_copied_not_read_misaligned():
+    # found by the fuzz run under UBSan: "load of misaligned address ... for type 'const int64_t'"
+    # (loader_fields.c) for RaggedArray offsets in an unaligned buffer
+    offsets = unaligned_int64([0, 2, 3, 6])
+    assert not offsets.flags.aligned
+    ragged = RaggedArray(np.arange(6), offsets, pad_value=-1)
+    batches = [b.tolist() for b in gt.DataLoader(ragged, batch_size=3)]
+    assert batches == [[[0, 1, -1], [2, -1, -1], [3, 4, 5]]]
+    engine_fields = [(np.arange(6), offsets, np.full((), -1, np.int64))]
+    with pytest.raises(ValueError, match="aligned int64 offsets"):
+        gt._C.LoaderEngine(engine_fields, 3, 0, 1)

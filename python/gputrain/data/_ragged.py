@@ -16,7 +16,7 @@ class RaggedArray:
     def __init__(self, values: Any, offsets: Any, pad_value: Any = 0) -> None:
         values = np.ascontiguousarray(values)
         try:
-            offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+            offsets = np.require(offsets, np.int64, ["C_CONTIGUOUS", "ALIGNED"])  # C reads them as int64
         except OverflowError:
             raise ValueError("offsets must be item offsets that fit in int64") from None
         if values.ndim < 1:
