@@ -279,7 +279,9 @@ def linear_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, dtype: 
     """
     dout_act, x_act = _acts(dtype, dout=dout, x=x)
     weight = _param(weight, "weight")
-    if weight.ndim != 2 or x_act.raw.ndim < 1 or weight.shape[1] != x_act.raw.shape[-1]:
+    if x_act.raw.ndim < 1:
+        raise ValueError("x must have at least 1 dimension (features last), got a 0-d array")
+    if weight.ndim != 2 or weight.shape[1] != x_act.raw.shape[-1]:
         raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), "
                          f"got {weight.shape}")
     if dout_act.raw.shape != x_act.raw.shape[:-1] + (weight.shape[0],):

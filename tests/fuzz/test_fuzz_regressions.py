@@ -109,3 +109,10 @@ def test_ragged_offsets_that_are_not_aligned_are_copied_not_read_misaligned():
     engine_fields = [(np.arange(6), offsets, np.full((), -1, np.int64))]
     with pytest.raises(ValueError, match="aligned int64 offsets"):
         gt._C.LoaderEngine(engine_fields, 3, 0, 1)
+
+
+def test_linear_backward_of_a_0d_x_is_a_value_error():
+    # raised IndexError "tuple index out of range" while formatting the weight-shape message
+    with pytest.raises(ValueError, match="x must have at least 1 dimension"):
+        F.linear_backward(np.ones((5, 3), np.float32), np.ones((), np.float32),
+                          np.ones((3, 4), np.float32))
