@@ -5,6 +5,7 @@ Environment:
                             (default: a toolkit if found, else the wheels when a driver for
                             CUDA 13+ is present; _build/gputrain_cuda.py)
   GPUTRAIN_SANITIZE=1       build with -fsanitize=address,undefined
+  GPUTRAIN_SANITIZE=thread  build with -fsanitize=thread (.ci/sanitizers.sh runs both)
   CUDA_HOME / CUDA_PATH     the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
 
 The CPU GEMM library is oneDNN (onednn-cpu-gomp) on x86-64 and OpenBLAS (scipy-openblas32)
@@ -101,7 +102,7 @@ def nvcc_version(cuda_home):
     return out.strip().splitlines()[-1]
 
 
-SANITIZE = os.environ.get("GPUTRAIN_SANITIZE", "") == "1"
+SANITIZE = os.environ.get("GPUTRAIN_SANITIZE", "")
 BLAS = find_blas()
 CUDA_SOURCE = gputrain_cuda.choose()  # the CUDA files are located in build_ext, once installed
 
@@ -109,10 +110,15 @@ C_FLAGS = ["-std=c11", "-O3", "-fopenmp", "-ffp-contract=off", "-fno-strict-alia
            "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
 LINK_FLAGS = ["-fopenmp", f"-Wl,-rpath,{BLAS.rpath}"]
-if SANITIZE:
+if SANITIZE == "1":
     san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
     C_FLAGS += san
     LINK_FLAGS += san
+elif SANITIZE == "thread":  # -O1 after -O3: TSan's reports keep the frames they name
+    C_FLAGS += ["-fsanitize=thread", "-O1", "-fno-omit-frame-pointer", "-g"]
+    LINK_FLAGS += ["-fsanitize=thread"]
+elif SANITIZE not in ("", "0"):
+    raise RuntimeError(f"GPUTRAIN_SANITIZE={SANITIZE!r}: use 1 (ASan+UBSan) or thread (TSan)")
 
 macros = [("GT_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", None)]
 libraries = [BLAS.library, "m"]

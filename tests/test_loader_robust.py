@@ -209,3 +209,34 @@ def test_ctrl_c_interrupts_a_wait_for_a_stuck_worker():
         assert process.returncode == 0, err
     finally:
         process.kill()
+
+
+@pytest.mark.parametrize("call", ["next(it)", "iter(loader)"])
+def test_daemon_thread_reaching_a_loader_after_the_exit_handler_is_silent(call):
+    """The race behind a rare stray error in the daemon-thread exit scenario above: the exit
+    handler releases the GIL while it joins the workers, a daemon thread runs in that window and
+    finds its engine shut down. Forced here: an exit handler that runs after gputrain's (atexit is
+    last-in first-out) lets the daemon thread make its call, then waits for it."""
+    script = textwrap.dedent(f"""
+    import atexit, threading
+    go = threading.Event()
+    def let_the_daemon_run():
+        go.set()
+        daemon.join(1.0)  # without a fix, the daemon thread raises and ends at once
+    atexit.register(let_the_daemon_run)
+    import numpy as np, gputrain as gt
+    loader = gt.DataLoader(np.arange(1000), batch_size=2, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    def consume():
+        go.wait()
+        {call}
+    daemon = threading.Thread(target=consume, daemon=True)
+    daemon.start()
+    print("done", flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert "Error" not in result.stderr, result.stderr

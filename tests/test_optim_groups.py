@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+import gputrain as gt
 from gputrain.nn import Parameter
 from gputrain.optim import (
     SGD,
@@ -151,3 +152,18 @@ def test_non_finite_norm():
     opt.clip_grad_norm_(1.0)
     opt.zero_grad()  # forgets a coefficient that was never used
     assert opt._pending_coef == 1.0
+
+
+def test_rejected_add_param_group_leaves_the_optimizer_as_it_was():
+    # found by tests/fuzz: the C core refused SGD's bad 'betas' after the group was appended, so
+    # param_groups had a group the core lacked and state_dict() raised IndexError from then on
+    model = gt.nn.Sequential(gt.nn.Linear(4, 3))
+    opt = gt.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gt.TrainStep(model, gt.nn.CrossEntropyLoss(), opt)(np.ones((2, 4), np.float32), np.array([0, 1]))
+    before = opt.state_dict()
+    extra = gt.nn.Parameter(np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="betas"):
+        opt.add_param_group({"params": [extra], "betas": 0})
+    after = opt.state_dict()
+    assert len(opt.param_groups) == 1 and after["param_groups"] == before["param_groups"]
+    assert all(np.array_equal(after["state"][0][k], before["state"][0][k]) for k in before["state"][0])

@@ -67,10 +67,10 @@ static int describe_ragged(PyObject *spec, Py_ssize_t index, gt_field *field, np
     if (item_bytes_of(values, index, &item_bytes) < 0)
         return -1;
     if (!PyArray_IS_C_CONTIGUOUS(values) || PyArray_TYPE(offsets) != NPY_INT64 || PyArray_NDIM(offsets) != 1 ||
-        !PyArray_IS_C_CONTIGUOUS(offsets) || PyArray_DIM(offsets, 0) < 1 ||
+        !PyArray_IS_C_CONTIGUOUS(offsets) || !PyArray_ISALIGNED(offsets) || PyArray_DIM(offsets, 0) < 1 ||
         !PyArray_EquivTypes(PyArray_DESCR(pad), PyArray_DESCR(values)) || !PyArray_IS_C_CONTIGUOUS(pad) ||
         (size_t)PyArray_NBYTES(pad) != item_bytes) {
-        PyErr_Format(PyExc_ValueError, "data: ragged array %zd needs C-contiguous values, int64 offsets "
+        PyErr_Format(PyExc_ValueError, "data: ragged array %zd needs C-contiguous values, aligned int64 offsets "
                      "and one padding item of the values' dtype", index);
         return -1;
     }

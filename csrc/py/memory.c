@@ -21,11 +21,12 @@ static PyObject *set_memory_limit(PyObject *module, PyObject *args, PyObject *kw
         if (!PyLong_Check(limit_obj) || PyBool_Check(limit_obj))
             return PyErr_Format(PyExc_TypeError, "limit must be an int number of bytes or None, not %.100s",
                                 Py_TYPE(limit_obj)->tp_name);
-        long long value = PyLong_AsLongLong(limit_obj);
+        int overflow = 0;
+        long long value = PyLong_AsLongLongAndOverflow(limit_obj, &overflow);
         if (value == -1 && PyErr_Occurred())
             return NULL;
-        if (value < 0)
-            return PyErr_Format(PyExc_ValueError, "limit must be >= 0 bytes, got %lld", value);
+        if (overflow || value < 0)
+            return PyErr_Format(PyExc_ValueError, "limit must be >= 0 and < 2**63 bytes, got %R", limit_obj);
         limit = (size_t)value;
     }
     gt_status status = gt_mem_set_limit(device, limit);

@@ -281,7 +281,9 @@ def linear_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, dtype: 
     """
     dout_act, x_act = _acts(dtype, dout=dout, x=x)
     weight = _param(weight, "weight")
-    if weight.ndim != 2 or x_act.raw.ndim < 1 or weight.shape[1] != x_act.raw.shape[-1]:
+    if x_act.raw.ndim < 1:
+        raise ValueError("x must have at least 1 dimension (features last), got a 0-d array")
+    if weight.ndim != 2 or weight.shape[1] != x_act.raw.shape[-1]:
         raise ValueError(f"weight must have shape (out_features, {x_act.raw.shape[-1]}), "
                          f"got {weight.shape}")
     if dout_act.raw.shape != x_act.raw.shape[:-1] + (weight.shape[0],):
@@ -490,13 +492,14 @@ def layer_norm_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, mea
     return x_act.wrap(din), dweight, dbias
 
 
-def embedding(ids: Any, table: np.ndarray, dtype: str = "f32") -> np.ndarray:
-    """``table[ids]`` rounded to ``dtype``: shape ids.shape + (dim,); ids must be in [0, num)."""
+def embedding(ids: Any, table: np.ndarray, dtype: str | None = "f32") -> np.ndarray:
+    """``table[ids]`` rounded to ``dtype`` (None: f32): shape ids.shape + (dim,); ids must be
+    in [0, num)."""
     ids = _ids(ids, "ids")
     table = _param(table, "table")
     if table.ndim != 2:
         raise ValueError(f"table must be 2-D (num, dim), got shape {table.shape}")
-    dt = _dtype_name(dtype)
+    dt = _dtype_name(dtype) or "f32"
     out = np.empty(ids.shape + (table.shape[1],), dtype=_RAW_TYPES[dt])
     _C.op_embedding(out, ids, table, dt)
     return _wrap(out, dt, False)
@@ -546,6 +549,8 @@ def cross_entropy(logits: np.ndarray, targets: Any, label_smoothing: float = 0.0
     dloss_scale = _real(dloss_scale, "dloss_scale")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
         raise TypeError(f"ignore_index must be an int, not {type(ignore_index).__name__}")
+    if not -2**63 <= ignore_index < 2**63:
+        raise ValueError(f"ignore_index must fit in int64 (targets' type), got {ignore_index}")
     _check_no_nan(logits_act, "logits")
     losses = np.empty(targets.shape[0], dtype=np.float32)
     dlogits = logits_act.empty()

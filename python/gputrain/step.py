@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C, backends
+from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
@@ -75,13 +76,18 @@ class TrainStep:
             raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
         if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
             raise TypeError("gradient_accumulation_steps must be an int")
-        if gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        if not 1 <= gradient_accumulation_steps < 2**31:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1 and < 2**31, got {gradient_accumulation_steps}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
                                               and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a positive finite number or None, got {max_grad_norm!r}")
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError(f"scaler must be a gputrain.amp.GradScaler or None, not {type(scaler).__name__}")
+        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+            raise TypeError(f"scheduler must have a step() method (e.g. gputrain.optim.LambdaLR) or be None, "
+                            f"not {type(scheduler).__name__}")
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer

@@ -15,7 +15,10 @@ class RaggedArray:
 
     def __init__(self, values: Any, offsets: Any, pad_value: Any = 0) -> None:
         values = np.ascontiguousarray(values)
-        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        try:
+            offsets = np.require(offsets, np.int64, ["C_CONTIGUOUS", "ALIGNED"])  # C reads them as int64
+        except OverflowError:
+            raise ValueError("offsets must be item offsets that fit in int64") from None
         if values.ndim < 1:
             raise ValueError("values must have at least one dimension (the items)")
         if values.dtype.hasobject:
@@ -26,7 +29,10 @@ class RaggedArray:
             raise ValueError(f"offsets must be non-decreasing within [0, {len(values)}]")
         self.values = values
         self.offsets = offsets
-        self.pad = np.full(values.shape[1:], pad_value, dtype=values.dtype)
+        try:
+            self.pad = np.full(values.shape[1:], pad_value, dtype=values.dtype)
+        except OverflowError:
+            raise ValueError(f"pad_value {pad_value!r} does not fit the values' dtype {values.dtype}") from None
 
     @classmethod
     def from_sequences(cls, sequences: Sequence[Any], dtype: Any = None, pad_value: Any = 0) -> "RaggedArray":

@@ -86,6 +86,16 @@ def _shutdown_all_engines() -> None:
         engine.shutdown()
 
 
+def _park_daemon_thread_at_exit() -> None:
+    """Blocks a thread other than the main one for good once the interpreter exits. Only daemon
+    threads still run then (non-daemon ones were joined before the exit handlers), and Python
+    freezes them at finalization anyway; but while `_shutdown_all_engines` joins the workers
+    without the GIL, a daemon thread may run on and find its engine shut down. It waits for
+    finalization here instead of dying with a stray RuntimeError on stderr."""
+    if _EXITING[0] and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
+
+
 @dataclass
 class _Plan:
     """One epoch as the C engine takes it."""
@@ -467,6 +477,7 @@ class DataLoader:
     # ---- iteration ---------------------------------------------------------------------------
 
     def _new_engine(self, max_rows: int) -> _Engine:
+        _park_daemon_thread_at_exit()
         if _EXITING[0]:
             raise RuntimeError("DataLoader: the interpreter is shutting down; no new epoch can start")
         hooks_in_workers = self.transform_in_workers and self.num_workers > 0
@@ -577,8 +588,12 @@ class _DataLoaderIter(Iterator[Any]):
             self._timeout = loader.timeout
             self._pipeline = loader._batch_pipeline()
             self._worker_side = loader.transform_in_workers and loader.num_workers > 0
-        num_batches = self.engine.engine.start_epoch(plan.order, plan.batch_size, plan.drop_last, plan.offsets,
-                                                     start, done)
+        try:
+            num_batches = self.engine.engine.start_epoch(plan.order, plan.batch_size, plan.drop_last,
+                                                         plan.offsets, start, done)
+        except RuntimeError:  # shut down at exit since __iter__ found it usable
+            _park_daemon_thread_at_exit()
+            raise
         self._progress = _Progress(epoch, num_batches, start, done)
         self._finished = False
         device = loader.device if loader is not None else None
@@ -618,6 +633,7 @@ class _DataLoaderIter(Iterator[Any]):
         try:
             item = self.engine.engine.next(float(self._timeout))
         except BaseException as error:  # a timeout, Ctrl-C, a C failure: end the epoch at once
+            _park_daemon_thread_at_exit()
             self._finished = True
             self.engine.stop()  # a worker busy in a hook is joined when the engine is dropped
             if isinstance(error, TimeoutError):

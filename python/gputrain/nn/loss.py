@@ -16,6 +16,8 @@ class CrossEntropyLoss:
             raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
             raise TypeError(f"ignore_index must be an int, not {type(ignore_index).__name__}")
+        if not -2**63 <= ignore_index < 2**63:
+            raise ValueError(f"ignore_index must fit in int64 (targets' type), got {ignore_index}")
         self.label_smoothing = float(label_smoothing)
         self.ignore_index = ignore_index
 

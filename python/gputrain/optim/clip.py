@@ -20,6 +20,9 @@ __all__ = ["clip_coefficient", "clip_grad_norm_", "total_norm"]
 def total_norm(grads: Iterable[np.ndarray], norm_type: float = 2.0) -> float:
     """The norm of all gradients together (each a float32 array): 2, inf, or any p > 0."""
     grads = list(grads)
+    for g in grads:
+        if not isinstance(g, np.ndarray):
+            raise TypeError(f"grads must be NumPy arrays, got a {type(g).__name__}")
     p = float(norm_type)
     if p == 2.0:
         return math.sqrt(sum((_C.grad_sumsq(g) for g in grads), 0.0))
@@ -28,7 +31,10 @@ def total_norm(grads: Iterable[np.ndarray], norm_type: float = 2.0) -> float:
     if not p > 0.0:
         raise ValueError(f"norm_type must be > 0 or inf, got {norm_type}")
     total = sum(float(np.sum(np.abs(g.astype(np.float64)) ** p)) for g in grads)
-    return total ** (1.0 / p)
+    try:
+        return total ** (1.0 / p)
+    except OverflowError:  # a tiny p: beyond the float range, as NumPy and PyTorch say
+        return math.inf
 
 
 def clip_coefficient(max_norm: float, norm: float) -> float:

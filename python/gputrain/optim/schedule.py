@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -164,6 +165,16 @@ def _inverse_sqrt(step: int, *, num_warmup_steps: int, timescale: int) -> float:
     return 1.0 / math.sqrt((step + shift) / timescale)
 
 
+def _steps(value: Any, name: str, minimum: int = 0) -> int:
+    """A step count argument of a schedule: an int >= minimum (a bad one would otherwise fail
+    later, e.g. divide by zero in the middle of training)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
 def get_constant_schedule(optimizer: Any, last_epoch: int = -1) -> LambdaLR:
     """lr stays at the optimizer's initial lr."""
     return LambdaLR(optimizer, _constant, last_epoch)
@@ -171,12 +182,15 @@ def get_constant_schedule(optimizer: Any, last_epoch: int = -1) -> LambdaLR:
 
 def get_constant_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, last_epoch: int = -1) -> LambdaLR:
     """Linear warmup from 0, then constant."""
+    num_warmup_steps = _steps(num_warmup_steps, "num_warmup_steps")
     return LambdaLR(optimizer, partial(_constant_with_warmup, num_warmup_steps=num_warmup_steps), last_epoch)
 
 
 def get_linear_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, num_training_steps: int,
                                     last_epoch: int = -1) -> LambdaLR:
     """Linear warmup from 0, then linear decay to 0 at num_training_steps."""
+    num_warmup_steps = _steps(num_warmup_steps, "num_warmup_steps")
+    num_training_steps = _steps(num_training_steps, "num_training_steps")
     fn = partial(_linear, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps)
     return LambdaLR(optimizer, fn, last_epoch)
 
@@ -184,6 +198,8 @@ def get_linear_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, num_t
 def get_cosine_schedule_with_warmup(optimizer: Any, num_warmup_steps: int, num_training_steps: int,
                                     num_cycles: float = 0.5, last_epoch: int = -1) -> LambdaLR:
     """Linear warmup, then a cosine from the initial lr to 0 (num_cycles=0.5: half a wave)."""
+    num_warmup_steps = _steps(num_warmup_steps, "num_warmup_steps")
+    num_training_steps = _steps(num_training_steps, "num_training_steps")
     fn = partial(_cosine, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
                  num_cycles=num_cycles)
     return LambdaLR(optimizer, fn, last_epoch)
@@ -193,6 +209,8 @@ def get_cosine_with_hard_restarts_schedule_with_warmup(optimizer: Any, num_warmu
                                                        num_training_steps: int, num_cycles: int = 1,
                                                        last_epoch: int = -1) -> LambdaLR:
     """Linear warmup, then num_cycles cosine decays to 0, each restarting at the initial lr."""
+    num_warmup_steps = _steps(num_warmup_steps, "num_warmup_steps")
+    num_training_steps = _steps(num_training_steps, "num_training_steps")
     fn = partial(_cosine_restarts, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps,
                  num_cycles=num_cycles)
     return LambdaLR(optimizer, fn, last_epoch)
@@ -202,6 +220,8 @@ def get_polynomial_decay_schedule_with_warmup(optimizer: Any, num_warmup_steps: 
                                               lr_end: float = 1e-7, power: float = 1.0,
                                               last_epoch: int = -1) -> LambdaLR:
     """Linear warmup, then polynomial decay from the initial lr to lr_end."""
+    num_warmup_steps = _steps(num_warmup_steps, "num_warmup_steps")
+    num_training_steps = _steps(num_training_steps, "num_training_steps", num_warmup_steps + 1)
     lr_init = optimizer.defaults["lr"]
     if not (lr_init > lr_end):
         raise ValueError(f"lr_end ({lr_end}) must be smaller than initial lr ({lr_init})")
@@ -213,8 +233,8 @@ def get_polynomial_decay_schedule_with_warmup(optimizer: Any, num_warmup_steps: 
 def get_inverse_sqrt_schedule(optimizer: Any, num_warmup_steps: int, timescale: int | None = None,
                               last_epoch: int = -1) -> LambdaLR:
     """Linear warmup, then lr * 1/sqrt((step + timescale - warmup) / timescale)."""
-    if timescale is None:
-        timescale = num_warmup_steps or 10_000
+    num_warmup_steps = _steps(num_warmup_steps, "num_warmup_steps")
+    timescale = _steps(num_warmup_steps or 10_000 if timescale is None else timescale, "timescale", 1)
     fn = partial(_inverse_sqrt, num_warmup_steps=num_warmup_steps, timescale=timescale)
     return LambdaLR(optimizer, fn, last_epoch)
 
