@@ -138,3 +138,11 @@ def test_a_huge_broadcast_batch_over_the_memory_limit_raises_out_of_memory(memor
         step(x, y)
     with pytest.raises(OOM, match="cpu out of memory"):
         step.model(x)
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Linear(2**64, 1), lambda: nn.Linear(1, 2**70),
+                                  lambda: nn.Embedding(2**64, 2), lambda: nn.LayerNorm(2**64),
+                                  lambda: gt.Buffer(2**64)])
+def test_sizes_beyond_64_bits_are_a_value_error(make):
+    with pytest.raises(ValueError, match="too large"):
+        make()

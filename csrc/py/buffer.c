@@ -9,17 +9,40 @@ typedef struct {
     gt_block block;   /* the memory; freed when the Buffer is deallocated */
 } BufferObject;
 
+/* A positive byte count from an int (or an object with __index__); a count beyond any address
+ * space is a ValueError naming `name`, not an OverflowError. */
+static int parse_nbytes(PyObject *obj, const char *name, Py_ssize_t *out) {
+    PyObject *index = PyNumber_Index(obj);
+    if (!index)
+        return -1;
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow > 0 || value > PY_SSIZE_T_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s is too large: more than %zd bytes", name, PY_SSIZE_T_MAX);
+        return -1;
+    }
+    if (overflow < 0 || value <= 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be > 0, got %S", name, obj);
+        return -1;
+    }
+    *out = (Py_ssize_t)value;
+    return 0;
+}
+
 static PyObject *buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"nbytes", "device", NULL};
-    Py_ssize_t nbytes = 0;
-    PyObject *device_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|O:Buffer", keywords, &nbytes, &device_obj))
+    PyObject *nbytes_obj = NULL, *device_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:Buffer", keywords, &nbytes_obj, &device_obj))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     if (!module)
         return NULL;
-    if (nbytes <= 0)
-        return PyErr_Format(PyExc_ValueError, "nbytes must be > 0, got %zd", nbytes);
+    Py_ssize_t nbytes = 0;
+    if (parse_nbytes(nbytes_obj, "nbytes", &nbytes) < 0)
+        return NULL;
     gt_device device;
     if (gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0)
         return NULL;

@@ -41,7 +41,6 @@ class Target:
     setup: Callable[[], Any] | None = None
     state: Callable[[Any], Any] | None = None
     mutates: tuple[str, ...] = ()
-    xfail: str = ""  # an issue item whose fix is in progress elsewhere: failures reported, not fatal
 
     def strategy(self) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
         """(name, {argument: spec}) with at most two arguments bad, or all of them."""
@@ -59,10 +58,10 @@ TARGETS: dict[str, Target] = {}
 
 
 def target(name: str, allowed: tuple[type[BaseException], ...], /, *, setup: Callable[[], Any] | None = None,
-           state: Callable[[Any], Any] | None = None, mutates: tuple[str, ...] = (), xfail: str = "",
+           state: Callable[[Any], Any] | None = None, mutates: tuple[str, ...] = (),
            **args: Arg | st.SearchStrategy) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(call: Callable[..., Any]) -> Callable[..., Any]:
-        TARGETS[name] = Target(name, call, args, allowed, setup, state, mutates, xfail)
+        TARGETS[name] = Target(name, call, args, allowed, setup, state, mutates)
         return call
     return register
 
@@ -359,7 +358,7 @@ def _(f, x):
     return f(x)
 
 
-@target("Module.load_state_dict", STATE, setup=mlp, state=model_state, xfail="6 (atomic load_state_dict)",
+@target("Module.load_state_dict", STATE, setup=mlp, state=model_state,
         state_dict=damaged({"0.weight": arr(8, 4), "0.bias": arr(8), "2.weight": arr(3, 8), "2.bias": arr(3)}),
         strict=num(True, False))
 def _(f, **a):
@@ -491,7 +490,7 @@ for _kind, _setup in (("AdamW", trained), ("SGD", trained_sgd)):
             g["params"] = _params(params)
         f.opt.add_param_group(g)
 
-    @target(f"{_kind}.load_state_dict", STATE, setup=_setup, state=training_state, xfail="6 (atomic load_state_dict)",
+    @target(f"{_kind}.load_state_dict", STATE, setup=_setup, state=training_state,
             state_dict=damaged({"state": st.just(("D", [])), "param_groups": st.just(("L", []))}), real=num(True))
     def _(f, state_dict, real):
         if real is True:  # a real state dict with one value damaged
@@ -575,7 +574,7 @@ def _(f, lr_lambda, last_epoch):
     return s.get_last_lr()
 
 
-@target("LambdaLR.load_state_dict", STATE, setup=with_scheduler, state=sched_state, xfail="6 (atomic load_state_dict)",
+@target("LambdaLR.load_state_dict", STATE, setup=with_scheduler, state=sched_state,
         state_dict=damaged({"last_epoch": num(3), "base_lrs": st.just(("L", [lit(0.01)])),
                             "_step_count": num(4), "_last_lr": st.just(("L", [lit(0.01)]))}))
 def _(f, state_dict):
@@ -591,7 +590,7 @@ def _(f, params, **a):
     return ema.current_decay()
 
 
-@target("EMA.load_state_dict", STATE, setup=with_ema, state=ema_state, xfail="6 (atomic load_state_dict)",
+@target("EMA.load_state_dict", STATE, setup=with_ema, state=ema_state,
         state_dict=damaged({"decay": num(0.9), "num_updates": num(1), "shadow": st.just(("L", []))}), real=num(True))
 def _(f, state_dict, real):
     if real is True and isinstance(state_dict, dict):
@@ -607,7 +606,7 @@ def _(f, **a):
     return gt.amp.GradScaler(**a).state_dict()
 
 
-@target("GradScaler.load_state_dict", STATE + (RuntimeError,), setup=with_scaler, state=scaler_state, xfail="5 (GradScaler state)",
+@target("GradScaler.load_state_dict", STATE + (RuntimeError,), setup=with_scaler, state=scaler_state,
         state_dict=damaged({"scale": num(256.0), "growth_factor": num(2.0), "backoff_factor": num(0.5),
                             "growth_interval": num(3), "_growth_tracker": num(0, 2)}))
 def _(f, state_dict):
@@ -631,7 +630,7 @@ DATASET = Arg(st.one_of(st.just(("T", [spec_arr("float32", (8, 4)), spec_arr("in
               st.one_of(st.just(("T", [spec_arr("float32", (8, 4)), spec_arr("int64", (7,))])), arr(8, 4).bad))
 
 
-@target("DataLoader", ARRAYS + (RuntimeError,), xfail="9 (DataLoader arguments)", dataset=DATASET,
+@target("DataLoader", ARRAYS + (RuntimeError,), dataset=DATASET,
         batch_size=num(3, 1, None), shuffle=num(None, True, False), num_workers=num(0, 1, 2),
         drop_last=num(False, True), timeout=num(0, 5.0), prefetch_factor=num(None, 2),
         persistent_workers=num(False, True), in_order=num(True, False), seed=num(None, 0, 5), pin_memory=num(False))
@@ -644,7 +643,7 @@ def _(f, num_workers, prefetch_factor, **a):
     return [len(b) if hasattr(b, "__len__") else b for b in loader][:3]
 
 
-@target("DataLoader.load_state_dict", STATE, setup=with_loader, state=loader_state, xfail="6 (atomic load_state_dict)",
+@target("DataLoader.load_state_dict", STATE, setup=with_loader, state=loader_state,
         state_dict=damaged({"version": num(1), "epoch": num(0, 1), "batches_yielded": num(1), "seed": num(1),
                             "done": st.just(("L", []))}), real=num(True))
 def _(f, state_dict, real):
@@ -765,34 +764,6 @@ def _(f, how):
 
 def all_targets() -> list[Target]:
     return [t for t in TARGETS.values() if not t.name.startswith("selftest.")]
-
-
-# Failures that belong to issue-10 items being fixed on other branches, by target and a text of
-# the problem: (target, text, item). test_fuzz_api reports them in an xfail test of their own.
-KNOWN_OPEN = [
-    ("nn.Linear", "OverflowError", "4 (size overflow)"),
-    ("nn.Embedding", "OverflowError", "4 (size overflow)"),
-    ("nn.LayerNorm", "OverflowError", "4 (size overflow)"),
-    ("Buffer", "OverflowError", "4 (size overflow)"),
-    ("TrainStep.__call__", "OverflowError", "9 (float targets)"),
-    ("TrainStep(any layers)", "OverflowError", "9 (float targets)"),
-]
-
-
-def known_open(result: dict[str, Any]) -> str:
-    """The issue item a failing result belongs to, or "" (a crash or hang never is one)."""
-    if result.get("crashed"):
-        return ""
-    if TARGETS[result["target"]].xfail:
-        return TARGETS[result["target"]].xfail
-    for name, text, item in KNOWN_OPEN:
-        if name == result["target"] and any(text in p for p in result["problems"]):
-            return item
-    return ""
-
-
-def known_open_items() -> list[str]:
-    return sorted({t.xfail for t in TARGETS.values() if t.xfail} | {item for _, _, item in KNOWN_OPEN})
 
 
 def snapshot(value: Any) -> Any:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _fuzz_runner import Pool, Report  # noqa: E402
-from _fuzz_targets import all_targets, known_open_items  # noqa: E402
+from _fuzz_targets import all_targets  # noqa: E402
 
 CASES = int(os.environ.get("GPUTRAIN_FUZZ_CASES", "10000"))
 SEED = int(os.environ.get("GPUTRAIN_FUZZ_SEED", str(random.randrange(2**32))))
@@ -58,10 +58,9 @@ def run_fuzz() -> tuple[Report, float]:
 @pytest.fixture(scope="module")
 def fuzz_report() -> Report:
     report, seconds = run_fuzz()
-    known = sum(1 for f in report.failures if f["xfail"])
     print(f"\nfuzz: {report.cases} cases in {seconds:.0f} s (seed {SEED}, {WORKERS} workers): "
           f"{report.raised} rejected with an allowed exception, {report.returned} returned, "
-          f"{len(report.failures)} failed ({known} in known-open issue items)")
+          f"{len(report.failures)} failed")
     path = os.environ.get("GPUTRAIN_FUZZ_REPORT")
     if path:
         with open(path, "w") as f:
@@ -92,12 +91,4 @@ def test_every_target_ran(fuzz_report: Report) -> None:
 
 
 def test_bad_input_never_crashes_and_raises_an_allowed_exception(fuzz_report: Report) -> None:
-    failures = [f for f in fuzz_report.failures if not f["xfail"]]
-    assert not failures, describe(failures)
-
-
-@pytest.mark.parametrize("item", known_open_items())
-@pytest.mark.xfail(strict=False, reason="issue 10 items being fixed on other branches; un-xfail after merge")
-def test_known_open_items(fuzz_report: Report, item: str) -> None:
-    failures = [f for f in fuzz_report.failures if f["xfail"] == item]
-    assert not failures, describe(failures)
+    assert not fuzz_report.failures, describe(fuzz_report.failures)

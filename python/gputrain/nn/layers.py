@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 from gputrain.nn.module import Module
@@ -12,6 +13,8 @@ def _positive_int(value: object, name: str) -> int:
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
+    if value > sys.maxsize:  # no tensor of this machine can have that many elements in a row
+        raise ValueError(f"{name} is too large: {value} (at most {sys.maxsize})")
     return value
 
 
