@@ -25,6 +25,16 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(gt.__file__)))
 ACCUMULATION = 16  # micro-batches per step: a step long enough (~0.1-1 s) to act during it
 
 
+def attempt(call, *args) -> str:
+    """'ok' when call(*args) ran, 'refused' when another thread held what it needs."""
+    try:
+        call(*args)
+    except RuntimeError as error:
+        assert "in use by another thread" in str(error)
+        return "refused"
+    return "ok"
+
+
 def make_setup(seed=0, optimizer="adamw"):
     gt.random.manual_seed(seed)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
@@ -145,12 +155,7 @@ def test_the_same_train_step_from_two_threads_equals_serial_steps():
     def worker():
         barrier.wait()
         for _ in range(2):
-            try:
-                step(x, y)
-                outcomes.append("ok")
-            except RuntimeError as error:
-                assert "in use by another thread" in str(error)
-                outcomes.append("refused")
+            outcomes.append(attempt(step, x, y))
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
     for t in threads:
@@ -203,22 +208,12 @@ def test_a_train_step_during_an_optimizer_step_raises():
 
     def optimizer_steps():
         for _ in range(3):
-            try:
-                opt.step()
-                outcomes.append("ok")
-            except RuntimeError as error:
-                assert "in use by another thread" in str(error)
-                outcomes.append("refused")
+            outcomes.append(attempt(opt.step))
 
     holder = StepThread(optimizer_steps)
     holder.start()
     wait_until(lambda: model.compiled.busy or not holder.is_alive())
-    try:
-        step(x, y)
-        outcomes.append("ok")
-    except RuntimeError as error:
-        assert "in use by another thread" in str(error)
-        outcomes.append("refused")
+    outcomes.append(attempt(step, x, y))
     holder.join()
     assert holder.error is None
     assert "refused" in outcomes

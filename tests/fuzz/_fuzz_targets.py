@@ -590,14 +590,19 @@ def _(f, params, **a):
     return ema.current_decay()
 
 
+def over_real(owner: Any, state_dict: Any, real: Any) -> Any:
+    """With real=True, the damaged entries laid over owner's own valid state (so one bad value
+    sits among good ones); otherwise the damaged state as it is."""
+    if real is True and isinstance(state_dict, dict):
+        own = owner.state_dict()
+        return {**own, **{k: v for k, v in state_dict.items() if k in own}}
+    return state_dict
+
+
 @target("EMA.load_state_dict", STATE, setup=with_ema, state=ema_state,
         state_dict=damaged({"decay": num(0.9), "num_updates": num(1), "shadow": st.just(("L", []))}), real=num(True))
 def _(f, state_dict, real):
-    if real is True and isinstance(state_dict, dict):
-        sd = f.ema.state_dict()
-        sd.update({k: v for k, v in state_dict.items() if k in sd})
-        state_dict = sd
-    f.ema.load_state_dict(state_dict)
+    f.ema.load_state_dict(over_real(f.ema, state_dict, real))
 
 
 @target("amp.GradScaler", ARGS, init_scale=num(65536.0, 1.0), growth_factor=num(2.0), backoff_factor=num(0.5),
@@ -647,11 +652,7 @@ def _(f, num_workers, prefetch_factor, **a):
         state_dict=damaged({"version": num(1), "epoch": num(0, 1), "batches_yielded": num(1), "seed": num(1),
                             "done": st.just(("L", []))}), real=num(True))
 def _(f, state_dict, real):
-    if real is True and isinstance(state_dict, dict):
-        sd = f.loader.state_dict()
-        sd.update({k: v for k, v in state_dict.items() if k in sd})
-        state_dict = sd
-    f.loader.load_state_dict(state_dict)
+    f.loader.load_state_dict(over_real(f.loader, state_dict, real))
     return [len(b[0]) for b in f.loader]
 
 
