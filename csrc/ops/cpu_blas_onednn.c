@@ -7,9 +7,13 @@
  *   kept in a small cache; their scratchpad is gputrain's (planned workspace), not oneDNN's.
  * oneDNN runs a call single-threaded when it is made inside an active OpenMP region and sizes its
  * blocking by omp_get_max_threads(); every call here therefore runs with that set to 1 for the
- * calling task only (run_alone), so neither the bits nor the blocking depend on the pool. */
+ * calling task only (run_alone), so neither the bits nor the blocking depend on the pool.
+ * Asynchronous signals are held off the calling thread for the call: oneDNN 2023.2's generated
+ * f32 GEMM kernels point rsp into a heap buffer, so a signal frame pushed there (Ctrl-C, a
+ * profiler's timer) corrupted the heap (oneDNN issue #4845, fixed upstream in 2026). */
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -250,19 +254,35 @@ static gt_status gemm_run(const gt_blas_gemm *g, void *scratch) {
     return execute_matmul(g, scratch);
 }
 
-/* fn(g, scratch) with omp_get_max_threads() = 1 for the calling task only. Inside an active
- * region the setting ends with the region; outside one, a one-thread region scopes it. */
+/* fn(g, scratch) with every asynchronous signal blocked on the calling thread (they are
+ * delivered when it returns, or to another thread meanwhile). Faults stay unblocked. */
+static gt_status without_signals(gt_status (*fn)(const gt_blas_gemm *, void *), const gt_blas_gemm *g,
+                                 void *scratch) {
+    sigset_t held, before;
+    sigfillset(&held);
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS};
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++)
+        sigdelset(&held, faults[i]);
+    pthread_sigmask(SIG_BLOCK, &held, &before);
+    gt_status status = fn(g, scratch);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+    return status;
+}
+
+/* fn(g, scratch) with omp_get_max_threads() = 1 for the calling task only (inside an active
+ * region the setting ends with the region; outside one, a one-thread region scopes it), and
+ * without signals. */
 static gt_status run_alone(gt_status (*fn)(const gt_blas_gemm *, void *), const gt_blas_gemm *g,
                            void *scratch) {
     if (omp_in_parallel() || omp_get_max_threads() == 1) {
         omp_set_num_threads(1);
-        return fn(g, scratch);
+        return without_signals(fn, g, scratch);
     }
     gt_status status = GT_OK;
 #pragma omp parallel num_threads(1)
     {
         omp_set_num_threads(1);
-        status = fn(g, scratch);
+        status = without_signals(fn, g, scratch);
     }
     return status;
 }
