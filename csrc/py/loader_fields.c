@@ -15,8 +15,9 @@ static int item_bytes_of(PyArrayObject *array, Py_ssize_t index, size_t *bytes) 
         return -1;
     }
     *bytes = (size_t)PyArray_ITEMSIZE(array);
+    int empty = PyArray_SIZE(array) == 0;  /* NumPy gives empty arrays arbitrary (zero) strides */
     for (int d = PyArray_NDIM(array) - 1; d >= 1; d--) {
-        if (PyArray_DIM(array, d) > 1 && PyArray_STRIDE(array, d) != (npy_intp)*bytes) {
+        if (!empty && PyArray_DIM(array, d) > 1 && PyArray_STRIDE(array, d) != (npy_intp)*bytes) {
             PyErr_Format(PyExc_ValueError, "data: array %zd's rows are not contiguous; pass "
                          "numpy.ascontiguousarray(...) of it", index);
             return -1;
