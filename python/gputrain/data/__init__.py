@@ -1,12 +1,15 @@
-"""gputrain.data: the DataLoader, its samplers, and text data (token windows, ragged rows, buckets).
+"""gputrain.data: the DataLoader, its samplers, Dataset classes and collate functions, and text
+data (token windows, ragged rows, buckets).
 
-    from gputrain.data import DataLoader, DistributedSampler, TokenDataset, bucket_by_length
+    from gputrain.data import DataLoader, Dataset, DistributedSampler, TokenDataset, default_collate
 """
 
 from __future__ import annotations
 
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._worker import WorkerInfo, get_worker_info
+from gputrain.data.collate import Padded, default_collate, default_convert, pad_collate
+from gputrain.data.dataset import Dataset, IterableDataset
 from gputrain.data.loader import DataLoader
 from gputrain.data.sampler import (
     BatchSampler,
@@ -21,7 +24,10 @@ __all__ = [
     "BatchSampler",
     "BucketBatchSampler",
     "DataLoader",
+    "Dataset",
     "DistributedSampler",
+    "IterableDataset",
+    "Padded",
     "RaggedArray",
     "RandomSampler",
     "Sampler",
@@ -29,5 +35,8 @@ __all__ = [
     "TokenDataset",
     "WorkerInfo",
     "bucket_by_length",
+    "default_collate",
+    "default_convert",
     "get_worker_info",
+    "pad_collate",
 ]

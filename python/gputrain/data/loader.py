@@ -30,10 +30,12 @@ import numpy as np
 
 from gputrain import _C
 from gputrain._state_checks import check_keys, check_mapping, integer
+from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatches
 from gputrain.data._errors import WorkerError, raise_delivered_error
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import flatten, num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
+from gputrain.data.dataset import ARRAYS, ITERABLE, MAP, dataset_kind
 from gputrain.data.transfer import DeviceStage
 from gputrain.data.sampler import (
     ORDER_ARRAY,
@@ -232,10 +234,17 @@ class DataLoader:
         num_workers = _check_int("num_workers", num_workers)
         prefetch_factor = self._check_options(num_workers, timeout, prefetch_factor, persistent_workers,
                                               multiprocessing_context, collate_fn, transform, worker_init_fn)
-        arrays, rebuild = flatten(dataset)
-        self._arrays = arrays
-        self._rebuild = rebuild
-        self._num_rows = num_samples(arrays)
+        self._kind = dataset_kind(dataset)
+        self._arrays: list[Any] = []
+        self._rebuild: Any = None
+        if self._kind == ARRAYS:
+            self._arrays, self._rebuild = flatten(dataset)
+            self._num_rows = num_samples(self._arrays)
+        elif self._kind == MAP:
+            self._num_rows = len(dataset)
+        else:
+            self._num_rows = 0
+            self._check_iterable_options(shuffle, sampler, batch_sampler)
         shuffle = bool(shuffle)
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
@@ -247,10 +256,12 @@ class DataLoader:
         elif batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
         self.seed = seed_from(seed, generator)
-        if sampler is None:
+        if self._kind == ITERABLE:
+            pass  # the dataset gives the order; no sampler
+        elif sampler is None:
             sampler = (RandomSampler(self._num_rows, seed=self.seed) if shuffle
                        else SequentialSampler(self._num_rows))
-        if batch_size is not None and batch_sampler is None:
+        if batch_size is not None and batch_sampler is None and self._kind != ITERABLE:
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -274,10 +285,12 @@ class DataLoader:
         self._next_epoch = 0
         self._resume: tuple[int, list[int]] | None = None
         self._progress: _Progress | None = None
-        self._iterator: _DataLoaderIter | None = None
+        self._iterator: _DataLoaderIter | DatasetIter | None = None
         self._spare_engine: _Engine | None = None  # num_workers=0: slots kept between epochs
         self._pin_warned = False
-        if batch_sampler is None or isinstance(batch_sampler, BatchSampler):  # the batch size is known now
+        if self._kind != ARRAYS:
+            self._check_dataset_device()
+        elif batch_sampler is None or isinstance(batch_sampler, BatchSampler):  # the batch size is known now
             self._check_engine_size(batch_sampler.batch_size if batch_sampler is not None else 1)
         self._initialized = True
         self.check_worker_number_rationality()
@@ -317,6 +330,20 @@ class DataLoader:
             if hook is not None and not callable(hook):
                 raise TypeError(f"{name} must be callable or None, not {type(hook).__name__}")
         return prefetch_factor
+
+    @staticmethod
+    def _check_iterable_options(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+        """PyTorch's checks for an iterable dataset, in its words: it gives its own order."""
+        for name, value in (("shuffle", shuffle if shuffle else None), ("sampler", sampler),
+                            ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, "
+                                 f"but got {name}={value}")
+
+    def _check_dataset_device(self) -> None:
+        if self.device is not None:
+            raise ValueError(f"device={self.device!r}: batches of Dataset objects are delivered in host memory; "
+                             "device= is supported for NumPy array datasets")
 
     def _check_engine_size(self, max_rows: int) -> None:
         """OutOfMemoryError, before anything is allocated, when the ring of slots an epoch needs
@@ -360,6 +387,11 @@ class DataLoader:
     # ---- length, epochs, state ---------------------------------------------------------
 
     def __len__(self) -> int:
+        if self._kind == ITERABLE:  # PyTorch's estimate from len(dataset), when it has one
+            length = len(self.dataset)
+            if self.batch_size is None:
+                return length
+            return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
         return len(self.sampler)
@@ -522,8 +554,46 @@ class DataLoader:
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=3)
 
-    def __iter__(self) -> "_DataLoaderIter":
+    def _dataset_config(self) -> tuple[Any, ...]:
+        """The settings a Dataset object's workers are started with."""
+        return (self.num_workers, self.prefetch_factor, self.worker_init_fn, self.collate_fn, self.transform,
+                self.multiprocessing_context, self.in_order, self.batch_size, self.drop_last, self._order_seed())
+
+    def _epoch_batches(self, epoch: int) -> EpochBatches | None:
+        """A map-style dataset's batches of `epoch` (the array path's plan, as indices)."""
+        if self._kind == ITERABLE:
+            return None
+        plan = self._plan(epoch)
+        rows = _C.sampler_rows(self._num_rows, plan.order)
+        if plan.offsets is not None:
+            return EpochBatches(rows, plan.offsets)
+        size = plan.batch_size
+        count = len(rows) // size if plan.drop_last else -(-len(rows) // size)
+        return EpochBatches(rows, np.minimum(np.arange(count + 1, dtype=np.int64) * size, len(rows)))
+
+    def _iter_dataset(self) -> DatasetIter:
+        self._check_dataset_device()
+        epoch, start, done = self._take_start()
+        batches = self._epoch_batches(epoch)
+        iterator = self._iterator if self.persistent_workers else None
+        if not isinstance(iterator, DatasetIter) or iterator.closed or iterator.config != self._dataset_config():
+            if isinstance(iterator, DatasetIter):
+                iterator.shutdown()
+            iterator = DatasetIter(self, persistent=self.persistent_workers)
+            if self.persistent_workers:
+                self._iterator = iterator
+        if batches is None:
+            self._progress = _Progress(epoch, UNKNOWN_BATCHES, start, [])
+            iterator.reset(None, self._progress, start)
+        else:
+            self._progress = _Progress(epoch, len(batches), start, done)
+            iterator.reset(batches, self._progress, 0)
+        return iterator
+
+    def __iter__(self) -> "_DataLoaderIter | DatasetIter":
         self._warn_pin_memory()
+        if self._kind != ARRAYS:
+            return self._iter_dataset()
         epoch, start, done = self._take_start()
         plan = self._plan(epoch)
         if not self.persistent_workers:

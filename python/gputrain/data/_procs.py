@@ -1,0 +1,222 @@
+"""Worker processes for Dataset objects.
+
+Each worker has its own task queue (main -> worker: which batch, into which slot) and its own
+result pipe (worker -> main: a small skeleton of the batch, or an error, or "end" for an
+exhausted iterable). Batch arrays travel through shared-memory slots (gputrain.data._shm), never
+through the pipes. The main process waits on the result pipes and the processes' sentinels
+together, so a worker that dies is reported at once instead of being waited on.
+
+Task:   (generation, seq, slot id, segment name or None, capacity, indices or None), or None to stop.
+Result: ("ok", generation, seq, slot id, skeleton, new segment name or None, capacity)
+        ("end", generation, seq, slot id, None, None, 0)
+        ("error", generation, seq, slot id, WorkerError, None, 0)
+        ("init_error", -1, -1, -1, WorkerError, None, 0)
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import pickle
+import queue
+import random
+import signal
+import weakref
+from multiprocessing import connection, resource_tracker
+from typing import Any, Callable
+
+import numpy as np
+
+from gputrain.data import _worker
+from gputrain.data._errors import WorkerError
+from gputrain.data._fetch import Fetcher
+from gputrain.data._shm import Slot, SlotRing, SlotWriter
+from gputrain.data.dataset import ITERABLE
+
+_PARENT_CHECK_S = 1.0  # a worker checks this often whether its parent still lives
+_JOIN_S = 2.0  # how long shutdown waits for workers to exit before terminating them
+
+
+def _picklable_error(where: str) -> WorkerError:
+    error = WorkerError.current(where)
+    try:
+        pickle.dumps(error.exc_type)
+    except Exception:  # a local exception class: re-raised as RuntimeError with the same text
+        error.exc_type = RuntimeError
+    return error
+
+
+def _send(conn: connection.Connection, message: tuple[Any, ...]) -> bool:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+        return False  # the main process closed its end: stop
+    return True
+
+
+def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
+                worker_init_fn: Callable[[int], Any] | None, tasks: Any, results: connection.Connection,
+                parent: int) -> None:
+    """The body of a worker process (a module-level function, so that spawn can start it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    where = f"in DataLoader worker process {worker_id}"
+    _worker._local.info = _worker.WorkerInfo(worker_id, num_workers, seed, fetcher.dataset)
+    random.seed(seed)
+    try:
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    except BaseException:
+        _send(results, ("init_error", -1, -1, -1, _picklable_error(where), None, 0))
+        return
+    writer = SlotWriter()
+    generation = None
+    try:
+        while True:
+            try:
+                task = tasks.get(timeout=_PARENT_CHECK_S)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    return
+                continue
+            if task is None:
+                return
+            gen, seq, slot, name, capacity, indices = task
+            if gen != generation:  # a new epoch: an iterable dataset starts over
+                generation = gen
+                if fetcher.kind == ITERABLE:
+                    fetcher.restart()
+            if not _send(results, _run_task(fetcher, writer, where, task)):
+                return
+    finally:
+        writer.close()
+
+
+def _run_task(fetcher: Fetcher, writer: SlotWriter, where: str, task: tuple[Any, ...]) -> tuple[Any, ...]:
+    gen, seq, slot, name, capacity, indices = task
+    try:
+        samples = fetcher.samples(None if indices is None else np.frombuffer(indices, np.int64))
+        if samples is None:
+            return ("end", gen, seq, slot, None, None, 0)
+        form, value = fetcher.collate(samples)
+        skeleton, created, capacity = writer.write(slot, name, capacity, form, value)
+        return ("ok", gen, seq, slot, skeleton, created, capacity)
+    except Exception:
+        return ("error", gen, seq, slot, _picklable_error(where), None, 0)
+
+
+class WorkerDied(RuntimeError):
+    """A worker process exited while the main process still expected batches from it."""
+
+
+def _describe_exit(process: Any) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class WorkerPool:
+    """The worker processes of one loader (for one epoch, or for good with persistent_workers)."""
+
+    def __init__(self, fetcher: Fetcher, num_workers: int, seed: int, worker_init_fn: Any, context: Any) -> None:
+        resource_tracker.ensure_running()  # one tracker for all: workers' segments outlive workers
+        ctx = _context(context)
+        self.ring = SlotRing()
+        self.processes: list[Any] = []
+        self.tasks: list[Any] = []
+        self.results: list[connection.Connection] = []
+        self.closed = False
+        try:
+            for worker_id in range(num_workers):
+                tasks = ctx.Queue()
+                reader, writer = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=worker_loop, daemon=True, name=f"gputrain-loader-{worker_id}",
+                                      args=(fetcher, worker_id, num_workers, (seed + worker_id) % (1 << 64),
+                                            worker_init_fn, tasks, writer, os.getpid()))
+                process.start()
+                writer.close()
+                self.processes.append(process)
+                self.tasks.append(tasks)
+                self.results.append(reader)
+        except BaseException:
+            self.shutdown()
+            raise
+        _LIVE_POOLS.add(self)
+
+    def submit(self, worker: int, generation: int, seq: int, slot: Slot, indices: np.ndarray | None) -> None:
+        payload = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
+        self.tasks[worker].put((generation, seq, slot.id, slot.name, slot.capacity, payload))
+
+    def slot(self, slot_id: int) -> Slot:
+        return self.ring._slots[slot_id]
+
+    def receive(self, timeout: float | None) -> list[tuple[Any, ...]]:
+        """Results that arrived (waiting up to `timeout` seconds, None: forever, for the first);
+        raises WorkerDied when a worker process exited and left no result behind."""
+        ready = connection.wait(self.results + [p.sentinel for p in self.processes], timeout)
+        messages = []
+        for conn in self.results:
+            while conn in ready or conn.poll():
+                ready = [r for r in ready if r is not conn]
+                try:
+                    messages.append(conn.recv())
+                except (EOFError, OSError):
+                    break
+        for worker, process in enumerate(self.processes):
+            if process.sentinel in ready and not messages:
+                process.join(0)
+                raise WorkerDied(f"DataLoader worker process {worker} (pid {process.pid}) exited unexpectedly "
+                                 f"({_describe_exit(process)})")
+        return messages
+
+    def shutdown(self) -> None:
+        """Stops the workers (terminating any that do not exit in time) and unlinks the slots."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE_POOLS.discard(self)
+        for tasks in self.tasks:
+            try:
+                tasks.put(None)
+            except (OSError, ValueError):
+                pass
+        for conn in self.results:  # a worker blocked on sending a result gets EPIPE
+            conn.close()
+        for process in self.processes:
+            process.join(_JOIN_S)
+            if process.is_alive():
+                process.terminate()
+                process.join(_JOIN_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for tasks in self.tasks:
+            tasks.cancel_join_thread()
+            tasks.close()
+        self.ring.close()
+
+
+def _context(context: Any) -> Any:
+    if context is None:
+        return multiprocessing.get_context()
+    if isinstance(context, str):
+        return multiprocessing.get_context(context)
+    if hasattr(context, "Process") and hasattr(context, "Queue"):
+        return context
+    raise TypeError("multiprocessing_context must be a start method name ('fork', 'spawn', 'forkserver') or a "
+                    f"multiprocessing context, not {type(context).__name__}")
+
+
+_LIVE_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all_pools() -> None:
+    """Stops every worker process before the interpreter exits (before multiprocessing's own
+    exit handler, registered earlier, terminates them without cleanup)."""
+    for pool in list(_LIVE_POOLS):
+        pool.shutdown()

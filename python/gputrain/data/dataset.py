@@ -1,0 +1,68 @@
+"""Dataset base classes with PyTorch's protocol, and how a DataLoader tells datasets apart.
+
+A map-style dataset has `__len__` and `__getitem__(index)` (optionally `__getitems__(indices)`
+for a whole batch); an iterable dataset has `__iter__`. Subclassing is optional: any object with
+these methods works, torch.utils.data.Dataset subclasses included (torch is never imported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, Iterator, TypeVar
+
+import numpy as np
+
+from gputrain.data._ragged import RaggedArray
+from gputrain.data._structure import flatten
+
+T_co = TypeVar("T_co", covariant=True)
+
+ARRAYS = "arrays"  # NumPy arrays (or a structure of them) gathered by the C loader
+MAP = "map"  # __len__ + __getitem__
+ITERABLE = "iterable"  # __iter__
+
+
+class Dataset(Generic[T_co]):
+    """A map-style dataset: subclasses define __getitem__ and __len__."""
+
+    def __getitem__(self, index: int) -> T_co:
+        raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
+
+
+class IterableDataset(Dataset[T_co]):
+    """An iterable dataset: subclasses define __iter__. With num_workers > 0 every worker
+    process iterates its own copy; shard by gputrain.data.get_worker_info() as in PyTorch."""
+
+    def __iter__(self) -> Iterator[T_co]:
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+
+def _is_torch_iterable(dataset: Any) -> bool:
+    return any(c.__name__ == "IterableDataset" and c.__module__.startswith("torch.") for c in type(dataset).__mro__)
+
+
+def dataset_kind(dataset: Any) -> str:
+    """ARRAYS, MAP or ITERABLE; a TypeError naming the type for anything else."""
+    if isinstance(dataset, IterableDataset) or _is_torch_iterable(dataset):
+        return ITERABLE
+    if isinstance(dataset, (np.ndarray, RaggedArray)) or hasattr(dataset, "__gputrain_data__"):
+        return ARRAYS
+    array_error = None
+    if not isinstance(dataset, Dataset):
+        try:  # a structure of arrays; a ValueError (mismatched lengths...) is the caller's
+            flatten(dataset)
+            return ARRAYS
+        except TypeError as error:  # something in it is not an array: a list of samples is a
+            if isinstance(dataset, (tuple, Mapping, str, bytes)):  # dataset; these are mistakes
+                raise
+            array_error = error
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        return MAP
+    if hasattr(dataset, "__iter__"):
+        return ITERABLE
+    raise TypeError("dataset must be a NumPy array (or a tuple/list/dict of arrays), a map-style dataset "
+                    "(__len__ and __getitem__) or an iterable dataset (__iter__), not "
+                    f"{type(dataset).__name__}" + (f" ({array_error})" if array_error else ""))
+
+
+__all__ = ["Dataset", "IterableDataset"]
