@@ -53,7 +53,8 @@ class DatasetIter(Iterator[Any]):
         self._loader_ref = weakref.ref(loader)
         self._persistent = persistent
         self._config = loader._dataset_config()
-        self._fetcher = Fetcher(loader.dataset, loader._kind, loader.batch_size, loader.drop_last,
+        auto_collation = loader.batch_sampler is not None or loader.batch_size is not None
+        self._fetcher = Fetcher(loader.dataset, loader._kind, loader.batch_size, loader.drop_last, auto_collation,
                                 loader.collate_fn, loader.transform)
         self.pool: WorkerPool | None = None
         if loader.num_workers > 0:

@@ -17,11 +17,12 @@ class Fetcher:
     collated batch. `collate` returns ("spec", plan) when the default collate builds the batch
     (its arrays are allocated later, possibly in shared memory), else ("object", batch)."""
 
-    def __init__(self, dataset: Any, kind: str, batch_size: int | None, drop_last: bool,
+    def __init__(self, dataset: Any, kind: str, batch_size: int | None, drop_last: bool, auto_collation: bool,
                  collate_fn: Callable[[Any], Any] | None, transform: Callable[[Any], Any] | None) -> None:
         self.dataset = dataset
         self.kind = kind
-        self.batch_size = batch_size  # None: no auto-collation, one sample per item
+        self.batch_size = batch_size  # samples per batch of an iterable dataset
+        self.auto_collation = auto_collation  # False (batch_size=None): collate_fn sees one sample at a time
         self.drop_last = drop_last
         self.collate_fn = collate_fn
         self.transform = transform
@@ -35,7 +36,7 @@ class Fetcher:
         """The samples of a batch; None when an iterable dataset has no (full) batch left."""
         if self.kind == MAP:
             assert indices is not None
-            if self.batch_size is None:
+            if not self.auto_collation:
                 return [self.dataset[int(indices[0])]]
             getitems = getattr(self.dataset, "__getitems__", None)
             if getitems is not None:
@@ -44,7 +45,7 @@ class Fetcher:
         if self._iterator is None:
             self.restart()
         assert self._iterator is not None
-        take = 1 if self.batch_size is None else self.batch_size
+        take = self.batch_size if self.auto_collation and self.batch_size is not None else 1
         items = list(itertools.islice(self._iterator, take))
         if not items or (self.drop_last and len(items) < take):
             return None
@@ -52,7 +53,7 @@ class Fetcher:
 
     def collate(self, samples: list[Any]) -> tuple[str, Any]:
         collate_fn = self.collate_fn
-        if self.batch_size is None:  # no auto-collation: collate_fn sees each sample alone
+        if not self.auto_collation:  # collate_fn sees each sample alone
             batch = (collate_fn or default_convert)(samples[0])
         elif collate_fn in (None, default_collate, pad_collate) and self.transform is None:
             return "spec", plan_batch(samples, pad=collate_fn is pad_collate)

@@ -41,6 +41,11 @@ def _is_torch_iterable(dataset: Any) -> bool:
     return any(c.__name__ == "IterableDataset" and c.__module__.startswith("torch.") for c in type(dataset).__mro__)
 
 
+def _list_of_samples(dataset: Any) -> bool:
+    """A non-empty list whose first item is not an array (a list of arrays is array fields)."""
+    return isinstance(dataset, list) and len(dataset) > 0 and not isinstance(dataset[0], (np.ndarray, RaggedArray))
+
+
 def dataset_kind(dataset: Any) -> str:
     """ARRAYS, MAP or ITERABLE; a TypeError naming the type for anything else."""
     if isinstance(dataset, IterableDataset) or _is_torch_iterable(dataset):
@@ -52,9 +57,10 @@ def dataset_kind(dataset: Any) -> str:
         try:  # a structure of arrays; a ValueError (mismatched lengths...) is the caller's
             flatten(dataset)
             return ARRAYS
-        except TypeError as error:  # something in it is not an array: a list of samples is a
-            if isinstance(dataset, (tuple, Mapping, str, bytes)):  # dataset; these are mistakes
-                raise
+        except (TypeError, ValueError) as error:  # not a structure of arrays: a list of samples is
+            if not _list_of_samples(dataset) and (isinstance(error, ValueError)  # a dataset; a tuple, a
+                                                  or isinstance(dataset, (tuple, Mapping, str, bytes))):
+                raise  # dict or a list of arrays with a mistake in it is the caller's to fix
             array_error = error
     if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
         return MAP

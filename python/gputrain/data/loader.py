@@ -376,7 +376,8 @@ class DataLoader:
         cpus = _cpu_count()
         if self.num_workers > cpus:
             warnings.warn(
-                f"This DataLoader will create {self.num_workers} worker threads in total. Our suggested max "
+                f"This DataLoader will create {self.num_workers} worker "
+                f"{'threads' if self._kind == ARRAYS else 'processes'} in total. Our suggested max "
                 f"number of worker in current system is {cpus}, which is smaller than what this DataLoader "
                 "is going to create. Please be aware that excessive worker creation might get DataLoader "
                 "running slow or even freeze, lower the worker number to avoid potential slowness/freeze "
