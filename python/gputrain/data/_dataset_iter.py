@@ -18,7 +18,7 @@ import numpy as np
 
 from gputrain.data._errors import WorkerError
 from gputrain.data._fetch import Fetcher
-from gputrain.data._procs import WorkerPool
+from gputrain.data._procs import _ERROR_JOIN_S, _JOIN_S, WorkerPool
 
 UNKNOWN_BATCHES = sys.maxsize  # an iterable dataset's batches per epoch, until it ends
 
@@ -126,13 +126,13 @@ class DatasetIter(Iterator[Any]):
         except _Failed as failed:  # raised in a worker: the epoch ends, the pool lives on
             if failed.fatal:
                 self._finished = True
-                self.shutdown()
+                self.shutdown(_ERROR_JOIN_S)
             else:
                 self._end_epoch()
             failed.error.reraise()
         except BaseException:  # Ctrl-C, a dead worker, a timeout: the workers go
             self._finished = True
-            self.shutdown()
+            self.shutdown(_ERROR_JOIN_S)
             raise
 
     def _end_epoch(self) -> None:
@@ -142,9 +142,9 @@ class DatasetIter(Iterator[Any]):
         if not self._persistent:
             self.shutdown()
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace: float = _JOIN_S) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            self.pool.shutdown(grace)
 
     @property
     def closed(self) -> bool:

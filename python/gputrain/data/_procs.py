@@ -22,8 +22,9 @@ import pickle
 import queue
 import random
 import signal
+import time
 import weakref
-from multiprocessing import connection, resource_tracker
+from multiprocessing import connection, resource_tracker, shared_memory
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +37,7 @@ from gputrain.data.dataset import ITERABLE
 
 _PARENT_CHECK_S = 1.0  # a worker checks this often whether its parent still lives
 _JOIN_S = 2.0  # how long shutdown waits for workers to exit before terminating them
+_ERROR_JOIN_S = 0.1  # the same after an error (a timeout, Ctrl-C, a dead worker)
 
 
 def _picklable_error(where: str) -> WorkerError:
@@ -168,13 +170,14 @@ class WorkerPool:
                     break
         for worker, process in enumerate(self.processes):
             if process.sentinel in ready and not messages:
-                process.join(0)
+                process.join(1.0)  # its sentinel fired: it is exiting; reap it for the exit code
                 raise WorkerDied(f"DataLoader worker process {worker} (pid {process.pid}) exited unexpectedly "
                                  f"({_describe_exit(process)})")
         return messages
 
-    def shutdown(self) -> None:
-        """Stops the workers (terminating any that do not exit in time) and unlinks the slots."""
+    def shutdown(self, grace: float = _JOIN_S) -> None:
+        """Stops the workers (terminating any that do not exit within `grace` seconds, as after
+        an error, when one may be stuck in the dataset) and unlinks the slots."""
         if self.closed:
             return
         self.closed = True
@@ -184,20 +187,49 @@ class WorkerPool:
                 tasks.put(None)
             except (OSError, ValueError):
                 pass
-        for conn in self.results:  # a worker blocked on sending a result gets EPIPE
-            conn.close()
+        deadline = time.monotonic() + grace
+        self._drain(deadline)
         for process in self.processes:
-            process.join(_JOIN_S)
+            process.join(max(deadline - time.monotonic(), 0))
             if process.is_alive():
                 process.terminate()
                 process.join(_JOIN_S)
             if process.is_alive():
                 process.kill()
                 process.join()
+        self._drain(time.monotonic())
+        for conn in self.results:
+            conn.close()
         for tasks in self.tasks:
             tasks.cancel_join_thread()
             tasks.close()
         self.ring.close()
+
+    def _drain(self, deadline: float) -> None:
+        """Reads what the workers still send until each closes its pipe (it exited) or the
+        deadline passes, unlinking the segments that those unread results announced."""
+        open_conns = [c for c in self.results if not c.closed]
+        while open_conns:
+            ready = connection.wait(open_conns, max(deadline - time.monotonic(), 0))
+            if not ready:
+                return
+            for conn in ready:
+                try:
+                    created = conn.recv()[5]
+                except (EOFError, OSError):
+                    open_conns.remove(conn)
+                    continue
+                if created is not None:
+                    _unlink(created)
+
+
+def _unlink(name: str) -> None:
+    try:
+        segment = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    segment.close()
+    segment.unlink()
 
 
 def _context(context: Any) -> Any:
