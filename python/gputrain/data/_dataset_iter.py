@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Iterator
 
@@ -249,8 +250,17 @@ class DatasetIter(Iterator[Any]):
                 return taken
             if self._epoch_done():
                 raise StopIteration
-            messages = self.pool.receive(self._timeout if self._timeout > 0 else None)
-            if not messages:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-            for message in messages:
+            for message in self._receive():
                 self._accept(message)
+
+    def _receive(self) -> list[tuple[Any, ...]]:
+        """The next results; a RuntimeError after `timeout` seconds without any."""
+        assert self.pool is not None
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:  # a pipe may close just before its dead worker's sentinel fires: wait again
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            messages = self.pool.receive(left)
+            if messages:
+                return messages

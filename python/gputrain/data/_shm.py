@@ -175,7 +175,7 @@ class SlotRing:
 
     def __init__(self) -> None:
         self._slots: list[Slot] = []
-        self._lock = threading.Lock()  # finalizers run in whatever thread drops the last view
+        self._lock = threading.RLock()  # finalizers run wherever the last view dies (a GC pass under it too)
 
     def acquire(self) -> Slot:
         """A free slot (a new one when every slot is in use), marked busy."""
