@@ -1,5 +1,7 @@
 """gputrain.DataLoader: PyTorch's DataLoader arguments over in-memory or memory-mapped arrays,
-with C worker threads gathering whole batches into a ring of slots (csrc/data/loader.c).
+with C worker threads gathering whole batches into a ring of slots (csrc/data/loader.c), and
+over Dataset objects (PyTorch's map-style and iterable protocols), fetched in the calling thread
+or in worker processes that collate into shared-memory slots (gputrain.data._dataset_iter).
 
     loader = gt.DataLoader((X, y), batch_size=256, shuffle=True, num_workers=2,
                            pin_memory=True, persistent_workers=True, seed=0)
@@ -7,11 +9,15 @@ with C worker threads gathering whole batches into a ring of slots (csrc/data/lo
         for xb, yb in loader:     # NumPy views of a slot: no copy, no per-sample Python
             ...
 
-Differences from PyTorch, by design: workers are threads, not processes (gathering is C code
-that does not hold the GIL); `collate_fn` receives the gathered batch (the same structure as
-`dataset`, each array with a leading batch dimension) instead of a list of samples; the
-order is a pure function of (seed, epoch), so it does not depend on num_workers,
-prefetch_factor, in_order or persistent_workers, and `state_dict()` resumes mid-epoch exactly.
+Differences from PyTorch, by design: over arrays, workers are threads, not processes
+(gathering is C code that does not hold the GIL) and `collate_fn` receives the gathered batch
+(the same structure as `dataset`, each array with a leading batch dimension) instead of a list
+of samples. Over Dataset objects, workers are processes and `collate_fn` receives the list of
+samples, as in PyTorch; batches hold NumPy arrays (gputrain.data.default_collate), and
+`device=` is not supported. Either way the order is a pure function of (seed, epoch), so it does
+not depend on num_workers, prefetch_factor, in_order or persistent_workers, and `state_dict()`
+resumes mid-epoch exactly (an iterable dataset's resume replays the batches before the saved
+one).
 """
 
 from __future__ import annotations
@@ -199,12 +205,15 @@ def _parse_device(device: Any) -> str | None:
 
 
 class DataLoader:
-    """Batches of `dataset` (a NumPy array, or a tuple/list/dict of arrays with the same first
-    dimension; np.memmap works) gathered by C worker threads. Arguments as PyTorch's
-    DataLoader, plus: `seed` (the order's seed; default: drawn from `generator`, else random),
-    `device` ("cuda[:N]": batches are copied to the device on a copy stream), `transform`
-    (a callable applied to each gathered batch before `collate_fn`) and `transform_in_workers`
-    (run transform and collate_fn in the worker threads, with the GIL, instead of the caller)."""
+    """Batches of `dataset`: a NumPy array, or a tuple/list/dict of arrays with the same first
+    dimension (np.memmap works), gathered by C worker threads; or a Dataset object (map-style:
+    __len__ and __getitem__; iterable: __iter__; a list of samples is map-style) fetched by
+    worker processes. Arguments as PyTorch's DataLoader, plus: `seed` (the order's seed;
+    default: drawn from `generator`, else random), `device` ("cuda[:N]", arrays only: batches
+    are copied to the device on a copy stream), `transform` (arrays: a callable applied to each
+    gathered batch before `collate_fn`; Dataset objects: applied to each collated batch where
+    it is collated) and `transform_in_workers` (arrays: run transform and collate_fn in the
+    worker threads, with the GIL, instead of the caller)."""
 
     def __init__(
         self,
