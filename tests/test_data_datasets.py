@@ -159,6 +159,22 @@ def test_collate_fn_receives_the_list_of_samples():
     assert same(reference, epoch(gt.DataLoader(Records(), batch_size=6, collate_fn=collate, num_workers=2)))
 
 
+def test_out_of_order_delivery_and_transform():
+    reference = epoch(gt.DataLoader(Records(), batch_size=4, transform=lambda b: b["x"] * 2))
+    loader = gt.DataLoader(Records(), batch_size=4, num_workers=2, in_order=False, transform=lambda b: b["x"] * 2)
+    got = epoch(loader)
+    assert sorted(b[0, 0] for b in got) == sorted(b[0, 0] for b in reference)
+    assert same(sorted(got, key=lambda b: b[0, 0]), sorted(reference, key=lambda b: b[0, 0]))
+    assert loader.state_dict()["epoch"] == 1
+
+
+def test_bad_multiprocessing_context_fails_at_construction():
+    with pytest.raises(TypeError, match="multiprocessing_context must be"):
+        gt.DataLoader(Records(), num_workers=2, multiprocessing_context=3)
+    with pytest.raises(ValueError, match="cannot find context"):
+        gt.DataLoader(Records(), num_workers=2, multiprocessing_context="threads")
+
+
 def test_plain_list_of_samples_and_batch_sampler():
     data = [(np.float32(i), i) for i in range(10)]
     batches = [[0, 9], [3], [4, 5, 6]]

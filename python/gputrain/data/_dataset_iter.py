@@ -87,8 +87,10 @@ class DatasetIter(Iterator[Any]):
             self._batches = batches
             self._progress = progress
             self._skip = skip
-            if batches is not None:
-                self._todo = [b for b in range(progress.low, len(batches)) if b not in progress.above]
+            if batches is not None:  # the batches still to fetch, in order
+                self._todo: range | list[int] = range(progress.low, len(batches))
+                if progress.above:
+                    self._todo = [b for b in self._todo if b not in progress.above]
             self._sent = 0  # tasks of this epoch sent (map: positions in _todo; iterable: seq)
             self._delivered = 0  # next position / seq to deliver
             self._arrived: dict[int, tuple[Any, ...]] = {}
@@ -104,7 +106,9 @@ class DatasetIter(Iterator[Any]):
         return self
 
     def __len__(self) -> int:
-        return self._progress.num_batches if self._progress is not None else 0
+        """len(loader), as PyTorch's iterators (a TypeError for an iterable dataset without len)."""
+        loader = self._loader_ref()
+        return len(loader) if loader is not None else 0
 
     def __next__(self) -> Any:
         with self._lock:

@@ -126,7 +126,7 @@ class WorkerPool:
 
     def __init__(self, fetcher: Fetcher, num_workers: int, seed: int, worker_init_fn: Any, context: Any) -> None:
         resource_tracker.ensure_running()  # one tracker for all: workers' segments outlive workers
-        ctx = _context(context)
+        ctx = resolve_context(context)
         self.ring = SlotRing()
         self.processes: list[Any] = []
         self.tasks: list[Any] = []
@@ -232,7 +232,8 @@ def _unlink(name: str) -> None:
     segment.unlink()
 
 
-def _context(context: Any) -> Any:
+def resolve_context(context: Any) -> Any:
+    """The multiprocessing context named by `context` (None: multiprocessing's default)."""
     if context is None:
         return multiprocessing.get_context()
     if isinstance(context, str):

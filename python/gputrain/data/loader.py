@@ -38,6 +38,7 @@ from gputrain import _C
 from gputrain._state_checks import check_keys, check_mapping, integer
 from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatches
 from gputrain.data._errors import WorkerError, raise_delivered_error
+from gputrain.data._procs import resolve_context
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import flatten, num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
@@ -213,7 +214,8 @@ class DataLoader:
     are copied to the device on a copy stream), `transform` (arrays: a callable applied to each
     gathered batch before `collate_fn`; Dataset objects: applied to each collated batch where
     it is collated) and `transform_in_workers` (arrays: run transform and collate_fn in the
-    worker threads, with the GIL, instead of the caller)."""
+    worker threads, with the GIL, instead of the caller). `pin_memory` pins the array path's
+    slots; a Dataset object's batches stay in their (pageable) shared-memory slots."""
 
     def __init__(
         self,
@@ -291,6 +293,8 @@ class DataLoader:
         self.persistent_workers = bool(persistent_workers)
         self.in_order = bool(in_order)
         self.device = _parse_device(device)
+        if self._kind != ARRAYS and num_workers > 0:
+            resolve_context(multiprocessing_context)  # a bad one fails here, not at the first epoch
         self._next_epoch = 0
         self._resume: tuple[int, list[int]] | None = None
         self._progress: _Progress | None = None
