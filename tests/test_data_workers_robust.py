@@ -194,9 +194,17 @@ def test_interpreter_exit_mid_epoch(persistent):
     assert err == ""
 
 
-def test_workers_exit_when_the_main_process_is_killed():
-    child = run_script("""
-        loader = gt.DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)
+@pytest.mark.parametrize("stuck", [False, True])
+def test_workers_exit_when_the_main_process_is_killed(stuck):
+    """Idle workers, and workers stuck in __getitem__, exit within seconds of their parent."""
+    child = run_script(f"""
+        class Stuck(Slow):
+            def __getitem__(self, i):
+                if i >= 8 and {stuck}:
+                    time.sleep(120)
+                return super().__getitem__(i)
+
+        loader = gt.DataLoader(Stuck(), batch_size=4, num_workers=2, persistent_workers=True)
         it = iter(loader)
         next(it)
         print(" ".join(str(p.pid) for p in it.pool.processes), flush=True)

@@ -128,17 +128,18 @@ class DatasetIter(Iterator[Any]):
         except StopIteration:
             self._end_epoch()
             raise
-        except _Failed as failed:  # raised in a worker: the epoch ends, the pool lives on
-            if failed.fatal:
-                self._finished = True
-                self.shutdown(_ERROR_JOIN_S)
-            else:
-                self._end_epoch()
-            failed.error.reraise()
+        except _Failed as caught:  # raised in a worker: re-raised below, outside this handler
+            failed = caught
         except BaseException:  # Ctrl-C, a dead worker, a timeout: the workers go
             self._finished = True
             self.shutdown(_ERROR_JOIN_S)
             raise
+        if failed.fatal:  # worker_init_fn failed: the workers are gone
+            self._finished = True
+            self.shutdown(_ERROR_JOIN_S)
+        else:  # the dataset or collate_fn raised: the epoch ends, persistent workers live on
+            self._end_epoch()
+        failed.error.reraise()
 
     def _end_epoch(self) -> None:
         self._finished = True

@@ -19,9 +19,9 @@ import atexit
 import multiprocessing
 import os
 import pickle
-import queue
 import random
 import signal
+import threading
 import time
 import weakref
 from multiprocessing import connection, resource_tracker, shared_memory
@@ -57,6 +57,14 @@ def _send(conn: connection.Connection, message: tuple[Any, ...]) -> bool:
     return True
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Ends the worker once its parent is gone, wherever the worker is blocked (a task queue,
+    a full result pipe, a dataset that hangs)."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_CHECK_S)
+    os._exit(0)
+
+
 def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
                 worker_init_fn: Callable[[int], Any] | None, tasks: Any, results: connection.Connection,
                 parent: int) -> None:
@@ -71,16 +79,12 @@ def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
     except BaseException:
         _send(results, ("init_error", -1, -1, -1, _picklable_error(where), None, 0))
         return
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     writer = SlotWriter()
     generation = None
     try:
         while True:
-            try:
-                task = tasks.get(timeout=_PARENT_CHECK_S)
-            except queue.Empty:
-                if os.getppid() != parent:
-                    return
-                continue
+            task = tasks.get()
             if task is None:
                 return
             gen, seq, slot, name, capacity, indices = task
