@@ -294,6 +294,21 @@ def test_a_batch_crosses_as_a_small_skeleton():
     ring.close()
 
 
+def test_a_stopped_worker_unlinks_the_segments_it_never_announced():
+    import os
+
+    writer = SlotWriter()
+    _, announced, _ = writer.write(0, None, 0, "object", np.zeros(10))
+    writer.sent()
+    _, unannounced, _ = writer.write(1, None, 0, "object", np.zeros(10))
+    writer.close()  # as after SIGTERM between creating a segment and sending its name
+    assert os.path.exists(f"/dev/shm/{announced}") and not os.path.exists(f"/dev/shm/{unannounced}")
+    ring = SlotRing()
+    ring.adopt(ring.acquire(), announced, 4096)
+    ring.close()
+    assert not os.path.exists(f"/dev/shm/{announced}")
+
+
 def test_what_is_not_a_dataset():
     with pytest.raises(TypeError, match="map-style dataset"):
         gt.DataLoader(object())

@@ -57,6 +57,10 @@ def _send(conn: connection.Connection, message: tuple[Any, ...]) -> bool:
     return True
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
 def _exit_with_parent(parent: int) -> None:
     """Ends the worker once its parent is gone, wherever the worker is blocked (a task queue,
     a full result pipe, a dataset that hangs)."""
@@ -70,6 +74,7 @@ def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
                 parent: int) -> None:
     """The body of a worker process (a module-level function, so that spawn can start it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # shutdown: clean up (below), then exit
     where = f"in DataLoader worker process {worker_id}"
     _worker._local.info = _worker.WorkerInfo(worker_id, num_workers, seed, fetcher.dataset)
     random.seed(seed)
@@ -94,6 +99,7 @@ def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
                     fetcher.restart()
             if not _send(results, _run_task(fetcher, writer, where, task)):
                 return
+            writer.sent()
     finally:
         writer.close()
 

@@ -82,6 +82,7 @@ class SlotWriter:
 
     def __init__(self) -> None:
         self._segments: dict[int, shared_memory.SharedMemory] = {}
+        self._unsent: set[str] = set()  # segments created here whose names the main process has not got
 
     def _segment(self, slot: int, name: str | None, capacity: int, need: int) -> tuple[Any, str | None, int]:
         """(segment, name of a segment created here or None, its capacity) for `need` bytes."""
@@ -91,6 +92,7 @@ class SlotWriter:
                 self._drop(slot)
             created = shared_memory.SharedMemory(create=True, size=_grown(need))
             self._segments[slot] = created
+            self._unsent.add(created.name)
             return created, created.name, created.size
         if held is None or held.name != name:
             if held is not None:
@@ -136,9 +138,18 @@ class SlotWriter:
             skeleton = _map(value, copy)
         return skeleton, created, capacity
 
+    def sent(self) -> None:
+        """The main process got the last result, with the name of any segment created for it."""
+        self._unsent.clear()
+
     def close(self) -> None:
+        """Unmaps the segments; unlinks those the main process never heard of (the worker is
+        stopped between creating one and sending its name)."""
         for slot in list(self._segments):
+            segment = self._segments[slot]
             self._drop(slot)
+            if segment.name in self._unsent:
+                segment.unlink()
 
 
 class Lease:

@@ -13,7 +13,7 @@ from typing import Any, Generic, Iterator, TypeVar
 import numpy as np
 
 from gputrain.data._ragged import RaggedArray
-from gputrain.data._structure import flatten
+from gputrain.data._structure import Rebuild, flatten
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -46,26 +46,29 @@ def _list_of_samples(dataset: Any) -> bool:
     return isinstance(dataset, list) and len(dataset) > 0 and not isinstance(dataset[0], (np.ndarray, RaggedArray))
 
 
-def dataset_kind(dataset: Any) -> str:
-    """ARRAYS, MAP or ITERABLE; a TypeError naming the type for anything else."""
+def _array_like(dataset: Any) -> bool:
+    """Data meant for the array path, even when flatten() refuses it."""
+    return (isinstance(dataset, (np.ndarray, RaggedArray, tuple, Mapping, str, bytes))
+            or hasattr(dataset, "__gputrain_data__"))
+
+
+def classify(dataset: Any) -> tuple[str, tuple[list[Any], Rebuild] | None]:
+    """(ARRAYS, flatten(dataset)), (MAP, None) or (ITERABLE, None); a TypeError naming the type
+    for anything else."""
     if isinstance(dataset, IterableDataset) or _is_torch_iterable(dataset):
-        return ITERABLE
-    if isinstance(dataset, (np.ndarray, RaggedArray)) or hasattr(dataset, "__gputrain_data__"):
-        return ARRAYS
+        return ITERABLE, None
     array_error = None
-    if not isinstance(dataset, Dataset):
+    if not isinstance(dataset, Dataset) or hasattr(dataset, "__gputrain_data__"):
         try:  # a structure of arrays; a ValueError (mismatched lengths...) is the caller's
-            flatten(dataset)
-            return ARRAYS
+            return ARRAYS, flatten(dataset)
         except (TypeError, ValueError) as error:  # not a structure of arrays: a list of samples is
-            if not _list_of_samples(dataset) and (isinstance(error, ValueError)  # a dataset; a tuple, a
-                                                  or isinstance(dataset, (tuple, Mapping, str, bytes))):
-                raise  # dict or a list of arrays with a mistake in it is the caller's to fix
+            if not _list_of_samples(dataset) and (isinstance(error, ValueError) or _array_like(dataset)):
+                raise  # a dataset; arrays, or a tuple, dict or list of them with a mistake, are not
             array_error = error
     if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
-        return MAP
+        return MAP, None
     if hasattr(dataset, "__iter__"):
-        return ITERABLE
+        return ITERABLE, None
     raise TypeError("dataset must be a NumPy array (or a tuple/list/dict of arrays), a map-style dataset "
                     "(__len__ and __getitem__) or an iterable dataset (__iter__), not "
                     f"{type(dataset).__name__}" + (f" ({array_error})" if array_error else ""))

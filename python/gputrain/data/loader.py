@@ -40,9 +40,9 @@ from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatch
 from gputrain.data._errors import WorkerError, raise_delivered_error
 from gputrain.data._procs import resolve_context
 from gputrain.data._ragged import RaggedArray
-from gputrain.data._structure import flatten, num_samples
+from gputrain.data._structure import num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
-from gputrain.data.dataset import ARRAYS, ITERABLE, MAP, dataset_kind
+from gputrain.data.dataset import ARRAYS, ITERABLE, MAP, classify
 from gputrain.data.transfer import DeviceStage
 from gputrain.data.sampler import (
     ORDER_ARRAY,
@@ -245,11 +245,11 @@ class DataLoader:
         num_workers = _check_int("num_workers", num_workers)
         prefetch_factor = self._check_options(num_workers, timeout, prefetch_factor, persistent_workers,
                                               multiprocessing_context, collate_fn, transform, worker_init_fn)
-        self._kind = dataset_kind(dataset)
+        self._kind, flat = classify(dataset)
         self._arrays: list[Any] = []
         self._rebuild: Any = None
-        if self._kind == ARRAYS:
-            self._arrays, self._rebuild = flatten(dataset)
+        if flat is not None:
+            self._arrays, self._rebuild = flat
             self._num_rows = num_samples(self._arrays)
         elif self._kind == MAP:
             self._num_rows = len(dataset)
