@@ -5,16 +5,19 @@ giving the same batches as num_workers=0, and mid-epoch resume."""
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing
+import os
 import pickle
 import warnings
+from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
 
 import gputrain as gt
 from gputrain.data import Padded, default_collate, get_worker_info, pad_collate
-from gputrain.data._shm import SlotRing, SlotWriter
+from gputrain.data._shm import SlotRing, SlotWriter, segment_prefix
 
 nn = gt.nn
 
@@ -279,7 +282,7 @@ def test_iterable_resume_replays_to_the_saved_batch():
 # ---- shared-memory slots -------------------------------------------------------------------------
 
 def test_a_batch_crosses_as_a_small_skeleton():
-    writer, ring = SlotWriter(), SlotRing()
+    writer, ring = SlotWriter(os.getpid()), SlotRing()
     slot = ring.acquire()
     batch = {"x": np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32), "n": "name"}
     skeleton, created, capacity = writer.write(slot.id, None, 0, "object", batch)
@@ -294,10 +297,9 @@ def test_a_batch_crosses_as_a_small_skeleton():
     ring.close()
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory lives in /dev/shm on Linux")
 def test_a_stopped_worker_unlinks_the_segments_it_never_announced():
-    import os
-
-    writer = SlotWriter()
+    writer = SlotWriter(os.getpid())
     _, announced, _ = writer.write(0, None, 0, "object", np.zeros(10))
     writer.sent()
     _, unannounced, _ = writer.write(1, None, 0, "object", np.zeros(10))
@@ -345,3 +347,23 @@ def test_torch_style_dataset_trains_with_worker_processes(tmp_path):
     x, y = TorchStyleDataset().x, TorchStyleDataset().y
     c = train(gt.DataLoader((x, y), batch_size=8, shuffle=True, seed=3))  # the array path: same batches
     assert all(np.array_equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory lives in /dev/shm on Linux")
+def test_a_batch_that_fails_to_pack_leaves_no_segment():
+    from gputrain.data.collate import _Leaf
+
+    def fill(out):
+        raise RuntimeError("cannot fill")
+
+    gc.collect()  # loaders of earlier tests, and their segments, are gone
+    writer = SlotWriter(os.getpid())
+    with pytest.raises(RuntimeError, match="cannot fill"):  # fails after its segment was made
+        writer.write(0, None, 0, "spec", _Leaf((4,), np.dtype(np.float32), fill))
+    _, announced, _ = writer.write(1, None, 0, "object", np.zeros(3))  # the next batch goes through
+    writer.sent()
+    writer.close()
+    assert {n for n in os.listdir("/dev/shm") if n.startswith(segment_prefix(os.getpid()))} == {announced}
+    leftover = shared_memory.SharedMemory(name=announced)
+    leftover.close()
+    leftover.unlink()

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
+from gputrain.data._shm import segment_prefix
 
 if sys.platform != "linux":
     pytest.skip("the process checks read /dev/shm and /proc", allow_module_level=True)
@@ -44,20 +45,21 @@ class Faulty:
         return np.full(4, i, np.float32)
 
 
-def segments():
-    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+def segments(pid=None):
+    """The shared-memory segments of the loaders of process `pid` (default: this one)."""
+    prefix = segment_prefix(os.getpid() if pid is None else pid)
+    return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
-    before = segments()
     yield
     gc.collect()
     deadline = time.monotonic() + 5
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert multiprocessing.active_children() == []
-    assert segments() - before == set()
+    assert segments() == set()
 
 
 def test_an_exception_in_a_worker_is_raised_with_its_traceback():
@@ -159,7 +161,6 @@ def gone(pids, within=5.0):
 
 
 def test_ctrl_c_stops_the_workers():
-    before = segments()
     child = run_script("""
         loader = gt.DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)
         it = iter(loader)
@@ -174,13 +175,12 @@ def test_ctrl_c_stops_the_workers():
     _, err = child.communicate(timeout=20)
     assert "KeyboardInterrupt" in err and child.returncode != 0
     assert gone(pids)
-    assert segments() - before == set()
+    assert segments(child.pid) == set()
     assert "leaked" not in err
 
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_interpreter_exit_mid_epoch(persistent):
-    before = segments()
     child = run_script(f"""
         loader = gt.DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers={persistent})
         it = iter(loader)
@@ -190,7 +190,7 @@ def test_interpreter_exit_mid_epoch(persistent):
     out, err = child.communicate(timeout=20)
     assert child.returncode == 0, err
     assert gone([int(p) for p in out.split()])
-    assert segments() - before == set()
+    assert segments(child.pid) == set()
     assert err == ""
 
 

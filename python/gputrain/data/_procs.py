@@ -85,7 +85,7 @@ def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
         _send(results, ("init_error", -1, -1, -1, _picklable_error(where), None, 0))
         return
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    writer = SlotWriter()
+    writer = SlotWriter(parent)
     generation = None
     try:
         while True:

@@ -11,6 +11,7 @@ bigger segment, which the main process adopts in place of the old one.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Mapping
@@ -77,10 +78,19 @@ def _arrays(batch: Any) -> list[np.ndarray]:
     return found
 
 
-class SlotWriter:
-    """The worker side: the segments of the slots it was asked to fill, by slot id."""
+def segment_prefix(main_pid: int) -> str:
+    """The start of the names of the segments made for the loaders of process `main_pid`."""
+    return f"gtld{main_pid}_"
 
-    def __init__(self) -> None:
+
+class SlotWriter:
+    """The worker side: the segments of the slots it was asked to fill, by slot id. Segments it
+    creates are named gtld<main pid>_<worker pid>_<n> (short enough for macOS's 31 bytes), so
+    that they can be told apart in /dev/shm."""
+
+    def __init__(self, main_pid: int) -> None:
+        self._prefix = f"{segment_prefix(main_pid)}{os.getpid()}_"
+        self._created = 0  # segments created so far (the <n> of the next name)
         self._segments: dict[int, shared_memory.SharedMemory] = {}
         self._unsent: set[str] = set()  # segments created here whose names the main process has not got
 
@@ -90,7 +100,7 @@ class SlotWriter:
         if need > capacity or name is None:
             if held is not None:
                 self._drop(slot)
-            created = shared_memory.SharedMemory(create=True, size=_grown(need))
+            created = self._create(_grown(need))
             self._segments[slot] = created
             self._unsent.add(created.name)
             return created, created.name, created.size
@@ -99,6 +109,14 @@ class SlotWriter:
                 self._drop(slot)
             held = self._segments[slot] = shared_memory.SharedMemory(name=name)
         return held, None, capacity
+
+    def _create(self, size: int) -> shared_memory.SharedMemory:
+        while True:
+            self._created += 1
+            try:
+                return shared_memory.SharedMemory(f"{self._prefix}{self._created}", create=True, size=size)
+            except FileExistsError:  # left by an earlier process with the same pids: skip it
+                continue
 
     def _drop(self, slot: int) -> None:
         segment = self._segments.pop(slot)
@@ -116,6 +134,18 @@ class SlotWriter:
             sizes = [(a.shape, a.dtype) for a in _arrays(value)]
         need = sum(_aligned(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize) for shape, dtype in sizes)
         segment, created, capacity = self._segment(slot, name, capacity, max(need, 1))
+        try:
+            return self._fill(segment, form, value), created, capacity
+        except BaseException:  # the batch fails: a segment made for it is never announced
+            if created is not None:
+                self._drop(slot)
+                self._unsent.discard(created)
+                segment.unlink()
+            raise
+
+    @staticmethod
+    def _fill(segment: shared_memory.SharedMemory, form: str, value: Any) -> Any:
+        """Writes the batch's arrays into `segment`; returns the skeleton."""
         cursor = [0]
         refs: dict[int, Ref] = {}
 
@@ -136,7 +166,7 @@ class SlotWriter:
                 return refs[id(out)]
 
             skeleton = _map(value, copy)
-        return skeleton, created, capacity
+        return skeleton
 
     def sent(self) -> None:
         """The main process got the last result, with the name of any segment created for it."""
