@@ -41,7 +41,7 @@ class Faulty:
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.how == "sleep":
-                time.sleep(5)
+                time.sleep(60)
         return np.full(4, i, np.float32)
 
 
@@ -55,7 +55,7 @@ def segments(pid=None):
 def no_leftovers():
     yield
     gc.collect()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 20
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert multiprocessing.active_children() == []
@@ -88,7 +88,7 @@ def test_a_dead_worker_is_reported(how, words):
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=f"worker process 1 .* exited unexpectedly .*{words}"):
         list(loader)
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 20  # generous for the emulated-CPU CI run
     del loader
 
 
@@ -108,7 +108,7 @@ def test_timeout():
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 0.3 seconds"):
         next(iter(loader))
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 20  # generous for the emulated-CPU CI run
 
 
 def test_worker_init_fn_error():
@@ -150,7 +150,7 @@ def run_script(body, **kwargs):
                             text=True, env=env, **kwargs)
 
 
-def gone(pids, within=5.0):
+def gone(pids, within=20.0):
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not any(os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read()
@@ -213,4 +213,4 @@ def test_workers_exit_when_the_main_process_is_killed(stuck):
     pids = [int(p) for p in child.stdout.readline().split()]
     child.kill()
     child.communicate(timeout=20)
-    assert gone(pids, within=10)
+    assert gone(pids)
