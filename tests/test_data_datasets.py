@@ -236,9 +236,10 @@ def test_worker_init_fn_and_worker_info_in_processes():
     assert get_worker_info() is None
 
 
-def test_spawn_context():
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_other_start_methods(method):
     data = [(np.arange(3, dtype=np.float32) + i, i) for i in range(9)]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(method)
     got = epoch(gt.DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context=ctx))
     assert same(got, epoch(gt.DataLoader(data, batch_size=4)))
 

@@ -16,11 +16,14 @@ Result: ("ok", generation, seq, slot id, skeleton, new segment name or None, cap
 from __future__ import annotations
 
 import atexit
+import ctypes
 import multiprocessing
 import os
 import pickle
+import queue
 import random
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -35,7 +38,8 @@ from gputrain.data._fetch import Fetcher
 from gputrain.data._shm import Slot, SlotRing, SlotWriter
 from gputrain.data.dataset import ITERABLE
 
-_PARENT_CHECK_S = 1.0  # a worker checks this often whether its parent still lives
+_PARENT_CHECK_S = 1.0  # an idle worker checks this often whether its parent still lives
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _JOIN_S = 2.0  # how long shutdown waits for workers to exit before terminating them
 _ERROR_JOIN_S = 0.1  # the same after an error (a timeout, Ctrl-C, a dead worker)
 
@@ -61,20 +65,30 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Ends the worker once its parent is gone, wherever the worker is blocked (a task queue,
-    a full result pipe, a dataset that hangs)."""
-    while os.getppid() == parent:
-        time.sleep(_PARENT_CHECK_S)
-    os._exit(0)
+def _signal_when_parent_dies() -> bool:
+    """Linux: asks the kernel for SIGTERM when the parent dies, so that a worker blocked
+    anywhere (a full result pipe, a dataset that hangs) ends with it; False elsewhere. (No
+    watchdog thread: a thread started in a forked child crashes qemu-user, which CI runs.)"""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
                 worker_init_fn: Callable[[int], Any] | None, tasks: Any, results: connection.Connection,
-                parent: int) -> None:
-    """The body of a worker process (a module-level function, so that spawn can start it)."""
+                main: int, death_signal: bool) -> None:
+    """The body of a worker process (a module-level function, so that spawn can start it).
+    `main`: the loader's process; `death_signal`: whether the worker's parent is the thread
+    that will live as long as the loader (then its death signals the worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # shutdown: clean up (below), then exit
+    parent = os.getppid()  # the main process, or a forkserver
+    if death_signal and _signal_when_parent_dies() and os.getppid() != main:
+        return  # the main process died before the request took effect
     where = f"in DataLoader worker process {worker_id}"
     _worker._local.info = _worker.WorkerInfo(worker_id, num_workers, seed, fetcher.dataset)
     random.seed(seed)
@@ -84,12 +98,16 @@ def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
     except BaseException:
         _send(results, ("init_error", -1, -1, -1, _picklable_error(where), None, 0))
         return
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    writer = SlotWriter(parent)
+    writer = SlotWriter(main)
     generation = None
     try:
         while True:
-            task = tasks.get()
+            try:
+                task = tasks.get(timeout=_PARENT_CHECK_S)
+            except queue.Empty:
+                if os.getppid() != parent:  # orphaned (where no death signal was asked for)
+                    return
+                continue
             if task is None:
                 return
             gen, seq, slot, name, capacity, indices = task
@@ -137,6 +155,10 @@ class WorkerPool:
     def __init__(self, fetcher: Fetcher, num_workers: int, seed: int, worker_init_fn: Any, context: Any) -> None:
         resource_tracker.ensure_running()  # one tracker for all: workers' segments outlive workers
         ctx = resolve_context(context)
+        # A worker's death signal follows the thread that forked it: only the main thread
+        # lives as long as the loader may; forkserver workers are the forkserver's children.
+        death_signal = (threading.current_thread() is threading.main_thread()
+                        and ctx.get_start_method() in ("fork", "spawn"))
         self.ring = SlotRing()
         self.processes: list[Any] = []
         self.tasks: list[Any] = []
@@ -148,7 +170,7 @@ class WorkerPool:
                 reader, writer = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=worker_loop, daemon=True, name=f"gputrain-loader-{worker_id}",
                                       args=(fetcher, worker_id, num_workers, (seed + worker_id) % (1 << 64),
-                                            worker_init_fn, tasks, writer, os.getpid()))
+                                            worker_init_fn, tasks, writer, os.getpid(), death_signal))
                 process.start()
                 writer.close()
                 self.processes.append(process)
