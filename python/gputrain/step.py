@@ -145,6 +145,10 @@ class TrainStep:
             self.scheduler.step()
         return StepOutput(**result)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """copy.deepcopy and pickle: everything but the cache of the last optimizer check."""
+        return {**self.__dict__, "_checked": ()}
+
     def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
         """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).
 
