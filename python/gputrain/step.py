@@ -25,6 +25,8 @@ has started the step runs to its end and KeyboardInterrupt follows it.
 from __future__ import annotations
 
 import math
+import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,8 +49,85 @@ class StepOutput:
 
     loss: float         # mean of the micro-batches' mean losses (unscaled)
     grad_norm: float    # global L2 norm of the gradients (NaN when not computed or skipped)
-    skipped: bool       # True when the loss scaler found inf/NaN and skipped the update
+    skipped: bool       # True when the update was skipped: the loss scaler found inf/NaN or
+                        # the spike guard an outlier
     scale: float        # the loss scale used (1.0 without a scaler)
+    outlier: bool = False  # True when the spike guard skipped the update
+
+
+class SpikeGuard:
+    """Skips the update of a step whose loss or gradient norm is an outlier, as llm.c's
+    outlier detector does: the z-score of the step's value against the mean and standard
+    deviation of the last `window` steps' finite values. A step is an outlier when its loss's
+    z-score is above `z_loss` or its gradient norm's above `z_grad_norm` (None: not checked),
+    or when either is not finite. Until `window` values are in, only non-finite ones are.
+
+    The threshold (mean + z * std of the window) goes into the C step, which decides between
+    the gradients and the update: a skipped update leaves the weights, the optimizer state and
+    the loss scaler exactly as they were, at no cost beyond the gradient norm (one C call, no
+    snapshot). Every step's values enter the window, outliers included (llm.c's rule, so a
+    lasting change of level is followed instead of skipping forever); unlike llm.c the window
+    is the steps before this one.
+
+        guard = gt.SpikeGuard(window=128, z_loss=5.0, z_grad_norm=5.0)
+        step = gt.TrainStep(model, loss_fn, optimizer, spike_guard=guard)
+        out = step(x, y)          # out.outlier: this update was skipped; guard.num_skipped in all
+    """
+
+    def __init__(self, window: int = 128, z_loss: float | None = 5.0, z_grad_norm: float | None = 5.0) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+            raise ValueError(f"window must be an int >= 2, got {window!r}")
+        for name, value in (("z_loss", z_loss), ("z_grad_norm", z_grad_norm)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < math.inf):
+                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+        self.window = window
+        self.z_loss = None if z_loss is None else float(z_loss)
+        self.z_grad_norm = None if z_grad_norm is None else float(z_grad_norm)
+        self.num_skipped = 0  # updates skipped as outliers so far
+        self.last_z: tuple[float, float] = (math.nan, math.nan)  # the last step's (loss, grad norm) z-scores
+        self._values: tuple[deque[float], deque[float]] = (deque(maxlen=window), deque(maxlen=window))
+        self._window_stats: tuple[Any, Any] = (None, None)  # (mean, std) of each window as limits() saw it
+
+    @staticmethod
+    def _stats(values: deque[float]) -> tuple[float, float]:
+        """(mean, population standard deviation) of the window."""
+        mean = math.fsum(values) / len(values)
+        return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+
+    def limits(self) -> tuple[float, float]:
+        """The largest loss and gradient norm the next step may update with."""
+        stats = [self._stats(values) if len(values) == self.window else None for values in self._values]
+        self._window_stats = (stats[0], stats[1])
+        return tuple(sys.float_info.max if z is None or s is None or s[1] == 0 else s[0] + z * s[1]
+                     for s, z in zip(stats, (self.z_loss, self.z_grad_norm)))
+
+    def observe(self, out: StepOutput) -> None:
+        """Counts the step's verdict and adds its finite values to the windows."""
+        self.last_z = tuple(math.nan if s is None else (value - s[0]) / s[1] if s[1] > 0 else 0.0
+                            for s, value in zip(self._window_stats, (out.loss, out.grad_norm)))
+        self.num_skipped += bool(out.outlier)
+        for values, value in zip(self._values, (out.loss, out.grad_norm)):
+            if math.isfinite(value):
+                values.append(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows and the count (checkpoints: a resumed run decides as this one would)."""
+        return {"num_skipped": self.num_skipped, "losses": list(self._values[0]),
+                "grad_norms": list(self._values[1])}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        num_skipped = state["num_skipped"]
+        if isinstance(num_skipped, bool) or not isinstance(num_skipped, int) or num_skipped < 0:
+            raise ValueError(f"state['num_skipped'] must be an int >= 0, got {num_skipped!r}")
+        windows = []
+        for key in ("losses", "grad_norms"):
+            values = [float(v) for v in state[key]]
+            if len(values) > self.window or not all(math.isfinite(v) for v in values):
+                raise ValueError(f"state[{key!r}] must hold at most {self.window} finite numbers")
+            windows.append(deque(values, maxlen=self.window))
+        self.num_skipped = num_skipped
+        self._values = (windows[0], windows[1])
 
 
 class TrainStep:
@@ -69,6 +148,7 @@ class TrainStep:
         set_to_none: bool = True,
         log_grad_norm: bool = False,
         tf32: bool | None = None,
+        spike_guard: SpikeGuard | None = None,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -85,6 +165,8 @@ class TrainStep:
             raise ValueError(f"max_grad_norm must be a positive finite number or None, got {max_grad_norm!r}")
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError(f"scaler must be a gputrain.amp.GradScaler or None, not {type(scaler).__name__}")
+        if spike_guard is not None and not isinstance(spike_guard, SpikeGuard):
+            raise TypeError(f"spike_guard must be a gputrain.SpikeGuard or None, not {type(spike_guard).__name__}")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"scheduler must have a step() method (e.g. gputrain.optim.LambdaLR) or be None, "
                             f"not {type(scheduler).__name__}")
@@ -97,6 +179,7 @@ class TrainStep:
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else 0.0
         self.set_to_none = bool(set_to_none)
         self.log_grad_norm = bool(log_grad_norm)
+        self.spike_guard = spike_guard
         if tf32 is not None:
             backends.set_tf32(tf32)
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
@@ -130,6 +213,11 @@ class TrainStep:
     def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
         self._check_optimizer()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
+        guard = self.spike_guard
+        limits = {}
+        if guard is not None:
+            loss_limit, norm_limit = guard.limits()
+            limits = {"guard": True, "guard_loss": loss_limit, "guard_grad_norm": norm_limit}
         result = _C.train_step(
             self.model.compiled, x, y, self.loss_fn._spec(),
             micro_batches=self.gradient_accumulation_steps,
@@ -138,12 +226,16 @@ class TrainStep:
             want_grad_norm=self.log_grad_norm,
             optimizer=self.optimizer,
             scaler=self.scaler,
+            **limits,
         )
         if scale_before is not None:
             self.scaler._warn_if_below_one(scale_before)
         if self.scheduler is not None and not result["skipped"] and self.optimizer is not None:
             self.scheduler.step()
-        return StepOutput(**result)
+        out = StepOutput(**result)
+        if guard is not None:
+            guard.observe(out)
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         """copy.deepcopy and pickle: everything but the cache of the last optimizer check."""
