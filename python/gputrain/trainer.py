@@ -166,7 +166,7 @@ class Trainer:
         default = [DefaultFlowCallback] + ([ProgressCallback] if self._progress_bar() else [])
         self.callback_handler = CallbackHandler(
             default + list(callbacks or []), model=model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader)
+            lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader, train_step=self._step)
         self.control = self.callback_handler.call_event("on_init_end", args, self.state, self.control)
 
     # -- construction ----------------------------------------------------------------------------
@@ -334,16 +334,18 @@ class Trainer:
             f.writelines(json.dumps(entry) + "\n" for entry in self.state.log_history)
 
     def log(self, logs: dict[str, float]) -> None:
-        """Adds `logs` (with epoch and step) to state.log_history and history.jsonl, and calls on_log."""
+        """Adds `logs` (with epoch and step) to state.log_history and history.jsonl, and calls on_log;
+        entries a callback adds to `logs` in on_log go into both too."""
         if self.state.epoch is not None:
             logs = {**logs, "epoch": self.state.epoch}
         output = {**logs, "step": self.state.global_step}
         self.state.log_history.append(output)
+        self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
+        output.update({k: v for k, v in logs.items() if k not in output})  # what callbacks added (GPU readings)
         logger.info("%s", json.dumps(output))
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, HISTORY_NAME), "a", encoding="utf-8") as f:
             f.write(json.dumps(output) + "\n")
-        self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
 
     # -- training -----------------------------------------------------------------------------------
     def _groups(self) -> Any:
