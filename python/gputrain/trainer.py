@@ -342,10 +342,11 @@ class Trainer:
         self.state.log_history.append(output)
         self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
         output.update({k: v for k, v in logs.items() if k not in output})  # what callbacks added (GPU readings)
-        logger.info("%s", json.dumps(output))
+        line = json.dumps(output)
+        logger.info("%s", line)
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, HISTORY_NAME), "a", encoding="utf-8") as f:
-            f.write(json.dumps(output) + "\n")
+            f.write(line + "\n")
 
     # -- training -----------------------------------------------------------------------------------
     def _groups(self) -> Any:
