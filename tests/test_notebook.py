@@ -28,11 +28,9 @@ def test_the_digits_notebook_runs_and_reaches_its_accuracy(tmp_path):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
-    # The kernel imports the gputrain this test does (an in-place build's relative PYTHONPATH included).
-    import gputrain
-
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(gputrain.__file__)))]
-    paths += [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # The kernel (this Python, in tmp_path) imports what the test does: PYTHONPATH made absolute,
+    # for an in-place build's PYTHONPATH=python.
+    paths = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     client.execute(env=env)  # raises CellExecutionError, with the cell and its traceback, when a cell fails
     printed = "".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
