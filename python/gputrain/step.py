@@ -55,6 +55,54 @@ class StepOutput:
     outlier: bool = False  # True when the spike guard skipped the update
 
 
+class _Window:
+    """The last `size` values with their running sum and sum of squares (llm.c's outlier
+    detector keeps the same), summed exactly again every `size` values so rounding cannot drift."""
+
+    __slots__ = ("values", "total", "squares", "count")
+
+    def __init__(self, size: int, values: Sequence[float] = ()) -> None:
+        self.values: deque[float] = deque(values, maxlen=size)  # the window, oldest first
+        self.count = 0  # values appended since the sums were last made exact
+        self._exact()
+
+    def _exact(self) -> None:
+        self.total = math.fsum(self.values)
+        self.squares = math.fsum(v * v for v in self.values)
+        self.count = 0
+
+    def append(self, value: float) -> None:
+        values = self.values
+        if len(values) == values.maxlen:
+            old = values[0]
+            self.total -= old
+            self.squares -= old * old
+        values.append(value)
+        self.total += value
+        self.squares += value * value
+        self.count += 1
+        if self.count == values.maxlen:
+            self._exact()
+
+    def limit(self, z: float | None) -> float:
+        """mean + z * std (population) of a full window; the largest float otherwise."""
+        n = len(self.values)
+        if z is None or n < self.values.maxlen:
+            return sys.float_info.max
+        mean = self.total / n
+        std = math.sqrt(max(self.squares / n - mean * mean, 0.0))
+        return mean + z * std if std > 0 else sys.float_info.max
+
+    def z_score(self, value: float) -> float:
+        """The z-score of `value` against a full window (NaN before; 0 for a constant window)."""
+        n = len(self.values)
+        if n < self.values.maxlen:
+            return math.nan
+        mean = self.total / n
+        std = math.sqrt(max(self.squares / n - mean * mean, 0.0))
+        return (value - mean) / std if std > 0 else 0.0
+
+
 class SpikeGuard:
     """Skips the update of a step whose loss or gradient norm is an outlier, as llm.c's
     outlier detector does: the z-score of the step's value against the mean and standard
@@ -86,35 +134,27 @@ class SpikeGuard:
         self.z_grad_norm = None if z_grad_norm is None else float(z_grad_norm)
         self.num_skipped = 0  # updates skipped as outliers so far
         self.last_z: tuple[float, float] = (math.nan, math.nan)  # the last step's (loss, grad norm) z-scores
-        self._values: tuple[deque[float], deque[float]] = (deque(maxlen=window), deque(maxlen=window))
-        self._window_stats: tuple[Any, Any] = (None, None)  # (mean, std) of each window as limits() saw it
-
-    @staticmethod
-    def _stats(values: deque[float]) -> tuple[float, float]:
-        """(mean, population standard deviation) of the window."""
-        mean = math.fsum(values) / len(values)
-        return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+        self._windows = (_Window(window), _Window(window))  # losses, gradient norms
 
     def limits(self) -> tuple[float, float]:
         """The largest loss and gradient norm the next step may update with."""
-        stats = [self._stats(values) if len(values) == self.window else None for values in self._values]
-        self._window_stats = (stats[0], stats[1])
-        return tuple(sys.float_info.max if z is None or s is None or s[1] == 0 else s[0] + z * s[1]
-                     for s, z in zip(stats, (self.z_loss, self.z_grad_norm)))
+        losses, norms = self._windows
+        return losses.limit(self.z_loss), norms.limit(self.z_grad_norm)
 
     def observe(self, out: StepOutput) -> None:
         """Counts the step's verdict and adds its finite values to the windows."""
-        self.last_z = tuple(math.nan if s is None else (value - s[0]) / s[1] if s[1] > 0 else 0.0
-                            for s, value in zip(self._window_stats, (out.loss, out.grad_norm)))
+        losses, norms = self._windows
+        self.last_z = (losses.z_score(out.loss), norms.z_score(out.grad_norm))
         self.num_skipped += bool(out.outlier)
-        for values, value in zip(self._values, (out.loss, out.grad_norm)):
-            if math.isfinite(value):
-                values.append(value)
+        if math.isfinite(out.loss):
+            losses.append(out.loss)
+        if math.isfinite(out.grad_norm):
+            norms.append(out.grad_norm)
 
     def state_dict(self) -> dict[str, Any]:
         """The windows and the count (checkpoints: a resumed run decides as this one would)."""
-        return {"num_skipped": self.num_skipped, "losses": list(self._values[0]),
-                "grad_norms": list(self._values[1])}
+        return {"num_skipped": self.num_skipped, "losses": list(self._windows[0].values),
+                "grad_norms": list(self._windows[1].values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         num_skipped = state["num_skipped"]
@@ -125,9 +165,9 @@ class SpikeGuard:
             values = [float(v) for v in state[key]]
             if len(values) > self.window or not all(math.isfinite(v) for v in values):
                 raise ValueError(f"state[{key!r}] must hold at most {self.window} finite numbers")
-            windows.append(deque(values, maxlen=self.window))
+            windows.append(_Window(self.window, values))
         self.num_skipped = num_skipped
-        self._values = (windows[0], windows[1])
+        self._windows = (windows[0], windows[1])
 
 
 class TrainStep:
