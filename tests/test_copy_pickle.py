@@ -198,3 +198,15 @@ def test_a_grad_scaler_and_a_schedule_copy_their_counters(copier):
     assert sched.state_dict() == run["sched"].state_dict()
     sched.step()
     assert sched.get_last_lr() != run["sched"].get_last_lr()
+
+
+def test_a_shallow_copy_shares_the_parameters_and_leaves_the_original_working():
+    run = build()
+    model = run["model"]
+    shallow = copy.copy(model)
+    assert shallow is not model and shallow.layers is model.layers
+    assert [id(p) for p in shallow.parameters()] == [id(p) for p in model.parameters()]
+    train(run, range(2))  # the original still trains, and the copy sees it
+    model.eval()
+    x, _ = batch(1)
+    assert np.array_equal(shallow(x), model(x))

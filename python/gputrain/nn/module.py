@@ -352,6 +352,13 @@ class Module:
                                  "grads_valid": model.grads_valid and compiled.on_host}
         return state
 
+    def __copy__(self) -> Module:
+        """A shallow copy shares everything, as PyTorch's: the submodules, the Parameters and the
+        C model (rebuilding it, as a deep copy does, would take the original's Parameters)."""
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         c_model = state.pop("_c_model", None)
         self.__dict__.update(state)
