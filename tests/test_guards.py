@@ -328,3 +328,14 @@ def test_without_a_driver_or_the_package_it_warns_and_training_runs(tmp_path, ca
 def test_bad_health_settings_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         gt.GPUHealthCallback(**kwargs)
+
+
+def test_health_on_this_machine_reads_the_gpu_or_says_why_not(tmp_path):
+    callback = gt.GPUHealthCallback(check_interval_s=0)
+    t = trainer(tmp_path, [callback], max_steps=3)
+    t.train()
+    assert t.state.global_step == 3
+    if gt.monitor.gpu_unavailable_reason():
+        assert callback.unavailable_reason and callback.last_reading is None
+    else:
+        assert callback.last_reading is not None and "gpu_memory_used_bytes" in t.state.log_history[-1]
