@@ -210,3 +210,11 @@ def test_a_shallow_copy_shares_the_parameters_and_leaves_the_original_working():
     model.eval()
     x, _ = batch(1)
     assert np.array_equal(shallow(x), model(x))
+
+
+@pytest.mark.parametrize("copier", COPIERS)
+def test_a_for_model_optimizer_refuses_to_be_copied_and_says_what_to_do(copier):
+    gt.random.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="for_model.*AdamW\\(model.parameters\\(\\)\\)"):
+        copier({"model": model, "opt": gt.optim.AdamW.for_model(model)})

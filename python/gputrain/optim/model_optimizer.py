@@ -79,6 +79,11 @@ class ModelOptimizer:
         """Parameter `index`'s state (parameter_layout order): {'step': int, name: float32 host copy}."""
         return self._core.get_state(index)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("a ModelOptimizer (Optimizer.for_model) cannot be copied or pickled: its state lives in "
+                        "C on the model's device and has no way back in yet; copy the model and build a new "
+                        "optimizer with for_model, or train a CPU model with AdamW(model.parameters()), which copies")
+
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in sorted(self.param_groups[0].items()))
         return f"ModelOptimizer({self._core.model.device}: {settings})"
