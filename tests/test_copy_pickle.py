@@ -213,8 +213,41 @@ def test_a_shallow_copy_shares_the_parameters_and_leaves_the_original_working():
 
 
 @pytest.mark.parametrize("copier", COPIERS)
-def test_a_for_model_optimizer_refuses_to_be_copied_and_says_what_to_do(copier):
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_a_for_model_optimizer_copied_with_its_model_trains_the_copy_bit_identically(copier, kind):
+    gt.random.manual_seed(5)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.1), nn.Linear(16, 3))
+    cls, options = (gt.optim.AdamW, {"weight_decay": 0.1}) if kind == "adamw" else (gt.optim.SGD, {"momentum": 0.9})
+    opt = cls.for_model(model, lr=1e-2, **options)
+    loss = nn.CrossEntropyLoss()
+    step = gt.TrainStep(model, loss, opt, max_grad_norm=1.0)
+    for seed in range(3):
+        step(*batch(seed))
+    copied = copier({"opt": opt, "model": model})
+    assert copied["opt"]._core.model is copied["model"].compiled and copied["opt"].step_count == 3
+    copied_step = gt.TrainStep(copied["model"], loss, copied["opt"], max_grad_norm=1.0)
+    for seed in range(3, 6):
+        assert copied_step(*batch(seed)).loss == step(*batch(seed)).loss
+    for i in range(len(model.compiled.parameter_layout())):
+        a, b = opt.get_state(i), copied["opt"].get_state(i)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    for (name, x), (_, y) in zip(model.state_dict().items(), copied["model"].state_dict().items()):
+        assert np.array_equal(x, y), name
+
+
+@pytest.mark.parametrize("index, step, slots, error, match", [
+    (2, 1, {}, IndexError, "parameter index 2 out of range"),
+    (0, -1, {}, ValueError, "step must be >= 0"),
+    (0, 1, {"exp_avg": np.zeros(3, np.float32)}, ValueError, "has 3 elements, expected 32"),
+    (0, 1, {"momentum_buffer": np.zeros(32, np.float32)}, ValueError, "'momentum_buffer' is not kept"),
+])
+def test_model_optimizer_set_state_refuses_bad_input_and_changes_nothing(index, step, slots, error, match):
     gt.random.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4))
-    with pytest.raises(TypeError, match="for_model.*AdamW\\(model.parameters\\(\\)\\)"):
-        copier({"model": model, "opt": gt.optim.AdamW.for_model(model)})
+    model = nn.Sequential(nn.Linear(8, 4))
+    opt = gt.optim.AdamW.for_model(model)
+    gt.TrainStep(model, nn.CrossEntropyLoss(), opt)(*batch(0))
+    before = [opt.get_state(i) for i in range(2)]
+    with pytest.raises(error, match=match):
+        opt._core.set_state(index, step, slots)
+    for a, b in zip(before, [opt.get_state(i) for i in range(2)]):
+        assert a["step"] == b["step"] and all(np.array_equal(a[k], b[k]) for k in a if k != "step")
