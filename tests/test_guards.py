@@ -123,7 +123,8 @@ def test_a_nan_loss_is_skipped_while_the_window_fills():
     assert len(guard.state_dict()["losses"]) == 0  # non-finite values stay out of the window
 
 
-@pytest.mark.parametrize("kwargs, match", [({"window": 1}, "window"), ({"z_loss": 0}, "z_loss"),
+@pytest.mark.parametrize("kwargs, match", [({"window": 1}, "window"), ({"window": 2**31}, "window"),
+                                           ({"z_loss": 0}, "z_loss"), ({"z_loss": 10**400}, "z_loss"),
                                            ({"z_grad_norm": math.inf}, "z_grad_norm")])
 def test_bad_guard_settings_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gputrain import monitor
+from gputrain._state_checks import integer, real
 from gputrain.step import SpikeGuard
 from gputrain.trainer_callback import TrainerCallback, TrainerControl, TrainerState
 from gputrain.training_args import TrainingArguments
@@ -44,9 +45,7 @@ _LOGGED = {"temperature_c": "gpu_temperature_c", "utilization_percent": "gpu_uti
 
 
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
+    return real(value, name, 0.0, low_open=True)
 
 
 class GPUHealthCallback(TrainerCallback):
@@ -71,18 +70,13 @@ class GPUHealthCallback(TrainerCallback):
         if self.stop_temperature <= self.warn_temperature:
             raise ValueError(f"stop_temperature ({stop_temperature}) must be above warn_temperature "
                              f"({warn_temperature})")
-        if action not in ACTIONS:
+        if not isinstance(action, str) or action not in ACTIONS:
             raise ValueError(f"action must be 'pause' or 'stop', got {action!r}")
-        if isinstance(check_interval_s, bool) or not isinstance(check_interval_s, (int, float)) \
-                or not 0 <= check_interval_s < math.inf:
-            raise ValueError(f"check_interval_s must be a finite number >= 0, got {check_interval_s!r}")
-        if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
-            raise ValueError(f"device_index must be an int >= 0, got {device_index!r}")
+        self.check_interval_s = real(check_interval_s, "check_interval_s", 0.0)
         self.action = action
-        self.check_interval_s = float(check_interval_s)
         self.max_pause_s = _positive("max_pause_s", max_pause_s)
         self.poll_interval_s = _positive("poll_interval_s", poll_interval_s)
-        self.device_index = device_index
+        self.device_index = integer(device_index, "device_index", 0, 2**31 - 1)
         self._given = nvml
         self._clock, self._sleep = clock, sleep
         self._nvml: Any = None  # the open NVML module while training

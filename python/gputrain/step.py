@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C, backends
+from gputrain._state_checks import check_keys, check_mapping, integer, real
 from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
@@ -123,18 +124,12 @@ class SpikeGuard:
     """
 
     def __init__(self, window: int = 128, z_loss: float | None = 5.0, z_grad_norm: float | None = 5.0) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ValueError(f"window must be an int >= 2, got {window!r}")
-        for name, value in (("z_loss", z_loss), ("z_grad_norm", z_grad_norm)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0 < value < math.inf):
-                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
-        self.window = window
-        self.z_loss = None if z_loss is None else float(z_loss)
-        self.z_grad_norm = None if z_grad_norm is None else float(z_grad_norm)
+        self.window = integer(window, "window", 2, 2**31 - 1)
+        self.z_loss = None if z_loss is None else real(z_loss, "z_loss", 0.0, low_open=True)
+        self.z_grad_norm = None if z_grad_norm is None else real(z_grad_norm, "z_grad_norm", 0.0, low_open=True)
         self.num_skipped = 0  # updates skipped as outliers so far
         self.last_z: tuple[float, float] = (math.nan, math.nan)  # the last step's (loss, grad norm) z-scores
-        self._windows = (_Window(window), _Window(window))  # losses, gradient norms
+        self._windows = (_Window(self.window), _Window(self.window))  # losses, gradient norms
 
     def limits(self) -> tuple[float, float]:
         """The largest loss and gradient norm the next step may update with."""
@@ -157,14 +152,14 @@ class SpikeGuard:
                 "grad_norms": list(self._windows[1].values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        num_skipped = state["num_skipped"]
-        if isinstance(num_skipped, bool) or not isinstance(num_skipped, int) or num_skipped < 0:
-            raise ValueError(f"state['num_skipped'] must be an int >= 0, got {num_skipped!r}")
+        check_mapping(state, "state")
+        check_keys(state, "state", ("num_skipped", "losses", "grad_norms"))
+        num_skipped = integer(state["num_skipped"], "state['num_skipped']", 0)
         windows = []
         for key in ("losses", "grad_norms"):
-            values = [float(v) for v in state[key]]
-            if len(values) > self.window or not all(math.isfinite(v) for v in values):
-                raise ValueError(f"state[{key!r}] must hold at most {self.window} finite numbers")
+            if not isinstance(state[key], (list, tuple)) or len(state[key]) > self.window:
+                raise ValueError(f"state[{key!r}] must be a list of at most {self.window} numbers")
+            values = [real(v, f"state[{key!r}] entries") for v in state[key]]
             windows.append(_Window(self.window, values))
         self.num_skipped = num_skipped
         self._windows = (windows[0], windows[1])
