@@ -72,6 +72,9 @@ struct gt_loader {
 
 /* ---- slots ------------------------------------------------------------------------------ */
 
+/* Bytes requested for a slot of `slot_bytes` (a block is never empty). */
+static size_t slot_request(size_t slot_bytes) { return slot_bytes ? slot_bytes : 1; }
+
 static gt_status slot_new(gt_loader *l, gt_slot **out) {
     if (l->num_slots == l->slots_capacity) {
         size_t capacity = l->slots_capacity ? 2 * l->slots_capacity : 8;
@@ -88,8 +91,7 @@ static gt_status slot_new(gt_loader *l, gt_slot **out) {
         free(widths);
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for a slot");
     }
-    size_t bytes = l->slot_bytes ? l->slot_bytes : 1;
-    gt_status status = gt_block_alloc(l->slot_device, bytes, &slot->block);
+    gt_status status = gt_block_alloc(l->slot_device, slot_request(l->slot_bytes), &slot->block);
     if (status != GT_OK) {
         free(slot);
         free(widths);
@@ -332,9 +334,38 @@ static gt_status init_tables(gt_loader *l, const gt_loader_config *c) {
     return GT_OK;
 }
 
-gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
+static gt_status check_config(const gt_loader_config *c) {
     if (c->num_workers > 0 && c->prefetch_factor == 0)
         return GT_FAIL(GT_ERR_VALUE, "prefetch_factor must be >= 1 with worker threads, got 0");
+    return GT_OK;
+}
+
+static gt_device slot_pool_of(const gt_loader_config *c) {
+    return c->pin_memory ? gt_pinned_device() : gt_cpu_device();
+}
+
+/* Slots made at creation: one per batch in flight, one for the caller, one being filled. */
+static size_t initial_slots_of(const gt_loader_config *c) { return c->num_workers * c->prefetch_factor + 2; }
+
+gt_status gt_loader_plan(const gt_loader_config *c, gt_loader_memory *out) {
+    memset(out, 0, sizeof *out);
+    GT_TRY(check_config(c));
+    gt_field *fields = malloc((c->num_fields ? c->num_fields : 1) * sizeof *fields);
+    if (!fields)
+        return GT_FAIL(GT_ERR_OOM, "loader: no memory for its field table");
+    memcpy(fields, c->fields, c->num_fields * sizeof *fields);
+    size_t slot_bytes = 0;
+    gt_status status = gt_fields_layout(fields, c->num_fields, c->max_batch_rows, &slot_bytes);
+    free(fields);
+    GT_TRY(status);
+    out->pool = slot_pool_of(c);
+    out->num_slots = initial_slots_of(c);
+    out->slot_bytes = slot_request(slot_bytes);
+    return gt_size_mul(out->num_slots, gt_block_reserved_bytes(out->slot_bytes), "loader slots", &out->bytes);
+}
+
+gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
+    GT_TRY(check_config(c));
     gt_loader *l = calloc(1, sizeof *l);
     if (!l)
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for its state");
@@ -343,9 +374,9 @@ gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
     l->num_workers = c->num_workers;
     l->depth = c->num_workers * c->prefetch_factor;
     l->in_order = c->in_order;
-    l->slot_device = c->pin_memory ? gt_pinned_device() : gt_cpu_device();
+    l->slot_device = slot_pool_of(c);
     l->hooks = c->hooks;
-    l->initial_slots = l->depth + 2;
+    l->initial_slots = initial_slots_of(c);
     l->refs = 1;
     gt_status status = init_sync(l);
     if (status != GT_OK) {
