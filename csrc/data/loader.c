@@ -61,6 +61,7 @@ struct gt_loader {
     int joined;                   /* 1 once the workers are joined */
     int released;                 /* 1 once the owner dropped its reference */
     gt_worker *workers;           /* (num_workers,) */
+    gt_block rows_block;          /* the row-index buffers below: caller's, then each worker's */
     int64_t *caller_rows;         /* (max_batch_rows,) row indices when gathering in the caller */
     int caller_gathering;         /* 1 while a caller gathers into caller_rows: callers of
                                      gt_loader_next in other threads wait their turn */
@@ -289,10 +290,8 @@ static void destroy(gt_loader *l) {
     gt_block_free(&l->plan_indices);
     gt_block_free(&l->plan_offsets);
     free(l->done);
-    for (size_t i = 0; l->workers && i < l->num_workers; i++)
-        free(l->workers[i].rows);
     free(l->workers);
-    free(l->caller_rows);
+    gt_block_free(&l->rows_block);
     free(l->fields);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->ready_cv);
@@ -312,20 +311,28 @@ static gt_status init_sync(gt_loader *l) {
               : GT_OK;
 }
 
+/* Bytes of one (max_batch_rows,) int64 row-index buffer (*stride, GT_ALIGN-rounded) and of the
+ * block that holds the caller's and every worker's (*total). */
+static gt_status rows_bytes(const gt_loader_config *c, size_t *stride, size_t *total) {
+    GT_TRY(gt_size_mul(c->max_batch_rows ? c->max_batch_rows : 1, sizeof(int64_t), "max_batch_rows", stride));
+    GT_TRY(gt_size_align(*stride, "max_batch_rows", stride));
+    return gt_size_mul(*stride, gt_size_add_sat(c->num_workers, 1), "max_batch_rows", total);
+}
+
 /* Allocates the tables and scratch buffers sized by the configuration. */
 static gt_status init_tables(gt_loader *l, const gt_loader_config *c) {
-    size_t rows_bytes = (c->max_batch_rows ? c->max_batch_rows : 1) * sizeof(int64_t);
+    size_t stride = 0, total = 0;
+    GT_TRY(rows_bytes(c, &stride, &total));
     l->fields = malloc((c->num_fields ? c->num_fields : 1) * sizeof *l->fields);
     l->workers = calloc(c->num_workers ? c->num_workers : 1, sizeof *l->workers);
-    l->caller_rows = malloc(rows_bytes);
-    if (!l->fields || !l->workers || !l->caller_rows)
+    if (!l->fields || !l->workers)
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for its tables");
+    GT_TRY(gt_block_alloc(gt_cpu_device(), total, &l->rows_block));
+    l->caller_rows = l->rows_block.ptr;
     memcpy(l->fields, c->fields, c->num_fields * sizeof *l->fields);
-    for (size_t i = 0; i < c->num_workers; i++) {
-        l->workers[i] = (gt_worker){.loader = l, .id = i, .rows = malloc(rows_bytes)};
-        if (!l->workers[i].rows)
-            return GT_FAIL(GT_ERR_OOM, "loader: no memory for worker %zu's row indices", i);
-    }
+    for (size_t i = 0; i < c->num_workers; i++)
+        l->workers[i] = (gt_worker){.loader = l, .id = i,
+                                    .rows = (int64_t *)((char *)l->rows_block.ptr + (i + 1) * stride)};
     GT_TRY(gt_fields_layout(l->fields, l->num_fields, c->max_batch_rows, &l->slot_bytes));
     for (size_t i = 0; i < l->initial_slots; i++) {
         gt_slot *slot;
@@ -358,9 +365,12 @@ gt_status gt_loader_plan(const gt_loader_config *c, gt_loader_memory *out) {
     gt_status status = gt_fields_layout(fields, c->num_fields, c->max_batch_rows, &slot_bytes);
     free(fields);
     GT_TRY(status);
+    size_t stride = 0, rows = 0;
+    GT_TRY(rows_bytes(c, &stride, &rows));
     out->pool = slot_pool_of(c);
     out->num_slots = initial_slots_of(c);
     out->slot_bytes = slot_request(slot_bytes);
+    out->index_bytes = gt_block_reserved_bytes(rows);
     return gt_size_mul(out->num_slots, gt_block_reserved_bytes(out->slot_bytes), "loader slots", &out->bytes);
 }
 

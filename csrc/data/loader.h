@@ -90,6 +90,8 @@ typedef struct gt_loader_memory {
     size_t num_slots;   /* slots allocated at creation: num_workers * prefetch_factor + 2 */
     size_t slot_bytes;  /* bytes requested for one slot */
     size_t bytes;       /* what the allocator reserves for all of them */
+    size_t index_bytes; /* what it reserves in the cpu pool for the row-index buffers of the
+                           caller and the workers, (max_batch_rows,) int64 each */
 } gt_loader_memory;
 
 gt_status gt_loader_plan(const gt_loader_config *config, gt_loader_memory *out);

@@ -126,7 +126,8 @@ static PyObject *ema_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
 static PyObject *loader_memory_to_dict(const gt_loader_memory *m) {
     PyObject *d = pool_and_bytes(m->pool, m->bytes);
     if (d && (gtpy_dict_put_size(d, "num_slots", m->num_slots) < 0 ||
-              gtpy_dict_put_size(d, "slot_bytes", m->slot_bytes) < 0))
+              gtpy_dict_put_size(d, "slot_bytes", m->slot_bytes) < 0 ||
+              gtpy_dict_put_size(d, "index_bytes", m->index_bytes) < 0))
         Py_CLEAR(d);
     return d;
 }

@@ -182,6 +182,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         slots = _C.loader_plan(loader.arrays, loader.max_rows, loader.num_workers,
                                max(loader.prefetch_factor or 0, 1), loader.pin_memory)
         _add(regions, slots["pool"], "loader_slots", slots["bytes"])
+        _add(regions, "cpu", "loader_indices", slots["index_bytes"])
     other = compiled.arena_plan(shape, checkpointing=not checkpointing, precision=dt)["activations"]
     settings = {"precision": precision, "gradient_checkpointing": checkpointing,
                 "cpu_offload_fraction": optimizer.cpu_offload_fraction if optimizer is not None else 0.0,
