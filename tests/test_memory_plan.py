@@ -117,6 +117,26 @@ def test_the_plan_is_made_before_anything_is_allocated_and_prints_every_kind(tmp
     assert plan.alternatives["activation arena with gradient_checkpointing=True"] == other.activation_arena
 
 
+@pytest.mark.parametrize("ema_location", ["device", "host"])
+def test_a_train_steps_plan_is_its_peak_with_optimizer_scaler_and_ema(ema_location):
+    x, y = data(16)
+    with measured() as growth:
+        m = model()
+        reset_peaks()
+        optimizer = gt.optim.AdamW(m.parameters(), amsgrad=True, cpu_offload_fraction=0.3, offload_chunk_numel=100)
+        step = gt.TrainStep(m, nn.CrossEntropyLoss(), optimizer, gradient_accumulation_steps=2, precision="fp16",
+                            gradient_checkpointing=True, scaler=gt.amp.GradScaler())
+        ema = gt.optim.EMA(m, location=ema_location)
+        plan = mp.plan_step(step, x, ema=ema)
+        step(x, y)
+        ema.update()
+    assert {k: growth[k] for k in KINDS} == {k: plan.total(k) for k in KINDS}, str(plan)
+    assert plan["pinned"]["optimizer_offload"] > 0 and ("ema" in plan["pinned"]) == (ema_location == "host")
+    assert plan.micro_batch_shape == (8, 10)
+    with pytest.raises(ValueError, match="equal micro-batches"):
+        mp.plan_step(step, (15, 10))
+
+
 def test_the_plans_of_the_parts_are_what_they_allocate():
     m = model()
     params = list(m.parameters())
@@ -238,7 +258,7 @@ def test_without_auto_find_an_out_of_memory_step_changes_nothing(tmp_path, memor
         assert np.array_equal(value, before[name]), name
 
 
-def test_a_second_out_of_memory_error_propagates(tmp_path, memory_limit):
+def test_an_out_of_memory_step_no_micro_batch_fits_propagates(tmp_path, memory_limit):
     x, y = data()
     baseline = gt.memory_stats("cpu")["reserved_bytes"]
     trainer = gt.Trainer(model(), args(tmp_path, per_device_train_batch_size=32, auto_find_batch_size=True),

@@ -18,12 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gputrain import _C
 from gputrain.memory import format_bytes
 from gputrain.nn.module import Module
-from gputrain.step import PRECISIONS
+from gputrain.optim.model_optimizer import ModelOptimizer
+from gputrain.optim.optimizer import Optimizer
+from gputrain.step import PRECISIONS, TrainStep
 
-__all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit", "plan_training"]
+__all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit", "plan_step",
+           "plan_training"]
 
 _ACTIVATION_PARTS = ("activations", "recompute", "backward_scratch", "loss_buffers", "workspace")
 
@@ -41,10 +46,14 @@ class OptimizerSpec:
     offload_chunk_numel: int = 0
 
     @classmethod
-    def of(cls, optimizer: Any) -> OptimizerSpec:
-        """The spec of a built gputrain.optim.AdamW or SGD."""
-        params = optimizer._params()
-        return cls(optimizer._kind, tuple(p.numel() for p in params),
+    def of(cls, optimizer: Optimizer | ModelOptimizer, model: Module) -> OptimizerSpec:
+        """The spec of a built optimizer: gputrain.optim.AdamW or SGD, or their for_model(model)."""
+        if isinstance(optimizer, ModelOptimizer):
+            kind = "adamw" if "betas" in optimizer.defaults else "sgd"
+            return cls(kind, (model.compiled.num_parameters,), (dict(optimizer.defaults),))
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be a gputrain optimizer, not {type(optimizer).__name__}")
+        return cls(optimizer._kind, tuple(p.numel() for p in optimizer._params()),
                    tuple(optimizer._hparams(g) for g in optimizer.param_groups),
                    optimizer.cpu_offload_fraction, optimizer.offload_chunk_numel)
 
@@ -166,7 +175,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     device, shape, dt = compiled.device, tuple(micro_batch_shape), PRECISIONS[precision]
     regions: dict[str, dict[str, int]] = {device: {}}
     activation_arena = _model_regions(regions, compiled, shape, dt, checkpointing)
-    numels = [p.numel() for p in model.parameters()]
+    numels = [compiled.num_parameters]  # every parameter once, as EMA(model) averages them
     if optimizer is not None:
         memory = _C.optimizer_plan(optimizer.kind, list(optimizer.numels), list(optimizer.hparams), device=device,
                                    cpu_offload_fraction=optimizer.cpu_offload_fraction,
@@ -230,3 +239,23 @@ def fit(make_plan: Callable[[int, float], MemoryPlan], available: Mapping[str, i
                 break
             rows //= 2
     return None
+
+
+def plan_step(step: TrainStep, batch_shape: Sequence[int] | np.ndarray, *, ema: Any = None,
+              loader: LoaderSpec | None = None) -> MemoryPlan:
+    """The complete plan of `step` for batches of `batch_shape` (split into its
+    gradient_accumulation_steps micro-batches; or a batch array): its model in its precision and checkpointing
+    mode, its optimizer, its loss scaler, and `ema` (a gputrain.optim.EMA of the model) and the
+    loader when given. TrainStep.memory_plan is the model's part of it."""
+    if not isinstance(step, TrainStep):
+        raise TypeError(f"step must be a gputrain.TrainStep, not {type(step).__name__}")
+    step.memory_plan(batch_shape)  # the batch's checks: it splits into the micro-batches
+    shape = tuple(batch_shape.shape if isinstance(batch_shape, np.ndarray) else batch_shape)
+    micro = (shape[0] // step.gradient_accumulation_steps, *shape[1:])
+    compiled = step.model.compiled
+    precision = {dt: name for name, dt in PRECISIONS.items()}[compiled.precision]
+    optimizer = OptimizerSpec.of(step.optimizer, step.model) if step.optimizer is not None else None
+    scaler = step.scaler is not None and step.scaler.is_enabled()
+    return plan_training(step.model, micro, precision=precision, checkpointing=compiled.checkpointing,
+                         optimizer=optimizer, ema=ema is not None,
+                         ema_on_host=ema is not None and ema.location == "host", scaler=scaler, loader=loader)

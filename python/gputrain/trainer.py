@@ -303,8 +303,10 @@ class Trainer:
         device and offloaded to pinned memory, the EMA, the loss scaler's scratch, the activation
         arena of one micro-batch (activations, recompute, backward scratch, loss buffers,
         workspace; the other gradient_checkpointing setting's arena is in `alternatives`) and the
-        loader's slots. After the first optimizer step each pool's peak (from before the model was
-        built) is the plan's total for it, to the byte. print() it to see it against the limits.
+        loader's slots and row indices. After the first optimizer step each pool's peak, less what
+        it held before the model was built, is the plan's total for it, to the byte (peaks reset
+        after the model is built: its layers compile one by one first). print() shows it against
+        the limits.
         """
         shape = self._sample_shape()
         if self.train_dataloader is None or shape is None or not self._group_rows():
@@ -329,8 +331,7 @@ class Trainer:
         args, group = self.args, self._group_rows()
         rows = group // _micro_batches(group, micro_cap or group)
         kind = "sgd" if args.optim == "sgd" else "adamw"
-        optimizer = mp.OptimizerSpec(kind, tuple(p.numel() for p in self.model.parameters()),
-                                     cpu_offload_fraction=offload)
+        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), cpu_offload_fraction=offload)
         return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
                                 checkpointing=args.gradient_checkpointing, optimizer=optimizer,
                                 ema=args.ema_decay is not None, scaler=args.fp16,
