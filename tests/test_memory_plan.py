@@ -271,7 +271,7 @@ def test_an_out_of_memory_step_no_micro_batch_fits_propagates(tmp_path, memory_l
     assert trainer.state.global_step == 0 and trainer.optimizer.step_count == 0
 
 
-def test_fit_tries_halved_micro_batches_then_offload():
+def test_fit_tries_the_divisors_of_a_step_then_offload():
     seen = []
 
     class Plan(dict):
@@ -283,7 +283,51 @@ def test_fit_tries_halved_micro_batches_then_offload():
             seen.append((self.rows, self.offload))
             return {} if self.rows * (1 - self.offload) <= available["cpu"] else {"cpu": 1}
 
-    assert mp.fit(Plan, {"cpu": 3}, 24, 0.0, True)[:2] == (3, 0.0)
-    assert seen == [(24, 0.0), (12, 0.0), (6, 0.0), (3, 0.0)]
-    assert mp.fit(Plan, {"cpu": 0.5}, 4, 0.0, True)[:2] == (1, 0.5)
-    assert mp.fit(Plan, {"cpu": 0.5}, 4, 0.0, False) is None
+    assert mp.micro_batch_sizes(24, 24) == [24, 12, 8, 6, 4, 3, 2, 1]
+    assert mp.micro_batch_sizes(24, 10) == [8, 6, 4, 3, 2, 1]
+    assert mp.fit(Plan, {"cpu": 5}, mp.micro_batch_sizes(24, 24), 0.0, True)[:2] == (4, 0.0)
+    assert seen == [(24, 0.0), (12, 0.0), (8, 0.0), (6, 0.0), (4, 0.0)]
+    assert mp.fit(Plan, {"cpu": 0.5}, [4, 2, 1], 0.0, True)[:2] == (1, 0.5)
+    assert mp.fit(Plan, {"cpu": 0.5}, [4, 2, 1], 0.0, False) is None
+
+
+
+def test_auto_find_batch_size_splits_the_groups_of_a_ready_dataloader(tmp_path, caplog, memory_limit):
+    x, y = data()
+    reference = reference_run(tmp_path / "ref", per_device_train_batch_size=8, gradient_accumulation_steps=4)
+
+    def loader():
+        return gt.DataLoader((x, y), batch_size=16, shuffle=True, seed=3)
+
+    probe = gt.Trainer(model(), args(tmp_path / "probe", gradient_accumulation_steps=2), train_dataset=loader())
+    needed = probe._plan_for(8, 0.0).total("cpu")
+    baseline = gt.memory_stats("cpu")["reserved_bytes"]
+    m = model()
+    with caplog.at_level(logging.WARNING, logger="gputrain.trainer"):
+        fitted = gt.Trainer(m, args(tmp_path / "fit", max_steps=8, gradient_accumulation_steps=2,
+                                    auto_find_batch_size=True, memory_limit=baseline + needed),
+                            train_dataset=loader())
+        fitted.train()
+    assert fitted._micro_cap == 8
+    assert_same_bits(fitted, reference)
+    assert "micro-batches of 8 rows instead of 16" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_whole_run_peaks_at_the_plan_the_short_last_steps_included(tmp_path, memory_limit):
+    x, y = data(100)  # steps of 32 rows, each epoch's last one of 4: it reuses the activation arena
+    with measured() as growth:
+        m = model()
+        reset_peaks()
+        trainer = gt.Trainer(m, args(tmp_path, per_device_train_batch_size=32, num_train_epochs=2, max_steps=-1),
+                             train_dataset=(x, y))
+        plan = trainer.memory_plan()
+        trainer.train()
+    assert trainer.state.global_step == 8
+    assert growth["cpu"] == plan.total("cpu")
+    baseline = gt.memory_stats("cpu")["reserved_bytes"]
+    m = model()
+    ooms = gt.memory_stats("cpu")["num_ooms"]
+    memory_limit(baseline + plan.total("cpu"))
+    gt.Trainer(m, args(tmp_path, per_device_train_batch_size=32, num_train_epochs=2, max_steps=-1),
+               train_dataset=(x, y)).train()
+    assert gt.memory_stats("cpu")["num_ooms"] == ooms  # not even a refusal

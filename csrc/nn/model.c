@@ -443,6 +443,17 @@ static void reinstate_activations(gt_model *model, const gt_model_plan *previous
     model->planned = 1;
 }
 
+/* Lays the counted `plan` for `input` out in the model's activation arena and makes it current. */
+static gt_status adopt_plan(gt_model *model, const gt_tensor *input, gt_model_plan *plan) {
+    model->planned = 0;
+    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, "x", model->activations.block.ptr, plan));
+    model->plan = *plan;
+    model->planned_input = *input;
+    model->planned_input.ptr = NULL;
+    model->planned = 1;
+    return GT_OK;
+}
+
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     if (model->planned && same_shape(input, &model->planned_input))
         return GT_OK;
@@ -451,6 +462,8 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     int was_planned = model->planned;
     gt_arena fresh = {0};
     gt_status status = walk_plan(model, input, model->checkpointing, model->dt, "x", NULL, &plan);
+    if (status == GT_OK && model->activations.block.ptr && region_bytes(&plan) <= model->activations.block.bytes)
+        return adopt_plan(model, input, &plan);  /* the arena it has holds it: nothing is allocated */
     if (status == GT_OK)
         status = allocate_activations(model, region_bytes(&plan), &fresh);
     if (status != GT_OK) {  /* keep the failure's message over any from the restore */
@@ -463,13 +476,7 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     }
     gt_arena_destroy(&model->activations);
     model->activations = fresh;
-    model->planned = 0;
-    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, "x", fresh.block.ptr, &plan));
-    model->plan = plan;
-    model->planned_input = *input;
-    model->planned_input.ptr = NULL;
-    model->planned = 1;
-    return GT_OK;
+    return adopt_plan(model, input, &plan);
 }
 
 static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {

@@ -92,7 +92,9 @@ void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out);
 gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
                                 gt_dtype dt, gt_model_plan *out);
 
-/* Allocates activations for `input` (a no-op when already planned for it). */
+/* Plans the activations for `input` (a no-op when already planned for it): in the current arena
+ * when the plan fits in it (a smaller batch, e.g. an epoch's last one, allocates nothing), else in
+ * a new arena that replaces it. */
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input);
 
 /* Re-initialises every parameter from `seed` (PyTorch's default distributions). */

@@ -27,7 +27,7 @@ from gputrain.optim.model_optimizer import ModelOptimizer
 from gputrain.optim.optimizer import Optimizer
 from gputrain.step import PRECISIONS, TrainStep
 
-__all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit", "plan_step",
+__all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit", "micro_batch_sizes", "plan_step",
            "plan_training"]
 
 _ACTIVATION_PARTS = ("activations", "recompute", "backward_scratch", "loss_buffers", "workspace")
@@ -223,30 +223,33 @@ def describe_over(plan: MemoryPlan, available: Mapping[str, int | None]) -> str:
                      f"{available[kind]:,} available" for kind, extra in plan.over(available).items())
 
 
-def fit(make_plan: Callable[[int, float], MemoryPlan], available: Mapping[str, int | None], micro_rows: int,
+def micro_batch_sizes(group_rows: int, largest: int) -> list[int]:
+    """Micro-batch sizes to try for steps of `group_rows` rows, largest first: the divisors of
+    group_rows up to `largest`. With a divisor, every micro-batch of a full step has that size
+    and no shorter step has a larger one, so the plan for it is the run's peak."""
+    return [rows for rows in range(min(largest, group_rows), 0, -1) if group_rows % rows == 0]
+
+
+def fit(make_plan: Callable[[int, float], MemoryPlan], available: Mapping[str, int | None], sizes: Sequence[int],
         offload: float, can_offload: bool) -> tuple[int, float, MemoryPlan] | None:
-    """The first (micro_rows, offload) that fits `available`: micro-batches of micro_rows, then
-    halved down to 1 row; then the same with cpu_offload_fraction raised to 0.25, 0.5, 0.75 and 1
-    (when can_offload). `make_plan(micro_rows, offload)` makes a plan. None when nothing fits."""
+    """The first (micro-batch size, offload) that fits `available`: each of `sizes` in turn (see
+    micro_batch_sizes), then again with cpu_offload_fraction raised to 0.25, 0.5, 0.75 and 1 (when
+    can_offload). `make_plan(size, offload)` makes a plan. None when nothing fits."""
     fractions = [offload] + ([f for f in (0.25, 0.5, 0.75, 1.0) if f > offload] if can_offload else [])
     for fraction in fractions:
-        rows = micro_rows
-        while True:
+        for rows in sizes:
             plan = make_plan(rows, fraction)
             if not plan.over(available):
                 return rows, fraction, plan
-            if rows <= 1:
-                break
-            rows //= 2
     return None
 
 
 def plan_step(step: TrainStep, batch_shape: Sequence[int] | np.ndarray, *, ema: Any = None,
               loader: LoaderSpec | None = None) -> MemoryPlan:
-    """The complete plan of `step` for batches of `batch_shape` (split into its
-    gradient_accumulation_steps micro-batches; or a batch array): its model in its precision and checkpointing
-    mode, its optimizer, its loss scaler, and `ema` (a gputrain.optim.EMA of the model) and the
-    loader when given. TrainStep.memory_plan is the model's part of it."""
+    """The complete plan of `step` for batches of `batch_shape` (or of a batch array's shape),
+    split into its gradient_accumulation_steps micro-batches: its model in its precision and
+    checkpointing mode, its optimizer, its loss scaler, and `ema` (a gputrain.optim.EMA of the
+    model) and the loader when given. TrainStep.memory_plan is the model's part of it."""
     if not isinstance(step, TrainStep):
         raise TypeError(f"step must be a gputrain.TrainStep, not {type(step).__name__}")
     step.memory_plan(batch_shape)  # the batch's checks: it splits into the micro-batches

@@ -315,10 +315,12 @@ class Trainer:
         return self._plan_for(self._micro_cap, self._offload)
 
     def _sample_shape(self) -> tuple[int, ...] | None:
-        """The shape of one input row (None for ragged rows or without a train_dataset)."""
-        if self.train_dataloader is None:
+        """The shape of one input row: None without a train_dataset, for ragged rows, or when a
+        transform or collate_fn may change what the model receives."""
+        loader = self.train_dataloader
+        if loader is None or loader.transform is not None or loader.collate_fn is not None:
             return None
-        first = self.train_dataloader._arrays[0]
+        first = getattr(loader, "_arrays", [None])[0]
         return tuple(first.shape[1:]) if isinstance(first, np.ndarray) else None
 
     def _group_rows(self) -> int:
@@ -343,7 +345,7 @@ class Trainer:
         optimizer step), then a higher cpu_offload_fraction (AdamW on the CPU), each change logged;
         without it, or when nothing fits, gputrain.OutOfMemoryError with the plan."""
         if self._sample_shape() is None or not self._group_rows():
-            logger.info("memory plan: skipped (ragged rows or batches of unknown size)")
+            logger.info("memory plan: skipped (ragged rows, a transform or collate_fn, or batches of unknown size)")
             return
         available = mp.available_memory(self.model)
         plan = self._plan_for(self._micro_cap, self._offload)
@@ -351,7 +353,8 @@ class Trainer:
             return
         if self.args.auto_find_batch_size:
             can_offload = self.args.optim != "sgd" and self.device == "cpu"
-            fitted = mp.fit(self._plan_for, available, self._micro_cap, self._offload, can_offload)
+            sizes = mp.micro_batch_sizes(self._group_rows(), self._micro_cap)
+            fitted = mp.fit(self._plan_for, available, sizes, self._offload, can_offload)
             if fitted is not None:
                 self._apply_fit(plan, fitted, f"the memory plan exceeds the memory limit "
                                               f"({mp.describe_over(plan, available)})")
@@ -383,9 +386,7 @@ class Trainer:
         live = self.model.compiled.live_arenas()["activations"]
         room = None if stats["limit_bytes"] is None else stats["limit_bytes"] - stats["reserved_bytes"] + live
         before = self._plan_for(self._micro_cap, self._offload)
-        cap = self._micro_cap or self._group_rows()
-        while cap > 1:
-            cap //= 2
+        for cap in mp.micro_batch_sizes(self._group_rows(), (self._micro_cap or self._group_rows()) - 1):
             plan = self._plan_for(cap, self._offload)
             if room is None or plan.activation_arena <= room:
                 reason = (f"a step ran out of memory ({error}); the activation arena must fit in "

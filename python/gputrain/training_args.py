@@ -99,7 +99,8 @@ class TrainingArguments:
             does not apply (the start-up log says so).
         gradient_checkpointing: keep block inputs only and recompute in the backward pass.
         auto_find_batch_size: when the run's memory plan (Trainer.memory_plan()) exceeds the
-            memory limit, micro-batches shrink (halved until they fit) and more of them make a
+            memory limit, micro-batches shrink (to the largest divisor of the rows of a step that
+            fits) and more of them make a
             step, so each optimizer step still sees per_device_train_batch_size *
             gradient_accumulation_steps rows; then, for AdamW on the CPU, cpu_offload_fraction is
             raised (0.25 ... 1). An OutOfMemoryError in a step (which abandons it before its
