@@ -331,3 +331,21 @@ def test_a_whole_run_peaks_at_the_plan_the_short_last_steps_included(tmp_path, m
     gt.Trainer(m, args(tmp_path, per_device_train_batch_size=32, num_train_epochs=2, max_steps=-1),
                train_dataset=(x, y)).train()
     assert gt.memory_stats("cpu")["num_ooms"] == ooms  # not even a refusal
+
+
+def test_a_resumed_run_keeps_the_micro_batches_auto_find_chose(tmp_path, caplog, memory_limit):
+    pytest.importorskip("safetensors")
+    reference = reference_run(tmp_path / "ref", per_device_train_batch_size=8, gradient_accumulation_steps=4)
+    needed = reference.memory_plan().total("cpu")
+    fitted = fitted_run(tmp_path / "fit", needed, caplog, per_device_train_batch_size=32, save_strategy="steps",
+                        save_steps=4)
+    memory_limit(None)
+    x, y = data()
+    resumed = gt.Trainer(model(), args(tmp_path / "fit", max_steps=8, per_device_train_batch_size=32,
+                                       auto_find_batch_size=True, save_strategy="steps", save_steps=4),
+                         train_dataset=(x, y))
+    assert resumed._micro_cap == 32  # with no limit, nothing to fit
+    resumed.train(resume_from_checkpoint=str(tmp_path / "fit" / "checkpoint-4"))
+    assert resumed._micro_cap == 8
+    assert_same_bits(resumed, fitted)
+    assert_same_bits(resumed, reference)

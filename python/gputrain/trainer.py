@@ -359,9 +359,10 @@ class Trainer:
                 self._apply_fit(plan, fitted, f"the memory plan exceeds the memory limit "
                                               f"({mp.describe_over(plan, available)})")
                 return
-        hint = ("nothing fits, even micro-batches of 1 row" + (" with cpu_offload_fraction=1" if
-                self.args.optim != "sgd" and self.device == "cpu" else "") if self.args.auto_find_batch_size
-                else "set auto_find_batch_size=True to fit it with smaller micro-batches")
+        if not self.args.auto_find_batch_size:
+            hint = "set auto_find_batch_size=True to fit it with smaller micro-batches"
+        else:
+            hint = "nothing fits, not even micro-batches of 1 row or the most offload"
         raise _C.OutOfMemoryError(f"Trainer: the training run needs more memory than the limit leaves "
                                   f"({mp.describe_over(plan, available)}); {hint}, or raise memory_limit / "
                                   f"memory_fraction.\n{plan}")
@@ -394,6 +395,14 @@ class Trainer:
                 self._apply_fit(before, (cap, self._offload, plan), reason)
                 return
         raise error
+
+    def _resume_micro_batches(self, saved: int) -> None:
+        """Micro-batches as small as the checkpointed run's (auto_find_batch_size may have shrunk
+        them), so that the rest of the run has its bits."""
+        if saved and saved < (self._micro_cap or saved + 1):
+            logger.warning("auto_find_batch_size: the checkpoint was trained with micro-batches of at most %d rows; "
+                           "resuming with them instead of %d, for the same bits", saved, self._micro_cap)
+            self._micro_cap = saved
 
     # -- what users see ---------------------------------------------------------------------------
     def _startup_block(self) -> str:
@@ -699,7 +708,7 @@ class Trainer:
         if self.scaler is not None:
             ckpt.save_json(os.path.join(directory, "scaler.json"), ckpt.to_json_state(self.scaler.state_dict()))
         compiled = self.model.compiled
-        extra = {"model_seed": compiled.seed, "model_step": compiled.step,
+        extra = {"model_seed": compiled.seed, "model_step": compiled.step, "micro_batch_rows": self._micro_cap,
                  "loader": ckpt.to_json_state(self.train_dataloader.state_dict()),
                  "logging": dict(self._logged), "done": dict(self._done),
                  "callbacks": {type(c).__name__: c.state_dict() for c in self.callback_handler.callbacks
@@ -750,6 +759,7 @@ class Trainer:
             self.scaler.load_state_dict(scaler)
         self.train_dataloader.load_state_dict(extra["loader"])
         compiled.step = extra["model_step"]
+        self._resume_micro_batches(extra.get("micro_batch_rows", self._micro_cap))
         self._logged = dict(extra["logging"])
         self._done = dict(extra["done"])
         for callback in self.callback_handler.callbacks:
