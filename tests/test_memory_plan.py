@@ -349,3 +349,22 @@ def test_a_resumed_run_keeps_the_micro_batches_auto_find_chose(tmp_path, caplog,
     assert resumed._micro_cap == 8
     assert_same_bits(resumed, fitted)
     assert_same_bits(resumed, reference)
+
+
+def test_the_planners_refuse_bad_arguments_naming_them():
+    x = np.zeros((3, 2), np.float32)
+    with pytest.raises(gt.OutOfMemoryError, match="num_workers \\* prefetch_factor"):
+        gt._C.loader_plan((x,), 4, 2**40, 2**40)
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        gt._C.loader_plan((x,), 4, 2, 0)
+    with pytest.raises(ValueError, match="numels\\[0\\]"):
+        gt._C.ema_plan([1.5])
+    with pytest.raises(ValueError, match="cpu_offload_fraction"):
+        gt._C.optimizer_plan("adamw", [10], [{}], cpu_offload_fraction=float("nan"))
+    with pytest.raises(TypeError, match="precision"):
+        mp.plan_training(model(), (4, 10), precision=16)
+    with pytest.raises(ValueError, match="precision"):
+        mp.plan_training(model(), (4, 10), precision="fp8")
+    with pytest.raises(ValueError):
+        mp.plan_training(model(), (4, 11))  # the model takes 10 features
+    assert gt._C.loader_plan((x,), 4, 3, 2)["num_slots"] == 3 * 2 + 2

@@ -365,8 +365,10 @@ gt_status gt_loader_plan(const gt_loader_config *c, gt_loader_memory *out) {
     gt_status status = gt_fields_layout(fields, c->num_fields, c->max_batch_rows, &slot_bytes);
     free(fields);
     GT_TRY(status);
-    size_t stride = 0, rows = 0;
+    size_t stride = 0, rows = 0, depth = 0;
     GT_TRY(rows_bytes(c, &stride, &rows));
+    GT_TRY(gt_size_mul(c->num_workers, c->prefetch_factor, "num_workers * prefetch_factor", &depth));
+    GT_TRY(gt_size_add(depth, 2, "num_workers * prefetch_factor", &depth));  /* initial_slots_of fits */
     out->pool = slot_pool_of(c);
     out->num_slots = initial_slots_of(c);
     out->slot_bytes = slot_request(slot_bytes);

@@ -27,8 +27,8 @@ from gputrain.optim.model_optimizer import ModelOptimizer
 from gputrain.optim.optimizer import Optimizer
 from gputrain.step import PRECISIONS, TrainStep
 
-__all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit", "micro_batch_sizes", "plan_step",
-           "plan_training"]
+__all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit",
+           "micro_batch_sizes", "plan_step", "plan_training"]
 
 _ACTIVATION_PARTS = ("activations", "recompute", "backward_scratch", "loss_buffers", "workspace")
 
@@ -169,6 +169,8 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     """
     if not isinstance(model, Module):
         raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
+    if not isinstance(precision, str):
+        raise TypeError(f"precision must be a str such as 'bf16', not {type(precision).__name__}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     compiled = model.compiled
