@@ -132,8 +132,9 @@ class MemoryPlan(dict):
         return "\n".join(lines)
 
 
-def _add(regions: dict[str, dict[str, int]], kind: str, name: str, value: int) -> None:
-    if value:
+def _add(regions: dict[str, dict[str, int]], kind: str, name: str, value: int, keep_zero: bool = False) -> None:
+    """regions[kind][name] += value; a region of 0 bytes is left out unless keep_zero."""
+    if value or keep_zero:
         bucket = regions.setdefault(kind, {})
         bucket[name] = bucket.get(name, 0) + int(value)
 
@@ -188,7 +189,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         shadow = _C.ema_plan(numels, device=device, on_host=ema_on_host)
         _add(regions, shadow["pool"], "ema", shadow["bytes"])
     if scaler:
-        _add(regions, device, "scaler", _C.step_scaler_bytes(device))
+        _add(regions, device, "scaler", _C.step_scaler_bytes(device), keep_zero=True)  # CPU: no block
     if loader is not None:
         slots = _C.loader_plan(loader.arrays, loader.max_rows, loader.num_workers,
                                max(loader.prefetch_factor or 0, 1), loader.pin_memory)
