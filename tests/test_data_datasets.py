@@ -5,6 +5,7 @@ giving the same batches as num_workers=0, and mid-epoch resume."""
 from __future__ import annotations
 
 import collections
+import copy
 import gc
 import multiprocessing
 import os
@@ -220,6 +221,16 @@ def test_mid_epoch_resume_is_exact(num_workers):
     resumed.load_state_dict(state)
     assert same(head + epoch(resumed), full[:len(full) // 2])
     assert same(epoch(resumed), full[len(full) // 2:])  # the next epoch follows
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_deep_copy_mid_epoch_yields_the_rest(num_workers):
+    loader = gt.DataLoader(Records(), batch_size=4, shuffle=True, seed=5, num_workers=num_workers)
+    it = iter(loader)
+    next(it)
+    duplicate = copy.deepcopy(loader)
+    assert duplicate.state_dict() == loader.state_dict()
+    assert same(epoch(duplicate), [copied(b) for b in it])
 
 
 def test_worker_init_fn_and_worker_info_in_processes():

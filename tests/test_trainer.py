@@ -181,7 +181,8 @@ def test_logging_without_prints_and_jsonl_history(tmp_path, capsys, caplog):
     startup = [r.getMessage() for r in caplog.records if "Running training" in r.getMessage()]
     assert len(startup) == 1
     for words in ("precision = fp32", "TF32", "Optimizer = AdamW", "offload fraction", "checkpointing",
-                  "set_to_none", "workers", "Memory plan", "total", "auto_find_batch_size: fitting"):
+                  "set_to_none", "workers", "Memory plan", "total", "optimizer_state", "loader_slots",
+                  "micro-batches of at most 8 rows"):
         assert words in startup[0], words
     with open(os.path.join(tmp_path, "history.jsonl")) as f:
         history = [json.loads(line) for line in f]

@@ -74,7 +74,7 @@ static gt_status refuse_by_system(gt_device device, gt_pool *pool, size_t bytes)
 
 /* Reserves the bytes in the pool's books; refuses when over the limit. */
 static gt_status pool_reserve(gt_device device, gt_pool *pool, size_t bytes) {
-    size_t rounded = gt_align_up(bytes);
+    size_t rounded = gt_block_reserved_bytes(bytes);
     gt_status status = GT_OK;
     pthread_mutex_lock(&pool->lock);
     gt_mem_stats *s = &pool->stats;
@@ -98,7 +98,7 @@ static gt_status pool_reserve(gt_device device, gt_pool *pool, size_t bytes) {
 static void pool_release(gt_pool *pool, size_t bytes, int count_as_free) {
     pthread_mutex_lock(&pool->lock);
     pool->stats.allocated -= bytes;
-    pool->stats.reserved -= gt_align_up(bytes);
+    pool->stats.reserved -= gt_block_reserved_bytes(bytes);
     pool->stats.active_blocks--;
     if (count_as_free)
         pool->stats.num_frees++;

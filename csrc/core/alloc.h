@@ -72,6 +72,13 @@ static inline size_t gt_align_up(size_t bytes) {
     return (bytes + (GT_ALIGN - 1)) & ~(size_t)(GT_ALIGN - 1);
 }
 
+/* Bytes the allocator reserves (and counts in `reserved` and its peak) for a block of `bytes`:
+ * what every memory plan reports, so that a plan's total is the pool's peak to the byte. 0 for
+ * an empty arena (no block). */
+static inline size_t gt_block_reserved_bytes(size_t bytes) {
+    return bytes == 0 ? 0 : gt_align_up(bytes);
+}
+
 /* a * b, or SIZE_MAX when the product does not fit (for size functions that cannot fail: their
  * callers check the result against GT_MAX_BYTES). */
 static inline size_t gt_size_mul_sat(size_t a, size_t b) {

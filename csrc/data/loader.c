@@ -61,6 +61,7 @@ struct gt_loader {
     int joined;                   /* 1 once the workers are joined */
     int released;                 /* 1 once the owner dropped its reference */
     gt_worker *workers;           /* (num_workers,) */
+    gt_block rows_block;          /* the row-index buffers below: caller's, then each worker's */
     int64_t *caller_rows;         /* (max_batch_rows,) row indices when gathering in the caller */
     int caller_gathering;         /* 1 while a caller gathers into caller_rows: callers of
                                      gt_loader_next in other threads wait their turn */
@@ -71,6 +72,9 @@ struct gt_loader {
 };
 
 /* ---- slots ------------------------------------------------------------------------------ */
+
+/* Bytes requested for a slot of `slot_bytes` (a block is never empty). */
+static size_t slot_request(size_t slot_bytes) { return slot_bytes ? slot_bytes : 1; }
 
 static gt_status slot_new(gt_loader *l, gt_slot **out) {
     if (l->num_slots == l->slots_capacity) {
@@ -88,8 +92,7 @@ static gt_status slot_new(gt_loader *l, gt_slot **out) {
         free(widths);
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for a slot");
     }
-    size_t bytes = l->slot_bytes ? l->slot_bytes : 1;
-    gt_status status = gt_block_alloc(l->slot_device, bytes, &slot->block);
+    gt_status status = gt_block_alloc(l->slot_device, slot_request(l->slot_bytes), &slot->block);
     if (status != GT_OK) {
         free(slot);
         free(widths);
@@ -287,10 +290,8 @@ static void destroy(gt_loader *l) {
     gt_block_free(&l->plan_indices);
     gt_block_free(&l->plan_offsets);
     free(l->done);
-    for (size_t i = 0; l->workers && i < l->num_workers; i++)
-        free(l->workers[i].rows);
     free(l->workers);
-    free(l->caller_rows);
+    gt_block_free(&l->rows_block);
     free(l->fields);
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->ready_cv);
@@ -310,20 +311,28 @@ static gt_status init_sync(gt_loader *l) {
               : GT_OK;
 }
 
+/* Bytes of one (max_batch_rows,) int64 row-index buffer (*stride, GT_ALIGN-rounded) and of the
+ * block that holds the caller's and every worker's (*total). */
+static gt_status rows_bytes(const gt_loader_config *c, size_t *stride, size_t *total) {
+    GT_TRY(gt_size_mul(c->max_batch_rows ? c->max_batch_rows : 1, sizeof(int64_t), "max_batch_rows", stride));
+    GT_TRY(gt_size_align(*stride, "max_batch_rows", stride));
+    return gt_size_mul(*stride, gt_size_add_sat(c->num_workers, 1), "max_batch_rows", total);
+}
+
 /* Allocates the tables and scratch buffers sized by the configuration. */
 static gt_status init_tables(gt_loader *l, const gt_loader_config *c) {
-    size_t rows_bytes = (c->max_batch_rows ? c->max_batch_rows : 1) * sizeof(int64_t);
+    size_t stride = 0, total = 0;
+    GT_TRY(rows_bytes(c, &stride, &total));
     l->fields = malloc((c->num_fields ? c->num_fields : 1) * sizeof *l->fields);
     l->workers = calloc(c->num_workers ? c->num_workers : 1, sizeof *l->workers);
-    l->caller_rows = malloc(rows_bytes);
-    if (!l->fields || !l->workers || !l->caller_rows)
+    if (!l->fields || !l->workers)
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for its tables");
+    GT_TRY(gt_block_alloc(gt_cpu_device(), total, &l->rows_block));
+    l->caller_rows = l->rows_block.ptr;
     memcpy(l->fields, c->fields, c->num_fields * sizeof *l->fields);
-    for (size_t i = 0; i < c->num_workers; i++) {
-        l->workers[i] = (gt_worker){.loader = l, .id = i, .rows = malloc(rows_bytes)};
-        if (!l->workers[i].rows)
-            return GT_FAIL(GT_ERR_OOM, "loader: no memory for worker %zu's row indices", i);
-    }
+    for (size_t i = 0; i < c->num_workers; i++)
+        l->workers[i] = (gt_worker){.loader = l, .id = i,
+                                    .rows = (int64_t *)((char *)l->rows_block.ptr + (i + 1) * stride)};
     GT_TRY(gt_fields_layout(l->fields, l->num_fields, c->max_batch_rows, &l->slot_bytes));
     for (size_t i = 0; i < l->initial_slots; i++) {
         gt_slot *slot;
@@ -332,9 +341,43 @@ static gt_status init_tables(gt_loader *l, const gt_loader_config *c) {
     return GT_OK;
 }
 
-gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
+static gt_status check_config(const gt_loader_config *c) {
     if (c->num_workers > 0 && c->prefetch_factor == 0)
         return GT_FAIL(GT_ERR_VALUE, "prefetch_factor must be >= 1 with worker threads, got 0");
+    return GT_OK;
+}
+
+static gt_device slot_pool_of(const gt_loader_config *c) {
+    return c->pin_memory ? gt_pinned_device() : gt_cpu_device();
+}
+
+/* Slots made at creation: one per batch in flight, one for the caller, one being filled. */
+static size_t initial_slots_of(const gt_loader_config *c) { return c->num_workers * c->prefetch_factor + 2; }
+
+gt_status gt_loader_plan(const gt_loader_config *c, gt_loader_memory *out) {
+    memset(out, 0, sizeof *out);
+    GT_TRY(check_config(c));
+    gt_field *fields = malloc((c->num_fields ? c->num_fields : 1) * sizeof *fields);
+    if (!fields)
+        return GT_FAIL(GT_ERR_OOM, "loader: no memory for its field table");
+    memcpy(fields, c->fields, c->num_fields * sizeof *fields);
+    size_t slot_bytes = 0;
+    gt_status status = gt_fields_layout(fields, c->num_fields, c->max_batch_rows, &slot_bytes);
+    free(fields);
+    GT_TRY(status);
+    size_t stride = 0, rows = 0, depth = 0;
+    GT_TRY(rows_bytes(c, &stride, &rows));
+    GT_TRY(gt_size_mul(c->num_workers, c->prefetch_factor, "num_workers * prefetch_factor", &depth));
+    GT_TRY(gt_size_add(depth, 2, "num_workers * prefetch_factor", &depth));  /* initial_slots_of fits */
+    out->pool = slot_pool_of(c);
+    out->num_slots = initial_slots_of(c);
+    out->slot_bytes = slot_request(slot_bytes);
+    out->index_bytes = gt_block_reserved_bytes(rows);
+    return gt_size_mul(out->num_slots, gt_block_reserved_bytes(out->slot_bytes), "loader slots", &out->bytes);
+}
+
+gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
+    GT_TRY(check_config(c));
     gt_loader *l = calloc(1, sizeof *l);
     if (!l)
         return GT_FAIL(GT_ERR_OOM, "loader: no memory for its state");
@@ -343,9 +386,9 @@ gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
     l->num_workers = c->num_workers;
     l->depth = c->num_workers * c->prefetch_factor;
     l->in_order = c->in_order;
-    l->slot_device = c->pin_memory ? gt_pinned_device() : gt_cpu_device();
+    l->slot_device = slot_pool_of(c);
     l->hooks = c->hooks;
-    l->initial_slots = l->depth + 2;
+    l->initial_slots = initial_slots_of(c);
     l->refs = 1;
     gt_status status = init_sync(l);
     if (status != GT_OK) {

@@ -84,6 +84,18 @@ typedef struct gt_loader_stats {
 /* Copies the field table, allocates the initial slots and starts the worker threads. */
 gt_status gt_loader_create(const gt_loader_config *config, gt_loader **out);
 
+/* The slots gt_loader_create(config) allocates, before it runs. */
+typedef struct gt_loader_memory {
+    gt_device pool;     /* where the slots are: cpu, or pinned with pin_memory */
+    size_t num_slots;   /* slots allocated at creation: num_workers * prefetch_factor + 2 */
+    size_t slot_bytes;  /* bytes requested for one slot */
+    size_t bytes;       /* what the allocator reserves for all of them */
+    size_t index_bytes; /* what it reserves in the cpu pool for the row-index buffers of the
+                           caller and the workers, (max_batch_rows,) int64 each */
+} gt_loader_memory;
+
+gt_status gt_loader_plan(const gt_loader_config *config, gt_loader_memory *out);
+
 /* Starts an epoch of `plan` (copied, index arrays included), cancelling any epoch in progress:
  * undelivered batches are dropped after in-flight gathers finish. Batches below `start_batch`
  * and the (sorted, >= start_batch) batches in `done` are skipped without being gathered. */

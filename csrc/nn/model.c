@@ -116,14 +116,36 @@ static void point_layer(gt_layer *layer, gt_model *model) {
         point_layer(&layer->children[i], model);
 }
 
+/* Bytes the model requests for its parameter arena (the gradient arena is the same). */
+static size_t param_arena_request(const gt_model *model) {
+    return gt_align_up(model->num_params * sizeof(float));  /* checked by the layout */
+}
+
+/* Bytes the model requests for its half copy in `dt` (0: no arena, in f32). */
+static size_t lowp_arena_request(const gt_model *model, gt_dtype dt) {
+    if (dt == GT_F32 || model->num_params == 0)
+        return 0;
+    return gt_align_up(model->num_params * gt_dtype_size(dt));
+}
+
+/* Bytes of the block the backend allocates for itself when the model is created. */
+static size_t backend_request(const gt_model *model) {
+#ifdef GT_WITH_CUDA
+    if (on_cuda(model))
+        return GT_CUDA_SCRATCH_BYTES;
+#endif
+    (void)model;
+    return 0;
+}
+
 /* A new half-precision copy of the parameters in `dt` (an empty arena for f32), filled from the
  * f32 master; the model is not touched, so a failure leaves it as it was. */
 static gt_status build_lowp(gt_model *model, gt_dtype dt, gt_arena *out) {
     memset(out, 0, sizeof *out);
     out->block.device = model->backend.device;
-    if (dt == GT_F32 || model->num_params == 0)
+    if (lowp_arena_request(model, dt) == 0)
         return GT_OK;
-    GT_TRY(gt_arena_create(out, model->backend.device, gt_align_up(model->num_params * gt_dtype_size(dt))));
+    GT_TRY(gt_arena_create(out, model->backend.device, lowp_arena_request(model, dt)));
     gt_status status = model->backend.ops->cast(&model->backend, out->block.ptr, dt, model->params.block.ptr,
                                                 GT_F32, (int64_t)model->num_params);
     if (status != GT_OK)
@@ -164,9 +186,9 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
     GT_TRY(layout_layer(&model->root, &model->num_params));
-    size_t bytes = gt_align_up(model->num_params * sizeof(float));  /* checked by the layout */
-    GT_TRY(gt_arena_create(&model->params, device, model->num_params ? bytes : 0));
-    GT_TRY(gt_arena_create(&model->grads, device, model->num_params ? bytes : 0));
+    size_t bytes = param_arena_request(model);
+    GT_TRY(gt_arena_create(&model->params, device, bytes));
+    GT_TRY(gt_arena_create(&model->grads, device, bytes));
     if (model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr, bytes));
     point_layer(&model->root, model);
@@ -247,6 +269,12 @@ static gt_status add_piece(size_t *total, size_t bytes, const char *what, size_t
     return gt_size_add(*total, *piece, what, total);
 }
 
+/* Bytes of the activation arena of a plan (a part of its checked total). */
+static size_t region_bytes(const gt_model_plan *plan) {
+    return plan->activation_bytes + plan->recompute_bytes + plan->scratch_bytes + plan->loss_bytes +
+           plan->workspace_bytes;
+}
+
 /* Bytes of the buffers after the layers' activations, in the order walk_plan lays them out. */
 typedef struct gt_tail_sizes {
     size_t scratch_each;  /* one backward ping-pong buffer */
@@ -293,6 +321,10 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         GT_TRY(gt_size_add(total, parts[i], what, &total));
     plan->total_bytes = total;
+    plan->param_arena_bytes = gt_block_reserved_bytes(param_arena_request(model));
+    plan->lowp_arena_bytes = gt_block_reserved_bytes(lowp_arena_request(model, dt));
+    plan->activation_arena_bytes = gt_block_reserved_bytes(region_bytes(plan));
+    plan->backend_arena_bytes = gt_block_reserved_bytes(backend_request(model));
     return GT_OK;
 }
 
@@ -341,12 +373,6 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     return GT_OK;
 }
 
-/* Bytes of the activation arena of a plan (a part of its checked total). */
-static size_t region_bytes(const gt_model_plan *plan) {
-    return plan->activation_bytes + plan->recompute_bytes + plan->scratch_bytes + plan->loss_bytes +
-           plan->workspace_bytes;
-}
-
 /* Places the layers' buffers of the current plan again, after a counting walk cleared them. */
 static gt_status restore_placement(gt_model *model) {
     if (!model->planned)
@@ -354,6 +380,14 @@ static gt_status restore_placement(gt_model *model) {
     gt_model_plan current = model->plan;
     return walk_plan(model, &model->planned_input, model->checkpointing, model->dt, "x",
                      model->activations.block.ptr, &current);
+}
+
+void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out) {
+    out->params = gt_block_reserved_bytes(model->params.block.bytes);
+    out->grads = gt_block_reserved_bytes(model->grads.block.bytes);
+    out->lowp = gt_block_reserved_bytes(model->lowp_params.block.bytes);
+    out->activations = gt_block_reserved_bytes(model->activations.block.bytes);
+    out->backend = gt_block_reserved_bytes(backend_request(model));
 }
 
 gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
@@ -409,6 +443,17 @@ static void reinstate_activations(gt_model *model, const gt_model_plan *previous
     model->planned = 1;
 }
 
+/* Lays the counted `plan` for `input` out in the model's activation arena and makes it current. */
+static gt_status adopt_plan(gt_model *model, const gt_tensor *input, gt_model_plan *plan) {
+    model->planned = 0;
+    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, "x", model->activations.block.ptr, plan));
+    model->plan = *plan;
+    model->planned_input = *input;
+    model->planned_input.ptr = NULL;
+    model->planned = 1;
+    return GT_OK;
+}
+
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     if (model->planned && same_shape(input, &model->planned_input))
         return GT_OK;
@@ -417,6 +462,8 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     int was_planned = model->planned;
     gt_arena fresh = {0};
     gt_status status = walk_plan(model, input, model->checkpointing, model->dt, "x", NULL, &plan);
+    if (status == GT_OK && model->activations.block.ptr && region_bytes(&plan) <= model->activations.block.bytes)
+        return adopt_plan(model, input, &plan);  /* the arena it has holds it: nothing is allocated */
     if (status == GT_OK)
         status = allocate_activations(model, region_bytes(&plan), &fresh);
     if (status != GT_OK) {  /* keep the failure's message over any from the restore */
@@ -429,13 +476,7 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     }
     gt_arena_destroy(&model->activations);
     model->activations = fresh;
-    model->planned = 0;
-    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, "x", fresh.block.ptr, &plan));
-    model->plan = plan;
-    model->planned_input = *input;
-    model->planned_input.ptr = NULL;
-    model->planned = 1;
-    return GT_OK;
+    return adopt_plan(model, input, &plan);
 }
 
 static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {

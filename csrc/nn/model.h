@@ -34,7 +34,24 @@ typedef struct gt_model_plan {
     size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */
     size_t total_bytes;       /* sum of the above */
     int nesting_levels;       /* levels with scratch buffers */
+    /* What the allocator reserves for each arena of this plan (gt_block_reserved_bytes of the
+     * bytes the model requests; the sizes its allocations use): */
+    size_t param_arena_bytes;       /* the parameter arena; the gradient arena is the same size */
+    size_t lowp_arena_bytes;        /* the half copy's arena (0 in f32) */
+    size_t activation_arena_bytes;  /* activations, recompute, scratch, loss buffers, workspace */
+    size_t backend_arena_bytes;     /* the backend's own scratch block (CUDA models), else 0 */
 } gt_model_plan;
+
+/* What the allocator reserves now for each live arena of a model (0 for those it does not
+ * hold), in the fields of gt_model_plan that say so. */
+typedef struct gt_model_arenas {
+    size_t params;       /* the parameter arena */
+    size_t grads;        /* the gradient arena */
+    size_t lowp;         /* the half copy */
+    size_t activations;  /* the activation arena (0 until a forward plans it) */
+    size_t backend;      /* the backend's scratch (CUDA models) */
+} gt_model_arenas;
+
 
 typedef struct gt_model {
     gt_layer root;              /* the top-level Sequential */
@@ -68,11 +85,16 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
 
 void gt_model_destroy(gt_model *model);
 
+/* What the allocator reserves now for each of the model's arenas. */
+void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out);
+
 /* The plan for an input shape, without allocating anything. */
 gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
                                 gt_dtype dt, gt_model_plan *out);
 
-/* Allocates activations for `input` (a no-op when already planned for it). */
+/* Plans the activations for `input` (a no-op when already planned for it): in the current arena
+ * when the plan fits in it (a smaller batch, e.g. an epoch's last one, allocates nothing), else in
+ * a new arena that replaces it. */
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input);
 
 /* Re-initialises every parameter from `seed` (PyTorch's default distributions). */

@@ -52,6 +52,7 @@ int gtpy_dict_put_size(PyObject *dict, const char *key, size_t value);
 
 /* Registration functions, one per binding file, called from the module's exec slot. */
 int gtpy_add_memory(PyObject *module);
+int gtpy_add_memory_plan(PyObject *module);
 int gtpy_add_runtime(PyObject *module);
 int gtpy_add_buffer(PyObject *module);
 int gtpy_add_model(PyObject *module);

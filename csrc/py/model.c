@@ -490,14 +490,30 @@ static int parse_shape(PyObject *module, PyObject *obj, int64_t *shape) {
     return rc;
 }
 
-static PyObject *plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+/* What the allocator reserves for each arena of a plan (the Trainer's memory plan). */
+static PyObject *arenas_to_dict(const gt_model_plan *plan) {
+    PyObject *d = PyDict_New();
+    if (!d || put_size(d, "parameters", plan->param_arena_bytes) < 0 ||
+        put_size(d, "gradients", plan->param_arena_bytes) < 0 ||
+        put_size(d, "half_parameters", plan->lowp_arena_bytes) < 0 ||
+        put_size(d, "activations", plan->activation_arena_bytes) < 0 ||
+        put_size(d, "backend_scratch", plan->backend_arena_bytes) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* plan() and arena_plan(): the plan for (shape, checkpointing=False, precision=None) as a dict. */
+static PyObject *plan_with(PyObject *op, PyObject *args, PyObject *kwargs, const char *format,
+                           PyObject *(*to_dict)(const gt_model_plan *)) {
     static char *keywords[] = {"shape", "checkpointing", "precision", NULL};
     ModelObject *self = (ModelObject *)op;
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     PyObject *shape_obj = NULL;
     int checkpointing = 0;
     const char *precision = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|ps:plan", keywords, &shape_obj, &checkpointing, &precision))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &shape_obj, &checkpointing, &precision))
         return NULL;
     gt_dtype dt = self->model.dt;
     gt_status status = precision ? gt_dtype_parse(precision, "precision", &dt) : GT_OK;
@@ -513,7 +529,15 @@ static PyObject *plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     gt_model_plan plan;
     if (status == GT_OK)
         status = gt_model_compute_plan(&self->model, &input, checkpointing, dt, &plan);
-    return status == GT_OK ? plan_to_dict(&plan) : gtpy_raise(module, status);
+    return status == GT_OK ? to_dict(&plan) : gtpy_raise(module, status);
+}
+
+static PyObject *plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+    return plan_with(op, args, kwargs, "O|ps:plan", plan_to_dict);
+}
+
+static PyObject *arena_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+    return plan_with(op, args, kwargs, "O|ps:arena_plan", arenas_to_dict);
 }
 
 static PyObject *init_parameters(PyObject *op, PyObject *arg) {
@@ -688,6 +712,30 @@ static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     return result;
 }
 
+static PyObject *model_arena_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
+    if (!gtpy_model_enter(op))
+        return NULL;
+    PyObject *result = arena_plan(op, args, kwargs);
+    gtpy_model_leave(op);
+    return result;
+}
+
+static PyObject *model_live_arenas(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    if (!gtpy_model_enter(op))  /* a step in another thread may be re-planning the activations */
+        return NULL;
+    gt_model_arenas live;
+    gt_model_live_arenas(&((ModelObject *)op)->model, &live);
+    gtpy_model_leave(op);
+    PyObject *d = PyDict_New();
+    if (!d || put_size(d, "parameters", live.params) < 0 || put_size(d, "gradients", live.grads) < 0 ||
+        put_size(d, "half_parameters", live.lowp) < 0 || put_size(d, "activations", live.activations) < 0 ||
+        put_size(d, "backend_scratch", live.backend) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
 typedef int (*model_setter)(PyObject *op, PyObject *value);
 
 static int exclusive_set(PyObject *op, PyObject *value, model_setter put) {
@@ -712,6 +760,10 @@ static PyMethodDef model_methods[] = {
     {"forward", model_forward, METH_O, "Forward on x; returns a new float32 array."},
     {"plan", (PyCFunction)(void (*)(void))model_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(shape, checkpointing=False, precision=None)\n--\n\nBytes of every region for an input shape."},
+    {"arena_plan", (PyCFunction)(void (*)(void))model_arena_plan, METH_VARARGS | METH_KEYWORDS,
+     "arena_plan(shape, checkpointing=False, precision=None)\n--\n\nBytes the allocator will reserve for "
+     "each arena of the plan for an input shape."},
+    {"live_arenas", model_live_arenas, METH_NOARGS, "Bytes the allocator reserves now for each arena."},
     {"init_parameters", model_init_parameters, METH_O, "Re-initialise the parameters from a seed."},
     {"refresh_half_parameters", model_refresh, METH_NOARGS, "Rebuild the half copy after writing parameters."},
     {"read_parameters", model_read_parameters, METH_NOARGS, "A float32 copy of the flat parameters (any device)."},

@@ -24,6 +24,7 @@ typedef int (*registration)(PyObject *module);
 
 static const registration registrations[] = {
     gtpy_add_memory,
+    gtpy_add_memory_plan,
     gtpy_add_runtime,
     gtpy_add_buffer,
     gtpy_add_model,

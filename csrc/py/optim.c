@@ -430,13 +430,13 @@ static PyObject *get_state(PyObject *op, PyObject *arg) {
 
 /* Converts the state arrays given in `slots` (name -> array; None or absent: not given) into
  * arrays[slot], checking each slot is kept and has `numel` elements; nothing is written. */
-static int read_slots(OptimizerObject *self, Py_ssize_t index, PyObject *slots, npy_intp numel,
+static int read_slots(const gt_optimizer *opt, Py_ssize_t index, PyObject *slots, npy_intp numel,
                       PyArrayObject *arrays[GT_SLOT_COUNT]) {
     for (int s = 0; s < GT_SLOT_COUNT; s++) {
         PyObject *value = PyDict_GetItemString(slots, slot_names[s]);
         if (!value || value == Py_None)
             continue;
-        if (!gt_optimizer_has_slot(self->opt, (gt_optim_slot)s)) {
+        if (!gt_optimizer_has_slot(opt, (gt_optim_slot)s)) {
             PyErr_Format(PyExc_ValueError, "state '%s' is not kept by this optimizer", slot_names[s]);
             return -1;
         }
@@ -452,27 +452,35 @@ static int read_slots(OptimizerObject *self, Py_ssize_t index, PyObject *slots, 
     return 0;
 }
 
+PyObject *gtpy_optim_write_state(PyObject *module, gt_optimizer *opt, Py_ssize_t index, Py_ssize_t step,
+                                 PyObject *slots, npy_intp numel) {
+    if (step < 0)
+        return PyErr_Format(PyExc_ValueError, "step must be >= 0, got %zd", step);
+    PyObject *result = NULL;
+    PyArrayObject *arrays[GT_SLOT_COUNT] = {NULL};
+    if (read_slots(opt, index, slots, numel, arrays) == 0) {
+        gt_status status = gt_optimizer_set_param_step(opt, (size_t)index, step);
+        for (int s = 0; s < GT_SLOT_COUNT && status == GT_OK; s++)
+            if (arrays[s])
+                status = gt_optimizer_write_state(opt, (size_t)index, (gt_optim_slot)s, PyArray_DATA(arrays[s]));
+        result = status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    }
+    for (int s = 0; s < GT_SLOT_COUNT; s++)
+        Py_XDECREF(arrays[s]);
+    return result;
+}
+
 /* Sets a parameter's step and state arrays; every argument is checked before anything is
  * written, so a bad one leaves the parameter's state as it was. */
 static PyObject *set_state(PyObject *op, PyObject *args) {
     OptimizerObject *self = (OptimizerObject *)op;
     Py_ssize_t index = 0, step = 0;
-    PyObject *slots = NULL, *result = NULL;
-    PyArrayObject *param = NULL, *arrays[GT_SLOT_COUNT] = {NULL};
+    PyObject *slots = NULL;
+    PyArrayObject *param = NULL;
     if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots) ||
         param_index(self, index, &param) < 0)
         return NULL;
-    if (read_slots(self, index, slots, PyArray_SIZE(param), arrays) == 0) {
-        gt_status status = gt_optimizer_set_param_step(self->opt, (size_t)index, step);
-        for (int s = 0; s < GT_SLOT_COUNT && status == GT_OK; s++)
-            if (arrays[s])
-                status = gt_optimizer_write_state(self->opt, (size_t)index, (gt_optim_slot)s,
-                                                  PyArray_DATA(arrays[s]));
-        result = status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
-    }
-    for (int s = 0; s < GT_SLOT_COUNT; s++)
-        Py_XDECREF(arrays[s]);
-    return result;
+    return gtpy_optim_write_state(module_of(op), self->opt, index, step, slots, PyArray_SIZE(param));
 }
 
 static PyObject *reload_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {

@@ -201,6 +201,23 @@ static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
     return dict;
 }
 
+static PyObject *model_optimizer_set_state(PyObject *op, PyObject *args) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    Py_ssize_t index = 0, step = 0;
+    PyObject *slots = NULL;
+    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots))
+        return NULL;
+    if (index < 0 || (size_t)index >= self->num_params)
+        return PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index,
+                            self->num_params);
+    if (gtpy_enter(&self->busy, "optimizer") < 0)  /* not under a step running in another thread */
+        return NULL;
+    PyObject *result = gtpy_optim_write_state(module_of(op), self->opt, index, step, slots,
+                                              (npy_intp)self->numels[index]);
+    self->busy = 0;
+    return result;
+}
+
 static PyObject *model_optimizer_get_num_steps(PyObject *op, void *Py_UNUSED(closure)) {
     return PyLong_FromLongLong(gt_optimizer_num_steps(((ModelOptimizerObject *)op)->opt));
 }
@@ -214,6 +231,8 @@ static PyMethodDef model_optimizer_methods[] = {
      "set_hparams(group, dict)\n--\n\nReplace the hyperparameters of the (only) group 0 (PyTorch's keys)."},
     {"get_state", model_optimizer_get_state, METH_O,
      "get_state(index)\n--\n\nA parameter's state: {'step': int, slot name: float32 host copy}."},
+    {"set_state", model_optimizer_set_state, METH_VARARGS,
+     "set_state(index, step, slots)\n--\n\nLoad a parameter's step count and state arrays (host arrays)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,4 @@
-/* Shared by the optimizer binding files (csrc/py/optim.c, csrc/py/optim_device.c). */
+/* Shared by the optimizer binding files (csrc/py/optim.c, optim_device.c, optim_model.c). */
 #ifndef GTPY_OPTIM_PY_H
 #define GTPY_OPTIM_PY_H
 
@@ -9,6 +9,12 @@
  * "weight_decay", "momentum", "dampening", "amsgrad", "nesterov", "maximize"); missing keys
  * take defaults. Returns -1 with TypeError/ValueError set. */
 int gtpy_optim_parse_hparams(PyObject *dict, gt_optim_hparams *hp);
+
+/* Sets parameter `index`'s step (>= 0) and the state arrays given in `slots` (slot name ->
+ * array of `numel` floats; None or absent: left as is) of `opt`, on its device. Everything is
+ * checked before anything is written. Returns None, or NULL with an exception set. */
+PyObject *gtpy_optim_write_state(PyObject *module, gt_optimizer *opt, Py_ssize_t index, Py_ssize_t step,
+                                 PyObject *slots, npy_intp numel);
 
 /* Registers optimizer_on_device and grad_sumsq_on_device (called by gtpy_add_optim). */
 int gtpy_add_optim_device(PyObject *module);

@@ -54,8 +54,9 @@ static PyObject *resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_
 }
 
 static PyObject *step_result(const gt_step_result *r) {
-    return Py_BuildValue("{s:d,s:d,s:O,s:d}", "loss", r->loss, "grad_norm", r->grad_norm, "skipped",
-                         r->skipped ? Py_True : Py_False, "scale", (double)r->scale);
+    return Py_BuildValue("{s:d,s:d,s:O,s:O,s:d}", "loss", r->loss, "grad_norm", r->grad_norm, "skipped",
+                         r->skipped ? Py_True : Py_False, "outlier", r->outlier ? Py_True : Py_False, "scale",
+                         (double)r->scale);
 }
 
 /* ---- one step at a time per object: the objects a step uses are held busy while it runs ---- */
@@ -231,13 +232,18 @@ static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_ob
 
 static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"model", "x", "y", "loss", "micro_batches", "set_to_none",
-                               "max_grad_norm", "want_grad_norm", "optimizer", "scaler", NULL};
+                               "max_grad_norm", "want_grad_norm", "optimizer", "scaler", "guard", "guard_loss",
+                               "guard_grad_norm", NULL};
     PyObject *model_obj, *x_obj, *y_obj, *loss_obj, *optimizer_obj = Py_None, *scaler_obj = Py_None;
-    gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOO:train_step", keywords, &model_obj, &x_obj,
+    gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1, .guard_loss = INFINITY, .guard_grad_norm = INFINITY};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpdd:train_step", keywords, &model_obj, &x_obj,
                                      &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
-                                     &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj))
+                                     &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj,
+                                     &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm))
         return NULL;
+    if (isnan(cfg.guard_loss) || isnan(cfg.guard_grad_norm))
+        return PyErr_Format(PyExc_ValueError, "%s must be a number or +inf, not NaN",
+                            isnan(cfg.guard_loss) ? "guard_loss" : "guard_grad_norm");
     gt_model *model = gtpy_model_get(module, model_obj, "model");
     if (!model || parse_loss(loss_obj, &cfg.loss) < 0)
         return NULL;
@@ -259,8 +265,9 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
 static PyMethodDef step_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
-     "want_grad_norm=False, optimizer=None, scaler=None)\n--\n\n"
-     "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'scale'}."},
+     "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf)\n--\n\n"
+     "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
+     "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm."},
     {NULL, NULL, 0, NULL},
 };
 

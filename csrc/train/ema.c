@@ -81,12 +81,34 @@ static gt_status allocate(gt_ema *ema, size_t num_params) {
     return GT_OK;
 }
 
+/* Elements of the staging buffer: only a host shadow of cuda parameters streams through one. */
+static size_t staging_numel_of(gt_device device, int on_host, size_t total) {
+    if (!on_host || device.kind != GT_DEVICE_CUDA)
+        return 0;
+    return total < STAGING_NUMEL ? total : STAGING_NUMEL;
+}
+
+static gt_device pool_of(gt_device device, int on_host) { return on_host ? gt_pinned_device() : device; }
+
+/* Bytes of the arena: the shadow, then the staging buffer. */
+static size_t arena_request(size_t total, size_t staging_numel) {
+    return gt_align_up(total * sizeof(float)) + gt_align_up(staging_numel * sizeof(float));
+}
+
+gt_status gt_ema_plan(gt_device device, int on_host, size_t total_numel, gt_device *pool, size_t *bytes) {
+    if (device.kind == GT_DEVICE_PINNED)
+        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
+    GT_TRY(gt_size_check(gt_size_mul_sat(total_numel, 2 * sizeof(float)), "params"));
+    *pool = pool_of(device, on_host);
+    *bytes = gt_block_reserved_bytes(arena_request(total_numel, staging_numel_of(device, on_host, total_numel)));
+    return GT_OK;
+}
+
 static gt_status create_arena(gt_ema *ema) {
-    gt_device pool = ema->on_host ? gt_pinned_device() : ema->device;
-    if (ema->on_host && ema->device.kind == GT_DEVICE_CUDA)
-        ema->staging_numel = ema->total < STAGING_NUMEL ? ema->total : STAGING_NUMEL;
+    ema->staging_numel = staging_numel_of(ema->device, ema->on_host, ema->total);
     size_t shadow_bytes = ema->total * sizeof(float), staging_bytes = ema->staging_numel * sizeof(float);
-    GT_TRY(gt_arena_create(&ema->arena, pool, gt_align_up(shadow_bytes) + gt_align_up(staging_bytes)));
+    GT_TRY(gt_arena_create(&ema->arena, pool_of(ema->device, ema->on_host),
+                           arena_request(ema->total, ema->staging_numel)));
     void *piece = NULL;
     if (shadow_bytes) {
         GT_TRY(gt_arena_take(&ema->arena, shadow_bytes, &piece));

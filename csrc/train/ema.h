@@ -40,4 +40,9 @@ gt_status gt_ema_write(gt_ema *ema, size_t index, const float *host);
 /* Bytes of the shadow arena (and of the staging buffer, for a host shadow of cuda parameters). */
 size_t gt_ema_bytes(const gt_ema *ema);
 
+/* Where the arena of gt_ema_create(device, on_host, ..., `total_numel` elements in all) will be
+ * (*pool) and what the allocator reserves for it (*bytes; gt_block_reserved_bytes of the
+ * request), before it is built. */
+gt_status gt_ema_plan(gt_device device, int on_host, size_t total_numel, gt_device *pool, size_t *bytes);
+
 #endif

@@ -14,9 +14,14 @@ typedef struct chunk {
     size_t len;   /* elements */
 } chunk;
 
+/* Elements per staging chunk: the requested chunk, at most the offloaded elements. */
+static size_t chunk_of(size_t numel, size_t chunk_numel) {
+    return chunk_numel < numel ? chunk_numel : numel;
+}
+
 size_t gt_offload_host_bytes(size_t numel, size_t num_slots, size_t chunk_numel) {
     return gt_align_up(numel * sizeof(float)) * (1 + num_slots) +
-           2 * gt_align_up(chunk_numel * sizeof(float));
+           2 * gt_align_up(chunk_of(numel, chunk_numel) * sizeof(float));
 }
 
 static size_t slot_count(const int has_slot[GT_SLOT_COUNT]) {
@@ -53,8 +58,8 @@ gt_status gt_offload_create(gt_offload *off, gt_device device, void *compute_str
         return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: nothing to offload (%zu elements)", numel);
     off->base = base;
     off->numel = numel;
-    off->chunk_numel = chunk_numel < numel ? chunk_numel : numel;
-    size_t bytes = gt_offload_host_bytes(numel, slot_count(has_slot), off->chunk_numel);
+    off->chunk_numel = chunk_of(numel, chunk_numel);
+    size_t bytes = gt_offload_host_bytes(numel, slot_count(has_slot), chunk_numel);
     GT_TRY(gt_arena_create(&off->host, gt_pinned_device(), bytes));
     gt_status status = carve_host(off, has_slot);
     if (status == GT_OK)

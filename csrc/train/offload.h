@@ -38,7 +38,8 @@ typedef struct gt_offload_span {
 typedef void (*gt_offload_update_fn)(void *ctx, size_t tag, float *master, const float *grad,
                                      size_t state_index, size_t n);
 
-/* Bytes of the host arena for `numel` offloaded elements with `num_slots` state slots. */
+/* Bytes of the host arena gt_offload_create requests for `numel` (> 0) offloaded elements with
+ * `num_slots` state slots and staging chunks of `chunk_numel` (> 0; at most numel are used). */
 size_t gt_offload_host_bytes(size_t numel, size_t num_slots, size_t chunk_numel);
 
 /* Allocates the host arena (zeroed state) and the copy stream; `has_slot[s]` says which

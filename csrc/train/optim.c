@@ -117,29 +117,51 @@ static gt_status check_params(const gt_optim_param_desc *params, size_t num_para
 
 /* ------------------------------------------------------------ creation ------------ */
 
-static void choose_slots(gt_optimizer *opt) {
-    for (size_t g = 0; g < opt->num_groups; g++) {
-        const gt_optim_hparams *hp = &opt->groups[g];
-        if (opt->config.kind == GT_OPTIM_ADAMW) {
-            opt->has_slot[GT_SLOT_EXP_AVG] = opt->has_slot[GT_SLOT_EXP_AVG_SQ] = 1;
-            opt->has_slot[GT_SLOT_MAX_EXP_AVG_SQ] |= hp->amsgrad != 0;
+/* Which state slots an optimizer of `kind` with these groups keeps (has_slot zeroed first). */
+static void slots_of(gt_optim_kind kind, const gt_optim_hparams *groups, size_t num_groups,
+                     int has_slot[GT_SLOT_COUNT]) {
+    memset(has_slot, 0, GT_SLOT_COUNT * sizeof *has_slot);
+    for (size_t g = 0; g < num_groups; g++) {
+        if (kind == GT_OPTIM_ADAMW) {
+            has_slot[GT_SLOT_EXP_AVG] = has_slot[GT_SLOT_EXP_AVG_SQ] = 1;
+            has_slot[GT_SLOT_MAX_EXP_AVG_SQ] |= groups[g].amsgrad != 0;
         } else {
-            opt->has_slot[GT_SLOT_MOMENTUM] |= hp->momentum != 0.0;
+            has_slot[GT_SLOT_MOMENTUM] |= groups[g].momentum != 0.0;
         }
     }
 }
 
-static size_t slot_count(const gt_optimizer *opt) {
+static size_t count_slots(const int has_slot[GT_SLOT_COUNT]) {
     size_t count = 0;
     for (int s = 0; s < GT_SLOT_COUNT; s++)
-        count += opt->has_slot[s] != 0;
+        count += has_slot[s] != 0;
     return count;
+}
+
+static size_t slot_count(const gt_optimizer *opt) { return count_slots(opt->has_slot); }
+
+/* Elements of the flat space whose state is on the device: all but round(f * total). */
+static size_t device_numel_of(double cpu_offload_fraction, size_t total_numel) {
+    double host = floor(cpu_offload_fraction * (double)total_numel + 0.5);
+    size_t host_numel = host >= (double)total_numel ? total_numel : (size_t)host;
+    return total_numel - host_numel;
+}
+
+/* Bytes of the device arena: one (device_numel,) f32 piece per slot. */
+static size_t device_arena_request(size_t device_numel, size_t num_slots) {
+    return gt_align_up(device_numel * sizeof(float)) * num_slots;
+}
+
+/* Elements per offload staging chunk that the configuration asks for. */
+static size_t chunk_request(const gt_optimizer_config *config) {
+    return config->offload_chunk_numel ? config->offload_chunk_numel : DEFAULT_CHUNK;
 }
 
 /* The device arena (state of [0, device_numel)), zero-filled. */
 static gt_status create_device_state(gt_optimizer *opt) {
     size_t bytes = opt->device_numel * sizeof(float);
-    GT_TRY(gt_arena_create(&opt->device_arena, opt->config.device, gt_align_up(bytes) * slot_count(opt)));
+    GT_TRY(gt_arena_create(&opt->device_arena, opt->config.device,
+                           device_arena_request(opt->device_numel, slot_count(opt))));
     for (int s = 0; s < GT_SLOT_COUNT; s++) {
         if (!opt->has_slot[s] || bytes == 0)
             continue;
@@ -162,9 +184,8 @@ static gt_status create_offload(gt_optimizer *opt) {
     size_t host_numel = opt->total_numel - opt->device_numel;
     if (host_numel == 0)
         return GT_OK;
-    size_t chunk = opt->config.offload_chunk_numel ? opt->config.offload_chunk_numel : DEFAULT_CHUNK;
     GT_TRY(gt_offload_create(&opt->offload, opt->config.device, opt->config.compute_stream,
-                             opt->device_numel, host_numel, chunk, opt->has_slot));
+                             opt->device_numel, host_numel, chunk_request(&opt->config), opt->has_slot));
     return gt_optimizer_reload_params(opt);
 }
 
@@ -178,9 +199,7 @@ static gt_status copy_params(gt_optimizer *opt, const gt_optim_param_desc *param
         offset += params[i].numel;
     }
     opt->total_numel = offset;
-    double host = floor(opt->config.cpu_offload_fraction * (double)offset + 0.5);
-    size_t host_numel = host >= (double)offset ? offset : (size_t)host;
-    opt->device_numel = offset - host_numel;
+    opt->device_numel = device_numel_of(opt->config.cpu_offload_fraction, offset);
     return GT_OK;
 }
 
@@ -202,20 +221,43 @@ static gt_status build(gt_optimizer *opt, const gt_optim_hparams *groups, size_t
     for (size_t g = 0; g < num_groups; g++)
         opt->groups[g] = groups[g];
     GT_TRY(copy_params(opt, params));
-    choose_slots(opt);
+    slots_of(opt->config.kind, opt->groups, opt->num_groups, opt->has_slot);
     GT_TRY(create_device_state(opt));
     return create_offload(opt);
+}
+
+/* The checks of the configuration and groups shared by gt_optimizer_create and _plan. */
+static gt_status check_setup(const gt_optimizer_config *config, const gt_optim_hparams *groups,
+                             size_t num_groups) {
+    GT_TRY(check_config(config));
+    if (num_groups == 0)
+        return GT_FAIL(GT_ERR_VALUE, "groups: at least one parameter group is needed");
+    for (size_t g = 0; g < num_groups; g++)
+        GT_TRY(gt_optim_hparams_check(config->kind, &groups[g]));
+    return GT_OK;
+}
+
+gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hparams *groups,
+                            size_t num_groups, size_t total_numel, gt_optimizer_memory *out) {
+    memset(out, 0, sizeof *out);
+    GT_TRY(check_setup(config, groups, num_groups));
+    GT_TRY(gt_size_check(gt_size_mul_sat(total_numel, sizeof(float)), "params"));
+    int has_slot[GT_SLOT_COUNT];
+    slots_of(config->kind, groups, num_groups, has_slot);
+    out->device_numel = device_numel_of(config->cpu_offload_fraction, total_numel);
+    out->host_numel = total_numel - out->device_numel;
+    out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)));
+    if (out->host_numel)
+        out->host_bytes = gt_block_reserved_bytes(
+            gt_offload_host_bytes(out->host_numel, count_slots(has_slot), chunk_request(config)));
+    return GT_OK;
 }
 
 gt_status gt_optimizer_create(const gt_optimizer_config *config, const gt_optim_hparams *groups,
                               size_t num_groups, const gt_optim_param_desc *params,
                               size_t num_params, gt_optimizer **out) {
     *out = NULL;
-    GT_TRY(check_config(config));
-    if (num_groups == 0)
-        return GT_FAIL(GT_ERR_VALUE, "groups: at least one parameter group is needed");
-    for (size_t g = 0; g < num_groups; g++)
-        GT_TRY(gt_optim_hparams_check(config->kind, &groups[g]));
+    GT_TRY(check_setup(config, groups, num_groups));
     GT_TRY(check_params(params, num_params, num_groups));
     gt_optimizer *opt = calloc(1, sizeof *opt);
     if (!opt)

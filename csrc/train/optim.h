@@ -139,6 +139,13 @@ typedef struct gt_optimizer_memory {
 
 void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out);
 
+/* The memory an optimizer of this configuration and these groups over `total_numel` elements
+ * will take, before it is built: device_bytes in config->device's pool and host_bytes in the
+ * pinned pool, as the allocator reserves them (gt_block_reserved_bytes of the sizes
+ * gt_optimizer_create requests), and the element split. Validates like gt_optimizer_create. */
+gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hparams *groups,
+                            size_t num_groups, size_t total_numel, gt_optimizer_memory *out);
+
 /* clip_grad_norm_'s coefficient: min(1, max_norm / (norm + 1e-6)) in float64, as float32. */
 float gt_clip_coef(double max_norm, double norm);
 

@@ -99,6 +99,12 @@ static gt_status grad_norm(gt_model *model, double *out) {
     return GT_OK;
 }
 
+/* The guard's verdict on a step whose gradients are finite: an outlier unless its loss and its
+ * gradient norm are both at most their limits (so a NaN loss or norm is one). */
+static int is_outlier(const gt_step_config *cfg, const gt_step_result *out) {
+    return cfg->guard && !(out->loss <= cfg->guard_loss && out->grad_norm <= cfg->guard_grad_norm);
+}
+
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
@@ -111,18 +117,19 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
     if (scaler)
         GT_TRY(unscale_check(model, scaler, &found_inf));
     float grad_coef = 1.0f;
-    if (!found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm)) {
+    if (!found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard)) {
         GT_TRY(grad_norm(model, &out->grad_norm));
         if (cfg->max_grad_norm > 0.0)
             grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
     }
     GT_TRY(poll_interrupt(model, cfg, 1));  /* the last point before anything is updated */
-    out->skipped = found_inf;
-    if (!found_inf && cfg->optimizer) {
+    out->outlier = !found_inf && is_outlier(cfg, out);
+    out->skipped = found_inf || out->outlier;
+    if (!out->skipped && cfg->optimizer) {
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler)  /* on the host for CUDA models too: found_inf is here, the rules are the kernel's */
+    if (scaler && !out->outlier)  /* on the host for CUDA models too: found_inf is here */
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;

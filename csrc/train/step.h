@@ -23,12 +23,18 @@ typedef struct gt_step_config {
     gt_optimizer *optimizer;   /* the update, or NULL to compute gradients only */
     int interruptible;         /* 1: poll gt_interrupt_pending() between micro-batches and their
                                   forward/backward, and abandon the step before its update */
+    int guard;                 /* 1: skip the update unless loss <= guard_loss and the gradient
+                                  norm <= guard_grad_norm (a NaN is not); the norm is computed */
+    double guard_loss;         /* the largest loss the guard lets update (DBL_MAX: any finite one) */
+    double guard_grad_norm;    /* the largest unscaled gradient L2 norm the guard lets update */
 } gt_step_config;
 
 typedef struct gt_step_result {
     double loss;               /* mean over micro-batches of their mean loss (unscaled) */
     double grad_norm;          /* global L2 norm of the unscaled gradients; NaN if not computed */
-    int skipped;               /* 1 when inf/NaN gradients made the scaler skip the update */
+    int skipped;               /* 1 when the update was skipped: the scaler found inf/NaN
+                                  gradients, or the guard an outlier */
+    int outlier;               /* 1 when the guard skipped the update (the scaler is not updated) */
     float scale;               /* the loss scale this step used (1 without a scaler) */
 } gt_step_result;
 

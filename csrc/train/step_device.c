@@ -26,6 +26,10 @@ static gt_status unscale_with(gt_model *model, const gt_scaler *scaler, step_scr
 }
 #endif
 
+size_t gt_step_scaler_bytes(gt_device device) {
+    return device.kind == GT_DEVICE_CUDA ? gt_block_reserved_bytes(sizeof(step_scratch)) : 0;
+}
+
 gt_status gt_step_unscale_check_device(gt_model *model, const gt_scaler *scaler, int *found_inf) {
     if (model->backend.device.kind != GT_DEVICE_CUDA)
         return GT_FAIL(GT_ERR_VALUE, "model: expected a model on a CUDA device");

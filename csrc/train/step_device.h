@@ -12,4 +12,8 @@
  * gradient was NaN/±Inf, leaves it as it was otherwise; *scaler is not changed. */
 gt_status gt_step_unscale_check_device(gt_model *model, const gt_scaler *scaler, int *found_inf);
 
+/* What the allocator reserves in a model's pool, for the length of one step, when a loss scaler
+ * runs on `device`: the scratch block above on cuda:N; 0 elsewhere (the CPU check needs none). */
+size_t gt_step_scaler_bytes(gt_device device);
+
 #endif

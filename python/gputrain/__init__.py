@@ -12,7 +12,7 @@ from gputrain import amp, backends
 from gputrain import functional
 from gputrain import nn, random
 from gputrain import optim
-from gputrain.step import StepOutput, TrainStep
+from gputrain.step import SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain.data import DataLoader
 from gputrain._cast import cast
@@ -26,6 +26,7 @@ from gputrain.trainer_callback import (
     TrainerState,
 )
 from gputrain.trainer import Trainer, TrainOutput
+from gputrain.guards import GPUHealthCallback, LossSpikeCallback
 from gputrain.memory import (
     memory_stats,
     memory_summary,
@@ -67,9 +68,12 @@ def get_debug() -> bool:
 __version__ = _C.build_info()["version"]
 
 __all__ = [
+    "SpikeGuard",
     "StepOutput",
     "TrainStep",
     "EarlyStoppingCallback",
+    "GPUHealthCallback",
+    "LossSpikeCallback",
     "TrainOutput",
     "Trainer",
     "TrainerCallback",

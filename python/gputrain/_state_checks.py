@@ -41,7 +41,10 @@ def real(value: Any, name: str, low: float | None = None, high: float | None = N
         value = value.reshape(()).item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, not {type(value).__name__}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float: out of any finite interval
+        number = math.inf
     below = low is not None and (number <= low if low_open else number < low)
     above = high is not None and (number >= high if high_open else number > high)
     if not math.isfinite(number) or below or above:

@@ -23,12 +23,14 @@ from typing import Any
 _NO_PACKAGE = "nvidia-ml-py is not installed (pip install 'gputrain[gpu]')"
 
 
-def _open_nvml() -> tuple[ModuleType | None, str]:
-    """Imports pynvml and initialises NVML: (module, "") or (None, reason)."""
-    try:
-        pynvml = importlib.import_module("pynvml")
-    except ImportError:
-        return None, _NO_PACKAGE
+def _open_nvml(pynvml: Any = None) -> tuple[Any, str]:
+    """Imports pynvml (or takes the module-like object given) and initialises NVML:
+    (module, "") or (None, reason)."""
+    if pynvml is None:
+        try:
+            pynvml = importlib.import_module("pynvml")
+        except ImportError:
+            return None, _NO_PACKAGE
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as err:

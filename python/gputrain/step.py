@@ -25,6 +25,8 @@ has started the step runs to its end and KeyboardInterrupt follows it.
 from __future__ import annotations
 
 import math
+import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C, backends
+from gputrain._state_checks import check_keys, check_mapping, integer, real
 from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
@@ -47,8 +50,119 @@ class StepOutput:
 
     loss: float         # mean of the micro-batches' mean losses (unscaled)
     grad_norm: float    # global L2 norm of the gradients (NaN when not computed or skipped)
-    skipped: bool       # True when the loss scaler found inf/NaN and skipped the update
+    skipped: bool       # True when the update was skipped: the loss scaler found inf/NaN or
+                        # the spike guard an outlier
     scale: float        # the loss scale used (1.0 without a scaler)
+    outlier: bool = False  # True when the spike guard skipped the update
+
+
+class _Window:
+    """The last `size` values with their running sum and sum of squares (llm.c's outlier
+    detector keeps the same), summed exactly again every `size` values so rounding cannot drift."""
+
+    __slots__ = ("values", "total", "squares", "count")
+
+    def __init__(self, size: int, values: Sequence[float] = ()) -> None:
+        self.values: deque[float] = deque(values, maxlen=size)  # the window, oldest first
+        self.count = 0  # values appended since the sums were last made exact
+        self._exact()
+
+    def _exact(self) -> None:
+        self.total = math.fsum(self.values)
+        self.squares = math.fsum(v * v for v in self.values)
+        self.count = 0
+
+    def append(self, value: float) -> None:
+        values = self.values
+        if len(values) == values.maxlen:
+            old = values[0]
+            self.total -= old
+            self.squares -= old * old
+        values.append(value)
+        self.total += value
+        self.squares += value * value
+        self.count += 1
+        if self.count == values.maxlen:
+            self._exact()
+
+    def limit(self, z: float | None) -> float:
+        """mean + z * std (population) of a full window; the largest float otherwise."""
+        n = len(self.values)
+        if z is None or n < self.values.maxlen:
+            return sys.float_info.max
+        mean = self.total / n
+        std = math.sqrt(max(self.squares / n - mean * mean, 0.0))
+        return mean + z * std if std > 0 else sys.float_info.max
+
+    def z_score(self, value: float) -> float:
+        """The z-score of `value` against a full window (NaN before; 0 for a constant window)."""
+        n = len(self.values)
+        if n < self.values.maxlen:
+            return math.nan
+        mean = self.total / n
+        std = math.sqrt(max(self.squares / n - mean * mean, 0.0))
+        return (value - mean) / std if std > 0 else 0.0
+
+
+class SpikeGuard:
+    """Skips the update of a step whose loss or gradient norm is an outlier, as llm.c's
+    outlier detector does: the z-score of the step's value against the mean and standard
+    deviation of the last `window` steps' finite values. A step is an outlier when its loss's
+    z-score is above `z_loss` or its gradient norm's above `z_grad_norm` (None: not checked),
+    or when either is not finite. Until `window` values are in, only non-finite ones are.
+
+    The threshold (mean + z * std of the window) goes into the C step, which decides between
+    the gradients and the update: a skipped update leaves the weights, the optimizer state and
+    the loss scaler exactly as they were, at no cost beyond the gradient norm (one C call, no
+    snapshot). Every step's values enter the window, outliers included (llm.c's rule, so a
+    lasting change of level is followed instead of skipping forever); unlike llm.c the window
+    is the steps before this one.
+
+        guard = gt.SpikeGuard(window=128, z_loss=5.0, z_grad_norm=5.0)
+        step = gt.TrainStep(model, loss_fn, optimizer, spike_guard=guard)
+        out = step(x, y)          # out.outlier: this update was skipped; guard.num_skipped in all
+    """
+
+    def __init__(self, window: int = 128, z_loss: float | None = 5.0, z_grad_norm: float | None = 5.0) -> None:
+        self.window = integer(window, "window", 2, 2**31 - 1)
+        self.z_loss = None if z_loss is None else real(z_loss, "z_loss", 0.0, low_open=True)
+        self.z_grad_norm = None if z_grad_norm is None else real(z_grad_norm, "z_grad_norm", 0.0, low_open=True)
+        self.num_skipped = 0  # updates skipped as outliers so far
+        self.last_z: tuple[float, float] = (math.nan, math.nan)  # the last step's (loss, grad norm) z-scores
+        self._windows = (_Window(self.window), _Window(self.window))  # losses, gradient norms
+
+    def limits(self) -> tuple[float, float]:
+        """The largest loss and gradient norm the next step may update with."""
+        losses, norms = self._windows
+        return losses.limit(self.z_loss), norms.limit(self.z_grad_norm)
+
+    def observe(self, out: StepOutput) -> None:
+        """Counts the step's verdict and adds its finite values to the windows."""
+        losses, norms = self._windows
+        self.last_z = (losses.z_score(out.loss), norms.z_score(out.grad_norm))
+        self.num_skipped += bool(out.outlier)
+        if math.isfinite(out.loss):
+            losses.append(out.loss)
+        if math.isfinite(out.grad_norm):
+            norms.append(out.grad_norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows and the count (checkpoints: a resumed run decides as this one would)."""
+        return {"num_skipped": self.num_skipped, "losses": list(self._windows[0].values),
+                "grad_norms": list(self._windows[1].values)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_mapping(state, "state")
+        check_keys(state, "state", ("num_skipped", "losses", "grad_norms"))
+        num_skipped = integer(state["num_skipped"], "state['num_skipped']", 0)
+        windows = []
+        for key in ("losses", "grad_norms"):
+            if not isinstance(state[key], (list, tuple)) or len(state[key]) > self.window:
+                raise ValueError(f"state[{key!r}] must be a list of at most {self.window} numbers")
+            values = [real(v, f"state[{key!r}] entries") for v in state[key]]
+            windows.append(_Window(self.window, values))
+        self.num_skipped = num_skipped
+        self._windows = (windows[0], windows[1])
 
 
 class TrainStep:
@@ -69,6 +183,7 @@ class TrainStep:
         set_to_none: bool = True,
         log_grad_norm: bool = False,
         tf32: bool | None = None,
+        spike_guard: SpikeGuard | None = None,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -85,6 +200,8 @@ class TrainStep:
             raise ValueError(f"max_grad_norm must be a positive finite number or None, got {max_grad_norm!r}")
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError(f"scaler must be a gputrain.amp.GradScaler or None, not {type(scaler).__name__}")
+        if spike_guard is not None and not isinstance(spike_guard, SpikeGuard):
+            raise TypeError(f"spike_guard must be a gputrain.SpikeGuard or None, not {type(spike_guard).__name__}")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"scheduler must have a step() method (e.g. gputrain.optim.LambdaLR) or be None, "
                             f"not {type(scheduler).__name__}")
@@ -97,6 +214,7 @@ class TrainStep:
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else 0.0
         self.set_to_none = bool(set_to_none)
         self.log_grad_norm = bool(log_grad_norm)
+        self.spike_guard = spike_guard
         if tf32 is not None:
             backends.set_tf32(tf32)
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
@@ -130,6 +248,11 @@ class TrainStep:
     def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
         self._check_optimizer()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
+        guard = self.spike_guard
+        limits = {}
+        if guard is not None:
+            loss_limit, norm_limit = guard.limits()
+            limits = {"guard": True, "guard_loss": loss_limit, "guard_grad_norm": norm_limit}
         result = _C.train_step(
             self.model.compiled, x, y, self.loss_fn._spec(),
             micro_batches=self.gradient_accumulation_steps,
@@ -138,12 +261,20 @@ class TrainStep:
             want_grad_norm=self.log_grad_norm,
             optimizer=self.optimizer,
             scaler=self.scaler,
+            **limits,
         )
         if scale_before is not None:
             self.scaler._warn_if_below_one(scale_before)
         if self.scheduler is not None and not result["skipped"] and self.optimizer is not None:
             self.scheduler.step()
-        return StepOutput(**result)
+        out = StepOutput(**result)
+        if guard is not None:
+            guard.observe(out)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        """copy.deepcopy and pickle: everything but the cache of the last optimizer check."""
+        return {**self.__dict__, "_checked": ()}
 
     def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
         """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).

@@ -38,6 +38,7 @@ import numpy as np
 
 from gputrain import _C, backends, memory, random
 from gputrain import checkpoint as ckpt
+from gputrain import memory_plan as mp
 from gputrain.amp import GradScaler
 from gputrain.data import DataLoader
 from gputrain.metrics import EvalPrediction, PredictionOutput
@@ -154,6 +155,8 @@ class Trainer:
         self.scaler: GradScaler | None = None
         self.ema: EMA | None = None
         self.train_dataloader: DataLoader | None = None
+        self._micro_cap = 0  # rows per micro-batch at most (auto_find_batch_size may lower it)
+        self._offload = args.cpu_offload_fraction  # (auto_find_batch_size may raise it)
         self._step: TrainStep | None = None
         self._grouped = False  # True: a user DataLoader whose batches are gathered into groups
         self._updates_per_epoch = 0
@@ -166,7 +169,7 @@ class Trainer:
         default = [DefaultFlowCallback] + ([ProgressCallback] if self._progress_bar() else [])
         self.callback_handler = CallbackHandler(
             default + list(callbacks or []), model=model, optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader)
+            lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader, train_step=self._step)
         self.control = self.callback_handler.call_event("on_init_end", args, self.state, self.control)
 
     # -- construction ----------------------------------------------------------------------------
@@ -248,6 +251,7 @@ class Trainer:
         else:
             self.train_dataloader = self._loader(self.train_dataset, args.per_device_train_batch_size * accumulation,
                                                  shuffle=True)
+        self._micro_cap = (self.train_dataloader.batch_size or 0) if self._grouped else args.per_device_train_batch_size
         self._updates_per_epoch = -(-batches // accumulation)
         max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * self._updates_per_epoch)
         self.state.max_steps = max_steps
@@ -256,6 +260,7 @@ class Trainer:
         self.state.logging_steps = self._interval(args.logging_steps, max_steps)
         self.state.eval_steps = self._interval(args.eval_steps, max_steps) if args.eval_steps else 0
         self.state.save_steps = self._interval(args.save_steps, max_steps)
+        self._fit_memory()  # before the optimizer, EMA, loader slots and activations exist
         self.optimizer = self._make_optimizer()
         self.lr_scheduler = get_scheduler(args.lr_scheduler_type, self.optimizer,
                                           num_warmup_steps=args.get_warmup_steps(max_steps),
@@ -288,41 +293,141 @@ class Trainer:
         if args.optim == "sgd":
             return SGD(groups, lr=args.learning_rate)
         return AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                     weight_decay=args.weight_decay, cpu_offload_fraction=args.cpu_offload_fraction)
+                     weight_decay=args.weight_decay, cpu_offload_fraction=self._offload)
+
+    # -- the memory plan ---------------------------------------------------------------------------
+    def memory_plan(self) -> mp.MemoryPlan:
+        """Every byte the training run takes from gputrain's allocator, per memory kind ("cpu",
+        "pinned", "cuda:N"), computed before it is allocated by the C planners of the code that
+        allocates it: the model's parameters, gradients and half copy, the optimizer's state on the
+        device and offloaded to pinned memory, the EMA, the loss scaler's scratch, the activation
+        arena of one micro-batch (activations, recompute, backward scratch, loss buffers,
+        workspace; the other gradient_checkpointing setting's arena is in `alternatives`) and the
+        loader's slots and row indices. After the first optimizer step each pool's peak, less what
+        it held before the model was built, is the plan's total for it, to the byte (peaks reset
+        after the model is built: its layers compile one by one first). print() shows it against
+        the limits.
+        """
+        shape = self._sample_shape()
+        if self.train_dataloader is None or shape is None or not self._group_rows():
+            raise ValueError("Trainer.memory_plan: the plan is a training run's: it needs a train_dataset of "
+                             "fixed-shape rows and batches of a known size")
+        return self._plan_for(self._micro_cap, self._offload)
+
+    def _sample_shape(self) -> tuple[int, ...] | None:
+        """The shape of one input row: None without a train_dataset, for ragged rows, or when a
+        transform or collate_fn may change what the model receives."""
+        loader = self.train_dataloader
+        if loader is None or loader.transform is not None or loader.collate_fn is not None:
+            return None
+        first = (getattr(loader, "_arrays", None) or [None])[0]  # none over Dataset objects
+        return tuple(first.shape[1:]) if isinstance(first, np.ndarray) else None
+
+    def _group_rows(self) -> int:
+        """Rows of one optimizer step (of a full group; 0 when the loader's batch size is unknown)."""
+        batch = self.train_dataloader.batch_size or 0
+        return batch * self.args.gradient_accumulation_steps if self._grouped else batch
+
+    def _plan_for(self, micro_cap: int, offload: float) -> mp.MemoryPlan:
+        """The plan with micro-batches of at most micro_cap rows and this offload fraction."""
+        args, group = self.args, self._group_rows()
+        rows = group // _micro_batches(group, micro_cap or group)
+        kind = "sgd" if args.optim == "sgd" else "adamw"
+        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), cpu_offload_fraction=offload)
+        return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
+                                checkpointing=args.gradient_checkpointing, optimizer=optimizer,
+                                ema=args.ema_decay is not None, scaler=args.fp16,
+                                loader=mp.LoaderSpec.of(self.train_dataloader))
+
+    def _fit_memory(self) -> None:
+        """Plans the run before anything of it is allocated. Over the memory limit: with
+        auto_find_batch_size, smaller micro-batches (more of them per step: the same rows per
+        optimizer step), then a higher cpu_offload_fraction (AdamW on the CPU), each change logged;
+        without it, or when nothing fits, gputrain.OutOfMemoryError with the plan."""
+        if self._sample_shape() is None or not self._group_rows():
+            logger.info("memory plan: skipped (ragged rows, a transform or collate_fn, or batches of unknown size)")
+            return
+        available = mp.available_memory(self.model)
+        plan = self._plan_for(self._micro_cap, self._offload)
+        if not plan.over(available):
+            return
+        if self.args.auto_find_batch_size:
+            can_offload = self.args.optim != "sgd" and self.device == "cpu"
+            sizes = mp.micro_batch_sizes(self._group_rows(), self._micro_cap)
+            fitted = mp.fit(self._plan_for, available, sizes, self._offload, can_offload)
+            if fitted is not None:
+                self._apply_fit(plan, fitted, f"the memory plan exceeds the memory limit "
+                                              f"({mp.describe_over(plan, available)})")
+                return
+        if not self.args.auto_find_batch_size:
+            hint = "set auto_find_batch_size=True to fit it with smaller micro-batches"
+        else:
+            hint = "nothing fits, not even micro-batches of 1 row or the most offload"
+        raise _C.OutOfMemoryError(f"Trainer: the training run needs more memory than the limit leaves "
+                                  f"({mp.describe_over(plan, available)}); {hint}, or raise memory_limit / "
+                                  f"memory_fraction.\n{plan}")
+
+    def _apply_fit(self, before: mp.MemoryPlan, fitted: tuple[int, float, mp.MemoryPlan], reason: str) -> None:
+        cap, offload, plan = fitted
+        group = self._group_rows()
+        if cap != self._micro_cap:
+            logger.warning("auto_find_batch_size: %s; micro-batches of %d rows instead of %d: %d per optimizer "
+                           "step, the same %d rows per step", reason, plan.micro_batch_shape[0],
+                           before.micro_batch_shape[0], _micro_batches(group, cap), group)
+        if offload != self._offload:
+            logger.warning("auto_find_batch_size: %s; cpu_offload_fraction %g instead of %g", reason, offload,
+                           self._offload)
+        self._micro_cap, self._offload = cap, offload
+
+    def _refit_after_oom(self, error: MemoryError) -> None:
+        """After an OutOfMemoryError in a step (which abandons it before its update): the largest
+        smaller micro-batch whose activation arena fits what is free now; re-raises `error` when none."""
+        kind = self.model.compiled.device
+        stats = memory.memory_stats(kind)
+        live = self.model.compiled.live_arenas()["activations"]
+        room = None if stats["limit_bytes"] is None else stats["limit_bytes"] - stats["reserved_bytes"] + live
+        before = self._plan_for(self._micro_cap, self._offload)
+        for cap in mp.micro_batch_sizes(self._group_rows(), (self._micro_cap or self._group_rows()) - 1):
+            plan = self._plan_for(cap, self._offload)
+            if room is None or plan.activation_arena <= room:
+                reason = (f"a step ran out of memory ({error}); the activation arena must fit in "
+                          f"{'what the system gives' if room is None else f'{room:,} bytes'}")
+                self._apply_fit(before, (cap, self._offload, plan), reason)
+                return
+        raise error
+
+    def _resume_micro_batches(self, saved: int) -> None:
+        """Micro-batches as small as the checkpointed run's (auto_find_batch_size may have shrunk
+        them), so that the rest of the run has its bits."""
+        if saved and saved < (self._micro_cap or saved + 1):
+            logger.warning("auto_find_batch_size: the checkpoint was trained with micro-batches of at most %d rows; "
+                           "resuming with them instead of %d, for the same bits", saved, self._micro_cap)
+            self._micro_cap = saved
 
     # -- what users see ---------------------------------------------------------------------------
-    def _startup_block(self, x_shape: tuple[int, ...]) -> str:
+    def _startup_block(self) -> str:
         args, step = self.args, self._step
-        micro = (min(args.per_device_train_batch_size, x_shape[0]), *x_shape[1:])
         loader = self.train_dataloader
         lines = [
             "***** Running training *****",
             f"  Optimization steps = {self._updates_per_epoch} per epoch x {self.state.num_train_epochs} epochs: "
             f"{self.state.max_steps} in all",
-            f"  Batch = {args.per_device_train_batch_size} per micro-batch x {args.gradient_accumulation_steps} "
-            f"accumulation = {args.per_device_train_batch_size * args.gradient_accumulation_steps} per step "
-            "(one C call per step)",
+            f"  Batch = {args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} "
+            f"accumulation = {args.per_device_train_batch_size * args.gradient_accumulation_steps} per step, in "
+            f"micro-batches of at most {self._micro_cap or 'all'} rows (one C call per step)",
             f"  Device = {self.device}; precision = {args.precision}"
             f"{' with a dynamic loss scaler' if self.scaler is not None else ''}; TF32: {backends.tf32_status()}",
             f"  Optimizer = {type(self.optimizer).__name__} (fused, lr {args.learning_rate:g}, weight decay "
             f"{args.weight_decay:g}{', llrd %g' % args.llrd if args.llrd else ''}); offload fraction "
-            f"{args.cpu_offload_fraction:g}; schedule {args.lr_scheduler_type} with "
+            f"{self._offload:g}; schedule {args.lr_scheduler_type} with "
             f"{args.get_warmup_steps(self.state.max_steps)} warm-up steps",
             f"  Gradient clipping = {args.max_grad_norm or 'off'}; checkpointing = {args.gradient_checkpointing}; "
             f"set_to_none = {step.set_to_none}; EMA = {args.ema_decay if self.ema is not None else 'off'}",
             f"  Loader = {loader.num_workers} workers, prefetch {loader.prefetch_factor}, "
             f"pinned {loader.pin_memory}",
         ]
-        if args.auto_find_batch_size:
-            lines.append("  auto_find_batch_size: fitting the batch to the memory limit is not implemented yet; "
-                         f"training with per_device_train_batch_size={args.per_device_train_batch_size}")
         try:
-            plan = self.model.compiled.plan(micro, checkpointing=args.gradient_checkpointing,
-                                            precision=self.model.compiled.precision)
-            lines.append(f"  Memory plan per micro-batch {micro} (model arenas; optimizer state, EMA and "
-                         "loader slots not included yet):")
-            lines.extend(f"    {key:<18} {memory.format_bytes(value):>12} ({value:,} bytes)"
-                         for key, value in plan.items())
+            lines.extend("  " + line for line in str(self.memory_plan()).splitlines())
         except (ValueError, MemoryError) as error:
             lines.append(f"  Memory plan unavailable: {error}")
         return "\n".join(lines)
@@ -334,16 +439,19 @@ class Trainer:
             f.writelines(json.dumps(entry) + "\n" for entry in self.state.log_history)
 
     def log(self, logs: dict[str, float]) -> None:
-        """Adds `logs` (with epoch and step) to state.log_history and history.jsonl, and calls on_log."""
+        """Adds `logs` (with epoch and step) to state.log_history and history.jsonl, and calls on_log;
+        entries a callback adds to `logs` in on_log go into both too."""
         if self.state.epoch is not None:
             logs = {**logs, "epoch": self.state.epoch}
         output = {**logs, "step": self.state.global_step}
         self.state.log_history.append(output)
-        logger.info("%s", json.dumps(output))
+        self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
+        output.update({k: v for k, v in logs.items() if k not in output})  # what callbacks added (GPU readings)
+        line = json.dumps(output)
+        logger.info("%s", line)
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, HISTORY_NAME), "a", encoding="utf-8") as f:
-            f.write(json.dumps(output) + "\n")
-        self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
+            f.write(line + "\n")
 
     # -- training -----------------------------------------------------------------------------------
     def _groups(self) -> Any:
@@ -372,15 +480,20 @@ class Trainer:
     def _training_step(self, x: np.ndarray, y: np.ndarray) -> Any:
         step = self._step
         step.gradient_accumulation_steps = _micro_batches(len(x), self._micro_rows(len(x)))
-        out = step(x, y)
+        try:
+            out = step(x, y)
+        except _C.OutOfMemoryError as error:  # the step was abandoned before its update
+            if not self.args.auto_find_batch_size:
+                raise
+            self._refit_after_oom(error)
+            step.gradient_accumulation_steps = _micro_batches(len(x), self._micro_rows(len(x)))
+            out = step(x, y)  # once: a second OutOfMemoryError propagates
         if self.ema is not None and not out.skipped:
             self.ema.update()
         return out
 
     def _micro_rows(self, rows: int) -> int:
-        if self._grouped:
-            return self.train_dataloader.batch_size or rows
-        return self.args.per_device_train_batch_size
+        return self._micro_cap or rows
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
         """Runs the training loop to max_steps (or until a callback stops it).
@@ -397,10 +510,8 @@ class Trainer:
         if resume_from_checkpoint not in (None, False):
             self._load_checkpoint(os.fspath(resume_from_checkpoint))
         args, state = self.args, self.state
-        x_shape = np.asarray(self.train_dataset[0]).shape if not isinstance(self.train_dataset, DataLoader) \
-            else (self._micro_rows(1),)
         self._rewrite_history()
-        logger.info("%s", self._startup_block(tuple(x_shape)))
+        logger.info("%s", self._startup_block())
         self.model.train()
         self.control._new_training()
         self.control = self.callback_handler.call_event("on_train_begin", args, state, self.control)
@@ -600,7 +711,7 @@ class Trainer:
         if self.scaler is not None:
             ckpt.save_json(os.path.join(directory, "scaler.json"), ckpt.to_json_state(self.scaler.state_dict()))
         compiled = self.model.compiled
-        extra = {"model_seed": compiled.seed, "model_step": compiled.step,
+        extra = {"model_seed": compiled.seed, "model_step": compiled.step, "micro_batch_rows": self._micro_cap,
                  "loader": ckpt.to_json_state(self.train_dataloader.state_dict()),
                  "logging": dict(self._logged), "done": dict(self._done),
                  "callbacks": {type(c).__name__: c.state_dict() for c in self.callback_handler.callbacks
@@ -651,6 +762,7 @@ class Trainer:
             self.scaler.load_state_dict(scaler)
         self.train_dataloader.load_state_dict(extra["loader"])
         compiled.step = extra["model_step"]
+        self._resume_micro_batches(extra.get("micro_batch_rows", self._micro_cap))
         self._logged = dict(extra["logging"])
         self._done = dict(extra["done"])
         for callback in self.callback_handler.callbacks:

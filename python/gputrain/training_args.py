@@ -98,8 +98,16 @@ class TrainingArguments:
         tf32: TF32 matmuls on Ampere+ GPUs (None: leave the process setting); on the CPU it
             does not apply (the start-up log says so).
         gradient_checkpointing: keep block inputs only and recompute in the backward pass.
-        auto_find_batch_size: checked, but fitting the batch to the memory limit is not
-            implemented yet: training runs with the given batch size and a log line says so.
+        auto_find_batch_size: when the run's memory plan (Trainer.memory_plan()) exceeds the
+            memory limit, micro-batches shrink (to the largest divisor of the rows of a step that
+            fits) and more of them make a
+            step, so each optimizer step still sees per_device_train_batch_size *
+            gradient_accumulation_steps rows; then, for AdamW on the CPU, cpu_offload_fraction is
+            raised (0.25 ... 1). An OutOfMemoryError in a step (which abandons it before its
+            update) is refitted the same way and the step retried once. Each change is logged
+            with its reason. The trained bits are those of a run configured with the fitted
+            micro-batch; they differ in the last bits from unsplit micro-batches, whose gradient
+            sums over rows are rounded in another order.
         label_smoothing_factor: CrossEntropyLoss(label_smoothing=...).
         optim: "adamw_torch" (HF's default), "adamw_torch_fused", "adamw" (all the fused C
             AdamW) or "sgd" (SGD with learning_rate only, as HF's).
@@ -113,8 +121,8 @@ class TrainingArguments:
         cpu_offload_fraction: the share of optimizer state kept in host memory (AdamW only).
         memory_limit / memory_fraction: a cap on gputrain's allocator for the device, in bytes
             or as a share of the device's memory, set when the Trainer is built (at most one).
-            What it does now: allocations past the cap raise gputrain.OutOfMemoryError; the
-            Trainer does not yet plan or fit to it.
+            The Trainer plans the run before allocating it: a plan over the cap fails at
+            construction with gputrain.OutOfMemoryError (or is fitted, see auto_find_batch_size).
         ema_decay: keep an EMA of the weights (gt.optim.EMA); evaluate()/predict() use it.
         llrd: layer-wise learning-rate decay over the model's top-level children (in (0, 1]).
         rdrop_alpha: R-Drop's weight; must be 0 for now (the fused step has no R-Drop loss yet).

@@ -427,6 +427,22 @@ def _(f, kinds, precision, gradient_checkpointing, x, y):
                         gradient_checkpointing=gradient_checkpointing)(x, y)
 
 
+@target("SpikeGuard + TrainStep", ARRAYS, setup=trained, state=training_state, window=num(2, 4),
+        z_loss=num(None, 3.0), z_grad_norm=num(None, 3.0), x=arr(8, 4))
+def _(f, window, z_loss, z_grad_norm, x):
+    """A guard built from these settings on the step, which then runs twice (the guard decides)."""
+    f.step.spike_guard = gt.SpikeGuard(window, z_loss, z_grad_norm)
+    f.step(x, Y)
+    return f.step(x, Y)
+
+
+@target("_C.train_step(guard)", ARRAYS, setup=trained, state=training_state, guard=num(True, False),
+        guard_loss=num(1.0, 1e300), guard_grad_norm=num(0.5, 1e300))
+def _(f, guard, guard_loss, guard_grad_norm):
+    return gt._C.train_step(f.model.compiled, X, Y, nn.CrossEntropyLoss()._spec(), optimizer=f.opt, guard=guard,
+                            guard_loss=guard_loss, guard_grad_norm=guard_grad_norm)
+
+
 @target("Parameter.grad/data", ARRAYS, setup=trained, state=training_state,
         which=st.sampled_from(["grad", "data"]).map(lit), value=arr(8, 4), then_step=num(True, False))
 def _(f, which, value, then_step):
@@ -626,6 +642,13 @@ def _(f, method, value, arrays):
     if method == "unscale_arrays":
         return f.scaler.unscale_arrays(arrays)
     return getattr(f.scaler, method)(value)
+
+
+@target("GPUHealthCallback", ARGS, warn_temperature=num(80.0, 60), stop_temperature=num(85.0, 90),
+        action=choice("pause", "stop"), check_interval_s=num(0.0, 10.0), max_pause_s=num(600.0, 1.0),
+        poll_interval_s=num(10.0, 0.5), device_index=num(0, 1))
+def _(**a):
+    return gt.GPUHealthCallback(**a)
 
 
 # ---- data -----------------------------------------------------------------------------------

@@ -623,6 +623,24 @@ class DataLoader:
         self._progress = iterator.reset(plan, epoch, start, done)
         return iterator
 
+    # ---- copy.deepcopy and pickle ---------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The options, dataset and samplers, and the position as state_dict(); not the
+        threads and slots of a running iteration (a copy starts its own where this one is)."""
+        transient = ("_arrays", "_rebuild", "_iterator", "_spare_engine", "_progress", "_resume", "_next_epoch")
+        state = {k: v for k, v in self.__dict__.items() if k not in transient}
+        state["_position"] = self.state_dict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        position = state.pop("_position")
+        self.__dict__.update(state)
+        arrays, rebuild = classify(self.dataset)[1] or ([], None)  # Dataset objects: no arrays
+        self.__dict__.update(_arrays=arrays, _rebuild=rebuild, _iterator=None, _spare_engine=None, _progress=None,
+                             _resume=None, _next_epoch=0)
+        self.load_state_dict(position)
+
     def to(self, device: Any) -> "DataLoader":
         """Delivers later batches on `device` (None or "cpu": zero-copy host batches)."""
         object.__setattr__(self, "device", _parse_device(device))

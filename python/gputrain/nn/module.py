@@ -332,6 +332,50 @@ class Module:
         new.step, new.checkpointing = old.step, old.checkpointing
         return self
 
+    # -- copy.deepcopy and pickle -----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, with the parameters as standalone copies (see Parameter) and, for a
+        compiled root, what rebuilds its C model: device, dropout seed and step, precision,
+        checkpointing and whether the gradients are valid. A submodule copied on its own becomes
+        a model of its own (compiled at first use, as a new layer is)."""
+        (self._owner or self)._check_intact()
+        state = {**self.__dict__, "_owner": None, "_lost": None, "_compiled": None}
+        if self._on_device():  # no Parameter objects: host copies of the values, moved back on load
+            arrays = (self._owner or self)._device_arrays()
+            state["_params"] = {local: Parameter(arrays[(id(self), local)], name=local)
+                                for local in self._param_names if self._has_param(local)}
+        compiled = self._compiled
+        if compiled is not None:
+            model = compiled.model
+            state["_c_model"] = {"device": compiled.device, "seed": model.seed, "step": model.step,
+                                 "precision": model.precision, "checkpointing": model.checkpointing,
+                                 "grads_valid": model.grads_valid and compiled.on_host}
+        return state
+
+    def __copy__(self) -> Module:
+        """A shallow copy shares everything, as PyTorch's: the submodules, the Parameters and the
+        C model (rebuilding it, as a deep copy does, would take the original's Parameters)."""
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        c_model = state.pop("_c_model", None)
+        self.__dict__.update(state)
+        if c_model is None:
+            return
+        # The submodules are complete (copy and pickle build an object's state before it), so
+        # the root compiles them back into one C model around the copied Parameter objects.
+        slots = list(self._unique_param_slots())
+        grads = [module._params[local]._grad_storage for module, local, _ in slots] if c_model["grads_valid"] else []
+        compiled = self._compile(c_model["device"], seed=c_model["seed"], precision=c_model["precision"])
+        compiled.model.step = c_model["step"]
+        compiled.model.checkpointing = c_model["checkpointing"]
+        if grads:
+            for (module, local, _), grad in zip(slots, grads):
+                module._params[local]._grad_storage[...] = grad
+            compiled.grads_valid = True
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """Forward pass (dropout follows train()/eval()); returns a new float32 array."""
         return self.compiled.forward(x)

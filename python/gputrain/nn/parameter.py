@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -122,6 +122,21 @@ class Parameter:
 
     def numel(self) -> int:
         return int(self._data.size)
+
+    # -- copy.deepcopy and pickle ---------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The values, gradient (None when not valid), name and requires_grad; not the model
+        arenas it lives in (a copy is standalone until its copied module is rebuilt around it)."""
+        return {"data": self._data, "grad": self.grad, "name": self.name, "requires_grad": self._requires_grad}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._data = np.ascontiguousarray(state["data"], dtype=np.float32)
+        grad = state["grad"]
+        self._grad_storage = None if grad is None else np.ascontiguousarray(grad, dtype=np.float32)
+        self._grad_valid = grad is not None
+        self._owner = None
+        self.name = state["name"]
+        self._requires_grad = bool(state["requires_grad"])
 
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""

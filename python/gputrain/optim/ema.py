@@ -172,3 +172,20 @@ class EMA:
         for index, array in enumerate(arrays):
             self._core.set(index, array)
         self.decay, self.num_updates, self.use_warmup = decay, num_updates, bool(use_warmup)
+
+    # -- copy.deepcopy and pickle -----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, the Parameters (the copied model's when copied with it) and the
+        average; the C average is rebuilt on load."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_core", "_views", "_generation")}
+        state["_shadow"] = self.shadow
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        shadow = state.pop("_shadow")
+        self.__dict__.update(state)
+        self._generation = Parameter.generation
+        self._views = [p.data for p in self.params]
+        self._core = _C.EMA(self._views, on_host=self.location == "host")
+        for index, value in enumerate(shadow):
+            self._core.set(index, value)

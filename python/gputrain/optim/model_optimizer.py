@@ -61,7 +61,10 @@ class ModelOptimizer:
         self.numerics = numerics
         self.param_groups: list[dict[str, Any]] = [dict(defaults)]
         self.device: str = model.compiled.device
-        self._core = _C.ModelOptimizer(optimizer_cls._kind, model.compiled, defaults, numerics=numerics)
+        self._kind = optimizer_cls._kind
+        self._model = model  # the Module whose C model the core updates (copies rebuild over it)
+        self._steps_before = 0  # steps counted before this core was built (a copy's original's)
+        self._core = _C.ModelOptimizer(self._kind, model.compiled, defaults, numerics=numerics)
 
     def push_hyperparameters(self) -> None:
         """Copy the group's hyperparameters (e.g. an lr set by a scheduler) into C."""
@@ -73,11 +76,28 @@ class ModelOptimizer:
     @property
     def step_count(self) -> int:
         """Steps that updated the parameters (skipped steps do not count)."""
-        return self._core.num_steps
+        return self._steps_before + self._core.num_steps
 
     def get_state(self, index: int) -> dict[str, Any]:
         """Parameter `index`'s state (parameter_layout order): {'step': int, name: float32 host copy}."""
         return self._core.get_state(index)
+
+    # -- copy.deepcopy and pickle -----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings, the model (deep-copied with it: the copy's) and every parameter's state
+        as host arrays; the C optimizer is rebuilt over the model's arenas on load."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_core"}
+        state["_steps_before"] = self.step_count
+        state["_states"] = [self._core.get_state(i) for i in range(len(self._model.compiled.parameter_layout()))]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        states = state.pop("_states")
+        self.__dict__.update(state)
+        self._core = _C.ModelOptimizer(self._kind, self._model.compiled, self.defaults, numerics=self.numerics)
+        self.push_hyperparameters()
+        for index, saved in enumerate(states):
+            self._core.set_state(index, saved.pop("step"), saved)
 
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in sorted(self.param_groups[0].items()))

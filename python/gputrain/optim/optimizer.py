@@ -430,6 +430,25 @@ class Optimizer:
         """Optimizer bytes and elements on the device and on the host (offloaded share)."""
         return self._core.memory()
 
+    # -- copy.deepcopy and pickle -----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes and param_groups (their Parameters: deep-copied with a model, the
+        copy's), and the state through state_dict(); the C optimizer is rebuilt on load."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_core", "_views", "_generation")}
+        state["_steps_before"] = self.step_count
+        state["_saved"] = self.state_dict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        saved = state.pop("_saved")
+        self.__dict__.update(state)
+        # Built over the Parameters as they are now: copied with their model, they may still be
+        # standalone and move into its arenas afterwards, which _follow_params then follows.
+        self._generation = Parameter.generation
+        self._views = self._param_views()
+        self._core = self._build_core(self._views)
+        self.load_state_dict(saved)
+
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
         for index, group in enumerate(self.param_groups):

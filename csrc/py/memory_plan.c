@@ -1,0 +1,187 @@
+/* Bindings of the planners: what the optimizer, the EMA, the loader and the loss scaler's step
+ * scratch will take from the allocator, computed by the C code that later allocates it, before
+ * anything is allocated (gputrain.memory_plan puts them together with the model's plan). */
+#include "py/gtpy.h"
+
+#include "data/loader.h"
+#include "py/loader.h"
+#include "py/optim_py.h"
+#include "train/ema.h"
+#include "train/optim.h"
+#include "train/step_device.h"
+
+static PyObject *device_name(gt_device device) {
+    char name[32];
+    gt_device_name(device, name, sizeof name);
+    return PyUnicode_FromString(name);
+}
+
+/* The sum of a sequence of element counts, each an int >= 0; -1 with an exception naming `numels`. */
+static int sum_numels(PyObject *module, PyObject *numels_obj, size_t *total) {
+    PyObject *seq = PySequence_Fast(numels_obj, "numels must be a sequence of ints");
+    if (!seq)
+        return -1;
+    *total = 0;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t n = PyLong_Check(item) && !PyBool_Check(item) ? PyLong_AsSsize_t(item) : -1;
+        if (n < 0) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "numels[%zd] must be an int >= 0 and < 2**63, got %R", i, item);
+            }
+            rc = -1;
+        } else if (gt_size_add(*total, (size_t)n, "numels", total) != GT_OK) {
+            rc = gtpy_raise_int(module, GT_ERR_OOM);
+        }
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+static int parse_optim_kind(const char *kind, gt_optim_kind *out) {
+    if (strcmp(kind, "adamw") == 0 || strcmp(kind, "sgd") == 0) {
+        *out = kind[0] == 'a' ? GT_OPTIM_ADAMW : GT_OPTIM_SGD;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "kind must be 'adamw' or 'sgd', got '%s'", kind);
+    return -1;
+}
+
+static PyObject *optimizer_memory_to_dict(gt_device device, const gt_optimizer_memory *m) {
+    PyObject *d = PyDict_New();
+    if (!d || gtpy_dict_put(d, "device", device_name(device)) < 0 ||
+        gtpy_dict_put_size(d, "device_bytes", m->device_bytes) < 0 ||
+        gtpy_dict_put_size(d, "pinned_bytes", m->host_bytes) < 0 ||
+        gtpy_dict_put_size(d, "device_numel", m->device_numel) < 0 ||
+        gtpy_dict_put_size(d, "host_numel", m->host_numel) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *optimizer_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"kind", "numels", "hparams", "device", "cpu_offload_fraction",
+                               "offload_chunk_numel", NULL};
+    const char *kind = NULL;
+    PyObject *numels_obj, *hparams_obj, *device_obj = Py_None;
+    double fraction = 0.0;
+    Py_ssize_t chunk = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOO|$Odn:optimizer_plan", keywords, &kind, &numels_obj,
+                                     &hparams_obj, &device_obj, &fraction, &chunk))
+        return NULL;
+    gt_optimizer_config config = {.cpu_offload_fraction = fraction, .offload_chunk_numel = (size_t)chunk};
+    size_t total = 0;
+    if (chunk < 0)
+        return PyErr_Format(PyExc_ValueError, "offload_chunk_numel must be >= 0, got %zd", chunk);
+    if (parse_optim_kind(kind, &config.kind) < 0 ||
+        gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &config.device) < 0 ||
+        sum_numels(module, numels_obj, &total) < 0)
+        return NULL;
+    PyObject *hparams = PySequence_Fast(hparams_obj, "hparams must be a sequence of dicts");
+    if (!hparams)
+        return NULL;
+    Py_ssize_t num_groups = PySequence_Fast_GET_SIZE(hparams);
+    gt_optim_hparams *groups = PyMem_Calloc(num_groups ? (size_t)num_groups : 1, sizeof *groups);
+    int rc = groups ? 0 : (PyErr_NoMemory(), -1);
+    for (Py_ssize_t g = 0; rc == 0 && g < num_groups; g++)
+        rc = gtpy_optim_parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &groups[g]);
+    gt_optimizer_memory memory;
+    PyObject *result = NULL;
+    if (rc == 0) {
+        gt_status status = gt_optimizer_plan(&config, groups, (size_t)num_groups, total, &memory);
+        result = status == GT_OK ? optimizer_memory_to_dict(config.device, &memory) : gtpy_raise(module, status);
+    }
+    PyMem_Free(groups);
+    Py_DECREF(hparams);
+    return result;
+}
+
+static PyObject *pool_and_bytes(gt_device pool, size_t bytes) {
+    PyObject *d = PyDict_New();
+    if (!d || gtpy_dict_put(d, "pool", device_name(pool)) < 0 || gtpy_dict_put_size(d, "bytes", bytes) < 0) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *ema_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"numels", "device", "on_host", NULL};
+    PyObject *numels_obj, *device_obj = Py_None;
+    int on_host = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$Op:ema_plan", keywords, &numels_obj, &device_obj, &on_host))
+        return NULL;
+    gt_device device, pool;
+    size_t total = 0, bytes = 0;
+    if (gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0 ||
+        sum_numels(module, numels_obj, &total) < 0)
+        return NULL;
+    gt_status status = gt_ema_plan(device, on_host, total, &pool, &bytes);
+    return status == GT_OK ? pool_and_bytes(pool, bytes) : gtpy_raise(module, status);
+}
+
+static PyObject *loader_memory_to_dict(const gt_loader_memory *m) {
+    PyObject *d = pool_and_bytes(m->pool, m->bytes);
+    if (d && (gtpy_dict_put_size(d, "num_slots", m->num_slots) < 0 ||
+              gtpy_dict_put_size(d, "slot_bytes", m->slot_bytes) < 0 ||
+              gtpy_dict_put_size(d, "index_bytes", m->index_bytes) < 0))
+        Py_CLEAR(d);
+    return d;
+}
+
+static PyObject *loader_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"arrays", "max_batch_rows", "num_workers", "prefetch_factor", "pin_memory", NULL};
+    PyObject *arrays_obj;
+    Py_ssize_t max_rows, workers, prefetch;
+    int pin_memory = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Onnn|p:loader_plan", keywords, &arrays_obj, &max_rows,
+                                     &workers, &prefetch, &pin_memory))
+        return NULL;
+    if (max_rows < 1 || workers < 0 || prefetch < 0)
+        return PyErr_Format(PyExc_ValueError, "loader_plan: max_batch_rows must be >= 1 and num_workers, "
+                            "prefetch_factor >= 0, got %zd, %zd, %zd", max_rows, workers, prefetch);
+    PyObject *arrays = PySequence_Tuple(arrays_obj);
+    uint64_t rows = 0;
+    gt_field *fields = arrays ? gtpy_loader_describe_fields(arrays, &rows) : NULL;
+    PyObject *result = NULL;
+    if (fields) {
+        gt_loader_config config = {.fields = fields, .num_fields = (size_t)PyTuple_GET_SIZE(arrays),
+                                   .max_batch_rows = (size_t)max_rows, .num_workers = (size_t)workers,
+                                   .prefetch_factor = (size_t)prefetch, .pin_memory = pin_memory};
+        gt_loader_memory memory;
+        gt_status status = gt_loader_plan(&config, &memory);
+        result = status == GT_OK ? loader_memory_to_dict(&memory) : gtpy_raise(module, status);
+    }
+    PyMem_Free(fields);
+    Py_XDECREF(arrays);
+    return result;
+}
+
+static PyObject *step_scaler_bytes(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"device", NULL};
+    PyObject *device_obj = Py_None;
+    gt_device device;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:step_scaler_bytes", keywords, &device_obj) ||
+        gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0)
+        return NULL;
+    return PyLong_FromSize_t(gt_step_scaler_bytes(device));
+}
+
+static PyMethodDef memory_plan_methods[] = {
+    {"optimizer_plan", (PyCFunction)(void (*)(void))optimizer_plan, METH_VARARGS | METH_KEYWORDS,
+     "optimizer_plan(kind, numels, hparams, *, device='cpu', cpu_offload_fraction=0.0, offload_chunk_numel=0)\n--\n\n"
+     "Bytes an Optimizer of these parameter sizes and groups will reserve, on the device and pinned."},
+    {"ema_plan", (PyCFunction)(void (*)(void))ema_plan, METH_VARARGS | METH_KEYWORDS,
+     "ema_plan(numels, *, device='cpu', on_host=False)\n--\n\nThe pool and bytes an EMA's shadow will reserve."},
+    {"loader_plan", (PyCFunction)(void (*)(void))loader_plan, METH_VARARGS | METH_KEYWORDS,
+     "loader_plan(arrays, max_batch_rows, num_workers, prefetch_factor, pin_memory=False)\n--\n\n"
+     "The pool, slots and bytes a LoaderEngine of these arguments will reserve."},
+    {"step_scaler_bytes", (PyCFunction)(void (*)(void))step_scaler_bytes, METH_VARARGS | METH_KEYWORDS,
+     "step_scaler_bytes(device='cpu')\n--\n\nBytes a step's loss-scaler check reserves on the device while it runs."},
+    {NULL, NULL, 0, NULL},
+};
+
+int gtpy_add_memory_plan(PyObject *module) { return PyModule_AddFunctions(module, memory_plan_methods); }
