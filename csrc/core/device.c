@@ -1,5 +1,7 @@
 #include "core/device.h"
 
+#include "core/device_backend.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,16 +54,17 @@ void gt_device_name(gt_device device, char *buf, size_t buf_bytes) {
     case GT_DEVICE_CPU: snprintf(buf, buf_bytes, "cpu"); return;
     case GT_DEVICE_PINNED: snprintf(buf, buf_bytes, "pinned"); return;
     case GT_DEVICE_CUDA: snprintf(buf, buf_bytes, "cuda:%d", device.index); return;
+    case GT_DEVICE_SIM: snprintf(buf, buf_bytes, "sim:%d", device.index); return;
     }
     snprintf(buf, buf_bytes, "unknown");
 }
 
 gt_status gt_device_total_memory(gt_device device, size_t *out) {
-    if (device.kind == GT_DEVICE_CUDA) {
+    if (gt_device_is_accelerator(device)) {
         size_t free_bytes = 0;
-        if (!gt_cuda.mem_get_info)
-            return GT_FAIL(GT_ERR_RUNTIME, "CUDA is not available");
-        return gt_cuda.mem_get_info(device.index, &free_bytes, out);
+        const gt_device_backend *table = NULL;
+        GT_TRY(gt_device_backend_get(device, "device", &table));
+        return table->mem_get_info(device.index, &free_bytes, out);
     }
     long pages = sysconf(_SC_PHYS_PAGES);
     long page_bytes = sysconf(_SC_PAGE_SIZE);

@@ -19,11 +19,12 @@ typedef enum gt_device_kind {
     GT_DEVICE_CPU = 0,     /* pageable host memory, CPU backend */
     GT_DEVICE_PINNED = 1,  /* page-locked host memory used for transfers */
     GT_DEVICE_CUDA = 2,    /* a CUDA device */
+    GT_DEVICE_SIM = 3,     /* the simulated device: host memory with a GPU's semantics (csrc/sim/) */
 } gt_device_kind;
 
 typedef struct gt_device {
     gt_device_kind kind;   /* which kind of memory/compute */
-    int index;             /* CUDA ordinal; 0 for cpu and pinned */
+    int index;             /* ordinal of cuda:N or sim:N; 0 for cpu and pinned */
 } gt_device;
 
 /* Functions the CUDA backend provides; all NULL when CUDA is absent. */
@@ -51,6 +52,11 @@ static inline gt_device gt_pinned_device(void) {
 static inline gt_device gt_cuda_device(int index) {
     gt_device d = {GT_DEVICE_CUDA, index};
     return d;
+}
+
+/* 1 for a device with memory of its own, reached through core/device_backend.h (cuda:N, sim:N). */
+static inline int gt_device_is_accelerator(gt_device device) {
+    return device.kind == GT_DEVICE_CUDA || device.kind == GT_DEVICE_SIM;
 }
 
 /* Number of usable CUDA devices (0 when not compiled in or no driver). */

@@ -152,7 +152,7 @@ static PyObject *transfer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     }
     gt_loader_stats stats;
     gt_loader_get_stats(loader, &stats);
-    gt_status status = gt_transfer_create(loader, device, stats.slot_bytes, &self->transfer);
+    gt_status status = gt_transfer_create(loader, gt_cuda_device(device), stats.slot_bytes, &self->transfer);
     if (status != GT_OK) {
         Py_DECREF(self);
         return gtpy_raise(module, status);
