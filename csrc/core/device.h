@@ -62,10 +62,11 @@ static inline int gt_device_is_accelerator(gt_device device) {
 /* Number of usable CUDA devices (0 when not compiled in or no driver). */
 int gt_cuda_device_count(void);
 
-/* Parses "cpu", "pinned", "cuda", "cuda:N"; fails with GT_ERR_VALUE naming `arg_name`. */
+/* Parses "cpu", "pinned", "cuda", "cuda:N", "sim", "sim:N"; fails with GT_ERR_VALUE naming
+ * `arg_name`. */
 gt_status gt_device_parse(const char *text, const char *arg_name, gt_device *out);
 
-/* Writes "cpu", "pinned" or "cuda:N" into `buf` (at least 16 bytes). */
+/* Writes "cpu", "pinned", "cuda:N" or "sim:N" into `buf` (at least 16 bytes). */
 void gt_device_name(gt_device device, char *buf, size_t buf_bytes);
 
 /* Total memory of a device in bytes (physical RAM for cpu and pinned). */

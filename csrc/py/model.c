@@ -193,13 +193,13 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (status != GT_OK)
         return gtpy_raise(module, status);
 #ifdef GT_WITH_CUDA
-    int supported = device.kind == GT_DEVICE_CPU || device.kind == GT_DEVICE_CUDA;
+    int supported = device.kind != GT_DEVICE_PINNED;
 #else
-    int supported = device.kind == GT_DEVICE_CPU;
+    int supported = device.kind == GT_DEVICE_CPU || device.kind == GT_DEVICE_SIM;
 #endif
     if (!supported)
         return PyErr_Format(PyExc_NotImplementedError,
-                            "device: models run on 'cpu' or 'cuda:N' in this build; '%s' is not supported",
+                            "device: models run on 'cpu', 'cuda:N' or 'sim:N' in this build; '%s' is not supported",
                             PyUnicode_Check(device_obj) ? PyUnicode_AsUTF8(device_obj) : "?");
     gt_layer root = {.kind = GT_LAYER_SEQUENTIAL};
     spec_parse ctx = {0};
