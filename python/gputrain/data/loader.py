@@ -177,17 +177,20 @@ def _cpu_count() -> int:
 
 
 def _parse_device(device: Any) -> str | None:
-    """None for the CPU (zero-copy batches), or "cuda:N"."""
+    """None for the CPU (zero-copy batches), "cuda:N", or "sim:N" (the simulated device)."""
     if device is None:
         return None
     text = str(device)
     if text == "cpu":
         return None
-    if text == "cuda":
-        text = "cuda:0"
+    if text in ("cuda", "sim"):
+        text += ":0"
     prefix, _, digits = text.partition(":")
-    if prefix != "cuda" or not digits.isdigit():
-        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if prefix not in ("cuda", "sim") or not digits.isdigit():
+        raise ValueError(f"device must be None, 'cpu', 'cuda', 'cuda:N', 'sim' or 'sim:N', got {device!r}")
+    if prefix == "sim":
+        _C.memory_stats(device=text)  # ValueError naming the device unless sim:N exists
+        return text
     if int(digits) >= _C.cuda_device_count():
         from gputrain.cuda import unavailable_reason
 
@@ -200,7 +203,7 @@ class DataLoader:
     """Batches of `dataset` (a NumPy array, or a tuple/list/dict of arrays with the same first
     dimension; np.memmap works) gathered by C worker threads. Arguments as PyTorch's
     DataLoader, plus: `seed` (the order's seed; default: drawn from `generator`, else random),
-    `device` ("cuda[:N]": batches are copied to the device on a copy stream), `transform`
+    `device` ("cuda[:N]" or "sim[:N]": batches are copied to the device on a copy stream), `transform`
     (a callable applied to each gathered batch before `collate_fn`) and `transform_in_workers`
     (run transform and collate_fn in the worker threads, with the GIL, instead of the caller)."""
 
