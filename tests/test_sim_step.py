@@ -103,3 +103,31 @@ def test_sim_devices_are_named_and_checked():
         make_model().to("sim:7")
     with pytest.raises(ValueError, match="sim:x"):
         gt.memory_stats("sim:x")
+
+
+def test_a_host_optimizer_is_refused_for_a_sim_model():
+    model, host = make_model().to("sim"), make_model()
+    x, y = batch(0)
+    before = model.compiled.read_parameters()
+    with pytest.raises(ValueError, match="sim:0 but this optimizer updates host"):
+        _C.train_step(model.compiled, x, y, LOSS, optimizer=gt.optim.SGD(host.parameters(), lr=0.1))
+    np.testing.assert_array_equal(model.compiled.read_parameters(), before)
+
+
+def test_a_sim_buffer_is_not_viewed_by_numpy():
+    buffer = _C.Buffer(64, device="sim")
+    assert buffer.device == "sim:0"
+    with pytest.raises(TypeError, match="cannot be viewed as a NumPy array"):
+        buffer.numpy()
+
+
+def test_a_sim_model_state_round_trips_through_the_cpu():
+    model = make_model()
+    step = gt.TrainStep(model.to("sim"), nn.CrossEntropyLoss(), gt.optim.SGD.for_model(model, lr=0.1))
+    step(*batch(0))
+    trained = model.compiled.read_parameters()
+    other = make_model(seed=9)
+    other.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(other.compiled.read_parameters(), trained)
+    np.testing.assert_array_equal(model.to("cpu").compiled.read_parameters(), trained)
+    np.testing.assert_array_equal(model.to("sim:1").compiled.read_parameters(), trained)
