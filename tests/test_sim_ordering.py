@@ -89,14 +89,14 @@ def read_raw(address: int, nbytes: int) -> np.ndarray:
 
 
 def test_a_released_device_batch_is_poisoned():
-    X = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
-    it = iter(gt.DataLoader(X, batch_size=8, device="sim"))
-    xb = next(it)
-    address, nbytes = xb.address, xb.nbytes
-    np.testing.assert_array_equal(xb.numpy(), X[:8])  # waits for the copy
+    X = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+    it = iter(gt.DataLoader(X, batch_size=8, device="sim"))  # two batches: nothing refills the first
+    first = next(it)
+    address, nbytes = first.address, first.nbytes
+    np.testing.assert_array_equal(first.numpy(), X[:8])  # waits for the copy stream
     np.testing.assert_array_equal(read_raw(address, nbytes), X[:8].ravel())
-    del xb  # the batch returns to the loader: whatever still reads it is a use after release
+    del first  # the batch returns to the loader: whatever reads it later is a use after release
     gc.collect()
+    np.testing.assert_array_equal(next(it).numpy(), X[8:])  # the copy stream has run the release too
     stale = read_raw(address, nbytes)
     assert np.isnan(stale).all() and (stale.view(np.uint32) == 0xFFFFFFFF).all()
-    np.testing.assert_array_equal(next(it).numpy(), X[8:16])  # the loader goes on

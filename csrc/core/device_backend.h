@@ -49,9 +49,10 @@ typedef struct gt_device_backend {
     gt_status (*memset)(int index, void *dst, int value, size_t bytes);
     /* Queues dst = src (bytes) on `stream`; host memory must stay valid until it has run. */
     gt_status (*memcpy_async)(int index, gt_stream *stream, void *dst, const void *src, size_t bytes);
-    /* The contents of `bytes` at `ptr` are dead from now on (a released buffer): sim fills them
-     * with 0xFF at once (NaN as floats), so a reader still queued sees poison; CUDA does nothing. */
-    void (*poison)(int index, void *ptr, size_t bytes);
+    /* The contents of `bytes` at `ptr` are dead once the work queued on `stream` so far has run
+     * (a released buffer): sim queues a fill with 0xFF (NaN as floats) there, so a reader not
+     * ordered before the release sees poison; CUDA does nothing. */
+    gt_status (*poison)(int index, gt_stream *stream, void *ptr, size_t bytes);
 
     /* ---- streams and events ---- */
     gt_status (*stream_create)(int index, gt_stream **out);           /* not the default stream */

@@ -124,7 +124,9 @@ gt_status gt_transfer_wait(gt_transfer *t, gt_device_batch *b) {
 }
 
 void gt_transfer_release(gt_transfer *t, gt_device_batch *b) {
-    t->dev->poison(t->device.index, b->block.ptr, b->block.bytes);
+    /* after the copy into the batch, before the next one; a diagnostic only, so a refusal is dropped */
+    if (t->dev->poison(t->device.index, t->stream, b->block.ptr, b->block.bytes) != GT_OK)
+        gt_clear_error();
     b->in_use = 0;
 }
 

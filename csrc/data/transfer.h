@@ -1,8 +1,8 @@
 /* Device transfer of delivered batches: each host slot is copied to a device batch of the
  * same layout with asynchronous copies on a copy stream, then an event is recorded. The host
  * slot is handed back to the loader only after that event fired, and a device batch is reused
- * only after the caller released it, and its contents are dead from the release on (the
- * simulated device poisons them then). The device is an accelerator of core/device_backend.h.
+ * only after the caller released it; its contents are dead from the release on (the simulated
+ * device poisons them in the copy stream's order: after the copy into it, before the next). The device is an accelerator of core/device_backend.h.
  *
  * Not thread-safe: callers serialise the calls (the bindings hold the GIL). */
 #ifndef GT_DATA_TRANSFER_H

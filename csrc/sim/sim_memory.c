@@ -67,10 +67,20 @@ void gt_sim_free(int index, void *ptr) {
         quarantine_add(ptr, bytes);
 }
 
-void gt_sim_poison(int index, void *ptr, size_t bytes) {
-    (void)index;
-    if (ptr && bytes)
-        memset(ptr, POISON_BYTE, bytes);
+typedef struct poison_job {
+    void *ptr;      /* start of the dead bytes */
+    size_t bytes;   /* their length */
+} poison_job;
+
+static gt_status run_poison(void *args) {
+    poison_job *j = args;
+    memset(j->ptr, POISON_BYTE, j->bytes);
+    return GT_OK;
+}
+
+gt_status gt_sim_poison(int index, gt_stream *stream, void *ptr, size_t bytes) {
+    poison_job job = {ptr, bytes};
+    return ptr && bytes ? gt_sim_enqueue(index, stream, run_poison, &job, sizeof job) : GT_OK;
 }
 
 gt_status gt_sim_mem_get_info(int index, size_t *free_bytes, size_t *total_bytes) {

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "core/status.h"
+#include "core/device_backend.h"
 
 #define GT_SIM_QUARANTINE_BYTES ((size_t)64 << 20)
 
@@ -18,8 +18,8 @@ gt_status gt_sim_malloc(int index, size_t bytes, void **out);
 /* Waits for every stream of the device (as cudaFree does), poisons the block and quarantines it. */
 void gt_sim_free(int index, void *ptr);
 
-/* Fills `bytes` at `ptr` with 0xFF now, from the calling thread. */
-void gt_sim_poison(int index, void *ptr, size_t bytes);
+/* Queues a fill of `bytes` at `ptr` with 0xFF on `stream` (NULL: the default stream). */
+gt_status gt_sim_poison(int index, gt_stream *stream, void *ptr, size_t bytes);
 
 /* Physical RAM of the host, as total and free (the pools' limits do the accounting). */
 gt_status gt_sim_mem_get_info(int index, size_t *free_bytes, size_t *total_bytes);
