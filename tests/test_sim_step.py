@@ -6,6 +6,8 @@ result must be bit-identical to the same run on the CPU."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,7 @@ def test_dropout_masks_on_sim_match_the_cpu():
 
 
 def test_a_sim_model_keeps_its_memory_in_the_sim_pool():
+    gc.collect()  # earlier tests' objects in reference cycles must not be freed while this one measures
     before_sim, before_cpu = gt.memory_stats("sim:0")["allocated_bytes"], gt.memory_stats("cpu")["allocated_bytes"]
     model = make_model().to("sim")
     x, y = batch(0)
