@@ -134,3 +134,24 @@ def test_a_sim_model_state_round_trips_through_the_cpu():
     np.testing.assert_array_equal(other.compiled.read_parameters(), trained)
     np.testing.assert_array_equal(model.to("cpu").compiled.read_parameters(), trained)
     np.testing.assert_array_equal(model.to("sim:1").compiled.read_parameters(), trained)
+
+
+def test_the_trainer_on_sim_matches_the_cpu(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((96, 12)).astype(np.float32), rng.integers(0, 7, 96)
+    results = []
+    for device in ("cpu", "sim"):
+        model = make_model()
+        args = gt.TrainingArguments(output_dir=str(tmp_path / device), num_train_epochs=2, per_device_train_batch_size=16,
+                                    gradient_accumulation_steps=2, learning_rate=1e-2, fp16=True, max_grad_norm=1.0,
+                                    device=device, save_strategy="no", dataloader_pin_memory=False, seed=3)
+        output = gt.Trainer(model, args, train_dataset=(x, y)).train()
+        results.append((output.training_loss, output.global_step, model.compiled.read_parameters()))
+    assert results[1][:2] == results[0][:2] and results[0][1] == 6
+    np.testing.assert_array_equal(results[1][2], results[0][2])
+
+
+def test_training_arguments_name_the_sim_device():
+    assert gt.TrainingArguments(output_dir="unused", device="sim:1").device == "sim:1"
+    with pytest.raises(ValueError, match="'sim\\[:N\\]'"):
+        gt.TrainingArguments(output_dir="unused", device="tpu")
