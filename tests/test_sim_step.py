@@ -155,3 +155,14 @@ def test_training_arguments_name_the_sim_device():
     assert gt.TrainingArguments(output_dir="unused", device="sim:1").device == "sim:1"
     with pytest.raises(ValueError, match="'sim\\[:N\\]'"):
         gt.TrainingArguments(output_dir="unused", device="tpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_an_error_in_a_sim_stream_worker_reaches_the_caller(device):
+    gt.random.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3)).to(device)
+    with pytest.raises(IndexError, match=r"ids\[1\] = 12 is out of range \[0, 10\)"):
+        model(np.array([[1, 12]], dtype=np.int64))
+    gt.random.manual_seed(0)
+    expected = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))(np.array([[1, 2]], dtype=np.int64))
+    np.testing.assert_array_equal(model(np.array([[1, 2]], dtype=np.int64)), expected)  # the stream goes on
