@@ -166,3 +166,15 @@ def test_an_error_in_a_sim_stream_worker_reaches_the_caller(device):
     gt.random.manual_seed(0)
     expected = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 3))(np.array([[1, 2]], dtype=np.int64))
     np.testing.assert_array_equal(model(np.array([[1, 2]], dtype=np.int64)), expected)  # the stream goes on
+
+
+def test_a_step_on_sim_allocates_nothing_after_the_first():
+    model = make_model().to("sim")
+    scaler = gt.amp.GradScaler(init_scale=2.0**12)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=1e-3), precision="fp16",
+                        scaler=scaler, max_grad_norm=1.0, gradient_accumulation_steps=2)
+    step(*batch(0))  # plans and allocates the activations
+    before = {kind: gt.memory_stats(kind)["num_allocs"] for kind in ("sim:0", "cpu", "pinned")}
+    for i in range(1, 4):
+        step(*batch(i))
+    assert {kind: gt.memory_stats(kind)["num_allocs"] for kind in before} == before

@@ -159,6 +159,8 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
+    if (on_device(model))
+        GT_TRY(gt_block_alloc(device, GT_MODEL_STEP_SCRATCH_BYTES, &model->step_scratch));
     GT_TRY(layout_layer(&model->root, &model->num_params));
     size_t bytes = gt_align_up(model->num_params * sizeof(float));  /* checked by the layout */
     GT_TRY(gt_arena_create(&model->params, device, model->num_params ? bytes : 0));
@@ -176,6 +178,7 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
 void gt_model_destroy(gt_model *model) {
     if (model->device)
         model->device->backend_release(&model->backend);
+    gt_block_free(&model->step_scratch);
     gt_arena_destroy(&model->activations);
     gt_arena_destroy(&model->lowp_params);
     gt_arena_destroy(&model->grads);

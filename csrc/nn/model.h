@@ -37,6 +37,8 @@ typedef struct gt_model_plan {
     int nesting_levels;       /* levels with scratch buffers */
 } gt_model_plan;
 
+enum { GT_MODEL_STEP_SCRATCH_BYTES = 128 };  /* device scratch of a device model's training step */
+
 typedef struct gt_model {
     gt_layer root;              /* the top-level Sequential */
     gt_backend backend;         /* ops used by every layer */
@@ -62,6 +64,9 @@ typedef struct gt_model {
     void *dout;                 /* (output numel,) dt gradient of the loss w.r.t. the output */
     float *losses;              /* (output rows,) per-row losses */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
+    gt_block step_scratch;      /* (GT_MODEL_STEP_SCRATCH_BYTES,) device memory of a device model for
+                                   the training step's kernels (scaler state, inf flag), allocated
+                                   with the model so a step allocates nothing; empty on the cpu */
 } gt_model;
 
 /* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */

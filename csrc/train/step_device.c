@@ -2,11 +2,14 @@
 
 #include "core/alloc.h"
 
-/* Device scratch of one step: the scaler state the kernel reads, and the inf flag it sets. */
+/* Device scratch of one step (in the model's step_scratch block): the scaler state the kernel
+ * reads, and the inf flag it sets. */
 typedef struct step_scratch {
     gt_scaler scaler;  /* copy of the host scaler (scale, enabled, ...) */
     int found_inf;     /* 0 before the kernel, 1 after it if a gradient was not finite */
 } step_scratch;
+
+_Static_assert(sizeof(step_scratch) <= GT_MODEL_STEP_SCRATCH_BYTES, "the model's step scratch is too small");
 
 /* With the scratch allocated: copy in, unscale on the default stream, read the flag. The
  * blocking copies are ordered with that stream, so with the model's kernels too. */
@@ -29,14 +32,11 @@ gt_status gt_step_unscale_check_device(gt_model *model, const gt_scaler *scaler,
     GT_TRY(require_device_model(model));
     if (model->num_params == 0)
         return GT_OK;
-    gt_block block = {0};
-    GT_TRY(gt_block_alloc(model->backend.device, sizeof(step_scratch), &block));
     int flag = 0;
-    gt_status status = unscale_with(model, scaler, block.ptr, &flag);
-    gt_block_free(&block);
-    if (status == GT_OK && flag)
+    GT_TRY(unscale_with(model, scaler, model->step_scratch.ptr, &flag));
+    if (flag)
         *found_inf = 1;
-    return status;
+    return GT_OK;
 }
 
 gt_status gt_step_grad_sumsq_device(gt_model *model, double *out) {

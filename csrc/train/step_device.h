@@ -8,9 +8,10 @@
 #include "train/scaler.h"
 
 /* gt_scaler_unscale_check on a device model's (num_params,) gradient arena: copies *scaler to
- * the device, runs the unscale kernel on the model's stream (the default stream) and reads the
- * flag back (one int: the host waits for the kernel). Sets *found_inf = 1 when a gradient was
- * NaN/±Inf, leaves it as it was otherwise; *scaler is not changed. */
+ * the model's step scratch on the device (nothing is allocated), runs the unscale kernel on the
+ * model's stream (the default stream) and reads the flag back (one int: the host waits for it).
+ * Sets *found_inf = 1 when a gradient was NaN/±Inf, leaves it as it was otherwise; *scaler is
+ * not changed. */
 gt_status gt_step_unscale_check_device(gt_model *model, const gt_scaler *scaler, int *found_inf);
 
 /* The sum of squares of a device model's gradient arena, in the CPU's order (the same bits). */
