@@ -51,7 +51,8 @@ for precision in ("fp32", "fp16"):
 OFFLOAD = """
 rng = np.random.default_rng(0)
 sizes = [7, 1000, 33, 70_001, 16]
-params, grads = rng.standard_normal(sum(sizes)).astype(np.float32), rng.standard_normal((4, sum(sizes))).astype(np.float32)
+params = rng.standard_normal(sum(sizes)).astype(np.float32)
+grads = rng.standard_normal((4, sum(sizes))).astype(np.float32)
 results = []
 for device, fraction in (("cpu", 0.0), ("sim:0", 0.5), ("sim:1", 1.0)):
     p = params.copy()

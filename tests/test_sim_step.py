@@ -142,9 +142,10 @@ def test_the_trainer_on_sim_matches_the_cpu(tmp_path):
     results = []
     for device in ("cpu", "sim"):
         model = make_model()
-        args = gt.TrainingArguments(output_dir=str(tmp_path / device), num_train_epochs=2, per_device_train_batch_size=16,
-                                    gradient_accumulation_steps=2, learning_rate=1e-2, fp16=True, max_grad_norm=1.0,
-                                    device=device, save_strategy="no", dataloader_pin_memory=False, seed=3)
+        args = gt.TrainingArguments(output_dir=str(tmp_path / device), num_train_epochs=2,
+                                    per_device_train_batch_size=16, gradient_accumulation_steps=2,
+                                    learning_rate=1e-2, fp16=True, max_grad_norm=1.0, device=device,
+                                    save_strategy="no", dataloader_pin_memory=False, seed=3)
         output = gt.Trainer(model, args, train_dataset=(x, y)).train()
         results.append((output.training_loss, output.global_step, model.compiled.read_parameters()))
     assert results[1][:2] == results[0][:2] and results[0][1] == 6
@@ -178,3 +179,15 @@ def test_a_step_on_sim_allocates_nothing_after_the_first():
     for i in range(1, 4):
         step(*batch(i))
     assert {kind: gt.memory_stats(kind)["num_allocs"] for kind in before} == before
+
+
+def test_memory_budgets_name_the_sim_pool():
+    from gputrain.testing import assert_memory_within, memory_plan
+
+    model = make_model().to("sim")
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.SGD.for_model(model, lr=0.1))
+    step(*batch(0))
+    total = memory_plan(step, (32, 12))["sim:0"]["total"]
+    assert_memory_within(step, {"sim:0": total, "cpu": 0})
+    with pytest.raises(AssertionError, match="sim:0 planned"):
+        assert_memory_within(step, {"sim:0": total - 1})
