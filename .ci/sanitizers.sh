@@ -81,17 +81,18 @@ env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}"
 fail_on_reports "ASan/UBSan" "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer"
 
 # 2. ThreadSanitizer on the code that runs threads: the loader's C workers, the offload and
-# copy-stream threads, and the thread-safety tests. OMP_NUM_THREADS=1: libgomp is not built with
-# TSan, so its barriers are invisible to it and every OpenMP parallel loop would be reported as a
-# race between the team's threads (false positives); with one thread an OpenMP region runs on the
-# thread that enters it, and the pthread concurrency under test is unchanged.
+# copy-stream threads, the simulated device's stream workers, and the thread-safety tests.
+# OMP_NUM_THREADS=1: libgomp is not built with TSan, so its barriers are invisible to it and every
+# OpenMP parallel loop would be reported as a race between the team's threads (false positives);
+# with one thread an OpenMP region runs on the thread that enters it, and the pthread concurrency
+# under test is unchanged.
 build thread "$work/tsan"
 tsan_env=(PYTHONPATH="$work/tsan/lib" LD_PRELOAD="$(gcc -print-file-name=libtsan.so)" OMP_NUM_THREADS=1
           TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 log_path=$reports/tsan")
 check_build "$work/tsan" "-fsanitize=thread" "${tsan_env[@]}"
 stage "loader, offload and thread tests under ThreadSanitizer"
 shopt -s nullglob
-tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_*thread*.py)
+tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_optim_device.py)
 env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}"
 fail_on_reports "ThreadSanitizer" "ThreadSanitizer"
 echo "sanitizers: no reports"

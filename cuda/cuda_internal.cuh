@@ -13,6 +13,9 @@
 // GT_ERR_CUDA for every other error.
 gt_status gt_cuda_error(cudaError_t err, const char *what, const char *file, int line);
 
+// Registers the backend's table of core/device_backend.h (device_table.cu).
+extern "C" void gt_cuda_install_device_backend(void);
+
 // Fails with GT_ERR_CUDA "CUDA is not available: <reason>" without a usable device.
 gt_status gt_cuda_require_available(void);
 

@@ -1,4 +1,4 @@
-// The optimizer's kernels and the offload copy stream. The element updates are the GT_HD
+// The optimizer's kernels. The element updates are the GT_HD
 // functions of core/adamw.h, core/sgd.h and core/ema_math.h, whose arithmetic is spelled with
 // __f*_rn intrinsics (core/fp_ops.h), so each element gets the same bits as on the CPU
 // (csrc/train/optim_cpu.c is the reference). The sum of squares follows the fixed order of
@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <mutex>
-#include <new>
 
 #include "core/adamw.h"
 #include "core/ema_math.h"
@@ -19,7 +18,6 @@ namespace {
 
 constexpr int kThreads = 256;          // threads per block of the element kernels
 constexpr size_t kMaxBlocks = 65535;   // grid cap; a grid-stride loop covers the rest
-constexpr int kEvents = 8;             // events in an offload stream's ring
 
 unsigned blocks_for(size_t n) {
     size_t blocks = (n + kThreads - 1) / kThreads;
@@ -84,15 +82,6 @@ __global__ void sumsq_kernel(const float *x, size_t n, size_t chunk_len, double 
 
 __device__ double sumsq_totals[GT_SUMSQ_MAX_CHUNKS];  // per-device chunk totals
 std::mutex sumsq_lock;                                // one sum of squares at a time uses them
-
-struct OffloadStream {
-    int device;                   // CUDA ordinal
-    cudaStream_t copy;            // non-blocking stream of the copies
-    cudaStream_t compute;         // the training step's stream (nullptr: legacy default)
-    cudaEvent_t compute_done;     // recorded on `compute` by after_compute
-    cudaEvent_t ring[kEvents];    // ticket t is ring[t % kEvents]
-    uint64_t recorded;            // tickets handed out
-};
 
 }  // namespace
 
@@ -169,92 +158,5 @@ extern "C" gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, do
     for (size_t c = 0; c < num_chunks; c++)
         sum += totals[c];
     *out = sum;
-    return GT_OK;
-}
-
-extern "C" gt_status gt_cuda_optim_sync(int device, void *stream) {
-    GT_TRY(gt_cuda_require_device(device, "device"));
-    GT_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
-    return GT_OK;
-}
-
-// ------------------------------------------------------------------ offload copy stream
-
-static gt_status destroy_offload_stream(OffloadStream *s) {
-    cudaSetDevice(s->device);
-    if (s->copy)
-        cudaStreamSynchronize(s->copy);
-    for (int k = 0; k < kEvents; k++)
-        if (s->ring[k])
-            cudaEventDestroy(s->ring[k]);
-    if (s->compute_done)
-        cudaEventDestroy(s->compute_done);
-    if (s->copy)
-        cudaStreamDestroy(s->copy);
-    delete s;
-    return GT_OK;
-}
-
-static gt_status init_offload_stream(OffloadStream *s) {
-    GT_CUDA_TRY(cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    GT_CUDA_TRY(cudaEventCreateWithFlags(&s->compute_done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    for (int k = 0; k < kEvents; k++)
-        GT_CUDA_TRY(cudaEventCreateWithFlags(&s->ring[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    return GT_OK;
-}
-
-extern "C" gt_status gt_cuda_offload_stream_create(int device, void *compute_stream, void **out) {
-    *out = nullptr;
-    GT_TRY(gt_cuda_require_device(device, "device"));
-    OffloadStream *s = new (std::nothrow) OffloadStream{};
-    if (!s)
-        return GT_FAIL(GT_ERR_OOM, "offload stream: out of host memory");
-    s->device = device;
-    s->compute = (cudaStream_t)compute_stream;
-    gt_status status = init_offload_stream(s);
-    if (status != GT_OK) {
-        destroy_offload_stream(s);
-        return status;
-    }
-    *out = s;
-    return GT_OK;
-}
-
-extern "C" void gt_cuda_offload_stream_destroy(void *handle) {
-    if (handle)
-        destroy_offload_stream((OffloadStream *)handle);
-}
-
-extern "C" gt_status gt_cuda_offload_copy(void *handle, void *dst, const void *src, size_t bytes) {
-    OffloadStream *s = (OffloadStream *)handle;
-    GT_CUDA_TRY(cudaSetDevice(s->device), "cudaSetDevice");
-    GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->copy), "cudaMemcpyAsync");
-    return GT_OK;
-}
-
-extern "C" gt_status gt_cuda_offload_after_compute(void *handle) {
-    OffloadStream *s = (OffloadStream *)handle;
-    GT_CUDA_TRY(cudaSetDevice(s->device), "cudaSetDevice");
-    GT_CUDA_TRY(cudaEventRecord(s->compute_done, s->compute), "cudaEventRecord");
-    GT_CUDA_TRY(cudaStreamWaitEvent(s->copy, s->compute_done, 0), "cudaStreamWaitEvent");
-    return GT_OK;
-}
-
-extern "C" gt_status gt_cuda_offload_record(void *handle, uint64_t *ticket) {
-    OffloadStream *s = (OffloadStream *)handle;
-    *ticket = ++s->recorded;
-    GT_CUDA_TRY(cudaEventRecord(s->ring[*ticket % kEvents], s->copy), "cudaEventRecord");
-    return GT_OK;
-}
-
-extern "C" gt_status gt_cuda_offload_wait(void *handle, uint64_t ticket) {
-    OffloadStream *s = (OffloadStream *)handle;
-    if (ticket == 0)
-        return GT_OK;
-    if (s->recorded - ticket >= (uint64_t)kEvents) {  // its event was reused: a later one covers it
-        GT_CUDA_TRY(cudaEventSynchronize(s->ring[s->recorded % kEvents]), "cudaEventSynchronize");
-        return GT_OK;
-    }
-    GT_CUDA_TRY(cudaEventSynchronize(s->ring[ticket % kEvents]), "cudaEventSynchronize");
     return GT_OK;
 }

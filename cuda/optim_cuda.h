@@ -1,7 +1,6 @@
 /* The optimizer on CUDA (cuda/optim.cu), callable from C: the AdamW, SGD and EMA kernels (the
  * element math of core/adamw.h, core/sgd.h and core/ema_math.h, so the bits equal the CPU
- * loops'), the deterministic sum of squares (the order of core/sumsq_order.h), and the copy
- * stream of the offloaded optimizer. `stream` arguments are cudaStream_t (NULL: the legacy
+ * loops') and the deterministic sum of squares (the order of core/sumsq_order.h). `stream` arguments are cudaStream_t (NULL: the legacy
  * default stream). Included by C files only when built with GT_WITH_CUDA. */
 #ifndef GT_OPTIM_CUDA_H
 #define GT_OPTIM_CUDA_H
@@ -35,18 +34,6 @@ gt_status gt_cuda_ema_swap(int device, float *ema, float *p, size_t n, void *str
 /* The sum of squares of n device floats in core/sumsq_order.h's order (the same bits as
  * gt_grad_sumsq); waits for the result. */
 gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream);
-
-/* Blocks until the work queued on `stream` (NULL: the legacy default stream) has finished. */
-gt_status gt_cuda_optim_sync(int device, void *stream);
-
-/* A copy stream for the offload pipeline (see train/copy_stream.h): a non-blocking stream
- * and a ring of events. */
-gt_status gt_cuda_offload_stream_create(int device, void *compute_stream, void **out);
-void gt_cuda_offload_stream_destroy(void *handle);
-gt_status gt_cuda_offload_copy(void *handle, void *dst, const void *src, size_t bytes);
-gt_status gt_cuda_offload_after_compute(void *handle);
-gt_status gt_cuda_offload_record(void *handle, uint64_t *ticket);
-gt_status gt_cuda_offload_wait(void *handle, uint64_t ticket);
 
 #ifdef __cplusplus
 }

@@ -115,6 +115,7 @@ extern "C" void gt_cuda_install_hooks(void) {
     gt_cuda.host_alloc_pinned = host_alloc_pinned;
     gt_cuda.host_free_pinned = host_free_pinned;
     gt_cuda.mem_get_info = mem_get_info;
+    gt_cuda_install_device_backend();
 }
 
 extern "C" const char *gt_cuda_unavailable_reason(void) {

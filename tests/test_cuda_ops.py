@@ -553,7 +553,7 @@ def test_run_op_checks_its_arguments_before_running():
         _C.run_op("cpu", "add", [x, np.zeros(16, np.float32)[::2], x], (8, "f32"))
     with pytest.raises(ValueError, match="unknown op 'nope'"):
         _C.run_op("cpu", "nope", [], ())
-    with pytest.raises(ValueError, match="backend must be 'cpu' or 'cuda'"):
+    with pytest.raises(ValueError, match="backend must be 'cpu', 'cuda' or 'sim'"):
         _C.run_op("tpu", "add", [x, x, x], (8, "f32"))
     with pytest.raises(ValueError, match="dt"):
         _C.run_op("cpu", "add", [x, x, x], (8, "f99"))

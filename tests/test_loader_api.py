@@ -37,7 +37,7 @@ Y = np.arange(40)
     (dict(batch_size=-3), "batch_size should be a positive integer value, but got batch_size=-3"),
     (dict(drop_last=1), "drop_last should be a boolean value, but got drop_last=1"),
     (dict(multiprocessing_context="spawn"), "multiprocessing_context can only be used with multi-process loading"),
-    (dict(device="tpu"), "device must be None, 'cpu', 'cuda' or 'cuda:N'"),
+    (dict(device="tpu"), "device must be None, 'cpu', 'cuda', 'cuda:N', 'sim' or 'sim:N'"),
 ])
 def test_value_errors_worded_as_pytorch(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

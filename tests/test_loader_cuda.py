@@ -1,5 +1,7 @@
 """Device batches: DataLoader(device="cuda") copies each slot to the GPU on a copy stream.
-Tests marked `cuda` need a device; the last test checks the refusal without one."""
+Every test runs on the simulated device "sim" too (its copies run on worker threads, so the
+ordering of the copy stream and its events is exercised); the `cuda` ones need a GPU. The
+last test checks the refusal without one."""
 
 from __future__ import annotations
 
@@ -15,15 +17,18 @@ X = np.random.default_rng(0).standard_normal((203, 5, 3)).astype(np.float32)
 Y = np.arange(203, dtype=np.int64)
 
 
+DEVICES = [pytest.param("cuda", marks=pytest.mark.cuda), pytest.param("sim", marks=pytest.mark.sim)]
+
+
 def host(batch):
     return [a.numpy() for a in batch]
 
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("settings", [dict(num_workers=0), dict(num_workers=2, pin_memory=True),
                                       dict(num_workers=2, persistent_workers=True, in_order=False)])
-def test_device_batches_equal_host_batches(settings):
-    loader = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=3, device="cuda", **settings)
+def test_device_batches_equal_host_batches(device, settings):
+    loader = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=3, device=device, **settings)
     seen = []
     for epoch in range(2):
         for xb, yb in loader:
@@ -36,10 +41,10 @@ def test_device_batches_equal_host_batches(settings):
     assert sorted(seen) == sorted(list(range(203)) * 2)
 
 
-@pytest.mark.cuda
-def test_held_device_batches_are_never_overwritten():
+@pytest.mark.parametrize("device", DEVICES)
+def test_held_device_batches_are_never_overwritten(device):
     loader = gt.DataLoader((X, Y), batch_size=8, shuffle=True, seed=1, num_workers=2, pin_memory=True,
-                           device="cuda")
+                           device=device)
     batches = list(loader)
     for xb, yb in batches:
         np.testing.assert_array_equal(xb.numpy(), X[yb.numpy()])
@@ -48,9 +53,9 @@ def test_held_device_batches_are_never_overwritten():
     np.testing.assert_array_equal(order, reference)
 
 
-@pytest.mark.cuda
-def test_hook_results_and_structures_move_to_the_device():
-    loader = gt.DataLoader({"x": X, "y": Y}, batch_size=10, device="cuda:0",
+@pytest.mark.parametrize("device", DEVICES)
+def test_hook_results_and_structures_move_to_the_device(device):
+    loader = gt.DataLoader({"x": X, "y": Y}, batch_size=10, device=f"{device}:0",
                            collate_fn=lambda b: {"x2": b["x"] * 2, "y": b["y"]})
     batch = next(iter(loader))
     assert set(batch) == {"x2", "y"}
@@ -58,21 +63,21 @@ def test_hook_results_and_structures_move_to_the_device():
     np.testing.assert_array_equal(batch["y"].numpy(), Y[:10])
 
 
-@pytest.mark.cuda
-def test_device_memory_returns_when_batches_die():
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_memory_returns_when_batches_die(device):
     gc.collect()
-    before = gt.cuda.memory_stats(0)["allocated_bytes"]
-    loader = gt.DataLoader((X, Y), batch_size=32, num_workers=1).to("cuda")
+    before = gt.memory_stats(f"{device}:0")["allocated_bytes"]
+    loader = gt.DataLoader((X, Y), batch_size=32, num_workers=1).to(device)
     batches = list(loader)
-    assert gt.cuda.memory_stats(0)["allocated_bytes"] > before
+    assert gt.memory_stats(f"{device}:0")["allocated_bytes"] > before
     del batches, loader
     gc.collect()
-    assert gt.cuda.memory_stats(0)["allocated_bytes"] == before
+    assert gt.memory_stats(f"{device}:0")["allocated_bytes"] == before
 
 
-@pytest.mark.cuda
-def test_resume_counts_only_delivered_device_batches():
-    loader = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=4, device="cuda")
+@pytest.mark.parametrize("device", DEVICES)
+def test_resume_counts_only_delivered_device_batches(device):
+    loader = gt.DataLoader((X, Y), batch_size=16, shuffle=True, seed=4, device=device)
     it = iter(loader)
     for _ in range(3):
         next(it)  # the copy of the fourth is already queued

@@ -38,25 +38,25 @@ def args(tmp_path, **kwargs):
 
 
 @contextlib.contextmanager
-def measured():
+def measured(kinds=KINDS):
     """The growth of each pool's peak over its reserved bytes at entry (no GC inside: an
     unrelated object freed meanwhile would lower the baseline). Peaks count from entry, or
     from the last reset_peaks() (a model's layers compile one by one before their container
     compiles them all: that transient is not the training run's)."""
     gc.collect()
     gc.disable()
-    base = {k: gt.memory_stats(k)["reserved_bytes"] for k in KINDS}
-    reset_peaks()
+    base = {k: gt.memory_stats(k)["reserved_bytes"] for k in kinds}
+    reset_peaks(kinds)
     growth: dict[str, int] = {}
     try:
         yield growth
     finally:
-        growth.update({k: gt.memory_stats(k)["peak_reserved_bytes"] - base[k] for k in KINDS})
+        growth.update({k: gt.memory_stats(k)["peak_reserved_bytes"] - base[k] for k in kinds})
         gc.enable()
 
 
-def reset_peaks():
-    for k in KINDS:
+def reset_peaks(kinds=KINDS):
+    for k in kinds:
         gt.reset_peak_memory_stats(k)
 
 
@@ -98,9 +98,33 @@ def test_each_pool_peaks_at_the_plan_after_the_first_step(tmp_path, config):
     assert regions["loader_slots"] > 0 and regions["activations"] > 0
     assert ("half_parameters" in regions) == (config.get("bf16", False) or config.get("fp16", False))
     assert ("ema" in regions) == ("ema_decay" in config)
-    assert regions.get("scaler") == (0 if "fp16" in config else None)  # the CPU check allocates nothing
+    assert "step_scratch" not in regions  # the CPU step's scaler check allocates nothing
     assert ("optimizer_state" in regions) == (config.get("optim") != "sgd")
     assert ("pinned" in plan) == ("cpu_offload_fraction" in config)
+
+
+@pytest.mark.parametrize("config", [{}, {"fp16": True}, {"bf16": True, "gradient_accumulation_steps": 2}],
+                         ids=["fp32", "fp16 with its scaler", "bf16 accumulation"])
+def test_a_sim_device_run_peaks_at_the_plan(tmp_path, config):
+    # The device pool holds the model's arenas, the backend's and the step's scratch blocks
+    # and the optimizer state; the loader's slots are pinned. The model is moved first: a move
+    # briefly holds the CPU arenas and a staging copy, before the run the plan describes.
+    x, y = data()
+    m = model().to("sim")
+    gc.collect()
+    assert gt.memory_stats("sim:0")["reserved_bytes"] > 0  # the moved model's arenas, in the plan too
+    with measured() as growth:
+        gt.reset_peak_memory_stats("sim:0")
+        trainer = gt.Trainer(m, args(tmp_path, device="sim", **config), train_dataset=(x, y))
+        plan = trainer.memory_plan()
+        trainer.train()
+        device_peak = gt.memory_stats("sim:0")["peak_reserved_bytes"]
+    assert trainer.state.global_step == 1
+    assert device_peak == plan.total("sim:0"), str(plan)
+    for kind in KINDS:
+        assert growth[kind] == plan.total(kind), (kind, str(plan))
+    assert plan["sim:0"]["step_scratch"] > 0 and plan["sim:0"]["parameters"] > 0
+
 
 
 def test_the_plan_is_made_before_anything_is_allocated_and_prints_every_kind(tmp_path):

@@ -1,6 +1,6 @@
 """The C optimizer on a device (`_C.optimizer_on_device`): on "cpu" it matches the Python
-optimizers; on "cuda:0" (tests marked cuda) the AdamW/SGD kernels, the CUDA offload pipeline and
-the sum of squares give the CPU's bits."""
+optimizers; on "cuda:0" (tests marked cuda) and on the simulated "sim:0" the AdamW/SGD kernels,
+the offload pipeline (copy stream and events) and the sum of squares give the CPU's bits."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from _optim_reference import ulp_diff
 
 SIZES = [7, 1000, 33, 70_001, 16]
 STEPS = 6
+DEVICES = [pytest.param("cuda:0", marks=pytest.mark.cuda), pytest.param("sim:0", marks=pytest.mark.sim)]
 
 CASES = [
     ("adamw", "exact", {"lr": 1e-2, "weight_decay": 0.1}),
@@ -66,18 +67,18 @@ def test_bad_arguments():
         _C.optimizer_on_device("sgd", "tpu", params, SIZES, grads, {})
 
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind, numerics, hparams", CASES)
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
-def test_cuda_gives_the_cpu_bits(kind, numerics, hparams, fraction):
+def test_device_gives_the_cpu_bits(device, kind, numerics, hparams, fraction):
     expected = _on("cpu", kind, numerics, hparams, grad_coef=0.7)
-    result = _on("cuda:0", kind, numerics, hparams, grad_coef=0.7, cpu_offload_fraction=fraction,
+    result = _on(device, kind, numerics, hparams, grad_coef=0.7, cpu_offload_fraction=fraction,
                  offload_chunk_numel=4096)
     assert ulp_diff(result, expected) == 0
 
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n", [1, 17, 65_537, 3_000_001])
-def test_cuda_sum_of_squares_gives_the_cpu_bits(n):
+def test_device_sum_of_squares_gives_the_cpu_bits(device, n):
     x = (np.random.default_rng(n).standard_normal(n) * 5).astype(np.float32)
-    assert _C.grad_sumsq_on_device(x, "cuda:0") == _C.grad_sumsq_on_device(x, "cpu") == _C.grad_sumsq(x)
+    assert _C.grad_sumsq_on_device(x, device) == _C.grad_sumsq_on_device(x, "cpu") == _C.grad_sumsq(x)

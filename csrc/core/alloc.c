@@ -1,5 +1,7 @@
 #include "core/alloc.h"
 
+#include "core/device_backend.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,27 +14,42 @@ typedef struct gt_pool {
 
 static gt_pool cpu_pool = {.stats.limit = GT_NO_LIMIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 static gt_pool pinned_pool = {.stats.limit = GT_NO_LIMIT, .lock = PTHREAD_MUTEX_INITIALIZER};
-static gt_pool cuda_pools[GT_MAX_CUDA_DEVICES];
-static pthread_once_t cuda_pools_once = PTHREAD_ONCE_INIT;
+static gt_pool device_pools[GT_DEVICE_SIM + 1][GT_MAX_CUDA_DEVICES];  /* by kind, then index */
+static pthread_once_t device_pools_once = PTHREAD_ONCE_INIT;
 
-static void init_cuda_pools(void) {
-    for (int i = 0; i < GT_MAX_CUDA_DEVICES; i++) {
-        cuda_pools[i].stats.limit = GT_NO_LIMIT;
-        pthread_mutex_init(&cuda_pools[i].lock, NULL);
+static void init_device_pools(void) {
+    for (int k = 0; k <= GT_DEVICE_SIM; k++)
+        for (int i = 0; i < GT_MAX_CUDA_DEVICES; i++) {
+            device_pools[k][i].stats.limit = GT_NO_LIMIT;
+            pthread_mutex_init(&device_pools[k][i].lock, NULL);
+        }
+}
+
+/* The pool of an accelerator: its backend must be in this build and know the index. */
+static gt_status device_pool_of(gt_device device, gt_pool **out) {
+    const gt_device_backend *table = gt_device_backend_of(device);
+    if (device.index < 0 || device.index >= GT_MAX_CUDA_DEVICES || !table ||
+        device.index >= table->device_count()) {
+        char name[32];
+        gt_device_name(device, name, sizeof name);
+        return GT_FAIL(GT_ERR_RUNTIME, "device '%s' is not available", name);
     }
+    pthread_once(&device_pools_once, init_device_pools);
+    *out = &device_pools[device.kind][device.index];
+    return GT_OK;
 }
 
 static gt_status pool_of(gt_device device, gt_pool **out) {
-    switch (device.kind) {
-    case GT_DEVICE_CPU: *out = &cpu_pool; return GT_OK;
-    case GT_DEVICE_PINNED: *out = &pinned_pool; return GT_OK;
-    case GT_DEVICE_CUDA:
-        if (device.index < 0 || device.index >= gt_cuda_device_count())
-            return GT_FAIL(GT_ERR_RUNTIME, "device 'cuda:%d' is not available", device.index);
-        pthread_once(&cuda_pools_once, init_cuda_pools);
-        *out = &cuda_pools[device.index];
+    if (device.kind == GT_DEVICE_CPU) {
+        *out = &cpu_pool;
         return GT_OK;
     }
+    if (device.kind == GT_DEVICE_PINNED) {
+        *out = &pinned_pool;
+        return GT_OK;
+    }
+    if (gt_device_is_accelerator(device))
+        return device_pool_of(device, out);
     return GT_FAIL(GT_ERR_VALUE, "unknown device kind %d", (int)device.kind);
 }
 
@@ -129,8 +146,9 @@ static gt_status system_alloc(gt_device device, gt_pool *pool, size_t bytes, gt_
         pool->stats.num_pin_fallbacks++;
         pthread_mutex_unlock(&pool->lock);
         break;
-    case GT_DEVICE_CUDA: {
-        gt_status status = gt_cuda.device_malloc(device.index, gt_align_up(bytes), &out->ptr);
+    default: {
+        const gt_device_backend *table = gt_device_backend_of(device);  /* checked by pool_of */
+        gt_status status = table->malloc(device.index, gt_align_up(bytes), &out->ptr);
         if (status != GT_OK && status != GT_ERR_OOM)
             return status;
         if (status == GT_ERR_OOM)
@@ -166,8 +184,8 @@ void gt_block_free(gt_block *block) {
     gt_pool *pool = NULL;
     if (pool_of(block->device, &pool) != GT_OK)
         return;
-    if (block->device.kind == GT_DEVICE_CUDA)
-        gt_cuda.device_free(block->device.index, block->ptr);
+    if (gt_device_is_accelerator(block->device))
+        gt_device_backend_of(block->device)->free(block->device.index, block->ptr);
     else if (block->pinned)
         gt_cuda.host_free_pinned(block->ptr);
     else

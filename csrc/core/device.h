@@ -19,11 +19,12 @@ typedef enum gt_device_kind {
     GT_DEVICE_CPU = 0,     /* pageable host memory, CPU backend */
     GT_DEVICE_PINNED = 1,  /* page-locked host memory used for transfers */
     GT_DEVICE_CUDA = 2,    /* a CUDA device */
+    GT_DEVICE_SIM = 3,     /* the simulated device: host memory with a GPU's semantics (csrc/sim/) */
 } gt_device_kind;
 
 typedef struct gt_device {
     gt_device_kind kind;   /* which kind of memory/compute */
-    int index;             /* CUDA ordinal; 0 for cpu and pinned */
+    int index;             /* ordinal of cuda:N or sim:N; 0 for cpu and pinned */
 } gt_device;
 
 /* Functions the CUDA backend provides; all NULL when CUDA is absent. */
@@ -53,13 +54,19 @@ static inline gt_device gt_cuda_device(int index) {
     return d;
 }
 
+/* 1 for a device with memory of its own, reached through core/device_backend.h (cuda:N, sim:N). */
+static inline int gt_device_is_accelerator(gt_device device) {
+    return device.kind == GT_DEVICE_CUDA || device.kind == GT_DEVICE_SIM;
+}
+
 /* Number of usable CUDA devices (0 when not compiled in or no driver). */
 int gt_cuda_device_count(void);
 
-/* Parses "cpu", "pinned", "cuda", "cuda:N"; fails with GT_ERR_VALUE naming `arg_name`. */
+/* Parses "cpu", "pinned", "cuda", "cuda:N", "sim", "sim:N"; fails with GT_ERR_VALUE naming
+ * `arg_name`. */
 gt_status gt_device_parse(const char *text, const char *arg_name, gt_device *out);
 
-/* Writes "cpu", "pinned" or "cuda:N" into `buf` (at least 16 bytes). */
+/* Writes "cpu", "pinned", "cuda:N" or "sim:N" into `buf` (at least 16 bytes). */
 void gt_device_name(gt_device device, char *buf, size_t buf_bytes);
 
 /* Total memory of a device in bytes (physical RAM for cpu and pinned). */

@@ -2,24 +2,27 @@
 
 #include <stdlib.h>
 
-#ifdef GT_WITH_CUDA
-#include "cuda_backend.h"
+#include "core/device_backend.h"
 
 struct gt_transfer {
     gt_loader *loader;          /* whose slots are copied; one reference held */
-    int device;                 /* CUDA ordinal of the device batches */
+    gt_device device;           /* where the device batches live */
+    const gt_device_backend *dev; /* that device's interface */
     size_t slot_bytes;          /* bytes of a slot, and of a device batch */
-    gt_cuda_stream *stream;     /* the copy stream */
+    gt_stream *stream;          /* the copy stream */
     gt_device_batch **batches;  /* (num_batches,) each allocated on its own */
     size_t num_batches;         /* device batches allocated */
     size_t capacity;            /* entries of `batches` */
 };
 
-gt_status gt_transfer_create(gt_loader *loader, int device, size_t slot_bytes, gt_transfer **out) {
+gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_bytes, gt_transfer **out) {
+    const gt_device_backend *dev = NULL;
+    GT_TRY(gt_device_backend_get(device, "device", &dev));
     gt_transfer *t = calloc(1, sizeof *t);
     if (!t)
         return GT_FAIL(GT_ERR_OOM, "device: no memory for the transfer state");
-    gt_status status = gt_cuda_stream_create(device, &t->stream);
+    t->dev = dev;
+    gt_status status = dev->stream_create(device.index, &t->stream);
     if (status != GT_OK) {
         free(t);
         return status;
@@ -38,9 +41,9 @@ static gt_status reclaim_host(gt_transfer *t, gt_device_batch *b, int wait) {
         return GT_OK;
     int done = 1;
     if (wait)
-        GT_TRY(gt_cuda_event_synchronize(b->copied));
+        GT_TRY(t->dev->event_synchronize(t->device.index, b->copied));
     else
-        GT_TRY(gt_cuda_event_query(b->copied, &done));
+        GT_TRY(t->dev->event_query(t->device.index, b->copied, &done));
     if (done) {
         gt_loader_slot_release(t->loader, b->host);
         b->host = NULL;
@@ -60,9 +63,9 @@ static gt_status new_batch(gt_transfer *t, gt_device_batch **out) {
     gt_device_batch *b = calloc(1, sizeof *b);
     if (!b)
         return GT_FAIL(GT_ERR_OOM, "device: no memory for a device batch");
-    gt_status status = gt_block_alloc(gt_cuda_device(t->device), t->slot_bytes, &b->block);
+    gt_status status = gt_block_alloc(t->device, t->slot_bytes, &b->block);
     if (status == GT_OK)
-        status = gt_cuda_event_create(t->device, 0, &b->copied);
+        status = t->dev->event_create(t->device.index, &b->copied);
     if (status != GT_OK) {
         gt_block_free(&b->block);
         free(b);
@@ -100,13 +103,13 @@ gt_status gt_transfer_submit(gt_transfer *t, gt_slot *slot, gt_device_batch **ou
         size_t offset = gt_loader_field_offset(t->loader, f);
         size_t bytes = gt_loader_slot_field_bytes(t->loader, slot, f);
         if (bytes > 0)
-            status = gt_cuda_memcpy_async((char *)b->block.ptr + offset, (char *)slot->block.ptr + offset,
-                                          bytes, GT_COPY_HOST_TO_DEVICE, t->stream);
+            status = t->dev->memcpy_async(t->device.index, t->stream, (char *)b->block.ptr + offset,
+                                          (char *)slot->block.ptr + offset, bytes);
     }
     if (status == GT_OK)
-        status = gt_cuda_event_record(b->copied, t->stream);
+        status = t->dev->event_record(t->device.index, b->copied, t->stream);
     if (status != GT_OK) {
-        gt_cuda_stream_synchronize(t->stream);  /* nothing may still read the slot */
+        t->dev->stream_synchronize(t->device.index, t->stream);  /* nothing may still read the slot */
         gt_loader_slot_release(t->loader, slot);
         return status;
     }
@@ -121,79 +124,39 @@ gt_status gt_transfer_wait(gt_transfer *t, gt_device_batch *b) {
 }
 
 void gt_transfer_release(gt_transfer *t, gt_device_batch *b) {
-    (void)t;
+    /* after the copy into the batch, before the next one; a diagnostic only, so a refusal is dropped */
+    if (t->dev->poison(t->device.index, t->stream, b->block.ptr, b->block.bytes) != GT_OK)
+        gt_clear_error();
     b->in_use = 0;
 }
 
-void *gt_transfer_native_stream(const gt_transfer *t) { return gt_cuda_stream_native(t->stream); }
+void *gt_transfer_native_stream(const gt_transfer *t) { return t->dev->stream_native(t->stream); }
 
 gt_status gt_transfer_copy_bytes(gt_transfer *t, const void *src, size_t bytes, gt_block *out) {
-    GT_TRY(gt_block_alloc(gt_cuda_device(t->device), bytes ? bytes : 1, out));
-    gt_status status = gt_cuda_memcpy(out->ptr, src, bytes, GT_COPY_HOST_TO_DEVICE, t->device);
+    GT_TRY(gt_block_alloc(t->device, bytes ? bytes : 1, out));
+    gt_status status = t->dev->memcpy(t->device.index, out->ptr, src, bytes);
     if (status != GT_OK)
         gt_block_free(out);
     return status;
 }
 
 gt_status gt_transfer_to_host(gt_transfer *t, void *dst, const void *src, size_t bytes) {
-    GT_TRY(gt_cuda_stream_synchronize(t->stream));
-    return gt_cuda_memcpy(dst, src, bytes, GT_COPY_DEVICE_TO_HOST, t->device);
+    GT_TRY(t->dev->stream_synchronize(t->device.index, t->stream));
+    return t->dev->memcpy(t->device.index, dst, src, bytes);
 }
 
 void gt_transfer_destroy(gt_transfer *t) {
-    gt_cuda_stream_synchronize(t->stream);
+    t->dev->stream_synchronize(t->device.index, t->stream);
     for (size_t i = 0; i < t->num_batches; i++) {
         gt_device_batch *b = t->batches[i];
         if (b->host)
             gt_loader_slot_release(t->loader, b->host);
-        gt_cuda_event_destroy(b->copied);
+        t->dev->event_destroy(t->device.index, b->copied);
         gt_block_free(&b->block);
         free(b);
     }
     free(t->batches);
-    gt_cuda_stream_destroy(t->stream);
+    t->dev->stream_destroy(t->device.index, t->stream);
     gt_loader_unref(t->loader);
     free(t);
 }
-
-#else /* a build without CUDA */
-
-static gt_status not_compiled(void) {
-    return GT_FAIL(GT_ERR_CUDA, "device: CUDA was not compiled into this build of gputrain");
-}
-
-gt_status gt_transfer_create(gt_loader *loader, int device, size_t slot_bytes, gt_transfer **out) {
-    (void)loader, (void)device, (void)slot_bytes, (void)out;
-    return not_compiled();
-}
-
-gt_status gt_transfer_submit(gt_transfer *t, gt_slot *slot, gt_device_batch **out) {
-    (void)t, (void)slot, (void)out;
-    return not_compiled();
-}
-
-gt_status gt_transfer_wait(gt_transfer *t, gt_device_batch *b) {
-    (void)t, (void)b;
-    return not_compiled();
-}
-
-void gt_transfer_release(gt_transfer *t, gt_device_batch *b) { (void)t, (void)b; }
-
-void *gt_transfer_native_stream(const gt_transfer *t) {
-    (void)t;
-    return NULL;
-}
-
-gt_status gt_transfer_copy_bytes(gt_transfer *t, const void *src, size_t bytes, gt_block *out) {
-    (void)t, (void)src, (void)bytes, (void)out;
-    return not_compiled();
-}
-
-gt_status gt_transfer_to_host(gt_transfer *t, void *dst, const void *src, size_t bytes) {
-    (void)t, (void)dst, (void)src, (void)bytes;
-    return not_compiled();
-}
-
-void gt_transfer_destroy(gt_transfer *t) { (void)t; }
-
-#endif

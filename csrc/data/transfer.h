@@ -1,8 +1,8 @@
 /* Device transfer of delivered batches: each host slot is copied to a device batch of the
  * same layout with asynchronous copies on a copy stream, then an event is recorded. The host
  * slot is handed back to the loader only after that event fired, and a device batch is reused
- * only after the caller released it. In a build without CUDA every call fails with
- * GT_ERR_CUDA.
+ * only after the caller released it; its contents are dead from the release on (the simulated
+ * device poisons them in the copy stream's order: after the copy into it, before the next). The device is an accelerator of core/device_backend.h.
  *
  * Not thread-safe: callers serialise the calls (the bindings hold the GIL). */
 #ifndef GT_DATA_TRANSFER_H
@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "core/alloc.h"
+#include "core/device_backend.h"
 #include "core/status.h"
 #include "data/loader.h"
 
@@ -20,18 +21,16 @@ extern "C" {
 
 typedef struct gt_transfer gt_transfer;
 
-struct gt_cuda_event;  /* cuda/cuda_backend.h */
-
 typedef struct gt_device_batch {
     gt_block block;      /* device memory laid out as a host slot (fields at their slot offsets) */
-    struct gt_cuda_event *copied;  /* recorded on the copy stream after the copy into `block` */
+    gt_event *copied;    /* recorded on the copy stream after the copy into `block` */
     gt_slot *host;       /* host slot copied from, until `copied` has fired; then NULL */
     int in_use;          /* 1 while the caller holds the batch */
 } gt_device_batch;
 
-/* A transfer of `loader`'s slots (slot_bytes each) to CUDA device `device`, with its own
- * copy stream. Keeps a reference on the loader. */
-gt_status gt_transfer_create(gt_loader *loader, int device, size_t slot_bytes, gt_transfer **out);
+/* A transfer of `loader`'s slots (slot_bytes each) to accelerator `device`, with its own copy
+ * stream. Keeps a reference on the loader. */
+gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_bytes, gt_transfer **out);
 
 /* Queues the copy of `slot` (the caller's reference passes to the transfer) into a free
  * device batch, allocating one when all are in use; returns it marked in use. */
@@ -43,7 +42,7 @@ gt_status gt_transfer_wait(gt_transfer *transfer, gt_device_batch *batch);
 /* The caller no longer uses `batch`; it may be filled again. */
 void gt_transfer_release(gt_transfer *transfer, gt_device_batch *batch);
 
-/* The native cudaStream_t of the copy stream (consumers order their work after it). */
+/* The native handle of the copy stream (CUDA: its cudaStream_t); consumers order their work after it. */
 void *gt_transfer_native_stream(const gt_transfer *transfer);
 
 /* Copies `bytes` of host memory into a new block of the transfer's device (synchronous). */

@@ -1,8 +1,9 @@
 /* Model lifetime: parameter layout (one f32 arena each for parameters and gradients, packed in
  * state_dict order), activation planning and allocation, forward, loss and backward.
  *
- * A model on cuda:N runs the CUDA op table (on the legacy default stream, so its kernels are
- * ordered with the optimizer's and with blocking copies); its arenas are device memory.
+ * A model on an accelerator (cuda:N, sim:N) runs that device's op table (core/device_backend.h)
+ * on the device's default stream, so its work is ordered with the optimizer's and with blocking
+ * copies; its arenas are device memory.
  * Parameters are initialised in a host staging buffer and copied over; host inputs and targets
  * are copied into device pieces of the loss region that the plan reserves; per-row losses are
  * read back and summed on the host in row order, as on the CPU. */
@@ -15,20 +16,15 @@
 #include "core/cast.h"
 #include "nn/init.h"
 #include "nn/plan.h"
-#ifdef GT_WITH_CUDA
-#include "ops_cuda.h"
-#endif
 
 enum { GT_LOSS_CHUNK = 1024 };  /* per-row losses read back from a device per copy */
 
-static int on_cuda(const gt_model *model) { return model->backend.device.kind == GT_DEVICE_CUDA; }
+static int on_device(const gt_model *model) { return model->device != NULL; }
 
 /* dst = src (bytes) between host memory and the model's memory, in the model's stream order. */
 static gt_status model_memcpy(gt_model *model, void *dst, const void *src, size_t bytes) {
-#ifdef GT_WITH_CUDA
-    if (on_cuda(model))
-        return gt_cuda_backend_memcpy(&model->backend, dst, src, bytes);
-#endif
+    if (on_device(model))
+        return model->device->memcpy(model->backend.device.index, dst, src, bytes);
     if (bytes > 0)
         memcpy(dst, src, bytes);
     return GT_OK;
@@ -130,12 +126,12 @@ static size_t lowp_arena_request(const gt_model *model, gt_dtype dt) {
 
 /* Bytes of the block the backend allocates for itself when the model is created. */
 static size_t backend_request(const gt_model *model) {
-#ifdef GT_WITH_CUDA
-    if (on_cuda(model))
-        return GT_CUDA_SCRATCH_BYTES;
-#endif
-    (void)model;
-    return 0;
+    return model->device ? model->device->backend_scratch_bytes : 0;
+}
+
+/* Bytes of the training step's scratch block, allocated with an accelerator model. */
+static size_t step_scratch_request(const gt_model *model) {
+    return model->device ? GT_MODEL_STEP_SCRATCH_BYTES : 0;
 }
 
 /* A new half-precision copy of the parameters in `dt` (an empty arena for f32), filled from the
@@ -161,18 +157,18 @@ static void swap_lowp(gt_model *model, gt_dtype dt, gt_arena *fresh) {
     point_layer(&model->root, model);
 }
 
-/* The op table of `device`: CUDA's for cuda:N (with its backend state), else the CPU's. */
+/* The op table of `device`: an accelerator's (with its backend state, on the default stream),
+ * else the CPU's. */
 static gt_status init_backend(gt_model *model, gt_device device) {
     model->backend.ops = gt_cpu_ops();
     model->backend.device = device;
-    if (device.kind != GT_DEVICE_CUDA)
+    if (!gt_device_is_accelerator(device))
         return GT_OK;
-#ifdef GT_WITH_CUDA
-    return gt_cuda_backend_init(&model->backend, device.index, NULL);
-#else
-    return GT_FAIL(GT_ERR_CUDA, "device: 'cuda:%d' needs the CUDA backend, which was not compiled in",
-                   device.index);
-#endif
+    const gt_device_backend *table = NULL;
+    GT_TRY(gt_device_backend_get(device, "device", &table));
+    GT_TRY(table->backend_init(&model->backend, device.index, NULL));
+    model->device = table;
+    return GT_OK;
 }
 
 gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_dtype dt,
@@ -185,6 +181,8 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
+    if (step_scratch_request(model))
+        GT_TRY(gt_block_alloc(device, step_scratch_request(model), &model->step_scratch));
     GT_TRY(layout_layer(&model->root, &model->num_params));
     size_t bytes = param_arena_request(model);
     GT_TRY(gt_arena_create(&model->params, device, bytes));
@@ -200,9 +198,9 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
 }
 
 void gt_model_destroy(gt_model *model) {
-#ifdef GT_WITH_CUDA
-    gt_cuda_backend_release(&model->backend);
-#endif
+    if (model->device)
+        model->device->backend_release(&model->backend);
+    gt_block_free(&model->step_scratch);
     gt_arena_destroy(&model->activations);
     gt_arena_destroy(&model->lowp_params);
     gt_arena_destroy(&model->grads);
@@ -235,7 +233,7 @@ static gt_status init_params_staged(gt_model *model, uint64_t seed) {
 }
 
 gt_status gt_model_init_params(gt_model *model, uint64_t seed) {
-    if (on_cuda(model) && model->num_params > 0)
+    if (on_device(model) && model->num_params > 0)
         GT_TRY(init_params_staged(model, seed));
     else
         gt_init_layer_tree(&model->root, seed);
@@ -281,8 +279,8 @@ typedef struct gt_tail_sizes {
     size_t cast;          /* the input cast to the half format (0 in f32 or for ids) */
     size_t dout;          /* the gradient of the loss w.r.t. the output */
     size_t losses;        /* per-row losses */
-    size_t input;         /* device copy of a host input (CUDA model), else 0 */
-    size_t targets;       /* device copy of host targets (CUDA model), else 0 */
+    size_t input;         /* device copy of a host input (device model), else 0 */
+    size_t targets;       /* device copy of host targets (device model), else 0 */
 } gt_tail_sizes;
 
 /* The sizes after the layers (walk done) and the plan's totals, every sum and product checked. */
@@ -300,7 +298,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     GT_TRY(add_piece(&loss, bytes, what, &t->dout));
     GT_TRY(gt_size_mul(rows, sizeof(float), what, &bytes));
     GT_TRY(add_piece(&loss, bytes, what, &t->losses));
-    int copies_input = on_cuda(model) && input->device.kind != GT_DEVICE_CUDA;
+    int copies_input = on_device(model) && !gt_device_is_accelerator(input->device);
     GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
     GT_TRY(add_piece(&loss, copies_input ? bytes : 0, what, &t->input));
     size_t labels = 0, values = 0;
@@ -325,6 +323,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     plan->lowp_arena_bytes = gt_block_reserved_bytes(lowp_arena_request(model, dt));
     plan->activation_arena_bytes = gt_block_reserved_bytes(region_bytes(plan));
     plan->backend_arena_bytes = gt_block_reserved_bytes(backend_request(model));
+    plan->step_scratch_bytes = gt_block_reserved_bytes(step_scratch_request(model));
     return GT_OK;
 }
 
@@ -388,6 +387,7 @@ void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out) {
     out->lowp = gt_block_reserved_bytes(model->lowp_params.block.bytes);
     out->activations = gt_block_reserved_bytes(model->activations.block.bytes);
     out->backend = gt_block_reserved_bytes(backend_request(model));
+    out->step_scratch = gt_block_reserved_bytes(model->step_scratch.bytes);
 }
 
 gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
@@ -487,7 +487,7 @@ static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {
     return run;
 }
 
-/* The input as the first layer reads it: copied to the device for a CUDA model given a host
+/* The input as the first layer reads it: copied to the device for a device model given a host
  * input, and cast to the half format in f16/bf16 mode. */
 static gt_status model_input(gt_model *model, const gt_tensor *input, const void **out) {
     const void *source = input->ptr;
@@ -543,7 +543,7 @@ gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, con
 /* The sum of the first `rows` per-row losses in row order (read back in chunks from a device). */
 static gt_status sum_losses(gt_model *model, int64_t rows, double *out) {
     double sum = 0.0;
-    if (!on_cuda(model)) {
+    if (!on_device(model)) {
         for (int64_t r = 0; r < rows; r++)
             sum += model->losses[r];
         *out = sum;
@@ -567,7 +567,7 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
     const gt_ops *ops = model->backend.ops;
     void *dout = want_grad ? model->dout : NULL;
     const void *target_data = targets->ptr;
-    if (model->targets_device && targets->device.kind != GT_DEVICE_CUDA) {
+    if (model->targets_device && !gt_device_is_accelerator(targets->device)) {
         GT_TRY(model_memcpy(model, model->targets_device, targets->ptr, gt_tensor_bytes(targets)));
         target_data = model->targets_device;
     }
@@ -619,7 +619,7 @@ gt_status gt_model_zero_gradients(gt_model *model) {
 
 gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host) {
     size_t n = gt_tensor_numel(t);
-    if (!on_cuda(model))
+    if (!on_device(model))
         return model->backend.ops->cast(&model->backend, host, GT_F32, t->ptr, t->dtype, (int64_t)n);
     if (t->dtype == GT_F32)
         return model_memcpy(model, host, t->ptr, n * sizeof(float));

@@ -4,6 +4,7 @@
 #define GT_NN_MODEL_H
 
 #include "core/alloc.h"
+#include "core/device_backend.h"
 #include "nn/layer.h"
 
 #ifdef __cplusplus
@@ -29,7 +30,7 @@ typedef struct gt_model_plan {
     size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
     size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
     size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */
-    size_t loss_bytes;        /* input cast buffer, output gradient, per-row losses; on a CUDA
+    size_t loss_bytes;        /* input cast buffer, output gradient, per-row losses; on a device
                                  model also the device copies of a host input and its targets */
     size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */
     size_t total_bytes;       /* sum of the above */
@@ -39,8 +40,11 @@ typedef struct gt_model_plan {
     size_t param_arena_bytes;       /* the parameter arena; the gradient arena is the same size */
     size_t lowp_arena_bytes;        /* the half copy's arena (0 in f32) */
     size_t activation_arena_bytes;  /* activations, recompute, scratch, loss buffers, workspace */
-    size_t backend_arena_bytes;     /* the backend's own scratch block (CUDA models), else 0 */
+    size_t backend_arena_bytes;     /* the backend's own scratch block (accelerator models), else 0 */
+    size_t step_scratch_bytes;      /* the training step's device scratch block (accelerator models), else 0 */
 } gt_model_plan;
+
+enum { GT_MODEL_STEP_SCRATCH_BYTES = 128 };  /* device scratch of a device model's training step */
 
 /* What the allocator reserves now for each live arena of a model (0 for those it does not
  * hold), in the fields of gt_model_plan that say so. */
@@ -49,13 +53,15 @@ typedef struct gt_model_arenas {
     size_t grads;        /* the gradient arena */
     size_t lowp;         /* the half copy */
     size_t activations;  /* the activation arena (0 until a forward plans it) */
-    size_t backend;      /* the backend's scratch (CUDA models) */
+    size_t backend;      /* the backend's scratch (accelerator models) */
+    size_t step_scratch; /* the training step's device scratch (accelerator models) */
 } gt_model_arenas;
 
 
 typedef struct gt_model {
     gt_layer root;              /* the top-level Sequential */
     gt_backend backend;         /* ops used by every layer */
+    const gt_device_backend *device; /* the accelerator's interface; NULL on the cpu */
     gt_dtype dt;                /* activation precision: f32, f16 or bf16 */
     uint64_t seed;              /* initialisation and dropout seed */
     uint32_t step;              /* optimizer steps taken (dropout key) */
@@ -71,12 +77,15 @@ typedef struct gt_model {
     int planned;                /* 1 when `activations` matches planned_input */
     gt_model_plan plan;         /* bytes of the current plan */
     void *input_cast;           /* (input numel,) dt copy of a float input in half mode */
-    void *input_device;         /* (input bytes,) device copy of a host input (CUDA model), else NULL */
-    void *targets_device;       /* device copy of host targets (CUDA model): room for (rows,) int64
+    void *input_device;         /* (input bytes,) device copy of a host input (device model), else NULL */
+    void *targets_device;       /* device copy of host targets (device model): room for (rows,) int64
                                    labels or (output numel,) f32 values; else NULL */
     void *dout;                 /* (output numel,) dt gradient of the loss w.r.t. the output */
     float *losses;              /* (output rows,) per-row losses */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
+    gt_block step_scratch;      /* (GT_MODEL_STEP_SCRATCH_BYTES,) device memory of a device model for
+                                   the training step's kernels (scaler state, inf flag), allocated
+                                   with the model so a step allocates nothing; empty on the cpu */
 } gt_model;
 
 /* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */
@@ -123,7 +132,7 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt);
 
 /* Copies the (num_params,) f32 parameters or gradients to host memory `host` (from the device
- * for a CUDA model), or writes the parameters from `host` (the half copy is refreshed). */
+ * for a device model), or writes the parameters from `host` (the half copy is refreshed). */
 gt_status gt_model_read_parameters(gt_model *model, float *host);
 gt_status gt_model_read_gradients(gt_model *model, float *host);
 gt_status gt_model_write_parameters(gt_model *model, const float *host);

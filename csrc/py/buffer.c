@@ -70,8 +70,8 @@ static void buffer_dealloc(PyObject *op) {
 
 static PyObject *buffer_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     BufferObject *self = (BufferObject *)op;
-    if (self->block.device.kind == GT_DEVICE_CUDA)
-        return PyErr_Format(PyExc_TypeError, "a CUDA buffer cannot be viewed as a NumPy array");
+    if (gt_device_is_accelerator(self->block.device))
+        return PyErr_Format(PyExc_TypeError, "a CUDA or sim device buffer cannot be viewed as a NumPy array");
     npy_intp dims[1] = {(npy_intp)self->block.bytes};
     PyObject *array = PyArray_SimpleNewFromData(1, dims, NPY_UINT8, self->block.ptr);
     if (!array)

@@ -1,5 +1,5 @@
 /* gputrain._C.run_op: runs one op of a backend's table (ops.h) on NumPy arrays, so tests can
- * compare the CUDA backend with the CPU backend op by op on the same inputs.
+ * compare the CUDA and sim backends with the CPU backend op by op on the same inputs.
  *
  *     run_op(backend, op, arrays, args, device=0)
  *
@@ -8,7 +8,7 @@
  * 'bf16', ...). Every array is C-contiguous, aligned and writeable; its raw bytes are used, and
  * the sizes in `args` are checked against its byte size before anything runs, so a wrong call
  * raises ValueError instead of touching memory out of range. With backend 'cpu' the op works on
- * the arrays in place; with 'cuda' every array is copied to device memory (at the same offset
+ * the arrays in place; with 'cuda' or 'sim' (device interface, core/device_backend.h) every array is copied to device memory (at the same offset
  * modulo 256 as the host array, so an array that starts at an odd element tests unaligned
  * device pointers), the op runs, and every array is copied back (outputs land in them; inputs
  * come back unchanged unless the op wrote them). A GEMM gets the workspace gemm_workspace_bytes
@@ -21,10 +21,7 @@
 
 #include "core/alloc.h"
 #include "ops/ops.h"
-#ifdef GT_WITH_CUDA
-#include "ops_cuda.h"
-#include "py/cuda_py.h"
-#endif
+#include "core/device_backend.h"
 
 enum { MAX_ARRAYS = 8, DEVICE_ALIGN = 256 };
 
@@ -440,7 +437,6 @@ static gt_status run_cpu(const op_spec *spec, op_call *call, PyArrayObject **arr
     return status;
 }
 
-#ifdef GT_WITH_CUDA
 /* Device copies of the arrays (each at its host address's offset modulo DEVICE_ALIGN). */
 typedef struct device_copies {
     gt_block blocks[MAX_ARRAYS];  /* one device block per array (empty for None) */
@@ -453,8 +449,8 @@ static void free_copies(device_copies *copies) {
     gt_block_free(&copies->workspace);
 }
 
-static gt_status copy_in(gt_backend *be, const op_spec *spec, op_call *call, PyArrayObject **arrays,
-                         device_copies *copies) {
+static gt_status copy_in(const gt_device_backend *dev, gt_backend *be, const op_spec *spec, op_call *call,
+                         PyArrayObject **arrays, device_copies *copies) {
     for (int k = 0; k < spec->num_arrays; k++) {
         call->ptr[k] = NULL;
         if (!arrays[k])
@@ -463,46 +459,49 @@ static gt_status copy_in(gt_backend *be, const op_spec *spec, op_call *call, PyA
         size_t offset = (uintptr_t)PyArray_DATA(arrays[k]) % DEVICE_ALIGN;
         GT_TRY(gt_block_alloc(be->device, offset + bytes + 1, &copies->blocks[k]));
         call->ptr[k] = (char *)copies->blocks[k].ptr + offset;
-        GT_TRY(gt_cuda_backend_memcpy(be, call->ptr[k], PyArray_DATA(arrays[k]), bytes));
+        GT_TRY(dev->memcpy(be->device.index, call->ptr[k], PyArray_DATA(arrays[k]), bytes));
     }
     return GT_OK;
 }
 
-static gt_status copy_out(gt_backend *be, const op_spec *spec, const op_call *call, PyArrayObject **arrays) {
+static gt_status copy_out(const gt_device_backend *dev, gt_backend *be, const op_spec *spec, const op_call *call,
+                          PyArrayObject **arrays) {
     for (int k = 0; k < spec->num_arrays; k++) {
         if (!arrays[k])
             continue;
         size_t bytes = (size_t)PyArray_NBYTES(arrays[k]);
-        GT_TRY(gt_cuda_backend_memcpy(be, PyArray_DATA(arrays[k]), call->ptr[k], bytes));
+        GT_TRY(dev->memcpy(be->device.index, PyArray_DATA(arrays[k]), call->ptr[k], bytes));
     }
     return GT_OK;
 }
 
-static gt_status run_cuda_on(gt_backend *be, const op_spec *spec, op_call *call, PyArrayObject **arrays,
-                             device_copies *copies) {
+/* The op on the backend's stream (the default one), between blocking copies in its order. */
+static gt_status run_device_on(const gt_device_backend *dev, gt_backend *be, const op_spec *spec, op_call *call,
+                               PyArrayObject **arrays, device_copies *copies) {
     size_t bytes = workspace_bytes(be->ops, spec, call);
     if (bytes > 0) {
         GT_TRY(gt_block_alloc(be->device, bytes, &copies->workspace));
         be->workspace = copies->workspace.ptr;
         be->workspace_bytes = bytes;
     }
-    GT_TRY(copy_in(be, spec, call, arrays, copies));
+    GT_TRY(copy_in(dev, be, spec, call, arrays, copies));
     GT_TRY(spec->run(be, call));
-    GT_TRY(gt_cuda_backend_synchronize(be));
-    return copy_out(be, spec, call, arrays);
+    GT_TRY(dev->stream_synchronize(be->device.index, NULL));
+    return copy_out(dev, be, spec, call, arrays);
 }
 
-static gt_status run_cuda(const op_spec *spec, op_call *call, PyArrayObject **arrays, int device) {
+static gt_status run_device(const op_spec *spec, op_call *call, PyArrayObject **arrays, gt_device device) {
+    const gt_device_backend *dev = NULL;
+    GT_TRY(gt_device_backend_get(device, "backend", &dev));
     gt_backend be;
-    GT_TRY(gt_cuda_backend_init(&be, device, NULL));
+    GT_TRY(dev->backend_init(&be, device.index, NULL));
     device_copies copies;
     memset(&copies, 0, sizeof copies);
-    gt_status status = run_cuda_on(&be, spec, call, arrays, &copies);
-    gt_cuda_backend_release(&be);
+    gt_status status = run_device_on(dev, &be, spec, call, arrays, &copies);
+    dev->backend_release(&be);
     free_copies(&copies);
     return status;
 }
-#endif
 
 static const op_spec *find_spec(const char *name) {
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
@@ -520,26 +519,12 @@ static PyObject *call_result(const op_spec *spec, const op_call *call) {
     }
 }
 
-/* Runs the parsed call on the chosen backend without the GIL. */
+/* Runs the parsed call on the CPU, or on `device` (an accelerator), without the GIL. */
 static PyObject *dispatch(PyObject *module, const op_spec *spec, op_call *call, PyArrayObject **arrays,
-                          int use_cuda, int device) {
+                          gt_device device) {
     gt_status status = GT_OK;
-#ifdef GT_WITH_CUDA
-    if (use_cuda) {
-        Py_BEGIN_ALLOW_THREADS
-        status = run_cuda(spec, call, arrays, device);
-        Py_END_ALLOW_THREADS
-        return status == GT_OK ? call_result(spec, call) : gtpy_raise(module, status);
-    }
-#else
-    if (use_cuda) {
-        PyErr_SetString(gtpy_state_of(module)->cuda_error,
-                        "CUDA was not compiled in: gputrain was built without nvcc (or with GPUTRAIN_CUDA=0)");
-        return NULL;
-    }
-#endif
     Py_BEGIN_ALLOW_THREADS
-    status = run_cpu(spec, call, arrays);
+    status = gt_device_is_accelerator(device) ? run_device(spec, call, arrays, device) : run_cpu(spec, call, arrays);
     Py_END_ALLOW_THREADS
     return status == GT_OK ? call_result(spec, call) : gtpy_raise(module, status);
 }
@@ -548,13 +533,15 @@ static PyObject *run_op(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"backend", "op", "arrays", "args", "device", NULL};
     const char *backend, *name;
     PyObject *arrays_obj, *op_args;
-    int device = 0;
+    int device_index = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ssOO!|i:run_op", keywords, &backend, &name, &arrays_obj,
-                                     &PyTuple_Type, &op_args, &device))
+                                     &PyTuple_Type, &op_args, &device_index))
         return NULL;
-    int use_cuda = strcmp(backend, "cuda") == 0;
-    if (!use_cuda && strcmp(backend, "cpu") != 0)
-        return PyErr_Format(PyExc_ValueError, "backend must be 'cpu' or 'cuda', got '%s'", backend);
+    gt_device device = gt_cpu_device();
+    if (strcmp(backend, "cuda") == 0 || strcmp(backend, "sim") == 0)
+        device = (gt_device){strcmp(backend, "cuda") == 0 ? GT_DEVICE_CUDA : GT_DEVICE_SIM, device_index};
+    else if (strcmp(backend, "cpu") != 0)
+        return PyErr_Format(PyExc_ValueError, "backend must be 'cpu', 'cuda' or 'sim', got '%s'", backend);
     const op_spec *spec = find_spec(name);
     if (!spec)
         return PyErr_Format(PyExc_ValueError, "op: unknown op '%s'", name);
@@ -568,7 +555,7 @@ static PyObject *run_op(PyObject *module, PyObject *args, PyObject *kwargs) {
     PyArrayObject *arrays[MAX_ARRAYS];
     PyObject *result = NULL;
     if (collect_arrays(spec, seq, &call, arrays) == 0)
-        result = dispatch(module, spec, &call, arrays, use_cuda, device);
+        result = dispatch(module, spec, &call, arrays, device);
     Py_DECREF(seq);
     return result;
 }
@@ -576,8 +563,8 @@ static PyObject *run_op(PyObject *module, PyObject *args, PyObject *kwargs) {
 static PyMethodDef cuda_ops_methods[] = {
     {"run_op", (PyCFunction)(void (*)(void))run_op, METH_VARARGS | METH_KEYWORDS,
      "run_op(backend, op, arrays, args, device=0)\n--\n\n"
-     "Runs one op of the 'cpu' or 'cuda' op table on NumPy arrays (copied to the device and back for "
-     "'cuda'); returns softmax_xent's count, mse's loss, sum_squares's sum, else None."},
+     "Runs one op of the 'cpu', 'cuda' or 'sim' op table on NumPy arrays (copied to the device and back "
+     "for 'cuda' and 'sim'); returns softmax_xent's count, mse's loss, sum_squares's sum, else None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,4 @@
-/* gputrain._C.LoaderTransfer: copies delivered batches to a CUDA device (csrc/data/transfer.h),
+/* gputrain._C.LoaderTransfer: copies delivered batches to an accelerator (cuda:N, sim:N) (csrc/data/transfer.h),
  * and gputrain._C._DeviceSlot: the owner of one device batch (or of one copied array), which
  * keeps its transfer alive and hands the device memory back when it dies. */
 #include "py/loader.h"
@@ -130,14 +130,37 @@ static PyType_Spec device_slot_spec = {
 
 /* ---- LoaderTransfer ------------------------------------------------------------------- */
 
+/* `device`: a CUDA ordinal (int) or an accelerator's name ('cuda:N', 'sim:N'). */
+static int parse_transfer_device(PyObject *module, PyObject *obj, gt_device *out) {
+    if (PyLong_Check(obj)) {
+        long index = PyLong_AsLong(obj);
+        if (index == -1 && PyErr_Occurred())
+            return -1;
+        if (index < 0 || index >= GT_MAX_CUDA_DEVICES) {
+            PyErr_Format(PyExc_ValueError, "device: CUDA ordinal %ld out of range", index);
+            return -1;
+        }
+        *out = gt_cuda_device((int)index);
+        return 0;
+    }
+    if (gtpy_parse_device(module, obj, "device", gt_cpu_device(), out) < 0)
+        return -1;
+    if (gt_device_is_accelerator(*out))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "device: batches are copied to an accelerator ('cuda:N' or 'sim:N')");
+    return -1;
+}
+
 static PyObject *transfer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"engine", "device", NULL};
-    PyObject *engine;
-    int device = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi:LoaderTransfer", keywords, &engine, &device))
+    PyObject *engine, *device_obj;
+    gt_device device;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:LoaderTransfer", keywords, &engine, &device_obj))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
-    gt_loader *loader = module ? gtpy_loader_engine_loader(module, engine) : NULL;
+    if (!module || parse_transfer_device(module, device_obj, &device) < 0)
+        return NULL;
+    gt_loader *loader = gtpy_loader_engine_loader(module, engine);
     if (!loader)
         return NULL;
     TransferObject *self = (TransferObject *)type->tp_alloc(type, 0);
@@ -234,7 +257,7 @@ static PyMethodDef transfer_methods[] = {
 };
 
 static PyGetSetDef transfer_getset[] = {
-    {"stream", transfer_get_stream, NULL, "The copy stream's cudaStream_t as an int.", NULL},
+    {"stream", transfer_get_stream, NULL, "The copy stream's native handle (CUDA: its cudaStream_t) as an int.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -245,7 +268,7 @@ static PyType_Slot transfer_slots[] = {
     {Py_tp_clear, transfer_clear},
     {Py_tp_methods, transfer_methods},
     {Py_tp_getset, transfer_getset},
-    {Py_tp_doc, "LoaderTransfer(engine, device)\n--\n\nCopies an engine's batches to CUDA device `device`."},
+    {Py_tp_doc, "LoaderTransfer(engine, device)\n--\n\nCopies an engine's batches to `device` (a CUDA ordinal, 'cuda:N' or 'sim:N')."},
     {0, NULL},
 };
 

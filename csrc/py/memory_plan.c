@@ -1,5 +1,5 @@
-/* Bindings of the planners: what the optimizer, the EMA, the loader and the loss scaler's step
- * scratch will take from the allocator, computed by the C code that later allocates it, before
+/* Bindings of the planners: what the optimizer, the EMA and the loader will take from the
+ * allocator, computed by the C code that later allocates it, before
  * anything is allocated (gputrain.memory_plan puts them together with the model's plan). */
 #include "py/gtpy.h"
 
@@ -8,7 +8,6 @@
 #include "py/optim_py.h"
 #include "train/ema.h"
 #include "train/optim.h"
-#include "train/step_device.h"
 
 static PyObject *device_name(gt_device device) {
     char name[32];
@@ -160,16 +159,6 @@ static PyObject *loader_plan(PyObject *module, PyObject *args, PyObject *kwargs)
     return result;
 }
 
-static PyObject *step_scaler_bytes(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"device", NULL};
-    PyObject *device_obj = Py_None;
-    gt_device device;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:step_scaler_bytes", keywords, &device_obj) ||
-        gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0)
-        return NULL;
-    return PyLong_FromSize_t(gt_step_scaler_bytes(device));
-}
-
 static PyMethodDef memory_plan_methods[] = {
     {"optimizer_plan", (PyCFunction)(void (*)(void))optimizer_plan, METH_VARARGS | METH_KEYWORDS,
      "optimizer_plan(kind, numels, hparams, *, device='cpu', cpu_offload_fraction=0.0, offload_chunk_numel=0)\n--\n\n"
@@ -179,8 +168,6 @@ static PyMethodDef memory_plan_methods[] = {
     {"loader_plan", (PyCFunction)(void (*)(void))loader_plan, METH_VARARGS | METH_KEYWORDS,
      "loader_plan(arrays, max_batch_rows, num_workers, prefetch_factor, pin_memory=False)\n--\n\n"
      "The pool, slots and bytes a LoaderEngine of these arguments will reserve."},
-    {"step_scaler_bytes", (PyCFunction)(void (*)(void))step_scaler_bytes, METH_VARARGS | METH_KEYWORDS,
-     "step_scaler_bytes(device='cpu')\n--\n\nBytes a step's loss-scaler check reserves on the device while it runs."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -193,13 +193,13 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (status != GT_OK)
         return gtpy_raise(module, status);
 #ifdef GT_WITH_CUDA
-    int supported = device.kind == GT_DEVICE_CPU || device.kind == GT_DEVICE_CUDA;
+    int supported = device.kind != GT_DEVICE_PINNED;
 #else
-    int supported = device.kind == GT_DEVICE_CPU;
+    int supported = device.kind == GT_DEVICE_CPU || device.kind == GT_DEVICE_SIM;
 #endif
     if (!supported)
         return PyErr_Format(PyExc_NotImplementedError,
-                            "device: models run on 'cpu' or 'cuda:N' in this build; '%s' is not supported",
+                            "device: models run on 'cpu', 'cuda:N' or 'sim:N' in this build; '%s' is not supported",
                             PyUnicode_Check(device_obj) ? PyUnicode_AsUTF8(device_obj) : "?");
     gt_layer root = {.kind = GT_LAYER_SEQUENTIAL};
     spec_parse ctx = {0};
@@ -497,7 +497,8 @@ static PyObject *arenas_to_dict(const gt_model_plan *plan) {
         put_size(d, "gradients", plan->param_arena_bytes) < 0 ||
         put_size(d, "half_parameters", plan->lowp_arena_bytes) < 0 ||
         put_size(d, "activations", plan->activation_arena_bytes) < 0 ||
-        put_size(d, "backend_scratch", plan->backend_arena_bytes) < 0) {
+        put_size(d, "backend_scratch", plan->backend_arena_bytes) < 0 ||
+        put_size(d, "step_scratch", plan->step_scratch_bytes) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
@@ -729,7 +730,8 @@ static PyObject *model_live_arenas(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     PyObject *d = PyDict_New();
     if (!d || put_size(d, "parameters", live.params) < 0 || put_size(d, "gradients", live.grads) < 0 ||
         put_size(d, "half_parameters", live.lowp) < 0 || put_size(d, "activations", live.activations) < 0 ||
-        put_size(d, "backend_scratch", live.backend) < 0) {
+        put_size(d, "backend_scratch", live.backend) < 0 ||
+        put_size(d, "step_scratch", live.step_scratch) < 0) {
         Py_XDECREF(d);
         return NULL;
     }

@@ -1,6 +1,7 @@
 /* gputrain._C: multi-phase initialisation, module state, and the exec slot that
  * registers every binding file (STYLE.md, "The binding layer"). */
 #define GTPY_IMPORTS_NUMPY
+#include "sim/sim.h"
 #include "py/gtpy.h"
 
 #include "core/threads.h"
@@ -58,6 +59,7 @@ static int module_exec(PyObject *module) {
 #ifdef GT_WITH_CUDA
     gt_cuda_install_hooks();
 #endif
+    gt_sim_install();
     gt_blas_init();
     for (size_t i = 0; i < sizeof registrations / sizeof registrations[0]; i++)
         if (registrations[i](module) < 0)

@@ -37,13 +37,13 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
 
 /* The optimizer core (_C.Optimizer or _C.ModelOptimizer, a new reference) of `obj` for
  * `model`: a ModelOptimizer (for_model) must have been built for this model; a host optimizer
- * (over NumPy arrays, on the CPU) cannot update a model on CUDA. */
+ * (over NumPy arrays, on the CPU) cannot update a model on an accelerator (cuda:N, sim:N). */
 static PyObject *resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_model *model) {
     PyObject *core = NULL;
     int found = gtpy_model_optimizer_resolve(obj, model_obj, &core);
     if (found != 0)
         return found < 0 ? NULL : core;
-    if (model->backend.device.kind == GT_DEVICE_CUDA) {
+    if (gt_device_is_accelerator(model->backend.device)) {
         char device[32];
         gt_device_name(model->backend.device, device, sizeof device);
         return PyErr_Format(PyExc_ValueError, "optimizer: the model is on %s but this optimizer updates host "

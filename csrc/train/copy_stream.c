@@ -4,12 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef GT_WITH_CUDA
-#include "cuda_backend.h"
-#include "optim_cuda.h"
-#endif
+#include "core/device_backend.h"
 
-enum { COPY_QUEUE = 16 };  /* jobs the cpu worker can hold before a caller waits */
+enum {
+    COPY_QUEUE = 16,   /* jobs the cpu worker can hold before a caller waits */
+    TICKET_EVENTS = 8, /* device: events in the ring that marks tickets */
+};
 
 typedef struct copy_job {
     void *dst;        /* destination */
@@ -17,9 +17,19 @@ typedef struct copy_job {
     size_t bytes;     /* length */
 } copy_job;
 
+/* The copy stream of an accelerator: a stream of its own, and events for the ordering. */
+typedef struct device_copies {
+    const gt_device_backend *table;     /* the device's interface */
+    gt_stream *compute;                 /* the stream whose work the copies wait for (NULL: default) */
+    gt_stream *copy;                    /* the copies' stream */
+    gt_event *compute_done;             /* recorded on `compute` by after_compute */
+    gt_event *ring[TICKET_EVENTS];      /* ticket t is ring[t % TICKET_EVENTS] */
+    uint64_t recorded;                  /* tickets handed out */
+} device_copies;
+
 struct gt_copy_stream {
-    gt_device device;               /* cpu: worker thread; cuda:N: a CUDA stream */
-    void *cuda;                     /* cuda/optim.cu copy-stream handle (cuda:N only) */
+    gt_device device;               /* cpu: worker thread; an accelerator: its streams */
+    device_copies dev;              /* accelerator only */
     pthread_t worker;               /* cpu: thread running the queued memcpy calls */
     pthread_mutex_t lock;           /* cpu: guards the fields below */
     pthread_cond_t changed;         /* cpu: signalled when queued, done or stopping change */
@@ -63,24 +73,39 @@ static gt_status create_cpu(gt_copy_stream *s) {
     return GT_OK;
 }
 
-gt_status gt_copy_stream_create(gt_device device, void *compute_stream, gt_copy_stream **out) {
+static void destroy_device(gt_copy_stream *s) {
+    device_copies *d = &s->dev;
+    int index = s->device.index;
+    d->table->stream_destroy(index, d->copy);  /* waits for the copies first */
+    for (int k = 0; k < TICKET_EVENTS; k++)
+        d->table->event_destroy(index, d->ring[k]);
+    d->table->event_destroy(index, d->compute_done);
+}
+
+static gt_status create_device(gt_copy_stream *s, gt_stream *compute_stream) {
+    device_copies *d = &s->dev;
+    int index = s->device.index;
+    GT_TRY(gt_device_backend_get(s->device, "device", &d->table));
+    d->compute = compute_stream;
+    GT_TRY(d->table->stream_create(index, &d->copy));
+    GT_TRY(d->table->event_create(index, &d->compute_done));
+    for (int k = 0; k < TICKET_EVENTS; k++)
+        GT_TRY(d->table->event_create(index, &d->ring[k]));
+    return GT_OK;
+}
+
+gt_status gt_copy_stream_create(gt_device device, gt_stream *compute_stream, gt_copy_stream **out) {
     *out = NULL;
     if (device.kind == GT_DEVICE_PINNED)
-        return GT_FAIL(GT_ERR_VALUE, "device: a copy stream needs 'cpu' or 'cuda:N', not 'pinned'");
+        return GT_FAIL(GT_ERR_VALUE, "device: a copy stream needs 'cpu' or an accelerator, not 'pinned'");
     gt_copy_stream *s = calloc(1, sizeof *s);
     if (!s)
         return GT_FAIL(GT_ERR_OOM, "copy stream: out of host memory");
     s->device = device;
-    gt_status status;
-#ifdef GT_WITH_CUDA
-    if (device.kind == GT_DEVICE_CUDA)
-        status = gt_cuda_offload_stream_create(device.index, compute_stream, &s->cuda);
-    else
-#endif
-        status = device.kind == GT_DEVICE_CPU
-                     ? create_cpu(s)
-                     : GT_FAIL(GT_ERR_RUNTIME, "device: this build has no CUDA backend");
+    gt_status status = gt_device_is_accelerator(device) ? create_device(s, compute_stream) : create_cpu(s);
     if (status != GT_OK) {
+        if (s->dev.table)
+            destroy_device(s);
         free(s);
         return status;
     }
@@ -91,13 +116,11 @@ gt_status gt_copy_stream_create(gt_device device, void *compute_stream, gt_copy_
 void gt_copy_stream_destroy(gt_copy_stream *s) {
     if (!s)
         return;
-#ifdef GT_WITH_CUDA
-    if (s->device.kind == GT_DEVICE_CUDA) {
-        gt_cuda_offload_stream_destroy(s->cuda);
+    if (gt_device_is_accelerator(s->device)) {
+        destroy_device(s);
         free(s);
         return;
     }
-#endif
     pthread_mutex_lock(&s->lock);
     s->stopping = 1;
     pthread_cond_broadcast(&s->changed);
@@ -109,10 +132,8 @@ void gt_copy_stream_destroy(gt_copy_stream *s) {
 }
 
 static gt_status enqueue(gt_copy_stream *s, void *dst, const void *src, size_t bytes) {
-#ifdef GT_WITH_CUDA
-    if (s->device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_offload_copy(s->cuda, dst, src, bytes);
-#endif
+    if (gt_device_is_accelerator(s->device))
+        return s->dev.table->memcpy_async(s->device.index, s->dev.copy, dst, src, bytes);
     pthread_mutex_lock(&s->lock);
     while (s->queued - s->done == COPY_QUEUE)
         pthread_cond_wait(&s->changed, &s->lock);
@@ -132,29 +153,38 @@ gt_status gt_copy_stream_h2d(gt_copy_stream *s, void *device_dst, const void *ho
 }
 
 gt_status gt_copy_stream_after_compute(gt_copy_stream *s) {
-#ifdef GT_WITH_CUDA
-    if (s->device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_offload_after_compute(s->cuda);
-#endif
-    return GT_OK;
+    if (!gt_device_is_accelerator(s->device))
+        return GT_OK;
+    device_copies *d = &s->dev;
+    GT_TRY(d->table->event_record(s->device.index, d->compute_done, d->compute));
+    return d->table->stream_wait_event(s->device.index, d->copy, d->compute_done);
 }
 
 gt_status gt_copy_stream_record(gt_copy_stream *s, uint64_t *ticket) {
-#ifdef GT_WITH_CUDA
-    if (s->device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_offload_record(s->cuda, ticket);
-#endif
+    if (gt_device_is_accelerator(s->device)) {
+        device_copies *d = &s->dev;
+        *ticket = ++d->recorded;
+        return d->table->event_record(s->device.index, d->ring[*ticket % TICKET_EVENTS], d->copy);
+    }
     pthread_mutex_lock(&s->lock);
     *ticket = s->queued;
     pthread_mutex_unlock(&s->lock);
     return GT_OK;
 }
 
+/* A ticket whose event was reused is covered by the latest one (the copies run in order). */
+static gt_status wait_device(gt_copy_stream *s, uint64_t ticket) {
+    device_copies *d = &s->dev;
+    if (ticket == 0)
+        return GT_OK;
+    if (d->recorded - ticket >= (uint64_t)TICKET_EVENTS)
+        ticket = d->recorded;
+    return d->table->event_synchronize(s->device.index, d->ring[ticket % TICKET_EVENTS]);
+}
+
 gt_status gt_copy_stream_wait(gt_copy_stream *s, uint64_t ticket) {
-#ifdef GT_WITH_CUDA
-    if (s->device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_offload_wait(s->cuda, ticket);
-#endif
+    if (gt_device_is_accelerator(s->device))
+        return wait_device(s, ticket);
     pthread_mutex_lock(&s->lock);
     while (s->done < ticket)
         pthread_cond_wait(&s->changed, &s->lock);
@@ -171,12 +201,11 @@ gt_status gt_copy_stream_sync(gt_copy_stream *s) {
 gt_status gt_memcpy_blocking(gt_device device, void *dst, const void *src, size_t bytes) {
     if (bytes == 0)
         return GT_OK;
-#ifdef GT_WITH_CUDA
-    if (device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_memcpy(dst, src, bytes, GT_COPY_DEFAULT, device.index);
-#endif
-    if (device.kind == GT_DEVICE_CUDA)
-        return GT_FAIL(GT_ERR_RUNTIME, "device: this build has no CUDA backend");
+    if (gt_device_is_accelerator(device)) {
+        const gt_device_backend *table = NULL;
+        GT_TRY(gt_device_backend_get(device, "device", &table));
+        return table->memcpy(device.index, dst, src, bytes);
+    }
     memcpy(dst, src, bytes);
     return GT_OK;
 }

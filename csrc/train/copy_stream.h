@@ -1,5 +1,6 @@
 /* An ordered queue of memory copies between the device and host memory that runs beside the
- * calling thread: a CUDA stream for cuda:N, and a worker thread doing memcpy for the cpu
+ * calling thread: a stream of the device's for an accelerator (core/device_backend.h), and a
+ * worker thread doing memcpy for the cpu
  * "device" (so the CPU-only build runs the same overlapped pipeline as the GPU build).
  * Copies run in the order they are queued; a ticket marks a point in the queue. */
 #ifndef GT_COPY_STREAM_H
@@ -8,15 +9,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/device.h"
+#include "core/device_backend.h"
 #include "core/status.h"
 
 typedef struct gt_copy_stream gt_copy_stream;
 
-/* A stream for copies between `device` (cpu or cuda:N) memory and host memory. For cuda:N,
- * `compute_stream` (a cudaStream_t, NULL = the legacy default stream) is the stream whose
- * earlier work the copies wait for (gt_copy_stream_after_compute). */
-gt_status gt_copy_stream_create(gt_device device, void *compute_stream, gt_copy_stream **out);
+/* A stream for copies between `device` (cpu or an accelerator) memory and host memory. On an
+ * accelerator, `compute_stream` (NULL = the default stream) is the stream whose earlier work
+ * the copies wait for (gt_copy_stream_after_compute). */
+gt_status gt_copy_stream_create(gt_device device, gt_stream *compute_stream, gt_copy_stream **out);
 
 /* Waits for queued copies, then frees the stream. NULL is ignored. */
 void gt_copy_stream_destroy(gt_copy_stream *stream);
@@ -36,7 +37,7 @@ gt_status gt_copy_stream_wait(gt_copy_stream *stream, uint64_t ticket);
 /* Blocks until every queued copy is done. */
 gt_status gt_copy_stream_sync(gt_copy_stream *stream);
 
-/* A blocking copy of `bytes` between any two of device/host memory (cudaMemcpyDefault on CUDA). */
+/* A blocking copy of `bytes` between any two of device/host memory (ordered after the device's default stream). */
 gt_status gt_memcpy_blocking(gt_device device, void *dst, const void *src, size_t bytes);
 
 #endif

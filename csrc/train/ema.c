@@ -8,14 +8,12 @@
 #include "train/copy_stream.h"
 #include "train/optim_cpu.h"
 
-#ifdef GT_WITH_CUDA
-#include "optim_cuda.h"
-#endif
+#include "core/device_backend.h"
 
 enum {
     PARALLEL_MIN = 32768,    /* elements below which a pass stays on one thread */
     SHARE_ALIGN = 16,        /* thread shares start on multiples of this many elements */
-    STAGING_NUMEL = 1 << 20, /* host-shadow staging chunk for cuda parameters, elements */
+    STAGING_NUMEL = 1 << 20, /* host-shadow staging chunk for device parameters, elements */
 };
 
 /* Parameters adjacent in memory, averaged as one run. */
@@ -28,11 +26,12 @@ typedef struct ema_run {
 
 struct gt_ema {
     gt_device device;        /* where the parameters live */
+    const gt_device_backend *dev; /* the device's interface; NULL on the cpu */
     int on_host;             /* 1: the shadow is in pinned host memory */
-    void *compute_stream;    /* cuda:N: cudaStream_t the kernels are queued on (NULL: default) */
+    gt_stream *compute_stream; /* accelerator: the stream the kernels are queued on (NULL: default) */
     gt_arena arena;          /* shadow (total,) [+ staging (staging_numel,)] */
     float *shadow;           /* (total,) parameters packed in order */
-    float *staging;          /* (staging_numel,) pinned; only for a host shadow of cuda parameters */
+    float *staging;          /* (staging_numel,) pinned; only for a host shadow of device parameters */
     size_t staging_numel;    /* elements of `staging` (0 without) */
     size_t total;            /* elements of all parameters */
     size_t num_params;       /* parameters */
@@ -42,15 +41,10 @@ struct gt_ema {
     size_t num_runs;         /* merged runs */
 };
 
-/* 1 when the CPU can touch both the parameters and the shadow. */
-static int host_reachable(const gt_ema *ema) { return ema->device.kind != GT_DEVICE_CUDA; }
-
-/* Waits for the compute stream (cuda:N) before blocking copies touch device memory. */
+/* Waits for the compute stream (an accelerator) before blocking copies touch device memory. */
 static gt_status settle(const gt_ema *ema) {
-#ifdef GT_WITH_CUDA
-    if (ema->device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_optim_sync(ema->device.index, ema->compute_stream);
-#endif
+    if (ema->dev)
+        return ema->dev->stream_synchronize(ema->device.index, ema->compute_stream);
     return GT_OK;
 }
 
@@ -81,9 +75,9 @@ static gt_status allocate(gt_ema *ema, size_t num_params) {
     return GT_OK;
 }
 
-/* Elements of the staging buffer: only a host shadow of cuda parameters streams through one. */
+/* Elements of the staging buffer: only a host shadow of accelerator parameters streams through one. */
 static size_t staging_numel_of(gt_device device, int on_host, size_t total) {
-    if (!on_host || device.kind != GT_DEVICE_CUDA)
+    if (!on_host || !gt_device_is_accelerator(device))
         return 0;
     return total < STAGING_NUMEL ? total : STAGING_NUMEL;
 }
@@ -97,7 +91,7 @@ static size_t arena_request(size_t total, size_t staging_numel) {
 
 gt_status gt_ema_plan(gt_device device, int on_host, size_t total_numel, gt_device *pool, size_t *bytes) {
     if (device.kind == GT_DEVICE_PINNED)
-        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
+        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu', 'cuda:N' or 'sim:N', not 'pinned'");
     GT_TRY(gt_size_check(gt_size_mul_sat(total_numel, 2 * sizeof(float)), "params"));
     *pool = pool_of(device, on_host);
     *bytes = gt_block_reserved_bytes(arena_request(total_numel, staging_numel_of(device, on_host, total_numel)));
@@ -137,18 +131,20 @@ static gt_status build(gt_ema *ema, float *const *params, const size_t *numels, 
     return GT_OK;
 }
 
-gt_status gt_ema_create(gt_device device, int on_host, void *compute_stream, float *const *params,
+gt_status gt_ema_create(gt_device device, int on_host, gt_stream *compute_stream, float *const *params,
                         const size_t *numels, size_t num_params, gt_ema **out) {
     *out = NULL;
     if (device.kind == GT_DEVICE_PINNED)
-        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
+        return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu', 'cuda:N' or 'sim:N', not 'pinned'");
     gt_ema *ema = calloc(1, sizeof *ema);
     if (!ema)
         return GT_FAIL(GT_ERR_OOM, "ema: out of host memory");
     ema->device = device;
     ema->on_host = on_host != 0;
     ema->compute_stream = compute_stream;
-    gt_status status = build(ema, params, numels, num_params);
+    gt_status status = gt_device_is_accelerator(device) ? gt_device_backend_get(device, "device", &ema->dev) : GT_OK;
+    if (status == GT_OK)
+        status = build(ema, params, numels, num_params);
     if (status != GT_OK) {
         gt_ema_destroy(ema);
         return status;
@@ -206,10 +202,9 @@ static void host_pass(gt_ema *ema, run_pass pass, float weight) {
     }
 }
 
-/* ------------------------------------------------------------ cuda passes --------- */
+/* ------------------------------------------------------------ device passes ------- */
 
-#ifdef GT_WITH_CUDA
-/* Host shadow of cuda parameters: each chunk of parameters comes through the staging buffer. */
+/* Host shadow of device parameters: each chunk of parameters comes through the staging buffer. */
 static gt_status staged_pass(gt_ema *ema, int swap, float weight) {
     GT_TRY(settle(ema));
     for (size_t k = 0; k < ema->num_runs; k++) {
@@ -235,22 +230,17 @@ static gt_status device_pass(gt_ema *ema, int swap, float weight) {
     for (size_t k = 0; k < ema->num_runs; k++) {
         const ema_run *run = &ema->runs[k];
         if (swap)
-            GT_TRY(gt_cuda_ema_swap(ema->device.index, run->shadow, run->param, run->numel, ema->compute_stream));
+            GT_TRY(ema->dev->ema_swap(ema->device.index, ema->compute_stream, run->shadow, run->param, run->numel));
         else
-            GT_TRY(gt_cuda_ema(ema->device.index, run->shadow, run->param, weight, run->numel,
-                               ema->compute_stream));
+            GT_TRY(ema->dev->ema(ema->device.index, ema->compute_stream, run->shadow, run->param, weight,
+                                 run->numel));
     }
     return GT_OK;
 }
-#endif
 
 static gt_status run(gt_ema *ema, int swap, float weight) {
-#ifdef GT_WITH_CUDA
-    if (!host_reachable(ema))
+    if (ema->dev)
         return device_pass(ema, swap, weight);
-#endif
-    if (!host_reachable(ema))
-        return GT_FAIL(GT_ERR_RUNTIME, "ema: this build has no CUDA backend");
     host_pass(ema, swap ? swap_pass : lerp_pass, weight);
     return GT_OK;
 }

@@ -2,24 +2,24 @@
  * parameter, updated after optimizer steps as shadow = lerp(shadow, p, f32(1 - decay)) (the
  * GT_HD rule of core/ema_math.h), and swapped in for evaluation.
  *
- * The shadow lives in one arena, either beside the parameters on the device (cpu pool, or the
- * cuda:N pool with the ema_kernel) or in pinned host memory (the small-GPU recipe: the update
+ * The shadow lives in one arena, either beside the parameters on the device (cpu pool, or an
+ * accelerator's pool with its ema kernel) or in pinned host memory (the small-GPU recipe: the update
  * then streams the parameters to the host in chunks and averages them on the CPU). */
 #ifndef GT_EMA_H
 #define GT_EMA_H
 
 #include <stddef.h>
 
-#include "core/device.h"
+#include "core/device_backend.h"
 #include "core/status.h"
 
 typedef struct gt_ema gt_ema;
 
 /* A shadow of `num_params` parameters (param[i]: numel[i] floats on `device`), initialised to
  * their current values; on the host (pinned pool) when on_host, else in `device`'s pool.
- * For cuda:N, `compute_stream` (a cudaStream_t, NULL: legacy default) is the training step's
+ * On an accelerator, `compute_stream` (NULL: the default stream) is the training step's
  * stream: kernels are queued on it, and host-side copies wait for it first. */
-gt_status gt_ema_create(gt_device device, int on_host, void *compute_stream, float *const *params,
+gt_status gt_ema_create(gt_device device, int on_host, gt_stream *compute_stream, float *const *params,
                         const size_t *numels, size_t num_params, gt_ema **out);
 
 void gt_ema_destroy(gt_ema *ema);
@@ -37,7 +37,7 @@ gt_status gt_ema_copy_to_params(gt_ema *ema);
 gt_status gt_ema_read(const gt_ema *ema, size_t index, float *host);
 gt_status gt_ema_write(gt_ema *ema, size_t index, const float *host);
 
-/* Bytes of the shadow arena (and of the staging buffer, for a host shadow of cuda parameters). */
+/* Bytes of the shadow arena (and of the staging buffer, for a host shadow of device parameters). */
 size_t gt_ema_bytes(const gt_ema *ema);
 
 /* Where the arena of gt_ema_create(device, on_host, ..., `total_numel` elements in all) will be

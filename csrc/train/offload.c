@@ -51,7 +51,7 @@ static gt_status carve_host(gt_offload *off, const int has_slot[GT_SLOT_COUNT]) 
     return GT_OK;
 }
 
-gt_status gt_offload_create(gt_offload *off, gt_device device, void *compute_stream, size_t base,
+gt_status gt_offload_create(gt_offload *off, gt_device device, gt_stream *compute_stream, size_t base,
                             size_t numel, size_t chunk_numel, const int has_slot[GT_SLOT_COUNT]) {
     memset(off, 0, sizeof *off);
     if (numel == 0 || chunk_numel == 0)

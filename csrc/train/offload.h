@@ -44,7 +44,7 @@ size_t gt_offload_host_bytes(size_t numel, size_t num_slots, size_t chunk_numel)
 
 /* Allocates the host arena (zeroed state) and the copy stream; `has_slot[s]` says which
  * slots exist. numel must be > 0. */
-gt_status gt_offload_create(gt_offload *off, gt_device device, void *compute_stream, size_t base,
+gt_status gt_offload_create(gt_offload *off, gt_device device, gt_stream *compute_stream, size_t base,
                             size_t numel, size_t chunk_numel, const int has_slot[GT_SLOT_COUNT]);
 
 void gt_offload_destroy(gt_offload *off);

@@ -11,10 +11,6 @@
 #include "train/offload.h"
 #include "train/optim_cpu.h"
 
-#ifdef GT_WITH_CUDA
-#include "cuda_backend.h"
-#include "optim_cuda.h"
-#endif
 
 enum {
     PARALLEL_MIN = 32768,          /* elements below which a pass stays on one thread */
@@ -46,6 +42,7 @@ typedef struct optim_segment {
 
 struct gt_optimizer {
     gt_optimizer_config config;       /* kind, numerics, device, offload settings */
+    const gt_device_backend *dev;     /* the device's interface; NULL on the cpu */
     gt_optim_hparams *groups;         /* (num_groups,) hyperparameters */
     size_t num_groups;                /* groups */
     optim_param *params;              /* (num_params,) */
@@ -99,8 +96,15 @@ static gt_status check_config(const gt_optimizer_config *c) {
                        c->cpu_offload_fraction);
     if (c->device.kind == GT_DEVICE_PINNED)
         return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
-    if (c->device.kind == GT_DEVICE_CUDA && c->device.index >= gt_cuda_device_count())
-        return GT_FAIL(GT_ERR_RUNTIME, "device: 'cuda:%d' is not available", c->device.index);
+    if (!gt_device_is_accelerator(c->device))
+        return GT_OK;
+    const gt_device_backend *table = NULL;
+    GT_TRY(gt_device_backend_get(c->device, "device", &table));
+    if (c->device.index >= table->device_count()) {
+        char name[32];
+        gt_device_name(c->device, name, sizeof name);
+        return GT_FAIL(GT_ERR_RUNTIME, "device: '%s' is not available", name);
+    }
     return GT_OK;
 }
 
@@ -168,13 +172,10 @@ static gt_status create_device_state(gt_optimizer *opt) {
         void *piece = NULL;
         GT_TRY(gt_arena_take(&opt->device_arena, bytes, &piece));
         opt->slot[s] = piece;
-#ifdef GT_WITH_CUDA
-        if (opt->config.device.kind == GT_DEVICE_CUDA) {
-            GT_TRY(gt_cuda_memset(piece, 0, bytes, opt->config.device.index));
-            continue;
-        }
-#endif
-        memset(piece, 0, bytes);
+        if (opt->dev)
+            GT_TRY(opt->dev->memset(opt->config.device.index, piece, 0, bytes));
+        else
+            memset(piece, 0, bytes);
     }
     return GT_OK;
 }
@@ -263,6 +264,7 @@ gt_status gt_optimizer_create(const gt_optimizer_config *config, const gt_optim_
     if (!opt)
         return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory");
     opt->config = *config;
+    opt->dev = gt_device_backend_of(config->device);
     opt->device_arena.block.device = config->device;
     gt_status status = build(opt, groups, num_groups, params, num_params);
     if (status != GT_OK) {
@@ -447,25 +449,24 @@ static void run_device_cpu(gt_optimizer *opt, size_t num_device) {
     }
 }
 
-#ifdef GT_WITH_CUDA
-static gt_status run_device_cuda(gt_optimizer *opt, size_t num_device) {
+/* The device share on an accelerator: one kernel per run, queued on the compute stream. */
+static gt_status run_device_kernels(gt_optimizer *opt, size_t num_device) {
+    int index = opt->config.device.index;
+    gt_stream *stream = opt->config.compute_stream;
     for (size_t k = 0; k < num_device; k++) {
         const optim_segment *seg = &opt->segments[k];
         float *const *s = opt->slot;
         if (opt->config.kind == GT_OPTIM_ADAMW)
-            GT_TRY(gt_cuda_adamw(opt->config.device.index, opt->config.numerics, &seg->scalars.adamw,
-                                 seg->param, seg->grad, s[GT_SLOT_EXP_AVG] + seg->offset,
-                                 s[GT_SLOT_EXP_AVG_SQ] + seg->offset,
-                                 s[GT_SLOT_MAX_EXP_AVG_SQ] ? s[GT_SLOT_MAX_EXP_AVG_SQ] + seg->offset : NULL,
-                                 seg->numel, opt->config.compute_stream));
+            GT_TRY(opt->dev->adamw(index, stream, opt->config.numerics, &seg->scalars.adamw, seg->param,
+                                   seg->grad, s[GT_SLOT_EXP_AVG] + seg->offset, s[GT_SLOT_EXP_AVG_SQ] + seg->offset,
+                                   s[GT_SLOT_MAX_EXP_AVG_SQ] ? s[GT_SLOT_MAX_EXP_AVG_SQ] + seg->offset : NULL,
+                                   seg->numel));
         else
-            GT_TRY(gt_cuda_sgd(opt->config.device.index, &seg->scalars.sgd, seg->param, seg->grad,
-                               s[GT_SLOT_MOMENTUM] ? s[GT_SLOT_MOMENTUM] + seg->offset : NULL, seg->numel,
-                               opt->config.compute_stream));
+            GT_TRY(opt->dev->sgd(index, stream, &seg->scalars.sgd, seg->param, seg->grad,
+                                 s[GT_SLOT_MOMENTUM] ? s[GT_SLOT_MOMENTUM] + seg->offset : NULL, seg->numel));
     }
     return GT_OK;
 }
-#endif
 
 typedef struct host_update_ctx {
     gt_optimizer *opt;            /* the optimizer */
@@ -517,11 +518,9 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
         return GT_OK;
     if (num_host > 0)
         GT_TRY(gt_offload_begin(&opt->offload));
-#ifdef GT_WITH_CUDA
-    if (opt->config.device.kind == GT_DEVICE_CUDA)
-        GT_TRY(run_device_cuda(opt, num_device));
+    if (opt->dev)
+        GT_TRY(run_device_kernels(opt, num_device));
     else
-#endif
         run_device_cpu(opt, num_device);
     if (num_host > 0)
         GT_TRY(run_host(opt, num_host));
@@ -530,13 +529,11 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
     return GT_OK;
 }
 
-/* Waits for the update kernels queued on the compute stream (cuda:N), so that blocking copies
- * of device memory see their results. */
+/* Waits for the update kernels queued on the compute stream (an accelerator), so that blocking
+ * copies of device memory see their results. */
 static gt_status settle(const gt_optimizer *opt) {
-#ifdef GT_WITH_CUDA
-    if (opt->config.device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_optim_sync(opt->config.device.index, opt->config.compute_stream);
-#endif
+    if (opt->dev)
+        return opt->dev->stream_synchronize(opt->config.device.index, opt->config.compute_stream);
     return GT_OK;
 }
 
@@ -544,14 +541,12 @@ gt_status gt_optimizer_synchronize(const gt_optimizer *opt) { return settle(opt)
 
 /* ------------------------------------------------------------ norms --------------- */
 
-gt_status gt_grad_sumsq_on(gt_device device, void *stream, const float *grad, size_t n, double *out) {
-#ifdef GT_WITH_CUDA
-    if (device.kind == GT_DEVICE_CUDA)
-        return gt_cuda_grad_sumsq(device.index, grad, n, out, stream);
-#endif
-    if (device.kind == GT_DEVICE_CUDA)
-        return GT_FAIL(GT_ERR_RUNTIME, "device: this build has no CUDA backend");
-    return gt_grad_sumsq(grad, n, out);
+gt_status gt_grad_sumsq_on(gt_device device, gt_stream *stream, const float *grad, size_t n, double *out) {
+    if (!gt_device_is_accelerator(device))
+        return gt_grad_sumsq(grad, n, out);
+    const gt_device_backend *table = NULL;
+    GT_TRY(gt_device_backend_get(device, "device", &table));
+    return table->grad_sumsq(device.index, stream, grad, n, out);
 }
 
 gt_status gt_optimizer_grad_norm(const gt_optimizer *opt, double *out) {

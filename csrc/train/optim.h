@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "core/adamw.h"
-#include "core/device.h"
+#include "core/device_backend.h"
 #include "core/status.h"
 
 typedef enum gt_optim_kind {
@@ -63,10 +63,10 @@ typedef struct gt_optim_param_desc {
 typedef struct gt_optimizer_config {
     gt_optim_kind kind;           /* AdamW or SGD */
     gt_numerics numerics;         /* AdamW arithmetic (SGD has one) */
-    gt_device device;             /* where params and grads live: cpu or cuda:N */
+    gt_device device;             /* where params and grads live: cpu or an accelerator */
     double cpu_offload_fraction;  /* 0 <= f <= 1: share of elements whose state is on the host */
     size_t offload_chunk_numel;   /* elements per staging chunk; 0 = 1 Mi elements */
-    void *compute_stream;         /* cuda:N: cudaStream_t of the training step (NULL = default) */
+    gt_stream *compute_stream;    /* accelerator: the training step's stream (NULL = default) */
 } gt_optimizer_config;
 
 typedef struct gt_optimizer gt_optimizer;
@@ -97,17 +97,17 @@ gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad);
  * are not written). Synchronous: parameters are updated when it returns. */
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
 
-/* Waits until the device share of the steps queued so far has finished (cuda:N: the compute
- * stream; a no-op on the CPU, where gt_optimizer_step returns when everything is done). */
+/* Waits until the device share of the steps queued so far has finished (an accelerator: the
+ * compute stream; a no-op on the CPU, where gt_optimizer_step returns when everything is done). */
 gt_status gt_optimizer_synchronize(const gt_optimizer *opt);
 
 /* L2 norm of the set gradients, as gt_grad_norm_l2 over each maximal run of adjacent
  * gradients, the runs' sums of squares added in parameter order. */
 gt_status gt_optimizer_grad_norm(const gt_optimizer *opt, double *out);
 
-/* gt_grad_sumsq (train/grad_norm.h) for n floats on `device` (cpu or cuda:N, where it queues on
- * `stream`, a cudaStream_t, and waits for the result): the same bits on both. */
-gt_status gt_grad_sumsq_on(gt_device device, void *stream, const float *grad, size_t n, double *out);
+/* gt_grad_sumsq (train/grad_norm.h) for n floats on `device` (cpu, or an accelerator, where it
+ * queues on `stream` and waits for the result): the same bits on every device. */
+gt_status gt_grad_sumsq_on(gt_device device, gt_stream *stream, const float *grad, size_t n, double *out);
 
 /* Number of gt_optimizer_step calls that updated at least one parameter. */
 int64_t gt_optimizer_num_steps(const gt_optimizer *opt);

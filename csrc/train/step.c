@@ -82,19 +82,18 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
 
 /* The scaler's unscale + inf check over the gradient arena, where the model's arenas live. */
 static gt_status unscale_check(gt_model *model, const gt_scaler *scaler, int *found_inf) {
-    if (model->backend.device.kind == GT_DEVICE_CUDA)
+    if (model->device)
         return gt_step_unscale_check_device(model, scaler, found_inf);
     return gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, found_inf);
 }
 
-/* The global L2 norm of the gradient arena; on CUDA with the kernel that sums in the CPU's
- * order (core/sumsq_order.h), on the model's stream (the legacy default one). */
+/* The global L2 norm of the gradient arena; on a device with the kernel that sums in the CPU's
+ * order (core/sumsq_order.h), on the model's stream (the default one). */
 static gt_status grad_norm(gt_model *model, double *out) {
-    if (model->backend.device.kind != GT_DEVICE_CUDA)
+    if (!model->device)
         return gt_grad_norm_l2(model->grads.block.ptr, model->num_params, out);
     double sumsq = 0.0;
-    if (model->num_params)
-        GT_TRY(gt_grad_sumsq_on(model->backend.device, NULL, model->grads.block.ptr, model->num_params, &sumsq));
+    GT_TRY(gt_step_grad_sumsq_device(model, &sumsq));
     *out = sqrt(sumsq);
     return GT_OK;
 }
@@ -129,7 +128,7 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler && !out->outlier)  /* on the host for CUDA models too: found_inf is here */
+    if (scaler && !out->outlier)  /* on the host for device models too: found_inf is here, the rules are the kernel's */
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;

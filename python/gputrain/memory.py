@@ -25,7 +25,7 @@ def set_memory_fraction(fraction: float, device: str | None = None) -> None:
 
 
 def memory_stats(device: str | None = None) -> dict[str, int | None]:
-    """The allocator's statistics for `device` ('cpu', 'pinned', 'cuda:N')."""
+    """The allocator's statistics for `device` ('cpu', 'pinned', 'cuda:N', 'sim:N')."""
     return _C.memory_stats(device=_default_device(device))
 
 

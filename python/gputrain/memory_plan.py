@@ -7,9 +7,10 @@
     plan["cpu"]["total"]              # == the cpu pool's peak after the first step, to the byte
 
 Every number comes from the C planner of the code that later allocates it (the model's arenas,
-the optimizer's device and pinned arenas, the EMA shadow, the loader's slots, a CUDA step's
-scaler scratch), as the allocator reserves it (whole GT_ALIGN blocks); Python only adds them up
-per memory kind: "cpu", "pinned" and "cuda:N", the pools of gputrain.memory_stats.
+the step scratch of a model on an accelerator, the optimizer's device and pinned arenas, the EMA
+shadow, the loader's slots), as the allocator reserves it (whole GT_ALIGN blocks); Python only
+adds them up per memory kind: "cpu", "pinned", "cuda:N" and "sim:N", the pools of
+gputrain.memory_stats.
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ class MemoryPlan(dict):
         return "\n".join(lines)
 
 
-def _add(regions: dict[str, dict[str, int]], kind: str, name: str, value: int, keep_zero: bool = False) -> None:
-    """regions[kind][name] += value; a region of 0 bytes is left out unless keep_zero."""
-    if value or keep_zero:
+def _add(regions: dict[str, dict[str, int]], kind: str, name: str, value: int) -> None:
+    """regions[kind][name] += value; a region of 0 bytes is left out."""
+    if value:
         bucket = regions.setdefault(kind, {})
         bucket[name] = bucket.get(name, 0) + int(value)
 
@@ -154,6 +155,7 @@ def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tup
         for name in _ACTIVATION_PARTS:
             _add(regions, device, name, parts[name])
     _add(regions, device, "backend_scratch", arenas["backend_scratch"])
+    _add(regions, device, "step_scratch", arenas["step_scratch"])  # the device step's scaler state and flags
     return arenas["activations"]
 
 
@@ -188,8 +190,6 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     if ema:
         shadow = _C.ema_plan(numels, device=device, on_host=ema_on_host)
         _add(regions, shadow["pool"], "ema", shadow["bytes"])
-    if scaler:
-        _add(regions, device, "scaler", _C.step_scaler_bytes(device), keep_zero=True)  # CPU: no block
     if loader is not None:
         slots = _C.loader_plan(loader.arrays, loader.max_rows, loader.num_workers,
                                max(loader.prefetch_factor or 0, 1), loader.pin_memory)

@@ -240,6 +240,7 @@ class Trainer:
         return DataLoader((np.asarray(dataset[0]), np.asarray(dataset[1])), batch_size=batch_size, shuffle=shuffle,
                           seed=args.seed, num_workers=workers, prefetch_factor=args.dataloader_prefetch_factor,
                           pin_memory=args.dataloader_pin_memory and self.device != "cpu",
+                          pin_memory_device=self.device if self.device != "cpu" else "",
                           persistent_workers=args.dataloader_persistent_workers)
 
     def _setup_training(self, batches: int) -> None:

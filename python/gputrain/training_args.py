@@ -117,7 +117,8 @@ class TrainingArguments:
             gputrain.trainer logger shows INFO or WARNING).
 
     gputrain arguments:
-        device: "auto" (a CUDA device when there is one, else "cpu"), "cpu" or "cuda[:N]".
+        device: "auto" (a CUDA device when there is one, else "cpu"), "cpu", "cuda[:N]" or "sim[:N]"
+            (the simulated device, which runs the device code path with the CPU's arithmetic).
         cpu_offload_fraction: the share of optimizer state kept in host memory (AdamW only).
         memory_limit / memory_fraction: a cap on gputrain's allocator for the device, in bytes
             or as a share of the device's memory, set when the Trainer is built (at most one).
@@ -292,8 +293,9 @@ class TrainingArguments:
             raise ValueError("--dataloader_persistent_workers requires --dataloader_num_workers > 0")
 
     def _check_gputrain(self) -> None:
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu")
+                                                    or self.device.startswith(("cuda", "sim"))):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda[:N]' or 'sim[:N]', got {self.device!r}")
         _check_float("cpu_offload_fraction", self.cpu_offload_fraction, 0.0, 1.0)
         if self.cpu_offload_fraction > 0 and self.optim == "sgd":
             raise ValueError("cpu_offload_fraction > 0 needs an AdamW optimizer (optim='adamw_torch'); "

@@ -186,17 +186,20 @@ def _cpu_count() -> int:
 
 
 def _parse_device(device: Any) -> str | None:
-    """None for the CPU (zero-copy batches), or "cuda:N"."""
+    """None for the CPU (zero-copy batches), "cuda:N", or "sim:N" (the simulated device)."""
     if device is None:
         return None
     text = str(device)
     if text == "cpu":
         return None
-    if text == "cuda":
-        text = "cuda:0"
+    if text in ("cuda", "sim"):
+        text += ":0"
     prefix, _, digits = text.partition(":")
-    if prefix != "cuda" or not digits.isdigit():
-        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if prefix not in ("cuda", "sim") or not digits.isdigit():
+        raise ValueError(f"device must be None, 'cpu', 'cuda', 'cuda:N', 'sim' or 'sim:N', got {device!r}")
+    if prefix == "sim":
+        _C.memory_stats(device=text)  # ValueError naming the device unless sim:N exists
+        return text
     if int(digits) >= _C.cuda_device_count():
         from gputrain.cuda import unavailable_reason
 
@@ -210,7 +213,7 @@ class DataLoader:
     dimension (np.memmap works), gathered by C worker threads; or a Dataset object (map-style:
     __len__ and __getitem__; iterable: __iter__; a list of samples is map-style) fetched by
     worker processes. Arguments as PyTorch's DataLoader, plus: `seed` (the order's seed;
-    default: drawn from `generator`, else random), `device` ("cuda[:N]", arrays only: batches
+    default: drawn from `generator`, else random), `device` ("cuda[:N]" or "sim[:N]", arrays only: batches
     are copied to the device on a copy stream), `transform` (arrays: a callable applied to each
     gathered batch before `collate_fn`; Dataset objects: applied to each collated batch where
     it is collated) and `transform_in_workers` (arrays: run transform and collate_fn in the
@@ -563,7 +566,10 @@ class DataLoader:
         return pipeline
 
     def _warn_pin_memory(self) -> None:
-        if self.pin_memory and not self._pin_warned and _C.cuda_device_count() == 0:
+        """PyTorch's warning when pinned slots have no device to feed (the simulated device,
+        named by `device` or `pin_memory_device`, is fed from them as a GPU would be)."""
+        feeds_sim = any(str(d or "").startswith("sim") for d in (self.device, self.pin_memory_device))
+        if self.pin_memory and not self._pin_warned and _C.cuda_device_count() == 0 and not feeds_sim:
             object.__setattr__(self, "_pin_warned", True)
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=3)

@@ -16,7 +16,7 @@ from gputrain import _C
 
 
 class DeviceArray:
-    """An array in CUDA device memory, one field of a device batch (or a copied array)."""
+    """An array in device memory (cuda:N or sim:N), one field of a device batch (or a copied array)."""
 
     __slots__ = ("_owner", "_offset", "shape", "dtype", "device", "_stream")
 
@@ -78,7 +78,7 @@ class DeviceStage:
 
     def __init__(self, device: str, engine: _C.LoaderEngine) -> None:
         self.device = device
-        self._transfer = _C.LoaderTransfer(engine, int(device.partition(":")[2]))
+        self._transfer = _C.LoaderTransfer(engine, device)
         self._pending: Any = None
 
     def _move(self, batch: Any) -> Any:

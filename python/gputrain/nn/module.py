@@ -13,7 +13,7 @@ one set of parameters: the C model lays them out once, every use reads them and
 their gradients are summed; parameters()/named_parameters()/modules() list them once (under
 the first name), while state_dict() has every name, as PyTorch's.
 
-A model moved to a CUDA device (`.to("cuda")`) keeps its arenas in device memory, which NumPy
+A model moved to a device (`.to("cuda")` or `.to("sim")`) keeps its arenas in device memory, which NumPy
 cannot view: it has no Parameter objects (named_parameters()/parameters() raise and say so),
 and its weights are read and written as copies through state_dict()/load_state_dict()."""
 
@@ -316,7 +316,7 @@ class Module:
         return self.train(False)
 
     def to(self, device: str) -> Module:
-        """Move the model to `device` ('cpu' or 'cuda[:N]'), keeping its parameter values."""
+        """Move the model to `device` ('cpu', 'cuda[:N]' or 'sim[:N]'), keeping its parameter values."""
         if not isinstance(device, str):
             raise TypeError(f"device must be a str, not {type(device).__name__}")
         current = self._compiled.device if self._compiled is not None else None

@@ -1,4 +1,4 @@
-"""Memory per memory kind ('cpu', 'pinned', 'cuda:N'): a step's exact plan, the allocator's
+"""Memory per memory kind ('cpu', 'pinned', 'cuda:N', 'sim:N'): a step's exact plan, the allocator's
 measured peaks, and an assertion that both stay within a budget."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gputrain import _C
 from gputrain.memory import format_bytes, memory_stats
 from gputrain.step import TrainStep
 
-_KIND = re.compile(r"^(cpu|pinned|cuda:\d+)$")
+_KIND = re.compile(r"^(cpu|pinned|cuda:\d+|sim:\d+)$")
 _LARGEST_REGIONS = 3  # regions named in a failure message, largest first
 
 
@@ -46,7 +46,7 @@ def reset_peak_memory(kinds: Iterable[str] | None = None) -> None:
 def check_kind(kind: Any, name: str) -> str:
     """`kind` if it names a memory kind, else ValueError naming the argument `name`."""
     if not isinstance(kind, str) or not _KIND.match(kind):
-        raise ValueError(f"{name}: {kind!r} is not a memory kind ('cpu', 'pinned' or 'cuda:N')")
+        raise ValueError(f"{name}: {kind!r} is not a memory kind ('cpu', 'pinned', 'cuda:N' or 'sim:N')")
     return kind
 
 
@@ -83,7 +83,7 @@ def _usage(source: Any) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
                         f"not {type(source).__name__}")
     for kind in source:
         if isinstance(kind, str) and not _KIND.match(kind):
-            raise ValueError(f"source: {kind!r} is not a memory kind ('cpu', 'pinned' or 'cuda:N'); a plan "
+            raise ValueError(f"source: {kind!r} is not a memory kind ('cpu', 'pinned', 'cuda:N' or 'sim:N'); a plan "
                              "from TrainStep.memory_plan() does not say where it lives: use "
                              "gputrain.testing.memory_plan(step, batch_shape)")
         check_kind(kind, "source")

@@ -1,0 +1,106 @@
+/* The device interface: what nn/, train/ and data/ need from an accelerator (CUDA, or the
+ * simulated device "sim"), as one table of functions per device kind. The CPU has no table:
+ * its memory is the host's and its work runs on the calling thread (the direct path).
+ *
+ * Conventions of every function below:
+ *  - `index` is the device ordinal (cuda:N, sim:N); functions that take one make it current.
+ *  - A stream is an ordered queue of work on one device. The stream NULL is the device's
+ *    default stream (CUDA: the legacy default stream); blocking copies and fills run in its
+ *    order, and the work of other streams is ordered against it only through events.
+ *  - Pointers are device pointers unless the name says host; a copy takes any mix of device
+ *    and host memory (the direction follows from the pointers).
+ *  - Kernels (adamw ... scaler_unscale_check) queue their work on `stream` and return after the
+ *    launch, except grad_sumsq, whose result is a host value: it waits for the stream.
+ * The backends register their tables at module start-up (gt_device_backend_install), so the
+ * core never includes a backend's headers (the layering of DESIGN.md). */
+#ifndef GT_DEVICE_BACKEND_H
+#define GT_DEVICE_BACKEND_H
+
+#include <stddef.h>
+
+#include "core/adamw.h"
+#include "core/device.h"
+#include "core/scaler_rules.h"
+#include "core/sgd.h"
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gt_backend;  /* ops/ops.h */
+
+typedef struct gt_stream gt_stream;  /* a backend's stream (layout private to the backend) */
+typedef struct gt_event gt_event;    /* a backend's event (layout private to the backend) */
+
+typedef struct gt_device_backend {
+    const char *name;  /* "cuda" or "sim" */
+
+    /* ---- memory: the allocator's pools call these (core/alloc.c) ---- */
+    int (*device_count)(void);                                        /* usable devices; 0: none */
+    gt_status (*malloc)(int index, size_t bytes, void **out);         /* GT_ERR_OOM when refused */
+    void (*free)(int index, void *ptr);                               /* after the device's work */
+    gt_status (*mem_get_info)(int index, size_t *free_bytes, size_t *total_bytes);
+
+    /* ---- copies and fills ---- */
+    /* dst = src (bytes), ordered after the default stream's work; returns when done. */
+    gt_status (*memcpy)(int index, void *dst, const void *src, size_t bytes);
+    /* Sets bytes of device memory to the byte `value`, ordered as memcpy; returns when done. */
+    gt_status (*memset)(int index, void *dst, int value, size_t bytes);
+    /* Queues dst = src (bytes) on `stream`; host memory must stay valid until it has run. */
+    gt_status (*memcpy_async)(int index, gt_stream *stream, void *dst, const void *src, size_t bytes);
+    /* The contents of `bytes` at `ptr` are dead once the work queued on `stream` so far has run
+     * (a released buffer): sim queues a fill with 0xFF (NaN as floats) there, so a reader not
+     * ordered before the release sees poison; CUDA does nothing. */
+    gt_status (*poison)(int index, gt_stream *stream, void *ptr, size_t bytes);
+
+    /* ---- streams and events ---- */
+    gt_status (*stream_create)(int index, gt_stream **out);           /* not the default stream */
+    void (*stream_destroy)(int index, gt_stream *stream);             /* waits for it; NULL ignored */
+    gt_status (*stream_synchronize)(int index, gt_stream *stream);    /* blocks until it is idle */
+    /* Later work on `stream` waits until `event`'s last record has completed (host not blocked). */
+    gt_status (*stream_wait_event)(int index, gt_stream *stream, gt_event *event);
+    gt_status (*event_create)(int index, gt_event **out);
+    void (*event_destroy)(int index, gt_event *event);                /* NULL ignored */
+    /* Captures the work queued on `stream` so far; the event completes when that work has. */
+    gt_status (*event_record)(int index, gt_event *event, gt_stream *stream);
+    gt_status (*event_query)(int index, gt_event *event, int *done);  /* 1: completed or unrecorded */
+    gt_status (*event_synchronize)(int index, gt_event *event);       /* blocks until completed */
+    /* The native handle behind a stream (CUDA: the cudaStream_t), for consumers outside gputrain. */
+    void *(*stream_native)(gt_stream *stream);
+
+    /* ---- the training step's kernels, with the element math of core/ ---- */
+    gt_status (*adamw)(int index, gt_stream *stream, gt_numerics numerics, const gt_adamw_scalars *s,
+                       float *p, const float *g, float *m, float *v, float *v_max, size_t n);
+    gt_status (*sgd)(int index, gt_stream *stream, const gt_sgd_scalars *s, float *p, const float *g,
+                     float *buf, size_t n);
+    gt_status (*ema)(int index, gt_stream *stream, float *ema, const float *p, float weight, size_t n);
+    gt_status (*ema_swap)(int index, gt_stream *stream, float *ema, float *p, size_t n);
+    /* *out (host) = sum of x[i]^2 in core/sumsq_order.h's order; waits for the result. */
+    gt_status (*grad_sumsq)(int index, gt_stream *stream, const float *x, size_t n, double *out);
+    /* grad *= 1 / scale of *scaler, *found_inf = 1 if an element was not finite (all three
+     * device pointers; *found_inf is otherwise left as it was). */
+    gt_status (*scaler_unscale_check)(int index, gt_stream *stream, const gt_scaler *scaler,
+                                      float *grad, size_t n, int *found_inf);
+
+    /* ---- the op table (ops/ops.h) ---- */
+    /* Fills `be` with the device's op table queueing on `stream`; release it with backend_release. */
+    gt_status (*backend_init)(struct gt_backend *be, int index, gt_stream *stream);
+    void (*backend_release)(struct gt_backend *be);  /* waits for its stream; impl NULL ignored */
+    size_t backend_scratch_bytes;  /* device bytes backend_init allocates for itself (the plan counts them) */
+} gt_device_backend;
+
+/* Registers the table of an accelerator kind (GT_DEVICE_CUDA or GT_DEVICE_SIM). */
+void gt_device_backend_install(gt_device_kind kind, const gt_device_backend *table);
+
+/* The table of `device`'s kind; NULL for cpu and pinned, and for a kind not compiled in. */
+const gt_device_backend *gt_device_backend_of(gt_device device);
+
+/* The table of an accelerator `device`, or (naming `arg_name`) GT_ERR_CUDA for a CUDA device and
+ * GT_ERR_RUNTIME otherwise when its backend is not in this build. */
+gt_status gt_device_backend_get(gt_device device, const char *arg_name, const gt_device_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,118 @@
+#include "sim/sim_kernels.h"
+
+#include "sim/sim_stream.h"
+#include "train/grad_norm.h"
+#include "train/optim_cpu.h"
+#include "train/scaler.h"
+
+typedef struct adamw_job {
+    gt_numerics numerics;        /* exact or fast arithmetic */
+    gt_adamw_scalars s;          /* the step's constants, copied at the launch */
+    float *p;                    /* (n,) parameters */
+    const float *g;              /* (n,) gradients */
+    float *m, *v, *v_max;        /* (n,) moments; v_max only with amsgrad */
+    size_t n;                    /* elements */
+} adamw_job;
+
+static gt_status run_adamw(void *args) {
+    adamw_job *j = args;
+    gt_adamw_cpu(j->numerics, &j->s, j->p, j->g, j->m, j->v, j->v_max, j->n);
+    return GT_OK;
+}
+
+gt_status gt_sim_adamw(int index, gt_stream *stream, gt_numerics numerics, const gt_adamw_scalars *s, float *p,
+                       const float *g, float *m, float *v, float *v_max, size_t n) {
+    adamw_job job = {numerics, *s, p, g, m, v, v_max, n};
+    return n ? gt_sim_enqueue(index, stream, run_adamw, &job, sizeof job) : GT_OK;
+}
+
+typedef struct sgd_job {
+    gt_sgd_scalars s;   /* the step's constants */
+    float *p;           /* (n,) parameters */
+    const float *g;     /* (n,) gradients */
+    float *buf;         /* (n,) momentum buffer, or NULL */
+    size_t n;           /* elements */
+} sgd_job;
+
+static gt_status run_sgd(void *args) {
+    sgd_job *j = args;
+    gt_sgd_cpu(&j->s, j->p, j->g, j->buf, j->n);
+    return GT_OK;
+}
+
+gt_status gt_sim_sgd(int index, gt_stream *stream, const gt_sgd_scalars *s, float *p, const float *g,
+                     float *buf, size_t n) {
+    sgd_job job = {*s, p, g, buf, n};
+    return n ? gt_sim_enqueue(index, stream, run_sgd, &job, sizeof job) : GT_OK;
+}
+
+typedef struct ema_job {
+    float *ema;      /* (n,) shadow */
+    float *p;        /* (n,) parameters (read by the average, exchanged by the swap) */
+    float weight;    /* f32(1 - decay) */
+    size_t n;        /* elements */
+} ema_job;
+
+static gt_status run_ema(void *args) {
+    ema_job *j = args;
+    gt_ema_cpu(j->ema, j->p, j->weight, j->n);
+    return GT_OK;
+}
+
+static gt_status run_ema_swap(void *args) {
+    ema_job *j = args;
+    for (size_t i = 0; i < j->n; i++) {
+        float kept = j->ema[i];
+        j->ema[i] = j->p[i];
+        j->p[i] = kept;
+    }
+    return GT_OK;
+}
+
+gt_status gt_sim_ema(int index, gt_stream *stream, float *ema, const float *p, float weight, size_t n) {
+    ema_job job = {ema, (float *)p, weight, n};
+    return n ? gt_sim_enqueue(index, stream, run_ema, &job, sizeof job) : GT_OK;
+}
+
+gt_status gt_sim_ema_swap(int index, gt_stream *stream, float *ema, float *p, size_t n) {
+    ema_job job = {ema, p, 0.0f, n};
+    return n ? gt_sim_enqueue(index, stream, run_ema_swap, &job, sizeof job) : GT_OK;
+}
+
+typedef struct sumsq_job {
+    const float *x;   /* (n,) values */
+    size_t n;         /* elements */
+    double *out;      /* host result; the launching thread waits for it */
+} sumsq_job;
+
+static gt_status run_sumsq(void *args) {
+    sumsq_job *j = args;
+    return gt_grad_sumsq(j->x, j->n, j->out);
+}
+
+gt_status gt_sim_grad_sumsq(int index, gt_stream *stream, const float *x, size_t n, double *out) {
+    *out = 0.0;
+    if (n == 0)
+        return GT_OK;
+    sumsq_job job = {x, n, out};
+    GT_TRY(gt_sim_enqueue(index, stream, run_sumsq, &job, sizeof job));
+    return gt_sim_stream_synchronize(index, stream);
+}
+
+typedef struct unscale_job {
+    const gt_scaler *scaler;  /* device copy of the scaler state */
+    float *grad;              /* (n,) gradients, unscaled in place */
+    size_t n;                 /* elements */
+    int *found_inf;           /* device flag, set to 1 on a non-finite element */
+} unscale_job;
+
+static gt_status run_unscale(void *args) {
+    unscale_job *j = args;
+    return gt_scaler_unscale_check(j->scaler, j->grad, j->n, j->found_inf);
+}
+
+gt_status gt_sim_unscale_check(int index, gt_stream *stream, const gt_scaler *scaler, float *grad, size_t n,
+                               int *found_inf) {
+    unscale_job job = {scaler, grad, n, found_inf};
+    return n ? gt_sim_enqueue(index, stream, run_unscale, &job, sizeof job) : GT_OK;
+}
