@@ -50,12 +50,14 @@ GT_INLINE void load_rows(float *dst, const void *src, size_t base, size_t stride
             dst[r * dim + d] = gt_cpu_load(src, base + r * stride + d, dt);
 }
 
-/* dst (D, K_BLOCK) = the same rows transposed (columns beyond `rows` are left as they are). */
+/* dst (D, K_BLOCK) = the same rows transposed, zeros in the columns beyond `rows`. */
 GT_INLINE void load_rows_t(float *dst, const void *src, size_t base, size_t stride, size_t rows,
                            size_t dim, gt_dtype dt) {
     for (size_t r = 0; r < rows; r++)
         for (size_t d = 0; d < dim; d++)
             dst[d * K_BLOCK + r] = gt_cpu_load(src, base + r * stride + d, dt);
+    for (size_t d = 0; rows < K_BLOCK && d < dim; d++)
+        memset(dst + d * K_BLOCK + rows, 0, (K_BLOCK - rows) * sizeof(float));
 }
 
 /* Rows of `src` (rows, D) times `factor`, rounded into an operand at `base`, `stride` apart. */
@@ -66,19 +68,31 @@ GT_INLINE void store_rows(void *dst, size_t base, size_t stride, const float *sr
             gt_cpu_store(dst, base + r * stride + d, src[r * dim + d] * factor, dt);
 }
 
-/* s (rows, K_BLOCK)[:, :cols] = a (rows, D) @ bt (D, K_BLOCK)[:, :cols], summed over d in order. */
-GT_INLINE void tile_product(float *s, const float *a, const float *bt, size_t rows, size_t cols,
-                            size_t dim) {
-    for (size_t r = 0; r < rows; r++) {
-        float *sr = s + r * K_BLOCK;
-        for (size_t c = 0; c < cols; c++)
-            sr[c] = 0.0f;
+/* s (rows, K_BLOCK)[:, :cols] = a (rows, D) @ bt (D, K_BLOCK), summed over d in order. Two rows
+ * at a time over all K_BLOCK columns (bt's unused columns are zeros), in local accumulators the
+ * compiler keeps in vector registers, so each column vector of bt is loaded once per two rows. */
+GT_INLINE void tile_product(float *restrict s, const float *restrict a, const float *restrict bt,
+                            size_t rows, size_t cols, size_t dim) {
+    size_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        float acc0[K_BLOCK] = {0}, acc1[K_BLOCK] = {0};
+        const float *a0 = a + r * dim, *a1 = a0 + dim;
         for (size_t d = 0; d < dim; d++) {
-            float x = a[r * dim + d];
             const float *br = bt + d * K_BLOCK;
-            for (size_t c = 0; c < cols; c++)
-                sr[c] += x * br[c];
+            for (size_t c = 0; c < K_BLOCK; c++) {
+                acc0[c] += a0[d] * br[c];
+                acc1[c] += a1[d] * br[c];
+            }
         }
+        memcpy(s + r * K_BLOCK, acc0, cols * sizeof(float));
+        memcpy(s + (r + 1) * K_BLOCK, acc1, cols * sizeof(float));
+    }
+    for (; r < rows; r++) {
+        float acc[K_BLOCK] = {0};
+        for (size_t d = 0; d < dim; d++)
+            for (size_t c = 0; c < K_BLOCK; c++)
+                acc[c] += a[r * dim + d] * bt[d * K_BLOCK + c];
+        memcpy(s + r * K_BLOCK, acc, cols * sizeof(float));
     }
 }
 
