@@ -12,9 +12,11 @@
  * dK += scale dS^T Q, dQ += scale dS K (dQ in an f32 (T, D) accumulator of the unit).
  *
  * Determinism: a unit runs on one thread in a fixed order and units write disjoint outputs, so
- * any thread count gives the same bits. The inner loops are axpy-shaped (over key columns, with
- * K and V held transposed, or over head_dim) and vectorise without reassociation in the SSE, AVX2
- * and AVX-512 clones of cpu_kernels.h; exp is gt_vm_expf. Scratch is one slot of the workspace
+ * any thread count gives the same bits. The tile products keep blocks of outputs in vector
+ * registers and add their terms in a fixed order (over head_dim for scores, over keys or queries
+ * for the rest), vectorising over an output row without reassociation in the SSE, AVX2 and
+ * AVX-512 clones of cpu_kernels.h; exp is gt_vm_expf. Invisible (masked) entries of a tile are
+ * exact zeros in the products. Scratch is one slot of the workspace
  * per thread: the op never allocates. */
 #include <math.h>
 #include <omp.h>
@@ -96,10 +98,46 @@ GT_INLINE void tile_product(float *restrict s, const float *restrict a, const fl
     }
 }
 
-/* y[0:dim] += w * x[0:dim]. */
-GT_INLINE void axpy(float *y, float w, const float *x, size_t dim) {
-    for (size_t d = 0; d < dim; d++)
-        y[d] += w * x[d];
+enum { ACC_ROWS = 4, ACC_COLS = 32 };  /* output block of tile_accumulate kept in registers */
+
+/* o[r][d0:d0+width] += sum over c < n, in order, of p[r * ldp + c] * x[c][d0:d0+width] for
+ * `rows` (at most ACC_ROWS) rows; x rows are `dim` apart. The sum is formed in registers from 0
+ * and then added to o. */
+GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size_t ldp,
+                                const float *restrict x, size_t rows, size_t n, size_t dim,
+                                size_t d0, size_t width) {
+    if (rows == ACC_ROWS && width == ACC_COLS) {  /* the common case: fixed sizes, in registers */
+        float acc[ACC_ROWS][ACC_COLS] = {{0}};
+        for (size_t c = 0; c < n; c++)
+            for (size_t k = 0; k < ACC_ROWS; k++)
+                for (size_t j = 0; j < ACC_COLS; j++)
+                    acc[k][j] += p[k * ldp + c] * x[c * dim + d0 + j];
+        for (size_t k = 0; k < ACC_ROWS; k++)
+            for (size_t j = 0; j < ACC_COLS; j++)
+                o[k * dim + d0 + j] += acc[k][j];
+        return;
+    }
+    for (size_t k = 0; k < rows; k++) {
+        float acc[ACC_COLS] = {0};
+        for (size_t c = 0; c < n; c++)
+            for (size_t j = 0; j < width; j++)
+                acc[j] += p[k * ldp + c] * x[c * dim + d0 + j];
+        for (size_t j = 0; j < width; j++)
+            o[k * dim + d0 + j] += acc[j];
+    }
+}
+
+/* o (rows, D) += p (rows, n; rows ldp apart) @ x (n, D): each element of o gets the sum of its n
+ * terms (added in order of c) added to it. Blocks of ACC_ROWS x ACC_COLS outputs stay in vector registers over all n (eight
+ * independent AVX-512 add chains), so x is read once per ACC_ROWS rows. */
+GT_INLINE void tile_accumulate(float *o, const float *p, size_t ldp, const float *x, size_t rows,
+                               size_t n, size_t dim) {
+    for (size_t r = 0; r < rows; r += ACC_ROWS) {
+        size_t block = rows - r < ACC_ROWS ? rows - r : ACC_ROWS;
+        for (size_t d0 = 0; d0 < dim; d0 += ACC_COLS)
+            accumulate_block(o + r * dim, p + r * ldp, ldp, x, block, n, dim, d0,
+                             dim - d0 < ACC_COLS ? dim - d0 : ACC_COLS);
+    }
 }
 
 /* f[0:n] = the dropout multipliers of elements g, g + 1, ... (core/dropout.h). */
@@ -124,7 +162,7 @@ static size_t forward_floats(size_t dim) {
     return dim * (2 * Q_BLOCK + 2 * K_BLOCK) + Q_BLOCK * K_BLOCK + K_BLOCK + 2 * Q_BLOCK;
 }
 static size_t backward_floats(size_t t, size_t dim) {
-    return 3 * t * dim + t + 5 * K_BLOCK * dim + 3 * Q_BLOCK * K_BLOCK;
+    return 3 * t * dim + t + 5 * K_BLOCK * dim + 5 * Q_BLOCK * K_BLOCK;
 }
 
 /* The scratch of one forward unit, carved from a slot. */
@@ -152,9 +190,10 @@ static fwd_scratch carve_forward(float *slot, size_t dim) {
     return w;
 }
 
-/* One query row against one key tile of n visible columns: the online-softmax update. */
+/* One query row against one key tile of n visible columns (of cols): the online-softmax update,
+ * leaving the row's (dropped-out) probabilities in s, zeros in its invisible columns. */
 GT_INLINE void online_row(const gt_attention_args *a, fwd_scratch *w, size_t r, size_t n,
-                          uint64_t drop_g) {
+                          size_t cols, uint64_t drop_g) {
     size_t dim = (size_t)a->head_dim;
     float *sr = w->s + r * K_BLOCK, *orow = w->o + r * dim;
     float mx = w->m[r];
@@ -177,8 +216,8 @@ GT_INLINE void online_row(const gt_attention_args *a, fwd_scratch *w, size_t r, 
         for (size_t c = 0; c < n; c++)
             sr[c] *= w->f[c];
     }
-    for (size_t c = 0; c < n; c++)
-        axpy(orow, sr[c], w->v + c * dim, dim);
+    for (size_t c = n; c < cols; c++)
+        sr[c] = 0.0f;
 }
 
 /* out and lse of the rows of one unit from its accumulators. */
@@ -218,8 +257,11 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
         for (size_t r = 0; r < rows; r++) {
             size_t n = visible_cols(a, b, i0 + r, j0, cols);
             if (n > 0)
-                online_row(a, &w, r, n, dropout_index(a, bh, i0 + r, j0));
+                online_row(a, &w, r, n, cols, dropout_index(a, bh, i0 + r, j0));
+            else
+                memset(w.s + r * K_BLOCK, 0, cols * sizeof(float));
         }
+        tile_accumulate(w.o, w.s, K_BLOCK, w.v, rows, cols, dim);
     }
     size_t out_base = b * (size_t)a->out_strides.batch + h * (size_t)a->out_strides.head +
                       i0 * (size_t)a->out_strides.row;
@@ -242,6 +284,8 @@ typedef struct bwd_scratch {
     float *p;     /* (Q_BLOCK, K_BLOCK) probabilities */
     float *f;     /* (Q_BLOCK, K_BLOCK) dropout multipliers */
     float *ds;    /* (Q_BLOCK, K_BLOCK) dP, then dS */
+    float *pt;    /* (K_BLOCK, Q_BLOCK) dropped-out probabilities, transposed */
+    float *dst;   /* (K_BLOCK, Q_BLOCK) dS, transposed */
 } bwd_scratch;
 
 static bwd_scratch carve_backward(float *slot, size_t t, size_t dim) {
@@ -258,6 +302,8 @@ static bwd_scratch carve_backward(float *slot, size_t t, size_t dim) {
     w.p = w.dv + K_BLOCK * dim;
     w.f = w.p + Q_BLOCK * K_BLOCK;
     w.ds = w.f + Q_BLOCK * K_BLOCK;
+    w.pt = w.ds + Q_BLOCK * K_BLOCK;
+    w.dst = w.pt + K_BLOCK * Q_BLOCK;
     return w;
 }
 
@@ -294,7 +340,9 @@ GT_INLINE void backward_probs(const gt_attention_args *a, bwd_scratch *w, size_t
     }
 }
 
-/* The gradients of one tile into the unit's accumulators (dp holds dO V^T on entry). */
+/* The gradients of one tile into the unit's accumulators (ds holds dO V^T on entry). dS and the
+ * dropped-out probabilities are zero in invisible columns, and are also laid out transposed so
+ * that dV += (P M)^T dO and dK += dS^T Q are tile_accumulate products as dQ += dS K is. */
 GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t i0,
                              size_t rows, size_t j0, size_t cols) {
     size_t dim = (size_t)a->head_dim;
@@ -302,15 +350,20 @@ GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t 
     for (size_t r = 0; r < rows; r++) {
         size_t i = i0 + r, n = visible_cols(a, b, i, j0, cols);
         float *pr = w->p + r * K_BLOCK, *fr = w->f + r * K_BLOCK, *dsr = w->ds + r * K_BLOCK;
-        for (size_t c = 0; c < n; c++)
-            axpy(w->dv + c * dim, drop ? pr[c] * fr[c] : pr[c], w->dout + i * dim, dim);
-        for (size_t c = 0; c < n; c++)
+        for (size_t c = 0; c < n; c++) {
+            float kept = drop ? pr[c] * fr[c] : pr[c];
             dsr[c] = pr[c] * ((drop ? dsr[c] * fr[c] : dsr[c]) - w->delta[i]);
-        for (size_t c = 0; c < n; c++)
-            axpy(w->dk + c * dim, dsr[c], w->q + i * dim, dim);
-        for (size_t c = 0; c < n; c++)
-            axpy(w->dq + i * dim, dsr[c], w->k + c * dim, dim);
+            w->pt[c * Q_BLOCK + r] = kept;
+            w->dst[c * Q_BLOCK + r] = dsr[c];
+        }
+        for (size_t c = n; c < cols; c++) {
+            dsr[c] = 0.0f;
+            w->pt[c * Q_BLOCK + r] = w->dst[c * Q_BLOCK + r] = 0.0f;
+        }
     }
+    tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, w->k, rows, cols, dim);
+    tile_accumulate(w->dv, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim);
+    tile_accumulate(w->dk, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim);
 }
 
 /* Backward of unit u = b * heads + h. */
