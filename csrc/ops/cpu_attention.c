@@ -70,13 +70,14 @@ GT_INLINE void store_rows(void *dst, size_t base, size_t stride, const float *sr
             gt_cpu_store(dst, base + r * stride + d, src[r * dim + d] * factor, dt);
 }
 
-/* s (rows, K_BLOCK)[:, :cols] = a (rows, D) @ bt (D, K_BLOCK), summed over d in order. Two rows
- * at a time over all K_BLOCK columns (bt's unused columns are zeros), in local accumulators the
- * compiler keeps in vector registers, so each column vector of bt is loaded once per two rows. */
+/* s (rows, K_BLOCK)[:, :cols] = a (rows, D) @ bt (D, K_BLOCK), summed over d in order. Over all
+ * K_BLOCK columns (bt's unused columns are zeros), in local accumulators the compiler keeps in
+ * vector registers: two rows at a time when `wide` (32 vector registers, AVX-512), so each column
+ * vector of bt is loaded once per two rows, else one (16 registers would spill). */
 GT_INLINE void tile_product(float *restrict s, const float *restrict a, const float *restrict bt,
-                            size_t rows, size_t cols, size_t dim) {
+                            size_t rows, size_t cols, size_t dim, int wide) {
     size_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
+    for (; wide && r + 2 <= rows; r += 2) {
         float acc0[K_BLOCK] = {0}, acc1[K_BLOCK] = {0};
         const float *a0 = a + r * dim, *a1 = a0 + dim;
         for (size_t d = 0; d < dim; d++) {
@@ -98,23 +99,32 @@ GT_INLINE void tile_product(float *restrict s, const float *restrict a, const fl
     }
 }
 
-enum { ACC_ROWS = 4, ACC_COLS = 32 };  /* output block of tile_accumulate kept in registers */
+enum { ACC_COLS = 32 };  /* output columns of a tile_accumulate block kept in registers */
 
-/* o[r][d0:d0+width] += sum over c < n, in order, of p[r * ldp + c] * x[c][d0:d0+width] for
- * `rows` (at most ACC_ROWS) rows; x rows are `dim` apart. The sum is formed in registers from 0
- * and then added to o. */
+/* o[k][d0:d0+ACC_COLS] += sum over c < n, in order, of p[k * ldp + c] * x[c][d0:d0+ACC_COLS]
+ * for k < R (a constant): the sums are formed in registers from 0 and then added to o. */
+#define ACCUMULATE_FIXED(R)                                                    \
+    do {                                                                       \
+        float acc[R][ACC_COLS] = {{0}};                                        \
+        for (size_t c = 0; c < n; c++)                                         \
+            for (size_t k = 0; k < (R); k++)                                   \
+                for (size_t j = 0; j < ACC_COLS; j++)                          \
+                    acc[k][j] += p[k * ldp + c] * x[c * dim + d0 + j];         \
+        for (size_t k = 0; k < (R); k++)                                       \
+            for (size_t j = 0; j < ACC_COLS; j++)                              \
+                o[k * dim + d0 + j] += acc[k][j];                              \
+    } while (0)
+
+/* The same for `rows` rows and `width` columns of any size, ACC_COLS at most. */
 GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size_t ldp,
                                 const float *restrict x, size_t rows, size_t n, size_t dim,
                                 size_t d0, size_t width) {
-    if (rows == ACC_ROWS && width == ACC_COLS) {  /* the common case: fixed sizes, in registers */
-        float acc[ACC_ROWS][ACC_COLS] = {{0}};
-        for (size_t c = 0; c < n; c++)
-            for (size_t k = 0; k < ACC_ROWS; k++)
-                for (size_t j = 0; j < ACC_COLS; j++)
-                    acc[k][j] += p[k * ldp + c] * x[c * dim + d0 + j];
-        for (size_t k = 0; k < ACC_ROWS; k++)
-            for (size_t j = 0; j < ACC_COLS; j++)
-                o[k * dim + d0 + j] += acc[k][j];
+    if (width == ACC_COLS && rows == 4) {
+        ACCUMULATE_FIXED(4);
+        return;
+    }
+    if (width == ACC_COLS && rows == 2) {
+        ACCUMULATE_FIXED(2);
         return;
     }
     for (size_t k = 0; k < rows; k++) {
@@ -128,12 +138,14 @@ GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size
 }
 
 /* o (rows, D) += p (rows, n; rows ldp apart) @ x (n, D): each element of o gets the sum of its n
- * terms (added in order of c) added to it. Blocks of ACC_ROWS x ACC_COLS outputs stay in vector registers over all n (eight
- * independent AVX-512 add chains), so x is read once per ACC_ROWS rows. */
+ * terms (added in order of c) added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's
+ * 32 vector registers) or 2 rows by ACC_COLS outputs stay in registers over all n (eight
+ * independent add chains), so x is read once per block of rows. */
 GT_INLINE void tile_accumulate(float *o, const float *p, size_t ldp, const float *x, size_t rows,
-                               size_t n, size_t dim) {
-    for (size_t r = 0; r < rows; r += ACC_ROWS) {
-        size_t block = rows - r < ACC_ROWS ? rows - r : ACC_ROWS;
+                               size_t n, size_t dim, int wide) {
+    size_t step = wide ? 4 : 2;
+    for (size_t r = 0; r < rows; r += step) {
+        size_t block = rows - r < step ? rows - r : step;
         for (size_t d0 = 0; d0 < dim; d0 += ACC_COLS)
             accumulate_block(o + r * dim, p + r * ldp, ldp, x, block, n, dim, d0,
                              dim - d0 < ACC_COLS ? dim - d0 : ACC_COLS);
@@ -233,7 +245,8 @@ GT_INLINE void finish_rows(const gt_attention_args *a, fwd_scratch *w, size_t ou
 }
 
 /* Forward of unit u: (b, h, query block). */
-GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t u, gt_dtype dt) {
+GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
+                                  gt_dtype dt) {
     size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
     size_t blocks = (t + Q_BLOCK - 1) / Q_BLOCK, bh = u / blocks;
     size_t b = bh / (size_t)a->heads, h = bh % (size_t)a->heads;
@@ -253,7 +266,7 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
         size_t cols = kmax - j0 < K_BLOCK ? kmax - j0 : K_BLOCK;
         load_rows_t(w.kt, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
         load_rows(w.v, a->v, in_base + j0 * in_row, in_row, cols, dim, dt);
-        tile_product(w.s, w.q, w.kt, rows, cols, dim);
+        tile_product(w.s, w.q, w.kt, rows, cols, dim, wide);
         for (size_t r = 0; r < rows; r++) {
             size_t n = visible_cols(a, b, i0 + r, j0, cols);
             if (n > 0)
@@ -261,14 +274,14 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
             else
                 memset(w.s + r * K_BLOCK, 0, cols * sizeof(float));
         }
-        tile_accumulate(w.o, w.s, K_BLOCK, w.v, rows, cols, dim);
+        tile_accumulate(w.o, w.s, K_BLOCK, w.v, rows, cols, dim, wide);
     }
     size_t out_base = b * (size_t)a->out_strides.batch + h * (size_t)a->out_strides.head +
                       i0 * (size_t)a->out_strides.row;
     finish_rows(a, &w, out_base, bh * t + i0, rows, dt);
 }
-GT_CPU_KERNEL(forward_unit, (const gt_attention_args *a, float *slot, size_t u, gt_dtype dt),
-              a, slot, u)
+GT_CPU_KERNEL(forward_unit, (const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt),
+              a, slot, u, wide)
 
 /* The scratch of one backward unit, carved from a slot. */
 typedef struct bwd_scratch {
@@ -344,7 +357,7 @@ GT_INLINE void backward_probs(const gt_attention_args *a, bwd_scratch *w, size_t
  * dropped-out probabilities are zero in invisible columns, and are also laid out transposed so
  * that dV += (P M)^T dO and dK += dS^T Q are tile_accumulate products as dQ += dS K is. */
 GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t i0,
-                             size_t rows, size_t j0, size_t cols) {
+                             size_t rows, size_t j0, size_t cols, int wide) {
     size_t dim = (size_t)a->head_dim;
     int drop = a->dropout_p > 0.0;
     for (size_t r = 0; r < rows; r++) {
@@ -361,13 +374,14 @@ GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t 
             w->pt[c * Q_BLOCK + r] = w->dst[c * Q_BLOCK + r] = 0.0f;
         }
     }
-    tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, w->k, rows, cols, dim);
-    tile_accumulate(w->dv, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim);
-    tile_accumulate(w->dk, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim);
+    tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, w->k, rows, cols, dim, wide);
+    tile_accumulate(w->dv, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dk, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim, wide);
 }
 
 /* Backward of unit u = b * heads + h. */
-GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_t u, gt_dtype dt) {
+GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
+                                   gt_dtype dt) {
     size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
     size_t b = u / (size_t)a->heads, h = u % (size_t)a->heads;
     size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head, in_row = (size_t)a->in.row;
@@ -383,10 +397,10 @@ GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_
         memset(w.dv, 0, cols * dim * sizeof(float));
         for (size_t i0 = a->causal ? j0 : 0; i0 < t; i0 += Q_BLOCK) {
             size_t rows = t - i0 < Q_BLOCK ? t - i0 : Q_BLOCK;
-            tile_product(w.p, w.q + i0 * dim, w.kt, rows, cols, dim);
+            tile_product(w.p, w.q + i0 * dim, w.kt, rows, cols, dim, wide);
             backward_probs(a, &w, b, u, i0, rows, j0, cols);
-            tile_product(w.ds, w.dout + i0 * dim, w.vt, rows, cols, dim);
-            backward_tile(a, &w, b, i0, rows, j0, cols);
+            tile_product(w.ds, w.dout + i0 * dim, w.vt, rows, cols, dim, wide);
+            backward_tile(a, &w, b, i0, rows, j0, cols, wide);
         }
         store_rows(a->dk, in_base + j0 * in_row, in_row, w.dk, cols, dim, a->scale, dt);
         store_rows(a->dv, in_base + j0 * in_row, in_row, w.dv, cols, dim, 1.0f, dt);
@@ -399,8 +413,8 @@ GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_
     }
     store_rows(a->dq, in_base, in_row, w.dq, t, dim, a->scale, dt);
 }
-GT_CPU_KERNEL(backward_unit, (const gt_attention_args *a, float *slot, size_t u, gt_dtype dt),
-              a, slot, u)
+GT_CPU_KERNEL(backward_unit, (const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt),
+              a, slot, u, wide)
 
 /* Bytes of one thread's slot (SIZE_MAX when the sizes overflow). */
 static size_t slot_bytes(const gt_attention_args *a) {
@@ -462,7 +476,7 @@ static gt_status check_args(const gt_attention_args *a, int backward) {
     return GT_OK;
 }
 
-typedef void (*unit_kernel)(const gt_attention_args *a, float *slot, size_t u, gt_dtype dt);
+typedef void (*unit_kernel)(const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt);
 
 /* Runs `units` units of `kernel`, each on one thread with that thread's workspace slot. */
 static gt_status run_units(gt_backend *be, const gt_attention_args *a, unit_kernel kernel,
@@ -477,12 +491,13 @@ static gt_status run_units(gt_backend *be, const gt_attention_args *a, unit_kern
     size_t threads = (size_t)gt_get_num_threads();
     threads = threads < slots ? threads : slots;
     threads = threads < units ? threads : units;
+    int wide = gt_simd_level() == GT_SIMD_AVX512;  /* 32 vector registers: wider blocks */
 #pragma omp parallel num_threads((int)threads) if (threads > 1)
     {
         float *mine = (float *)((char *)be->workspace + (size_t)omp_get_thread_num() * slot);
 #pragma omp for schedule(dynamic, 1)
         for (size_t u = 0; u < units; u++)
-            kernel(a, mine, u, a->dt);
+            kernel(a, mine, u, wide, a->dt);
     }
     return GT_OK;
 }
