@@ -5,7 +5,8 @@ backward through autograd) on the same float32 (batch, heads, seq, head_dim) arr
 Shape: the issue's GPT step (n_head 6, n_embd 384 -> head_dim 64, T 256, batch 16), causal and
 not. PyTorch's call runs before every round of ours (pytest-benchmark's `setup`), so both see the
 same machine load; medians of ROUNDS. FLOP/s count the matrix products that are needed
-(forward 2 (QK^T, PV), backward 3 (dV, dP, dQ, dK: 4, less the causal half); causal halves all).
+(forward: QK^T and PV; backward: dV, dP, dQ and dK; causal: half of each), also as a fraction of the
+sgemm peak of gputrain's BLAS measured in the same run (bench_step.sgemm_peak, a 2048^3 GEMM).
 
     python -m pytest benchmarks/bench_attention.py --benchmark-only
     PYTHONPATH=<gputrain build> /work/venv-torch/bin/python -m pytest benchmarks/bench_attention.py --benchmark-only
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
+from bench_step import sgemm_peak
 from gputrain import functional as F
 
 SHAPE = (16, 6, 256, 64)  # batch, heads, seq, head_dim
@@ -87,6 +89,7 @@ def torch_call(causal: bool) -> Timed | None:
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_attention_forward_backward(benchmark, gputrain_benchmark, causal):
+    peak = sgemm_peak()
     ours = gputrain_call(causal)
     ours()
     torch = torch_call(causal)
@@ -98,6 +101,7 @@ def test_attention_forward_backward(benchmark, gputrain_benchmark, causal):
         "ms": seconds * 1e3,
         "best_ms": benchmark.stats.stats.min * 1e3,
         "gflops": useful_flops(causal) / seconds / 1e9,
+        "fraction_of_sgemm_peak": useful_flops(causal) / seconds / peak,
         "threads": gt.get_num_threads(),
         "simd": gt.info()["simd"],
         "load_average": os.getloadavg()[0],

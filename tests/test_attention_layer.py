@@ -216,3 +216,21 @@ def test_cuda_model_with_attention_is_refused_at_plan_time():
     model = nn.Sequential(mha(), lin()).to("cuda")
     with pytest.raises(RuntimeError, match="no implementation on the 'cuda' backend"):
         model(batch()[0])
+
+
+def test_thread_count_changed_after_planning_keeps_the_bits():
+    """The workspace has one slot per thread of the plan; more threads later use only those slots
+    (never beyond the workspace), fewer use fewer: the results are the same bits either way."""
+    x, y = batch()
+    results = []
+    for planned, running in ((1, 1), (1, 3), (3, 1)):
+        gt.random.manual_seed(0)
+        model = POSITIONS["block"](causal=True)
+        with ref.num_threads(planned):
+            gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)  # plans and allocates
+        with ref.num_threads(running):
+            step = gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)
+        results.append((step.loss, [p.grad.copy() for p in model.parameters()]))
+    for loss, grads in results[1:]:
+        assert loss == results[0][0]
+        assert all(ref.same_bits(a, b) for a, b in zip(grads, results[0][1]))
