@@ -234,3 +234,18 @@ def test_thread_count_changed_after_planning_keeps_the_bits():
     for loss, grads in results[1:]:
         assert loss == results[0][0]
         assert all(ref.same_bits(a, b) for a, b in zip(grads, results[0][1]))
+
+
+def test_micro_batches_draw_the_full_batchs_dropout_masks():
+    """Micro-batch m offsets its probability indices by m * (its B * H * T * T), so the masks of
+    a step split into micro-batches are those of the whole batch at once: the gradients agree."""
+    x, y = np.concatenate([batch(1)[0]] * 2), np.concatenate([batch(1)[1]] * 2)
+    x[BATCH:] *= -1  # two different halves
+    grads = []
+    for steps in (1, 2):
+        gt.random.manual_seed(0)
+        model = POSITIONS["block"](dropout=0.4, causal=True)
+        gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=steps)(x, y)
+        grads.append([p.grad.copy() for p in model.parameters()])
+    for whole, split in zip(*grads):
+        np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-6)
