@@ -16,8 +16,8 @@
  * registers and add their terms in a fixed order (over head_dim for scores, over keys or queries
  * for the rest), vectorising over an output row without reassociation in the SSE, AVX2 and
  * AVX-512 clones of cpu_kernels.h; exp is gt_vm_expf. Invisible (masked) entries of a tile are
- * exact zeros in the products. Scratch is one slot of the workspace
- * per thread: the op never allocates. */
+ * exact zeros in the products. Scratch is one slot of the workspace per thread (as many threads
+ * as the workspace has slots): the op never allocates. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
