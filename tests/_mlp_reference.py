@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+import _attention_reference as aref
 import gputrain as gt
 
 _erf = np.vectorize(math.erf)
@@ -59,6 +60,8 @@ def layer_forward(layer, x, params, dropout=None):
         xhat = (x - mean) * rstd
         p = params[id(layer)]
         return xhat * p["weight"] + p.get("bias", 0), (xhat, rstd)
+    if isinstance(layer, gt.nn.MultiheadAttention):
+        return attention_forward(layer, x, params, dropout)
     if isinstance(layer, gt.nn.Sequential):
         caches = []
         for child in layer.layers:
@@ -109,6 +112,8 @@ def layer_backward(layer, dy, cache, params, grads):
         dxhat = dy * p["weight"]
         n = xhat.shape[-1]
         return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    if isinstance(layer, gt.nn.MultiheadAttention):
+        return attention_backward(layer, dy, cache, params, grads)
     if isinstance(layer, gt.nn.Sequential):
         for child, child_cache in zip(reversed(layer.layers), reversed(cache)):
             dy = layer_backward(child, dy, child_cache, params, grads)
@@ -116,6 +121,30 @@ def layer_backward(layer, dy, cache, params, grads):
     if isinstance(layer, gt.nn.Residual):
         return dy + layer_backward(layer.block, dy, cache, params, grads)
     raise TypeError(type(layer))
+
+
+def attention_forward(layer, x, params, dropout=None):
+    """MultiheadAttention: fused projection, per-head attention (tests/_attention_reference.py),
+    output projection. `dropout(layer, (B, H, T, T))` gives the probabilities' multipliers."""
+    qkv, in_cache = layer_forward(layer.in_proj, x, params)
+    batch, seq, width = qkv.shape
+    embed, heads = width // 3, layer.num_heads
+    q, k, v = (qkv[..., i * embed:(i + 1) * embed].reshape(batch, seq, heads, embed // heads)
+               .transpose(0, 2, 1, 3) for i in range(3))
+    mult = None if dropout is None or layer.dropout == 0 else dropout(layer, (batch, heads, seq, seq))
+    o, _ = aref.attention(q, k, v, layer.causal, mult=mult)
+    y, out_cache = layer_forward(layer.out_proj, o.transpose(0, 2, 1, 3).reshape(batch, seq, embed), params)
+    return y, (in_cache, (q, k, v, mult), out_cache)
+
+
+def attention_backward(layer, dy, cache, params, grads):
+    in_cache, (q, k, v, mult), out_cache = cache
+    batch, heads, seq, dim = q.shape
+    do = layer_backward(layer.out_proj, dy, out_cache, params, grads)
+    do = do.reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3)
+    parts = aref.attention_backward(do, q, k, v, layer.causal, mult=mult)
+    dqkv = np.concatenate([g.transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim) for g in parts], -1)
+    return layer_backward(layer.in_proj, dqkv, in_cache, params, grads)
 
 
 def params_of(model):

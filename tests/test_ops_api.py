@@ -24,6 +24,8 @@ def calls():
     w, b, v = randn((5, 8), 3), randn(5, 4), randn(8, 5)
     ids, table = np.array([0, 3, 1, 3, 2, 0]), randn((4, 8), 6)
     _, mean, rstd = F.layer_norm(x, v, v)
+    q, k, a = randn((2, 2, 3, 4), 8), randn((2, 2, 3, 4), 9), randn((2, 2, 3, 4), 10)
+    out, lse = F.scaled_dot_product_attention(q, k, a, causal=True)
     return [
         ("gemm", F.gemm, (x, w), dict(trans_b=True)),
         ("linear", F.linear, (x, w, b), {}),
@@ -50,6 +52,10 @@ def calls():
         ("cross_entropy", F.cross_entropy, (x, np.array([0, 1, 2, 3, 4, 7])), dict(label_smoothing=0.1)),
         ("mse_loss", F.mse_loss, (x, d), {}),
         ("sum_squares", F.sum_squares, (x,), {}),
+        ("scaled_dot_product_attention", F.scaled_dot_product_attention, (q, k, a),
+         dict(key_lengths=[3, 1], dropout_p=0.2)),
+        ("scaled_dot_product_attention_backward", F.scaled_dot_product_attention_backward,
+         (a, q, k, a, out, lse), dict(causal=True)),
     ]
 
 
@@ -92,6 +98,7 @@ RAW_CALLS = [
     (_C.op_gemm, 10), (_C.op_bias, 3), (_C.op_activation, 4), (_C.op_dropout, 8), (_C.op_add, 4),
     (_C.op_layernorm_forward, 8), (_C.op_layernorm_backward, 9), (_C.op_embedding, 4),
     (_C.op_softmax_xent, 8), (_C.op_mse, 5), (_C.op_cast, 4), (_C.op_copy, 2),
+    (_C.op_attention, 14),
 ]
 JUNK = [None, 1.5, "f32", [1.0, 2.0], np.zeros((2, 2), np.float64), np.zeros((2, 2), np.float32)[:, ::2],
         np.zeros(3, np.int64)]

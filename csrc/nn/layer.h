@@ -39,6 +39,7 @@ typedef enum gt_layer_kind {
     GT_LAYER_FLATTEN = 5,
     GT_LAYER_SEQUENTIAL = 6,
     GT_LAYER_RESIDUAL = 7,
+    GT_LAYER_ATTENTION = 8,  /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */
 } gt_layer_kind;
 
 typedef struct gt_layer gt_layer;
@@ -57,15 +58,19 @@ typedef struct gt_param {
 struct gt_layer {
     gt_layer_kind kind;        /* what this layer computes */
     /* configuration */
-    int64_t in_features;       /* Linear: input width; LayerNorm: normalised dim */
+    int64_t in_features;       /* Linear: input width; LayerNorm: normalised dim; Attention:
+                                  embed_dim E */
     int64_t out_features;      /* Linear: output width */
     int has_bias;              /* Linear/LayerNorm: 1 when a bias exists */
     gt_activation activation;  /* Activation: which function */
-    double p;                  /* Dropout: drop probability in [0, 1] */
-    uint32_t dropout_id;       /* Dropout: layer id in the Philox key, unique in the model */
+    double p;                  /* Dropout, Attention: drop probability in [0, 1] */
+    uint32_t dropout_id;       /* Dropout, Attention: layer id in the Philox key, unique in the
+                                  model */
     float eps;                 /* LayerNorm: variance epsilon */
     int64_t num_embeddings;    /* Embedding: rows of the table */
     int64_t embedding_dim;     /* Embedding: columns of the table */
+    int64_t num_heads;         /* Attention: heads H (head_dim = in_features / H) */
+    int causal;                /* Attention: 1 when query t sees only keys <= t */
     gt_layer *children;        /* Sequential: its layers; Residual: one child, the block */
     size_t num_children;       /* length of children */
     /* parameters (Linear: weight (out, in), bias (out,); LayerNorm: weight, bias (dim,);
@@ -81,6 +86,7 @@ struct gt_layer {
     gt_tensor out;             /* output activation (ptr into an activation region) */
     float *mean;               /* LayerNorm: (rows,) saved statistics */
     float *rstd;               /* LayerNorm: (rows,) saved statistics */
+    float *lse;                /* Attention: (B, H, T) saved log-sum-exp of each query's scores */
     int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };
@@ -114,6 +120,11 @@ gt_status gt_layernorm_backward(gt_layer *layer, void *din, const void *dout, co
                                 gt_run *run);
 gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_embedding_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run);
+gt_status gt_attention_layer_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                      gt_run *run);
+/* The attention op's arguments for the layer's planned shape (pointers unset). */
+gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run);

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/threads.h"
+
 static gt_status cursor_take(gt_plan_cursor *cursor, size_t bytes, const char *what, void **out) {
     size_t aligned = 0, used = 0;
     GT_TRY(gt_size_align(bytes, what, &aligned));
@@ -33,6 +35,10 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
                  (long long)layer->num_embeddings, (long long)layer->embedding_dim);
         break;
     case GT_LAYER_RESIDUAL: snprintf(buf, bytes, "layer '%s' (Residual)", path); break;
+    case GT_LAYER_ATTENTION:
+        snprintf(buf, bytes, "layer '%s' (the attention of MultiheadAttention(%lld, %lld))", path,
+                 (long long)layer->in_features, (long long)layer->num_heads);
+        break;
     default: snprintf(buf, bytes, "layer '%s'", path); break;
     }
     return buf;
@@ -117,6 +123,34 @@ static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tenso
     return GT_OK;
 }
 
+/* Attention reads the fused (B, T, 3E) projection and writes (B, T, E); it keeps (B, H, T) f32
+ * log-sum-exps for backward and notes its scratch in the workspace. A backend without the op
+ * (CUDA, for now) is refused here, before anything runs. */
+static gt_status plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                                const char *path, gt_plan_cursor *region) {
+    char name[GT_LAYER_PATH_BYTES + 96];
+    describe(name, sizeof name, layer, path);
+    if (!w->ops->attention_forward || !w->ops->attention_backward || !w->ops->attention_workspace_bytes)
+        return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
+                       "this model on the CPU", name, w->ops->name);
+    GT_TRY(check_features(w, in, 3 * layer->in_features, layer, path));
+    if (in->ndim != 3)
+        return GT_FAIL(GT_ERR_VALUE, "model: %s takes (batch, seq, embed_dim) inputs, but gets %d "
+                       "dimensions", name, in->ndim);
+    layer->out.shape[2] = layer->in_features;
+    gt_attention_args args = gt_attention_layer_args(layer, in);
+    size_t stats = 0, bytes = w->ops->attention_workspace_bytes(&args, gt_get_num_threads());
+    GT_TRY(gt_size_check(bytes, "the workspace of attention"));
+    if (bytes > w->workspace_bytes)
+        w->workspace_bytes = bytes;
+    const char *what = "attention statistics";
+    GT_TRY(gt_size_mul((size_t)gt_rows_of(in), (size_t)layer->num_heads * sizeof(float), what, &stats));
+    void *lse = NULL;
+    GT_TRY(cursor_take(region, stats, what, &lse));
+    layer->lse = lse;
+    return GT_OK;
+}
+
 static gt_status plan_flatten(gt_layer *layer, const gt_tensor *in) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
@@ -196,6 +230,7 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
         break;
     case GT_LAYER_LAYERNORM: GT_TRY(plan_layernorm(w, layer, in, path, region)); break;
     case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
+    case GT_LAYER_ATTENTION: GT_TRY(plan_attention(w, layer, in, path, region)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

@@ -22,6 +22,9 @@ static const gt_ops cpu_ops = {
     .cast = gt_cpu_cast,
     .copy = gt_cpu_copy,
     .zero = gt_cpu_zero,
+    .attention_workspace_bytes = gt_cpu_attention_workspace_bytes,
+    .attention_forward = gt_cpu_attention_forward,
+    .attention_backward = gt_cpu_attention_backward,
 };
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

@@ -59,6 +59,11 @@ gt_status gt_cpu_mse(gt_backend *be, float *loss, void *dpred, const void *pred,
                      const float *target, int64_t n, float dloss_scale, gt_dtype dt);
 gt_status gt_cpu_sum_squares(gt_backend *be, double *out, const float *x, int64_t n);
 
+/* cpu_attention.c */
+size_t gt_cpu_attention_workspace_bytes(const gt_attention_args *args, int threads);
+gt_status gt_cpu_attention_forward(gt_backend *be, const gt_attention_args *args);
+gt_status gt_cpu_attention_backward(gt_backend *be, const gt_attention_args *args);
+
 /* cpu_memory.c */
 gt_status gt_cpu_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src,
                       gt_dtype src_dt, int64_t n);

@@ -71,6 +71,44 @@ typedef struct gt_gemm_args {
     int64_t stride_c;       /* elements between consecutive C matrices */
 } gt_gemm_args;
 
+/* Where the elements of an attention operand lie: element (b, h, t, d) of a
+ * (batch, heads, seq, head_dim) operand is at base + b * batch + h * head + t * row + d. The
+ * layer's fused layout (batch, seq, 3, heads, head_dim) gives q, k, v strides
+ * (seq * 3 E, D, 3 E) with k = q + E, v = q + 2 E (E = heads * D); its output (batch, seq,
+ * heads, head_dim) has strides (seq * E, D, E); separate (batch, heads, seq, head_dim) arrays
+ * have (heads * seq * D, seq * D, D). */
+typedef struct gt_attn_strides {
+    int64_t batch;  /* elements between consecutive batch entries */
+    int64_t head;   /* elements between consecutive heads */
+    int64_t row;    /* elements between consecutive positions */
+} gt_attn_strides;
+
+/* Scaled dot-product attention, per batch entry b and head h:
+ *   S = scale * Q K^T (seq, seq), masked: query i sees key j when j < key_lengths[b] (all keys
+ *   when key_lengths is NULL) and, if causal, j <= i; P = softmax(S) over the visible keys;
+ *   out = (P * M) V with M the dropout multipliers (0 or gt_dropout_scale(p)) of element
+ *   g = key.offset + ((b * heads + h) * seq + i) * seq + j under the rule of core/dropout.h.
+ * A query that sees no key gets out = 0, lse = -inf and zero gradients. lse (the log-sum-exp of
+ * the visible scaled scores) is what the backward needs besides the inputs and out: P is never
+ * stored. */
+typedef struct gt_attention_args {
+    int64_t batch, heads, seq, head_dim;  /* B, H, T, D */
+    const void *q, *k, *v;         /* (B, H, T, D) at `in` strides; dtype dt */
+    void *out;                     /* (B, H, T, D) at `out` strides; forward writes, backward reads */
+    float *lse;                    /* (B, H, T) f32, contiguous; forward writes, backward reads */
+    const void *dout;              /* backward: (B, H, T, D) at `out` strides */
+    void *dq, *dk, *dv;            /* backward: (B, H, T, D) at `in` strides, written; may not
+                                      overlap q, k, v, out or dout */
+    gt_attn_strides in;            /* strides of q, k, v, dq, dk, dv */
+    gt_attn_strides out_strides;   /* strides of out and dout */
+    float scale;                   /* multiplies Q K^T, usually 1 / sqrt(D) */
+    int causal;                    /* 1: query i sees keys j <= i */
+    const int64_t *key_lengths;    /* (B,) keys visible per batch entry, in [0, T], or NULL */
+    double dropout_p;              /* probability dropout in [0, 1] (0: none) */
+    gt_dropout_key dropout_key;    /* Philox key of the probability dropout */
+    gt_dtype dt;                   /* f32, f16 or bf16 */
+} gt_attention_args;
+
 typedef struct gt_ops {
     const char *name;  /* "cpu" or "cuda" */
 
@@ -151,6 +189,14 @@ typedef struct gt_ops {
     gt_status (*copy)(gt_backend *be, void *dst, const void *src, size_t bytes);
     /* dst = 0 (bytes). */
     gt_status (*zero)(gt_backend *be, void *dst, size_t bytes);
+
+    /* Scaled dot-product attention (gt_attention_args): scratch bytes for `args` when run with
+     * up to `threads` threads (fewer are used when the workspace holds fewer), forward (writes
+     * out and lse) and backward (writes dq, dk, dv). NULL where a backend has no attention (last in
+     * the table, so a positional table without them leaves them NULL). */
+    size_t (*attention_workspace_bytes)(const gt_attention_args *args, int threads);
+    gt_status (*attention_forward)(gt_backend *be, const gt_attention_args *args);
+    gt_status (*attention_backward)(gt_backend *be, const gt_attention_args *args);
 } gt_ops;
 
 /* A backend instance: its op table plus the scratch memory ops may use. */

@@ -141,6 +141,15 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
             return spec_error("Embedding sizes must be positive", spec);
         *layer = (gt_layer){.kind = GT_LAYER_EMBEDDING, .num_embeddings = a, .embedding_dim = b};
         return register_params(layer, ctx);
+    } else if (strcmp(kind, "attention") == 0) {
+        if (!PyArg_ParseTuple(spec, "sLLdp", &kind, &a, &b, &real, &flag))
+            return -1;
+        if (a <= 0 || b <= 0 || a % b != 0)
+            return spec_error("Attention needs embed_dim divisible by a positive num_heads", spec);
+        if (!(real >= 0.0 && real <= 1.0))
+            return spec_error("Attention dropout must be in [0, 1]", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_ATTENTION, .in_features = a, .num_heads = b, .p = real,
+                            .causal = flag, .dropout_id = ctx->next_dropout_id++};
     } else if (strcmp(kind, "tied") == 0) {
         return parse_tied(spec, layer, ctx);
     } else if (strcmp(kind, "flatten") == 0) {

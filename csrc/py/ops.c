@@ -5,6 +5,7 @@
 #include "py/gtpy.h"
 
 #include "core/alloc.h"
+#include "core/threads.h"
 #include "ops/ops.h"
 #include "py/ops_args.h"
 
@@ -460,6 +461,108 @@ static PyObject *op_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
+/* A 4-D (batch, heads, seq, head_dim) attention operand of the shape of `like` (NULL: any). */
+static PyArrayObject *attention_operand(PyObject *obj, const char *name, int typenum, int writable,
+                                        PyArrayObject *like) {
+    PyArrayObject *a = gtpy_as_array(obj, name, typenum, writable);
+    if (!a)
+        return NULL;
+    if (PyArray_NDIM(a) != 4) {
+        gtpy_fail_shape(a, name, "must be 4-D (batch, heads, seq, head_dim)");
+        return NULL;
+    }
+    if (like && gtpy_same_shape(a, name, like, "q") < 0)
+        return NULL;
+    return a;
+}
+
+/* Runs the attention op of `a` (forward, or backward when `backward`) with a workspace of its own. */
+static PyObject *run_attention(PyObject *module, gt_attention_args *a, int backward) {
+    const gt_ops *ops = gt_cpu_ops();
+    size_t bytes = ops->attention_workspace_bytes(a, gt_get_num_threads());
+    gt_block workspace = {0};
+    gt_status status = GT_OK;
+    if (bytes == SIZE_MAX)
+        return PyErr_Format(PyExc_MemoryError, "q: attention of this size needs more scratch "
+                            "memory than can be addressed");
+    if (bytes > 0 && (status = gt_block_alloc(gt_cpu_device(), bytes, &workspace)) != GT_OK)
+        return gtpy_raise(module, status);
+    gt_backend be = cpu_backend(workspace.ptr, bytes);
+    Py_BEGIN_ALLOW_THREADS
+    status = backward ? ops->attention_backward(&be, a) : ops->attention_forward(&be, a);
+    Py_END_ALLOW_THREADS
+    gt_block_free(&workspace);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+}
+
+/* The dropout key and key lengths of an attention call; -1 with an exception. */
+static int attention_options(PyObject *lengths_obj, PyObject *seed_obj, PyObject *layer_obj,
+                             PyObject *step_obj, PyObject *offset_obj, gt_attention_args *a) {
+    unsigned long long seed, layer, step, offset;
+    if (gtpy_parse_uint(seed_obj, "seed", UINT64_MAX, &seed) < 0 ||
+        gtpy_parse_uint(layer_obj, "layer", UINT32_MAX, &layer) < 0 ||
+        gtpy_parse_uint(step_obj, "step", UINT32_MAX, &step) < 0 ||
+        gtpy_parse_uint(offset_obj, "offset", INT64_MAX, &offset) < 0)
+        return -1;
+    a->dropout_key = (gt_dropout_key){seed, (uint32_t)layer, (uint32_t)step, offset};
+    if (lengths_obj == Py_None)
+        return 0;
+    PyArrayObject *lengths = gtpy_vector(lengths_obj, "key_lengths", NPY_INT64, a->batch, 0);
+    if (!lengths)
+        return -1;
+    a->key_lengths = PyArray_DATA(lengths);
+    return 0;
+}
+
+/* attention_forward (dout None: writes out and lse) or attention_backward (reads out, lse and
+ * dout; writes dq, dk, dv). q, k, v and the rest are C-contiguous (batch, heads, seq, head_dim). */
+static PyObject *op_attention(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "lse", "q", "k", "v", "dt", "causal", "scale", "key_lengths",
+                               "dropout_p", "seed", "layer", "step", "offset", "dout", "dq", "dk",
+                               "dv", NULL};
+    PyObject *out_obj, *lse_obj, *q_obj, *k_obj, *v_obj, *lengths_obj, *seed_obj, *layer_obj,
+        *step_obj, *offset_obj, *dout_obj = Py_None, *dq_obj = Py_None, *dk_obj = Py_None,
+        *dv_obj = Py_None;
+    const char *text;
+    int causal;
+    float scale;
+    double dropout_p;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOspfOdOOOO|OOOO:op_attention", keywords,
+                                     &out_obj, &lse_obj, &q_obj, &k_obj, &v_obj, &text, &causal,
+                                     &scale, &lengths_obj, &dropout_p, &seed_obj, &layer_obj,
+                                     &step_obj, &offset_obj, &dout_obj, &dq_obj, &dk_obj, &dv_obj))
+        return NULL;
+    gt_attention_args a = {.scale = scale, .causal = causal, .dropout_p = dropout_p};
+    if (gtpy_parse_act_dtype(module, text, "dt", &a.dt) < 0)
+        return NULL;
+    int typenum = gtpy_typenum_of(a.dt), backward = dout_obj != Py_None;
+    PyArrayObject *q = attention_operand(q_obj, "q", typenum, 0, NULL), *k, *v, *out, *lse;
+    if (!q || !(k = attention_operand(k_obj, "k", typenum, 0, q)) ||
+        !(v = attention_operand(v_obj, "v", typenum, 0, q)) ||
+        !(out = attention_operand(out_obj, "out", typenum, !backward, q)))
+        return NULL;
+    a.batch = PyArray_DIM(q, 0), a.heads = PyArray_DIM(q, 1), a.seq = PyArray_DIM(q, 2);
+    a.head_dim = PyArray_DIM(q, 3);
+    a.in = (gt_attn_strides){a.heads * a.seq * a.head_dim, a.seq * a.head_dim, a.head_dim};
+    a.out_strides = a.in;
+    if (!(lse = gtpy_vector(lse_obj, "lse", NPY_FLOAT32, a.batch * a.heads * a.seq, !backward)) ||
+        attention_options(lengths_obj, seed_obj, layer_obj, step_obj, offset_obj, &a) < 0)
+        return NULL;
+    a.q = PyArray_DATA(q), a.k = PyArray_DATA(k), a.v = PyArray_DATA(v);
+    a.out = PyArray_DATA(out), a.lse = PyArray_DATA(lse);
+    if (!backward)
+        return run_attention(module, &a, 0);
+    PyArrayObject *dout, *dq, *dk, *dv;
+    if (!(dout = attention_operand(dout_obj, "dout", typenum, 0, q)) ||
+        !(dq = attention_operand(dq_obj, "dq", typenum, 1, q)) ||
+        !(dk = attention_operand(dk_obj, "dk", typenum, 1, q)) ||
+        !(dv = attention_operand(dv_obj, "dv", typenum, 1, q)))
+        return NULL;
+    a.dout = PyArray_DATA(dout), a.dq = PyArray_DATA(dq), a.dk = PyArray_DATA(dk);
+    a.dv = PyArray_DATA(dv);
+    return run_attention(module, &a, 1);
+}
+
 #define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
 
 static PyMethodDef ops_methods[] = {
@@ -486,6 +589,11 @@ static PyMethodDef ops_methods[] = {
      "Mean squared error; fills dpred unless it is None."},
     {"op_sum_squares", (PyCFunction)op_sum_squares, METH_O, "op_sum_squares(x)\n--\n\n"
      "Sum of squares of a float32 array in a fixed order."},
+    {"op_attention", KW(op_attention),
+     "op_attention(out, lse, q, k, v, dt, causal, scale, key_lengths, dropout_p, seed, layer, step, offset, "
+     "dout=None, dq=None, dk=None, dv=None)\n--\n\n"
+     "Scaled dot-product attention over (batch, heads, seq, head_dim) arrays: out and lse, or (dout "
+     "given) dq, dk, dv."},
     {"op_cast", KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
     {"op_copy", KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},

@@ -45,6 +45,8 @@ __all__ = [
     "mse_loss",
     "relu",
     "relu_backward",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "silu",
     "silu_backward",
     "sum_squares",
@@ -523,6 +525,85 @@ def embedding_backward(dout: np.ndarray, ids: Any, num: int, dtype: str | None =
     dtable, accumulate = _grad_into(accumulate_into, "accumulate_into", shape)
     _C.op_embedding(dout_act.raw, ids, dtable, dout_act.dt, backward=True, accumulate=accumulate)
     return dtable
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+def _attention_options(batch: int, seq: int, head_dim: int, scale: float | None,
+                       key_lengths: Any, dropout_p: float) -> tuple[float, np.ndarray | None, float]:
+    """The checked scale (default 1 / sqrt(head_dim)), key lengths and dropout probability."""
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else _real(scale, "scale")
+    dropout_p = _real(dropout_p, "dropout_p", 0.0, 1.0)
+    if key_lengths is None:
+        return scale, None, dropout_p
+    lengths = _ids(key_lengths, "key_lengths")
+    if lengths.shape != (batch,):
+        raise ValueError(f"key_lengths must have shape ({batch},) (one per batch entry), "
+                         f"got {lengths.shape}")
+    if lengths.size and (lengths.min() < 0 or lengths.max() > seq):
+        raise ValueError(f"key_lengths must be in [0, {seq}] (the sequence length), "
+                         f"got values in [{lengths.min()}, {lengths.max()}]")
+    return scale, lengths, dropout_p
+
+
+def _attention_inputs(dtype: str | None, **arrays: Any) -> list[_Act]:
+    acts = _acts(dtype, **arrays)
+    first = next(iter(arrays))
+    shape = acts[0].raw.shape
+    if len(shape) != 4 or shape[3] == 0:
+        raise ValueError(f"{first} must be 4-D (batch, heads, seq, head_dim) with head_dim >= 1, "
+                         f"got shape {shape}")
+    for name, act in zip(arrays, acts):
+        if act.raw.shape != shape:
+            raise ValueError(f"{name} must have {first}'s shape {shape}, got {act.raw.shape}")
+    return acts
+
+
+def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
+                                 causal: bool = False, key_lengths: Any = None,
+                                 dropout_p: float = 0.0, seed: int = 0, layer: int = 0,
+                                 step: int = 0, offset: int = 0, scale: float | None = None,
+                                 dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fused attention over (batch, heads, seq, head_dim) arrays: ``(out, lse)``.
+
+    ``out = dropout(softmax(scale q k^T + mask)) v`` per batch entry and head, with
+    ``scale = 1 / sqrt(head_dim)`` by default. Query i sees key j when ``j < key_lengths[b]``
+    (every key when key_lengths is None) and, when ``causal``, ``j <= i``; a query that sees no
+    key gets 0. Dropout multiplies probability (b, h, i, j) by 0 or ``1 / (1 - p)`` with the
+    Philox rule of :func:`dropout` at element ``offset + ((b * heads + h) * seq + i) * seq + j``.
+    ``lse`` (batch, heads, seq) float32 is the log-sum-exp of each query's visible scaled scores
+    (-inf when it sees none), which :func:`scaled_dot_product_attention_backward` needs. Blocked
+    online softmax in float32 (no seq x seq matrix is stored); half inputs give half outputs.
+    """
+    q_act, k_act, v_act = _attention_inputs(dtype, q=q, k=k, v=v)
+    batch, heads, seq, head_dim = q_act.raw.shape
+    scale, lengths, dropout_p = _attention_options(batch, seq, head_dim, scale, key_lengths, dropout_p)
+    out = q_act.empty()
+    lse = np.empty(batch * heads * seq, dtype=np.float32)
+    _C.op_attention(out, lse, q_act.raw, k_act.raw, v_act.raw, q_act.dt, bool(causal), scale,
+                    lengths, dropout_p, seed, layer, step, offset)
+    return q_act.wrap(out), lse.reshape(batch, heads, seq)
+
+
+def scaled_dot_product_attention_backward(
+        dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+        lse: np.ndarray, *, causal: bool = False, key_lengths: Any = None, dropout_p: float = 0.0,
+        seed: int = 0, layer: int = 0, step: int = 0, offset: int = 0, scale: float | None = None,
+        dtype: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(dq, dk, dv)`` of :func:`scaled_dot_product_attention` given ``dout`` and its
+    ``out`` and ``lse`` (the same options must be passed: the probabilities and the dropout
+    mask are recomputed, never stored)."""
+    dout_act, q_act, k_act, v_act, out_act = _attention_inputs(dtype, dout=dout, q=q, k=k, v=v,
+                                                               out=out)
+    batch, heads, seq, head_dim = q_act.raw.shape
+    scale, lengths, dropout_p = _attention_options(batch, seq, head_dim, scale, key_lengths, dropout_p)
+    lse = _param(lse, "lse", (batch, heads, seq)).reshape(-1)
+    dq, dk, dv = q_act.empty(), q_act.empty(), q_act.empty()
+    _C.op_attention(out_act.raw, lse, q_act.raw, k_act.raw, v_act.raw, q_act.dt, bool(causal),
+                    scale, lengths, dropout_p, seed, layer, step, offset, dout=dout_act.raw,
+                    dq=dq, dk=dk, dv=dv)
+    return q_act.wrap(dq), q_act.wrap(dk), q_act.wrap(dv)
 
 
 # --- losses and norms --------------------------------------------------------------------------

@@ -146,6 +146,51 @@ class Flatten(Module):
         return ("flatten",)
 
 
+class MultiheadAttention(Module):
+    """Multi-head scaled dot-product attention over (batch, seq, embed_dim) inputs (self-attention:
+    query, key and value are all the input), as one C layer tree: a fused QKV projection
+    ``in_proj = Linear(embed_dim, 3 * embed_dim, bias)``, the fused attention op (blocked online
+    softmax, ``causal`` masking, ``dropout`` on the probabilities in training) and
+    ``out_proj = Linear(embed_dim, embed_dim, bias)``.
+
+    state_dict names and shapes (E = embed_dim): ``in_proj.weight`` (3E, E) and ``in_proj.bias``
+    (3E,), rows [0, E) projecting the queries, [E, 2E) the keys, [2E, 3E) the values, head h
+    using columns [h D, (h + 1) D) of each (D = E / num_heads): PyTorch's
+    ``nn.MultiheadAttention`` ``in_proj_weight``/``in_proj_bias`` have this layout;
+    ``out_proj.weight`` (E, E) and ``out_proj.bias`` (E,). Both projections start with
+    Linear's default initialisation. Key padding masks are available in
+    :func:`gputrain.functional.scaled_dot_product_attention`, not yet in the layer."""
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, dropout: float = 0.0,
+                 causal: bool = False) -> None:
+        super().__init__()
+        self.embed_dim = _positive_int(embed_dim, "embed_dim")
+        self.num_heads = _positive_int(num_heads, "num_heads")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise TypeError(f"dropout must be a float, not {type(dropout).__name__}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {dropout}")
+        self.dropout = float(dropout)
+        self.causal = bool(causal)
+        self.head_dim = self.embed_dim // self.num_heads
+        self.in_proj = Linear(self.embed_dim, 3 * self.embed_dim, bias)
+        self.out_proj = Linear(self.embed_dim, self.embed_dim, bias)
+        self._compile()
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return iter((("in_proj", self.in_proj), ("out_proj", self.out_proj)))
+
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        core = ("attention", self.embed_dim, self.num_heads, self.dropout, self.causal)
+        return ("sequential", [self.in_proj._spec_in(tied), core, self.out_proj._spec_in(tied)])
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
+                f"causal={self.causal}")
+
+
 class Sequential(Module):
     """Layers applied in order; children are named '0', '1', ... as in PyTorch."""
 

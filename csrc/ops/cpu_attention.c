@@ -1,0 +1,520 @@
+/* CPU scaled dot-product attention (ops.h, gt_attention_args): a blocked online-softmax forward
+ * and a backward that recomputes the probabilities tile by tile (FlashAttention, Dao et al.
+ * 2022, algorithms 1 and 2), so no (T, T) matrix is ever held: at most one (Q_BLOCK, K_BLOCK)
+ * tile of scores per thread.
+ *
+ * Forward: a unit of work is (b, h, a block of Q_BLOCK queries). For each block of K_BLOCK keys,
+ * S = scale Q K^T; each query row keeps the running max m and sum l of exp(S - m), rescales its
+ * f32 output accumulator by exp(m_old - m_new) and adds the (dropped-out) probabilities times V.
+ * At the end out = acc / l and lse = m + log l.
+ * Backward: a unit is (b, h). With D_i = dout_i . out_i, for each key block and each query block
+ * that sees it: P = exp(S - lse), dV += (P M)^T dO, dP = (dO V^T) M, dS = P (dP - D),
+ * dK += scale dS^T Q, dQ += scale dS K (dQ in an f32 (T, D) accumulator of the unit).
+ *
+ * Determinism: a unit runs on one thread in a fixed order and units write disjoint outputs, so
+ * any thread count gives the same bits. The tile products keep blocks of outputs in vector
+ * registers and add their terms in a fixed order (over head_dim for scores, over keys or queries
+ * for the rest), vectorising over an output row without reassociation in the SSE, AVX2 and
+ * AVX-512 clones of cpu_kernels.h; exp is gt_vm_expf. Invisible (masked) entries of a tile are
+ * exact zeros in the products. Scratch is one slot of the workspace per thread (as many threads
+ * as the workspace has slots): the op never allocates. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/dropout.h"
+#include "core/threads.h"
+#include "core/vmath.h"
+#include "ops/cpu_kernels.h"
+#include "ops/cpu_ops.h"
+
+enum { Q_BLOCK = 64, K_BLOCK = 64 };  /* queries and keys per tile */
+
+/* Keys visible to query i of batch entry b: [0, result). */
+GT_INLINE size_t visible_keys(const gt_attention_args *a, size_t b, size_t i) {
+    size_t n = a->key_lengths ? (size_t)a->key_lengths[b] : (size_t)a->seq;
+    return a->causal && i + 1 < n ? i + 1 : n;
+}
+
+/* Visible columns of a tile row: keys [j0, j0 + cols) of query i, as a count from j0. */
+GT_INLINE size_t visible_cols(const gt_attention_args *a, size_t b, size_t i, size_t j0,
+                              size_t cols) {
+    size_t n = visible_keys(a, b, i);
+    return n <= j0 ? 0 : (n - j0 < cols ? n - j0 : cols);
+}
+
+/* dst (rows, D) = rows of an operand from element `base`, `stride` apart, widened to f32. */
+GT_INLINE void load_rows(float *dst, const void *src, size_t base, size_t stride, size_t rows,
+                         size_t dim, gt_dtype dt) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t d = 0; d < dim; d++)
+            dst[r * dim + d] = gt_cpu_load(src, base + r * stride + d, dt);
+}
+
+/* dst (D, K_BLOCK) = the same rows transposed, zeros in the columns beyond `rows`. */
+GT_INLINE void load_rows_t(float *dst, const void *src, size_t base, size_t stride, size_t rows,
+                           size_t dim, gt_dtype dt) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t d = 0; d < dim; d++)
+            dst[d * K_BLOCK + r] = gt_cpu_load(src, base + r * stride + d, dt);
+    for (size_t d = 0; rows < K_BLOCK && d < dim; d++)
+        memset(dst + d * K_BLOCK + rows, 0, (K_BLOCK - rows) * sizeof(float));
+}
+
+/* Rows of `src` (rows, D) times `factor`, rounded into an operand at `base`, `stride` apart. */
+GT_INLINE void store_rows(void *dst, size_t base, size_t stride, const float *src, size_t rows,
+                          size_t dim, float factor, gt_dtype dt) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t d = 0; d < dim; d++)
+            gt_cpu_store(dst, base + r * stride + d, src[r * dim + d] * factor, dt);
+}
+
+/* s (rows, K_BLOCK)[:, :cols] = a (rows, D) @ bt (D, K_BLOCK), summed over d in order. Over all
+ * K_BLOCK columns (bt's unused columns are zeros), in local accumulators the compiler keeps in
+ * vector registers: two rows at a time when `wide` (32 vector registers, AVX-512), so each column
+ * vector of bt is loaded once per two rows, else one (16 registers would spill). */
+GT_INLINE void tile_product(float *restrict s, const float *restrict a, const float *restrict bt,
+                            size_t rows, size_t cols, size_t dim, int wide) {
+    size_t r = 0;
+    for (; wide && r + 2 <= rows; r += 2) {
+        float acc0[K_BLOCK] = {0}, acc1[K_BLOCK] = {0};
+        const float *a0 = a + r * dim, *a1 = a0 + dim;
+        for (size_t d = 0; d < dim; d++) {
+            const float *br = bt + d * K_BLOCK;
+            for (size_t c = 0; c < K_BLOCK; c++) {
+                acc0[c] += a0[d] * br[c];
+                acc1[c] += a1[d] * br[c];
+            }
+        }
+        memcpy(s + r * K_BLOCK, acc0, cols * sizeof(float));
+        memcpy(s + (r + 1) * K_BLOCK, acc1, cols * sizeof(float));
+    }
+    for (; r < rows; r++) {
+        float acc[K_BLOCK] = {0};
+        for (size_t d = 0; d < dim; d++)
+            for (size_t c = 0; c < K_BLOCK; c++)
+                acc[c] += a[r * dim + d] * bt[d * K_BLOCK + c];
+        memcpy(s + r * K_BLOCK, acc, cols * sizeof(float));
+    }
+}
+
+enum { ACC_COLS = 32 };  /* output columns of a tile_accumulate block kept in registers */
+
+/* o[k][d0:d0+ACC_COLS] += sum over c < n, in order, of p[k * ldp + c] * x[c][d0:d0+ACC_COLS]
+ * for k < R (a constant): the sums are formed in registers from 0 and then added to o. */
+#define ACCUMULATE_FIXED(R)                                                    \
+    do {                                                                       \
+        float acc[R][ACC_COLS] = {{0}};                                        \
+        for (size_t c = 0; c < n; c++)                                         \
+            for (size_t k = 0; k < (R); k++)                                   \
+                for (size_t j = 0; j < ACC_COLS; j++)                          \
+                    acc[k][j] += p[k * ldp + c] * x[c * dim + d0 + j];         \
+        for (size_t k = 0; k < (R); k++)                                       \
+            for (size_t j = 0; j < ACC_COLS; j++)                              \
+                o[k * dim + d0 + j] += acc[k][j];                              \
+    } while (0)
+
+/* The same for `rows` rows and `width` columns of any size, ACC_COLS at most. */
+GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size_t ldp,
+                                const float *restrict x, size_t rows, size_t n, size_t dim,
+                                size_t d0, size_t width) {
+    if (width == ACC_COLS && rows == 4) {
+        ACCUMULATE_FIXED(4);
+        return;
+    }
+    if (width == ACC_COLS && rows == 2) {
+        ACCUMULATE_FIXED(2);
+        return;
+    }
+    for (size_t k = 0; k < rows; k++) {
+        float acc[ACC_COLS] = {0};
+        for (size_t c = 0; c < n; c++)
+            for (size_t j = 0; j < width; j++)
+                acc[j] += p[k * ldp + c] * x[c * dim + d0 + j];
+        for (size_t j = 0; j < width; j++)
+            o[k * dim + d0 + j] += acc[j];
+    }
+}
+
+/* o (rows, D) += p (rows, n; rows ldp apart) @ x (n, D): each element of o gets the sum of its n
+ * terms (added in order of c) added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's
+ * 32 vector registers) or 2 rows by ACC_COLS outputs stay in registers over all n (eight
+ * independent add chains), so x is read once per block of rows. */
+GT_INLINE void tile_accumulate(float *o, const float *p, size_t ldp, const float *x, size_t rows,
+                               size_t n, size_t dim, int wide) {
+    size_t step = wide ? 4 : 2;
+    for (size_t r = 0; r < rows; r += step) {
+        size_t block = rows - r < step ? rows - r : step;
+        for (size_t d0 = 0; d0 < dim; d0 += ACC_COLS)
+            accumulate_block(o + r * dim, p + r * ldp, ldp, x, block, n, dim, d0,
+                             dim - d0 < ACC_COLS ? dim - d0 : ACC_COLS);
+    }
+}
+
+/* f[0:n] = the dropout multipliers of elements g, g + 1, ... (core/dropout.h). */
+GT_INLINE void dropout_factors(float *f, const gt_dropout_key *key, uint64_t g, size_t n,
+                               float p, float scale) {
+    for (size_t c = 0; c < n;) {
+        uint32_t words[4];
+        gt_philox_random4(key->seed, key->layer, key->step, g / 4u, words);
+        for (unsigned k = (unsigned)(g % 4u); k < 4u && c < n; k++, c++, g++)
+            f[c] = gt_dropout_factor(words[k], p, scale);
+    }
+}
+
+/* The dropout element index of (b, h, query i, key j) (ops.h). */
+static inline uint64_t dropout_index(const gt_attention_args *a, size_t bh, size_t i, size_t j) {
+    size_t t = (size_t)a->seq;
+    return a->dropout_key.offset + ((uint64_t)bh * t + i) * t + j;
+}
+
+/* f32 elements of one thread's forward and backward scratch. */
+static size_t forward_floats(size_t dim) {
+    return dim * (2 * Q_BLOCK + 2 * K_BLOCK) + Q_BLOCK * K_BLOCK + K_BLOCK + 2 * Q_BLOCK;
+}
+static size_t backward_floats(size_t t, size_t dim) {
+    return 3 * t * dim + t + 5 * K_BLOCK * dim + 5 * Q_BLOCK * K_BLOCK;
+}
+
+/* The scratch of one forward unit, carved from a slot. */
+typedef struct fwd_scratch {
+    float *q;   /* (Q_BLOCK, D) the block's queries */
+    float *kt;  /* (D, K_BLOCK) a key block, transposed */
+    float *v;   /* (K_BLOCK, D) its values */
+    float *s;   /* (Q_BLOCK, K_BLOCK) scores, then probabilities */
+    float *o;   /* (Q_BLOCK, D) output accumulator */
+    float *f;   /* (K_BLOCK,) dropout multipliers of one row */
+    float *m;   /* (Q_BLOCK,) running max of the scaled scores */
+    float *l;   /* (Q_BLOCK,) running sum of exp(score - m) */
+} fwd_scratch;
+
+static fwd_scratch carve_forward(float *slot, size_t dim) {
+    fwd_scratch w;
+    w.q = slot;
+    w.kt = w.q + Q_BLOCK * dim;
+    w.v = w.kt + dim * K_BLOCK;
+    w.s = w.v + K_BLOCK * dim;
+    w.o = w.s + Q_BLOCK * K_BLOCK;
+    w.f = w.o + Q_BLOCK * dim;
+    w.m = w.f + K_BLOCK;
+    w.l = w.m + Q_BLOCK;
+    return w;
+}
+
+/* One query row against one key tile of n visible columns (of cols): the online-softmax update,
+ * leaving the row's (dropped-out) probabilities in s, zeros in its invisible columns. */
+GT_INLINE void online_row(const gt_attention_args *a, fwd_scratch *w, size_t r, size_t n,
+                          size_t cols, uint64_t drop_g) {
+    size_t dim = (size_t)a->head_dim;
+    float *sr = w->s + r * K_BLOCK, *orow = w->o + r * dim;
+    float mx = w->m[r];
+    for (size_t c = 0; c < n; c++) {
+        sr[c] *= a->scale;
+        mx = sr[c] > mx ? sr[c] : mx;
+    }
+    float alpha = gt_vm_expf(w->m[r] - mx), sum = 0.0f;  /* exp(-inf) = 0 on the first tile */
+    for (size_t c = 0; c < n; c++)
+        sr[c] = gt_vm_expf(sr[c] - mx);
+    for (size_t c = 0; c < n; c++)
+        sum += sr[c];
+    w->l[r] = w->l[r] * alpha + sum;
+    w->m[r] = mx;
+    for (size_t d = 0; d < dim; d++)
+        orow[d] *= alpha;
+    if (a->dropout_p > 0.0) {
+        dropout_factors(w->f, &a->dropout_key, drop_g, n, (float)a->dropout_p,
+                        gt_dropout_scale(a->dropout_p));
+        for (size_t c = 0; c < n; c++)
+            sr[c] *= w->f[c];
+    }
+    for (size_t c = n; c < cols; c++)
+        sr[c] = 0.0f;
+}
+
+/* out and lse of the rows of one unit from its accumulators. */
+GT_INLINE void finish_rows(const gt_attention_args *a, fwd_scratch *w, size_t out_base,
+                           size_t lse_base, size_t rows, gt_dtype dt) {
+    size_t dim = (size_t)a->head_dim, stride = (size_t)a->out_strides.row;
+    for (size_t r = 0; r < rows; r++) {
+        int seen = w->l[r] > 0.0f;  /* 0 when the query sees no key */
+        float inv = seen ? 1.0f / w->l[r] : 0.0f;
+        a->lse[lse_base + r] = seen ? w->m[r] + logf(w->l[r]) : -INFINITY;
+        store_rows(a->out, out_base + r * stride, 0, w->o + r * dim, 1, dim, inv, dt);
+    }
+}
+
+/* Forward of unit u: (b, h, query block). */
+GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
+                                  gt_dtype dt) {
+    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
+    size_t blocks = (t + Q_BLOCK - 1) / Q_BLOCK, bh = u / blocks;
+    size_t b = bh / (size_t)a->heads, h = bh % (size_t)a->heads;
+    size_t i0 = (u % blocks) * Q_BLOCK, rows = t - i0 < Q_BLOCK ? t - i0 : Q_BLOCK;
+    size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head, in_row = (size_t)a->in.row;
+    fwd_scratch w = carve_forward(slot, dim);
+    load_rows(w.q, a->q, in_base + i0 * in_row, in_row, rows, dim, dt);
+    size_t kmax = 0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t n = visible_keys(a, b, i0 + r);
+        kmax = n > kmax ? n : kmax;
+        w.m[r] = -INFINITY;
+        w.l[r] = 0.0f;
+    }
+    memset(w.o, 0, rows * dim * sizeof(float));
+    for (size_t j0 = 0; j0 < kmax; j0 += K_BLOCK) {
+        size_t cols = kmax - j0 < K_BLOCK ? kmax - j0 : K_BLOCK;
+        load_rows_t(w.kt, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
+        load_rows(w.v, a->v, in_base + j0 * in_row, in_row, cols, dim, dt);
+        tile_product(w.s, w.q, w.kt, rows, cols, dim, wide);
+        for (size_t r = 0; r < rows; r++) {
+            size_t n = visible_cols(a, b, i0 + r, j0, cols);
+            if (n > 0)
+                online_row(a, &w, r, n, cols, dropout_index(a, bh, i0 + r, j0));
+            else
+                memset(w.s + r * K_BLOCK, 0, cols * sizeof(float));
+        }
+        tile_accumulate(w.o, w.s, K_BLOCK, w.v, rows, cols, dim, wide);
+    }
+    size_t out_base = b * (size_t)a->out_strides.batch + h * (size_t)a->out_strides.head +
+                      i0 * (size_t)a->out_strides.row;
+    finish_rows(a, &w, out_base, bh * t + i0, rows, dt);
+}
+GT_CPU_KERNEL(forward_unit, (const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt),
+              a, slot, u, wide)
+
+/* The scratch of one backward unit, carved from a slot. */
+typedef struct bwd_scratch {
+    float *q;     /* (T, D) queries */
+    float *dout;  /* (T, D) output gradient */
+    float *dq;    /* (T, D) query gradient accumulator (unscaled) */
+    float *delta; /* (T,) dout_i . out_i */
+    float *k;     /* (K_BLOCK, D) a key block */
+    float *kt;    /* (D, K_BLOCK) the same, transposed */
+    float *vt;    /* (D, K_BLOCK) its values, transposed */
+    float *dk;    /* (K_BLOCK, D) key gradient accumulator (unscaled) */
+    float *dv;    /* (K_BLOCK, D) value gradient accumulator */
+    float *p;     /* (Q_BLOCK, K_BLOCK) probabilities */
+    float *f;     /* (Q_BLOCK, K_BLOCK) dropout multipliers */
+    float *ds;    /* (Q_BLOCK, K_BLOCK) dP, then dS */
+    float *pt;    /* (K_BLOCK, Q_BLOCK) dropped-out probabilities, transposed */
+    float *dst;   /* (K_BLOCK, Q_BLOCK) dS, transposed */
+} bwd_scratch;
+
+static bwd_scratch carve_backward(float *slot, size_t t, size_t dim) {
+    bwd_scratch w;
+    w.q = slot;
+    w.dout = w.q + t * dim;
+    w.dq = w.dout + t * dim;
+    w.delta = w.dq + t * dim;
+    w.k = w.delta + t;
+    w.kt = w.k + K_BLOCK * dim;
+    w.vt = w.kt + dim * K_BLOCK;
+    w.dk = w.vt + dim * K_BLOCK;
+    w.dv = w.dk + K_BLOCK * dim;
+    w.p = w.dv + K_BLOCK * dim;
+    w.f = w.p + Q_BLOCK * K_BLOCK;
+    w.ds = w.f + Q_BLOCK * K_BLOCK;
+    w.pt = w.ds + Q_BLOCK * K_BLOCK;
+    w.dst = w.pt + K_BLOCK * Q_BLOCK;
+    return w;
+}
+
+/* Loads q and dout of unit (b, h) and computes delta_i = dout_i . out_i. */
+GT_INLINE void backward_prologue(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t h,
+                                 gt_dtype dt) {
+    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
+    size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head;
+    size_t out_base = b * (size_t)a->out_strides.batch + h * (size_t)a->out_strides.head;
+    size_t out_row = (size_t)a->out_strides.row;
+    load_rows(w->q, a->q, in_base, (size_t)a->in.row, t, dim, dt);
+    load_rows(w->dout, a->dout, out_base, out_row, t, dim, dt);
+    for (size_t i = 0; i < t; i++) {
+        float sum = 0.0f;
+        for (size_t d = 0; d < dim; d++)
+            sum += w->dout[i * dim + d] * gt_cpu_load(a->out, out_base + i * out_row + d, dt);
+        w->delta[i] = sum;
+    }
+    memset(w->dq, 0, t * dim * sizeof(float));
+}
+
+/* Probabilities (and dropout multipliers) of a tile: rows [i0, i0 + rows), keys [j0, j0 + cols). */
+GT_INLINE void backward_probs(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t bh,
+                              size_t i0, size_t rows, size_t j0, size_t cols) {
+    const float *lse = a->lse + bh * (size_t)a->seq;
+    for (size_t r = 0; r < rows; r++) {
+        size_t n = visible_cols(a, b, i0 + r, j0, cols);
+        float *pr = w->p + r * K_BLOCK, shift = lse[i0 + r];
+        for (size_t c = 0; c < n; c++)
+            pr[c] = gt_vm_expf(pr[c] * a->scale - shift);
+        if (a->dropout_p > 0.0 && n > 0)
+            dropout_factors(w->f + r * K_BLOCK, &a->dropout_key, dropout_index(a, bh, i0 + r, j0), n,
+                            (float)a->dropout_p, gt_dropout_scale(a->dropout_p));
+    }
+}
+
+/* The gradients of one tile into the unit's accumulators (ds holds dO V^T on entry). dS and the
+ * dropped-out probabilities are zero in invisible columns, and are also laid out transposed so
+ * that dV += (P M)^T dO and dK += dS^T Q are tile_accumulate products as dQ += dS K is. */
+GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t i0,
+                             size_t rows, size_t j0, size_t cols, int wide) {
+    size_t dim = (size_t)a->head_dim;
+    int drop = a->dropout_p > 0.0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t i = i0 + r, n = visible_cols(a, b, i, j0, cols);
+        float *pr = w->p + r * K_BLOCK, *fr = w->f + r * K_BLOCK, *dsr = w->ds + r * K_BLOCK;
+        for (size_t c = 0; c < n; c++) {
+            float kept = drop ? pr[c] * fr[c] : pr[c];
+            dsr[c] = pr[c] * ((drop ? dsr[c] * fr[c] : dsr[c]) - w->delta[i]);
+            w->pt[c * Q_BLOCK + r] = kept;
+            w->dst[c * Q_BLOCK + r] = dsr[c];
+        }
+        for (size_t c = n; c < cols; c++) {
+            dsr[c] = 0.0f;
+            w->pt[c * Q_BLOCK + r] = w->dst[c * Q_BLOCK + r] = 0.0f;
+        }
+    }
+    tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, w->k, rows, cols, dim, wide);
+    tile_accumulate(w->dv, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dk, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim, wide);
+}
+
+/* Backward of unit u = b * heads + h. */
+GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
+                                   gt_dtype dt) {
+    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
+    size_t b = u / (size_t)a->heads, h = u % (size_t)a->heads;
+    size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head, in_row = (size_t)a->in.row;
+    size_t keys = a->key_lengths ? (size_t)a->key_lengths[b] : t;
+    bwd_scratch w = carve_backward(slot, t, dim);
+    backward_prologue(a, &w, b, h, dt);
+    for (size_t j0 = 0; j0 < keys; j0 += K_BLOCK) {
+        size_t cols = keys - j0 < K_BLOCK ? keys - j0 : K_BLOCK;
+        load_rows(w.k, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
+        load_rows_t(w.kt, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
+        load_rows_t(w.vt, a->v, in_base + j0 * in_row, in_row, cols, dim, dt);
+        memset(w.dk, 0, cols * dim * sizeof(float));
+        memset(w.dv, 0, cols * dim * sizeof(float));
+        for (size_t i0 = a->causal ? j0 : 0; i0 < t; i0 += Q_BLOCK) {
+            size_t rows = t - i0 < Q_BLOCK ? t - i0 : Q_BLOCK;
+            tile_product(w.p, w.q + i0 * dim, w.kt, rows, cols, dim, wide);
+            backward_probs(a, &w, b, u, i0, rows, j0, cols);
+            tile_product(w.ds, w.dout + i0 * dim, w.vt, rows, cols, dim, wide);
+            backward_tile(a, &w, b, i0, rows, j0, cols, wide);
+        }
+        store_rows(a->dk, in_base + j0 * in_row, in_row, w.dk, cols, dim, a->scale, dt);
+        store_rows(a->dv, in_base + j0 * in_row, in_row, w.dv, cols, dim, 1.0f, dt);
+    }
+    for (size_t j = keys; j < t; j++) {  /* keys no query sees */
+        for (size_t d = 0; d < dim; d++) {
+            gt_cpu_store(a->dk, in_base + j * in_row + d, 0.0f, dt);
+            gt_cpu_store(a->dv, in_base + j * in_row + d, 0.0f, dt);
+        }
+    }
+    store_rows(a->dq, in_base, in_row, w.dq, t, dim, a->scale, dt);
+}
+GT_CPU_KERNEL(backward_unit, (const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt),
+              a, slot, u, wide)
+
+/* Bytes of one thread's slot (SIZE_MAX when the sizes overflow). */
+static size_t slot_bytes(const gt_attention_args *a) {
+    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
+    if (dim > SIZE_MAX / 64 / (t + 2 * K_BLOCK + Q_BLOCK + 1))
+        return SIZE_MAX;
+    size_t fwd = forward_floats(dim), bwd = backward_floats(t, dim);
+    size_t floats = fwd > bwd ? fwd : bwd;
+    return (floats * sizeof(float) + 63) / 64 * 64;
+}
+
+size_t gt_cpu_attention_workspace_bytes(const gt_attention_args *args, int threads) {
+    size_t slot = slot_bytes(args), n = threads > 1 ? (size_t)threads : 1;
+    return slot > SIZE_MAX / n ? SIZE_MAX : slot * n;
+}
+
+/* 1 when an element offset of an operand with these strides could overflow int64. */
+static int strides_overflow(const gt_attention_args *a, const gt_attn_strides *s) {
+    int64_t last = 0, term = 0;
+    int64_t extents[3] = {a->batch - 1, a->heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
+    for (int i = 0; i < 3; i++) {
+        if (steps[i] < 0 || __builtin_mul_overflow(extents[i], steps[i], &term) ||
+            __builtin_add_overflow(last, term, &last))
+            return 1;
+    }
+    return __builtin_add_overflow(last, a->head_dim, &last);
+}
+
+static gt_status check_args(const gt_attention_args *a, int backward) {
+    GT_TRY(gt_op_check_size(a->batch, "batch"));
+    GT_TRY(gt_op_check_size(a->heads, "heads"));
+    GT_TRY(gt_op_check_size(a->seq, "seq"));
+    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
+    if (a->head_dim < 1)
+        return GT_FAIL(GT_ERR_VALUE, "head_dim: must be >= 1, got %lld", (long long)a->head_dim);
+    if (!isfinite(a->scale))
+        return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
+    if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    if (a->batch == 0 || a->heads == 0 || a->seq == 0)
+        return GT_OK;
+    if (strides_overflow(a, &a->in) || strides_overflow(a, &a->out_strides))
+        return GT_FAIL(GT_ERR_VALUE, "strides: negative, or beyond 64-bit element offsets");
+    GT_TRY(gt_op_check_ptr(a->q, "q"));
+    GT_TRY(gt_op_check_ptr(a->k, "k"));
+    GT_TRY(gt_op_check_ptr(a->v, "v"));
+    GT_TRY(gt_op_check_ptr(a->out, "out"));
+    GT_TRY(gt_op_check_ptr(a->lse, "lse"));
+    if (backward) {
+        GT_TRY(gt_op_check_ptr(a->dout, "dout"));
+        GT_TRY(gt_op_check_ptr(a->dq, "dq"));
+        GT_TRY(gt_op_check_ptr(a->dk, "dk"));
+        GT_TRY(gt_op_check_ptr(a->dv, "dv"));
+    }
+    for (int64_t b = 0; a->key_lengths && b < a->batch; b++)
+        if (a->key_lengths[b] < 0 || a->key_lengths[b] > a->seq)
+            return GT_FAIL(GT_ERR_VALUE, "key_lengths[%lld]: must be in [0, %lld], got %lld",
+                           (long long)b, (long long)a->seq, (long long)a->key_lengths[b]);
+    return GT_OK;
+}
+
+typedef void (*unit_kernel)(const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt);
+
+/* Runs `units` units of `kernel`, each on one thread with that thread's workspace slot. */
+static gt_status run_units(gt_backend *be, const gt_attention_args *a, unit_kernel kernel,
+                           size_t units) {
+    size_t slot = slot_bytes(a);
+    size_t slots = slot == SIZE_MAX || !be->workspace ? 0 : be->workspace_bytes / slot;
+    if (slots < 1)
+        return GT_FAIL(GT_ERR_VALUE, "workspace: attention (batch %lld, heads %lld, seq %lld, "
+                       "head_dim %lld) needs %zu bytes per thread, got %zu",
+                       (long long)a->batch, (long long)a->heads, (long long)a->seq,
+                       (long long)a->head_dim, slot, be->workspace ? be->workspace_bytes : (size_t)0);
+    size_t threads = (size_t)gt_get_num_threads();
+    threads = threads < slots ? threads : slots;
+    threads = threads < units ? threads : units;
+    int wide = gt_simd_level() == GT_SIMD_AVX512;  /* 32 vector registers: wider blocks */
+#pragma omp parallel num_threads((int)threads) if (threads > 1)
+    {
+        float *mine = (float *)((char *)be->workspace + (size_t)omp_get_thread_num() * slot);
+#pragma omp for schedule(dynamic, 1)
+        for (size_t u = 0; u < units; u++)
+            kernel(a, mine, u, wide, a->dt);
+    }
+    return GT_OK;
+}
+
+gt_status gt_cpu_attention_forward(gt_backend *be, const gt_attention_args *args) {
+    GT_TRY(check_args(args, 0));
+    size_t blocks = ((size_t)args->seq + Q_BLOCK - 1) / Q_BLOCK;
+    size_t units = (size_t)args->batch * (size_t)args->heads * blocks;
+    if (units == 0)
+        return GT_OK;
+    return run_units(be, args, GT_CPU_RUN(forward_unit), units);
+}
+
+gt_status gt_cpu_attention_backward(gt_backend *be, const gt_attention_args *args) {
+    GT_TRY(check_args(args, 1));
+    size_t units = (size_t)args->batch * (size_t)args->heads * (args->seq > 0);
+    if (units == 0)
+        return GT_OK;
+    return run_units(be, args, GT_CPU_RUN(backward_unit), units);
+}
