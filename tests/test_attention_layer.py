@@ -249,3 +249,21 @@ def test_micro_batches_draw_the_full_batchs_dropout_masks():
         grads.append([p.grad.copy() for p in model.parameters()])
     for whole, split in zip(*grads):
         np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_transformer_block_on_the_simulated_device_trains_as_on_the_cpu(precision):
+    # The sim op table runs the CPU attention on its stream worker: the same bits as the CPU.
+    def train(device):
+        gt.random.manual_seed(5)
+        model = nn.Sequential(lin(), pre_ln_block(causal=True, dropout=0.1), lin(EMBED, CLASSES)).to(device)
+        optimizer = AdamW.for_model(model, lr=1e-2)
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision,
+                            gradient_accumulation_steps=3)
+        losses = [step(*batch(seed)).loss for seed in range(3)]
+        return losses, model.compiled.read_parameters()
+
+    (cpu_losses, cpu_params), (sim_losses, sim_params) = train("cpu"), train("sim")
+    assert sim_losses == cpu_losses
+    np.testing.assert_array_equal(sim_params, cpu_params)

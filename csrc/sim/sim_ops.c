@@ -329,6 +329,37 @@ static gt_status sim_zero(gt_backend *be, void *dst, size_t bytes) {
 
 /* ------------------------------------------------------------ the table ------------ */
 
+/* ------------------------------------------------------------ attention ------------ */
+
+typedef struct attention_job {
+    gt_backend cpu;           /* the CPU backend over this backend's workspace */
+    gt_attention_args args;   /* the attention (operands in sim memory) */
+} attention_job;
+
+static gt_status run_attention_forward(void *p) {
+    attention_job *j = p;
+    return gt_cpu_ops()->attention_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_attention_backward(void *p) {
+    attention_job *j = p;
+    return gt_cpu_ops()->attention_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_attention_forward(gt_backend *be, const gt_attention_args *args) {
+    attention_job job = {cpu_view(be), *args};
+    return launch(be, run_attention_forward, &job, sizeof job);
+}
+
+static gt_status sim_attention_backward(gt_backend *be, const gt_attention_args *args) {
+    attention_job job = {cpu_view(be), *args};
+    return launch(be, run_attention_backward, &job, sizeof job);
+}
+
+static size_t sim_attention_workspace_bytes(const gt_attention_args *args, int threads) {
+    return gt_cpu_ops()->attention_workspace_bytes(args, threads);
+}
+
 static size_t sim_gemm_workspace_bytes(const gt_gemm_args *args) { return gt_cpu_ops()->gemm_workspace_bytes(args); }
 
 static const gt_ops sim_ops = {
@@ -352,6 +383,9 @@ static const gt_ops sim_ops = {
     .cast = sim_cast,
     .copy = sim_copy,
     .zero = sim_zero,
+    .attention_workspace_bytes = sim_attention_workspace_bytes,
+    .attention_forward = sim_attention_forward,
+    .attention_backward = sim_attention_backward,
 };
 
 const gt_ops *gt_sim_ops(void) { return &sim_ops; }
