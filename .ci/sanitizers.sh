@@ -75,10 +75,14 @@ check_build "$work/asan" "-fsanitize=address,undefined" "${asan_env[@]}"
 stage "the test suite under ASan + UBSan"
 # Left out: the one test that starts Python with an emptied environment (no LD_PRELOAD, so the
 # instrumented extension cannot load); it checks the import, not memory.
+# (A sanitizer that halts pytest itself leaves its report in a file: the reports are shown before
+# the run's exit status fails the script.)
+status=0
 env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}" \
     "$py" -m pytest -q -ra -p no:cacheprovider tests \
-    --deselect tests/test_runtime.py::test_import_needs_no_environment_variables
+    --deselect tests/test_runtime.py::test_import_needs_no_environment_variables || status=$?
 fail_on_reports "ASan/UBSan" "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer"
+[ "$status" -eq 0 ] || exit "$status"
 
 # 2. ThreadSanitizer on the code that runs threads: the loader's C workers, the offload and
 # copy-stream threads, the simulated device's stream workers, and the thread-safety tests.
@@ -93,6 +97,7 @@ check_build "$work/tsan" "-fsanitize=thread" "${tsan_env[@]}"
 stage "loader, offload and thread tests under ThreadSanitizer"
 shopt -s nullglob
 tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_optim_device.py)
-env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}"
+env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}" || status=$?
 fail_on_reports "ThreadSanitizer" "ThreadSanitizer"
+[ "$status" -eq 0 ] || exit "$status"
 echo "sanitizers: no reports"
