@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import subprocess
 import sys
 
@@ -135,3 +136,10 @@ def test_a_missing_pillow_is_named():
               "try:\n    ImageFolder('.')\nexcept ImportError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "pip install pillow" in done.stdout
+
+
+def test_pickles_for_spawned_workers(folder):
+    data = ImageFolder(folder, extensions=".png", size=(6, 8), transform=to_tensor)
+    copy = pickle.loads(pickle.dumps(data))  # what multiprocessing_context="spawn" sends each worker
+    assert copy.samples == data.samples and copy.class_to_idx == data.class_to_idx
+    np.testing.assert_array_equal(copy[1][0], data[1][0])
