@@ -1,5 +1,5 @@
-"""gputrain.data: the DataLoader, its samplers, Dataset classes and collate functions, and text
-data (token windows, ragged rows, buckets).
+"""gputrain.data: the DataLoader, its samplers, Dataset classes and collate functions, text
+data (token windows, ragged rows, buckets) and image folders (decoded with Pillow).
 
     from gputrain.data import DataLoader, Dataset, DistributedSampler, TokenDataset, default_collate
 """
@@ -10,6 +10,7 @@ from gputrain.data._ragged import RaggedArray
 from gputrain.data._worker import WorkerInfo, get_worker_info
 from gputrain.data.collate import Padded, default_collate, default_convert, pad_collate
 from gputrain.data.dataset import Dataset, IterableDataset
+from gputrain.data.image import ImageFolder, to_tensor
 from gputrain.data.loader import DataLoader
 from gputrain.data.sampler import (
     BatchSampler,
@@ -26,6 +27,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DistributedSampler",
+    "ImageFolder",
     "IterableDataset",
     "Padded",
     "RaggedArray",
@@ -39,4 +41,5 @@ __all__ = [
     "default_convert",
     "get_worker_info",
     "pad_collate",
+    "to_tensor",
 ]

@@ -5,6 +5,7 @@ Map-style: batch b's indices come from the loader's sampler exactly as on the ar
 batch b goes to worker b % num_workers (counting the batches this run fetches), so the batches
 and their order do not depend on num_workers or prefetch_factor. Iterable: tasks go round-robin
 to the workers that are not exhausted, and batches come back in task order, as in PyTorch.
+With pin_memory=True each batch is copied on delivery into a pinned slot (gputrain.data._pinned).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from gputrain.data._errors import WorkerError
 from gputrain.data._fetch import Fetcher
+from gputrain.data._pinned import PinnedRing
 from gputrain.data._procs import _ERROR_JOIN_S, _JOIN_S, WorkerPool
 
 UNKNOWN_BATCHES = sys.maxsize  # an iterable dataset's batches per epoch, until it ends
@@ -71,6 +73,8 @@ class DatasetIter(Iterator[Any]):
         self._outstanding = 0  # tasks sent and not answered, all generations
         self._finished = True
         self._progress: Any = None
+        self._pinned: PinnedRing | None = None  # pin_memory=True: the slots batches are copied into
+        self._unpinned: tuple[int, Any] | None = None  # a batch whose pinning failed, delivered next
 
     @property
     def config(self) -> tuple[Any, ...]:
@@ -83,7 +87,9 @@ class DatasetIter(Iterator[Any]):
             loader = self._loader_ref()
             if loader is not None:
                 self._timeout = loader.timeout
+                self._pinned = (self._pinned or PinnedRing()) if loader.pin_memory else None
             self._generation += 1
+            self._unpinned = None
             self._batches = batches
             self._progress = progress
             self._skip = skip
@@ -113,10 +119,15 @@ class DatasetIter(Iterator[Any]):
     def __next__(self) -> Any:
         with self._lock:
             while True:
-                batch, value = self._next()
+                batch, value = self._unpinned or self._next()
+                self._unpinned = None
                 if self._batches is None and self._skip > 0:  # an iterable's resume replays
                     self._skip -= 1
                     continue
+                if self._pinned is not None:
+                    self._unpinned = (batch, value)  # kept for the next call if pinning fails
+                    value = self._pinned.pin(value)
+                    self._unpinned = None
                 self._progress.mark(batch)
                 return value
 

@@ -218,7 +218,7 @@ class DataLoader:
     gathered batch before `collate_fn`; Dataset objects: applied to each collated batch where
     it is collated) and `transform_in_workers` (arrays: run transform and collate_fn in the
     worker threads, with the GIL, instead of the caller). `pin_memory` pins the array path's
-    slots; a Dataset object's batches stay in their (pageable) shared-memory slots."""
+    slots; a Dataset object's batches are copied on delivery into slots of the pinned pool."""
 
     def __init__(
         self,
