@@ -160,6 +160,32 @@ def gone(pids, within=20.0):
     return False
 
 
+def test_an_interrupt_while_a_segment_is_adopted_leaks_nothing():
+    # Ctrl-C can land between receiving a worker's new segment and adopting it (seen under qemu):
+    # that segment is then known to no one, and the resource tracker used to clean it at exit
+    # with a "leaked shared_memory objects" warning. Shutdown sweeps the stopped workers' names.
+    child = run_script("""
+        from multiprocessing import shared_memory
+        from gputrain.data import _shm
+
+        def interrupted_adopt(self, slot, name, capacity):
+            shared_memory.SharedMemory(name=name)  # attached (and tracked), then the interrupt
+            raise KeyboardInterrupt
+
+        loader = gt.DataLoader(Slow(), batch_size=4, num_workers=2)
+        it = iter(loader)
+        print(" ".join(str(p.pid) for p in it.pool.processes), flush=True)
+        _shm.SlotRing.adopt = interrupted_adopt
+        next(it)
+    """)
+    pids = [int(p) for p in child.stdout.readline().split()]
+    _, err = child.communicate(timeout=20)
+    assert "KeyboardInterrupt" in err and child.returncode != 0
+    assert gone(pids)
+    assert segments(child.pid) == set()
+    assert "leaked" not in err, err
+
+
 def test_ctrl_c_stops_the_workers():
     child = run_script("""
         loader = gt.DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)

@@ -35,7 +35,7 @@ import numpy as np
 from gputrain.data import _worker
 from gputrain.data._errors import WorkerError
 from gputrain.data._fetch import Fetcher
-from gputrain.data._shm import Slot, SlotRing, SlotWriter
+from gputrain.data._shm import Slot, SlotRing, SlotWriter, segment_prefix
 from gputrain.data.dataset import ITERABLE
 
 _PARENT_CHECK_S = 1.0  # an idle worker checks this often whether its parent still lives
@@ -236,6 +236,8 @@ class WorkerPool:
             tasks.cancel_join_thread()
             tasks.close()
         self.ring.close()
+        for process in self.processes:
+            _sweep(f"{segment_prefix(os.getpid())}{process.pid}_")
 
     def _drain(self, deadline: float) -> None:
         """Reads what the workers still send until each closes its pipe (it exited) or the
@@ -253,6 +255,19 @@ class WorkerPool:
                     continue
                 if created is not None:
                     _unlink(created)
+
+
+def _sweep(prefix: str) -> None:
+    """Unlinks the segments named `prefix`* that are still in /dev/shm once their worker has
+    stopped: one announced while an interrupt unwound this process (between receiving its name
+    and adopting it) is known to no one else. Without /dev/shm (macOS) the resource tracker
+    remains the fallback."""
+    try:
+        names = [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        _unlink(name)
 
 
 def _unlink(name: str) -> None:
