@@ -42,6 +42,7 @@ from gputrain.data._procs import resolve_context
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
+from gputrain.data.arrow import arrow_columns, arrow_table
 from gputrain.data.dataset import ARRAYS, ITERABLE, MAP, classify
 from gputrain.data.transfer import DeviceStage
 from gputrain.data.sampler import (
@@ -58,7 +59,8 @@ from gputrain.data.sampler import (
 _STATE_VERSION = 1
 MAX_NUM_WORKERS = 256  # worker threads per loader: far past the point where gathering is memory-bound
 _SLOT_ALIGN = 64  # bytes; each field of a slot starts on this boundary (GT_ALIGN in csrc/core/alloc.h)
-_FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+_FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers",
+                      "columns")
 
 
 class _Engine:
@@ -208,9 +210,20 @@ def _parse_device(device: Any) -> str | None:
     return text
 
 
+def _from_arrow(dataset: Any, columns: list[str] | None) -> Any:
+    """A pyarrow Table or `datasets.Dataset` as a dict of its columns' arrays; anything else as it is."""
+    if arrow_table(dataset) is not None:
+        return arrow_columns(dataset, columns)
+    if columns is not None:
+        raise TypeError(f"columns= selects columns of a pyarrow Table or datasets.Dataset, not of {type(dataset).__name__}")
+    return dataset
+
+
 class DataLoader:
     """Batches of `dataset`: a NumPy array, or a tuple/list/dict of arrays with the same first
-    dimension (np.memmap works), gathered by C worker threads; or a Dataset object (map-style:
+    dimension (np.memmap works), gathered by C worker threads; a pyarrow Table or Hugging Face
+    `datasets.Dataset`, its numeric columns (or those named in `columns`) converted once into
+    such arrays (gputrain.data.arrow; batches are dicts by column name); or a Dataset object (map-style:
     __len__ and __getitem__; iterable: __iter__; a list of samples is map-style) fetched by
     worker processes. Arguments as PyTorch's DataLoader, plus: `seed` (the order's seed;
     default: drawn from `generator`, else random), `device` ("cuda[:N]" or "sim[:N]", arrays only: batches
@@ -244,11 +257,12 @@ class DataLoader:
         device: Any = None,
         transform: Callable[[Any], Any] | None = None,
         transform_in_workers: bool = False,
+        columns: list[str] | None = None,
     ) -> None:
         num_workers = _check_int("num_workers", num_workers)
         prefetch_factor = self._check_options(num_workers, timeout, prefetch_factor, persistent_workers,
                                               multiprocessing_context, collate_fn, transform, worker_init_fn)
-        self._kind, flat = classify(dataset)
+        self._kind, flat = classify(_from_arrow(dataset, columns))
         self._arrays: list[Any] = []
         self._rebuild: Any = None
         if flat is not None:
@@ -278,6 +292,7 @@ class DataLoader:
         if batch_size is not None and batch_sampler is None and self._kind != ITERABLE:
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         self.dataset = dataset
+        self.columns = None if columns is None else list(columns)  # of an Arrow table: those gathered
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
@@ -642,7 +657,8 @@ class DataLoader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         position = state.pop("_position")
         self.__dict__.update(state)
-        arrays, rebuild = classify(self.dataset)[1] or ([], None)  # Dataset objects: no arrays
+        dataset = _from_arrow(self.dataset, self.__dict__.get("columns"))
+        arrays, rebuild = classify(dataset)[1] or ([], None)  # Dataset objects: no arrays
         self.__dict__.update(_arrays=arrays, _rebuild=rebuild, _iterator=None, _spare_engine=None, _progress=None,
                              _resume=None, _next_epoch=0)
         self.load_state_dict(position)
