@@ -53,7 +53,7 @@ def _numeric(array: Any, name: str) -> np.ndarray:
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return array.to_numpy(zero_copy_only=True)
     raise TypeError(f"column {name!r} has type {kind}, which the DataLoader cannot gather; numeric, "
-                    "boolean and (fixed-size) lists of them are supported (list the others out with columns=)")
+                    "boolean and (fixed-size) lists of them are supported (name the columns to load with columns=)")
 
 
 def _check_nulls(array: Any, what: str) -> None:

@@ -215,7 +215,8 @@ def _from_arrow(dataset: Any, columns: list[str] | None) -> Any:
     if arrow_table(dataset) is not None:
         return arrow_columns(dataset, columns)
     if columns is not None:
-        raise TypeError(f"columns= selects columns of a pyarrow Table or datasets.Dataset, not of {type(dataset).__name__}")
+        raise TypeError("columns= selects columns of a pyarrow Table or datasets.Dataset, "
+                        f"not of {type(dataset).__name__}")
     return dataset
 
 
