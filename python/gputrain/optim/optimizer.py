@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -87,8 +88,9 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.numerics = numerics
         self.cpu_offload_fraction = check_offload_fraction(cpu_offload_fraction)
-        if isinstance(offload_chunk_numel, bool) or not isinstance(offload_chunk_numel, int) or offload_chunk_numel < 0:
-            raise ValueError(f"offload_chunk_numel must be an int >= 0, got {offload_chunk_numel!r}")
+        if isinstance(offload_chunk_numel, bool) or not isinstance(offload_chunk_numel, int) \
+                or not 0 <= offload_chunk_numel <= sys.maxsize:
+            raise ValueError(f"offload_chunk_numel must be an int in [0, {sys.maxsize}], got {offload_chunk_numel!r}")
         self.offload_chunk_numel = offload_chunk_numel
         self.param_groups: list[dict[str, Any]] = []
         groups = list(params)
