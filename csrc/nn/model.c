@@ -400,6 +400,7 @@ gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int che
 
 static int same_shape(const gt_tensor *a, const gt_tensor *b) {
     return a->ndim == b->ndim && a->dtype == b->dtype &&
+           gt_device_is_accelerator(a->device) == gt_device_is_accelerator(b->device) &&  /* input copy planned */
            memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }
 
@@ -487,11 +488,16 @@ static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {
     return run;
 }
 
+/* The device copy of `input` for a device model given a host input (planned so), else NULL. */
+static void *input_copy(const gt_model *model, const gt_tensor *input) {
+    return gt_device_is_accelerator(input->device) ? NULL : model->input_device;
+}
+
 /* The input as the first layer reads it: copied to the device for a device model given a host
- * input, and cast to the half format in f16/bf16 mode. */
+ * input (a device input is read where it is), and cast to the half format in f16/bf16 mode. */
 static gt_status model_input(gt_model *model, const gt_tensor *input, const void **out) {
     const void *source = input->ptr;
-    if (model->input_device) {
+    if (input_copy(model, input)) {
         GT_TRY(model_memcpy(model, model->input_device, input->ptr, gt_tensor_bytes(input)));
         source = model->input_device;
     }
@@ -507,7 +513,7 @@ static gt_status model_input(gt_model *model, const gt_tensor *input, const void
 static const void *forward_input(const gt_model *model, const gt_tensor *input) {
     if (model->input_cast)
         return model->input_cast;
-    return model->input_device ? model->input_device : input->ptr;
+    return input_copy(model, input) ? model->input_device : input->ptr;
 }
 
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
