@@ -5,7 +5,8 @@
  * on the device's default stream, so its work is ordered with the optimizer's and with blocking
  * copies; its arenas are device memory.
  * Parameters are initialised in a host staging buffer and copied over; host inputs and targets
- * are copied into device pieces of the loss region that the plan reserves; per-row losses are
+ * are copied into device pieces of the loss region that the plan reserves (whether the input
+ * is on the host or, a DeviceArray, read where it is: one plan for both); per-row losses are
  * read back and summed on the host in row order, as on the CPU. */
 #include "nn/model.h"
 
@@ -298,7 +299,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     GT_TRY(add_piece(&loss, bytes, what, &t->dout));
     GT_TRY(gt_size_mul(rows, sizeof(float), what, &bytes));
     GT_TRY(add_piece(&loss, bytes, what, &t->losses));
-    int copies_input = on_device(model) && !gt_device_is_accelerator(input->device);
+    int copies_input = on_device(model);  /* room for a host input's copy, used or not by a device input */
     GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
     GT_TRY(add_piece(&loss, copies_input ? bytes : 0, what, &t->input));
     size_t labels = 0, values = 0;
@@ -400,7 +401,6 @@ gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int che
 
 static int same_shape(const gt_tensor *a, const gt_tensor *b) {
     return a->ndim == b->ndim && a->dtype == b->dtype &&
-           gt_device_is_accelerator(a->device) == gt_device_is_accelerator(b->device) &&  /* input copy planned */
            memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }
 
