@@ -1,15 +1,197 @@
 #include "core/device_backend.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 
 enum { GT_DEVICE_KINDS = 4 };  /* cpu, pinned, cuda, sim */
 
-/* The registered tables, by device kind; set once at module start-up. */
+enum { SYNCS, LAUNCHES, H2D, D2H, D2D, ALLOCS, FREES, COUNTERS };  /* gt_device_counters' fields */
+
+enum { MAX_BLOCKS = 4096 };  /* device allocations tracked per kind (to classify copies); copies
+                                touching an allocation beyond them count as host memory */
+
+/* The backends' own tables and the counting copies handed out, by device kind; set at start-up. */
+static const gt_device_backend *real[GT_DEVICE_KINDS];
+static gt_device_backend counted[GT_DEVICE_KINDS];
 static _Atomic(const gt_device_backend *) tables[GT_DEVICE_KINDS];
 
+/* (kind, ordinal, field) counts since the last reset. */
+static _Atomic uint64_t counts[GT_DEVICE_KINDS][GT_MAX_CUDA_DEVICES][COUNTERS];
+
+/* The live device allocations of each kind, so that a copy's direction follows from its pointers. */
+typedef struct live_blocks {
+    uintptr_t start[MAX_BLOCKS];  /* (count,) first byte of each allocation */
+    size_t bytes[MAX_BLOCKS];     /* (count,) its length */
+    size_t count;                 /* allocations tracked */
+} live_blocks;
+
+static live_blocks live[GT_DEVICE_KINDS];
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void add(int kind, int index, int field, uint64_t amount) {
+    if (index >= 0 && index < GT_MAX_CUDA_DEVICES)
+        atomic_fetch_add(&counts[kind][index][field], amount);
+}
+
+static void track(int kind, void *ptr, size_t bytes) {
+    pthread_mutex_lock(&live_lock);
+    live_blocks *l = &live[kind];
+    if (l->count < MAX_BLOCKS) {
+        l->start[l->count] = (uintptr_t)ptr;
+        l->bytes[l->count++] = bytes;
+    }
+    pthread_mutex_unlock(&live_lock);
+}
+
+static void untrack(int kind, void *ptr) {
+    pthread_mutex_lock(&live_lock);
+    live_blocks *l = &live[kind];
+    for (size_t i = 0; i < l->count; i++)
+        if (l->start[i] == (uintptr_t)ptr) {
+            l->start[i] = l->start[--l->count];
+            l->bytes[i] = l->bytes[l->count];
+            break;
+        }
+    pthread_mutex_unlock(&live_lock);
+}
+
+/* 1 when `ptr` lies in a live device allocation of `kind`. */
+static int on_device(int kind, const void *ptr) {
+    int found = 0;
+    pthread_mutex_lock(&live_lock);
+    const live_blocks *l = &live[kind];
+    for (size_t i = 0; i < l->count && !found; i++)
+        found = (uintptr_t)ptr - l->start[i] < l->bytes[i];
+    pthread_mutex_unlock(&live_lock);
+    return found;
+}
+
+static void count_copy(int kind, int index, void *dst, const void *src, size_t bytes) {
+    int from = on_device(kind, src), to = on_device(kind, dst);
+    add(kind, index, from && to ? D2D : from ? D2H : H2D, bytes);  /* host to host counts as H2D */
+}
+
+/* The counting wrappers of one kind K (its functions call real[K]'s). */
+#define GT_COUNTING_WRAPPERS(name, K)                                                                        \
+    static gt_status name##_malloc(int i, size_t bytes, void **out) {                                       \
+        gt_status status = real[K]->malloc(i, bytes, out);                                                   \
+        if (status == GT_OK) {                                                                               \
+            add(K, i, ALLOCS, 1);                                                                            \
+            track(K, *out, bytes);                                                                           \
+        }                                                                                                    \
+        return status;                                                                                       \
+    }                                                                                                        \
+    static void name##_free(int i, void *ptr) {                                                             \
+        if (ptr) {                                                                                           \
+            add(K, i, FREES, 1);                                                                             \
+            untrack(K, ptr);                                                                                 \
+        }                                                                                                    \
+        real[K]->free(i, ptr);                                                                               \
+    }                                                                                                        \
+    static gt_status name##_memcpy(int i, void *dst, const void *src, size_t bytes) {                       \
+        add(K, i, SYNCS, 1);                                                                                 \
+        count_copy(K, i, dst, src, bytes);                                                                   \
+        return real[K]->memcpy(i, dst, src, bytes);                                                          \
+    }                                                                                                        \
+    static gt_status name##_memset(int i, void *dst, int value, size_t bytes) {                             \
+        add(K, i, SYNCS, 1);                                                                                 \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->memset(i, dst, value, bytes);                                                        \
+    }                                                                                                        \
+    static gt_status name##_memcpy_async(int i, gt_stream *s, void *dst, const void *src, size_t bytes) {   \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        count_copy(K, i, dst, src, bytes);                                                                   \
+        return real[K]->memcpy_async(i, s, dst, src, bytes);                                                 \
+    }                                                                                                        \
+    static gt_status name##_poison(int i, gt_stream *s, void *ptr, size_t bytes) {                          \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->poison(i, s, ptr, bytes);                                                            \
+    }                                                                                                        \
+    static gt_status name##_stream_synchronize(int i, gt_stream *s) {                                       \
+        add(K, i, SYNCS, 1);                                                                                 \
+        return real[K]->stream_synchronize(i, s);                                                            \
+    }                                                                                                        \
+    static gt_status name##_event_synchronize(int i, gt_event *e) {                                         \
+        add(K, i, SYNCS, 1);                                                                                 \
+        return real[K]->event_synchronize(i, e);                                                             \
+    }                                                                                                        \
+    static gt_status name##_adamw(int i, gt_stream *s, gt_numerics numerics, const gt_adamw_scalars *a,     \
+                                  float *p, const float *g, float *m, float *v, float *v_max, size_t n) {   \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->adamw(i, s, numerics, a, p, g, m, v, v_max, n);                                      \
+    }                                                                                                        \
+    static gt_status name##_sgd(int i, gt_stream *s, const gt_sgd_scalars *a, float *p, const float *g,     \
+                                float *buf, size_t n) {                                                      \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->sgd(i, s, a, p, g, buf, n);                                                          \
+    }                                                                                                        \
+    static gt_status name##_ema(int i, gt_stream *s, float *ema, const float *p, float weight, size_t n) {   \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->ema(i, s, ema, p, weight, n);                                                        \
+    }                                                                                                        \
+    static gt_status name##_ema_swap(int i, gt_stream *s, float *ema, float *p, size_t n) {                 \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->ema_swap(i, s, ema, p, n);                                                           \
+    }                                                                                                        \
+    static gt_status name##_grad_sumsq(int i, gt_stream *s, const float *x, size_t n, double *out) {        \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        add(K, i, SYNCS, 1);                                                                                 \
+        return real[K]->grad_sumsq(i, s, x, n, out);                                                         \
+    }                                                                                                        \
+    static gt_status name##_unscale_check(int i, gt_stream *s, const gt_scaler *scaler, float *grad,        \
+                                          size_t n, int *found_inf) {                                        \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->scaler_unscale_check(i, s, scaler, grad, n, found_inf);                              \
+    }                                                                                                        \
+    static void name##_wrap(gt_device_backend *t) {                                                         \
+        t->malloc = name##_malloc;                                                                           \
+        t->free = name##_free;                                                                               \
+        t->memcpy = name##_memcpy;                                                                           \
+        t->memset = name##_memset;                                                                           \
+        t->memcpy_async = name##_memcpy_async;                                                               \
+        t->poison = name##_poison;                                                                           \
+        t->stream_synchronize = name##_stream_synchronize;                                                   \
+        t->event_synchronize = name##_event_synchronize;                                                     \
+        t->adamw = name##_adamw;                                                                             \
+        t->sgd = name##_sgd;                                                                                 \
+        t->ema = name##_ema;                                                                                 \
+        t->ema_swap = name##_ema_swap;                                                                       \
+        t->grad_sumsq = name##_grad_sumsq;                                                                   \
+        t->scaler_unscale_check = name##_unscale_check;                                                      \
+    }
+
+GT_COUNTING_WRAPPERS(cuda, GT_DEVICE_CUDA)
+GT_COUNTING_WRAPPERS(sim, GT_DEVICE_SIM)
+
 void gt_device_backend_install(gt_device_kind kind, const gt_device_backend *table) {
-    if ((int)kind >= 0 && (int)kind < GT_DEVICE_KINDS)
-        atomic_store(&tables[kind], table);
+    if (kind != GT_DEVICE_CUDA && kind != GT_DEVICE_SIM)
+        return;
+    real[kind] = table;
+    counted[kind] = *table;
+    if (kind == GT_DEVICE_CUDA)
+        cuda_wrap(&counted[kind]);
+    else
+        sim_wrap(&counted[kind]);
+    atomic_store(&tables[kind], &counted[kind]);
+}
+
+void gt_device_counters_get(gt_device device, gt_device_counters *out) {
+    uint64_t v[COUNTERS] = {0};
+    int ok = (device.kind == GT_DEVICE_CUDA || device.kind == GT_DEVICE_SIM) && device.index >= 0 &&
+             device.index < GT_MAX_CUDA_DEVICES;
+    for (int f = 0; ok && f < COUNTERS; f++)
+        v[f] = atomic_load(&counts[device.kind][device.index][f]);
+    *out = (gt_device_counters){.syncs = v[SYNCS], .launches = v[LAUNCHES], .h2d_bytes = v[H2D],
+                                .d2h_bytes = v[D2H], .d2d_bytes = v[D2D], .allocs = v[ALLOCS], .frees = v[FREES]};
+}
+
+void gt_device_counters_reset(gt_device device) {
+    if ((device.kind != GT_DEVICE_CUDA && device.kind != GT_DEVICE_SIM) || device.index < 0 ||
+        device.index >= GT_MAX_CUDA_DEVICES)
+        return;
+    for (int f = 0; f < COUNTERS; f++)
+        atomic_store(&counts[device.kind][device.index][f], 0);
 }
 
 const gt_device_backend *gt_device_backend_of(gt_device device) {

@@ -17,6 +17,7 @@
 #define GT_DEVICE_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/adamw.h"
 #include "core/device.h"
@@ -90,7 +91,26 @@ typedef struct gt_device_backend {
     size_t backend_scratch_bytes;  /* device bytes backend_init allocates for itself (the plan counts them) */
 } gt_device_backend;
 
-/* Registers the table of an accelerator kind (GT_DEVICE_CUDA or GT_DEVICE_SIM). */
+/* What gputrain asked of a device through its table since the last reset, counted by the table
+ * that gt_device_backend_of returns (the same wrappers for every backend). */
+typedef struct gt_device_counters {
+    uint64_t syncs;      /* host waits: memcpy, memset, stream/event synchronize, grad_sumsq */
+    uint64_t launches;   /* work queued: async copies, fills, poison and the step's kernels (not the op table's ops) */
+    uint64_t h2d_bytes;  /* bytes copied from host to device memory (blocking and queued copies) */
+    uint64_t d2h_bytes;  /* bytes copied from device to host memory */
+    uint64_t d2d_bytes;  /* bytes copied within device memory */
+    uint64_t allocs;     /* device allocations (the table's malloc) */
+    uint64_t frees;      /* device frees */
+} gt_device_counters;
+
+/* The counters of accelerator `device` (zeros for an ordinal beyond GT_MAX_CUDA_DEVICES). */
+void gt_device_counters_get(gt_device device, gt_device_counters *out);
+
+/* Sets the counters of `device` to zero. */
+void gt_device_counters_reset(gt_device device);
+
+/* Registers the table of an accelerator kind (GT_DEVICE_CUDA or GT_DEVICE_SIM); the registered
+ * table is a copy whose functions count (gt_device_counters) and call `table`'s. */
 void gt_device_backend_install(gt_device_kind kind, const gt_device_backend *table);
 
 /* The table of `device`'s kind; NULL for cpu and pinned, and for a kind not compiled in. */

@@ -66,7 +66,11 @@ static gt_status new_batch(gt_transfer *t, gt_device_batch **out) {
     gt_status status = gt_block_alloc(t->device, t->slot_bytes, &b->block);
     if (status == GT_OK)
         status = t->dev->event_create(t->device.index, &b->copied);
+    if (status == GT_OK)
+        status = t->dev->event_create(t->device.index, &b->consumed);
     if (status != GT_OK) {
+        t->dev->event_destroy(t->device.index, b->copied);
+        t->dev->event_destroy(t->device.index, b->consumed);
         gt_block_free(&b->block);
         free(b);
         return status;
@@ -115,6 +119,7 @@ gt_status gt_transfer_submit(gt_transfer *t, gt_slot *slot, gt_device_batch **ou
     }
     b->host = slot;
     b->in_use = 1;
+    b->consumer = 0;
     *out = b;
     return GT_OK;
 }
@@ -123,7 +128,33 @@ gt_status gt_transfer_wait(gt_transfer *t, gt_device_batch *b) {
     return reclaim_host(t, b, 1);
 }
 
+gt_status gt_transfer_consume_begin(gt_transfer *t, gt_device_batch *b, gt_stream *consumer) {
+    return t->dev->stream_wait_event(t->device.index, consumer, b->copied);
+}
+
+gt_status gt_transfer_consume_end(gt_transfer *t, gt_device_batch *b, gt_stream *consumer) {
+    GT_TRY(t->dev->event_record(t->device.index, b->consumed, consumer));
+    b->consumer = 1;
+    return GT_OK;
+}
+
+gt_device gt_transfer_device(const gt_transfer *t) { return t->device; }
+
+/* The copy stream's later work (the poison, the next copy into the batch) waits for the
+ * consumers; if the wait cannot be queued, the host waits instead. */
+static void wait_for_consumers(gt_transfer *t, gt_device_batch *b) {
+    if (!b->consumer)
+        return;
+    if (t->dev->stream_wait_event(t->device.index, t->stream, b->consumed) != GT_OK) {
+        gt_clear_error();
+        if (t->dev->event_synchronize(t->device.index, b->consumed) != GT_OK)
+            gt_clear_error();  /* a failed consumer's error is its own to report */
+    }
+    b->consumer = 0;
+}
+
 void gt_transfer_release(gt_transfer *t, gt_device_batch *b) {
+    wait_for_consumers(t, b);
     /* after the copy into the batch, before the next one; a diagnostic only, so a refusal is dropped */
     if (t->dev->poison(t->device.index, t->stream, b->block.ptr, b->block.bytes) != GT_OK)
         gt_clear_error();
@@ -152,6 +183,7 @@ void gt_transfer_destroy(gt_transfer *t) {
         if (b->host)
             gt_loader_slot_release(t->loader, b->host);
         t->dev->event_destroy(t->device.index, b->copied);
+        t->dev->event_destroy(t->device.index, b->consumed);
         gt_block_free(&b->block);
         free(b);
     }

@@ -24,6 +24,8 @@ typedef struct gt_transfer gt_transfer;
 typedef struct gt_device_batch {
     gt_block block;      /* device memory laid out as a host slot (fields at their slot offsets) */
     gt_event *copied;    /* recorded on the copy stream after the copy into `block` */
+    gt_event *consumed;  /* recorded on a consumer's stream after its last work reading `block` */
+    int consumer;        /* 1 when `consumed` was recorded since the last copy into `block` */
     gt_slot *host;       /* host slot copied from, until `copied` has fired; then NULL */
     int in_use;          /* 1 while the caller holds the batch */
 } gt_device_batch;
@@ -39,7 +41,18 @@ gt_status gt_transfer_submit(gt_transfer *transfer, gt_slot *slot, gt_device_bat
 /* Blocks until the copy into `batch` is done. */
 gt_status gt_transfer_wait(gt_transfer *transfer, gt_device_batch *batch);
 
-/* The caller no longer uses `batch`; it may be filled again. */
+/* Work queued on `consumer` (a stream of the transfer's device, NULL: its default stream) from
+ * now on runs after the copy into `batch` (the host is not blocked). */
+gt_status gt_transfer_consume_begin(gt_transfer *transfer, gt_device_batch *batch, gt_stream *consumer);
+
+/* The work queued on `consumer` so far is the last that reads `batch`: its release waits for it. */
+gt_status gt_transfer_consume_end(gt_transfer *transfer, gt_device_batch *batch, gt_stream *consumer);
+
+/* The device of the transfer's batches. */
+gt_device gt_transfer_device(const gt_transfer *transfer);
+
+/* The caller no longer uses `batch`; it may be filled again once the consumers' work recorded by
+ * gt_transfer_consume_end has run (the copy stream waits for it, the host does not). */
 void gt_transfer_release(gt_transfer *transfer, gt_device_batch *batch);
 
 /* The native handle of the copy stream (CUDA: its cudaStream_t); consumers order their work after it. */

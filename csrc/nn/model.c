@@ -5,7 +5,8 @@
  * on the device's default stream, so its work is ordered with the optimizer's and with blocking
  * copies; its arenas are device memory.
  * Parameters are initialised in a host staging buffer and copied over; host inputs and targets
- * are copied into device pieces of the loss region that the plan reserves; per-row losses are
+ * are copied into device pieces of the loss region that the plan reserves (whether the input
+ * is on the host or, a DeviceArray, read where it is: one plan for both); per-row losses are
  * read back and summed on the host in row order, as on the CPU. */
 #include "nn/model.h"
 
@@ -298,7 +299,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     GT_TRY(add_piece(&loss, bytes, what, &t->dout));
     GT_TRY(gt_size_mul(rows, sizeof(float), what, &bytes));
     GT_TRY(add_piece(&loss, bytes, what, &t->losses));
-    int copies_input = on_device(model) && !gt_device_is_accelerator(input->device);
+    int copies_input = on_device(model);  /* room for a host input's copy, used or not by a device input */
     GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
     GT_TRY(add_piece(&loss, copies_input ? bytes : 0, what, &t->input));
     size_t labels = 0, values = 0;
@@ -487,11 +488,16 @@ static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {
     return run;
 }
 
+/* The device copy of `input` for a device model given a host input (planned so), else NULL. */
+static void *input_copy(const gt_model *model, const gt_tensor *input) {
+    return gt_device_is_accelerator(input->device) ? NULL : model->input_device;
+}
+
 /* The input as the first layer reads it: copied to the device for a device model given a host
- * input, and cast to the half format in f16/bf16 mode. */
+ * input (a device input is read where it is), and cast to the half format in f16/bf16 mode. */
 static gt_status model_input(gt_model *model, const gt_tensor *input, const void **out) {
     const void *source = input->ptr;
-    if (model->input_device) {
+    if (input_copy(model, input)) {
         GT_TRY(model_memcpy(model, model->input_device, input->ptr, gt_tensor_bytes(input)));
         source = model->input_device;
     }
@@ -507,7 +513,7 @@ static gt_status model_input(gt_model *model, const gt_tensor *input, const void
 static const void *forward_input(const gt_model *model, const gt_tensor *input) {
     if (model->input_cast)
         return model->input_cast;
-    return model->input_device ? model->input_device : input->ptr;
+    return input_copy(model, input) ? model->input_device : input->ptr;
 }
 
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,

@@ -6,6 +6,8 @@
 #include "py/gtpy.h"
 
 #include "data/loader.h"
+#include "core/tensor.h"
+#include "data/transfer.h"
 
 /* Owner of one caller reference to a delivered slot: NumPy views of the slot have it as
  * their base, so the slot is reused only after the last view is gone. Steals the reference. */
@@ -20,6 +22,29 @@ gt_loader *gtpy_loader_engine_loader(PyObject *module, PyObject *engine);
 
 /* Registers LoaderTransfer and _DeviceSlot (device copies of batches). */
 int gtpy_add_loader_transfer(PyObject *module);
+
+/* A step or forward input given as a DeviceArray (gputrain.data.transfer): its memory, held. */
+typedef struct gtpy_device_input {
+    PyObject *owner;          /* the _DeviceSlot holding the memory (a reference); NULL: not a device input */
+    gt_transfer *transfer;    /* the owner's transfer */
+    gt_device_batch *batch;   /* the owner's device batch; NULL for a copied array (complete already) */
+} gtpy_device_input;
+
+/* 0 with in->owner NULL when `obj` is not a DeviceArray. Otherwise checks it against `device`
+ * (the model's) and the dtype (kind 'f': float32, 'i': int64; nothing is converted on the
+ * device), fills `tensor` (shape, dtype, device, ptr) and `in`, and returns 1; or -1 with an
+ * exception naming `arg_name`. */
+int gtpy_device_input_get(PyObject *module, PyObject *obj, const char *arg_name, char kind, gt_device device,
+                          gt_tensor *tensor, gtpy_device_input *in);
+
+/* Work queued on `consumer` (a stream of the input's device; NULL: its default stream) from now
+ * on runs after the copy that filled the input (begin); the work queued there so far is the last
+ * that reads it, so the batch returns to the loader only after it (end). No-ops for a host input. */
+gt_status gtpy_device_input_begin(const gtpy_device_input *in, gt_stream *consumer);
+gt_status gtpy_device_input_end(const gtpy_device_input *in, gt_stream *consumer);
+
+/* Drops the reference on the input's memory (the batch may return to the loader). */
+void gtpy_device_input_clear(gtpy_device_input *in);
 
 /* A tuple with one array per field of `arrays` (the dataset), each viewing the slot's rows
  * with the field's dtype and trailing shape (ragged fields: (rows, width, *item shape)),

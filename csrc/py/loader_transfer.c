@@ -128,6 +128,124 @@ static PyType_Spec device_slot_spec = {
     .slots = device_slot_slots,
 };
 
+/* ---- DeviceArray inputs of the step and of forward ------------------------------------ */
+
+/* The _DeviceSlot behind a DeviceArray `obj` (a new reference), NULL when it is none (no error). */
+static PyObject *device_owner(PyObject *module, PyObject *obj) {
+    if (PyArray_Check(obj))
+        return NULL;
+    PyObject *owner = PyObject_GetAttrString(obj, "_owner");
+    if (!owner) {
+        PyErr_Clear();  /* not a DeviceArray: the caller converts it as a host input */
+        return NULL;
+    }
+    PyObject *type = PyObject_GetAttrString(module, "_DeviceSlot");
+    int match = type && Py_IS_TYPE(owner, (PyTypeObject *)type);
+    Py_XDECREF(type);
+    PyErr_Clear();
+    if (!match)
+        Py_CLEAR(owner);
+    return owner;
+}
+
+/* The DeviceArray's shape into `dims` (1 to GT_MAX_DIMS dimensions): 0, or -1 with ValueError. */
+static int device_array_shape(PyObject *obj, const char *arg_name, int *ndim, int64_t *dims) {
+    PyObject *shape = PyObject_GetAttrString(obj, "shape");
+    if (!shape)
+        return -1;
+    Py_ssize_t n = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;
+    int rc = n >= 1 && n <= GT_MAX_DIMS ? 0 : -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+        rc = dims[i] < 0 ? -1 : 0;
+    }
+    Py_DECREF(shape);
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "%s: expected a DeviceArray of 1 to %d dimensions", arg_name, GT_MAX_DIMS);
+    *ndim = (int)n;
+    return rc;
+}
+
+/* The DeviceArray's dtype against kind 'f' (float32) or 'i' (int64): 0, or -1 with TypeError. */
+static int device_array_dtype(PyObject *obj, const char *arg_name, char kind) {
+    PyObject *dtype = PyObject_GetAttrString(obj, "dtype");
+    if (!dtype)
+        return -1;
+    int want = kind == 'f' ? NPY_FLOAT32 : NPY_INT64;
+    int ok = PyArray_DescrCheck(dtype) && ((PyArray_Descr *)dtype)->type_num == want;
+    if (!ok)
+        PyErr_Format(PyExc_TypeError, "%s: expected a DeviceArray of %s (nothing is converted on the device), "
+                     "got dtype %S", arg_name, kind == 'f' ? "float32" : "int64 class indices", dtype);
+    Py_DECREF(dtype);
+    return ok ? 0 : -1;
+}
+
+/* The device memory of the DeviceArray `obj` (owned by `slot`): its offset checked against the slot. */
+static char *device_array_data(PyObject *obj, DeviceSlotObject *slot, const char *arg_name, size_t bytes) {
+    PyObject *offset_obj = PyObject_GetAttrString(obj, "_offset");
+    Py_ssize_t offset = offset_obj ? PyLong_AsSsize_t(offset_obj) : -1;
+    Py_XDECREF(offset_obj);
+    if (PyErr_Occurred())
+        return NULL;
+    if (offset < 0 || (size_t)offset > device_bytes(slot) || bytes > device_bytes(slot) - (size_t)offset) {
+        PyErr_Format(PyExc_ValueError, "%s: the DeviceArray's %zu bytes at offset %zd lie outside its device "
+                     "batch", arg_name, bytes, offset);
+        return NULL;
+    }
+    return device_start(slot) + offset;
+}
+
+/* Refuses a DeviceArray on another device than the model's: 0, or -1 with ValueError. */
+static int same_device(gt_device have, gt_device want, const char *arg_name) {
+    if (have.kind == want.kind && have.index == want.index)
+        return 0;
+    char have_name[32], want_name[32];
+    gt_device_name(have, have_name, sizeof have_name);
+    gt_device_name(want, want_name, sizeof want_name);
+    PyErr_Format(PyExc_ValueError, "%s: a DeviceArray on %s, but the model is on %s; load the batches with "
+                 "DataLoader(device='%s')", arg_name, have_name, want_name, want_name);
+    return -1;
+}
+
+int gtpy_device_input_get(PyObject *module, PyObject *obj, const char *arg_name, char kind, gt_device device,
+                          gt_tensor *tensor, gtpy_device_input *in) {
+    *in = (gtpy_device_input){0};
+    PyObject *owner = device_owner(module, obj);
+    if (!owner)
+        return 0;
+    DeviceSlotObject *slot = (DeviceSlotObject *)owner;
+    gt_transfer *transfer = transfer_of(slot->owner);
+    int ndim = 0;
+    int64_t dims[GT_MAX_DIMS];
+    char *data = NULL;
+    if (same_device(gt_transfer_device(transfer), device, arg_name) == 0 &&
+        device_array_dtype(obj, arg_name, kind) == 0 && device_array_shape(obj, arg_name, &ndim, dims) == 0) {
+        gt_tensor_make(tensor, NULL, kind == 'f' ? GT_F32 : GT_I64, ndim, dims, device);
+        data = device_array_data(obj, slot, arg_name, gt_tensor_bytes(tensor));
+    }
+    if (!data) {
+        Py_DECREF(owner);
+        return -1;
+    }
+    tensor->ptr = data;
+    *in = (gtpy_device_input){.owner = owner, .transfer = transfer, .batch = slot->batch};
+    return 1;
+}
+
+gt_status gtpy_device_input_begin(const gtpy_device_input *in, gt_stream *consumer) {
+    return in->batch ? gt_transfer_consume_begin(in->transfer, in->batch, consumer) : GT_OK;
+}
+
+gt_status gtpy_device_input_end(const gtpy_device_input *in, gt_stream *consumer) {
+    return in->batch ? gt_transfer_consume_end(in->transfer, in->batch, consumer) : GT_OK;
+}
+
+void gtpy_device_input_clear(gtpy_device_input *in) {
+    Py_CLEAR(in->owner);
+    in->transfer = NULL;
+    in->batch = NULL;
+}
+
 /* ---- LoaderTransfer ------------------------------------------------------------------- */
 
 /* `device`: a CUDA ordinal (int) or an accelerator's name ('cuda:N', 'sim:N'). */

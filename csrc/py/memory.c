@@ -2,6 +2,7 @@
 #include "py/gtpy.h"
 
 #include "core/alloc.h"
+#include "core/device_backend.h"
 
 static int parse_device_kw(PyObject *module, PyObject *device_obj, gt_device *device) {
     return gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), device);
@@ -99,7 +100,31 @@ static PyObject *reset_peak_memory_stats(PyObject *module, PyObject *args, PyObj
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
 }
 
+/* device_counters(device, reset=False): the device interface's counters as a dict of ints. */
+static PyObject *device_counters(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"device", "reset", NULL};
+    PyObject *device_obj;
+    int reset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:device_counters", keywords, &device_obj, &reset))
+        return NULL;
+    gt_device device;
+    if (parse_device_kw(module, device_obj, &device) < 0)
+        return NULL;
+    if (!gt_device_is_accelerator(device))
+        return PyErr_Format(PyExc_ValueError, "device: counters are kept for accelerators ('cuda:N', 'sim:N'), got %R",
+                            device_obj);
+    gt_device_counters c;
+    gt_device_counters_get(device, &c);
+    if (reset)
+        gt_device_counters_reset(device);
+    return Py_BuildValue("{sKsKsKsKsKsKsK}", "syncs", c.syncs, "launches", c.launches, "h2d_bytes", c.h2d_bytes,
+                         "d2h_bytes", c.d2h_bytes, "d2d_bytes", c.d2d_bytes, "allocs", c.allocs, "frees", c.frees);
+}
+
 static PyMethodDef memory_methods[] = {
+    {"device_counters", (PyCFunction)(void (*)(void))device_counters, METH_VARARGS | METH_KEYWORDS,
+     "device_counters(device, reset=False)\n--\n\nWhat gputrain asked of an accelerator since the last reset: "
+     "host syncs, launches, H2D/D2H/D2D bytes, allocations and frees; reset=True zeroes them after reading."},
     {"set_memory_limit", (PyCFunction)(void (*)(void))set_memory_limit, METH_VARARGS | METH_KEYWORDS,
      "set_memory_limit(limit, device='cpu')\n--\n\nCap the bytes gputrain may reserve on a device (None removes the cap)."},
     {"set_memory_fraction", (PyCFunction)(void (*)(void))set_memory_fraction,

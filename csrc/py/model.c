@@ -8,6 +8,7 @@
 
 #include "nn/model.h"
 #include "py/model.h"
+#include "py/loader.h"
 
 static int spec_error(const char *message, PyObject *spec) {
     PyErr_Format(PyExc_ValueError, "model spec: %s (got %R)", message, spec);
@@ -419,11 +420,34 @@ static PyObject *tensor_to_numpy(PyObject *module, gt_model *model, const gt_ten
     return array;
 }
 
+/* Forward on a DeviceArray on the model's device: read where it is, after its copy; its batch
+ * returns to the loader only after the forward's work (queued on the device's default stream). */
+static PyObject *forward_device(PyObject *module, gt_model *model, gt_tensor *input, gtpy_device_input *in) {
+    gt_status status;
+    gt_tensor output;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_prepare(model, input);
+    if (status == GT_OK && (status = gtpy_device_input_begin(in, NULL)) == GT_OK) {
+        status = gt_model_forward(model, input, 0, &output);
+        gt_status end = gtpy_device_input_end(in, NULL);
+        status = status == GT_OK ? end : status;
+    }
+    Py_END_ALLOW_THREADS
+    return status == GT_OK ? tensor_to_numpy(module, model, &output) : gtpy_raise(module, status);
+}
+
 static PyObject *forward(PyObject *op, PyObject *arg) {
     ModelObject *self = (ModelObject *)op;
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     gt_tensor input, output;
     char kind = gtpy_model_takes_ids(&self->model) ? 'i' : 'f';
+    gtpy_device_input in;
+    int on_device = gtpy_device_input_get(module, arg, "x", kind, self->model.backend.device, &input, &in);
+    if (on_device != 0) {
+        PyObject *result = on_device > 0 ? forward_device(module, &self->model, &input, &in) : NULL;
+        gtpy_device_input_clear(&in);
+        return result;
+    }
     PyArrayObject *given = gtpy_input_array(arg, "x", kind, &input);
     if (!given)
         return NULL;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 
+#include "py/loader.h"
 #include "py/model.h"
 #include "py/optim_model.h"
 #include "train/step.h"
@@ -173,25 +174,72 @@ static gt_status run_step(gt_model *model, const gt_tensor *x, const gt_tensor *
     return status;
 }
 
-/* Prepares the plan, copies the inputs and runs the step, with every object held busy. */
-static PyObject *prepare_and_run(PyObject *module, gt_model *model, PyArrayObject *x_given,
-                                 PyArrayObject *y_given, gt_tensor *x, gt_tensor *y, const gt_step_config *cfg) {
+/* One input of the step: a host array (converted when the step runs) or a DeviceArray. */
+typedef struct step_input {
+    PyArrayObject *given;       /* the checked host array (a reference), or NULL */
+    gtpy_device_input device;   /* the DeviceArray's memory (owner NULL for a host input) */
+    gt_tensor tensor;           /* shape and dtype; ptr set once the data is known */
+} step_input;
+
+/* Checks `obj` (a DeviceArray on the model's device, or anything NumPy converts): 0, or -1
+ * with an exception naming `arg_name`. */
+static int parse_input(PyObject *module, PyObject *obj, const char *arg_name, char kind, const gt_model *model,
+                       step_input *in) {
+    in->given = NULL;
+    int rc = gtpy_device_input_get(module, obj, arg_name, kind, model->backend.device, &in->tensor, &in->device);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    in->given = gtpy_input_array(obj, arg_name, kind, &in->tensor);
+    return in->given ? 0 : -1;
+}
+
+static void clear_input(step_input *in) {
+    Py_CLEAR(in->given);
+    gtpy_device_input_clear(&in->device);
+}
+
+/* The host data of an input (a new reference; sets tensor.ptr), or Py_None for a device input. */
+static PyObject *input_data(PyObject *module, step_input *in, const char *arg_name, char kind) {
+    if (!in->given)
+        return Py_NewRef(Py_None);
+    return (PyObject *)gtpy_input_data(module, in->given, arg_name, kind, &in->tensor);
+}
+
+/* The step, ordered after the copies into device inputs; their batches return to the loader only
+ * after the step's work (the model queues on its device's default stream, NULL). */
+static gt_status run_ordered(gt_model *model, step_input *x, step_input *y, const gt_step_config *cfg,
+                             gt_step_result *result) {
+    gt_status status = gtpy_device_input_begin(&x->device, NULL);
+    if (status == GT_OK)
+        status = gtpy_device_input_begin(&y->device, NULL);
+    if (status != GT_OK)
+        return status;
+    status = run_step(model, &x->tensor, &y->tensor, cfg, result);
+    gt_status x_end = gtpy_device_input_end(&x->device, NULL), y_end = gtpy_device_input_end(&y->device, NULL);
+    if (status == GT_OK)
+        status = x_end != GT_OK ? x_end : y_end;
+    return status;
+}
+
+/* Prepares the plan, copies the host inputs and runs the step, with every object held busy. */
+static PyObject *prepare_and_run(PyObject *module, gt_model *model, step_input *x, step_input *y,
+                                 const gt_step_config *cfg) {
     char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg->loss.kind == GT_LOSS_MSE ? 'f' : 'i';
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
-    status = gt_train_step_prepare(model, x, y, cfg);  /* shapes checked before any copy */
+    status = gt_train_step_prepare(model, &x->tensor, &y->tensor, cfg);  /* shapes checked before any copy */
     Py_END_ALLOW_THREADS
     if (status != GT_OK)
         return gtpy_raise(module, status);
-    PyArrayObject *x_array = gtpy_input_data(module, x_given, "x", x_kind, x), *y_array = NULL;
-    if (x_array)
-        y_array = gtpy_input_data(module, y_given, "y", y_kind, y);
+    PyObject *x_data = input_data(module, x, "x", x_kind), *y_data = NULL;
+    if (x_data)
+        y_data = input_data(module, y, "y", y_kind);
     gt_step_result result;
-    if (y_array)
-        status = run_step(model, x, y, cfg, &result);
-    Py_XDECREF(x_array);
-    Py_XDECREF(y_array);
-    if (!y_array)
+    if (y_data)
+        status = run_ordered(model, x, y, cfg, &result);
+    Py_XDECREF(x_data);
+    Py_XDECREF(y_data);
+    if (!y_data)
         return NULL;
     if (status == GT_OK)
         return step_result(&result);
@@ -200,13 +248,12 @@ static PyObject *prepare_and_run(PyObject *module, gt_model *model, PyArrayObjec
 
 /* prepare_and_run, abandoned early on a Ctrl-C when that raises KeyboardInterrupt (the main
  * thread with Python's default handler): the handler is in place from before the plan. */
-static PyObject *step_held(PyObject *module, gt_model *model, PyArrayObject *x_given, PyArrayObject *y_given,
-                           gt_tensor *x, gt_tensor *y, gt_step_config *cfg) {
+static PyObject *step_held(PyObject *module, gt_model *model, step_input *x, step_input *y, gt_step_config *cfg) {
     int installed = interrupt_begin();
     if (installed < 0)
         return NULL;
     cfg->interruptible = installed;
-    PyObject *result = prepare_and_run(module, model, x_given, y_given, x, y, cfg);
+    PyObject *result = prepare_and_run(module, model, x, y, cfg);
     interrupt_end(installed);
     return result;
 }
@@ -214,8 +261,7 @@ static PyObject *step_held(PyObject *module, gt_model *model, PyArrayObject *x_g
 /* Resolves the optimizer's core and holds the objects with no Python code in between (a
  * concurrent add_param_group then either came first or is refused), then runs the step. */
 static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_obj, PyObject *optimizer_obj,
-                           PyObject *scaler_obj, PyArrayObject *x_given, PyArrayObject *y_given, gt_tensor *x,
-                           gt_tensor *y, gt_step_config *cfg) {
+                           PyObject *scaler_obj, step_input *x, step_input *y, gt_step_config *cfg) {
     step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj};
     if (objects.scaler && !gtpy_scaler_get(objects.scaler))
         return NULL;
@@ -223,7 +269,7 @@ static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_ob
         return NULL;
     PyObject *result = NULL;
     if (enter_all(&objects, cfg) == 0) {
-        result = step_held(module, model, x_given, y_given, x, y, cfg);
+        result = step_held(module, model, x, y, cfg);
         leave_all(&objects);
     }
     Py_XDECREF(objects.optimizer);
@@ -249,16 +295,13 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
         return NULL;
     if (!isfinite(cfg.max_grad_norm))
         return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
-    gt_tensor x, y;  /* inputs checked first: converting them may run Python code */
+    step_input x = {0}, y = {0};  /* inputs checked first: converting them may run Python code */
     char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i';
-    PyArrayObject *x_given = gtpy_input_array(x_obj, "x", x_kind, &x), *y_given = NULL;
-    if (x_given)
-        y_given = gtpy_input_array(y_obj, "y", y_kind, &y);
     PyObject *result = NULL;
-    if (y_given)
-        result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, x_given, y_given, &x, &y, &cfg);
-    Py_XDECREF(x_given);
-    Py_XDECREF(y_given);
+    if (parse_input(module, x_obj, "x", x_kind, model, &x) == 0 && parse_input(module, y_obj, "y", y_kind, model, &y) == 0)
+        result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, &x, &y, &cfg);
+    clear_input(&x);
+    clear_input(&y);
     return result;
 }
 

@@ -28,6 +28,7 @@ from gputrain.trainer_callback import (
 from gputrain.trainer import Trainer, TrainOutput
 from gputrain.guards import GPUHealthCallback, LossSpikeCallback
 from gputrain.memory import (
+    device_counters,
     memory_stats,
     memory_summary,
     reset_peak_memory_stats,
@@ -92,6 +93,7 @@ __all__ = [
     "get_debug",
     "get_num_threads",
     "info",
+    "device_counters",
     "memory_stats",
     "memory_summary",
     "reset_peak_memory_stats",

@@ -34,6 +34,16 @@ def reset_peak_memory_stats(device: str | None = None) -> None:
     _C.reset_peak_memory_stats(device=_default_device(device))
 
 
+def device_counters(device: str, reset: bool = False) -> dict[str, int]:
+    """What gputrain asked of an accelerator ('cuda:N', 'sim:N') through its device interface
+    since the last reset, counted the same way for every backend: `syncs` (host waits: blocking
+    copies and fills, stream/event synchronisations, the gradient-norm read), `launches` (work
+    queued: asynchronous copies, fills and the training step's optimizer/scaler/EMA kernels; the
+    model's layer ops are not counted), `h2d_bytes`, `d2h_bytes`, `d2d_bytes`, `allocs` and
+    `frees` (device allocations). `reset=True` zeroes them after reading."""
+    return _C.device_counters(device, reset=reset)
+
+
 def format_bytes(n: int | None) -> str:
     """1536 -> '1.50 KiB'; None -> 'none'."""
     if n is None:

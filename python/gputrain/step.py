@@ -245,7 +245,9 @@ class TrainStep:
                                  "model.parameters() or a subset of them")
         self._checked = checked
 
-    def __call__(self, x: np.ndarray, y: np.ndarray) -> StepOutput:
+    def __call__(self, x: Any, y: Any) -> StepOutput:
+        """One optimizer step on the batch (x, y): arrays, or on a device model the DeviceArrays of
+        DataLoader(device=...), read on the device after their copy."""
         self._check_optimizer()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         guard = self.spike_guard
