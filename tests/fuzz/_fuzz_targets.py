@@ -345,7 +345,7 @@ def _layer(kind: str) -> Any:
             "bad": object}[kind]()
 
 
-@target("nn.Sequential+forward", ARRAYS, kinds=st.lists(st.sampled_from(LAYER_KINDS), max_size=4).map(lit),
+@target("nn.Sequential+forward", INDEX, kinds=st.lists(st.sampled_from(LAYER_KINDS), max_size=4).map(lit),
         x=arr(3, 4), train=num(True, False))
 def _(f, kinds, x, train):
     model = nn.Sequential(*[_layer(k) for k in kinds])
