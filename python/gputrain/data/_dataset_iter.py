@@ -94,10 +94,10 @@ class DatasetIter(Iterator[Any]):
             self._progress = progress
             self._skip = skip
             if batches is not None:  # the batches still to fetch, in order
-                self._todo: range | list[int] = range(progress.low, len(batches))
+                self._order: range | list[int] = range(progress.low, len(batches))
                 if progress.above:
-                    self._todo = [b for b in self._todo if b not in progress.above]
-            self._sent = 0  # tasks of this epoch sent (map: positions in _todo; iterable: seq)
+                    self._order = [b for b in self._order if b not in progress.above]
+            self._sent = 0  # tasks of this epoch sent (map: positions in _order; iterable: seq)
             self._delivered = 0  # next position / seq to deliver
             self._arrived: dict[int, tuple[Any, ...]] = {}
             self._exhausted: set[int] = set()
@@ -176,9 +176,9 @@ class DatasetIter(Iterator[Any]):
                 raise StopIteration
             self._delivered += 1
             return self._delivered - 1, value
-        if self._delivered >= len(self._todo):
+        if self._delivered >= len(self._order):
             raise StopIteration
-        batch = self._todo[self._delivered]
+        batch = self._order[self._delivered]
         _, value = self._fetcher.batch(self._batches.indices(batch))
         self._delivered += 1
         return batch, value
@@ -190,9 +190,9 @@ class DatasetIter(Iterator[Any]):
         assert pool is not None
         while self._outstanding < self._in_flight:
             if self._batches is not None:
-                if self._sent >= len(self._todo):
+                if self._sent >= len(self._order):
                     return
-                worker, indices = self._sent % self._num_workers, self._batches.indices(self._todo[self._sent])
+                worker, indices = self._sent % self._num_workers, self._batches.indices(self._order[self._sent])
             else:
                 worker, indices = self._next_worker(), None
                 if worker < 0:
@@ -246,13 +246,13 @@ class DatasetIter(Iterator[Any]):
             self._exhausted.add(worker)
             return -1, None
         if self._batches is not None:
-            return self._todo[seq], self.pool.ring.deliver(slot, payload)
+            return self._order[seq], self.pool.ring.deliver(slot, payload)
         self._count += 1
         return self._count - 1, self.pool.ring.deliver(slot, payload)
 
     def _epoch_done(self) -> bool:
         if self._batches is not None:
-            return self._delivered >= len(self._todo)
+            return self._delivered >= len(self._order)
         return len(self._exhausted) == self._num_workers and self._delivered >= self._sent
 
     def _next_pooled(self) -> tuple[int, Any]:
