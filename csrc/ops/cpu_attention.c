@@ -17,7 +17,9 @@
  * for the rest), vectorising over an output row without reassociation in the SSE, AVX2 and
  * AVX-512 clones of cpu_kernels.h; exp is gt_vm_expf. Invisible (masked) entries of a tile are
  * exact zeros in the products. Scratch is one slot of the workspace per thread (as many threads
- * as the workspace has slots): the op never allocates. */
+ * as the workspace has slots): the op never allocates. The CUDA kernels' per-row math
+ * (ops/attention_hd.h) repeats these operations in this order, so a change of order here must
+ * be made there too (tests/test_attention_cuda_math.py compares the bits). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -26,10 +28,11 @@
 #include "core/dropout.h"
 #include "core/threads.h"
 #include "core/vmath.h"
+#include "ops/attention_hd.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
 
-enum { Q_BLOCK = 64, K_BLOCK = 64 };  /* queries and keys per tile */
+enum { Q_BLOCK = GT_ATTN_Q_TILE, K_BLOCK = GT_ATTN_K_TILE };  /* queries and keys per tile */
 
 /* Keys visible to query i of batch entry b: [0, result). */
 GT_INLINE size_t visible_keys(const gt_attention_args *a, size_t b, size_t i) {
@@ -239,7 +242,7 @@ GT_INLINE void finish_rows(const gt_attention_args *a, fwd_scratch *w, size_t ou
     for (size_t r = 0; r < rows; r++) {
         int seen = w->l[r] > 0.0f;  /* 0 when the query sees no key */
         float inv = seen ? 1.0f / w->l[r] : 0.0f;
-        a->lse[lse_base + r] = seen ? w->m[r] + logf(w->l[r]) : -INFINITY;
+        a->lse[lse_base + r] = seen ? gt_attn_lse(w->m[r], w->l[r]) : -INFINITY;
         store_rows(a->out, out_base + r * stride, 0, w->o + r * dim, 1, dim, inv, dt);
     }
 }
