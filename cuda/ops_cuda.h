@@ -3,7 +3,8 @@
  *
  * Every op of gt_cuda_ops() queues its work on the state's stream and returns without waiting,
  * except the ops whose results the caller reads on the host: softmax_xent (*count), mse (*loss),
- * sum_squares (*out), and the id checks of embedding_forward/embedding_backward; those wait for
+ * sum_squares (*out), the id checks of embedding_forward/embedding_backward and the key-length
+ * check of attention_forward/attention_backward (when key_lengths is given); those wait for
  * the stream. Array arguments are device pointers of the state's device; `count`, `loss` and
  * `out` are host pointers. Errors of the caller's data (ids or targets out of range) are reported
  * as GT_ERR_INDEX naming the first bad position, as on the CPU.
@@ -14,7 +15,9 @@
  * the LayerNorm statistics follow the CPU's summation order (GT_LANE_SUM in fixed parts), so
  * they match it bit for bit. bias_backward, the LayerNorm parameter gradients and
  * embedding_backward use fixed orders without floating-point atomics: the same bits on every
- * run (embedding_backward also adds in the CPU's order, so it matches it exactly). */
+ * run (embedding_backward also adds in the CPU's order, so it matches it exactly). Attention
+ * (ops_attention.cu) runs the per-row math of ops/attention_hd.h, the CPU op's operations in its
+ * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there. */
 #ifndef GT_OPS_CUDA_H
 #define GT_OPS_CUDA_H
 

@@ -175,5 +175,8 @@ gt_status gt_cuda_sum_squares(gt_backend *be, double *out, const float *x, int64
 gt_status gt_cuda_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src, gt_dtype src_dt, int64_t n);
 gt_status gt_cuda_copy(gt_backend *be, void *dst, const void *src, size_t bytes);
 gt_status gt_cuda_zero(gt_backend *be, void *dst, size_t bytes);
+size_t gt_cuda_attention_workspace_bytes(const gt_attention_args *args, int threads);
+gt_status gt_cuda_attention_forward(gt_backend *be, const gt_attention_args *args);
+gt_status gt_cuda_attention_backward(gt_backend *be, const gt_attention_args *args);
 
 #endif

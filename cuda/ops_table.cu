@@ -27,6 +27,9 @@ static const gt_ops cuda_ops = {
     gt_cuda_cast,
     gt_cuda_copy,
     gt_cuda_zero,
+    gt_cuda_attention_workspace_bytes,
+    gt_cuda_attention_forward,
+    gt_cuda_attention_backward,
 };
 
 extern "C" const gt_ops *gt_cuda_ops(void) { return &cuda_ops; }

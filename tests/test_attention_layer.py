@@ -212,10 +212,22 @@ def test_bad_configuration_and_inputs_raise():
 
 
 @pytest.mark.cuda
-def test_cuda_model_with_attention_is_refused_at_plan_time():
-    model = nn.Sequential(mha(), lin()).to("cuda")
-    with pytest.raises(RuntimeError, match="no implementation on the 'cuda' backend"):
-        model(batch()[0])
+@pytest.mark.parametrize("precision, tol", [("fp32", 1e-4), ("bf16", 6e-2)])
+def test_a_transformer_block_on_cuda_steps_as_on_the_cpu(precision, tol):
+    """The CUDA attention op gives the CPU op's bits (tests/test_cuda_attention.py); the model's
+    GEMMs do not (cuBLAS), so the loss and gradients of a step agree within a tolerance."""
+    gt.backends.set_tf32(False)
+    x, y = batch()
+    results = []
+    for device in ("cpu", "cuda"):
+        gt.random.manual_seed(5)
+        model = nn.Sequential(lin(), pre_ln_block(causal=True, dropout=0.1), lin(EMBED, CLASSES)).to(device)
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), None, precision=precision,
+                            gradient_accumulation_steps=3)
+        results.append((step(x, y).loss, model.compiled.read_gradients()))
+    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = results
+    assert gpu_loss == pytest.approx(cpu_loss, rel=tol)
+    assert np.max(np.abs(gpu_grads - cpu_grads)) <= tol * np.max(np.abs(cpu_grads))
 
 
 def test_thread_count_changed_after_planning_keeps_the_bits():

@@ -124,8 +124,8 @@ static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tenso
 }
 
 /* Attention reads the fused (B, T, 3E) projection and writes (B, T, E); it keeps (B, H, T) f32
- * log-sum-exps for backward and notes its scratch in the workspace. A backend without the op
- * (CUDA, for now) is refused here, before anything runs. */
+ * log-sum-exps for backward and notes its scratch in the workspace. A backend without the op is
+ * refused here, before anything runs. */
 static gt_status plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                                 const char *path, gt_plan_cursor *region) {
     char name[GT_LAYER_PATH_BYTES + 96];

@@ -13,17 +13,19 @@
  * device pointers), the op runs, and every array is copied back (outputs land in them; inputs
  * come back unchanged unless the op wrote them). A GEMM gets the workspace gemm_workspace_bytes
  * asks for. Returns the op's host result: the count of softmax_xent, the loss of mse, the sum of
- * sum_squares; None otherwise. */
+ * sum_squares; None otherwise. An attention op gets the workspace attention_workspace_bytes
+ * asks for (with the CPU's thread count). */
 #include "py/gtpy.h"
 
 #include <limits.h>
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/threads.h"
 #include "ops/ops.h"
 #include "core/device_backend.h"
 
-enum { MAX_ARRAYS = 8, DEVICE_ALIGN = 256 };
+enum { MAX_ARRAYS = 10, DEVICE_ALIGN = 256 };
 
 /* One call: the parsed arguments, the bytes each array must hold, and the pointers the op gets. */
 typedef struct op_call {
@@ -35,6 +37,7 @@ typedef struct op_call {
     int flag;                 /* accumulate, or the activation code */
     gt_dropout_key key;       /* dropout's key */
     gt_gemm_args gemm;        /* GEMM arguments (pointers filled in by run_gemm) */
+    gt_attention_args attn;   /* attention arguments (pointers filled in by run_attention) */
     int64_t count;            /* softmax_xent's result */
     float loss;               /* mse's result */
     double sum;               /* sum_squares's result */
@@ -355,6 +358,69 @@ static gt_status run_zero(gt_backend *be, op_call *call) {
     return be->ops->zero(be, call->ptr[0], (size_t)call->size[0]);
 }
 
+/* Bytes of the product of `n` dimensions times `elem`; 0 when one is <= 0, SIZE_MAX on overflow. */
+static size_t dims_bytes(const int64_t *dims, int n, size_t elem) {
+    size_t total = elem;
+    for (int i = 0; i < n; i++) {
+        if (dims[i] <= 0)
+            return 0;
+        if (__builtin_mul_overflow(total, (size_t)dims[i], &total))
+            return SIZE_MAX;
+    }
+    return total;
+}
+
+/* (batch, heads, seq, head_dim, causal, scale, dropout_p, seed, layer, step, offset, dt): arrays
+ * q, k, v, out[, dout, dq, dk, dv] contiguous (batch, heads, seq, head_dim) of dt, lse (batch,
+ * heads, seq) f32, key_lengths (batch,) int64 or None. */
+static int parse_attention(PyObject *module, PyObject *args, op_call *call, int backward) {
+    gt_attention_args *a = &call->attn;
+    long long b, h, t, d;
+    unsigned long long seed, layer, step, offset;
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLLLpfdKKKKs:attention", &b, &h, &t, &d, &a->causal, &a->scale, &a->dropout_p,
+                          &seed, &layer, &step, &offset, &dt) ||
+        parse_dtype(module, dt, "dt", &a->dt) < 0)
+        return -1;
+    a->batch = b, a->heads = h, a->seq = t, a->head_dim = d;
+    a->in = (gt_attn_strides){h * t * d, t * d, d};
+    a->out_strides = a->in;
+    a->dropout_key = (gt_dropout_key){seed, (uint32_t)layer, (uint32_t)step, offset};
+    const int64_t dims[4] = {b, h, t, d};
+    size_t operand = dims_bytes(dims, 4, gt_dtype_size(a->dt));
+    int lengths = backward ? 9 : 5;  /* the index of key_lengths; lse is array 4 */
+    for (int k = 0; k < lengths; k++)
+        call->need[k] = k == 4 ? dims_bytes(dims, 3, sizeof(float)) : operand;
+    call->need[lengths] = dims_bytes(dims, 1, sizeof(int64_t));
+    return 0;
+}
+
+static int parse_attention_forward(PyObject *module, PyObject *args, op_call *call) {
+    return parse_attention(module, args, call, 0);
+}
+
+static int parse_attention_backward(PyObject *module, PyObject *args, op_call *call) {
+    return parse_attention(module, args, call, 1);
+}
+
+static gt_status run_attention(gt_backend *be, op_call *call, int backward) {
+    gt_attention_args *a = &call->attn;
+    if (!be->ops->attention_forward || !be->ops->attention_backward)
+        return GT_FAIL(GT_ERR_RUNTIME, "backend: '%s' has no attention", be->ops->name);
+    a->q = call->ptr[0], a->k = call->ptr[1], a->v = call->ptr[2], a->out = call->ptr[3], a->lse = call->ptr[4];
+    if (!backward) {
+        a->key_lengths = call->ptr[5];
+        return be->ops->attention_forward(be, a);
+    }
+    a->dout = call->ptr[5], a->dq = call->ptr[6], a->dk = call->ptr[7], a->dv = call->ptr[8];
+    a->key_lengths = call->ptr[9];
+    return be->ops->attention_backward(be, a);
+}
+
+static gt_status run_attention_forward(gt_backend *be, op_call *call) { return run_attention(be, call, 0); }
+
+static gt_status run_attention_backward(gt_backend *be, op_call *call) { return run_attention(be, call, 1); }
+
 static const op_spec specs[] = {
     {"gemm", 3, {"a", "b", "c"}, 0, parse_gemm, run_gemm, 0},
     {"bias_add", 2, {"out", "bias"}, 0, parse_bias_add, run_bias_add, 0},
@@ -377,6 +443,10 @@ static const op_spec specs[] = {
     {"cast", 2, {"dst", "src"}, 0, parse_cast, run_cast, 0},
     {"copy", 2, {"dst", "src"}, 0, parse_bytes, run_copy, 0},
     {"zero", 1, {"dst"}, 0, parse_bytes, run_zero, 0},
+    {"attention_forward", 6, {"q", "k", "v", "out", "lse", "key_lengths"}, 1u << 5, parse_attention_forward,
+     run_attention_forward, 0},
+    {"attention_backward", 10, {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "key_lengths"}, 1u << 9,
+     parse_attention_backward, run_attention_backward, 0},
 };
 
 /* ------------------------------------------------------------ running ---------------------- */
@@ -414,9 +484,15 @@ static int collect_arrays(const op_spec *spec, PyObject *seq, const op_call *cal
     return 0;
 }
 
-/* The GEMM workspace the table asks for (0 for other ops or arguments the op will refuse). */
+/* The GEMM or attention workspace the table asks for (0 for other ops or arguments the op will
+ * refuse). */
 static size_t workspace_bytes(const gt_ops *ops, const op_spec *spec, const op_call *call) {
     const gt_gemm_args *g = &call->gemm;
+    if (strncmp(spec->name, "attention_", 10) == 0) {
+        size_t bytes = ops->attention_workspace_bytes ? ops->attention_workspace_bytes(&call->attn,
+                                                                                         gt_get_num_threads()) : 0;
+        return bytes == SIZE_MAX ? 0 : bytes;
+    }
     if (strcmp(spec->name, "gemm") != 0 || g->m < 0 || g->n < 0 || g->k < 0 || g->m > INT_MAX || g->n > INT_MAX ||
         g->k > INT_MAX || gt_dtype_size(g->a_dt) == 0 || gt_dtype_size(g->b_dt) == 0 || gt_dtype_size(g->c_dt) == 0)
         return 0;

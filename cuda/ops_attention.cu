@@ -1,0 +1,189 @@
+// CUDA scaled dot-product attention (ops.h, gt_attention_args): flash-attention-style kernels
+// whose per-thread math is ops/attention_hd.h, the GT_HD code a host harness runs in CI
+// (tests/test_attention_cuda_math.py), since no GPU checks this file before it ships.
+//
+// One thread per row, no (T, T) matrix anywhere, no atomics (the same bits on every run):
+//   forward   attention_forward_kernel: query row i streams over key tiles with an online
+//             softmax in f32, writes out_i and the f32 lse_i;
+//   backward  attention_delta_kernel: D_i = dout_i . out_i into the workspace, then
+//             attention_dkdv_kernel (one thread per key row j: dk_j, dv_j) and
+//             attention_dq_kernel (one thread per query row i: dq_i), each recomputing the
+//             probabilities it needs from q, k and lse.
+// The rows' operations and their order are the CPU op's (cpu_attention.c), and both builds round
+// every operation once, so the results are the CPU op's bits. A thread keeps its rows in local
+// arrays of up to kMaxHeadDim floats (kernels instantiated for 32, 64, 128 and 256).
+//
+// key_lengths is a device pointer like the operands; it is checked on the device (the first
+// entry outside [0, seq] is read back and named, as on the CPU; this waits for the stream).
+#include "ops/attention_hd.h"
+#include "ops_kernels.cuh"
+
+namespace {
+
+constexpr unsigned kAttnThreads = 128;  // threads (rows) per block
+constexpr int64_t kMaxHeadDim = 256;    // largest head_dim of the kernels' local arrays
+
+template <int MAXD>
+__global__ void attention_forward_kernel(gt_attention_args a, size_t rows) {
+    float q[MAXD], o[MAXD], s[GT_ATTN_K_TILE];
+    GT_GRID_STRIDE(u, rows) gt_attn_forward_row(&a, u, q, o, s);
+}
+
+__global__ void attention_delta_kernel(gt_attention_args a, float *delta, size_t rows) {
+    GT_GRID_STRIDE(u, rows) gt_attn_delta_row(&a, u, delta);
+}
+
+template <int MAXD>
+__global__ void attention_dkdv_kernel(gt_attention_args a, const float *delta, size_t rows) {
+    float k[MAXD], v[MAXD], dk[MAXD], dv[MAXD], pt[GT_ATTN_Q_TILE], dst[GT_ATTN_Q_TILE];
+    GT_GRID_STRIDE(u, rows) gt_attn_dkdv_row(&a, u, delta, k, v, dk, dv, pt, dst);
+}
+
+template <int MAXD>
+__global__ void attention_dq_kernel(gt_attention_args a, const float *delta, size_t rows) {
+    float q[MAXD], dout[MAXD], dq[MAXD], ds[GT_ATTN_K_TILE];
+    GT_GRID_STRIDE(u, rows) gt_attn_dq_row(&a, u, delta, q, dout, dq, ds);
+}
+
+// Launches KERNEL<MAXD> with the smallest MAXD >= dim over `rows` rows.
+#define GT_ATTN_LAUNCH(KERNEL, dim, rows, stream, ...)                                              \
+    do {                                                                                          \
+        unsigned grid = grid_for((rows), kAttnThreads);                                           \
+        if ((dim) <= 32)                                                                          \
+            KERNEL<32><<<grid, kAttnThreads, 0, (stream)>>>(__VA_ARGS__);                         \
+        else if ((dim) <= 64)                                                                     \
+            KERNEL<64><<<grid, kAttnThreads, 0, (stream)>>>(__VA_ARGS__);                         \
+        else if ((dim) <= 128)                                                                    \
+            KERNEL<128><<<grid, kAttnThreads, 0, (stream)>>>(__VA_ARGS__);                        \
+        else                                                                                      \
+            KERNEL<kMaxHeadDim><<<grid, kAttnThreads, 0, (stream)>>>(__VA_ARGS__);                \
+    } while (0)
+
+__global__ void check_lengths_kernel(const int64_t *lengths, size_t n, int64_t seq,
+                                     unsigned long long *first_bad) {
+    GT_GRID_STRIDE(b, n) {
+        if (lengths[b] < 0 || lengths[b] > seq)
+            atomicMin(first_bad, (unsigned long long)b);
+    }
+}
+
+// Fails with GT_ERR_VALUE naming the first key length outside [0, seq] (waits for the stream).
+gt_status check_lengths(const gt_cuda_backend_state *state, const gt_attention_args *a) {
+    cudaStream_t stream = stream_of(state);
+    unsigned long long *first_bad = scratch_words(state);
+    GT_CUDA_TRY(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, stream), "cudaMemsetAsync");
+    check_lengths_kernel<<<grid_for((size_t)a->batch), kThreads, 0, stream>>>(a->key_lengths, (size_t)a->batch,
+                                                                             a->seq, first_bad);
+    GT_TRY(gt_cuda_check_launch("check_lengths_kernel launch"));
+    unsigned long long bad = 0;
+    GT_CUDA_TRY(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (bad >= (unsigned long long)a->batch)
+        return GT_OK;
+    int64_t length = 0;
+    GT_CUDA_TRY(cudaMemcpy(&length, a->key_lengths + bad, sizeof length, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return GT_FAIL(GT_ERR_VALUE, "key_lengths[%lld]: must be in [0, %lld], got %lld", (long long)bad,
+                   (long long)a->seq, (long long)length);
+}
+
+// 1 when an element offset of an operand with these strides could overflow int64.
+int strides_overflow(const gt_attention_args *a, const gt_attn_strides *s) {
+    int64_t last = 0, term = 0;
+    const int64_t extents[3] = {a->batch - 1, a->heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
+    for (int i = 0; i < 3; i++) {
+        if (steps[i] < 0 || __builtin_mul_overflow(extents[i], steps[i], &term) ||
+            __builtin_add_overflow(last, term, &last))
+            return 1;
+    }
+    return __builtin_add_overflow(last, a->head_dim, &last);
+}
+
+// The CPU op's checks (same messages), the head_dim limit of the local arrays, and the rows.
+gt_status check_args(const gt_attention_args *a, int backward, size_t *rows) {
+    GT_TRY(gt_op_check_size(a->batch, "batch"));
+    GT_TRY(gt_op_check_size(a->heads, "heads"));
+    GT_TRY(gt_op_check_size(a->seq, "seq"));
+    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
+    if (a->head_dim < 1 || a->head_dim > kMaxHeadDim)
+        return GT_FAIL(GT_ERR_VALUE, "head_dim: must be in [1, %lld] on CUDA, got %lld", (long long)kMaxHeadDim,
+                       (long long)a->head_dim);
+    if (!isfinite(a->scale))
+        return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
+    if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    *rows = 0;
+    if (a->batch == 0 || a->heads == 0 || a->seq == 0)
+        return GT_OK;
+    if (__builtin_mul_overflow((size_t)a->batch, (size_t)a->heads, rows) ||
+        __builtin_mul_overflow(*rows, (size_t)a->seq, rows))
+        return GT_FAIL(GT_ERR_VALUE, "batch * heads * seq: overflows");
+    if (strides_overflow(a, &a->in) || strides_overflow(a, &a->out_strides))
+        return GT_FAIL(GT_ERR_VALUE, "strides: negative, or beyond 64-bit element offsets");
+    GT_TRY(gt_op_check_ptr(a->q, "q"));
+    GT_TRY(gt_op_check_ptr(a->k, "k"));
+    GT_TRY(gt_op_check_ptr(a->v, "v"));
+    GT_TRY(gt_op_check_ptr(a->out, "out"));
+    GT_TRY(gt_op_check_ptr(a->lse, "lse"));
+    if (backward) {
+        GT_TRY(gt_op_check_ptr(a->dout, "dout"));
+        GT_TRY(gt_op_check_ptr(a->dq, "dq"));
+        GT_TRY(gt_op_check_ptr(a->dk, "dk"));
+        GT_TRY(gt_op_check_ptr(a->dv, "dv"));
+    }
+    return GT_OK;
+}
+
+// The state of `be` after the checks; *rows = 0: nothing to do.
+gt_status attention_begin(gt_backend *be, const gt_attention_args *a, int backward, gt_cuda_backend_state **state,
+                          size_t *rows) {
+    GT_TRY(check_args(a, backward, rows));
+    GT_TRY(gt_cuda_op_begin(be, state));
+    if (*rows > 0 && a->key_lengths)
+        GT_TRY(check_lengths(*state, a));
+    return GT_OK;
+}
+
+}  // namespace
+
+// The backward's D_i: batch * heads * seq floats (the forward needs none).
+size_t gt_cuda_attention_workspace_bytes(const gt_attention_args *args, int threads) {
+    (void)threads;
+    size_t rows = 0, bytes = 0;
+    if (args->batch <= 0 || args->heads <= 0 || args->seq <= 0)
+        return 0;
+    if (__builtin_mul_overflow((size_t)args->batch, (size_t)args->heads, &rows) ||
+        __builtin_mul_overflow(rows, (size_t)args->seq, &rows) || __builtin_mul_overflow(rows, sizeof(float), &bytes))
+        return SIZE_MAX;
+    return bytes;
+}
+
+gt_status gt_cuda_attention_forward(gt_backend *be, const gt_attention_args *args) {
+    gt_cuda_backend_state *state = NULL;
+    size_t rows = 0;
+    GT_TRY(attention_begin(be, args, 0, &state, &rows));
+    if (rows == 0)
+        return GT_OK;
+    GT_ATTN_LAUNCH(attention_forward_kernel, args->head_dim, rows, stream_of(state), *args, rows);
+    return gt_cuda_check_launch("attention_forward_kernel launch");
+}
+
+gt_status gt_cuda_attention_backward(gt_backend *be, const gt_attention_args *args) {
+    gt_cuda_backend_state *state = NULL;
+    size_t rows = 0;
+    GT_TRY(attention_begin(be, args, 1, &state, &rows));
+    if (rows == 0)
+        return GT_OK;
+    size_t need = gt_cuda_attention_workspace_bytes(args, 1);
+    if (!be->workspace || be->workspace_bytes < need)
+        return GT_FAIL(GT_ERR_VALUE, "workspace: attention (batch %lld, heads %lld, seq %lld) needs %zu bytes, "
+                       "got %zu", (long long)args->batch, (long long)args->heads, (long long)args->seq, need,
+                       be->workspace ? be->workspace_bytes : (size_t)0);
+    float *delta = static_cast<float *>(be->workspace);
+    cudaStream_t stream = stream_of(state);
+    attention_delta_kernel<<<grid_for(rows, kAttnThreads), kAttnThreads, 0, stream>>>(*args, delta, rows);
+    GT_TRY(gt_cuda_check_launch("attention_delta_kernel launch"));
+    GT_ATTN_LAUNCH(attention_dkdv_kernel, args->head_dim, rows, stream, *args, delta, rows);
+    GT_TRY(gt_cuda_check_launch("attention_dkdv_kernel launch"));
+    GT_ATTN_LAUNCH(attention_dq_kernel, args->head_dim, rows, stream, *args, delta, rows);
+    return gt_cuda_check_launch("attention_dq_kernel launch");
+}
