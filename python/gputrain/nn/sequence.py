@@ -133,3 +133,28 @@ def pack_inputs(input_ids: Any, attention_mask: Any = None, token_type_ids: Any 
     if attention_mask is not None:
         rows.append(check_attention_mask(attention_mask, ids.shape))
     return np.ascontiguousarray(np.stack(rows, axis=1))
+
+
+def _first_leaf(model: Module) -> Module:
+    for _, child in model.named_children():
+        return _first_leaf(child)
+    return model
+
+
+def pack_for(model: Module, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
+    """:func:`pack_inputs` for `model`, whose first layer must be a TokenEmbedding reading
+    exactly the given inputs (ValueError naming the argument otherwise)."""
+    first = _first_leaf(model)
+    if not isinstance(first, TokenEmbedding):
+        name = "attention_mask" if attention_mask is not None else "token_type_ids"
+        raise ValueError(f"{name}: {type(model).__name__} does not read it: a model takes an attention mask "
+                         "or token types through a first layer TokenEmbedding(..., attention_mask=True, "
+                         "type_vocab_size=...)")
+    if (attention_mask is not None) != first.attention_mask:
+        raise ValueError("attention_mask: " + ("required: the model's TokenEmbedding reads a mask" if first.attention_mask
+                                               else "the model's TokenEmbedding has attention_mask=False"))
+    if (token_type_ids is not None) != (first.type_vocab_size > 0):
+        raise ValueError("token_type_ids: " + ("required: the model's TokenEmbedding has token types"
+                                               if first.type_vocab_size else
+                                               "the model's TokenEmbedding has type_vocab_size=0"))
+    return pack_inputs(input_ids, attention_mask, token_type_ids)
