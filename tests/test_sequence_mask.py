@@ -334,3 +334,27 @@ def test_shape_errors_name_the_input_and_layer():
         nn.TokenEmbedding(5, 4, -1)
     with pytest.raises(IndexError, match="out of range"):
         model(np.full((1, 3), VOCAB), attention_mask=np.ones((1, 3), int), token_type_ids=np.zeros((1, 3), int))
+
+
+@pytest.mark.parametrize("mode", ["cls", "mean"])
+def test_pool_without_mask_reads_every_position(mode):
+    """A float model with no TokenEmbedding: the pooling sees all positions; its gradient is the
+    reference's (every position for mean, position 0 only for cls)."""
+    gt.random.manual_seed(0)
+    linear = nn.Linear(4, 3)
+    model = nn.Sequential(linear, nn.SequencePool(mode))
+    x = np.random.default_rng(0).standard_normal((2, 5, 4)).astype(np.float32)
+    y = np.array([0, 2])
+    h = x.astype(np.float64) @ linear.weight.data.T.astype(np.float64) + linear.bias.data
+    pooled = h[:, 0] if mode == "cls" else h.mean(1)
+    np.testing.assert_allclose(model(x), pooled, rtol=1e-5, atol=1e-6)
+    gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)
+    p = np.exp(pooled - pooled.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    p[np.arange(2), y] -= 1
+    dh = np.zeros_like(h)
+    if mode == "cls":
+        dh[:, 0] = p / 2
+    else:
+        dh[:] = (p / 2 / 5)[:, None, :]
+    np.testing.assert_allclose(linear.weight.grad, dh.reshape(-1, 3).T @ x.reshape(-1, 4), rtol=1e-4, atol=1e-6)
