@@ -1,7 +1,7 @@
 """Train a TransformerClassifier on a synthetic sentence-pair (NLI-like) task with gputrain's
 Trainer, and report accuracy and macro-F1 on held-out pairs. Runs in a few minutes on 2 CPU cores.
 
-The task: content words come in antonym pairs (w, w ^ 1). A premise is 3-16 words drawn (with
+The task: content words come in antonym pairs (w, w ^ 1). A premise is 3-12 words drawn (with
 repeats, in any order) from a few pairs, one word of each; the hypothesis is 1-3 premise words, and
   entailment:    all of them occur in the premise,
   contradiction: one of them is the antonym of a premise word, the others occur in the premise,
