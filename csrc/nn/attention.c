@@ -2,7 +2,8 @@
  * (B, T, 3E) laid out as (B, T, 3, H, D) (q | k | v along the last dim, each E = H * D wide, head
  * h at columns h * D of each), its output (B, T, E) as (B, T, H, D): the op reads and writes those
  * strided layouts directly, so no transpose is ever copied. The dropout key of the probabilities
- * is (seed, dropout_id, step, micro-batch * B * H * T * T), as a Dropout layer's. */
+ * is (seed, dropout_id, step, micro-batch * B * H * T * T), as a Dropout layer's. Keys at or
+ * after a sequence's length (run->key_lengths, from the model's attention mask) are masked. */
 #include "nn/layer.h"
 
 #include <math.h>
@@ -28,6 +29,7 @@ static gt_attention_args run_args(const gt_layer *layer, const void *in, const g
     a.v = (const char *)in + (size_t)(2 * embed) * gt_dtype_size(run->dt);
     a.out = layer->out.ptr;
     a.lse = layer->lse;
+    a.key_lengths = run->key_lengths;
     if (run->training && layer->p > 0.0) {
         uint64_t per_micro = (uint64_t)(a.batch * a.heads) * (uint64_t)a.seq * (uint64_t)a.seq;
         a.dropout_p = layer->p;

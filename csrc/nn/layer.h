@@ -40,6 +40,9 @@ typedef enum gt_layer_kind {
     GT_LAYER_SEQUENTIAL = 6,
     GT_LAYER_RESIDUAL = 7,
     GT_LAYER_ATTENTION = 8,  /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */
+    GT_LAYER_TOKENS = 9,     /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */
+    GT_LAYER_POSITIONS = 10, /* (B, T, E) + learned position rows (T, E) */
+    GT_LAYER_POOL = 11,      /* (B, T, E) -> (B, E): first token or masked mean */
 } gt_layer_kind;
 
 typedef struct gt_layer gt_layer;
@@ -71,6 +74,10 @@ struct gt_layer {
     int64_t embedding_dim;     /* Embedding: columns of the table */
     int64_t num_heads;         /* Attention: heads H (head_dim = in_features / H) */
     int causal;                /* Attention: 1 when query t sees only keys <= t */
+    int64_t type_vocab;        /* Tokens: token types S (table rows [V, V + S), V = num_embeddings);
+                                  0: the input has no type channel */
+    int has_mask;              /* Tokens: 1 when the input's last channel is the 0/1 attention mask */
+    gt_pool_mode pool;         /* Pool: which pooling */
     gt_layer *children;        /* Sequential: its layers; Residual: one child, the block */
     size_t num_children;       /* length of children */
     /* parameters (Linear: weight (out, in), bias (out,); LayerNorm: weight, bias (dim,);
@@ -87,6 +94,7 @@ struct gt_layer {
     float *mean;               /* LayerNorm: (rows,) saved statistics */
     float *rstd;               /* LayerNorm: (rows,) saved statistics */
     float *lse;                /* Attention: (B, H, T) saved log-sum-exp of each query's scores */
+    int64_t *lengths;          /* Tokens with a mask: (B,) keys per sequence, written by forward */
     int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };
@@ -100,6 +108,8 @@ typedef struct gt_run {
     uint32_t step;                  /* training step for dropout */
     uint64_t micro_offset;          /* micro-batch index for dropout keys */
     int accumulate;                 /* 0: parameter gradients are written, 1: added */
+    const int64_t *key_lengths;     /* (B,) keys per sequence of the micro-batch (the model's
+                                       memory), read by Attention and Pool; NULL: all keys */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
 } gt_run;
 
@@ -125,6 +135,12 @@ gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *do
                                       gt_run *run);
 /* The attention op's arguments for the layer's planned shape (pointers unset). */
 gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
+gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_tokens_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run);
+gt_status gt_positions_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_positions_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
+gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run);

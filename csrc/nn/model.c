@@ -88,6 +88,15 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
         snprintf(name, sizeof name, "Embedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
         return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
+    case GT_LAYER_TOKENS:
+        snprintf(name, sizeof name, "TokenEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
+                 (long long)layer->embedding_dim);
+        return set_param(&layer->weight, offset, 2, layer->num_embeddings + layer->type_vocab,
+                         layer->embedding_dim, name);
+    case GT_LAYER_POSITIONS:
+        snprintf(name, sizeof name, "PositionEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
+                 (long long)layer->embedding_dim);
+        return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
     default:
         for (size_t i = 0; i < layer->num_children; i++)
             GT_TRY(layout_layer(&layer->children[i], offset));
@@ -368,8 +377,10 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     plan->nesting_levels = walk.levels;
     gt_tail_sizes tail = {0};
     GT_TRY(size_tail(model, input, &walk, what, dt, &tail, plan));
-    if (base)
+    if (base) {
         place_tail(model, base, walk.levels, &tail, plan);
+        model->key_lengths = walk.key_lengths;
+    }
     return GT_OK;
 }
 
@@ -483,7 +494,7 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
 static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {
     gt_run run = {.backend = &model->backend, .dt = model->dt, .training = model->training,
                   .seed = model->seed, .step = model->step, .micro_offset = micro,
-                  .accumulate = accumulate};
+                  .accumulate = accumulate, .key_lengths = model->key_lengths};
     memcpy(run.scratch, model->scratch, sizeof run.scratch);
     return run;
 }

@@ -82,6 +82,9 @@ typedef struct gt_model {
                                    labels or (output numel,) f32 values; else NULL */
     void *dout;                 /* (output numel,) dt gradient of the loss w.r.t. the output */
     float *losses;              /* (output rows,) per-row losses */
+    int64_t *key_lengths;       /* (micro-batch,) keys per sequence, written by a Tokens layer whose
+                                   input carries an attention mask, read by Attention and Pool;
+                                   NULL when the model's input has no mask */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
     gt_block step_scratch;      /* (GT_MODEL_STEP_SCRATCH_BYTES,) device memory of a device model for
                                    the training step's kernels (scaler state, inf flag), allocated

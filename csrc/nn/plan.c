@@ -39,6 +39,14 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
         snprintf(buf, bytes, "layer '%s' (the attention of MultiheadAttention(%lld, %lld))", path,
                  (long long)layer->in_features, (long long)layer->num_heads);
         break;
+    case GT_LAYER_TOKENS:
+        snprintf(buf, bytes, "layer '%s' (TokenEmbedding(%lld, %lld))", path,
+                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
+        break;
+    case GT_LAYER_POSITIONS:
+        snprintf(buf, bytes, "layer '%s' (PositionEmbedding(%lld, %lld))", path,
+                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
+        break;
     default: snprintf(buf, bytes, "layer '%s'", path); break;
     }
     return buf;
@@ -151,6 +159,64 @@ static gt_status plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tenso
     return GT_OK;
 }
 
+/* A backend without the mask and pooling ops (CUDA, for now) is refused before anything runs. */
+static gt_status check_sequence_ops(const gt_plan_walk *w, const char *name) {
+    if (w->ops->mask_lengths && w->ops->pool_forward && w->ops->pool_backward)
+        return GT_OK;
+    return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run this "
+                   "model on the CPU", name, w->ops->name);
+}
+
+/* Tokens reads (B, C, T) int64 with C = 1 + (token types) + (mask) and writes (B, T, E); with a
+ * mask it keeps (B,) lengths, which every later Attention and Pool layer reads. */
+static gt_status plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path,
+                             gt_plan_cursor *region) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    describe(name, sizeof name, layer, path);
+    GT_TRY(check_sequence_ops(w, name));
+    int64_t channels = 1 + (layer->type_vocab > 0) + layer->has_mask;
+    if (in->dtype != GT_I64 || in != w->input)
+        return GT_FAIL(GT_ERR_TYPE, "model: %s reads the model's int64 input; it must be the model's "
+                       "first layer", name);
+    if (in->ndim != 3 || in->shape[1] != channels || in->shape[2] < 1)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s reads (batch, %lld, seq) int64 rows (token ids%s%s) with "
+                       "seq >= 1, got %d dimensions%s", w->input_name, name, (long long)channels,
+                       layer->type_vocab ? ", token types" : "", layer->has_mask ? ", attention mask" : "",
+                       in->ndim, in->ndim == 3 ? " of another size" : "");
+    layer->out.ndim = 3;
+    layer->out.dtype = w->dt;
+    layer->out.shape[1] = in->shape[2];
+    layer->out.shape[2] = layer->embedding_dim;
+    if (!layer->has_mask)
+        return GT_OK;
+    size_t bytes = 0;
+    void *lengths = NULL;
+    GT_TRY(gt_size_mul((size_t)in->shape[0], sizeof(int64_t), "sequence lengths", &bytes));
+    GT_TRY(cursor_take(region, bytes, "sequence lengths", &lengths));
+    layer->lengths = lengths;
+    w->key_lengths = lengths;
+    w->masked = 1;
+    return GT_OK;
+}
+
+/* A (B, T, E) input, T within the table's rows, as the Positions and Pool layers read. */
+static gt_status check_sequence_input(gt_plan_walk *w, const gt_layer *layer, const gt_tensor *in,
+                                      int64_t dim, const char *what, const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    describe(name, sizeof name, layer, path);
+    GT_TRY(check_sequence_ops(w, name));
+    GT_TRY(check_features(w, in, dim, layer, path));
+    if (in->ndim != 3)
+        return GT_FAIL(GT_ERR_VALUE, "model: %s takes (batch, seq, %s) inputs, but gets %d dimensions",
+                       name, what, in->ndim);
+    if (layer->kind == GT_LAYER_POSITIONS && in->shape[1] > layer->num_embeddings)
+        return GT_FAIL(GT_ERR_VALUE, "%s: sequences of %lld positions are longer than the %lld that %s "
+                       "has", w->input_name, (long long)in->shape[1], (long long)layer->num_embeddings, name);
+    if (layer->kind == GT_LAYER_POOL && in->shape[1] < 1)
+        return GT_FAIL(GT_ERR_VALUE, "%s: pooling needs sequences of at least one position", w->input_name);
+    return GT_OK;
+}
+
 static gt_status plan_flatten(gt_layer *layer, const gt_tensor *in) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
@@ -231,6 +297,15 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
     case GT_LAYER_LAYERNORM: GT_TRY(plan_layernorm(w, layer, in, path, region)); break;
     case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
     case GT_LAYER_ATTENTION: GT_TRY(plan_attention(w, layer, in, path, region)); break;
+    case GT_LAYER_TOKENS: GT_TRY(plan_tokens(w, layer, in, path, region)); break;
+    case GT_LAYER_POSITIONS:
+        GT_TRY(check_sequence_input(w, layer, in, layer->embedding_dim, "embedding_dim", path));
+        break;
+    case GT_LAYER_POOL:
+        GT_TRY(check_sequence_input(w, layer, in, in->ndim ? in->shape[in->ndim - 1] : 0, "dim", path));
+        layer->out.ndim = 2;
+        layer->out.shape[1] = in->shape[2];
+        break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

@@ -24,6 +24,8 @@ typedef struct gt_plan_walk {
     size_t max_activation_bytes;  /* largest single activation (sizes the scratch buffers) */
     size_t workspace_bytes;       /* largest GEMM workspace */
     int levels;                   /* nesting levels seen */
+    int64_t *key_lengths;         /* the Tokens layer's (B,) lengths when its input has a mask */
+    int masked;                   /* 1 once a Tokens layer with a mask was planned */
 } gt_plan_walk;
 
 /* Plans `layer` (named `path` as in state_dict, "" for the root) for input `in`: output shape,

@@ -25,6 +25,9 @@ static const gt_ops cpu_ops = {
     .attention_workspace_bytes = gt_cpu_attention_workspace_bytes,
     .attention_forward = gt_cpu_attention_forward,
     .attention_backward = gt_cpu_attention_backward,
+    .mask_lengths = gt_cpu_mask_lengths,
+    .pool_forward = gt_cpu_pool_forward,
+    .pool_backward = gt_cpu_pool_backward,
 };
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

@@ -48,6 +48,14 @@ gt_status gt_cpu_embedding_backward(gt_backend *be, float *dtable, const void *d
                                     const int64_t *ids, int64_t n, int64_t num, int64_t dim,
                                     gt_dtype dt, int accumulate);
 
+/* cpu_pool.c */
+gt_status gt_cpu_mask_lengths(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch,
+                              int64_t seq, int64_t stride);
+gt_status gt_cpu_pool_forward(gt_backend *be, void *out, const void *in, const int64_t *lengths,
+                              int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt);
+gt_status gt_cpu_pool_backward(gt_backend *be, void *din, const void *dout, const int64_t *lengths,
+                               int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt);
+
 /* cpu_xent.c */
 gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits,
                               const void *logits, const int64_t *targets, int64_t rows,

@@ -109,6 +109,12 @@ typedef struct gt_attention_args {
     gt_dtype dt;                   /* f32, f16 or bf16 */
 } gt_attention_args;
 
+/* What a pooling op reduces the sequence axis of a (batch, seq, dim) input to. */
+typedef enum gt_pool_mode {
+    GT_POOL_FIRST = 0,  /* out[b] = in[b, 0] (the first, [CLS], token) */
+    GT_POOL_MEAN = 1,   /* out[b] = mean of in[b, t] over t < lengths[b] (all t when NULL) */
+} gt_pool_mode;
+
 typedef struct gt_ops {
     const char *name;  /* "cpu" or "cuda" */
 
@@ -197,6 +203,22 @@ typedef struct gt_ops {
     size_t (*attention_workspace_bytes)(const gt_attention_args *args, int threads);
     gt_status (*attention_forward)(gt_backend *be, const gt_attention_args *args);
     gt_status (*attention_backward)(gt_backend *be, const gt_attention_args *args);
+
+    /* Sequence masks and pooling (NULL where a backend has none; checked by the plan).
+     * lengths[b] = number of nonzero entries of mask[b, 0:seq] (row b at mask + b * stride),
+     * for b < batch: the keys a query of sequence b sees. */
+    gt_status (*mask_lengths)(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch,
+                              int64_t seq, int64_t stride);
+    /* out (batch, dim) = pool over t of in (batch, seq, dim) (gt_pool_mode; lengths (batch,) or
+     * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. */
+    gt_status (*pool_forward)(gt_backend *be, void *out, const void *in, const int64_t *lengths,
+                              int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode,
+                              gt_dtype dt);
+    /* din (batch, seq, dim) = the pooling's gradient from dout (batch, dim): dout (first token),
+     * dout / lengths[b] (mean, t < lengths[b]), 0 elsewhere; din written entirely. */
+    gt_status (*pool_backward)(gt_backend *be, void *din, const void *dout, const int64_t *lengths,
+                               int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode,
+                               gt_dtype dt);
 } gt_ops;
 
 /* A backend instance: its op table plus the scratch memory ops may use. */

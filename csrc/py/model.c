@@ -151,6 +151,28 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
             return spec_error("Attention dropout must be in [0, 1]", spec);
         *layer = (gt_layer){.kind = GT_LAYER_ATTENTION, .in_features = a, .num_heads = b, .p = real,
                             .causal = flag, .dropout_id = ctx->next_dropout_id++};
+    } else if (strcmp(kind, "tokens") == 0) {
+        long long types = 0;
+        if (!PyArg_ParseTuple(spec, "sLLLp", &kind, &a, &b, &types, &flag))
+            return -1;
+        if (a <= 0 || b <= 0 || types < 0)
+            return spec_error("TokenEmbedding needs positive sizes and type_vocab_size >= 0", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_TOKENS, .num_embeddings = a, .embedding_dim = b,
+                            .type_vocab = types, .has_mask = flag};
+        return register_params(layer, ctx);
+    } else if (strcmp(kind, "positions") == 0) {
+        if (!PyArg_ParseTuple(spec, "sLL", &kind, &a, &b))
+            return -1;
+        if (a <= 0 || b <= 0)
+            return spec_error("PositionEmbedding sizes must be positive", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_POSITIONS, .num_embeddings = a, .embedding_dim = b};
+        return register_params(layer, ctx);
+    } else if (strcmp(kind, "pool") == 0) {
+        if (!PyArg_ParseTuple(spec, "ss", &kind, &name))
+            return -1;
+        if (strcmp(name, "cls") != 0 && strcmp(name, "mean") != 0)
+            return spec_error("pooling must be 'cls' or 'mean'", spec);
+        *layer = (gt_layer){.kind = GT_LAYER_POOL, .pool = name[0] == 'c' ? GT_POOL_FIRST : GT_POOL_MEAN};
     } else if (strcmp(kind, "tied") == 0) {
         return parse_tied(spec, layer, ctx);
     } else if (strcmp(kind, "flatten") == 0) {
@@ -398,7 +420,7 @@ static const gt_layer *first_leaf(const gt_layer *layer) {
 
 int gtpy_model_takes_ids(const gt_model *model) {
     const gt_layer *leaf = first_leaf(&model->root);
-    return leaf && leaf->kind == GT_LAYER_EMBEDDING;
+    return leaf && (leaf->kind == GT_LAYER_EMBEDDING || leaf->kind == GT_LAYER_TOKENS);
 }
 
 /* A new float32 array holding `t` (converted from its half format, copied from a device). */

@@ -360,6 +360,58 @@ static size_t sim_attention_workspace_bytes(const gt_attention_args *args, int t
     return gt_cpu_ops()->attention_workspace_bytes(args, threads);
 }
 
+/* ------------------------------------------------------------ masks and pooling ---- */
+
+typedef struct pool_job {
+    gt_backend cpu;          /* the CPU backend */
+    void *dst;               /* pool_forward: out (batch, dim); pool_backward: din (batch, seq, dim) */
+    const void *src;         /* pool_forward: in; pool_backward: dout */
+    int64_t *lengths_out;    /* mask_lengths: (batch,) written */
+    const int64_t *mask;     /* mask_lengths: rows of `stride` ids */
+    const int64_t *lengths;  /* pooling: (batch,) or NULL */
+    int64_t batch, seq, dim, stride;  /* sizes */
+    gt_pool_mode mode;       /* pooling */
+    gt_dtype dt;             /* activation dtype */
+} pool_job;
+
+static gt_status run_mask_lengths(void *p) {
+    pool_job *j = p;
+    return gt_cpu_ops()->mask_lengths(&j->cpu, j->lengths_out, j->mask, j->batch, j->seq, j->stride);
+}
+
+static gt_status run_pool_forward(void *p) {
+    pool_job *j = p;
+    return gt_cpu_ops()->pool_forward(&j->cpu, j->dst, j->src, j->lengths, j->batch, j->seq, j->dim,
+                                      j->mode, j->dt);
+}
+
+static gt_status run_pool_backward(void *p) {
+    pool_job *j = p;
+    return gt_cpu_ops()->pool_backward(&j->cpu, j->dst, j->src, j->lengths, j->batch, j->seq, j->dim,
+                                       j->mode, j->dt);
+}
+
+static gt_status sim_mask_lengths(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch,
+                                  int64_t seq, int64_t stride) {
+    pool_job job = {.cpu = cpu_view(be), .lengths_out = lengths, .mask = mask, .batch = batch,
+                    .seq = seq, .stride = stride};
+    return launch(be, run_mask_lengths, &job, sizeof job);
+}
+
+static gt_status sim_pool_forward(gt_backend *be, void *out, const void *in, const int64_t *lengths,
+                                  int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt) {
+    pool_job job = {.cpu = cpu_view(be), .dst = out, .src = in, .lengths = lengths, .batch = batch,
+                    .seq = seq, .dim = dim, .mode = mode, .dt = dt};
+    return launch(be, run_pool_forward, &job, sizeof job);
+}
+
+static gt_status sim_pool_backward(gt_backend *be, void *din, const void *dout, const int64_t *lengths,
+                                   int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt) {
+    pool_job job = {.cpu = cpu_view(be), .dst = din, .src = dout, .lengths = lengths, .batch = batch,
+                    .seq = seq, .dim = dim, .mode = mode, .dt = dt};
+    return launch(be, run_pool_backward, &job, sizeof job);
+}
+
 static size_t sim_gemm_workspace_bytes(const gt_gemm_args *args) { return gt_cpu_ops()->gemm_workspace_bytes(args); }
 
 static const gt_ops sim_ops = {
@@ -386,6 +438,9 @@ static const gt_ops sim_ops = {
     .attention_workspace_bytes = sim_attention_workspace_bytes,
     .attention_forward = sim_attention_forward,
     .attention_backward = sim_attention_backward,
+    .mask_lengths = sim_mask_lengths,
+    .pool_forward = sim_pool_forward,
+    .pool_backward = sim_pool_backward,
 };
 
 const gt_ops *gt_sim_ops(void) { return &sim_ops; }

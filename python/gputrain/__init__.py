@@ -10,7 +10,7 @@ from gputrain import _C  # noqa: E402  (after the libraries it links against are
 from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain import functional
-from gputrain import nn, random
+from gputrain import models, nn, random
 from gputrain import optim
 from gputrain.step import SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
@@ -82,6 +82,7 @@ __all__ = [
     "TrainerState",
     "TrainingArguments",
     "metrics",
+    "models",
     "nn",
     "optim",
     "random",

@@ -39,6 +39,7 @@ from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
+from gputrain.nn.sequence import pack_for
 from gputrain.optim.optimizer import Optimizer
 
 PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
@@ -245,9 +246,13 @@ class TrainStep:
                                  "model.parameters() or a subset of them")
         self._checked = checked
 
-    def __call__(self, x: Any, y: Any) -> StepOutput:
+    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None) -> StepOutput:
         """One optimizer step on the batch (x, y): arrays, or on a device model the DeviceArrays of
-        DataLoader(device=...), read on the device after their copy."""
+        DataLoader(device=...), read on the device after their copy. With attention_mask and/or
+        token_type_ids (batch, seq), x is input_ids of a model whose first layer is a
+        TokenEmbedding reading them; they are split into micro-batches with x."""
+        if attention_mask is not None or token_type_ids is not None:
+            x = pack_for(self.model, x, attention_mask, token_type_ids)
         self._check_optimizer()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         guard = self.spike_guard

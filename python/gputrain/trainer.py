@@ -31,7 +31,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +44,7 @@ from gputrain.data import DataLoader
 from gputrain.metrics import EvalPrediction, PredictionOutput
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
+from gputrain.nn.sequence import pack_for
 from gputrain.optim import EMA, SGD, AdamW, get_scheduler, param_groups_llrd, param_groups_weight_decay
 from gputrain.step import TrainStep
 from gputrain.trainer_callback import (
@@ -86,6 +87,24 @@ def _check_dataset(name: str, dataset: Any) -> None:
                          f"{x.shape} and {y.shape}")
     if len(x) == 0:
         raise ValueError(f"{name} has no rows")
+
+
+_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _as_pair(model: Module, name: str, dataset: Any) -> Any:
+    """A Hugging Face style dataset, a mapping of columns {"input_ids", "attention_mask",
+    "token_type_ids", "labels" (or "label")}, as the (inputs, labels) pair of arrays the model
+    reads (gputrain.nn.pack_inputs); anything else as given."""
+    if not isinstance(dataset, Mapping):
+        return dataset
+    labels = [key for key in ("labels", "label") if key in dataset]
+    unknown = sorted(set(dataset) - set(_COLUMNS) - {"labels", "label"})
+    if "input_ids" not in dataset or len(labels) != 1 or unknown:
+        raise ValueError(f"{name}: a mapping dataset has the columns 'input_ids', 'labels' (or 'label') and "
+                         f"optionally 'attention_mask', 'token_type_ids'; got {sorted(dataset)}")
+    inputs = pack_for(model, dataset["input_ids"], dataset.get("attention_mask"), dataset.get("token_type_ids"))
+    return inputs, np.asarray(dataset[labels[0]])
 
 
 def _micro_batches(rows: int, max_rows: int) -> int:
@@ -136,6 +155,9 @@ class Trainer:
                  callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
                  loss_fn: CrossEntropyLoss | MSELoss | None = None) -> None:
         args = TrainingArguments() if args is None else args
+        if isinstance(model, Module):
+            train_dataset = _as_pair(model, "train_dataset", train_dataset)
+            eval_dataset = _as_pair(model, "eval_dataset", eval_dataset)
         batches = self._check_arguments(model, args, train_dataset, eval_dataset, compute_metrics, callbacks)
         self.loss_fn = self._make_loss(loss_fn, args)
         self.device = _resolve_device(args.device)  # everything above only checks; from here on, effects
@@ -660,6 +682,7 @@ class Trainer:
         dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         if dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset")
+        dataset = _as_pair(self.model, "eval_dataset", dataset)
         _check_dataset("eval_dataset", dataset)
         _, _, metrics = self._metrics(dataset, metric_key_prefix)
         self.log(metrics)
@@ -669,6 +692,7 @@ class Trainer:
 
     def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
         """The model's outputs on test_dataset, its labels, and the metrics (prefixed `test_`)."""
+        test_dataset = _as_pair(self.model, "test_dataset", test_dataset)
         _check_dataset("test_dataset", test_dataset)
         if test_dataset is None:
             raise ValueError("Trainer: predict requires a test_dataset")

@@ -17,6 +17,7 @@ from gputrain.nn.layers import (
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
+from gputrain.nn.sequence import PositionEmbedding, SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [
     "GELU",
@@ -30,9 +31,13 @@ __all__ = [
     "MultiheadAttention",
     "Module",
     "Parameter",
+    "PositionEmbedding",
     "ReLU",
     "Residual",
     "Sequential",
+    "SequencePool",
     "SiLU",
     "Tanh",
+    "TokenEmbedding",
+    "pack_inputs",
 ]

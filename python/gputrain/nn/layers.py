@@ -158,8 +158,10 @@ class MultiheadAttention(Module):
     using columns [h D, (h + 1) D) of each (D = E / num_heads): PyTorch's
     ``nn.MultiheadAttention`` ``in_proj_weight``/``in_proj_bias`` have this layout;
     ``out_proj.weight`` (E, E) and ``out_proj.bias`` (E,). Both projections start with
-    Linear's default initialisation. Key padding masks are available in
-    :func:`gputrain.functional.scaled_dot_product_attention`, not yet in the layer."""
+    Linear's default initialisation. Key padding: in a model whose first layer is a
+    ``TokenEmbedding(..., attention_mask=True)`` every MultiheadAttention masks the keys after each
+    sequence's length (gputrain.nn.sequence); :func:`gputrain.functional.scaled_dot_product_attention`
+    takes key lengths directly."""
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, dropout: float = 0.0,
                  causal: bool = False) -> None:

@@ -1,0 +1,100 @@
+/* The layers of a sequence encoder's ends: Tokens (the input), Positions and Pool.
+ *
+ * Tokens reads int64 (B, C, T): channel 0 token ids in [0, V), then (type_vocab > 0) token type
+ * ids in [0, S), then (has_mask) the 0/1 attention mask whose ones are each sequence's prefix.
+ * out (B, T, E) = table[id] (+ table[V + type]); with a mask it also writes the keys per
+ * sequence (the mask's ones) into `lengths`, which the model hands every Attention and Pool
+ * layer (gt_run.key_lengths). Batch entry b's channels are contiguous rows of T ids, so the
+ * layer runs the embedding ops once per entry and channel; the gradient rows add in increasing b.
+ *
+ * Positions: out[b, t] = in[b, t] + weight[t] for t < T <= max_len; dweight[t] (+)= sum over b
+ * of dout[b, t] (rows t >= T get 0 when written).
+ *
+ * Pool: out[b] = in[b, 0] (first token) or the mean of in[b, t] over t < lengths[b]. */
+#include "nn/layer.h"
+
+static size_t dsize(const gt_run *run) { return gt_dtype_size(run->dt); }
+
+/* The table as the forward's additions read it: the half copy in f16/bf16 mode. */
+static const void *compute_table(const gt_layer *layer, const gt_run *run) {
+    return run->dt == GT_F32 ? (const void *)layer->weight.data : layer->weight.lowp;
+}
+
+gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    const int64_t *ids = in;
+    int64_t batch = layer->in_shape.shape[0], channels = layer->in_shape.shape[1];
+    int64_t seq = layer->in_shape.shape[2], vocab = layer->num_embeddings, dim = layer->embedding_dim;
+    size_t row = (size_t)(seq * dim) * dsize(run);
+    if (layer->has_mask)
+        GT_TRY(ops->mask_lengths(run->backend, layer->lengths, ids + (channels - 1) * seq, batch, seq,
+                                 channels * seq));
+    void *types = run->scratch[layer->level][0];  /* free in forward: backward alone uses it */
+    for (int64_t b = 0; b < batch; b++) {
+        char *out = (char *)layer->out.ptr + (size_t)b * row;
+        const int64_t *entry = ids + b * channels * seq;
+        GT_TRY(ops->embedding_forward(run->backend, out, entry, layer->weight.data, seq, vocab, dim, run->dt));
+        if (layer->type_vocab == 0)
+            continue;
+        GT_TRY(ops->embedding_forward(run->backend, types, entry + seq,
+                                      layer->weight.data + (size_t)(vocab * dim), seq, layer->type_vocab,
+                                      dim, run->dt));
+        GT_TRY(ops->add(run->backend, out, out, types, seq * dim, run->dt));
+    }
+    return GT_OK;
+}
+
+gt_status gt_tokens_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    const int64_t *ids = in;
+    int64_t batch = layer->in_shape.shape[0], channels = layer->in_shape.shape[1];
+    int64_t seq = layer->in_shape.shape[2], vocab = layer->num_embeddings, dim = layer->embedding_dim;
+    size_t row = (size_t)(seq * dim) * dsize(run);
+    int accumulate = gt_layer_accumulates(layer, run);
+    for (int64_t b = 0; b < batch; b++) {
+        const char *grad = (const char *)dout + (size_t)b * row;
+        const int64_t *entry = ids + b * channels * seq;
+        int add = accumulate || b > 0;
+        GT_TRY(ops->embedding_backward(run->backend, layer->weight.grad, grad, entry, seq, vocab, dim,
+                                       run->dt, add));
+        if (layer->type_vocab > 0)
+            GT_TRY(ops->embedding_backward(run->backend, layer->weight.grad + (size_t)(vocab * dim), grad,
+                                           entry + seq, seq, layer->type_vocab, dim, run->dt, add));
+    }
+    return GT_OK;
+}
+
+gt_status gt_positions_forward(gt_layer *layer, const void *in, gt_run *run) {
+    int64_t batch = layer->in_shape.shape[0], n = layer->in_shape.shape[1] * layer->embedding_dim;
+    size_t row = (size_t)n * dsize(run);
+    for (int64_t b = 0; b < batch; b++)
+        GT_TRY(run->backend->ops->add(run->backend, (char *)layer->out.ptr + (size_t)b * row,
+                                      (const char *)in + (size_t)b * row, compute_table(layer, run), n,
+                                      run->dt));
+    return GT_OK;
+}
+
+gt_status gt_positions_backward(gt_layer *layer, void *din, const void *dout, gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    int64_t batch = layer->in_shape.shape[0], n = layer->in_shape.shape[1] * layer->embedding_dim;
+    int accumulate = gt_layer_accumulates(layer, run);
+    GT_TRY(ops->bias_backward(run->backend, layer->weight.grad, dout, batch, n, run->dt, accumulate));
+    size_t unused = layer->weight.numel - (size_t)n;
+    if (!accumulate && unused > 0)
+        GT_TRY(ops->zero(run->backend, layer->weight.grad + n, unused * sizeof(float)));
+    if (!din)
+        return GT_OK;
+    return ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out));
+}
+
+gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run) {
+    const gt_tensor *s = &layer->in_shape;
+    return run->backend->ops->pool_forward(run->backend, layer->out.ptr, in, run->key_lengths,
+                                           s->shape[0], s->shape[1], s->shape[2], layer->pool, run->dt);
+}
+
+gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, gt_run *run) {
+    const gt_tensor *s = &layer->in_shape;
+    return run->backend->ops->pool_backward(run->backend, din, dout, run->key_lengths, s->shape[0],
+                                            s->shape[1], s->shape[2], layer->pool, run->dt);
+}
