@@ -88,6 +88,10 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
         snprintf(name, sizeof name, "Embedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
         return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
+    case GT_LAYER_POSITION:
+        snprintf(name, sizeof name, "PositionEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
+                 (long long)layer->embedding_dim);
+        return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
     default:
         for (size_t i = 0; i < layer->num_children; i++)
             GT_TRY(layout_layer(&layer->children[i], offset));

@@ -34,6 +34,10 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
         snprintf(buf, bytes, "layer '%s' (Embedding(%lld, %lld))", path,
                  (long long)layer->num_embeddings, (long long)layer->embedding_dim);
         break;
+    case GT_LAYER_POSITION:
+        snprintf(buf, bytes, "layer '%s' (PositionEmbedding(%lld, %lld))", path,
+                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
+        break;
     case GT_LAYER_RESIDUAL: snprintf(buf, bytes, "layer '%s' (Residual)", path); break;
     case GT_LAYER_ATTENTION:
         snprintf(buf, bytes, "layer '%s' (the attention of MultiheadAttention(%lld, %lld))", path,
@@ -120,6 +124,25 @@ static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tenso
                        w->input_name, in->ndim, GT_MAX_DIMS - 1);
     layer->out.ndim = in->ndim + 1;
     layer->out.shape[in->ndim] = layer->embedding_dim;
+    return GT_OK;
+}
+
+/* PositionEmbedding adds rows [0, T) of its table to a (..., T, C) input: T is the
+ * second-to-last dimension, 1 <= T <= num_positions. */
+static gt_status plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                               const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    GT_TRY(check_features(w, in, layer->embedding_dim, layer, path));
+    describe(name, sizeof name, layer, path);
+    if (in->ndim < 2)
+        return GT_FAIL(GT_ERR_VALUE, "model: %s takes (..., seq, embedding_dim) inputs, but gets %d "
+                       "dimension(s)", name, in->ndim);
+    int64_t seq = in->shape[in->ndim - 2];
+    if (seq < 1 || seq > layer->num_embeddings)
+        return GT_FAIL(GT_ERR_VALUE, "%s: a sequence of %lld positions does not fit %s, which has "
+                       "positions 0..%lld; crop the sequences to at most %lld tokens",
+                       w->input_name, (long long)seq, name, (long long)layer->num_embeddings - 1,
+                       (long long)layer->num_embeddings);
     return GT_OK;
 }
 
@@ -231,6 +254,7 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
     case GT_LAYER_LAYERNORM: GT_TRY(plan_layernorm(w, layer, in, path, region)); break;
     case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
     case GT_LAYER_ATTENTION: GT_TRY(plan_attention(w, layer, in, path, region)); break;
+    case GT_LAYER_POSITION: GT_TRY(plan_position(w, layer, in, path)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

@@ -14,6 +14,7 @@ from gputrain.nn.layers import (
     SiLU,
     Tanh,
 )
+from gputrain.nn.embedding import PositionEmbedding, TiedLinear
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
@@ -30,9 +31,11 @@ __all__ = [
     "MultiheadAttention",
     "Module",
     "Parameter",
+    "PositionEmbedding",
     "ReLU",
     "Residual",
     "Sequential",
     "SiLU",
     "Tanh",
+    "TiedLinear",
 ]
