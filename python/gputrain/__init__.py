@@ -11,6 +11,7 @@ from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain import functional
 from gputrain import nn, random
+from gputrain import models
 from gputrain import optim
 from gputrain.step import SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
@@ -82,6 +83,7 @@ __all__ = [
     "TrainerState",
     "TrainingArguments",
     "metrics",
+    "models",
     "nn",
     "optim",
     "random",
