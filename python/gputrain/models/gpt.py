@@ -9,8 +9,9 @@ Weights load from and save to Hugging Face's GPT-2 names (``transformer.h.0.attn
 or ``{k: v.numpy() for k, v in torch_model.state_dict().items()}``) or, when the ``safetensors``
 package is installed, the path of a ``.safetensors`` file.
 
-``generate`` samples with a key/value cache: NumPy over the model's parameters (float32), one
-new token per step reusing every earlier position's keys and values."""
+``generate`` samples with a key/value cache, one new token per step reusing every earlier
+position's keys and values: float32, over a copy of the model's parameters, with gputrain's C ops
+(gputrain.functional: GEMMs, LayerNorm, GELU) and the attention against the cache in NumPy."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gputrain import functional as F
 from gputrain import random
 from gputrain.nn.embedding import PositionEmbedding, TiedLinear
 from gputrain.nn.layers import Embedding, LayerNorm, Linear, MultiheadAttention
@@ -260,8 +262,9 @@ class GPT(Module):
         gputrain.random's sequence), so a seed gives the same tokens. The context is cropped to the
         last block_size tokens, as nanoGPT's.
 
-        With use_cache (default) it runs in NumPy (float32) over the model's parameters with a
-        key/value cache: the prompt is processed once, then one token per step against the cached
+        With use_cache (default) it runs over a float32 copy of the model's parameters with a
+        key/value cache (gputrain's C ops for the GEMMs, LayerNorms and GELU, NumPy for the
+        attention against the cache): the prompt is processed once, then one token per step against the cached
         keys and values (once the context is longer than block_size, the positions shift and the
         cropped window is processed again). Without it, every step runs the model's own forward
         on the whole cropped context (eval mode) -- the full recompute the cache must agree with."""
@@ -357,20 +360,11 @@ class _Recompute:
             self.model.train(was_training)
 
 
-def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    y = (x - mean) / np.sqrt(var + np.float32(1e-5)) * weight
-    return y if bias is None else y + bias
-
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x ** 3)))
-
-
 class _CachedGPT:
-    """GPT's forward in NumPy (float32, eval mode) with a key/value cache per layer: call it with
-    the whole context each step; only the tokens after the cached ones are processed."""
+    """GPT's forward (float32, eval mode) over a copy of the parameters with a key/value cache per
+    layer: the GEMMs, LayerNorms and GELU run as gputrain's C ops (gputrain.functional, in
+    gputrain's thread pool), the attention of the new tokens against the cache in NumPy. Call it
+    with the whole context each step; only the tokens after the cached ones are processed."""
 
     def __init__(self, model: GPT) -> None:
         self.config = model.config
@@ -381,11 +375,11 @@ class _CachedGPT:
         self.values: list[np.ndarray] = []
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ self.p[name + ".weight"].T
-        return y + self.p[name + ".bias"] if name + ".bias" in self.p else y
+        return F.linear(x, self.p[name + ".weight"], self.p.get(name + ".bias"))
 
     def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
-        return _layer_norm(x, self.p[name + ".weight"], self.p.get(name + ".bias"))
+        weight = self.p[name + ".weight"]
+        return F.layer_norm(x, weight, self.p.get(name + ".bias", np.zeros_like(weight)))[0]
 
     def _attention(self, x: np.ndarray, i: int, start: int) -> np.ndarray:
         c = self.config
@@ -421,7 +415,7 @@ class _CachedGPT:
         x = self.p["wte.weight"][context[:, start:]] + self.p["wpe.weight"][start:context.shape[1]]
         for i in range(self.config.n_layer):
             x = x + self._attention(self._ln(x, f"h.{i}.ln_1"), i, start)
-            x = x + self._linear(_gelu_tanh(self._linear(self._ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc")),
+            x = x + self._linear(F.gelu(self._linear(self._ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"), "tanh"),
                                  f"h.{i}.mlp.c_proj")
         self.length, self.tokens = context.shape[1], context.copy()
-        return self._ln(x[:, -1], "ln_f") @ self.p["wte.weight"].T
+        return F.linear(self._ln(x[:, -1], "ln_f"), self.p["wte.weight"])
