@@ -61,6 +61,9 @@ class MLP(Module):
     def _layers(self, tied: dict[int, int]) -> list[tuple]:
         return [self.c_fc._spec_in(tied), ("activation", "gelu_tanh"), self.c_proj._spec_in(tied)]
 
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        return ("sequential", self._layers(tied))
+
 
 class Block(Module):
     """x + attn(ln_1(x)), then x + mlp(ln_2(x)), each branch followed by dropout. With gradient
