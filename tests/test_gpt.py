@@ -75,8 +75,11 @@ def test_forward_matches_the_reference_and_positions_past_t_get_no_gradient():
     x, y = batch(seq=7)
     _, logits, expected, _ = gref.loss_and_grads(model.state_dict(), x, y, SIZES["n_layer"], SIZES["n_head"])
     np.testing.assert_allclose(model(x), logits, rtol=1e-4, atol=1e-5)
-    gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)
-    assert np.all(model.wpe.weight.grad[7:] == 0) and np.any(model.wpe.weight.grad[:7] != 0)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss())
+    step(*batch(seq=10))  # gradients in rows 0..9, then a step that writes them anew
+    assert np.all(model.wpe.weight.grad[:10] != 0)
+    step(x, y)
+    assert np.all(model.wpe.weight.grad[7:] == 0) and np.all(model.wpe.weight.grad[:7] != 0)
 
 
 def test_gpt2_initialisation():
@@ -305,3 +308,43 @@ def test_trainer_memory_plan_equals_the_allocators_peak(tmp_path, config):
         gc.enable()
     assert trainer.state.global_step == 2
     assert growth == plan.total("cpu"), str(plan)
+
+
+# -- the layers GPT adds to gputrain.nn -------------------------------------------------------
+
+
+def test_position_embedding_and_tied_linear_in_a_sequential():
+    gt.random.manual_seed(0)
+    embedding = nn.Embedding(11, 8)
+    model = nn.Sequential(embedding, nn.PositionEmbedding(6, 8), nn.TiedLinear(embedding))
+    assert list(model.state_dict()) == ["0.weight", "1.weight"]
+    ids = np.random.default_rng(0).integers(0, 11, (2, 5))
+    table, positions = model.state_dict().values()
+    hidden = table[ids] + positions[:5]
+    np.testing.assert_allclose(model(ids), hidden @ table.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"a sequence of 7 positions does not fit layer '1' \(PositionEmbedding\(6, 8\)\)"):
+        model(np.zeros((2, 7), np.int64))
+    with pytest.raises(ValueError, match=r"takes \(\.\.\., seq, embedding_dim\) inputs, but gets 1"):
+        nn.PositionEmbedding(6, 8)(np.zeros(8, np.float32))
+    assert model(ids).shape == (2, 5, 11)  # the failures left it usable
+
+
+def test_tied_linear_needs_its_embedding_before_it():
+    embedding = nn.Embedding(11, 8)
+    with pytest.raises(ValueError, match="its Embedding must be a layer of the same model, placed before it"):
+        nn.Sequential(nn.Linear(8, 8), nn.TiedLinear(embedding))
+    with pytest.raises(TypeError, match="must be a gputrain.nn.Embedding"):
+        nn.TiedLinear(nn.Linear(8, 11))
+
+
+def test_deepcopy_and_pickle_keep_the_weights_and_the_tying():
+    import copy
+    import pickle
+
+    model = scaled_up(make(dropout=0.1))
+    x, y = batch()
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert clone.config == model.config and clone.lm_head.embedding is clone.wte
+        np.testing.assert_array_equal(clone.eval()(x), model.eval()(x))
+        gt.TrainStep(clone.train(), nn.CrossEntropyLoss())(x, y)
+        assert np.any(clone.wte.weight.grad != 0) and model.wte.weight.grad is None  # its own arenas
