@@ -11,7 +11,7 @@ every round of ours (pytest-benchmark's `setup`), so both see the same machine l
 
     python -m pytest benchmarks/bench_gpt.py --benchmark-only
     PYTHONPATH=<gputrain build> /work/venv-torch/bin/python -m pytest benchmarks/bench_gpt.py --benchmark-only
-    # a quick run on smaller sizes:
+    # a quick run on smaller sizes (and GPT_BENCH_THREADS, GPT_BENCH_VOCAB, GPT_BENCH_ROUNDS):
     GPT_BENCH_LAYERS=2 GPT_BENCH_EMBD=128 GPT_BENCH_HEADS=4 GPT_BENCH_T=64 GPT_BENCH_BATCH=8 ...
 """
 
@@ -34,6 +34,8 @@ def _env(name: str, default: int) -> int:
 LAYERS, HEADS, EMBD = _env("GPT_BENCH_LAYERS", 6), _env("GPT_BENCH_HEADS", 6), _env("GPT_BENCH_EMBD", 384)
 SEQ, BATCH, VOCAB = _env("GPT_BENCH_T", 256), _env("GPT_BENCH_BATCH", 16), _env("GPT_BENCH_VOCAB", 65)
 ROUNDS = _env("GPT_BENCH_ROUNDS", 5)
+if os.environ.get("GPT_BENCH_THREADS"):  # both libraries run with gputrain's thread count
+    gt.set_num_threads(_env("GPT_BENCH_THREADS", 1))
 
 if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
     gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
