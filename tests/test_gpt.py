@@ -348,3 +348,10 @@ def test_deepcopy_and_pickle_keep_the_weights_and_the_tying():
         np.testing.assert_array_equal(clone.eval()(x), model.eval()(x))
         gt.TrainStep(clone.train(), nn.CrossEntropyLoss())(x, y)
         assert np.any(clone.wte.weight.grad != 0) and model.wte.weight.grad is None  # its own arenas
+
+
+def test_a_tiny_temperature_samples_the_most_likely_token():
+    model = scaled_up(make(), factor=20.0)
+    prompt = np.array([4, 5])
+    np.testing.assert_array_equal(model.generate(prompt, 6, temperature=1e-30, seed=0),
+                                  model.generate(prompt, 6, temperature=0))

@@ -338,11 +338,12 @@ def _sample(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.r
     """(batch,) ids drawn from (batch, vocab) logits."""
     if temperature == 0:
         return np.argmax(logits, axis=-1)
-    scaled = logits.astype(np.float64) / temperature
+    logits = logits.astype(np.float64)
+    scaled = (logits - logits.max(axis=-1, keepdims=True)) / temperature  # <= 0: no overflow
     if top_k is not None and top_k < scaled.shape[-1]:
         kth = np.partition(scaled, -top_k, axis=-1)[:, -top_k][:, None]
         scaled = np.where(scaled < kth, -np.inf, scaled)
-    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs = np.exp(scaled)
     cdf = np.cumsum(probs / probs.sum(axis=-1, keepdims=True), axis=-1)
     draws = rng.random(len(cdf))
     return np.minimum((cdf < draws[:, None]).sum(axis=-1), cdf.shape[-1] - 1)
@@ -404,8 +405,9 @@ class _CachedGPT:
     def _reset(self, batch: int) -> None:
         c = self.config
         shape = (batch, c.n_head, c.block_size, c.n_embd // c.n_head)
-        self.keys = [np.empty(shape, np.float32) for _ in range(c.n_layer)]
-        self.values = [np.empty(shape, np.float32) for _ in range(c.n_layer)]
+        if not self.keys or self.keys[0].shape != shape:
+            self.keys = [np.empty(shape, np.float32) for _ in range(c.n_layer)]
+            self.values = [np.empty(shape, np.float32) for _ in range(c.n_layer)]
         self.length = 0
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
