@@ -5,7 +5,8 @@ sample generated with the key/value cache. Runs in a few minutes on a 2-core CPU
 
     python examples/char_gpt.py [--steps 600] [--precision fp32|bf16] [--threads N]
 
-Each optimizer step (forward, backward, AdamW, all in C) is one call.
+Each optimizer step (forward, backward, AdamW, all in C) is one call. On a machine whose cores
+are busy with other work, --threads 1 can be much faster than more threads waiting for each other.
 """
 
 from __future__ import annotations
