@@ -1,7 +1,7 @@
 /* Deterministic parameter initialisation with PyTorch's default distributions, drawn from
  * Philox(seed; stream_a = parameter index, stream_b = GT_INIT_STREAM; element / 4):
  * Linear weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)),
- * LayerNorm weight = 1 and bias = 0, Embedding (and token, position tables) weight ~ N(0, 1). */
+ * LayerNorm weight = 1 and bias = 0, Embedding and PositionEmbedding weight ~ N(0, 1). */
 #include "nn/init.h"
 
 #include <math.h>
@@ -57,7 +57,7 @@ static void init_layer(gt_layer *layer, uint64_t seed, uint32_t *next_id) {
         break;
     case GT_LAYER_EMBEDDING:
     case GT_LAYER_TOKENS:
-    case GT_LAYER_POSITIONS:
+    case GT_LAYER_POSITION:
         fill_normal(layer->weight.data, layer->weight.numel, seed, (*next_id)++);
         break;
     default:

@@ -41,8 +41,8 @@ typedef enum gt_layer_kind {
     GT_LAYER_RESIDUAL = 7,
     GT_LAYER_ATTENTION = 8,  /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */
     GT_LAYER_TOKENS = 9,     /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */
-    GT_LAYER_POSITIONS = 10, /* (B, T, E) + learned position rows (T, E) */
-    GT_LAYER_POOL = 11,      /* (B, T, E) -> (B, E): first token or masked mean */
+    GT_LAYER_POOL = 10,      /* (B, T, E) -> (B, E): first token or masked mean */
+    GT_LAYER_POSITION = 11,  /* (..., T, C) + weight[0:T] (num_positions, C): learned positions */
 } gt_layer_kind;
 
 typedef struct gt_layer gt_layer;
@@ -70,8 +70,8 @@ struct gt_layer {
     uint32_t dropout_id;       /* Dropout, Attention: layer id in the Philox key, unique in the
                                   model */
     float eps;                 /* LayerNorm: variance epsilon */
-    int64_t num_embeddings;    /* Embedding: rows of the table */
-    int64_t embedding_dim;     /* Embedding: columns of the table */
+    int64_t num_embeddings;    /* Embedding: rows of the table; Position: positions */
+    int64_t embedding_dim;     /* Embedding, Position: columns of the table */
     int64_t num_heads;         /* Attention: heads H (head_dim = in_features / H) */
     int causal;                /* Attention: 1 when query t sees only keys <= t */
     int64_t type_vocab;        /* Tokens: token types S (table rows [V, V + S), V = num_embeddings);
@@ -84,8 +84,10 @@ struct gt_layer {
        Embedding: weight (num, dim)) */
     gt_param weight;           /* numel 0 when absent */
     gt_param bias;             /* numel 0 when absent */
-    const gt_layer *tied;      /* Linear/LayerNorm/Embedding: the first use of the same module, whose
-                                  parameters this later use shares (weight tying), else NULL */
+    const gt_layer *tied;      /* Linear/LayerNorm/Embedding/Position: the first use of the same
+                                  module, whose parameters this later use shares (weight tying),
+                                  else NULL; a Linear may also share an Embedding's (num, dim)
+                                  table as its (out, in) weight (an LM head tied to the tokens) */
     int grad_accumulates;      /* 1: adds its parameter gradients in every backward, because a later
                                   use of the same parameters (run before it in backward) wrote them */
     /* plan for the current input shape */
@@ -137,10 +139,10 @@ gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *do
 gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_tokens_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run);
-gt_status gt_positions_forward(gt_layer *layer, const void *in, gt_run *run);
-gt_status gt_positions_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
 gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
+gt_status gt_position_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run);

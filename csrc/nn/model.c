@@ -93,7 +93,7 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
                  (long long)layer->embedding_dim);
         return set_param(&layer->weight, offset, 2, layer->num_embeddings + layer->type_vocab,
                          layer->embedding_dim, name);
-    case GT_LAYER_POSITIONS:
+    case GT_LAYER_POSITION:
         snprintf(name, sizeof name, "PositionEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
         return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);

@@ -34,6 +34,10 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
         snprintf(buf, bytes, "layer '%s' (Embedding(%lld, %lld))", path,
                  (long long)layer->num_embeddings, (long long)layer->embedding_dim);
         break;
+    case GT_LAYER_POSITION:
+        snprintf(buf, bytes, "layer '%s' (PositionEmbedding(%lld, %lld))", path,
+                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
+        break;
     case GT_LAYER_RESIDUAL: snprintf(buf, bytes, "layer '%s' (Residual)", path); break;
     case GT_LAYER_ATTENTION:
         snprintf(buf, bytes, "layer '%s' (the attention of MultiheadAttention(%lld, %lld))", path,
@@ -41,10 +45,6 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
         break;
     case GT_LAYER_TOKENS:
         snprintf(buf, bytes, "layer '%s' (TokenEmbedding(%lld, %lld))", path,
-                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
-        break;
-    case GT_LAYER_POSITIONS:
-        snprintf(buf, bytes, "layer '%s' (PositionEmbedding(%lld, %lld))", path,
                  (long long)layer->num_embeddings, (long long)layer->embedding_dim);
         break;
     default: snprintf(buf, bytes, "layer '%s'", path); break;
@@ -131,6 +131,25 @@ static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tenso
     return GT_OK;
 }
 
+/* PositionEmbedding adds rows [0, T) of its table to a (..., T, C) input: T is the
+ * second-to-last dimension, 1 <= T <= num_positions. */
+static gt_status plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                               const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    GT_TRY(check_features(w, in, layer->embedding_dim, layer, path));
+    describe(name, sizeof name, layer, path);
+    if (in->ndim < 2)
+        return GT_FAIL(GT_ERR_VALUE, "model: %s takes (..., seq, embedding_dim) inputs, but gets %d "
+                       "dimension(s)", name, in->ndim);
+    int64_t seq = in->shape[in->ndim - 2];
+    if (seq < 1 || seq > layer->num_embeddings)
+        return GT_FAIL(GT_ERR_VALUE, "%s: a sequence of %lld positions does not fit %s, which has "
+                       "positions 0..%lld; crop the sequences to at most %lld tokens",
+                       w->input_name, (long long)seq, name, (long long)layer->num_embeddings - 1,
+                       (long long)layer->num_embeddings);
+    return GT_OK;
+}
+
 /* Attention reads the fused (B, T, 3E) projection and writes (B, T, E); it keeps (B, H, T) f32
  * log-sum-exps for backward and notes its scratch in the workspace. A backend without the op is
  * refused here, before anything runs. */
@@ -199,7 +218,7 @@ static gt_status plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
     return GT_OK;
 }
 
-/* A (B, T, E) input, T within the table's rows, as the Positions and Pool layers read. */
+/* A (B, T, E) input as the Pool layer reads. */
 static gt_status check_sequence_input(gt_plan_walk *w, const gt_layer *layer, const gt_tensor *in,
                                       int64_t dim, const char *what, const char *path) {
     char name[GT_LAYER_PATH_BYTES + 64];
@@ -209,9 +228,6 @@ static gt_status check_sequence_input(gt_plan_walk *w, const gt_layer *layer, co
     if (in->ndim != 3)
         return GT_FAIL(GT_ERR_VALUE, "model: %s takes (batch, seq, %s) inputs, but gets %d dimensions",
                        name, what, in->ndim);
-    if (layer->kind == GT_LAYER_POSITIONS && in->shape[1] > layer->num_embeddings)
-        return GT_FAIL(GT_ERR_VALUE, "%s: sequences of %lld positions are longer than the %lld that %s "
-                       "has", w->input_name, (long long)in->shape[1], (long long)layer->num_embeddings, name);
     if (layer->kind == GT_LAYER_POOL && in->shape[1] < 1)
         return GT_FAIL(GT_ERR_VALUE, "%s: pooling needs sequences of at least one position", w->input_name);
     return GT_OK;
@@ -298,14 +314,12 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
     case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
     case GT_LAYER_ATTENTION: GT_TRY(plan_attention(w, layer, in, path, region)); break;
     case GT_LAYER_TOKENS: GT_TRY(plan_tokens(w, layer, in, path, region)); break;
-    case GT_LAYER_POSITIONS:
-        GT_TRY(check_sequence_input(w, layer, in, layer->embedding_dim, "embedding_dim", path));
-        break;
     case GT_LAYER_POOL:
         GT_TRY(check_sequence_input(w, layer, in, in->ndim ? in->shape[in->ndim - 1] : 0, "dim", path));
         layer->out.ndim = 2;
         layer->out.shape[1] = in->shape[2];
         break;
+    case GT_LAYER_POSITION: GT_TRY(plan_position(w, layer, in, path)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

@@ -1,4 +1,5 @@
-/* The layers of a sequence encoder's ends: Tokens (the input), Positions and Pool.
+/* The layers of a sequence encoder's ends: Tokens (the input) and Pool (learned positions are
+ * PositionEmbedding, csrc/nn/position.c).
  *
  * Tokens reads int64 (B, C, T): channel 0 token ids in [0, V), then (type_vocab > 0) token type
  * ids in [0, S), then (has_mask) the 0/1 attention mask whose ones are each sequence's prefix.
@@ -7,18 +8,10 @@
  * layer (gt_run.key_lengths). Batch entry b's channels are contiguous rows of T ids, so the
  * layer runs the embedding ops once per entry and channel; the gradient rows add in increasing b.
  *
- * Positions: out[b, t] = in[b, t] + weight[t] for t < T <= max_len; dweight[t] (+)= sum over b
- * of dout[b, t] (rows t >= T get 0 when written).
- *
  * Pool: out[b] = in[b, 0] (first token) or the mean of in[b, t] over t < lengths[b]. */
 #include "nn/layer.h"
 
 static size_t dsize(const gt_run *run) { return gt_dtype_size(run->dt); }
-
-/* The table as the forward's additions read it: the half copy in f16/bf16 mode. */
-static const void *compute_table(const gt_layer *layer, const gt_run *run) {
-    return run->dt == GT_F32 ? (const void *)layer->weight.data : layer->weight.lowp;
-}
 
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
     const gt_ops *ops = run->backend->ops;
@@ -62,29 +55,6 @@ gt_status gt_tokens_backward(gt_layer *layer, const void *dout, const void *in, 
                                            entry + seq, seq, layer->type_vocab, dim, run->dt, add));
     }
     return GT_OK;
-}
-
-gt_status gt_positions_forward(gt_layer *layer, const void *in, gt_run *run) {
-    int64_t batch = layer->in_shape.shape[0], n = layer->in_shape.shape[1] * layer->embedding_dim;
-    size_t row = (size_t)n * dsize(run);
-    for (int64_t b = 0; b < batch; b++)
-        GT_TRY(run->backend->ops->add(run->backend, (char *)layer->out.ptr + (size_t)b * row,
-                                      (const char *)in + (size_t)b * row, compute_table(layer, run), n,
-                                      run->dt));
-    return GT_OK;
-}
-
-gt_status gt_positions_backward(gt_layer *layer, void *din, const void *dout, gt_run *run) {
-    const gt_ops *ops = run->backend->ops;
-    int64_t batch = layer->in_shape.shape[0], n = layer->in_shape.shape[1] * layer->embedding_dim;
-    int accumulate = gt_layer_accumulates(layer, run);
-    GT_TRY(ops->bias_backward(run->backend, layer->weight.grad, dout, batch, n, run->dt, accumulate));
-    size_t unused = layer->weight.numel - (size_t)n;
-    if (!accumulate && unused > 0)
-        GT_TRY(ops->zero(run->backend, layer->weight.grad + n, unused * sizeof(float)));
-    if (!din)
-        return GT_OK;
-    return ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out));
 }
 
 gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run) {

@@ -101,6 +101,24 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     return 0;
 }
 
+/* ("tied_linear", index): a Linear without bias whose (out, in) weight is the (num, dim) table of
+ * the index-th module with parameters, an Embedding (an LM head tied to the token embedding). As
+ * with ("tied", index), the use before it now adds its gradients, so they are summed. */
+static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
+    const char *kind = NULL;
+    Py_ssize_t index = 0;
+    if (!PyArg_ParseTuple(spec, "sn", &kind, &index))
+        return -1;
+    if (index < 0 || (size_t)index >= ctx->count || ctx->first[index]->kind != GT_LAYER_EMBEDDING)
+        return spec_error("a tied Linear must name an earlier Embedding", spec);
+    const gt_layer *table = ctx->first[index];
+    *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = table->embedding_dim,
+                        .out_features = table->num_embeddings, .tied = table};
+    ctx->last[index]->grad_accumulates = 1;
+    ctx->last[index] = layer;
+    return 0;
+}
+
 static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0)))
         return spec_error("each layer must be a tuple starting with its kind", spec);
@@ -160,12 +178,12 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         *layer = (gt_layer){.kind = GT_LAYER_TOKENS, .num_embeddings = a, .embedding_dim = b,
                             .type_vocab = types, .has_mask = flag};
         return register_params(layer, ctx);
-    } else if (strcmp(kind, "positions") == 0) {
+    } else if (strcmp(kind, "position") == 0) {
         if (!PyArg_ParseTuple(spec, "sLL", &kind, &a, &b))
             return -1;
         if (a <= 0 || b <= 0)
             return spec_error("PositionEmbedding sizes must be positive", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_POSITIONS, .num_embeddings = a, .embedding_dim = b};
+        *layer = (gt_layer){.kind = GT_LAYER_POSITION, .num_embeddings = a, .embedding_dim = b};
         return register_params(layer, ctx);
     } else if (strcmp(kind, "pool") == 0) {
         if (!PyArg_ParseTuple(spec, "ss", &kind, &name))
@@ -175,6 +193,8 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         *layer = (gt_layer){.kind = GT_LAYER_POOL, .pool = name[0] == 'c' ? GT_POOL_FIRST : GT_POOL_MEAN};
     } else if (strcmp(kind, "tied") == 0) {
         return parse_tied(spec, layer, ctx);
+    } else if (strcmp(kind, "tied_linear") == 0) {
+        return parse_tied_linear(spec, layer, ctx);
     } else if (strcmp(kind, "flatten") == 0) {
         *layer = (gt_layer){.kind = GT_LAYER_FLATTEN};
     } else if (strcmp(kind, "sequential") == 0 || strcmp(kind, "residual") == 0) {

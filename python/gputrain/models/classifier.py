@@ -24,7 +24,8 @@ from gputrain.nn.layers import (
     GELU, Dropout, LayerNorm, Linear, MultiheadAttention, Residual, Sequential, _positive_int,
 )
 from gputrain.nn.module import Module
-from gputrain.nn.sequence import PositionEmbedding, SequencePool, TokenEmbedding, pack_inputs
+from gputrain.nn.embedding import PositionEmbedding
+from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
 
 
 class TransformerClassifier(Module):

@@ -14,10 +14,11 @@ from gputrain.nn.layers import (
     SiLU,
     Tanh,
 )
+from gputrain.nn.embedding import PositionEmbedding, TiedLinear
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
-from gputrain.nn.sequence import PositionEmbedding, SequencePool, TokenEmbedding, pack_inputs
+from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [
     "GELU",
@@ -38,6 +39,7 @@ __all__ = [
     "SequencePool",
     "SiLU",
     "Tanh",
+    "TiedLinear",
     "TokenEmbedding",
     "pack_inputs",
 ]

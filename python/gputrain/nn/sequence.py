@@ -56,25 +56,6 @@ class TokenEmbedding(Module):
                 f"attention_mask={self.attention_mask}")
 
 
-class PositionEmbedding(Module):
-    """out[b, t] = x[b, t] + weight[t] for (batch, seq, embedding_dim) inputs, seq <= max_len;
-    ``weight`` is ``(max_len, embedding_dim)``, initialised N(0, 1)."""
-
-    _param_names = ("weight",)
-
-    def __init__(self, max_len: int, embedding_dim: int) -> None:
-        super().__init__()
-        self.max_len = _positive_int(max_len, "max_len")
-        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
-        self._compile()
-
-    def _spec(self) -> tuple:
-        return ("positions", self.max_len, self.embedding_dim)
-
-    def extra_repr(self) -> str:
-        return f"{self.max_len}, {self.embedding_dim}"
-
-
 class SequencePool(Module):
     """(batch, seq, dim) -> (batch, dim): ``mode="cls"`` takes the first token, ``mode="mean"``
     averages the positions the attention mask keeps (all of them in a model without a mask)."""
