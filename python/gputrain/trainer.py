@@ -194,10 +194,6 @@ class Trainer:
                     or (isinstance(callback, type) and issubclass(callback, TrainerCallback))):
                 raise TypeError(f"callbacks must be TrainerCallback instances or classes, not "
                                 f"{type(callback).__name__}")
-        device = _resolve_device(args.device)
-        if device != "cpu" and (args.ema_decay is not None or args.llrd is not None):
-            raise ValueError("ema_decay and llrd need a model on the CPU for now: the EMA and parameter "
-                             f"groups of a model on {device!r} are not supported by the Trainer yet")
         return _train_batches(args, train_dataset)
 
     @staticmethod
@@ -282,11 +278,6 @@ class Trainer:
 
     def _make_optimizer(self) -> Any:
         args = self.args
-        if self.device != "cpu":
-            if args.optim == "sgd":
-                return SGD.for_model(self.model, lr=args.learning_rate)
-            return AdamW.for_model(self.model, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                   eps=args.adam_epsilon, weight_decay=args.weight_decay)
         if args.llrd is not None:
             groups = param_groups_llrd(self.model, args.learning_rate, args.llrd, args.weight_decay)
         else:
