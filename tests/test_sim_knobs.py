@@ -319,3 +319,25 @@ def test_the_recipe_counts_its_device_work_per_step():
     assert counters["allocs"] == 0 and counters["frees"] == 0
     offloaded = run.optimizer.memory()["host_numel"] * 4
     assert counters["d2h_bytes"] >= offloaded and counters["h2d_bytes"] >= offloaded
+
+
+def test_the_trainer_on_sim_with_ema_llrd_and_offload_matches_the_cpu(tmp_path):
+    """The Trainer builds the same LLRD/no-decay groups, offloading AdamW and EMA for a model on
+    sim as on the CPU (it refused ema_decay and llrd on a device before)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((96, 12)).astype(np.float32), rng.integers(0, 7, 96)
+    results = []
+    for device in ("cpu", "sim"):
+        model = make_model()
+        args = gt.TrainingArguments(output_dir=str(tmp_path / device), num_train_epochs=2,
+                                    per_device_train_batch_size=8, gradient_accumulation_steps=4,
+                                    learning_rate=1e-2, weight_decay=0.05, llrd=0.8, ema_decay=0.9,
+                                    cpu_offload_fraction=0.5, fp16=True, max_grad_norm=1.0, device=device,
+                                    save_strategy="no", dataloader_pin_memory=False, seed=3)
+        trainer = gt.Trainer(model, args, train_dataset=(x, y))
+        output = trainer.train()
+        assert trainer.optimizer.cpu_offload_fraction == 0.5 and len(trainer.optimizer.param_groups) > 2
+        results.append((output.training_loss, output.global_step, model.state_dict(), trainer.ema.state_dict(),
+                        trainer.optimizer.state_dict()))
+    assert results[0][1] == 6
+    assert_same_bits(results[1], results[0])
