@@ -207,6 +207,8 @@ def available_memory(model: Module) -> dict[str, int | None]:
     compiled = model.compiled
     live = sum(compiled.live_arenas().values())
     kinds = ["cpu", "pinned", *(f"cuda:{i}" for i in range(_C.cuda_device_count()))]
+    if compiled.device not in kinds:  # a simulated device ("sim:N")
+        kinds.append(compiled.device)
     available: dict[str, int | None] = {}
     for kind in kinds:
         stats = _C.memory_stats(device=kind)

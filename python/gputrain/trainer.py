@@ -334,7 +334,7 @@ class Trainer:
     def _fit_memory(self) -> None:
         """Plans the run before anything of it is allocated. Over the memory limit: with
         auto_find_batch_size, smaller micro-batches (more of them per step: the same rows per
-        optimizer step), then a higher cpu_offload_fraction (AdamW on the CPU), each change logged;
+        optimizer step), then a higher cpu_offload_fraction (AdamW), each change logged;
         without it, or when nothing fits, gputrain.OutOfMemoryError with the plan."""
         if self._sample_shape() is None or not self._group_rows():
             logger.info("memory plan: skipped (ragged rows, a transform or collate_fn, or batches of unknown size)")
@@ -344,7 +344,7 @@ class Trainer:
         if not plan.over(available):
             return
         if self.args.auto_find_batch_size:
-            can_offload = self.args.optim != "sgd" and self.device == "cpu"
+            can_offload = self.args.optim != "sgd"
             sizes = mp.micro_batch_sizes(self._group_rows(), self._micro_cap)
             fitted = mp.fit(self._plan_for, available, sizes, self._offload, can_offload)
             if fitted is not None:
