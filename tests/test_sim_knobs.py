@@ -341,3 +341,25 @@ def test_the_trainer_on_sim_with_ema_llrd_and_offload_matches_the_cpu(tmp_path):
                         trainer.optimizer.state_dict()))
     assert results[0][1] == 6
     assert_same_bits(results[1], results[0])
+
+
+def counters_of_a_step(run, first):
+    gt.device_counters("sim", reset=True)
+    run.train(1, first=first)
+    return gt.device_counters("sim")
+
+
+def test_offload_waits_once_per_chunk_not_once_per_parameter():
+    """With no-decay groups the offloaded elements are many small runs (biases, norm weights):
+    they share staging chunks, so a step that fits one chunk adds one wait for its gradients
+    and one for its copies back, however many parameters it holds."""
+    runs = {f: Run("sim", fraction=f, chunk=1 << 20) for f in (0.0, 0.5, 1.0)}
+    counters = {}
+    for fraction, run in runs.items():
+        run.train(1)
+        counters[fraction] = counters_of_a_step(run, 1)
+    assert counters[0.5]["syncs"] - counters[0.0]["syncs"] == 2
+    assert counters[1.0]["syncs"] - counters[0.0]["syncs"] == 2
+    small = Run("sim", fraction=0.5, chunk=256)  # 1480 offloaded elements: 6 chunks
+    small.train(1)
+    assert counters_of_a_step(small, 1)["syncs"] - counters[0.0]["syncs"] == 6 + 1
