@@ -1,7 +1,7 @@
-"""The training step's update on the model's device: AdamW/SGD.for_model (an optimizer over a
-compiled model's own arenas), the loss scaler, clipping and the gradient norm on CUDA models.
-The CPU tests check for_model against the usual optimizer bit for bit; the CUDA ones compare a
-CUDA model's training with the same model's on the CPU."""
+"""The training step's update on the model's device: AdamW/SGD over a device model's parameters
+(a _C.ModelOptimizer over its arenas), the loss scaler, clipping and the gradient norm on
+device models. The sim tests compare with the CPU bit for bit; the CUDA ones compare a CUDA
+model's training with the same model's on the CPU (not yet run on a GPU)."""
 
 from __future__ import annotations
 
@@ -37,29 +37,20 @@ def train(model, optimizer, steps, overflow_at=None, **options):
     return outputs
 
 
-# ------------------------------------------------------------------ CPU: for_model == the constructor
+# ------------------------------------------------------------------ for_model: the constructor
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_for_model_on_the_cpu_is_bit_identical_to_the_constructor(precision):
-    reference, model = make_model(), make_model()
-    hyper = {"lr": 3e-3, "betas": (0.8, 0.95), "weight_decay": 0.05}
-    options = {"max_grad_norm": 0.5, "precision": precision}
-    expected = train(reference, gt.optim.AdamW(reference.parameters(), **hyper), 6,
-                     scaler=gt.amp.GradScaler(init_scale=2.0**12), **options)
-    optimizer = gt.optim.AdamW.for_model(model, **hyper)
-    got = train(model, optimizer, 6, scaler=gt.amp.GradScaler(init_scale=2.0**12), **options)
-    assert [o.loss for o in got] == [o.loss for o in expected]
-    assert [o.grad_norm for o in got] == [o.grad_norm for o in expected]
-    np.testing.assert_array_equal(model.compiled.read_parameters(), reference.compiled.read_parameters())
-    assert optimizer.step_count == 6 and optimizer.device == "cpu"
-    state = optimizer.get_state(0)
-    assert state["step"] == 6 and set(state) == {"step", "exp_avg", "exp_avg_sq"}
-    assert not np.array_equal(model.compiled.read_parameters(), make_model().compiled.read_parameters())
+def test_for_model_is_the_constructor_over_the_model_parameters():
+    model = make_model().to("sim")
+    optimizer = gt.optim.AdamW.for_model(model, lr=3e-3, cpu_offload_fraction=0.5)
+    assert type(optimizer) is gt.optim.AdamW and optimizer.cpu_offload_fraction == 0.5
+    assert optimizer.param_groups[0]["params"] == list(model.parameters())
+    with pytest.raises(TypeError, match="gputrain.nn.Module"):
+        gt.optim.AdamW.for_model(model.compiled)
 
 
-def test_sgd_for_model_with_an_overflow_skips_like_the_constructor():
-    reference, model = make_model(), make_model()
+def test_sgd_on_sim_with_an_overflow_skips_like_the_cpu():
+    reference, model = make_model(), make_model().to("sim")
     hyper = {"lr": 0.05, "momentum": 0.9, "nesterov": True}
     scalers = [gt.amp.GradScaler(init_scale=2.0**10, growth_interval=2) for _ in range(2)]
     expected = train(reference, gt.optim.SGD(reference.parameters(), **hyper), 7, overflow_at=3,
@@ -71,9 +62,9 @@ def test_sgd_for_model_with_an_overflow_skips_like_the_constructor():
     np.testing.assert_array_equal(model.compiled.read_parameters(), reference.compiled.read_parameters())
 
 
-def test_for_model_pushes_the_group_hyperparameters_before_each_step():
-    model = make_model()
-    optimizer = gt.optim.SGD.for_model(model, lr=0.1)
+def test_a_device_optimizer_pushes_the_group_hyperparameters_before_each_step():
+    model = make_model().to("sim")
+    optimizer = gt.optim.SGD(model.parameters(), lr=0.1)
     optimizer.param_groups[0]["lr"] = 0.0
     before = model.compiled.read_parameters()
     train(model, optimizer, 2)
@@ -83,32 +74,32 @@ def test_for_model_pushes_the_group_hyperparameters_before_each_step():
         train(model, optimizer, 1)
 
 
-def test_for_model_refuses_bad_arguments():
-    model = make_model()
-    with pytest.raises(TypeError, match="gputrain.nn.Module"):
-        gt.optim.AdamW.for_model(model.compiled)
-    with pytest.raises(TypeError, match="numerics"):
-        gt.optim.SGD.for_model(model, numerics="fast")
-    with pytest.raises(ValueError, match="cpu_offload_fraction"):
-        gt.optim.AdamW.for_model(model, cpu_offload_fraction=0.5)
-    with pytest.raises(ValueError, match="Invalid beta"):
-        gt.optim.AdamW.for_model(model, betas=(1.0, 0.9))
-    with pytest.raises(ValueError, match="numerics"):
-        gt.optim.AdamW.for_model(model, numerics="approximate")
+def test_the_model_optimizer_core_refuses_bad_arguments():
+    model = make_model().to("sim")
+    args = ([0], [0], [{}], [True])
     with pytest.raises(ValueError, match="kind"):
-        _C.ModelOptimizer("adam", model.compiled, {})
+        _C.ModelOptimizer("adam", model.compiled, *args)
     with pytest.raises(TypeError, match="Model"):
-        _C.ModelOptimizer("sgd", np.zeros(3, np.float32), {})
+        _C.ModelOptimizer("sgd", np.zeros(3, np.float32), *args)
+    with pytest.raises(IndexError, match=r"indices\[0\] = 99 is out of range"):
+        _C.ModelOptimizer("sgd", model.compiled, [99], [0], [{}], [True])
+    with pytest.raises(IndexError, match=r"groups\[0\] = 1 is out of range"):
+        _C.ModelOptimizer("sgd", model.compiled, [0], [1], [{}], [True])
+    with pytest.raises(ValueError, match="one entry per parameter"):
+        _C.ModelOptimizer("sgd", model.compiled, [0, 1], [0], [{}], [True])
+    with pytest.raises(ValueError, match="cpu_offload_fraction"):
+        _C.ModelOptimizer("adamw", model.compiled, *args, cpu_offload_fraction=1.5)
     with pytest.raises(IndexError, match="group 1"):
-        _C.ModelOptimizer("sgd", model.compiled, {}).set_hparams(1, {})
+        _C.ModelOptimizer("sgd", model.compiled, *args).set_hparams(1, {})
     with pytest.raises(IndexError, match="out of range"):
-        gt.optim.SGD.for_model(model, momentum=0.9).get_state(len(list(model.parameters())))
+        _C.ModelOptimizer("sgd", model.compiled, *args).get_state(1)
 
 
 def test_an_optimizer_for_another_model_is_refused():
-    model, other = make_model(), make_model()
+    model, other = make_model().to("sim"), make_model().to("sim")
     x, y = batch(0)
-    for optimizer in (gt.optim.AdamW.for_model(other), _C.ModelOptimizer("adamw", other.compiled, {})):
+    for optimizer in (gt.optim.AdamW(other.parameters()), _C.ModelOptimizer("adamw", other.compiled, [0], [0],
+                                                                            [{}], [True])):
         with pytest.raises(ValueError, match="another model"):
             _C.train_step(model.compiled, x, y, LOSS, optimizer=optimizer)
     np.testing.assert_array_equal(model.compiled.read_parameters(), make_model().compiled.read_parameters())

@@ -103,8 +103,9 @@ def test_each_pool_peaks_at_the_plan_after_the_first_step(tmp_path, config):
     assert ("pinned" in plan) == ("cpu_offload_fraction" in config)
 
 
-@pytest.mark.parametrize("config", [{}, {"fp16": True}, {"bf16": True, "gradient_accumulation_steps": 2}],
-                         ids=["fp32", "fp16 with its scaler", "bf16 accumulation"])
+@pytest.mark.parametrize("config", [{}, {"fp16": True}, {"bf16": True, "gradient_accumulation_steps": 2},
+                                    {"fp16": True, "cpu_offload_fraction": 0.5, "ema_decay": 0.9, "llrd": 0.8}],
+                         ids=["fp32", "fp16 with its scaler", "bf16 accumulation", "offload 0.5, ema, llrd"])
 def test_a_sim_device_run_peaks_at_the_plan(tmp_path, config):
     # The device pool holds the model's arenas, the backend's and the step's scratch blocks
     # and the optimizer state; the loader's slots are pinned. The model is moved first: a move
@@ -240,6 +241,30 @@ def test_auto_find_batch_size_raises_the_offload_fraction_when_micro_batches_are
     fitted = fitted_run(tmp_path / "fit", needed, caplog, steps=3, per_device_train_batch_size=8)
     assert (fitted._micro_cap, fitted.optimizer.cpu_offload_fraction) == (1, 0.5)
     assert_same_bits(fitted, reference)
+    assert "cpu_offload_fraction 0.5 instead of 0" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_auto_find_batch_size_offloads_the_state_of_a_sim_model_when_micro_batches_are_not_enough(tmp_path, caplog):
+    x, y = data()
+    reference = gt.Trainer(model(), args(tmp_path / "ref", device="sim", max_steps=3, per_device_train_batch_size=1,
+                                         gradient_accumulation_steps=8, cpu_offload_fraction=0.5),
+                           train_dataset=(x, y))
+    reference.train()
+    needed, expected = reference.memory_plan().total("sim:0"), reference.model.state_dict()
+    del reference
+    gc.collect()
+    baseline = gt.memory_stats("sim:0")["reserved_bytes"]
+    try:
+        with caplog.at_level(logging.WARNING, logger="gputrain.trainer"):
+            fitted = gt.Trainer(model(), args(tmp_path / "fit", device="sim", max_steps=3, auto_find_batch_size=True,
+                                              memory_limit=baseline + needed, per_device_train_batch_size=8),
+                                train_dataset=(x, y))
+            fitted.train()
+    finally:
+        gt.set_memory_limit(None, "sim:0")
+    assert (fitted._micro_cap, fitted.optimizer.cpu_offload_fraction) == (1, 0.5)
+    for name, value in fitted.model.state_dict().items():
+        assert np.array_equal(value, expected[name]), name
     assert "cpu_offload_fraction 0.5 instead of 0" in " ".join(r.getMessage() for r in caplog.records)
 
 

@@ -112,7 +112,7 @@ def test_a_host_optimizer_is_refused_for_a_sim_model():
     model, host = make_model().to("sim"), make_model()
     x, y = batch(0)
     before = model.compiled.read_parameters()
-    with pytest.raises(ValueError, match="sim:0 but this optimizer updates host"):
+    with pytest.raises(ValueError, match="sim:0 but this optimizer's parameters are host"):
         _C.train_step(model.compiled, x, y, LOSS, optimizer=gt.optim.SGD(host.parameters(), lr=0.1))
     np.testing.assert_array_equal(model.compiled.read_parameters(), before)
 

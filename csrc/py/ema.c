@@ -1,5 +1,6 @@
-/* gputrain._C.EMA: the exponential moving average of parameter arrays (csrc/train/ema.h).
- * gputrain.optim.EMA wraps it. */
+/* gputrain._C.EMA: the exponential moving average of parameter arrays (csrc/train/ema.h), or
+ * of parameters of a model on a device (slices of its parameter arena, which NumPy cannot
+ * view). gputrain.optim.EMA wraps it. */
 #include "py/gtpy.h"
 
 #include "py/model.h"
@@ -8,8 +9,9 @@
 typedef struct {
     PyObject_HEAD
     gt_ema *ema;       /* the C shadow; NULL only while being built */
-    PyObject *params;  /* tuple of the parameter arrays (kept alive: the shadow points at them) */
+    PyObject *params;  /* tuple of the parameter arrays, or of parameter_layout() indices of `models[0]` */
     PyObject *models;  /* tuple of the _C.Models whose arenas params view (held while updating) */
+    size_t *numels;    /* (len(params),) elements of each parameter, PyMem */
     int busy;          /* 1 while a call uses the shadow without the GIL (other calls raise) */
 } EmaObject;
 
@@ -27,38 +29,72 @@ static int check_param(PyObject *obj, Py_ssize_t index) {
     return 0;
 }
 
-static int create_core(EmaObject *self, PyObject *module, int on_host) {
-    Py_ssize_t n = PyTuple_GET_SIZE(self->params);
-    float **pointers = PyMem_Calloc(n ? n : 1, sizeof *pointers);
-    size_t *numels = PyMem_Calloc(n ? n : 1, sizeof *numels);
-    int rc = -1;
-    if (!pointers || !numels) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
+/* Pointers and sizes of NumPy parameter arrays (on the cpu). */
+static int array_params(EmaObject *self, float **pointers) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->params); i++) {
         PyObject *p = PyTuple_GET_ITEM(self->params, i);
         if (check_param(p, i) < 0)
-            goto done;
+            return -1;
         pointers[i] = (float *)PyArray_DATA((PyArrayObject *)p);
-        numels[i] = (size_t)PyArray_SIZE((PyArrayObject *)p);
+        self->numels[i] = (size_t)PyArray_SIZE((PyArrayObject *)p);
     }
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = gt_ema_create(gt_cpu_device(), on_host, NULL, pointers, numels, (size_t)n, &self->ema);
-    Py_END_ALLOW_THREADS
-    rc = status == GT_OK ? 0 : gtpy_raise_int(module, status);
-done:
+    return 0;
+}
+
+/* Pointers and sizes of the parameters of `model` named by parameter_layout() index. */
+static int model_params(EmaObject *self, gt_model *model, PyObject *model_obj, float **pointers) {
+    PyObject *layout = PyObject_CallMethod(model_obj, "parameter_layout", NULL);
+    if (!layout)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(self->params); i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(self->params, i)), offset = 0;
+        PyObject *shape = NULL;
+        if (at == -1 && PyErr_Occurred())
+            rc = -1;
+        else if (at < 0 || at >= PyList_GET_SIZE(layout))
+            rc = (PyErr_Format(PyExc_IndexError, "params[%zd] = %zd is not a parameter index of the model (%zd)", i,
+                               at, PyList_GET_SIZE(layout)), -1);
+        else if (!PyArg_ParseTuple(PyList_GET_ITEM(layout, at), "nO!", &offset, &PyTuple_Type, &shape))
+            rc = -1;
+        size_t count = 1;
+        for (Py_ssize_t d = 0; rc == 0 && d < PyTuple_GET_SIZE(shape); d++)
+            count *= (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (rc == 0) {
+            pointers[i] = (float *)model->params.block.ptr + offset;
+            self->numels[i] = count;
+        }
+    }
+    Py_DECREF(layout);
+    return rc;
+}
+
+static int create_core(EmaObject *self, PyObject *module, PyObject *model_obj, int on_host) {
+    Py_ssize_t n = PyTuple_GET_SIZE(self->params);
+    float **pointers = PyMem_Calloc(n ? n : 1, sizeof *pointers);
+    self->numels = PyMem_Calloc(n ? n : 1, sizeof *self->numels);
+    gt_model *model = model_obj == Py_None ? NULL : gtpy_model_get(module, model_obj, "model");
+    int rc = -1;
+    if (!pointers || !self->numels)
+        PyErr_NoMemory();
+    else if ((model_obj == Py_None || model) &&
+             (model ? model_params(self, model, model_obj, pointers) : array_params(self, pointers)) == 0) {
+        gt_device device = model ? model->backend.device : gt_cpu_device();
+        gt_status status;
+        Py_BEGIN_ALLOW_THREADS
+        status = gt_ema_create(device, on_host, NULL, pointers, self->numels, (size_t)n, &self->ema);
+        Py_END_ALLOW_THREADS
+        rc = status == GT_OK ? 0 : gtpy_raise_int(module, status);
+    }
     PyMem_Free(pointers);
-    PyMem_Free(numels);
     return rc;
 }
 
 static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"params", "on_host", NULL};
-    PyObject *params = NULL;
+    static char *keywords[] = {"params", "on_host", "model", NULL};
+    PyObject *params = NULL, *model = Py_None;
     int on_host = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$p:EMA", keywords, &params, &on_host))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$pO:EMA", keywords, &params, &on_host, &model))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     if (!module)
@@ -67,7 +103,9 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (!self)
         return NULL;
     self->params = PySequence_Tuple(params);
-    if (!self->params || !(self->models = gtpy_model_owners(self->params)) || create_core(self, module, on_host) < 0) {
+    if (self->params)
+        self->models = model == Py_None ? gtpy_model_owners(self->params) : PyTuple_Pack(1, model);
+    if (!self->models || create_core(self, module, model, on_host) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -93,6 +131,8 @@ static void ema_dealloc(PyObject *op) {
     PyObject_GC_UnTrack(op);
     gt_ema_destroy(self->ema);
     self->ema = NULL;
+    PyMem_Free(self->numels);
+    self->numels = NULL;
     ema_clear(op);
     type->tp_free(op);
     Py_DECREF(type);
@@ -153,23 +193,22 @@ static PyObject *ema_copy_to_params(PyObject *op, PyObject *Py_UNUSED(ignored)) 
     return run_pass(op, copy_pass, 0.0);
 }
 
-static int param_index(EmaObject *self, Py_ssize_t index, PyArrayObject **param) {
+static int param_index(EmaObject *self, Py_ssize_t index) {
     if (index < 0 || index >= PyTuple_GET_SIZE(self->params)) {
         PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zd parameters)", index,
                      PyTuple_GET_SIZE(self->params));
         return -1;
     }
-    *param = (PyArrayObject *)PyTuple_GET_ITEM(self->params, index);
     return 0;
 }
 
 static PyObject *ema_get(PyObject *op, PyObject *arg) {
     EmaObject *self = (EmaObject *)op;
-    PyArrayObject *param = NULL;
     Py_ssize_t index = PyLong_AsSsize_t(arg);
-    if ((index == -1 && PyErr_Occurred()) || param_index(self, index, &param) < 0)
+    if ((index == -1 && PyErr_Occurred()) || param_index(self, index) < 0)
         return NULL;
-    PyObject *out = PyArray_NewLikeArray(param, NPY_CORDER, NULL, 0);
+    npy_intp numel = (npy_intp)self->numels[index];
+    PyObject *out = PyArray_SimpleNew(1, &numel, NPY_FLOAT32);
     if (!out || enter(self, 0) < 0) {
         Py_XDECREF(out);
         return NULL;
@@ -187,15 +226,14 @@ static PyObject *ema_set(PyObject *op, PyObject *args) {
     EmaObject *self = (EmaObject *)op;
     Py_ssize_t index = 0;
     PyObject *value = NULL;
-    PyArrayObject *param = NULL;
-    if (!PyArg_ParseTuple(args, "nO:set", &index, &value) || param_index(self, index, &param) < 0)
+    if (!PyArg_ParseTuple(args, "nO:set", &index, &value) || param_index(self, index) < 0)
         return NULL;
     PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
     if (!array)
         return NULL;
-    if (PyArray_SIZE(array) != PyArray_SIZE(param)) {
-        PyErr_Format(PyExc_ValueError, "shadow %zd has %zd elements, got %zd", index,
-                     (Py_ssize_t)PyArray_SIZE(param), (Py_ssize_t)PyArray_SIZE(array));
+    if ((size_t)PyArray_SIZE(array) != self->numels[index]) {
+        PyErr_Format(PyExc_ValueError, "shadow %zd has %zu elements, got %zd", index, self->numels[index],
+                     (Py_ssize_t)PyArray_SIZE(array));
         Py_DECREF(array);
         return NULL;
     }
@@ -234,8 +272,9 @@ static PyType_Slot ema_slots[] = {
     {Py_tp_clear, ema_clear},
     {Py_tp_methods, ema_methods},
     {Py_tp_getset, ema_getset},
-    {Py_tp_doc, "EMA(params, *, on_host=False)\n--\n\nA shadow (moving average) of float32 parameter arrays, "
-                "in the cpu pool or, with on_host, in pinned host memory."},
+    {Py_tp_doc, "EMA(params, *, on_host=False, model=None)\n--\n\nA shadow (moving average) of float32 "
+                "parameter arrays, or with `model` of its parameters parameter_layout()[i] for i in params (on "
+                "the model's device), beside them or, with on_host, in pinned host memory."},
     {0, NULL},
 };
 

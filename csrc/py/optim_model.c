@@ -1,7 +1,10 @@
-/* gputrain._C.ModelOptimizer: the fused AdamW/SGD (csrc/train/optim.h) over a compiled
- * model's own parameter and gradient arenas, on the model's device (cpu or cuda:N), with one
- * parameter descriptor per model parameter (parameter_layout order). It is how a model on
- * CUDA, whose arenas NumPy cannot view, gets an optimizer for the one-call training step. */
+/* gputrain._C.ModelOptimizer: the fused AdamW/SGD (csrc/train/optim.h) over parameters of a
+ * compiled model's own parameter and gradient arenas, on the model's device (cpu, cuda:N or
+ * sim:N). gputrain.optim.AdamW/SGD build it when their Parameters live in device memory
+ * (NumPy cannot view them): one descriptor per optimizer parameter, in the optimizer's order,
+ * each naming its parameter by index into the model's parameter_layout(), with its group, so
+ * groups, no-decay, LLRD and cpu_offload_fraction pack the same flat state space as
+ * _C.Optimizer over the same Parameters on the CPU (hence the same bits). */
 #include "py/optim_model.h"
 
 #include "py/model.h"
@@ -11,8 +14,10 @@ typedef struct {
     PyObject_HEAD
     gt_optimizer *opt;   /* the C optimizer; NULL only while being built */
     PyObject *model;     /* the _C.Model whose arenas opt points into (kept alive) */
+    PyObject *models;    /* (model,): held busy by the calls that read or write its arenas */
     size_t *numels;      /* (num_params,) elements of each parameter, PyMem */
-    size_t num_params;   /* parameters of the model */
+    size_t num_params;   /* parameters of the optimizer */
+    size_t num_groups;   /* hyperparameter groups */
     int busy;            /* 1 while a training step uses it without the GIL (other calls raise) */
 } ModelOptimizerObject;
 
@@ -60,64 +65,140 @@ static int layout_entry(PyObject *entry, size_t index, size_t arena_numel, size_
     return 0;
 }
 
-/* One descriptor per model parameter, pointing into the model's parameter and gradient arenas. */
-static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *layout, gt_optim_param_desc *descs) {
+/* An int entry `i` of a fast sequence in [0, limit), or -1 with IndexError naming `what`. */
+static Py_ssize_t index_in(PyObject *seq, Py_ssize_t i, const char *what, Py_ssize_t limit) {
+    Py_ssize_t value = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (value < 0 || value >= limit) {
+        PyErr_Format(PyExc_IndexError, "%s[%zd] = %zd is out of range (%zd)", what, i, value, limit);
+        return -1;
+    }
+    return value;
+}
+
+/* The arguments that say which arena slices the optimizer updates (all fast sequences). */
+typedef struct param_args {
+    PyObject *indices;    /* parameter_layout() index of each parameter */
+    PyObject *groups;     /* its group */
+    PyObject *trainable;  /* its requires_grad: False leaves its gradient unset (never updated) */
+} param_args;
+
+/* One descriptor per optimizer parameter, pointing into the model's arenas. */
+static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *layout, const param_args *a,
+                       gt_optim_param_desc *descs) {
+    Py_ssize_t num_layout = PyList_GET_SIZE(layout);
     for (size_t i = 0; i < self->num_params; i++) {
+        Py_ssize_t at = index_in(a->indices, (Py_ssize_t)i, "indices", num_layout);
+        Py_ssize_t group = at < 0 ? -1 : index_in(a->groups, (Py_ssize_t)i, "groups", (Py_ssize_t)self->num_groups);
+        int trainable = group < 0 ? -1 : PyObject_IsTrue(PySequence_Fast_GET_ITEM(a->trainable, (Py_ssize_t)i));
         size_t offset = 0;
-        if (layout_entry(PyList_GET_ITEM(layout, (Py_ssize_t)i), i, model->num_params, &offset,
-                         &self->numels[i]) < 0)
+        if (trainable < 0 || layout_entry(PyList_GET_ITEM(layout, at), (size_t)at, model->num_params, &offset,
+                                          &self->numels[i]) < 0)
             return -1;
-        descs[i] = (gt_optim_param_desc){(float *)model->params.block.ptr + offset,
-                                         (float *)model->grads.block.ptr + offset, self->numels[i], 0};
+        float *grad = trainable ? (float *)model->grads.block.ptr + offset : NULL;
+        descs[i] = (gt_optim_param_desc){(float *)model->params.block.ptr + offset, grad, self->numels[i],
+                                         (size_t)group};
     }
     return 0;
 }
 
+static int parse_all_hparams(PyObject *hparams, gt_optim_hparams *out) {
+    for (Py_ssize_t g = 0; g < PySequence_Fast_GET_SIZE(hparams); g++)
+        if (gtpy_optim_parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &out[g]) < 0)
+            return -1;
+    return 0;
+}
+
 static int create_core(ModelOptimizerObject *self, PyObject *module, gt_optimizer_config *config,
-                       const gt_optim_hparams *hparams) {
+                       const param_args *a, PyObject *hparams) {
     gt_model *model = gtpy_model_get(module, self->model, "model");
     PyObject *layout = model ? PyObject_CallMethod(self->model, "parameter_layout", NULL) : NULL;
     if (!layout)
         return -1;
     int rc = -1;
-    gt_optim_param_desc *descs = NULL;
-    self->num_params = PyList_Check(layout) ? (size_t)PyList_GET_SIZE(layout) : 0;
     self->numels = PyMem_Calloc(self->num_params ? self->num_params : 1, sizeof *self->numels);
-    descs = PyMem_Calloc(self->num_params ? self->num_params : 1, sizeof *descs);
+    gt_optim_param_desc *descs = PyMem_Calloc(self->num_params ? self->num_params : 1, sizeof *descs);
+    gt_optim_hparams *hp = PyMem_Calloc(self->num_groups ? self->num_groups : 1, sizeof *hp);
     if (!PyList_Check(layout))
         PyErr_SetString(PyExc_TypeError, "model.parameter_layout() must return a list");
-    else if (!self->numels || !descs)
+    else if (!self->numels || !descs || !hp)
         PyErr_NoMemory();
-    else if (build_descs(self, model, layout, descs) == 0) {
+    else if (build_descs(self, model, layout, a, descs) == 0 && parse_all_hparams(hparams, hp) == 0) {
         config->device = model->backend.device;
         gt_status status;
         Py_BEGIN_ALLOW_THREADS
-        status = gt_optimizer_create(config, hparams, 1, descs, self->num_params, &self->opt);
+        status = gt_optimizer_create(config, hp, self->num_groups, descs, self->num_params, &self->opt);
         Py_END_ALLOW_THREADS
         rc = status == GT_OK ? 0 : gtpy_raise_int(module, status);
     }
+    PyMem_Free(hp);
     PyMem_Free(descs);
     Py_DECREF(layout);
     return rc;
 }
 
+/* Fast sequences of the per-parameter arguments, all of one length (self->num_params). */
+static int parse_params(ModelOptimizerObject *self, PyObject *indices, PyObject *groups, PyObject *trainable,
+                        param_args *a) {
+    a->indices = PySequence_Fast(indices, "indices must be a sequence of ints");
+    a->groups = a->indices ? PySequence_Fast(groups, "groups must be a sequence of ints") : NULL;
+    a->trainable = a->groups ? PySequence_Fast(trainable, "trainable must be a sequence of bools") : NULL;
+    if (!a->trainable)
+        return -1;
+    self->num_params = (size_t)PySequence_Fast_GET_SIZE(a->indices);
+    if (PySequence_Fast_GET_SIZE(a->groups) != (Py_ssize_t)self->num_params ||
+        PySequence_Fast_GET_SIZE(a->trainable) != (Py_ssize_t)self->num_params) {
+        PyErr_Format(PyExc_ValueError, "groups and trainable must have one entry per parameter (%zu)",
+                     self->num_params);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_offload(double fraction, Py_ssize_t chunk) {
+    if (!(fraction >= 0.0 && fraction <= 1.0)) {
+        PyErr_Format(PyExc_ValueError, "cpu_offload_fraction must be in [0, 1], got %g", fraction);
+        return -1;
+    }
+    if (chunk < 0) {
+        PyErr_Format(PyExc_ValueError, "offload_chunk_numel must be >= 0, got %zd", chunk);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *model_optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"kind", "model", "hparams", "numerics", NULL};
+    static char *keywords[] = {"kind", "model", "indices", "groups", "hparams", "trainable", "numerics",
+                               "cpu_offload_fraction", "offload_chunk_numel", NULL};
     const char *kind = NULL, *numerics = "exact";
-    PyObject *model_obj, *hparams_obj;
+    PyObject *model_obj, *indices, *groups, *hparams_obj, *trainable;
     gt_optimizer_config config = {.compute_stream = NULL};
-    gt_optim_hparams hparams;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOO|$s:ModelOptimizer", keywords, &kind, &model_obj,
-                                     &hparams_obj, &numerics))
+    Py_ssize_t chunk = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOOO|$sdn:ModelOptimizer", keywords, &kind, &model_obj,
+                                     &indices, &groups, &hparams_obj, &trainable, &numerics,
+                                     &config.cpu_offload_fraction, &chunk))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
-    if (!module || parse_kind(kind, numerics, &config) < 0 || gtpy_optim_parse_hparams(hparams_obj, &hparams) < 0)
+    if (!module || parse_kind(kind, numerics, &config) < 0 || check_offload(config.cpu_offload_fraction, chunk) < 0)
         return NULL;
+    config.offload_chunk_numel = (size_t)chunk;
     ModelOptimizerObject *self = (ModelOptimizerObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
     self->model = Py_NewRef(model_obj);
-    if (create_core(self, module, &config, &hparams) < 0) {
+    param_args a = {NULL, NULL, NULL};
+    PyObject *hparams = PySequence_Fast(hparams_obj, "hparams must be a sequence of dicts");
+    int ok = hparams && (self->models = PyTuple_Pack(1, model_obj)) &&
+             parse_params(self, indices, groups, trainable, &a) == 0;
+    if (ok)
+        self->num_groups = (size_t)PySequence_Fast_GET_SIZE(hparams);
+    ok = ok && create_core(self, module, &config, &a, hparams) == 0;
+    Py_XDECREF(a.indices);
+    Py_XDECREF(a.groups);
+    Py_XDECREF(a.trainable);
+    Py_XDECREF(hparams);
+    if (!ok) {
         Py_DECREF(self);
         return NULL;
     }
@@ -127,11 +208,13 @@ static PyObject *model_optimizer_new(PyTypeObject *type, PyObject *args, PyObjec
 static int model_optimizer_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(((ModelOptimizerObject *)op)->model);
+    Py_VISIT(((ModelOptimizerObject *)op)->models);
     return 0;
 }
 
 static int model_optimizer_clear(PyObject *op) {
     Py_CLEAR(((ModelOptimizerObject *)op)->model);
+    Py_CLEAR(((ModelOptimizerObject *)op)->models);
     return 0;
 }
 
@@ -148,19 +231,37 @@ static void model_optimizer_dealloc(PyObject *op) {
     Py_DECREF(type);
 }
 
+/* Marks the optimizer busy, and with `models` its model too (its arenas are read or written
+ * without the GIL: a training step in another thread then raises). 0, or -1 with RuntimeError. */
+static int enter(ModelOptimizerObject *self, int models) {
+    if (gtpy_enter(&self->busy, "optimizer") < 0)
+        return -1;
+    if (models && gtpy_models_enter(self->models) < 0) {
+        self->busy = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static void leave(ModelOptimizerObject *self, int models) {
+    if (models)
+        gtpy_models_leave(self->models);
+    self->busy = 0;
+}
+
 static PyObject *model_optimizer_set_hparams(PyObject *op, PyObject *args) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
     Py_ssize_t group = 0;
     PyObject *dict = NULL;
     gt_optim_hparams hp;
     if (!PyArg_ParseTuple(args, "nO:set_hparams", &group, &dict) || gtpy_optim_parse_hparams(dict, &hp) < 0)
         return NULL;
-    if (group != 0)
-        return PyErr_Format(PyExc_IndexError, "group %zd out of range (1 group)", group);
-    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
-    if (gtpy_enter(&self->busy, "optimizer") < 0)
+    if (group < 0 || (size_t)group >= self->num_groups)
+        return PyErr_Format(PyExc_IndexError, "group %zd out of range (%zu groups)", group, self->num_groups);
+    if (enter(self, 0) < 0)
         return NULL;
-    gt_status status = gt_optimizer_set_hparams(self->opt, 0, &hp);
-    self->busy = 0;
+    gt_status status = gt_optimizer_set_hparams(self->opt, (size_t)group, &hp);
+    leave(self, 0);
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
@@ -177,15 +278,20 @@ static int put_slot(ModelOptimizerObject *self, PyObject *dict, size_t index, gt
     return rc;
 }
 
+static int check_index(const ModelOptimizerObject *self, Py_ssize_t index) {
+    if (index < 0 || (size_t)index >= self->num_params) {
+        PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index, self->num_params);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
     ModelOptimizerObject *self = (ModelOptimizerObject *)op;
     Py_ssize_t index = PyLong_AsSsize_t(arg);
-    if (index == -1 && PyErr_Occurred())
+    if ((index == -1 && PyErr_Occurred()) || check_index(self, index) < 0)
         return NULL;
-    if (index < 0 || (size_t)index >= self->num_params)
-        return PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index,
-                            self->num_params);
-    if (gtpy_enter(&self->busy, "optimizer") < 0)  /* not read half-updated by a step */
+    if (enter(self, 0) < 0)  /* not read half-updated by a step */
         return NULL;
     int64_t step = 0;
     gt_optimizer_get_param_step(self->opt, (size_t)index, &step);
@@ -194,7 +300,7 @@ static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
     for (int s = 0; ok && s < GT_SLOT_COUNT; s++)
         if (gt_optimizer_has_slot(self->opt, (gt_optim_slot)s))
             ok = put_slot(self, dict, (size_t)index, (gt_optim_slot)s) == 0;
-    self->busy = 0;
+    leave(self, 0);
     Py_XDECREF(step_obj);
     if (!ok)
         Py_CLEAR(dict);
@@ -205,17 +311,80 @@ static PyObject *model_optimizer_set_state(PyObject *op, PyObject *args) {
     ModelOptimizerObject *self = (ModelOptimizerObject *)op;
     Py_ssize_t index = 0, step = 0;
     PyObject *slots = NULL;
-    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots))
+    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots) || check_index(self, index) < 0)
         return NULL;
-    if (index < 0 || (size_t)index >= self->num_params)
-        return PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index,
-                            self->num_params);
-    if (gtpy_enter(&self->busy, "optimizer") < 0)  /* not under a step running in another thread */
+    if (enter(self, 0) < 0)  /* not under a step running in another thread */
         return NULL;
     PyObject *result = gtpy_optim_write_state(module_of(op), self->opt, index, step, slots,
                                               (npy_intp)self->numels[index]);
-    self->busy = 0;
+    leave(self, 0);
     return result;
+}
+
+/* One update of every trainable parameter with the model's gradients (none when they are not
+ * valid: after zero_grad(set_to_none=True), as with None gradients on the CPU), each element
+ * multiplied by grad_coef; the model's half copy follows. */
+static gt_status step_pass(gt_model *model, gt_optimizer *opt, float coef) {
+    if (!model->grads_valid)
+        return GT_OK;
+    GT_TRY(gt_optimizer_step(opt, coef));
+    return gt_model_refresh_lowp(model);
+}
+
+static PyObject *model_optimizer_step(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"grad_coef", NULL};
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    float coef = 1.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$f:step", keywords, &coef))
+        return NULL;
+    gt_model *model = gtpy_model_get(module_of(op), self->model, "model");
+    if (!model || enter(self, 1) < 0)
+        return NULL;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = step_pass(model, self->opt, coef);
+    Py_END_ALLOW_THREADS
+    leave(self, 1);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
+}
+
+static gt_status norm_pass(const gt_model *model, const gt_optimizer *opt, double *out) {
+    *out = 0.0;
+    return model->grads_valid ? gt_optimizer_grad_norm(opt, out) : GT_OK;
+}
+
+static PyObject *model_optimizer_grad_norm(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    gt_model *model = gtpy_model_get(module_of(op), self->model, "model");
+    if (!model || enter(self, 1) < 0)
+        return NULL;
+    double norm = 0.0;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = norm_pass(model, self->opt, &norm);
+    Py_END_ALLOW_THREADS
+    leave(self, 1);
+    return status == GT_OK ? PyFloat_FromDouble(norm) : gtpy_raise(module_of(op), status);
+}
+
+static PyObject *model_optimizer_reload_params(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    if (enter(self, 1) < 0)
+        return NULL;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_optimizer_reload_params(self->opt);
+    Py_END_ALLOW_THREADS
+    leave(self, 1);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
+}
+
+static PyObject *model_optimizer_memory(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    gt_optimizer_memory m;
+    gt_optimizer_get_memory(((ModelOptimizerObject *)op)->opt, &m);
+    return Py_BuildValue("{s:n,s:n,s:n,s:n}", "device_bytes", (Py_ssize_t)m.device_bytes, "host_bytes",
+                         (Py_ssize_t)m.host_bytes, "device_numel", (Py_ssize_t)m.device_numel, "host_numel",
+                         (Py_ssize_t)m.host_numel);
 }
 
 static PyObject *model_optimizer_get_num_steps(PyObject *op, void *Py_UNUSED(closure)) {
@@ -228,11 +397,18 @@ static PyObject *model_optimizer_get_model(PyObject *op, void *Py_UNUSED(closure
 
 static PyMethodDef model_optimizer_methods[] = {
     {"set_hparams", model_optimizer_set_hparams, METH_VARARGS,
-     "set_hparams(group, dict)\n--\n\nReplace the hyperparameters of the (only) group 0 (PyTorch's keys)."},
+     "set_hparams(group, dict)\n--\n\nReplace the hyperparameters of a group (PyTorch's keys)."},
     {"get_state", model_optimizer_get_state, METH_O,
      "get_state(index)\n--\n\nA parameter's state: {'step': int, slot name: float32 host copy}."},
     {"set_state", model_optimizer_set_state, METH_VARARGS,
      "set_state(index, step, slots)\n--\n\nLoad a parameter's step count and state arrays (host arrays)."},
+    {"step", (PyCFunction)(void (*)(void))model_optimizer_step, METH_VARARGS | METH_KEYWORDS,
+     "step(*, grad_coef=1.0)\n--\n\nOne fused update with the model's gradients (none while they are not valid)."},
+    {"grad_norm", model_optimizer_grad_norm, METH_NOARGS,
+     "grad_norm()\n--\n\nDeterministic L2 norm of the parameters' gradients (0.0 while they are not valid)."},
+    {"reload_params", model_optimizer_reload_params, METH_NOARGS,
+     "reload_params()\n--\n\nRe-read the offloaded parameters into the host master copy."},
+    {"memory", model_optimizer_memory, METH_NOARGS, "Optimizer bytes and elements on the device and the host."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -249,9 +425,11 @@ static PyType_Slot model_optimizer_slots[] = {
     {Py_tp_clear, model_optimizer_clear},
     {Py_tp_methods, model_optimizer_methods},
     {Py_tp_getset, model_optimizer_getset},
-    {Py_tp_doc, "ModelOptimizer(kind, model, hparams, *, numerics='exact')\n--\n\n"
-                "The fused C AdamW ('adamw') or SGD ('sgd') over a _C.Model's parameter and gradient "
-                "arenas on the model's device; one hyperparameter group."},
+    {Py_tp_doc, "ModelOptimizer(kind, model, indices, groups, hparams, trainable, *, numerics='exact', "
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0)\n--\n\n"
+                "The fused C AdamW ('adamw') or SGD ('sgd') over slices of a _C.Model's parameter and "
+                "gradient arenas on the model's device: parameter i is parameter_layout()[indices[i]], in "
+                "group groups[i] (hparams[g]: its hyperparameters), updated when trainable[i]."},
     {0, NULL},
 };
 
@@ -267,12 +445,21 @@ static int is_model_optimizer(PyObject *obj) {
 }
 
 /* obj itself, or its `_core` after push_hyperparameters(), when that is a ModelOptimizer (a
- * new reference in *core). */
+ * new reference in *core). push_hyperparameters runs first: it may rebuild the core (the
+ * model moved). */
 static int find_core(PyObject *obj, ModelOptimizerObject **core) {
     if (is_model_optimizer(obj)) {
         *core = (ModelOptimizerObject *)Py_NewRef(obj);
         return 1;
     }
+    PyObject *pushed = PyObject_CallMethod(obj, "push_hyperparameters", NULL);
+    if (!pushed) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(pushed);
     PyObject *inner = PyObject_GetAttrString(obj, "_core");
     if (!inner) {
         PyErr_Clear();
@@ -283,11 +470,7 @@ static int find_core(PyObject *obj, ModelOptimizerObject **core) {
         return 0;
     }
     *core = (ModelOptimizerObject *)inner;
-    PyObject *pushed = PyObject_CallMethod(obj, "push_hyperparameters", NULL);
-    Py_XDECREF(pushed);
-    if (!pushed)
-        Py_CLEAR(*core);
-    return pushed ? 1 : -1;
+    return 1;
 }
 
 int gtpy_model_optimizer_resolve(PyObject *obj, PyObject *model_obj, PyObject **core_out) {
@@ -297,8 +480,8 @@ int gtpy_model_optimizer_resolve(PyObject *obj, PyObject *model_obj, PyObject **
         return found;
     if (core->model != model_obj) {
         Py_DECREF(core);
-        PyErr_SetString(PyExc_ValueError, "optimizer: it was built for another model (for_model(model) "
-                                          "binds the optimizer to that model's arenas)");
+        PyErr_SetString(PyExc_ValueError, "optimizer: its parameters belong to another model than the one this "
+                                          "step trains (build it over this model's parameters())");
         return -1;
     }
     *core_out = (PyObject *)core;

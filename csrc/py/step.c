@@ -37,8 +37,8 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
 }
 
 /* The optimizer core (_C.Optimizer or _C.ModelOptimizer, a new reference) of `obj` for
- * `model`: a ModelOptimizer (for_model) must have been built for this model; a host optimizer
- * (over NumPy arrays, on the CPU) cannot update a model on an accelerator (cuda:N, sim:N). */
+ * `model`: a ModelOptimizer (parameters in device memory) must update this model; a host
+ * optimizer (over NumPy arrays, on the CPU) cannot update a model on an accelerator. */
 static PyObject *resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_model *model) {
     PyObject *core = NULL;
     int found = gtpy_model_optimizer_resolve(obj, model_obj, &core);
@@ -47,8 +47,8 @@ static PyObject *resolve_optimizer(PyObject *obj, PyObject *model_obj, const gt_
     if (gt_device_is_accelerator(model->backend.device)) {
         char device[32];
         gt_device_name(model->backend.device, device, sizeof device);
-        return PyErr_Format(PyExc_ValueError, "optimizer: the model is on %s but this optimizer updates host "
-                            "(cpu) NumPy arrays; build it with AdamW.for_model(model) or SGD.for_model(model)",
+        return PyErr_Format(PyExc_ValueError, "optimizer: the model is on %s but this optimizer's parameters "
+                            "are host (cpu) arrays of another model; build it over this model's parameters()",
                             device);
     }
     return gtpy_optimizer_core(obj);

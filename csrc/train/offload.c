@@ -2,17 +2,27 @@
 
 #include <string.h>
 
-/* Position of the next chunk to stream: span index and element within it. */
+/* A position in the spans: span index and element within it. */
 typedef struct chunk_cursor {
     size_t span;  /* index into the spans */
-    size_t pos;   /* first element of the next chunk within the span */
+    size_t pos;   /* element within the span */
 } chunk_cursor;
 
+/* One staging buffer's worth of elements: `len` elements of the spans from `start` on, across
+ * span boundaries (so many small spans, e.g. the biases of a no-decay group, share one chunk
+ * and one wait), at staging[0..len) in order. */
 typedef struct chunk {
+    chunk_cursor start;  /* first element */
+    size_t len;          /* elements, <= chunk_numel */
+} chunk;
+
+/* A run of a chunk inside one span: `len` elements at `pos` of span `span`, staged at `at`. */
+typedef struct piece {
     size_t span;  /* index into the spans */
     size_t pos;   /* first element within the span */
     size_t len;   /* elements */
-} chunk;
+    size_t at;    /* first element within the staging buffer */
+} piece;
 
 /* Elements per staging chunk: the requested chunk, at most the offloaded elements. */
 static size_t chunk_of(size_t numel, size_t chunk_numel) {
@@ -83,30 +93,73 @@ gt_status gt_offload_fetch_params(gt_offload *off, gt_device device, const float
     return gt_memcpy_blocking(device, off->master + (offset - off->base), param, n * sizeof(float));
 }
 
-static int next_chunk(const gt_offload_span *spans, size_t num_spans, size_t chunk_numel,
-                      chunk_cursor *cursor, chunk *out) {
+/* Moves past spans that have no elements left at the cursor. */
+static void skip_done(const gt_offload_span *spans, size_t num_spans, chunk_cursor *cursor) {
     while (cursor->span < num_spans && cursor->pos >= spans[cursor->span].numel) {
         cursor->span++;
         cursor->pos = 0;
     }
+}
+
+/* The next chunk of up to chunk_numel elements from the cursor (0 when none is left). */
+static int next_chunk(const gt_offload_span *spans, size_t num_spans, size_t chunk_numel,
+                      chunk_cursor *cursor, chunk *out) {
+    skip_done(spans, num_spans, cursor);
     if (cursor->span == num_spans)
         return 0;
-    size_t left = spans[cursor->span].numel - cursor->pos;
-    *out = (chunk){cursor->span, cursor->pos, left < chunk_numel ? left : chunk_numel};
-    cursor->pos += out->len;
+    *out = (chunk){*cursor, 0};
+    while (cursor->span < num_spans && out->len < chunk_numel) {
+        size_t left = spans[cursor->span].numel - cursor->pos, room = chunk_numel - out->len;
+        size_t take = left < room ? left : room;
+        out->len += take;
+        cursor->pos += take;
+        skip_done(spans, num_spans, cursor);
+    }
     return 1;
 }
 
-/* Queues the gradient copy of the next chunk (if any) into staging buffer `b`. */
+/* The piece of chunk `c` that starts `done` elements in, at cursor `at` (advanced past it). */
+static piece next_piece(const gt_offload_span *spans, const chunk *c, size_t done, chunk_cursor *at) {
+    while (at->pos >= spans[at->span].numel) {
+        at->span++;
+        at->pos = 0;
+    }
+    size_t left = spans[at->span].numel - at->pos, want = c->len - done;
+    piece p = {at->span, at->pos, left < want ? left : want, done};
+    at->pos += p.len;
+    return p;
+}
+
+/* Queues the gradient copies of the next chunk (if any) into staging buffer `b`. */
 static gt_status issue_fetch(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
                              chunk_cursor *cursor, int b, chunk *slot, int *have, uint64_t *ticket) {
     *have = next_chunk(spans, num_spans, off->chunk_numel, cursor, slot);
     if (!*have)
         return GT_OK;
-    const gt_offload_span *span = &spans[slot->span];
-    GT_TRY(gt_copy_stream_d2h(off->stream, off->staging[b], span->grad + slot->pos,
-                              slot->len * sizeof(float)));
+    chunk_cursor at = slot->start;
+    for (size_t done = 0; done < slot->len;) {
+        piece p = next_piece(spans, slot, done, &at);
+        GT_TRY(gt_copy_stream_d2h(off->stream, off->staging[b] + p.at, spans[p.span].grad + p.pos,
+                                  p.len * sizeof(float)));
+        done += p.len;
+    }
     return gt_copy_stream_record(off->stream, ticket);
+}
+
+/* Updates the master copy and state of a staged chunk and queues its parameters' copies back. */
+static gt_status apply_chunk(gt_offload *off, const gt_offload_span *spans, const chunk *c, const float *staged,
+                             gt_offload_update_fn update, void *ctx) {
+    chunk_cursor at = c->start;
+    for (size_t done = 0; done < c->len;) {
+        piece p = next_piece(spans, c, done, &at);
+        const gt_offload_span *span = &spans[p.span];
+        size_t state_index = span->offset + p.pos - off->base;
+        update(ctx, span->tag, off->master + state_index, staged + p.at, state_index, p.len);
+        GT_TRY(gt_copy_stream_h2d(off->stream, span->param + p.pos, off->master + state_index,
+                                  p.len * sizeof(float)));
+        done += p.len;
+    }
+    return GT_OK;
 }
 
 static gt_status pipeline(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
@@ -119,11 +172,7 @@ static gt_status pipeline(gt_offload *off, const gt_offload_span *spans, size_t 
         GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
     for (int b = 0; have[b]; b ^= 1) {
         GT_TRY(gt_copy_stream_wait(off->stream, ticket[b]));
-        const gt_offload_span *span = &spans[pending[b].span];
-        size_t state_index = span->offset + pending[b].pos - off->base;
-        update(ctx, span->tag, off->master + state_index, off->staging[b], state_index, pending[b].len);
-        GT_TRY(gt_copy_stream_h2d(off->stream, span->param + pending[b].pos, off->master + state_index,
-                                  pending[b].len * sizeof(float)));
+        GT_TRY(apply_chunk(off, spans, &pending[b], off->staging[b], update, ctx));
         GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
     }
     return GT_OK;

@@ -58,7 +58,8 @@ gt_status gt_offload_fetch_params(gt_offload *off, gt_device device, const float
  * update, so the copies do not wait for that share too. */
 gt_status gt_offload_begin(gt_offload *off);
 
-/* Runs the chunked pipeline over the spans (in order) and waits for its copies. */
+/* Runs the chunked pipeline over the spans (in order; a chunk fills its staging buffer across
+ * span boundaries, one wait per chunk) and waits for its copies. */
 gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
                           gt_offload_update_fn update, void *ctx);
 

@@ -24,7 +24,6 @@ import numpy as np
 from gputrain import _C
 from gputrain.memory import format_bytes
 from gputrain.nn.module import Module
-from gputrain.optim.model_optimizer import ModelOptimizer
 from gputrain.optim.optimizer import Optimizer
 from gputrain.step import PRECISIONS, TrainStep
 
@@ -47,11 +46,8 @@ class OptimizerSpec:
     offload_chunk_numel: int = 0
 
     @classmethod
-    def of(cls, optimizer: Optimizer | ModelOptimizer, model: Module) -> OptimizerSpec:
-        """The spec of a built optimizer: gputrain.optim.AdamW or SGD, or their for_model(model)."""
-        if isinstance(optimizer, ModelOptimizer):
-            kind = "adamw" if "betas" in optimizer.defaults else "sgd"
-            return cls(kind, (model.compiled.num_parameters,), (dict(optimizer.defaults),))
+    def of(cls, optimizer: Optimizer, model: Module) -> OptimizerSpec:
+        """The spec of a built optimizer: gputrain.optim.AdamW or SGD."""
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a gputrain optimizer, not {type(optimizer).__name__}")
         return cls(optimizer._kind, tuple(p.numel() for p in optimizer._params()),
@@ -211,6 +207,8 @@ def available_memory(model: Module) -> dict[str, int | None]:
     compiled = model.compiled
     live = sum(compiled.live_arenas().values())
     kinds = ["cpu", "pinned", *(f"cuda:{i}" for i in range(_C.cuda_device_count()))]
+    if compiled.device not in kinds:  # a simulated device ("sim:N")
+        kinds.append(compiled.device)
     available: dict[str, int | None] = {}
     for kind in kinds:
         stats = _C.memory_stats(device=kind)

@@ -228,9 +228,9 @@ class TrainStep:
     def _check_optimizer(self) -> None:
         """Refuses an optimizer with a parameter that is not the model's: the step computes the
         gradients of the model's parameters only, so it would update nothing or apply stale
-        gradients. (for_model optimizers and non-optimizers are checked in C.)"""
+        gradients, on any device. (Non-optimizers are checked in C.)"""
         compiled = self.model._compiled
-        if not isinstance(self.optimizer, Optimizer) or compiled is None or not compiled.on_host:
+        if not isinstance(self.optimizer, Optimizer) or compiled is None:
             return
         generation = Parameter.generation
         self.optimizer._follow_params()  # parameters whose layer was moved into a container since

@@ -216,10 +216,6 @@ class Trainer:
                     or (isinstance(callback, type) and issubclass(callback, TrainerCallback))):
                 raise TypeError(f"callbacks must be TrainerCallback instances or classes, not "
                                 f"{type(callback).__name__}")
-        device = _resolve_device(args.device)
-        if device != "cpu" and (args.ema_decay is not None or args.llrd is not None):
-            raise ValueError("ema_decay and llrd need a model on the CPU for now: the EMA and parameter "
-                             f"groups of a model on {device!r} are not supported by the Trainer yet")
         return _train_batches(args, train_dataset)
 
     @staticmethod
@@ -304,11 +300,6 @@ class Trainer:
 
     def _make_optimizer(self) -> Any:
         args = self.args
-        if self.device != "cpu":
-            if args.optim == "sgd":
-                return SGD.for_model(self.model, lr=args.learning_rate)
-            return AdamW.for_model(self.model, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                   eps=args.adam_epsilon, weight_decay=args.weight_decay)
         if args.llrd is not None:
             groups = param_groups_llrd(self.model, args.learning_rate, args.llrd, args.weight_decay)
         else:
@@ -365,7 +356,7 @@ class Trainer:
     def _fit_memory(self) -> None:
         """Plans the run before anything of it is allocated. Over the memory limit: with
         auto_find_batch_size, smaller micro-batches (more of them per step: the same rows per
-        optimizer step), then a higher cpu_offload_fraction (AdamW on the CPU), each change logged;
+        optimizer step), then a higher cpu_offload_fraction (AdamW), each change logged;
         without it, or when nothing fits, gputrain.OutOfMemoryError with the plan."""
         if self._sample_shape() is None or not self._group_rows():
             logger.info("memory plan: skipped (ragged rows, a transform or collate_fn, or batches of unknown size)")
@@ -375,7 +366,7 @@ class Trainer:
         if not plan.over(available):
             return
         if self.args.auto_find_batch_size:
-            can_offload = self.args.optim != "sgd" and self.device == "cpu"
+            can_offload = self.args.optim != "sgd"
             sizes = mp.micro_batch_sizes(self._group_rows(), self._micro_cap)
             fitted = mp.fit(self._plan_for, available, sizes, self._offload, can_offload)
             if fitted is not None:

@@ -14,8 +14,9 @@ their gradients are summed; parameters()/named_parameters()/modules() list them 
 the first name), while state_dict() has every name, as PyTorch's.
 
 A model moved to a device (`.to("cuda")` or `.to("sim")`) keeps its arenas in device memory, which NumPy
-cannot view: it has no Parameter objects (named_parameters()/parameters() raise and say so),
-and its weights are read and written as copies through state_dict()/load_state_dict()."""
+cannot view: its Parameters (the same objects, moved) read as host copies (see Parameter), and
+optimizers and EMA built over them run on the device; its weights are read and written as
+copies through state_dict()/load_state_dict()."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from gputrain import _C, random
 from gputrain._state_checks import check_keys, check_mapping, float32_array
-from gputrain.nn.parameter import Parameter
+from gputrain.nn.parameter import DeviceSlot, Parameter
 
 
 class _Compiled:
@@ -127,20 +128,14 @@ class Module:
         values: dict[str, np.ndarray] = {}
         device_arrays: dict[int, dict[tuple[int, str], np.ndarray]] = {}
         for module, local, full in self._named_param_slots():
-            if local in module._params:
-                values[full] = module._params[local].data.copy()
-            elif module._on_device():
+            if module._on_device():  # one copy of the arena, not one per parameter
                 root = module._owner or module
                 if id(root) not in device_arrays:
                     device_arrays[id(root)] = root._device_arrays()
                 values[full] = device_arrays[id(root)][(id(module), local)]
+            elif local in module._params:
+                values[full] = module._params[local].data.copy()
         return values
-
-    def _device_refused(self, what: str) -> RuntimeError:
-        device = (self._owner or self)._compiled.model.device
-        return RuntimeError(f"{what}: the parameters of this model live on '{device}', where NumPy cannot view "
-                            "them; read and write them with state_dict()/load_state_dict(), or move the model "
-                            "with .to('cpu')")
 
     def _compile(self, device: str = "cpu", seed: int | None = None, precision: str = "f32") -> _Compiled:
         previous = self._current_values()
@@ -158,9 +153,13 @@ class Module:
             compiled.model.refresh_half_parameters()
         else:
             compiled.model.write_parameters(flat)  # refreshes the half copy too
-        for (module, local, full), (offset, shape) in zip(slots, layout):
-            if not compiled.on_host:  # device memory: no Parameter views
-                module._params.pop(local, None)
+        for index, ((module, local, full), (offset, shape)) in enumerate(zip(slots, layout)):
+            if not compiled.on_host:  # device memory: Parameters that read copies
+                slot = DeviceSlot(compiled, index, offset, tuple(shape))
+                if local in module._params:
+                    module._params[local]._move_to_device(slot, full)
+                else:
+                    module._params[local] = Parameter._in_device_arena(slot, full)
                 continue
             count = int(np.prod(shape))
             data = compiled.params_flat[offset:offset + count].reshape(shape)
@@ -209,8 +208,6 @@ class Module:
     def __getattr__(self, name: str) -> Any:
         if name in type(self)._param_names:
             if name not in self.__dict__.get("_params", {}):
-                if self._has_param(name) and self._on_device():
-                    raise self._device_refused(name)
                 self.compiled  # compiling creates the parameters
             params = self.__dict__["_params"]
             if name in params:
@@ -230,8 +227,6 @@ class Module:
         if self._compiled is None and self._owner is None:
             self._compile()
         self._check_intact()
-        if self._on_device():
-            raise self._device_refused("named_parameters")
         slots = self._unique_param_slots() if remove_duplicate else self._named_param_slots()
         for module, local, full in slots:
             yield full, module._params[local]
@@ -340,10 +335,6 @@ class Module:
         a model of its own (compiled at first use, as a new layer is)."""
         (self._owner or self)._check_intact()
         state = {**self.__dict__, "_owner": None, "_lost": None, "_compiled": None}
-        if self._on_device():  # no Parameter objects: host copies of the values, moved back on load
-            arrays = (self._owner or self)._device_arrays()
-            state["_params"] = {local: Parameter(arrays[(id(self), local)], name=local)
-                                for local in self._param_names if self._has_param(local)}
         compiled = self._compiled
         if compiled is not None:
             model = compiled.model

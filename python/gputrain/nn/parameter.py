@@ -6,6 +6,12 @@ gradient arenas (one allocation each), and gradient validity is one flag of the 
 backward writes the gradients instead of accumulating, without touching their memory.
 Standalone parameters (tests, user code) hold their own arrays.
 
+A parameter of a model on a device (`model.to("sim")`, `"cuda"`) lives in device memory, which
+NumPy cannot view. As with PyTorch's `p.detach().cpu().numpy()`, `.data` and `.grad` then read
+as host copies, made read-only so that an in-place write (`p.data[...] = 0`) fails instead of
+being silently lost; assign `p.data = array` to write the values into the device memory.
+Optimizers and EMA built over such parameters run on the device (`p.device` says where).
+
 A Parameter is one object wherever its module goes: when a container compiles a layer into
 its arenas, the layer's Parameter objects are moved there (`_move_to_arena`), not replaced.
 `Parameter.generation` changes whenever a parameter moves or its requires_grad changes, so an
@@ -30,10 +36,30 @@ class GradOwner(Protocol):
         """Write zeros into every gradient."""
 
 
+class DeviceSlot:
+    """Where a parameter of a model on a device lives: entry `index` of its C model's
+    parameter_layout(), `shape` at element `offset` of the parameter and gradient arenas. One
+    object per placement (a move makes a new one), so optimizers compare them by identity."""
+
+    __slots__ = ("compiled", "index", "offset", "shape")
+
+    def __init__(self, compiled: Any, index: int, offset: int, shape: tuple[int, ...]) -> None:
+        self.compiled = compiled  # the module's _Compiled (its .model is the _C.Model)
+        self.index = index
+        self.offset = offset
+        self.shape = shape
+
+    def read(self, flat: np.ndarray) -> np.ndarray:
+        """This parameter's slice of a host copy of a flat arena, read-only."""
+        array = flat[self.offset:self.offset + int(np.prod(self.shape))].reshape(self.shape)
+        array.flags.writeable = False
+        return array
+
+
 class Parameter:
     """A trainable float32 tensor; `.data` and `.grad` are NumPy arrays (or `.grad` is None)."""
 
-    __slots__ = ("_data", "_grad_storage", "_grad_valid", "_owner", "_requires_grad", "name")
+    __slots__ = ("_data", "_device", "_grad_storage", "_grad_valid", "_owner", "_requires_grad", "name")
 
     generation: ClassVar[int] = 0  # a new value after every move or requires_grad change (any parameter)
     _generations: ClassVar[Iterator[int]] = itertools.count(1)  # unique values, atomic under threads
@@ -44,7 +70,8 @@ class Parameter:
             raise TypeError(f"data must be a float32 array, got dtype {array.dtype}")
         if not array.flags.c_contiguous:
             raise ValueError("data must be C-contiguous")
-        self._data = array
+        self._data: np.ndarray | None = array  # None on a device (see _device)
+        self._device: DeviceSlot | None = None  # set when the parameter lives in device memory
         self._grad_storage: np.ndarray | None = None
         self._grad_valid = False
         self._owner: GradOwner | None = None
@@ -63,11 +90,35 @@ class Parameter:
         """Makes this parameter a view of another model's arenas (a container adopting its layer):
         the object stays the same, so optimizers and user code holding it follow it."""
         self._data = data
+        self._device = None
         self._grad_storage = grad_storage
         self._grad_valid = False
         self._owner = owner
         self.name = name
         Parameter.generation = next(Parameter._generations)
+
+    @classmethod
+    def _in_device_arena(cls, slot: DeviceSlot, name: str) -> Parameter:
+        """A parameter of a model on a device (its values and gradient in device memory)."""
+        parameter = cls(np.zeros(0, np.float32), name=name)
+        parameter._move_to_device(slot, name)
+        return parameter
+
+    def _move_to_device(self, slot: DeviceSlot, name: str) -> None:
+        """Makes this parameter the one of a model on a device (the model moved there): the
+        object stays the same, as with _move_to_arena."""
+        self._data = None
+        self._device = slot
+        self._grad_storage = None
+        self._grad_valid = False
+        self._owner = slot.compiled
+        self.name = name
+        Parameter.generation = next(Parameter._generations)
+
+    @property
+    def device(self) -> str:
+        """Where the values live: 'cpu', or the device of the model ('sim:0', 'cuda:0', ...)."""
+        return "cpu" if self._device is None else self._device.compiled.model.device
 
     @property
     def requires_grad(self) -> bool:
@@ -80,23 +131,37 @@ class Parameter:
 
     @property
     def data(self) -> np.ndarray:
+        """The values; on a device a read-only host copy (see the module docstring)."""
+        if self._device is not None:
+            return self._device.read(self._device.compiled.model.read_parameters())
         return self._data
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
         array = np.asarray(value, dtype=np.float32)
-        if array.shape != self._data.shape:
-            raise ValueError(f"data: expected shape {self._data.shape}, got {array.shape}")
-        self._data[...] = array
+        if array.shape != self.shape:
+            raise ValueError(f"data: expected shape {self.shape}, got {array.shape}")
+        if self._device is None:
+            self._data[...] = array
+            return
+        model = self._device.compiled.model
+        flat = model.read_parameters()
+        flat[self._device.offset:self._device.offset + array.size] = array.reshape(-1)
+        model.write_parameters(flat)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self._data.shape
+        return self._device.shape if self._device is not None else self._data.shape
 
     @property
     def grad(self) -> np.ndarray | None:
+        """The gradient, or None; on a device a read-only host copy."""
         valid = self._owner.grads_valid if self._owner is not None else self._grad_valid
-        return self._grad_storage if valid else None
+        if not valid:
+            return None
+        if self._device is not None:
+            return self._device.read(self._device.compiled.model.read_gradients())
+        return self._grad_storage
 
     @grad.setter
     def grad(self, value: np.ndarray | None) -> None:
@@ -105,6 +170,9 @@ class Parameter:
                 self._owner.grads_valid = False
             self._grad_valid = False
             return
+        if self._device is not None:
+            raise RuntimeError(f"grad: this parameter lives on '{self.device}', where the training step writes "
+                               "its gradient; it can only be set to None")
         array = np.asarray(value)
         if array.shape != self._data.shape:
             raise ValueError(f"grad: expected shape {self._data.shape}, got {array.shape}")
@@ -121,16 +189,20 @@ class Parameter:
             self._grad_storage[...] = array
 
     def numel(self) -> int:
-        return int(self._data.size)
+        return int(np.prod(self.shape))
 
     # -- copy.deepcopy and pickle ---------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         """The values, gradient (None when not valid), name and requires_grad; not the model
         arenas it lives in (a copy is standalone until its copied module is rebuilt around it)."""
-        return {"data": self._data, "grad": self.grad, "name": self.name, "requires_grad": self._requires_grad}
+        data, grad = self.data, self.grad
+        if self._device is not None:  # read-only host copies: writeable ones for the copy
+            data, grad = np.array(data), None if grad is None else np.array(grad)
+        return {"data": data, "grad": grad, "name": self.name, "requires_grad": self._requires_grad}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._data = np.ascontiguousarray(state["data"], dtype=np.float32)
+        self._device = None
         grad = state["grad"]
         self._grad_storage = None if grad is None else np.ascontiguousarray(grad, dtype=np.float32)
         self._grad_valid = grad is not None
@@ -141,4 +213,5 @@ class Parameter:
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
         state = "None" if self.grad is None else "set"
-        return f"Parameter{label}(shape={self._data.shape}, grad={state})"
+        where = "" if self._device is None else f", device={self.device!r}"
+        return f"Parameter{label}(shape={self.shape}{where}, grad={state})"

@@ -8,7 +8,9 @@
         evaluate(model)
 
 The update is shadow = lerp(shadow, p, 1 - decay) (PyTorch's `ema.lerp_(p, 1 - decay)`), one
-fused C pass over all parameters.
+fused C pass over all parameters. For a model on a device (`model.to("sim")`, `"cuda"`), the
+pass runs there: location="device" keeps the shadow in device memory beside the parameters,
+"host" in pinned host memory (the parameters are streamed to the host and averaged by the CPU).
 """
 
 from __future__ import annotations
@@ -68,19 +70,39 @@ class EMA:
         self.num_updates = 0
         self._swapped = False
         self._generation = Parameter.generation  # read before the views: a later move changes it
-        self._views = [p.data for p in self.params]  # the arrays the C average points into
-        self._core = _C.EMA(self._views, on_host=location == "host")
+        self._views = self._param_views()  # what the C average points into
+        self._core = self._build_core(self._views)
+
+    def _param_views(self) -> list[Any]:
+        """Each parameter's array, or its DeviceSlot when it lives in device memory."""
+        return [p._device if p._device is not None else p.data for p in self.params]
+
+    def _build_core(self, views: list[Any]) -> Any:
+        """The C average over `views`: host arrays, or the parameters of one model on a device
+        (ValueError naming params when they mix devices or models)."""
+        devices = sorted({p.device for p in self.params})
+        if len(devices) > 1:
+            raise ValueError(f"params: the parameters of one EMA must be on one device, found {devices}")
+        on_host = self.location == "host"
+        if devices[0] == "cpu":
+            return _C.EMA(views, on_host=on_host)
+        owners = {id(slot.compiled): slot.compiled for slot in views}
+        if len(owners) > 1:
+            raise ValueError(f"params: parameters of {len(owners)} models on '{devices[0]}'; an EMA of "
+                             "parameters on a device averages one model's")
+        return _C.EMA([slot.index for slot in views], on_host=on_host, model=next(iter(owners.values())).model)
 
     def _follow_params(self) -> None:
         """Re-points C at parameters that moved since it was built (their module was compiled into
-        a container, as the optimizer does), keeping the average; free unless some Parameter did."""
+        a container or moved to a device, as the optimizer does), keeping the average; free
+        unless some Parameter did."""
         generation = Parameter.generation
         if generation == self._generation:
             return
-        views = [p.data for p in self.params]
+        views = self._param_views()
         if any(new is not old for new, old in zip(views, self._views)):
             shadow = self.shadow
-            core = _C.EMA(views, on_host=self.location == "host")
+            core = self._build_core(views)
             for index, value in enumerate(shadow):
                 core.set(index, value)
             self._core, self._views = core, views
@@ -141,7 +163,7 @@ class EMA:
     @property
     def shadow(self) -> list[np.ndarray]:
         """Copies of the averaged values, one per parameter."""
-        return [self._core.get(i) for i in range(len(self.params))]
+        return [self._core.get(i).reshape(p.shape) for i, p in enumerate(self.params)]
 
     def memory(self) -> dict[str, Any]:
         """Bytes of the shadow and where it lives."""
@@ -185,7 +207,7 @@ class EMA:
         shadow = state.pop("_shadow")
         self.__dict__.update(state)
         self._generation = Parameter.generation
-        self._views = [p.data for p in self.params]
-        self._core = _C.EMA(self._views, on_host=self.location == "host")
+        self._views = self._param_views()
+        self._core = self._build_core(self._views)
         for index, value in enumerate(shadow):
             self._core.set(index, value)

@@ -14,7 +14,7 @@ __all__ = ["no_weight_decay", "param_groups_llrd", "param_groups_weight_decay"]
 def no_weight_decay(name: str, param: Parameter, skip_list: Iterable[str] = ()) -> bool:
     """True for parameters that should not decay: biases, 1-D tensors (norm weights and biases,
     timm's rule) and any name in skip_list."""
-    return param.data.ndim <= 1 or name.endswith("bias") or name in set(skip_list)
+    return len(param.shape) <= 1 or name.endswith("bias") or name in set(skip_list)
 
 
 def _named(params: Any) -> list[tuple[str, Parameter]]:

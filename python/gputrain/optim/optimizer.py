@@ -10,6 +10,12 @@ into a container has moved into the container's arena; before the next step the 
 re-points C at it, keeping its state, so an optimizer built from a layer before the layer was
 put in a model trains it there.
 
+Parameters of a model on a device (`model.to("sim")`, `"cuda"`) have their values, gradients and
+optimizer state in device memory: the C optimizer is then a _C.ModelOptimizer over that model's
+arenas (one model, one device per optimizer), with the same groups and the same flat state
+space, so the updates are the CPU's bit for bit; `cpu_offload_fraction` keeps the state of
+the last part in pinned host memory, updated by CPU threads while the device updates the rest.
+
 Clipping can be fused: `optimizer.clip_grad_norm_(max_norm)` returns the total norm and makes
 the next `step()` multiply each gradient element by the clip coefficient as it is read,
 without rewriting the gradients (`gputrain.optim.clip_grad_norm_` rewrites them, as PyTorch's).
@@ -32,7 +38,7 @@ from gputrain.nn.parameter import Parameter
 from gputrain.optim.clip import clip_coefficient, total_norm
 
 if TYPE_CHECKING:
-    from gputrain.optim.model_optimizer import ModelOptimizer
+    from gputrain.nn.module import Module
 
 __all__ = ["Optimizer"]
 
@@ -119,15 +125,14 @@ class Optimizer:
         raise NotImplementedError
 
     @classmethod
-    def for_model(cls, model: Any, **hyperparameters: Any) -> ModelOptimizer:
-        """This optimizer over a compiled model's own parameter and gradient arenas, on the
-        model's device (the way to train a model moved to CUDA with TrainStep).
+    def for_model(cls, model: Module, **hyperparameters: Any) -> Optimizer:
+        """`cls(model.parameters(), **hyperparameters)`: kept for scripts written when a model
+        on a device had no Parameters."""
+        from gputrain.nn.module import Module
 
-        `hyperparameters` are the constructor's (lr, betas, ..., numerics); one group.
-        """
-        from gputrain.optim.model_optimizer import ModelOptimizer
-
-        return ModelOptimizer(cls, model, **hyperparameters)
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
+        return cls(model.parameters(), **hyperparameters)
 
     # -- groups -----------------------------------------------------------------------------
     def _add_group(self, group: dict[str, Any]) -> None:
@@ -169,14 +174,42 @@ class Optimizer:
     def _hparams(group: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in group.items() if k != "params"}
 
-    def _param_views(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    def _param_views(self) -> list[tuple[Any, Any]]:
         """What the C optimizer points into: each parameter's data and its gradient in a model
-        (None for a standalone parameter or one that does not require grad)."""
-        return [(p.data, p._grad_storage if p._owner is not None and p.requires_grad else None)
+        (None for a standalone parameter or one that does not require grad); for a parameter
+        on a device, its DeviceSlot and requires_grad."""
+        return [(p._device, p.requires_grad) if p._device is not None else
+                (p.data, p._grad_storage if p._owner is not None and p.requires_grad else None)
                 for p in self._params()]
 
-    def _build_core(self, views: list[tuple[np.ndarray, np.ndarray | None]]) -> Any:
+    def _device_model(self) -> Any:
+        """The _Compiled model on a device whose parameters this optimizer updates, or None when
+        they are host arrays; ValueError naming params when they mix devices or models."""
+        params = self._params()
+        devices = sorted({p.device for p in params})
+        if len(devices) > 1:
+            raise ValueError(f"params: the parameters of one optimizer must be on one device, found {devices}")
+        if devices[0] == "cpu":
+            return None
+        owners = {id(p._owner): p._owner for p in params}
+        if len(owners) > 1:
+            raise ValueError(f"params: parameters of {len(owners)} models on '{devices[0]}'; an optimizer of "
+                             "parameters on a device updates one model's")
+        return next(iter(owners.values()))
+
+    @property
+    def _on_device(self) -> bool:
+        return isinstance(self._core, _C.ModelOptimizer)
+
+    def _build_core(self, views: list[tuple[Any, Any]]) -> Any:
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
+        compiled = self._device_model()
+        if compiled is not None:
+            return _C.ModelOptimizer(self._kind, compiled.model, [slot.index for slot, _ in views], group_of,
+                                     [self._hparams(g) for g in self.param_groups],
+                                     [trainable for _, trainable in views], numerics=self.numerics,
+                                     cpu_offload_fraction=self.cpu_offload_fraction,
+                                     offload_chunk_numel=self.offload_chunk_numel)
         return _C.Optimizer(self._kind, [data for data, _ in views], group_of,
                             [self._hparams(g) for g in self.param_groups],
                             grads=[grad for _, grad in views], numerics=self.numerics,
@@ -224,11 +257,13 @@ class Optimizer:
         skip_if_nonfinite makes the next step() a no-op (`last_step_skipped` tells).
         """
         max_norm = _check_number(max_norm, "max_norm")
-        grads = [p.grad for p in self._params()]
-        if float(norm_type) == 2.0:
-            norm = self._core.grad_norm(grads)
+        self._follow_params()
+        if float(norm_type) == 2.0 and self._on_device:
+            norm = self._core.grad_norm()
+        elif float(norm_type) == 2.0:
+            norm = self._core.grad_norm([p.grad for p in self._params()])
         else:
-            norm = total_norm([g for g in grads if g is not None], norm_type)
+            norm = total_norm([g for g in (p.grad for p in self._params()) if g is not None], norm_type)
         if not math.isfinite(norm):
             if error_if_nonfinite:
                 raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` "
@@ -247,7 +282,10 @@ class Optimizer:
         if skip:
             return loss
         self.push_hyperparameters()
-        self._core.step([p.grad for p in self._params()], grad_coef=coef)
+        if self._on_device:
+            self._core.step(grad_coef=coef)
+        else:
+            self._core.step([p.grad for p in self._params()], grad_coef=coef)
         return loss
 
     @property
@@ -261,6 +299,9 @@ class Optimizer:
         for p in self._params():
             if set_to_none:
                 p.grad = None
+            elif p._device is not None:  # the model's gradients, in device memory
+                if p._owner.grads_valid:
+                    p._owner.zero_grads()
             elif p.grad is not None:
                 p.grad[...] = 0.0
 

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from gputrain import random
-from gputrain.optim.model_optimizer import ModelOptimizer
 from gputrain.step import TrainStep
 
 _NUMPY_SEEDS = 1 << 32  # np.random.seed takes 0 <= seed < 2**32
@@ -28,8 +27,7 @@ def seed_all(seed: int) -> None:
 def training_state(obj: Any) -> dict[str, Any]:
     """Copies of everything a run's result depends on, flattened to {path: leaf}.
 
-    A TrainStep gives its model's, optimizer's and scaler's state; an optimizer made with
-    ``for_model`` its per-parameter get_state(); any other object with a state_dict() gives
+    A TrainStep gives its model's, optimizer's and scaler's state; any other object with a state_dict() gives
     that; dicts, lists and tuples are walked. Paths read like Python:
     ``model['0.weight']``, ``optimizer['state'][0]['exp_avg']``.
     """
@@ -42,9 +40,6 @@ def _unwrap(obj: Any) -> Any:
     if isinstance(obj, TrainStep):
         parts = {"model": obj.model, "optimizer": obj.optimizer, "scaler": obj.scaler}
         return {name: part for name, part in parts.items() if part is not None}
-    if isinstance(obj, ModelOptimizer):  # state on the model's device: host copies per parameter
-        count = len(obj._core.model.parameter_layout())
-        return {"state": {i: obj.get_state(i) for i in range(count)}, "param_groups": obj.param_groups}
     if not isinstance(obj, (Mapping, np.ndarray)) and callable(getattr(obj, "state_dict", None)):
         return obj.state_dict()
     return obj
