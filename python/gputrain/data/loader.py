@@ -605,7 +605,8 @@ class DataLoader:
             return EpochBatches(rows, plan.offsets)
         size = plan.batch_size
         count = len(rows) // size if plan.drop_last else -(-len(rows) // size)
-        return EpochBatches(rows, np.minimum(np.arange(count + 1, dtype=np.int64) * size, len(rows)))
+        step = min(size, len(rows))  # a batch_size beyond the rows (up to 2**63) is one batch of them all
+        return EpochBatches(rows, np.minimum(np.arange(count + 1, dtype=np.int64) * step, len(rows)))
 
     def _iter_dataset(self) -> DatasetIter:
         self._check_dataset_device()
