@@ -25,6 +25,9 @@ static const gt_ops cpu_ops = {
     .attention_workspace_bytes = gt_cpu_attention_workspace_bytes,
     .attention_forward = gt_cpu_attention_forward,
     .attention_backward = gt_cpu_attention_backward,
+    .conv2d_workspace_bytes = gt_cpu_conv2d_workspace_bytes,
+    .conv2d_forward = gt_cpu_conv2d_forward,
+    .conv2d_backward = gt_cpu_conv2d_backward,
 };
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

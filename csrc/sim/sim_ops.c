@@ -360,6 +360,37 @@ static size_t sim_attention_workspace_bytes(const gt_attention_args *args, int t
     return gt_cpu_ops()->attention_workspace_bytes(args, threads);
 }
 
+/* ------------------------------------------------------------ convolution ---------- */
+
+typedef struct conv2d_job {
+    gt_backend cpu;        /* the CPU backend over this backend's workspace */
+    gt_conv2d_args args;   /* the convolution (operands in sim memory) */
+} conv2d_job;
+
+static gt_status run_conv2d_forward(void *p) {
+    conv2d_job *j = p;
+    return gt_cpu_ops()->conv2d_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_conv2d_backward(void *p) {
+    conv2d_job *j = p;
+    return gt_cpu_ops()->conv2d_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_conv2d_forward(gt_backend *be, const gt_conv2d_args *args) {
+    conv2d_job job = {cpu_view(be), *args};
+    return launch(be, run_conv2d_forward, &job, sizeof job);
+}
+
+static gt_status sim_conv2d_backward(gt_backend *be, const gt_conv2d_args *args) {
+    conv2d_job job = {cpu_view(be), *args};
+    return launch(be, run_conv2d_backward, &job, sizeof job);
+}
+
+static size_t sim_conv2d_workspace_bytes(const gt_conv2d_args *args, int threads) {
+    return gt_cpu_ops()->conv2d_workspace_bytes(args, threads);
+}
+
 static size_t sim_gemm_workspace_bytes(const gt_gemm_args *args) { return gt_cpu_ops()->gemm_workspace_bytes(args); }
 
 static const gt_ops sim_ops = {
@@ -386,6 +417,9 @@ static const gt_ops sim_ops = {
     .attention_workspace_bytes = sim_attention_workspace_bytes,
     .attention_forward = sim_attention_forward,
     .attention_backward = sim_attention_backward,
+    .conv2d_workspace_bytes = sim_conv2d_workspace_bytes,
+    .conv2d_forward = sim_conv2d_forward,
+    .conv2d_backward = sim_conv2d_backward,
 };
 
 const gt_ops *gt_sim_ops(void) { return &sim_ops; }
