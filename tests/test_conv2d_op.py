@@ -158,6 +158,8 @@ def test_inputs_are_not_modified():
     (lambda x, w: F.conv2d(x, np.zeros((2, 3, 9, 3), np.float32)), ValueError, "kernel_h: the dilated kernel"),
     (lambda x, w: F.conv2d(x, w, dilation=(1, 4)), ValueError, "kernel_w: the dilated kernel"),
     (lambda x, w: F.conv2d(x, w, stride=0), ValueError, "stride"),
+    (lambda x, w: F.conv2d(x, w, groups=2**100), ValueError, "groups must be in"),  # fuzz: was OverflowError
+    (lambda x, w: F.conv2d(x, w, groups=1.0), TypeError, "groups must be an int"),
     (lambda x, w: F.conv2d(x, w, padding=-1), ValueError, "padding"),
     (lambda x, w: F.conv2d(x, w, stride=(1, 2, 3)), TypeError, "stride"),
     (lambda x, w: F.conv2d(x, w, np.zeros(3, np.float32)), ValueError, "bias"),

@@ -683,8 +683,10 @@ def _conv_pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
 
 def _conv_options(stride: Any, padding: Any, dilation: Any,
                   groups: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], int]:
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
+        raise TypeError(f"groups must be an int, not {type(groups).__name__}")
+    if not 1 <= groups <= 2**31 - 1:
+        raise ValueError(f"groups must be in [1, {2**31 - 1}], got {groups!r}")
     return (_conv_pair(stride, "stride", 1), _conv_pair(padding, "padding", 0),
             _conv_pair(dilation, "dilation", 1), int(groups))
 
