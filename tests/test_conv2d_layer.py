@@ -125,15 +125,25 @@ def test_a_shared_conv_sums_its_gradients():
     check_step(nn.Sequential(shared, nn.Tanh(), shared, head()))
 
 
-@pytest.mark.parametrize("build, shape, match", [
-    (lambda: nn.Sequential(conv(), head()), (N, C + 1, H, W), r"x: layer '0' \(Conv2d\(4, 4.*expects 4 input channels \(dimension 1\), but the input has 5"),
-    (lambda: nn.Sequential(conv(), head()), (N, C, H * W), r"x: layer '0'.*takes \(batch, channels, height, width\) inputs, but gets 3 dimensions"),
-    (lambda: nn.Sequential(nn.Conv2d(C, C, 7), head()), (N, C, H, W), r"x: layer '0'.*the input's height 6 \(6 with padding\) is smaller than the kernel's 7"),
-    (lambda: nn.Sequential(nn.Conv2d(C, C, 3, dilation=(1, 3)), head()), (N, C, H, W), r"input's width 5 \(5 with padding\) is smaller than the kernel's 7 \(kernel_size 3, dilation 3\)"),
-    (lambda: nn.Sequential(nn.Conv2d(C, 2, 3, padding=1), nn.Conv2d(C, 2, 3)), (N, C, H, W), r"model: layer '1'.*expects 4 input channels \(dimension 1\), but the layer before it gives 2"),
-    (lambda: nn.Sequential(nn.Flatten(), conv()), (N, C, H, W), r"model: layer '1'.*takes \(batch, channels, height, width\) inputs, but gets 2 dimensions"),
-    (lambda: nn.Sequential(nn.Embedding(5, 4), conv()), (N, C), r"model: layer '1'.*takes \(batch, channels, height, width\) inputs, but gets 3 dimensions"),
-])
+SHAPE_ERRORS = [
+    (lambda: nn.Sequential(conv(), head()), (N, C + 1, H, W),
+     r"x: layer '0' \(Conv2d\(4, 4.*expects 4 input channels \(dimension 1\), but the input has 5"),
+    (lambda: nn.Sequential(conv(), head()), (N, C, H * W),
+     r"x: layer '0'.*takes \(batch, channels, height, width\) inputs, but gets 3 dimensions"),
+    (lambda: nn.Sequential(nn.Conv2d(C, C, 7), head()), (N, C, H, W),
+     r"x: layer '0'.*the input's height 6 \(6 with padding\) is smaller than the kernel's 7"),
+    (lambda: nn.Sequential(nn.Conv2d(C, C, 3, dilation=(1, 3)), head()), (N, C, H, W),
+     r"input's width 5 \(5 with padding\) is smaller than the kernel's 7 \(kernel_size 3, dilation 3\)"),
+    (lambda: nn.Sequential(nn.Conv2d(C, 2, 3, padding=1), nn.Conv2d(C, 2, 3)), (N, C, H, W),
+     r"model: layer '1'.*expects 4 input channels \(dimension 1\), but the layer before it gives 2"),
+    (lambda: nn.Sequential(nn.Flatten(), conv()), (N, C, H, W),
+     r"model: layer '1'.*takes \(batch, channels, height, width\) inputs, but gets 2 dimensions"),
+    (lambda: nn.Sequential(nn.Embedding(5, 4), conv()), (N, C),
+     r"model: layer '1'.*takes \(batch, channels, height, width\) inputs, but gets 3 dimensions"),
+]
+
+
+@pytest.mark.parametrize("build, shape, match", SHAPE_ERRORS)
 def test_bad_input_shapes_raise_naming_the_layer_and_leave_the_model_usable(build, shape, match):
     gt.random.manual_seed(0)
     model = build()

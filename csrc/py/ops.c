@@ -689,9 +689,10 @@ static PyObject *op_conv2d_backward(PyObject *module, PyObject *args, PyObject *
     PyArrayObject *dout = conv_operand(dout_obj, "dout", typenum, 0, out_dims, "must be (N, O, OH, OW)");
     const int64_t x_dims[4] = {a.batch, a.in_channels, a.height, a.width};
     PyArrayObject *dx = NULL, *dweight = NULL, *dbias = NULL;
-    if (!dout || (dx_obj != Py_None && !(dx = conv_operand(dx_obj, "dx", typenum, 1, x_dims, "must have x's shape"))) ||
-        (dweight_obj != Py_None &&
-         !(dweight = conv_operand(dweight_obj, "dweight", NPY_FLOAT32, 1, w_dims, "must have the weight's shape"))) ||
+    if (!dout ||
+        (dx_obj != Py_None && !(dx = conv_operand(dx_obj, "dx", typenum, 1, x_dims, "must have x's shape"))) ||
+        (dweight_obj != Py_None && !(dweight = conv_operand(dweight_obj, "dweight", NPY_FLOAT32, 1, w_dims,
+                                                            "must have the weight's shape"))) ||
         (dbias_obj != Py_None && !(dbias = gtpy_vector(dbias_obj, "dbias", NPY_FLOAT32, a.out_channels, 1))))
         return NULL;
     a.x = PyArray_DATA(x), a.weight = PyArray_DATA(weight), a.dout = PyArray_DATA(dout);

@@ -695,7 +695,8 @@ def _conv_weight(weight: Any, x_act: _Act) -> tuple[np.ndarray, np.ndarray]:
     """The float32 weight (checked 4-D) and its copy in x's dtype (what the op multiplies by)."""
     weight = _param(weight, "weight")
     if weight.ndim != 4:
-        raise ValueError(f"weight must be 4-D (out_channels, in_channels / groups, kh, kw), got shape {weight.shape}")
+        raise ValueError("weight must be 4-D (out_channels, in_channels / groups, kh, kw), "
+                         f"got shape {weight.shape}")
     if x_act.dt == "f32":
         return weight, weight
     rounded = np.empty(weight.shape, dtype=x_act.raw.dtype)
