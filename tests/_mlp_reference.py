@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 import _attention_reference as aref
+import _conv_reference as cref
 import gputrain as gt
 
 _erf = np.vectorize(math.erf)
@@ -62,6 +63,10 @@ def layer_forward(layer, x, params, dropout=None):
         return xhat * p["weight"] + p.get("bias", 0), (xhat, rstd)
     if isinstance(layer, gt.nn.MultiheadAttention):
         return attention_forward(layer, x, params, dropout)
+    if isinstance(layer, gt.nn.Conv2d):
+        p = params[id(layer)]
+        return cref.conv2d(x, p["weight"], p.get("bias"), layer.stride, layer.padding, layer.dilation,
+                           layer.groups), x
     if isinstance(layer, gt.nn.Sequential):
         caches = []
         for child in layer.layers:
@@ -114,6 +119,14 @@ def layer_backward(layer, dy, cache, params, grads):
         return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
     if isinstance(layer, gt.nn.MultiheadAttention):
         return attention_backward(layer, dy, cache, params, grads)
+    if isinstance(layer, gt.nn.Conv2d):
+        dx, dweight, dbias = cref.conv2d_backward(dy, cache, params[id(layer)]["weight"], layer.stride,
+                                                  layer.padding, layer.dilation, layer.groups)
+        g = grads.setdefault(id(layer), {})
+        g["weight"] = g.get("weight", 0) + dweight
+        if layer.has_bias:
+            g["bias"] = g.get("bias", 0) + dbias
+        return dx
     if isinstance(layer, gt.nn.Sequential):
         for child, child_cache in zip(reversed(layer.layers), reversed(cache)):
             dy = layer_backward(child, dy, child_cache, params, grads)

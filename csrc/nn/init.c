@@ -1,7 +1,8 @@
 /* Deterministic parameter initialisation with PyTorch's default distributions, drawn from
  * Philox(seed; stream_a = parameter index, stream_b = GT_INIT_STREAM; element / 4):
- * Linear weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)),
- * LayerNorm weight = 1 and bias = 0, Embedding and PositionEmbedding weight ~ N(0, 1). */
+ * Linear and Conv2d weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with
+ * a = sqrt(5); fan_in = in_features, or in_channels / groups * kh * kw),
+ * LayerNorm weight = 1 and bias = 0, Embedding (and token, position tables) weight ~ N(0, 1). */
 #include "nn/init.h"
 
 #include <math.h>
@@ -40,8 +41,9 @@ static void init_layer(gt_layer *layer, uint64_t seed, uint32_t *next_id) {
     if (layer->tied)  /* initialised at its first use */
         return;
     switch (layer->kind) {
-    case GT_LAYER_LINEAR: {
-        float bound = 1.0f / sqrtf((float)layer->in_features);
+    case GT_LAYER_LINEAR:
+    case GT_LAYER_CONV2D: {  /* fan_in: in_features, or in_channels / groups * kh * kw */
+        float bound = 1.0f / sqrtf((float)(layer->weight.numel / (size_t)layer->out_features));
         fill_uniform(layer->weight.data, layer->weight.numel, -bound, bound, seed, (*next_id)++);
         if (layer->has_bias)
             fill_uniform(layer->bias.data, layer->bias.numel, -bound, bound, seed, (*next_id)++);

@@ -43,6 +43,7 @@ typedef enum gt_layer_kind {
     GT_LAYER_TOKENS = 9,     /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */
     GT_LAYER_POOL = 10,      /* (B, T, E) -> (B, E): first token or masked mean */
     GT_LAYER_POSITION = 11,  /* (..., T, C) + weight[0:T] (num_positions, C): learned positions */
+    GT_LAYER_CONV2D = 12,    /* (N, C, H, W) -> (N, O, OH, OW) */
 } gt_layer_kind;
 
 typedef struct gt_layer gt_layer;
@@ -54,17 +55,18 @@ typedef struct gt_param {
     void *lowp;           /* (numel,) half-precision copy for GEMMs in f16/bf16 mode, else NULL */
     size_t offset;        /* elements from the start of the arenas */
     size_t numel;         /* elements */
-    int ndim;             /* 1 or 2 */
-    int64_t shape[2];     /* (out, in) for weights, (n,) for vectors */
+    int ndim;             /* 1, 2 or 4 */
+    int64_t shape[4];     /* (out, in) for weights, (out, in / groups, kh, kw) for convolution
+                             weights, (n,) for vectors */
 } gt_param;
 
 struct gt_layer {
     gt_layer_kind kind;        /* what this layer computes */
     /* configuration */
     int64_t in_features;       /* Linear: input width; LayerNorm: normalised dim; Attention:
-                                  embed_dim E */
-    int64_t out_features;      /* Linear: output width */
-    int has_bias;              /* Linear/LayerNorm: 1 when a bias exists */
+                                  embed_dim E; Conv2d: in_channels */
+    int64_t out_features;      /* Linear: output width; Conv2d: out_channels */
+    int has_bias;              /* Linear/LayerNorm/Conv2d: 1 when a bias exists */
     gt_activation activation;  /* Activation: which function */
     double p;                  /* Dropout, Attention: drop probability in [0, 1] */
     uint32_t dropout_id;       /* Dropout, Attention: layer id in the Philox key, unique in the
@@ -78,13 +80,18 @@ struct gt_layer {
                                   0: the input has no type channel */
     int has_mask;              /* Tokens: 1 when the input's last channel is the 0/1 attention mask */
     gt_pool_mode pool;         /* Pool: which pooling */
+    int64_t kernel[2];         /* Conv2d: kernel (height, width) */
+    int64_t stride[2];         /* Conv2d: stride (rows, columns) */
+    int64_t padding[2];        /* Conv2d: zeros added on each side (rows, columns) */
+    int64_t dilation[2];       /* Conv2d: spacing of kernel elements (rows, columns) */
+    int64_t groups;            /* Conv2d: channel groups (in and out channels divisible by it) */
     gt_layer *children;        /* Sequential: its layers; Residual: one child, the block */
     size_t num_children;       /* length of children */
     /* parameters (Linear: weight (out, in), bias (out,); LayerNorm: weight, bias (dim,);
-       Embedding: weight (num, dim)) */
+       Embedding: weight (num, dim); Conv2d: weight (out, in / groups, kh, kw), bias (out,)) */
     gt_param weight;           /* numel 0 when absent */
     gt_param bias;             /* numel 0 when absent */
-    const gt_layer *tied;      /* Linear/LayerNorm/Embedding/Position: the first use of the same
+    const gt_layer *tied;      /* Linear/LayerNorm/Embedding/Position/Conv2d: the first use of the same
                                   module, whose parameters this later use shares (weight tying),
                                   else NULL; a Linear may also share an Embedding's (num, dim)
                                   table as its (out, in) weight (an LM head tied to the tokens) */
@@ -143,6 +150,11 @@ gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
 gt_status gt_position_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
+gt_status gt_conv2d_layer_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_conv2d_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                   gt_run *run);
+/* The convolution op's arguments for the layer and an (N, C, H, W) input (pointers unset). */
+gt_conv2d_args gt_conv2d_layer_args(const gt_layer *layer, const gt_tensor *in);
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run);

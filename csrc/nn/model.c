@@ -31,21 +31,22 @@ static gt_status model_memcpy(gt_model *model, void *dst, const void *src, size_
     return GT_OK;
 }
 
-/* Gives `param` its offset in the arenas (pass 1): (d0, d1) for ndim 2, (d0,) for ndim 1. The
+/* Gives `param` its offset in the arenas (pass 1) and its shape dims[0:ndim] (ndim <= 4). The
  * element count, the running offset and their f32 bytes are checked (`layer` names the layer). */
-static gt_status set_param(gt_param *param, size_t *offset, int ndim, int64_t d0, int64_t d1,
+static gt_status set_param(gt_param *param, size_t *offset, int ndim, const int64_t *dims,
                            const char *layer) {
     char what[160];
     snprintf(what, sizeof what, "parameters of %s", layer);
-    size_t numel = 0, end = 0, bytes = 0;
-    GT_TRY(gt_size_mul((size_t)d0, ndim == 2 ? (size_t)d1 : 1, what, &numel));
+    size_t numel = 1, end = 0, bytes = 0;
+    for (int i = 0; i < ndim; i++)
+        GT_TRY(gt_size_mul(numel, (size_t)dims[i], what, &numel));
     GT_TRY(gt_size_add(*offset, numel, what, &end));
     GT_TRY(gt_size_mul(end, sizeof(float), what, &bytes));
     GT_TRY(gt_size_align(bytes, what, &bytes));
     param->offset = *offset;
     param->ndim = ndim;
-    param->shape[0] = d0;
-    param->shape[1] = ndim == 2 ? d1 : 0;
+    memset(param->shape, 0, sizeof param->shape);
+    memcpy(param->shape, dims, (size_t)ndim * sizeof *dims);
     param->numel = numel;
     *offset = end;
     return GT_OK;
@@ -69,34 +70,51 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
         return GT_OK;
     }
     switch (layer->kind) {
-    case GT_LAYER_LINEAR:
+    case GT_LAYER_LINEAR: {
         snprintf(name, sizeof name, "Linear(%lld, %lld)", (long long)layer->in_features,
                  (long long)layer->out_features);
         GT_TRY(check_gemm_dim(layer->in_features, "in_features", name));
         GT_TRY(check_gemm_dim(layer->out_features, "out_features", name));
-        GT_TRY(set_param(&layer->weight, offset, 2, layer->out_features, layer->in_features, name));
+        const int64_t weight[2] = {layer->out_features, layer->in_features};
+        GT_TRY(set_param(&layer->weight, offset, 2, weight, name));
         if (layer->has_bias)
-            GT_TRY(set_param(&layer->bias, offset, 1, layer->out_features, 0, name));
+            GT_TRY(set_param(&layer->bias, offset, 1, &layer->out_features, name));
         return GT_OK;
+    }
     case GT_LAYER_LAYERNORM:
         snprintf(name, sizeof name, "LayerNorm(%lld)", (long long)layer->in_features);
-        GT_TRY(set_param(&layer->weight, offset, 1, layer->in_features, 0, name));
+        GT_TRY(set_param(&layer->weight, offset, 1, &layer->in_features, name));
         if (layer->has_bias)
-            GT_TRY(set_param(&layer->bias, offset, 1, layer->in_features, 0, name));
+            GT_TRY(set_param(&layer->bias, offset, 1, &layer->in_features, name));
         return GT_OK;
-    case GT_LAYER_EMBEDDING:
+    case GT_LAYER_EMBEDDING: {
         snprintf(name, sizeof name, "Embedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
-        return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
-    case GT_LAYER_TOKENS:
+        const int64_t table[2] = {layer->num_embeddings, layer->embedding_dim};
+        return set_param(&layer->weight, offset, 2, table, name);
+    }
+    case GT_LAYER_TOKENS: {
         snprintf(name, sizeof name, "TokenEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
-        return set_param(&layer->weight, offset, 2, layer->num_embeddings + layer->type_vocab,
-                         layer->embedding_dim, name);
-    case GT_LAYER_POSITION:
+        const int64_t table[2] = {layer->num_embeddings + layer->type_vocab, layer->embedding_dim};
+        return set_param(&layer->weight, offset, 2, table, name);
+    }
+    case GT_LAYER_POSITION: {
         snprintf(name, sizeof name, "PositionEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
-        return set_param(&layer->weight, offset, 2, layer->num_embeddings, layer->embedding_dim, name);
+        const int64_t table[2] = {layer->num_embeddings, layer->embedding_dim};
+        return set_param(&layer->weight, offset, 2, table, name);
+    }
+    case GT_LAYER_CONV2D: {
+        snprintf(name, sizeof name, "Conv2d(%lld, %lld)", (long long)layer->in_features,
+                 (long long)layer->out_features);
+        const int64_t weight[4] = {layer->out_features, layer->in_features / layer->groups,
+                                   layer->kernel[0], layer->kernel[1]};
+        GT_TRY(set_param(&layer->weight, offset, 4, weight, name));
+        if (layer->has_bias)
+            GT_TRY(set_param(&layer->bias, offset, 1, &layer->out_features, name));
+        return GT_OK;
+    }
     default:
         for (size_t i = 0; i < layer->num_children; i++)
             GT_TRY(layout_layer(&layer->children[i], offset));

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/threads.h"
+#include "ops/checks.h"
 
 static gt_status cursor_take(gt_plan_cursor *cursor, size_t bytes, const char *what, void **out) {
     size_t aligned = 0, used = 0;
@@ -46,6 +47,11 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
     case GT_LAYER_TOKENS:
         snprintf(buf, bytes, "layer '%s' (TokenEmbedding(%lld, %lld))", path,
                  (long long)layer->num_embeddings, (long long)layer->embedding_dim);
+        break;
+    case GT_LAYER_CONV2D:
+        snprintf(buf, bytes, "layer '%s' (Conv2d(%lld, %lld, kernel_size=(%lld, %lld)))", path,
+                 (long long)layer->in_features, (long long)layer->out_features,
+                 (long long)layer->kernel[0], (long long)layer->kernel[1]);
         break;
     default: snprintf(buf, bytes, "layer '%s'", path); break;
     }
@@ -233,6 +239,55 @@ static gt_status check_sequence_input(gt_plan_walk *w, const gt_layer *layer, co
     return GT_OK;
 }
 
+/* Conv2d reads (N, C, H, W) with C = in_channels, and a kernel that fits the padded input; the
+ * output is (N, O, OH, OW). Its column tiles are workspace. A backend without the op is refused
+ * here, before anything runs. */
+static gt_status plan_conv2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 96];
+    describe(name, sizeof name, layer, path);
+    const gt_ops *ops = w->ops;
+    if (!ops->conv2d_forward || !ops->conv2d_backward || !ops->conv2d_workspace_bytes)
+        return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
+                       "this model on the CPU", name, ops->name);
+    if (in->dtype == GT_I64)
+        return GT_FAIL(GT_ERR_TYPE, "model: %s takes floating-point images, but gets int64 ids; only an "
+                       "Embedding can read ids", name);
+    const char *who = in == w->input ? w->input_name : "model";
+    if (in->ndim != 4)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s takes (batch, channels, height, width) inputs, but gets %d "
+                       "dimension%s", who, name, in->ndim, in->ndim == 1 ? "" : "s");
+    if (in->shape[1] != layer->in_features)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s expects %lld input channels (dimension 1), but %s %lld",
+                       who, name, (long long)layer->in_features,
+                       in == w->input ? "the input has" : "the layer before it gives", (long long)in->shape[1]);
+    gt_conv2d_args args = gt_conv2d_layer_args(layer, in);
+    for (int d = 0; d < 2; d++) {
+        /* configuration <= INT_MAX (the spec parser), so nothing here overflows */
+        int64_t size = in->shape[2 + d], span = layer->dilation[d] * (layer->kernel[d] - 1) + 1;
+        if (span - 2 * layer->padding[d] > size)
+            return GT_FAIL(GT_ERR_VALUE, "%s: %s: the input's %s %lld (%lld with padding) is smaller "
+                           "than the kernel's %lld (kernel_size %lld, dilation %lld)", who, name,
+                           d ? "width" : "height", (long long)size, (long long)(size + 2 * layer->padding[d]),
+                           (long long)span, (long long)layer->kernel[d], (long long)layer->dilation[d]);
+    }
+    gt_conv2d_args sizes = args;
+    sizes.batch = 0;  /* the sizes only: no pointers yet */
+    if (gt_conv2d_check(&sizes, 0) != GT_OK) {
+        char message[256];
+        snprintf(message, sizeof message, "%s", gt_error_message());
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s: %s", who, name, message);
+    }
+    layer->out.shape[1] = layer->out_features;
+    layer->out.shape[2] = gt_conv2d_out_h(&args);
+    layer->out.shape[3] = gt_conv2d_out_w(&args);
+    args.dt = w->dt;
+    size_t bytes = ops->conv2d_workspace_bytes(&args, gt_get_num_threads());
+    GT_TRY(gt_size_check(bytes, "the workspace of a convolution"));
+    if (bytes > w->workspace_bytes)
+        w->workspace_bytes = bytes;
+    return GT_OK;
+}
+
 static gt_status plan_flatten(gt_layer *layer, const gt_tensor *in) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
@@ -320,6 +375,7 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
         layer->out.shape[1] = in->shape[2];
         break;
     case GT_LAYER_POSITION: GT_TRY(plan_position(w, layer, in, path)); break;
+    case GT_LAYER_CONV2D: GT_TRY(plan_conv2d(w, layer, in, path)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

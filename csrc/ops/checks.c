@@ -2,6 +2,8 @@
 
 #include <limits.h>
 
+#include "core/alloc.h"
+
 gt_status gt_op_check_dtype(gt_dtype dt, const char *arg_name) {
     if (dt == GT_F32 || dt == GT_F16 || dt == GT_BF16)
         return GT_OK;
@@ -53,4 +55,66 @@ gt_status gt_gemm_check(const gt_gemm_args *g) {
         }
     }
     return GT_OK;
+}
+
+/* Fails unless every element count of the convolution's tensors fits GT_MAX_BYTES-sized memory
+ * and its im2col GEMMs have 32-bit sizes. */
+static gt_status check_conv_extents(const gt_conv2d_args *a, int64_t out_h, int64_t out_w) {
+    int64_t cols = 0, rows = 0, in = 0, out = 0;
+    if (__builtin_mul_overflow(out_h, out_w, &cols) || cols > INT_MAX)
+        return GT_FAIL(GT_ERR_VALUE, "height/width: %lld x %lld output positions per channel are more "
+                       "than a GEMM can take (%d)", (long long)out_h, (long long)out_w, INT_MAX);
+    if (__builtin_mul_overflow(a->in_channels / a->groups, a->kernel_h * a->kernel_w, &rows) ||
+        rows > INT_MAX)
+        return GT_FAIL(GT_ERR_VALUE, "kernel_h/kernel_w: in_channels / groups x kernel_h x kernel_w is "
+                       "more than a GEMM can take (%d)", INT_MAX);
+    int64_t limit = (int64_t)(GT_MAX_BYTES / sizeof(float));
+    if (__builtin_mul_overflow(a->batch, a->in_channels, &in) ||
+        __builtin_mul_overflow(in, a->height * a->width, &in) || in > limit ||
+        __builtin_mul_overflow(a->batch, a->out_channels, &out) ||
+        __builtin_mul_overflow(out, cols, &out) || out > limit)
+        return GT_FAIL(GT_ERR_VALUE, "batch: the input or output of this convolution has more "
+                       "elements than any memory holds");
+    return GT_OK;
+}
+
+gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward) {
+    GT_TRY(gt_op_check_ptr(a, "args"));
+    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
+    GT_TRY(check_dim(a->batch, 0, "batch"));
+    const int64_t sizes[] = {a->in_channels, a->height, a->width, a->out_channels, a->groups,
+                             a->kernel_h, a->kernel_w, a->stride_h, a->stride_w, a->dilation_h,
+                             a->dilation_w};
+    static const char *const names[] = {"in_channels", "height", "width", "out_channels", "groups",
+                                        "kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h",
+                                        "dilation_w"};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        GT_TRY(check_dim(sizes[i], 1, names[i]));
+    GT_TRY(check_dim(a->pad_h, 0, "pad_h"));
+    GT_TRY(check_dim(a->pad_w, 0, "pad_w"));
+    if (a->in_channels % a->groups || a->out_channels % a->groups)
+        return GT_FAIL(GT_ERR_VALUE, "groups: in_channels (%lld) and out_channels (%lld) must be "
+                       "divisible by groups (%lld)", (long long)a->in_channels,
+                       (long long)a->out_channels, (long long)a->groups);
+    int64_t out_h = gt_conv2d_out_h(a), out_w = gt_conv2d_out_w(a);
+    if (out_h < 1 || out_w < 1) {
+        int tall = out_h < 1;
+        return GT_FAIL(GT_ERR_VALUE, "%s: the dilated kernel (%lld) is larger than the padded input "
+                       "(%lld)", tall ? "kernel_h" : "kernel_w",
+                       (long long)(tall ? a->dilation_h * (a->kernel_h - 1) + 1
+                                        : a->dilation_w * (a->kernel_w - 1) + 1),
+                       (long long)(tall ? a->height + 2 * a->pad_h : a->width + 2 * a->pad_w));
+    }
+    GT_TRY(check_conv_extents(a, out_h, out_w));
+    if (a->batch == 0)
+        return GT_OK;
+    if (!backward) {
+        GT_TRY(gt_op_check_ptr(a->x, "x"));
+        GT_TRY(gt_op_check_ptr(a->weight, "weight"));
+        return gt_op_check_ptr(a->out, "out");
+    }
+    GT_TRY(gt_op_check_ptr(a->dout, "dout"));
+    if (a->dx)
+        GT_TRY(gt_op_check_ptr(a->weight, "weight"));
+    return a->dweight ? gt_op_check_ptr(a->x, "x") : GT_OK;
 }

@@ -25,6 +25,12 @@ gt_status gt_op_check_ptr(const void *ptr, const char *arg_name);
  * and pointers, naming the offending field. */
 gt_status gt_gemm_check(const gt_gemm_args *g);
 
+/* Checks a convolution's sizes (each in [1, INT_MAX], batch >= 0, pads >= 0, channels divisible
+ * by groups, a kernel that fits the padded input, element counts that fit memory, the GEMM sizes
+ * of an im2col product within 32-bit BLAS ints), dtype, and the pointers the forward
+ * (backward = 0) or the backward needs, naming the offending field; batch 0 checks the sizes only. */
+gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward);
+
 /* Rows and columns of A and B as stored (before the transposes). */
 static inline size_t gt_gemm_a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
 static inline size_t gt_gemm_a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }

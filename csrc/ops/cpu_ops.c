@@ -28,6 +28,9 @@ static const gt_ops cpu_ops = {
     .mask_lengths = gt_cpu_mask_lengths,
     .pool_forward = gt_cpu_pool_forward,
     .pool_backward = gt_cpu_pool_backward,
+    .conv2d_workspace_bytes = gt_cpu_conv2d_workspace_bytes,
+    .conv2d_forward = gt_cpu_conv2d_forward,
+    .conv2d_backward = gt_cpu_conv2d_backward,
 };
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

@@ -114,6 +114,45 @@ typedef enum gt_pool_mode {
     GT_POOL_FIRST = 0,  /* out[b] = in[b, 0] (the first, [CLS], token) */
     GT_POOL_MEAN = 1,   /* out[b] = mean of in[b, t] over t < lengths[b] (all t when NULL) */
 } gt_pool_mode;
+/* 2-D convolution over NCHW activations, PyTorch's conv2d: for output channel o of group
+ * g = o / (O / groups), out[n, o, y, x] = bias[o] + sum over c < C / groups, i < KH, j < KW of
+ * weight[o, c, i, j] * in[n, g C / groups + c, y stride_h - pad_h + i dilation_h,
+ * x stride_w - pad_w + j dilation_w], with zeros outside the input. The output is (N, O, OH, OW),
+ * OH = (H + 2 pad_h - dilation_h (KH - 1) - 1) / stride_h + 1 (OW likewise): gt_conv2d_out_h/w.
+ * gt_conv2d_check (ops/checks.h) says what a backend accepts. */
+typedef struct gt_conv2d_args {
+    int64_t batch, in_channels, height, width;  /* N, C, H, W of the input */
+    int64_t out_channels, groups;               /* O; C and O are multiples of groups */
+    int64_t kernel_h, kernel_w;                 /* KH, KW >= 1 */
+    int64_t stride_h, stride_w;                 /* >= 1 */
+    int64_t pad_h, pad_w;                       /* zeros added on each side, >= 0 */
+    int64_t dilation_h, dilation_w;             /* >= 1 */
+    const void *x;         /* (N, C, H, W) dt */
+    const void *weight;    /* (O, C / groups, KH, KW) dt (f32 master in f32, the half copy else) */
+    const float *bias;     /* forward: (O,) f32, or NULL (no bias) */
+    void *out;             /* forward: (N, O, OH, OW) dt, written */
+    const void *dout;      /* backward: (N, O, OH, OW) dt */
+    void *dx;              /* backward: (N, C, H, W) dt, written; NULL: not wanted */
+    float *dweight;        /* backward: (O, C / groups, KH, KW) f32, (+)= per accumulate; NULL: not
+                              wanted */
+    float *dbias;          /* backward: (O,) f32, (+)= per accumulate; NULL: no bias */
+    int accumulate;        /* backward: 0 writes dweight and dbias, 1 adds to them */
+    gt_dtype dt;           /* f32, f16 or bf16 */
+} gt_conv2d_args;
+
+/* Output rows and columns of a convolution: 0 when the dilated kernel is larger than the padded
+ * input (sizes within gt_conv2d_check's bounds, so nothing overflows). */
+static inline int64_t gt_conv2d_out_size(int64_t in, int64_t pad, int64_t dilation, int64_t kernel,
+                                         int64_t stride) {
+    int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+}
+static inline int64_t gt_conv2d_out_h(const gt_conv2d_args *a) {
+    return gt_conv2d_out_size(a->height, a->pad_h, a->dilation_h, a->kernel_h, a->stride_h);
+}
+static inline int64_t gt_conv2d_out_w(const gt_conv2d_args *a) {
+    return gt_conv2d_out_size(a->width, a->pad_w, a->dilation_w, a->kernel_w, a->stride_w);
+}
 
 typedef struct gt_ops {
     const char *name;  /* "cpu" or "cuda" */
@@ -219,6 +258,12 @@ typedef struct gt_ops {
     gt_status (*pool_backward)(gt_backend *be, void *din, const void *dout, const int64_t *lengths,
                                int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode,
                                gt_dtype dt);
+    /* 2-D convolution (gt_conv2d_args): scratch bytes for `args` when run with up to `threads`
+     * threads (fewer are used when the workspace holds fewer), forward (writes out) and backward
+     * (writes dx, dweight, dbias). NULL where a backend has none. */
+    size_t (*conv2d_workspace_bytes)(const gt_conv2d_args *args, int threads);
+    gt_status (*conv2d_forward)(gt_backend *be, const gt_conv2d_args *args);
+    gt_status (*conv2d_backward)(gt_backend *be, const gt_conv2d_args *args);
 } gt_ops;
 
 /* A backend instance: its op table plus the scratch memory ops may use. */

@@ -3,6 +3,7 @@
  * arenas (the views keep the Model alive). */
 #include "py/gtpy.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -62,7 +63,7 @@ static int parse_activation(const char *name, gt_activation *out) {
     return -1;
 }
 
-/* Records `layer` (Linear, LayerNorm or Embedding) as the first use of the next module with
+/* Records `layer` (Linear, LayerNorm, Embedding or Conv2d) as the first use of the next module with
  * parameters; ("tied", index) specs refer to it by that index. */
 static int register_params(gt_layer *layer, spec_parse *ctx) {
     if (ctx->count == ctx->capacity) {
@@ -95,7 +96,11 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     const gt_layer *first = ctx->first[index];
     *layer = (gt_layer){.kind = first->kind, .in_features = first->in_features, .out_features = first->out_features,
                         .has_bias = first->has_bias, .eps = first->eps, .num_embeddings = first->num_embeddings,
-                        .embedding_dim = first->embedding_dim, .tied = first};
+                        .embedding_dim = first->embedding_dim, .groups = first->groups, .tied = first};
+    memcpy(layer->kernel, first->kernel, sizeof layer->kernel);
+    memcpy(layer->stride, first->stride, sizeof layer->stride);
+    memcpy(layer->padding, first->padding, sizeof layer->padding);
+    memcpy(layer->dilation, first->dilation, sizeof layer->dilation);
     ctx->last[index]->grad_accumulates = 1;
     ctx->last[index] = layer;
     return 0;
@@ -117,6 +122,27 @@ static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     ctx->last[index]->grad_accumulates = 1;
     ctx->last[index] = layer;
     return 0;
+}
+
+/* ("conv2d", in, out, (kh, kw), (sh, sw), (ph, pw), (dh, dw), groups, bias): every size in
+ * [1, INT_MAX] (padding in [0, INT_MAX]), channels divisible by groups. */
+static int parse_conv2d(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
+    const char *kind = NULL;
+    long long in, out, groups, v[8];
+    int bias = 0;
+    if (!PyArg_ParseTuple(spec, "sLL(LL)(LL)(LL)(LL)Lp", &kind, &in, &out, &v[0], &v[1], &v[2], &v[3],
+                          &v[4], &v[5], &v[6], &v[7], &groups, &bias))
+        return -1;
+    int ok = in >= 1 && out >= 1 && groups >= 1 && in <= INT_MAX && out <= INT_MAX && groups <= INT_MAX;
+    for (int i = 0; i < 8; i++)
+        ok = ok && v[i] >= (i == 4 || i == 5 ? 0 : 1) && v[i] <= INT_MAX;
+    if (!ok || in % groups || out % groups)
+        return spec_error("Conv2d needs channels divisible by groups and sizes in [1, 2**31 - 1] "
+                          "(padding from 0)", spec);
+    *layer = (gt_layer){.kind = GT_LAYER_CONV2D, .in_features = in, .out_features = out,
+                        .groups = groups, .has_bias = bias, .kernel = {v[0], v[1]},
+                        .stride = {v[2], v[3]}, .padding = {v[4], v[5]}, .dilation = {v[6], v[7]}};
+    return register_params(layer, ctx);
 }
 
 static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
@@ -191,6 +217,8 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         if (strcmp(name, "cls") != 0 && strcmp(name, "mean") != 0)
             return spec_error("pooling must be 'cls' or 'mean'", spec);
         *layer = (gt_layer){.kind = GT_LAYER_POOL, .pool = name[0] == 'c' ? GT_POOL_FIRST : GT_POOL_MEAN};
+    } else if (strcmp(kind, "conv2d") == 0) {
+        return parse_conv2d(spec, layer, ctx);
     } else if (strcmp(kind, "tied") == 0) {
         return parse_tied(spec, layer, ctx);
     } else if (strcmp(kind, "tied_linear") == 0) {
@@ -313,8 +341,14 @@ static PyObject *model_parameter_arrays(PyObject *op, PyObject *Py_UNUSED(ignore
 }
 
 static int append_param(PyObject *list, const gt_param *param) {
-    PyObject *shape = param->ndim == 2 ? Py_BuildValue("(LL)", (long long)param->shape[0], (long long)param->shape[1])
-                                       : Py_BuildValue("(L)", (long long)param->shape[0]);
+    PyObject *shape = PyTuple_New(param->ndim);
+    for (int i = 0; shape && i < param->ndim; i++) {
+        PyObject *dim = PyLong_FromLongLong((long long)param->shape[i]);
+        if (!dim)
+            Py_CLEAR(shape);
+        else
+            PyTuple_SET_ITEM(shape, i, dim);
+    }
     PyObject *item = shape ? Py_BuildValue("(nN)", (Py_ssize_t)param->offset, shape) : NULL;
     if (!item)
         return -1;

@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/threads.h"
+#include "ops/checks.h"
 #include "ops/ops.h"
 #include "py/ops_args.h"
 
@@ -563,6 +564,144 @@ static PyObject *op_attention(PyObject *module, PyObject *args, PyObject *kwargs
     return run_attention(module, &a, 1);
 }
 
+/* A 4-D array of dtype typenum whose shape is `dims` (NULL: any 4-D shape). */
+static PyArrayObject *conv_operand(PyObject *obj, const char *name, int typenum, int writable,
+                                   const int64_t *dims, const char *what) {
+    PyArrayObject *a = gtpy_as_array(obj, name, typenum, writable);
+    if (!a)
+        return NULL;
+    int ok = PyArray_NDIM(a) == 4;
+    for (int i = 0; ok && dims && i < 4; i++)
+        ok = (int64_t)PyArray_DIM(a, i) == dims[i];
+    if (!ok) {
+        gtpy_fail_shape(a, name, what);
+        return NULL;
+    }
+    return a;
+}
+
+/* Runs the convolution `a` (forward, or backward when `backward`) with a workspace of its own. */
+static PyObject *run_conv2d(PyObject *module, gt_conv2d_args *a, int backward) {
+    const gt_ops *ops = gt_cpu_ops();
+    gt_status status = gt_conv2d_check(a, backward);  /* before sizing anything by the args */
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    size_t bytes = ops->conv2d_workspace_bytes(a, gt_get_num_threads());
+    gt_block workspace = {0};
+    if (bytes > GT_MAX_BYTES)
+        return PyErr_Format(PyExc_MemoryError, "x: a convolution of this size needs more scratch "
+                            "memory than can be addressed");
+    if (bytes > 0 && (status = gt_block_alloc(gt_cpu_device(), bytes, &workspace)) != GT_OK)
+        return gtpy_raise(module, status);
+    gt_backend be = cpu_backend(workspace.ptr, bytes);
+    Py_BEGIN_ALLOW_THREADS
+    status = backward ? ops->conv2d_backward(&be, a) : ops->conv2d_forward(&be, a);
+    Py_END_ALLOW_THREADS
+    gt_block_free(&workspace);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+}
+
+/* The sizes of a convolution from x (N, C, H, W), the weight's kernel and the options; -1 with
+ * an exception when the weight or the options do not fit x. */
+static int conv_sizes(PyArrayObject *x, PyArrayObject *weight, gt_conv2d_args *a) {
+    a->batch = PyArray_DIM(x, 0), a->in_channels = PyArray_DIM(x, 1);
+    a->height = PyArray_DIM(x, 2), a->width = PyArray_DIM(x, 3);
+    a->out_channels = PyArray_DIM(weight, 0);
+    a->kernel_h = PyArray_DIM(weight, 2), a->kernel_w = PyArray_DIM(weight, 3);
+    if (a->groups >= 1 && a->in_channels % a->groups == 0 &&
+        PyArray_DIM(weight, 1) != a->in_channels / a->groups) {
+        PyErr_Format(PyExc_ValueError, "weight: dimension 1 must be in_channels / groups = %lld, got %lld",
+                     (long long)(a->in_channels / a->groups), (long long)PyArray_DIM(weight, 1));
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks the sizes of `a` (not its pointers, unset yet); -1 with an exception. */
+static int check_conv_sizes(PyObject *module, const gt_conv2d_args *a) {
+    gt_conv2d_args sizes = *a;
+    sizes.batch = 0;
+    gt_status status = gt_conv2d_check(&sizes, 0);
+    return status == GT_OK ? 0 : gtpy_raise_int(module, status);
+}
+
+/* conv2d forward: out = conv(x, weight) + bias. x (N, C, H, W), weight (O, C / groups, KH, KW) in
+ * dt, bias (O,) float32 or None, out (N, O, OH, OW) dt. */
+static PyObject *op_conv2d(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "x", "weight", "bias", "dt", "stride", "padding", "dilation",
+                               "groups", NULL};
+    PyObject *out_obj, *x_obj, *weight_obj, *bias_obj;
+    const char *text;
+    long long sh, sw, ph, pw, dh, dw, groups;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOs(LL)(LL)(LL)L:op_conv2d", keywords, &out_obj,
+                                     &x_obj, &weight_obj, &bias_obj, &text, &sh, &sw, &ph, &pw, &dh, &dw,
+                                     &groups))
+        return NULL;
+    gt_conv2d_args a = {.stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dilation_h = dh,
+                        .dilation_w = dw, .groups = groups};
+    if (gtpy_parse_act_dtype(module, text, "dt", &a.dt) < 0)
+        return NULL;
+    int typenum = gtpy_typenum_of(a.dt);
+    PyArrayObject *x = conv_operand(x_obj, "x", typenum, 0, NULL, "must be 4-D (batch, channels, height, width)");
+    PyArrayObject *weight = x ? conv_operand(weight_obj, "weight", typenum, 0, NULL,
+                                             "must be 4-D (out_channels, in_channels / groups, kh, kw)") : NULL;
+    if (!weight || conv_sizes(x, weight, &a) < 0)
+        return NULL;
+    if (check_conv_sizes(module, &a) < 0)
+        return NULL;
+    const int64_t out_dims[4] = {a.batch, a.out_channels, gt_conv2d_out_h(&a), gt_conv2d_out_w(&a)};
+    PyArrayObject *out = conv_operand(out_obj, "out", typenum, 1, out_dims, "must be (N, O, OH, OW)");
+    PyArrayObject *bias = NULL;
+    if (!out || (bias_obj != Py_None && !(bias = gtpy_vector(bias_obj, "bias", NPY_FLOAT32, a.out_channels, 0))))
+        return NULL;
+    a.x = PyArray_DATA(x), a.weight = PyArray_DATA(weight), a.out = PyArray_DATA(out);
+    a.bias = bias ? PyArray_DATA(bias) : NULL;
+    return run_conv2d(module, &a, 0);
+}
+
+/* conv2d backward: dx (N, C, H, W) dt, dweight (O, C / groups, KH, KW) float32 and dbias (O,)
+ * float32 (each None: not wanted), written or (accumulate) added to, from dout (N, O, OH, OW). */
+static PyObject *op_conv2d_backward(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"dx", "dweight", "dbias", "dout", "x", "weight", "dt", "stride",
+                               "padding", "dilation", "groups", "accumulate", NULL};
+    PyObject *dx_obj, *dweight_obj, *dbias_obj, *dout_obj, *x_obj, *weight_obj;
+    const char *text;
+    long long sh, sw, ph, pw, dh, dw, groups;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOs(LL)(LL)(LL)L|p:op_conv2d_backward", keywords,
+                                     &dx_obj, &dweight_obj, &dbias_obj, &dout_obj, &x_obj, &weight_obj, &text,
+                                     &sh, &sw, &ph, &pw, &dh, &dw, &groups, &accumulate))
+        return NULL;
+    gt_conv2d_args a = {.stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dilation_h = dh,
+                        .dilation_w = dw, .groups = groups, .accumulate = accumulate};
+    if (gtpy_parse_act_dtype(module, text, "dt", &a.dt) < 0)
+        return NULL;
+    int typenum = gtpy_typenum_of(a.dt);
+    PyArrayObject *x = conv_operand(x_obj, "x", typenum, 0, NULL, "must be 4-D (batch, channels, height, width)");
+    PyArrayObject *weight = x ? conv_operand(weight_obj, "weight", typenum, 0, NULL,
+                                             "must be 4-D (out_channels, in_channels / groups, kh, kw)") : NULL;
+    if (!weight || conv_sizes(x, weight, &a) < 0)
+        return NULL;
+    if (check_conv_sizes(module, &a) < 0)
+        return NULL;
+    const int64_t out_dims[4] = {a.batch, a.out_channels, gt_conv2d_out_h(&a), gt_conv2d_out_w(&a)};
+    const int64_t w_dims[4] = {a.out_channels, a.in_channels / a.groups, a.kernel_h, a.kernel_w};
+    PyArrayObject *dout = conv_operand(dout_obj, "dout", typenum, 0, out_dims, "must be (N, O, OH, OW)");
+    const int64_t x_dims[4] = {a.batch, a.in_channels, a.height, a.width};
+    PyArrayObject *dx = NULL, *dweight = NULL, *dbias = NULL;
+    if (!dout ||
+        (dx_obj != Py_None && !(dx = conv_operand(dx_obj, "dx", typenum, 1, x_dims, "must have x's shape"))) ||
+        (dweight_obj != Py_None && !(dweight = conv_operand(dweight_obj, "dweight", NPY_FLOAT32, 1, w_dims,
+                                                            "must have the weight's shape"))) ||
+        (dbias_obj != Py_None && !(dbias = gtpy_vector(dbias_obj, "dbias", NPY_FLOAT32, a.out_channels, 1))))
+        return NULL;
+    a.x = PyArray_DATA(x), a.weight = PyArray_DATA(weight), a.dout = PyArray_DATA(dout);
+    a.dx = dx ? PyArray_DATA(dx) : NULL;
+    a.dweight = dweight ? PyArray_DATA(dweight) : NULL;
+    a.dbias = dbias ? PyArray_DATA(dbias) : NULL;
+    return run_conv2d(module, &a, 1);
+}
+
 #define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
 
 static PyMethodDef ops_methods[] = {
@@ -594,6 +733,12 @@ static PyMethodDef ops_methods[] = {
      "dout=None, dq=None, dk=None, dv=None)\n--\n\n"
      "Scaled dot-product attention over (batch, heads, seq, head_dim) arrays: out and lse, or (dout "
      "given) dq, dk, dv."},
+    {"op_conv2d", KW(op_conv2d),
+     "op_conv2d(out, x, weight, bias, dt, stride, padding, dilation, groups)\n--\n\n"
+     "2-D convolution of (N, C, H, W) x by weight (O, C / groups, KH, KW), plus bias (O,) or None."},
+    {"op_conv2d_backward", KW(op_conv2d_backward),
+     "op_conv2d_backward(dx, dweight, dbias, dout, x, weight, dt, stride, padding, dilation, groups, "
+     "accumulate=False)\n--\n\nGradients of op_conv2d; dx, dweight and dbias may be None (not wanted)."},
     {"op_cast", KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
     {"op_copy", KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},

@@ -412,6 +412,37 @@ static gt_status sim_pool_backward(gt_backend *be, void *din, const void *dout, 
     return launch(be, run_pool_backward, &job, sizeof job);
 }
 
+/* ------------------------------------------------------------ convolution ---------- */
+
+typedef struct conv2d_job {
+    gt_backend cpu;        /* the CPU backend over this backend's workspace */
+    gt_conv2d_args args;   /* the convolution (operands in sim memory) */
+} conv2d_job;
+
+static gt_status run_conv2d_forward(void *p) {
+    conv2d_job *j = p;
+    return gt_cpu_ops()->conv2d_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_conv2d_backward(void *p) {
+    conv2d_job *j = p;
+    return gt_cpu_ops()->conv2d_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_conv2d_forward(gt_backend *be, const gt_conv2d_args *args) {
+    conv2d_job job = {cpu_view(be), *args};
+    return launch(be, run_conv2d_forward, &job, sizeof job);
+}
+
+static gt_status sim_conv2d_backward(gt_backend *be, const gt_conv2d_args *args) {
+    conv2d_job job = {cpu_view(be), *args};
+    return launch(be, run_conv2d_backward, &job, sizeof job);
+}
+
+static size_t sim_conv2d_workspace_bytes(const gt_conv2d_args *args, int threads) {
+    return gt_cpu_ops()->conv2d_workspace_bytes(args, threads);
+}
+
 static size_t sim_gemm_workspace_bytes(const gt_gemm_args *args) { return gt_cpu_ops()->gemm_workspace_bytes(args); }
 
 static const gt_ops sim_ops = {
@@ -441,6 +472,9 @@ static const gt_ops sim_ops = {
     .mask_lengths = sim_mask_lengths,
     .pool_forward = sim_pool_forward,
     .pool_backward = sim_pool_backward,
+    .conv2d_workspace_bytes = sim_conv2d_workspace_bytes,
+    .conv2d_forward = sim_conv2d_forward,
+    .conv2d_backward = sim_conv2d_backward,
 };
 
 const gt_ops *gt_sim_ops(void) { return &sim_ops; }

@@ -30,6 +30,8 @@ __all__ = [
     "add",
     "bias_add",
     "bias_backward",
+    "conv2d",
+    "conv2d_backward",
     "cross_entropy",
     "dropout",
     "dropout_backward",
@@ -665,3 +667,83 @@ def sum_squares(x: np.ndarray) -> float:
     """``sum(x**2)`` of a float32 array, accumulated in double in an order that does not depend
     on the thread count (the building block of the global gradient norm)."""
     return _C.op_sum_squares(_param(x, "x"))
+
+
+# --- convolution -------------------------------------------------------------------------------
+
+
+def _conv_pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in items):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if any(not minimum <= int(v) <= 2**31 - 1 for v in items):
+        raise ValueError(f"{name} must be in [{minimum}, {2**31 - 1}], got {value!r}")
+    return int(items[0]), int(items[1])
+
+
+def _conv_options(stride: Any, padding: Any, dilation: Any,
+                  groups: Any) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], int]:
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
+        raise TypeError(f"groups must be an int, not {type(groups).__name__}")
+    if not 1 <= groups <= 2**31 - 1:
+        raise ValueError(f"groups must be in [1, {2**31 - 1}], got {groups!r}")
+    return (_conv_pair(stride, "stride", 1), _conv_pair(padding, "padding", 0),
+            _conv_pair(dilation, "dilation", 1), int(groups))
+
+
+def _conv_weight(weight: Any, x_act: _Act) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 weight (checked 4-D) and its copy in x's dtype (what the op multiplies by)."""
+    weight = _param(weight, "weight")
+    if weight.ndim != 4:
+        raise ValueError("weight must be 4-D (out_channels, in_channels / groups, kh, kw), "
+                         f"got shape {weight.shape}")
+    if x_act.dt == "f32":
+        return weight, weight
+    rounded = np.empty(weight.shape, dtype=x_act.raw.dtype)
+    _C.op_cast(rounded, x_act.dt, weight, "f32")
+    return weight, rounded
+
+
+def _conv_input(x_act: _Act, name: str) -> None:
+    if x_act.raw.ndim != 4:
+        raise ValueError(f"{name} must be 4-D (batch, channels, height, width), got shape {x_act.raw.shape}")
+
+
+def conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, stride: Any = 1,
+           padding: Any = 0, dilation: Any = 1, groups: int = 1, dtype: str | None = None) -> np.ndarray:
+    """2-D convolution of x (N, C, H, W) by weight (O, C / groups, KH, KW) float32, plus bias
+    (O,) float32: PyTorch's ``conv2d`` with zero padding; stride, padding and dilation are ints or
+    (height, width) pairs. The output (N, O, OH, OW) has x's dtype; for half x the weight is
+    rounded to that dtype first (as the training step's half copy), products are summed in
+    float32 and the result (bias included) is rounded once. im2col tiles and the GEMM library."""
+    (x_act,) = _acts(dtype, x=x)
+    _conv_input(x_act, "x")
+    stride, padding, dilation, groups = _conv_options(stride, padding, dilation, groups)
+    _, rounded = _conv_weight(weight, x_act)
+    n, _, h, w = x_act.raw.shape
+    o, _, kh, kw = rounded.shape
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = x_act.empty((n, o, max(oh, 0), max(ow, 0)))
+    bias = None if bias is None else _param(bias, "bias")
+    _C.op_conv2d(out, x_act.raw, rounded, bias, x_act.dt, stride, padding, dilation, groups)
+    return x_act.wrap(out)
+
+
+def conv2d_backward(dout: np.ndarray, x: np.ndarray, weight: np.ndarray, stride: Any = 1,
+                    padding: Any = 0, dilation: Any = 1, groups: int = 1, dtype: str | None = None,
+                    with_bias: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Gradients ``(dx, dweight, dbias)`` of :func:`conv2d` given dout (N, O, OH, OW): dx in x's
+    dtype (rounded once), dweight and dbias float32 (dbias None without a bias), every sum in a
+    fixed order (the same bits for any thread count)."""
+    dout_act, x_act = _acts(dtype, dout=dout, x=x)
+    _conv_input(x_act, "x")
+    _conv_input(dout_act, "dout")
+    stride, padding, dilation, groups = _conv_options(stride, padding, dilation, groups)
+    weight, rounded = _conv_weight(weight, x_act)
+    dx = x_act.empty()
+    dweight = np.empty(weight.shape, dtype=np.float32)
+    dbias = np.empty(weight.shape[0], dtype=np.float32) if with_bias else None
+    _C.op_conv2d_backward(dx, dweight, dbias, dout_act.raw, x_act.raw, rounded, x_act.dt, stride, padding,
+                          dilation, groups)
+    return x_act.wrap(dx), dweight, dbias

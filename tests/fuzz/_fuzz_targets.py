@@ -282,6 +282,22 @@ def _(f, **a):
     return F.layer_norm_backward(**a)
 
 
+PAIR = either(num(1, 2), st.just(("T", [lit(1), lit(2)])))
+PADDING = either(num(0, 1), st.just(("T", [lit(0), lit(2)])))
+
+
+@target("F.conv2d", ARRAYS, x=arr(2, 4, 5, 6), weight=arr(6, 2, 3, 2), bias=either(st.just(lit(None)), arr(6)),
+        stride=PAIR, padding=PADDING, dilation=PAIR, groups=num(2, 1), dtype=DT)
+def _(f, **a):
+    return F.conv2d(**a)
+
+
+@target("F.conv2d_backward", ARRAYS, dout=arr(2, 6, 3, 5), x=arr(2, 4, 5, 6), weight=arr(6, 2, 3, 2),
+        stride=PAIR, padding=PADDING, dilation=PAIR, groups=num(2, 1), dtype=DT, with_bias=num(True, False))
+def _(f, **a):
+    return F.conv2d_backward(**a)
+
+
 @target("F.sum_squares", ARRAYS, x=arr(5, 3))
 def _(f, **a):
     return F.sum_squares(**a)
@@ -312,6 +328,13 @@ def _(f, **a):
         bias=num(True, False))
 def _(f, **a):
     return nn.LayerNorm(**a).compiled
+
+
+@target("nn.Conv2d+forward", ARRAYS, in_channels=num(4, 2), out_channels=DIM, kernel_size=PAIR, stride=PAIR,
+        padding=either(PADDING, choice("same", "valid")), dilation=PAIR, groups=num(1, 2), bias=num(True, False),
+        x=arr(2, 4, 5, 6))
+def _(f, x, **a):
+    return nn.Conv2d(**a)(x)
 
 
 @target("nn.Dropout", ARGS, p=num(0.0, 0.5, 0.9))

@@ -1,6 +1,7 @@
 """gputrain.nn: layers composing into models trained by one C call per step."""
 
 from gputrain.nn.layers import (
+    Conv2d,
     GELU,
     Dropout,
     Embedding,
@@ -22,6 +23,7 @@ from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [
     "GELU",
+    "Conv2d",
     "CrossEntropyLoss",
     "Dropout",
     "Embedding",

@@ -193,6 +193,91 @@ class MultiheadAttention(Module):
                 f"causal={self.causal}")
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _int32(value: object, name: str) -> int:
+    """A positive int of at most 2**31 - 1 (the sizes the convolution's GEMMs take)."""
+    value = _positive_int(value, name)
+    if value > _INT32_MAX:
+        raise ValueError(f"{name} must be at most {_INT32_MAX}, got {value}")
+    return value
+
+
+def _pair(value: object, name: str, minimum: int) -> tuple[int, int]:
+    """An int or a pair of ints, each in [minimum, 2**31 - 1], as a pair."""
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TypeError(f"{name} must be an int or a pair of ints, not {type(item).__name__}")
+        if not minimum <= item <= _INT32_MAX:
+            raise ValueError(f"{name} must be in [{minimum}, {_INT32_MAX}], got {value!r}")
+    return items[0], items[1]
+
+
+class Conv2d(Module):
+    """2-D convolution over (N, C, H, W) inputs with PyTorch's ``nn.Conv2d`` arguments (zero
+    padding): ``kernel_size``, ``stride``, ``padding`` and ``dilation`` are ints or (height, width)
+    pairs; ``padding`` may also be ``'valid'`` (0) or ``'same'`` (stride 1 and an even total
+    padding ``dilation * (kernel_size - 1)`` per dimension). Parameters as PyTorch's: ``weight``
+    (out_channels, in_channels / groups, kh, kw) and ``bias`` (out_channels,), both
+    ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = in_channels / groups * kh * kw. The output
+    is (N, out_channels, OH, OW), OH = (H + 2 padding - dilation (kh - 1) - 1) // stride + 1."""
+
+    _param_names = ("weight", "bias")
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, int],
+                 stride: int | tuple[int, int] = 1, padding: int | tuple[int, int] | str = 0,
+                 dilation: int | tuple[int, int] = 1, groups: int = 1, bias: bool = True) -> None:
+        super().__init__()
+        self.in_channels = _int32(in_channels, "in_channels")
+        self.out_channels = _int32(out_channels, "out_channels")
+        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
+        self.stride = _pair(stride, "stride", 1)
+        self.dilation = _pair(dilation, "dilation", 1)
+        self.padding = self._padding(padding)
+        self.groups = _int32(groups, "groups")
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ValueError(f"in_channels ({self.in_channels}) and out_channels ({self.out_channels}) "
+                             f"must be divisible by groups ({self.groups})")
+        self.has_bias = bool(bias)
+        self._compile()
+
+    def _padding(self, padding: int | tuple[int, int] | str) -> tuple[int, int]:
+        if not isinstance(padding, str):
+            return _pair(padding, "padding", 0)
+        if padding == "valid":
+            return 0, 0
+        if padding != "same":
+            raise ValueError(f"padding must be an int, a pair of ints, 'valid' or 'same', got {padding!r}")
+        if self.stride != (1, 1):
+            raise ValueError("padding='same' needs stride 1 (as in PyTorch)")
+        totals = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)]
+        if any(total % 2 for total in totals):
+            raise ValueError(f"padding='same' with kernel_size {self.kernel_size} and dilation {self.dilation} "
+                             "needs uneven padding, which gputrain does not support: pass an odd kernel_size")
+        return totals[0] // 2, totals[1] // 2
+
+    def _has_param(self, name: str) -> bool:
+        return name == "weight" or self.has_bias
+
+    def _spec(self) -> tuple:
+        return ("conv2d", self.in_channels, self.out_channels, self.kernel_size, self.stride,
+                self.padding, self.dilation, self.groups, self.has_bias)
+
+    def extra_repr(self) -> str:
+        text = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0, 0):
+            text += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text + ("" if self.has_bias else ", bias=False")
+
+
 class Sequential(Module):
     """Layers applied in order; children are named '0', '1', ... as in PyTorch."""
 
