@@ -59,6 +59,8 @@ gt_status gt_layer_forward(gt_layer *layer, const void *in, gt_run *run) {
     case GT_LAYER_SEQUENTIAL: return gt_sequential_forward(layer, in, run);
     case GT_LAYER_RESIDUAL: return gt_residual_forward(layer, in, run);
     case GT_LAYER_ATTENTION: return gt_attention_layer_forward(layer, in, run);
+    case GT_LAYER_BATCHNORM2D: return gt_batchnorm2d_forward(layer, in, run);
+    case GT_LAYER_POOL2D: return gt_pool2d_layer_forward(layer, in, run);
     }
     return GT_FAIL(GT_ERR_RUNTIME, "unknown layer kind %d", (int)layer->kind);
 }
@@ -81,6 +83,8 @@ gt_status gt_layer_backward(gt_layer *layer, void *din, const void *dout, const 
     case GT_LAYER_SEQUENTIAL: return gt_sequential_backward(layer, din, dout, in, run);
     case GT_LAYER_RESIDUAL: return gt_residual_backward(layer, din, dout, in, run);
     case GT_LAYER_ATTENTION: return gt_attention_layer_backward(layer, din, dout, in, run);
+    case GT_LAYER_BATCHNORM2D: return gt_batchnorm2d_backward(layer, din, dout, in, run);
+    case GT_LAYER_POOL2D: return gt_pool2d_layer_backward(layer, din, dout, in, run);
     }
     return GT_FAIL(GT_ERR_RUNTIME, "unknown layer kind %d", (int)layer->kind);
 }

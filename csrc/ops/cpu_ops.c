@@ -25,6 +25,11 @@ static const gt_ops cpu_ops = {
     .attention_workspace_bytes = gt_cpu_attention_workspace_bytes,
     .attention_forward = gt_cpu_attention_forward,
     .attention_backward = gt_cpu_attention_backward,
+    .batchnorm_forward = gt_cpu_batchnorm_forward,
+    .batchnorm_backward = gt_cpu_batchnorm_backward,
+    .pool2d_workspace_bytes = gt_cpu_pool2d_workspace_bytes,
+    .pool2d_forward = gt_cpu_pool2d_forward,
+    .pool2d_backward = gt_cpu_pool2d_backward,
 };
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

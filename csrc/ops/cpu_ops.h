@@ -64,6 +64,15 @@ size_t gt_cpu_attention_workspace_bytes(const gt_attention_args *args, int threa
 gt_status gt_cpu_attention_forward(gt_backend *be, const gt_attention_args *args);
 gt_status gt_cpu_attention_backward(gt_backend *be, const gt_attention_args *args);
 
+/* cpu_batchnorm.c */
+gt_status gt_cpu_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *args);
+gt_status gt_cpu_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *args);
+
+/* cpu_pool.c */
+size_t gt_cpu_pool2d_workspace_bytes(const gt_pool2d_args *args, int threads);
+gt_status gt_cpu_pool2d_forward(gt_backend *be, const gt_pool2d_args *args);
+gt_status gt_cpu_pool2d_backward(gt_backend *be, const gt_pool2d_args *args);
+
 /* cpu_memory.c */
 gt_status gt_cpu_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src,
                       gt_dtype src_dt, int64_t n);

@@ -360,6 +360,64 @@ static size_t sim_attention_workspace_bytes(const gt_attention_args *args, int t
     return gt_cpu_ops()->attention_workspace_bytes(args, threads);
 }
 
+/* ------------------------------------------------------------ BatchNorm and pooling  */
+
+typedef struct batchnorm_job {
+    gt_backend cpu;            /* the CPU backend */
+    gt_batchnorm_args args;    /* the BatchNorm (operands and running statistics in sim memory) */
+} batchnorm_job;
+_Static_assert(sizeof(batchnorm_job) <= GT_SIM_ARGS_BYTES, "a BatchNorm job fits a queue entry");
+
+static gt_status run_batchnorm_forward(void *p) {
+    batchnorm_job *j = p;
+    return gt_cpu_ops()->batchnorm_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_batchnorm_backward(void *p) {
+    batchnorm_job *j = p;
+    return gt_cpu_ops()->batchnorm_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *args) {
+    batchnorm_job job = {cpu_view(be), *args};
+    return launch(be, run_batchnorm_forward, &job, sizeof job);
+}
+
+static gt_status sim_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *args) {
+    batchnorm_job job = {cpu_view(be), *args};
+    return launch(be, run_batchnorm_backward, &job, sizeof job);
+}
+
+typedef struct pool_job {
+    gt_backend cpu;          /* the CPU backend over this backend's workspace */
+    gt_pool2d_args args;     /* the pooling (operands in sim memory) */
+} pool_job;
+_Static_assert(sizeof(pool_job) <= GT_SIM_ARGS_BYTES, "a pooling job fits a queue entry");
+
+static gt_status run_pool_forward(void *p) {
+    pool_job *j = p;
+    return gt_cpu_ops()->pool2d_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_pool_backward(void *p) {
+    pool_job *j = p;
+    return gt_cpu_ops()->pool2d_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_pool_forward(gt_backend *be, const gt_pool2d_args *args) {
+    pool_job job = {cpu_view(be), *args};
+    return launch(be, run_pool_forward, &job, sizeof job);
+}
+
+static gt_status sim_pool_backward(gt_backend *be, const gt_pool2d_args *args) {
+    pool_job job = {cpu_view(be), *args};
+    return launch(be, run_pool_backward, &job, sizeof job);
+}
+
+static size_t sim_pool_workspace_bytes(const gt_pool2d_args *args, int threads) {
+    return gt_cpu_ops()->pool2d_workspace_bytes(args, threads);
+}
+
 static size_t sim_gemm_workspace_bytes(const gt_gemm_args *args) { return gt_cpu_ops()->gemm_workspace_bytes(args); }
 
 static const gt_ops sim_ops = {
@@ -386,6 +444,11 @@ static const gt_ops sim_ops = {
     .attention_workspace_bytes = sim_attention_workspace_bytes,
     .attention_forward = sim_attention_forward,
     .attention_backward = sim_attention_backward,
+    .batchnorm_forward = sim_batchnorm_forward,
+    .batchnorm_backward = sim_batchnorm_backward,
+    .pool2d_workspace_bytes = sim_pool_workspace_bytes,
+    .pool2d_forward = sim_pool_forward,
+    .pool2d_backward = sim_pool_backward,
 };
 
 const gt_ops *gt_sim_ops(void) { return &sim_ops; }

@@ -2,11 +2,15 @@
 
 from gputrain.nn.layers import (
     GELU,
+    AdaptiveAvgPool2d,
+    AvgPool2d,
+    BatchNorm2d,
     Dropout,
     Embedding,
     Flatten,
     LayerNorm,
     Linear,
+    MaxPool2d,
     MultiheadAttention,
     ReLU,
     Residual,
@@ -20,6 +24,9 @@ from gputrain.nn.parameter import Parameter
 
 __all__ = [
     "GELU",
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BatchNorm2d",
     "CrossEntropyLoss",
     "Dropout",
     "Embedding",
@@ -27,6 +34,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "MSELoss",
+    "MaxPool2d",
     "MultiheadAttention",
     "Module",
     "Parameter",
