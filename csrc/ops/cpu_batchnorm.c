@@ -93,13 +93,17 @@ GT_CPU_KERNEL(bn_din, (void *din, const void *dout, const void *in, float mean, 
                        gt_dtype dt),
               din, dout, in, mean, scale, shift, slope, n, c, channels, hw)
 
-static gt_status check_batchnorm(const gt_batchnorm_args *a) {
+static gt_status check_batchnorm(const gt_batchnorm_args *a, int forward) {
     GT_TRY(gt_op_check_size(a->n, "n"));
     GT_TRY(gt_op_check_size(a->c, "c"));
     GT_TRY(gt_op_check_size(a->hw, "hw"));
     GT_TRY(gt_op_check_dtype(a->dt, "dt"));
     if (!(a->eps >= 0.0f))
         return GT_FAIL(GT_ERR_VALUE, "eps: must be >= 0, got %g", (double)a->eps);
+    if (a->c > 0 && (!a->in || !a->mean || !a->rstd || (forward ? !a->out : !a->dout)))
+        return GT_FAIL(GT_ERR_VALUE, "in, mean, rstd, %s: must not be NULL", forward ? "out" : "dout");
+    if (!forward)
+        return GT_OK;
     if (!a->batch_stats && (!a->running_mean || !a->running_var))
         return GT_FAIL(GT_ERR_VALUE, "running_mean: normalising with running statistics needs them");
     if (a->update_running && (!a->batch_stats || !a->running_mean || !a->running_var || !a->num_batches_tracked))
@@ -122,7 +126,7 @@ static void update_running(const gt_batchnorm_args *a, size_t c, double mean, do
 
 gt_status gt_cpu_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *a) {
     (void)be;
-    GT_TRY(check_batchnorm(a));
+    GT_TRY(check_batchnorm(a, 1));
     if (a->c == 0)
         return GT_OK;
     double factor = a->momentum;
@@ -157,7 +161,7 @@ gt_status gt_cpu_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *a) {
 
 gt_status gt_cpu_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *a) {
     (void)be;
-    GT_TRY(check_batchnorm(a));
+    GT_TRY(check_batchnorm(a, 0));
     __typeof__(&bn_grad_sums_scalar) sums = GT_CPU_RUN(bn_grad_sums);
     __typeof__(&bn_din_scalar) din = GT_CPU_RUN(bn_din);
     size_t n = (size_t)a->n, channels = (size_t)a->c, hw = (size_t)a->hw;
