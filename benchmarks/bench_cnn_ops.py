@@ -52,10 +52,13 @@ def cases(torch):
     pdout = rng.standard_normal(pooled.shape).astype(np.float32)
     tpdout = torch.from_numpy(pdout)
     _, indices = aten.max_pool2d_with_indices(tx, [2, 2], [2, 2])
-    yield ("MaxPool2d(2) forward", lambda: _C.op_pool2d(pooled, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32"),
+    argmax = np.empty(pooled.shape, np.int32)  # the maxima the layer saves, as PyTorch its indices
+    yield ("MaxPool2d(2) forward",
+           lambda: _C.op_pool2d(pooled, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", argmax=argmax),
            lambda: aten.max_pool2d_with_indices(tx, [2, 2], [2, 2]))
     yield ("MaxPool2d(2) backward",
-           lambda: _C.op_pool2d(din, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", dout=pdout),
+           lambda: _C.op_pool2d(din, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", dout=pdout,
+                                argmax=argmax),
            lambda: aten.max_pool2d_with_indices_backward(tpdout, tx, [2, 2], [2, 2], [0, 0], [1, 1], False, indices))
     yield ("AvgPool2d(2) forward", lambda: _C.op_pool2d(pooled, x, "avg", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32"),
            lambda: aten.avg_pool2d(tx, [2, 2], [2, 2]))

@@ -391,3 +391,25 @@ def test_errors_name_the_argument_and_leave_the_model_unchanged():
     assert one(np.ones((1, C, 1, 1), np.float32)).shape == (1, C)  # eval: running statistics, allowed
     for key, value in model.state_dict().items():
         assert np.array_equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_max_pool_backward_from_saved_maxima_equals_the_recomputed_one(dt):
+    """The layer saves the maxima in forward (argmax); without them the op recomputes them: same bits."""
+    import _reference as ref
+
+    rng = np.random.default_rng(0)
+    x = ref.to_dtype(rng.integers(0, 4, (2, 3, 9, 8)).astype(np.float64), dt)  # ties
+    raw = (lambda a: a.view(np.uint16)) if dt == "bf16" else (lambda a: a)
+    out, dout = np.empty((2, 3, 5, 4), x.dtype), ref.to_dtype(rng.standard_normal((2, 3, 5, 4)), dt)
+    argmax = np.full(out.shape, -1, np.int32)
+    args = ("max", (3, 3), (2, 2), (1, 1), (1, 1), True, dt)
+    gt._C.op_pool2d(raw(out), raw(x), *args, argmax=argmax)
+    grads = []
+    for saved in (argmax, None):
+        din = np.empty_like(x)
+        gt._C.op_pool2d(raw(din), raw(x), *args, dout=raw(dout), argmax=saved)
+        grads.append(din)
+    assert ref.same_bits(grads[0], grads[1]) and np.abs(grads[0].astype(np.float32)).sum() > 0
+    with pytest.raises(ValueError, match="argmax"):
+        gt._C.op_pool2d(raw(np.empty_like(x)), raw(x), *args, dout=raw(dout), argmax=argmax * 0 + 72)

@@ -32,21 +32,29 @@ def torch_pool(x, kind, kernel, stride, padding, dilation, ceil_mode, include_pa
     return F.avg_pool2d(x, kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=include_pad)
 
 
-def ours_pool(x, dout, out_shape, kind, kernel, stride, padding, dilation, include_pad):
+def ours_pool(x, dout, out_shape, kind, kernel, stride, padding, dilation, include_pad, saved):
+    """Forward and input gradient; max pooling with its maxima saved by forward (saved) or
+    recomputed by backward."""
     out = np.empty(out_shape, np.float32)
-    _C.op_pool2d(out, x, kind, kernel, stride, padding, dilation, include_pad, "f32")
+    argmax = np.full(out_shape, -1, np.int32) if saved else None
+    _C.op_pool2d(out, x, kind, kernel, stride, padding, dilation, include_pad, "f32", argmax=argmax)
     din = np.empty_like(x)
-    _C.op_pool2d(din, x, kind, kernel, stride, padding, dilation, include_pad, "f32", dout=dout)
+    _C.op_pool2d(din, x, kind, kernel, stride, padding, dilation, include_pad, "f32", dout=dout, argmax=argmax)
     return out, din
 
 
 def compare(x, config, exact):
+    for saved in (False, True) if config[0] == "max" else (False,):
+        compare_once(x, config, exact, saved)
+
+
+def compare_once(x, config, exact, saved):
     kind, kernel, stride, padding, dilation, ceil_mode, include_pad = config
     tx = torch.from_numpy(x.copy()).requires_grad_()
     ty = torch_pool(tx, *config) if kind != "adaptive_avg" else F.adaptive_avg_pool2d(tx, kernel)
     dout = np.random.default_rng(1).standard_normal(tuple(ty.shape)).astype(np.float32)
     ty.backward(torch.from_numpy(dout))
-    out, din = ours_pool(x, dout, tuple(ty.shape), kind, kernel, stride, padding, dilation, include_pad)
+    out, din = ours_pool(x, dout, tuple(ty.shape), kind, kernel, stride, padding, dilation, include_pad, saved)
     if exact:
         np.testing.assert_array_equal(out, ty.detach().numpy())
         np.testing.assert_array_equal(din, tx.grad.numpy())

@@ -202,9 +202,10 @@ static int64_t pool_out_size(int64_t size, int64_t k, int64_t pad, int64_t strid
     return out;
 }
 
-/* Pooling: the output size from the window (adaptive: as configured), and the f32 planes its
- * half-precision backward accumulates in, noted in the workspace. */
-static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path) {
+/* Pooling: the output size from the window (adaptive: as configured), MAX's saved maxima, and
+ * the f32 planes its half-precision backward accumulates in, noted in the workspace. */
+static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path,
+                           gt_plan_cursor *region) {
     GT_TRY(check_nchw(w, in, 0, layer, path));
     gt_pool2d_args *a = &layer->pool;
     a->n = in->shape[0];
@@ -225,6 +226,19 @@ static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
     }
     layer->out.shape[2] = a->out_h;
     layer->out.shape[3] = a->out_w;
+    if (a->kind == GT_POOL_MAX) {  /* (N, C, OH, OW) int32 offsets of the maxima, for backward */
+        char name[GT_LAYER_PATH_BYTES + 64];
+        if (a->h * a->w > INT32_MAX)
+            return GT_FAIL(GT_ERR_VALUE, "%s: %s gets planes of %lld x %lld elements, more than int32 offsets "
+                           "can index", in == w->input ? w->input_name : "model",
+                           describe(name, sizeof name, layer, path), (long long)a->h, (long long)a->w);
+        const char *what = "the maxima of MaxPool2d";
+        size_t bytes = 0;
+        void *argmax = NULL;
+        GT_TRY(gt_size_mul(gt_tensor_numel(&layer->out), sizeof(int32_t), what, &bytes));
+        GT_TRY(cursor_take(region, bytes, what, &argmax));
+        a->argmax = argmax;
+    }
     size_t bytes = w->ops->pool2d_workspace_bytes(a, gt_get_num_threads());
     GT_TRY(gt_size_check(bytes, "the workspace of pooling"));
     if (bytes > w->workspace_bytes)
@@ -313,7 +327,7 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
     case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
     case GT_LAYER_ATTENTION: GT_TRY(plan_attention(w, layer, in, path, region)); break;
     case GT_LAYER_BATCHNORM2D: GT_TRY(plan_batchnorm(w, layer, in, path, region)); break;
-    case GT_LAYER_POOL2D: GT_TRY(plan_pool(w, layer, in, path)); break;
+    case GT_LAYER_POOL2D: GT_TRY(plan_pool(w, layer, in, path, region)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

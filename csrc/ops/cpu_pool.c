@@ -1,8 +1,9 @@
 /* CPU 2-D pooling of NCHW activations (ops.h, gt_pool2d_args), one (n, c) plane at a time, with
  * PyTorch's CPU arithmetic: MAX keeps the first maximum of the window in row-major order (a NaN
  * wins), AVG sums the window in f32 in row-major order and divides by the divisor, adaptive AVG
- * divides by the rows and then by the columns of its window. Backward recomputes the argmax from
- * the input (nothing is stored) and adds each output's gradient to its inputs, outputs in
+ * divides by the rows and then by the columns of its window. Backward reads the maxima's offsets
+ * the forward saved (or recomputes them from the input without them) and adds each output's
+ * gradient to its inputs, outputs in
  * row-major order: into din itself in f32, or into an f32 plane of the workspace (one per
  * thread) rounded once into din for f16/bf16. Planes run in parallel, each on one thread, so any
  * thread count gives the same bits. */
@@ -22,10 +23,10 @@ typedef struct pool_span {
     int64_t divisor;  /* AVG: the window's size counted per count_include_pad; ADAPTIVE: count */
 } pool_span;
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+GT_INLINE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* The span of output o along dimension d (0: rows, 1: columns) of an input of `size`. */
-static pool_span pool_window(const gt_pool2d_args *a, int d, int64_t o, int64_t size, int64_t outs) {
+GT_INLINE pool_span pool_window(const gt_pool2d_args *a, int d, int64_t o, int64_t size, int64_t outs) {
     pool_span s = {0, 1, 0, 1};
     if (a->kind == GT_POOL_ADAPTIVE_AVG) {
         s.first = o * size / outs;
@@ -42,9 +43,9 @@ static pool_span pool_window(const gt_pool2d_args *a, int d, int64_t o, int64_t 
         s.divisor = a->count_include_pad ? end - start : s.count;
         return s;
     }
-    int64_t dil = a->dilation[d];
-    int64_t i0 = start < 0 ? ceil_div(-start, dil) : 0;
-    int64_t i1 = size > start ? ceil_div(size - start, dil) : 0;
+    int64_t dil = a->dilation[d];  /* no division without dilation: this runs once per output */
+    int64_t i0 = start >= 0 ? 0 : dil == 1 ? -start : ceil_div(-start, dil);
+    int64_t i1 = size <= start ? 0 : dil == 1 ? size - start : ceil_div(size - start, dil);
     i1 = i1 < k ? i1 : k;
     s.first = start + i0 * dil;
     s.step = dil;
@@ -63,10 +64,9 @@ GT_INLINE size_t pool_argmax(const void *plane_in, size_t plane, const pool_span
         for (int64_t j = 0; j < c->count; j++) {
             size_t at = row + (size_t)(c->first + j * c->step);
             float v = gt_cpu_load(plane_in, plane + at, dt);
-            if (v > value || isnan(v)) {
-                value = v;
-                best = at;
-            }
+            int take = (v > value) | (v != v);  /* branch-free: random data mispredicts a branch */
+            value = take ? v : value;
+            best = take ? at : best;
         }
     }
     return best;
@@ -92,48 +92,60 @@ GT_INLINE float pool_divide(const gt_pool2d_args *a, float v, const pool_span *r
     return v / (float)(r->divisor * c->divisor);
 }
 
-GT_INLINE void pool_forward_body(const gt_pool2d_args *a, size_t p, gt_dtype dt) {
-    size_t plane = p * (size_t)(a->h * a->w), out = p * (size_t)(a->out_h * a->out_w);
-    for (int64_t oh = 0; oh < a->out_h; oh++) {
-        pool_span r = pool_window(a, 0, oh, a->h, a->out_h);
-        for (int64_t ow = 0; ow < a->out_w; ow++) {
-            pool_span c = pool_window(a, 1, ow, a->w, a->out_w);
+/* The arguments are copied into a local so that stores into the output cannot alias them. */
+GT_INLINE void pool_forward_body(const gt_pool2d_args *args, size_t p, gt_dtype dt) {
+    const gt_pool2d_args a = *args;
+    size_t plane = p * (size_t)(a.h * a.w), out = p * (size_t)(a.out_h * a.out_w);
+    for (int64_t oh = 0; oh < a.out_h; oh++) {
+        pool_span r = pool_window(&a, 0, oh, a.h, a.out_h);
+        for (int64_t ow = 0; ow < a.out_w; ow++) {
+            pool_span c = pool_window(&a, 1, ow, a.w, a.out_w);
+            size_t at = out + (size_t)(oh * a.out_w + ow);
             float v;
-            if (a->kind == GT_POOL_MAX)
-                v = r.count && c.count ? gt_cpu_load(a->in, plane + pool_argmax(a->in, plane, &r, &c, a->w, dt), dt)
-                                       : -INFINITY;
-            else
-                v = pool_divide(a, pool_sum(a->in, plane, &r, &c, a->w, dt), &r, &c);
-            gt_cpu_store(a->out, out + (size_t)(oh * a->out_w + ow), v, dt);
+            if (a.kind == GT_POOL_MAX) {
+                size_t best = pool_argmax(a.in, plane, &r, &c, a.w, dt);
+                v = r.count && c.count ? gt_cpu_load(a.in, plane + best, dt) : -INFINITY;
+                if (a.argmax)
+                    a.argmax[at] = (int32_t)best;
+            } else {
+                v = pool_divide(&a, pool_sum(a.in, plane, &r, &c, a.w, dt), &r, &c);
+            }
+            gt_cpu_store(a.out, at, v, dt);
         }
     }
 }
 GT_CPU_KERNEL(pool_forward, (const gt_pool2d_args *a, size_t p, gt_dtype dt), a, p)
 
 /* Adds plane p's output gradients into acc (the plane's f32 input gradient, zeroed here). */
-GT_INLINE void pool_backward_body(const gt_pool2d_args *a, float *acc, size_t p, gt_dtype dt) {
-    size_t plane = p * (size_t)(a->h * a->w), out = p * (size_t)(a->out_h * a->out_w);
-    memset(acc, 0, (size_t)(a->h * a->w) * sizeof(float));
-    for (int64_t oh = 0; oh < a->out_h; oh++) {
-        pool_span r = pool_window(a, 0, oh, a->h, a->out_h);
-        for (int64_t ow = 0; ow < a->out_w; ow++) {
-            pool_span c = pool_window(a, 1, ow, a->w, a->out_w);
-            float g = gt_cpu_load(a->dout, out + (size_t)(oh * a->out_w + ow), dt);
-            if (!r.count || !c.count)
-                continue;
-            if (a->kind == GT_POOL_MAX) {
-                acc[pool_argmax(a->in, plane, &r, &c, a->w, dt)] += g;
-                continue;
+GT_INLINE void pool_backward_body(const gt_pool2d_args *args, float *acc, size_t p, gt_dtype dt) {
+    const gt_pool2d_args a = *args;
+    size_t plane = p * (size_t)(a.h * a.w), out = p * (size_t)(a.out_h * a.out_w);
+    memset(acc, 0, (size_t)(a.h * a.w) * sizeof(float));
+    if (a.kind == GT_POOL_MAX && a.argmax) {  /* the saved maxima: a scatter in output order */
+        for (size_t k = 0; k < (size_t)(a.out_h * a.out_w); k++)
+            acc[a.argmax[out + k]] += gt_cpu_load(a.dout, out + k, dt);
+    } else {
+        for (int64_t oh = 0; oh < a.out_h; oh++) {
+            pool_span r = pool_window(&a, 0, oh, a.h, a.out_h);
+            for (int64_t ow = 0; ow < a.out_w; ow++) {
+                pool_span c = pool_window(&a, 1, ow, a.w, a.out_w);
+                float g = gt_cpu_load(a.dout, out + (size_t)(oh * a.out_w + ow), dt);
+                if (!r.count || !c.count)
+                    continue;
+                if (a.kind == GT_POOL_MAX) {
+                    acc[pool_argmax(a.in, plane, &r, &c, a.w, dt)] += g;
+                    continue;
+                }
+                float share = pool_divide(&a, g, &r, &c);
+                for (int64_t i = 0; i < r.count; i++)
+                    for (int64_t j = 0; j < c.count; j++)
+                        acc[(r.first + i) * a.w + c.first + j] += share;
             }
-            float share = pool_divide(a, g, &r, &c);
-            for (int64_t i = 0; i < r.count; i++)
-                for (int64_t j = 0; j < c.count; j++)
-                    acc[(r.first + i) * a->w + c.first + j] += share;
         }
     }
     if (dt != GT_F32)
-        for (size_t k = 0; k < (size_t)(a->h * a->w); k++)
-            gt_cpu_store(a->din, plane + k, acc[k], dt);
+        for (size_t k = 0; k < (size_t)(a.h * a.w); k++)
+            gt_cpu_store(a.din, plane + k, acc[k], dt);
 }
 GT_CPU_KERNEL(pool_backward, (const gt_pool2d_args *a, float *acc, size_t p, gt_dtype dt), a, acc, p)
 
@@ -163,6 +175,9 @@ static gt_status check_pool(const gt_pool2d_args *a, int backward) {
         if (a->kernel[d] < 1 || a->stride[d] < 1 || a->dilation[d] < 1 || a->padding[d] < 0)
             return GT_FAIL(GT_ERR_VALUE, "kernel, stride and dilation must be >= 1 and padding >= 0");
     }
+    if (a->kind == GT_POOL_MAX && a->argmax && a->h * a->w > INT32_MAX)
+        return GT_FAIL(GT_ERR_VALUE, "argmax: planes of %lld x %lld elements are beyond int32 offsets",
+                       (long long)a->h, (long long)a->w);
     if (a->kind == GT_POOL_ADAPTIVE_AVG && a->n * a->c > 0 && (a->out_h < 1 || a->out_w < 1))
         return GT_FAIL(GT_ERR_VALUE, "out_h, out_w: adaptive pooling needs an output of at least 1 x 1");
     if (a->n * a->c * a->out_h * a->out_w == 0)

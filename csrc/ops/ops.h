@@ -168,6 +168,9 @@ typedef struct gt_pool2d_args {
     void *out;                     /* forward: (N, C, out_h, out_w) dt */
     const void *dout;              /* backward: (N, C, out_h, out_w) dt */
     void *din;                     /* backward: (N, C, H, W) dt, written */
+    int32_t *argmax;               /* MAX: (N, C, out_h, out_w) offset in its plane of each output's
+                                      maximum, written by forward and read by backward; NULL:
+                                      backward recomputes it from `in` */
     gt_dtype dt;                   /* f32, f16 or bf16 */
 } gt_pool2d_args;
 

@@ -158,16 +158,17 @@ static int parse_pool_kind(const char *text, gt_pool_kind *kind) {
     return -1;
 }
 
-/* op_pool2d(out, x, kind, kernel, stride, padding, dilation, count_include_pad, dt, dout=None):
- * forward into out, or (dout given) the input gradient into out (x's shape). */
+/* op_pool2d(out, x, kind, kernel, stride, padding, dilation, count_include_pad, dt, dout=None,
+ * argmax=None): forward into out, or (dout given) the input gradient into out (x's shape); MAX
+ * with an int32 argmax of the pooled shape saves the maxima in forward and reads them in backward. */
 static PyObject *op_pool2d(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"out", "x", "kind", "kernel", "stride", "padding", "dilation",
-                               "count_include_pad", "dt", "dout", NULL};
-    PyObject *out_obj, *x_obj, *k_obj, *s_obj, *p_obj, *d_obj, *dout_obj = Py_None;
+                               "count_include_pad", "dt", "dout", "argmax", NULL};
+    PyObject *out_obj, *x_obj, *k_obj, *s_obj, *p_obj, *d_obj, *dout_obj = Py_None, *argmax_obj = Py_None;
     const char *kind_text, *text;
     int include_pad;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOsOOOOps|O:op_pool2d", keywords, &out_obj, &x_obj, &kind_text,
-                                     &k_obj, &s_obj, &p_obj, &d_obj, &include_pad, &text, &dout_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOsOOOOps|OO:op_pool2d", keywords, &out_obj, &x_obj, &kind_text,
+                                     &k_obj, &s_obj, &p_obj, &d_obj, &include_pad, &text, &dout_obj, &argmax_obj))
         return NULL;
     gt_pool2d_args a = {.count_include_pad = include_pad};
     int64_t xd[4], od[4];
@@ -187,6 +188,23 @@ static PyObject *op_pool2d(PyObject *module, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     a.n = xd[0], a.c = xd[1], a.h = xd[2], a.w = xd[3], a.out_h = od[2], a.out_w = od[3];
+    if (argmax_obj != Py_None) {
+        PyArrayObject *argmax = gtpy_as_array(argmax_obj, "argmax", NPY_INT32, 1);
+        if (!argmax || gtpy_same_shape(argmax, "argmax", pooled, backward ? "dout" : "out") < 0)
+            return NULL;
+        if (a.kind != GT_POOL_MAX) {
+            PyErr_SetString(PyExc_ValueError, "argmax: only max pooling saves its maxima");
+            return NULL;
+        }
+        a.argmax = PyArray_DATA(argmax);
+        if (backward) {  /* offsets read from Python: each must lie in its plane */
+            const int32_t *k = a.argmax;
+            for (npy_intp i = 0; i < PyArray_SIZE(argmax); i++)
+                if (k[i] < 0 || k[i] >= a.h * a.w)
+                    return PyErr_Format(PyExc_ValueError, "argmax[%zd]: %d is outside a %lld x %lld plane",
+                                        (Py_ssize_t)i, (int)k[i], (long long)a.h, (long long)a.w);
+        }
+    }
     a.in = PyArray_DATA(x);
     if (backward) {
         a.dout = PyArray_DATA(pooled);
@@ -219,8 +237,9 @@ static PyMethodDef cnn_ops_methods[] = {
      "op_batchnorm2d_backward(din, dweight, dbias, dout, x, weight, mean, rstd, batch_stats, dt, "
      "accumulate=False)\n--\n\nGradients of BatchNorm2d (None: not wanted or absent)."},
     {"op_pool2d", KW(op_pool2d),
-     "op_pool2d(out, x, kind, kernel, stride, padding, dilation, count_include_pad, dt, dout=None)\n--\n\n"
-     "2-D pooling into out (its shape sets the output size), or with dout the input gradient into out."},
+     "op_pool2d(out, x, kind, kernel, stride, padding, dilation, count_include_pad, dt, dout=None, argmax=None)"
+     "\n--\n\n2-D pooling into out (its shape sets the output size), or with dout the input gradient into "
+     "out; argmax (int32, max pooling): the maxima saved by forward, read by backward."},
     {NULL, NULL, 0, NULL},
 };
 
