@@ -349,7 +349,9 @@ def test_checkpointed_recompute_does_not_update_running_statistics_twice():
 def test_memory_plan_counts_the_buffers_and_matches_the_arenas():
     model = cnn()
     plan = model.compiled.plan((4, C, H, W))
-    assert plan["buffers"] == 128  # per BatchNorm2d: 2 x 2 floats and an int64 (24 bytes), 64-byte aligned in all
+    # per BatchNorm2d 2 x 2 floats and an int64 (24 bytes), 64-byte aligned in all, and the copy a failed
+    # training step restores them from
+    assert plan["buffers"] == 2 * 128
     arenas = model.compiled.arena_plan((4, C, H, W))
     model(np.zeros((4, C, H, W), np.float32))
     assert model.compiled.live_arenas()["buffers"] == arenas["buffers"] > 0
@@ -413,3 +415,19 @@ def test_max_pool_backward_from_saved_maxima_equals_the_recomputed_one(dt):
     assert ref.same_bits(grads[0], grads[1]) and np.abs(grads[0].astype(np.float32)).sum() > 0
     with pytest.raises(ValueError, match="argmax"):
         gt._C.op_pool2d(raw(np.empty_like(x)), raw(x), *args, dout=raw(dout), argmax=argmax * 0 + 72)
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_a_failed_step_leaves_the_running_statistics_as_they_were(device):
+    """The second micro-batch's labels are out of range: its loss fails after both forwards updated
+    the running statistics; the step restores them (and changes nothing else)."""
+    model = cnn().to(device)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), SGD.for_model(model, lr=0.1), gradient_accumulation_steps=2)
+    x = np.random.default_rng(0).standard_normal((4, C, H, W)).astype(np.float32)
+    step(x, np.array([0, 1, 2, 3]))
+    before = model.state_dict()
+    with pytest.raises(IndexError):
+        step(x, np.array([0, 1, 2, CLASSES]))
+    for key, value in model.state_dict().items():
+        assert value.tobytes() == before[key].tobytes(), key
+    assert int(before["1.num_batches_tracked"]) == 2

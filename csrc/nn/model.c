@@ -157,10 +157,17 @@ static void reset_buffers(const gt_layer *layer, char *host, const char *base) {
     *count = 0;
 }
 
+/* Bytes the model requests for its buffer arena: the buffers and, after them, the copy a training
+ * step restores when it fails (0 without buffers). */
+static size_t buffer_arena_request(const gt_model *model) {
+    return 2 * gt_align_up(model->buffer_bytes);  /* checked by the layout */
+}
+
 /* The buffer arena: laid out, allocated, pointed at and reset (staged on the host). */
 static gt_status create_buffers(gt_model *model) {
     GT_TRY(layout_buffers(&model->root, &model->buffer_bytes));
-    GT_TRY(gt_arena_create(&model->buffers, model->backend.device, model->buffer_bytes));
+    GT_TRY(gt_size_check(buffer_arena_request(model), "the running statistics of the model"));
+    GT_TRY(gt_arena_create(&model->buffers, model->backend.device, buffer_arena_request(model)));
     if (model->buffer_bytes == 0)
         return GT_OK;
     point_buffers(&model->root, model->buffers.block.ptr);
@@ -393,7 +400,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     plan->param_bytes = model->num_params * sizeof(float);  /* checked by the layout */
     plan->grad_bytes = plan->param_bytes;
     plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_params * gt_dtype_size(dt);
-    plan->buffer_bytes = gt_align_up(model->buffer_bytes);  /* checked by the layout */
+    plan->buffer_bytes = buffer_arena_request(model);
     size_t total = 0;
     const size_t parts[] = {plan->param_bytes, plan->grad_bytes, plan->lowp_param_bytes, plan->buffer_bytes,
                             plan->activation_bytes, plan->recompute_bytes, plan->scratch_bytes,
@@ -403,7 +410,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     plan->total_bytes = total;
     plan->param_arena_bytes = gt_block_reserved_bytes(param_arena_request(model));
     plan->lowp_arena_bytes = gt_block_reserved_bytes(lowp_arena_request(model, dt));
-    plan->buffer_arena_bytes = gt_block_reserved_bytes(model->buffer_bytes);
+    plan->buffer_arena_bytes = gt_block_reserved_bytes(buffer_arena_request(model));
     plan->activation_arena_bytes = gt_block_reserved_bytes(region_bytes(plan));
     plan->backend_arena_bytes = gt_block_reserved_bytes(backend_request(model));
     plan->step_scratch_bytes = gt_block_reserved_bytes(step_scratch_request(model));
@@ -706,6 +713,25 @@ gt_status gt_model_read_buffers(gt_model *model, void *host) {
 
 gt_status gt_model_write_buffers(gt_model *model, const void *host) {
     return model_memcpy(model, model->buffers.block.ptr, host, model->buffer_bytes);
+}
+
+/* The step's copy of the buffers, after them in their arena. */
+static void *buffer_backup(const gt_model *model) {
+    return (char *)model->buffers.block.ptr + gt_align_up(model->buffer_bytes);
+}
+
+gt_status gt_model_save_buffers(gt_model *model) {
+    if (model->buffer_bytes == 0)
+        return GT_OK;
+    return model->backend.ops->copy(&model->backend, buffer_backup(model), model->buffers.block.ptr,
+                                    model->buffer_bytes);
+}
+
+gt_status gt_model_restore_buffers(gt_model *model) {
+    if (model->buffer_bytes == 0)
+        return GT_OK;
+    return model->backend.ops->copy(&model->backend, model->buffers.block.ptr, buffer_backup(model),
+                                    model->buffer_bytes);
 }
 
 gt_status gt_model_zero_gradients(gt_model *model) {
