@@ -270,6 +270,22 @@ def op_attention(
 ) -> None: ...
 def op_cast(dst: np.ndarray, dst_dt: str, src: np.ndarray, src_dt: str) -> None: ...
 def op_copy(dst: np.ndarray, src: np.ndarray | None = ...) -> None: ...
+def op_batchnorm2d(
+    out: np.ndarray, mean: np.ndarray, rstd: np.ndarray, x: np.ndarray, weight: np.ndarray | None,
+    bias: np.ndarray | None, running_mean: np.ndarray | None, running_var: np.ndarray | None,
+    num_batches_tracked: np.ndarray | None, eps: float, momentum: float, batch_stats: bool,
+    update_running: bool, dt: str,
+) -> None: ...
+def op_batchnorm2d_backward(
+    din: np.ndarray | None, dweight: np.ndarray | None, dbias: np.ndarray | None, dout: np.ndarray, x: np.ndarray,
+    weight: np.ndarray | None, mean: np.ndarray, rstd: np.ndarray, batch_stats: bool, dt: str,
+    accumulate: bool = ...,
+) -> None: ...
+def op_pool2d(
+    out: np.ndarray, x: np.ndarray, kind: str, kernel: tuple[int, int], stride: tuple[int, int],
+    padding: tuple[int, int], dilation: tuple[int, int], count_include_pad: bool, dt: str,
+    dout: np.ndarray | None = ..., argmax: np.ndarray | None = ...,
+) -> None: ...
 
 # --- optim (csrc/py/optim.c) ---
 class Optimizer:
