@@ -68,7 +68,7 @@ gt_status gt_cpu_attention_backward(gt_backend *be, const gt_attention_args *arg
 gt_status gt_cpu_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *args);
 gt_status gt_cpu_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *args);
 
-/* cpu_pool.c */
+/* cpu_pool2d.c */
 size_t gt_cpu_pool2d_workspace_bytes(const gt_pool2d_args *args, int threads);
 gt_status gt_cpu_pool2d_forward(gt_backend *be, const gt_pool2d_args *args);
 gt_status gt_cpu_pool2d_backward(gt_backend *be, const gt_pool2d_args *args);
