@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 import _attention_reference as aref
+import _cnn_reference as cnnref
 import _conv_reference as cref
 import gputrain as gt
 
@@ -31,6 +32,8 @@ def gelu_grad(x, approximate):
 def layer_forward(layer, x, params, dropout=None):
     """Forward of one layer; returns (output, cache for backward). `dropout(layer, shape)` gives a
     Dropout layer's multiplier (keep mask times 1 / (1 - p)) in training; None: eval mode."""
+    if cnnref.is_cnn_layer(layer):
+        return cnnref.layer_forward(layer, x, params)
     if isinstance(layer, gt.nn.Linear):
         w = params[id(layer)]["weight"]
         b = params[id(layer)].get("bias")
@@ -81,6 +84,8 @@ def layer_forward(layer, x, params, dropout=None):
 
 def layer_backward(layer, dy, cache, params, grads):
     """Backward of one layer; accumulates parameter gradients into `grads`; returns dx."""
+    if cnnref.is_cnn_layer(layer):
+        return cnnref.layer_backward(layer, dy, cache, params, grads)
     if isinstance(layer, gt.nn.Linear):
         x = cache
         w = params[id(layer)]["weight"]

@@ -44,8 +44,12 @@ gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run) {
 gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                gt_run *run) {
     gt_layer *block = &layer->children[0];
-    if (layer->checkpointed)  /* re-run the block: same inputs and dropout keys, same bits */
-        GT_TRY(gt_sequential_forward(block, in, run));
+    if (layer->checkpointed) {  /* re-run the block: same inputs and dropout keys, same bits */
+        run->recompute = 1;     /* the running statistics were updated by the first run */
+        gt_status status = gt_sequential_forward(block, in, run);
+        run->recompute = 0;
+        GT_TRY(status);
+    }
     GT_TRY(gt_sequential_backward(block, din, dout, in, run));
     if (!din)
         return GT_OK;

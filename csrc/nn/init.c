@@ -2,7 +2,7 @@
  * Philox(seed; stream_a = parameter index, stream_b = GT_INIT_STREAM; element / 4):
  * Linear and Conv2d weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with
  * a = sqrt(5); fan_in = in_features, or in_channels / groups * kh * kw),
- * LayerNorm weight = 1 and bias = 0, Embedding (and token, position tables) weight ~ N(0, 1). */
+ * LayerNorm and BatchNorm2d weight = 1 and bias = 0, Embedding (and token, position tables) weight ~ N(0, 1). */
 #include "nn/init.h"
 
 #include <math.h>
@@ -49,6 +49,13 @@ static void init_layer(gt_layer *layer, uint64_t seed, uint32_t *next_id) {
             fill_uniform(layer->bias.data, layer->bias.numel, -bound, bound, seed, (*next_id)++);
         break;
     }
+    case GT_LAYER_BATCHNORM2D:
+        if (!layer->has_bias)
+            break;
+        fill_constant(layer->weight.data, layer->weight.numel, 1.0f);
+        fill_constant(layer->bias.data, layer->bias.numel, 0.0f);
+        *next_id += 2;
+        break;
     case GT_LAYER_LAYERNORM:
         fill_constant(layer->weight.data, layer->weight.numel, 1.0f);
         (*next_id)++;

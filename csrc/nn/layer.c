@@ -63,6 +63,8 @@ gt_status gt_layer_forward(gt_layer *layer, const void *in, gt_run *run) {
     case GT_LAYER_POOL: return gt_pool_forward(layer, in, run);
     case GT_LAYER_POSITION: return gt_position_forward(layer, in, run);
     case GT_LAYER_CONV2D: return gt_conv2d_layer_forward(layer, in, run);
+    case GT_LAYER_BATCHNORM2D: return gt_batchnorm2d_forward(layer, in, run);
+    case GT_LAYER_POOL2D: return gt_pool2d_layer_forward(layer, in, run);
     }
     return GT_FAIL(GT_ERR_RUNTIME, "unknown layer kind %d", (int)layer->kind);
 }
@@ -89,6 +91,8 @@ gt_status gt_layer_backward(gt_layer *layer, void *din, const void *dout, const 
     case GT_LAYER_POOL: return din ? gt_pool_backward(layer, din, dout, run) : GT_OK;
     case GT_LAYER_POSITION: return gt_position_backward(layer, din, dout, run);
     case GT_LAYER_CONV2D: return gt_conv2d_layer_backward(layer, din, dout, in, run);
+    case GT_LAYER_BATCHNORM2D: return gt_batchnorm2d_backward(layer, din, dout, in, run);
+    case GT_LAYER_POOL2D: return gt_pool2d_layer_backward(layer, din, dout, in, run);
     }
     return GT_FAIL(GT_ERR_RUNTIME, "unknown layer kind %d", (int)layer->kind);
 }

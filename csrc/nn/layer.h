@@ -44,6 +44,8 @@ typedef enum gt_layer_kind {
     GT_LAYER_POOL = 10,      /* (B, T, E) -> (B, E): first token or masked mean */
     GT_LAYER_POSITION = 11,  /* (..., T, C) + weight[0:T] (num_positions, C): learned positions */
     GT_LAYER_CONV2D = 12,    /* (N, C, H, W) -> (N, O, OH, OW) */
+    GT_LAYER_BATCHNORM2D = 13,/* (N, C, H, W) -> same; weight, bias (C,); running statistics */
+    GT_LAYER_POOL2D = 14,     /* (N, C, H, W) -> (N, C, OH, OW): max, average or adaptive average */
 } gt_layer_kind;
 
 typedef struct gt_layer gt_layer;
@@ -64,14 +66,15 @@ struct gt_layer {
     gt_layer_kind kind;        /* what this layer computes */
     /* configuration */
     int64_t in_features;       /* Linear: input width; LayerNorm: normalised dim; Attention:
-                                  embed_dim E; Conv2d: in_channels */
+                                  embed_dim E; Conv2d: in_channels; BatchNorm2d: num_features C */
     int64_t out_features;      /* Linear: output width; Conv2d: out_channels */
-    int has_bias;              /* Linear/LayerNorm/Conv2d: 1 when a bias exists */
+    int has_bias;              /* Linear/LayerNorm/Conv2d: 1 when a bias exists; BatchNorm2d: 1 when
+                                  affine (weight and bias) */
     gt_activation activation;  /* Activation: which function */
     double p;                  /* Dropout, Attention: drop probability in [0, 1] */
     uint32_t dropout_id;       /* Dropout, Attention: layer id in the Philox key, unique in the
                                   model */
-    float eps;                 /* LayerNorm: variance epsilon */
+    float eps;                 /* LayerNorm, BatchNorm2d: variance epsilon */
     int64_t num_embeddings;    /* Embedding: rows of the table; Position: positions */
     int64_t embedding_dim;     /* Embedding, Position: columns of the table */
     int64_t num_heads;         /* Attention: heads H (head_dim = in_features / H) */
@@ -85,6 +88,12 @@ struct gt_layer {
     int64_t padding[2];        /* Conv2d: zeros added on each side (rows, columns) */
     int64_t dilation[2];       /* Conv2d: spacing of kernel elements (rows, columns) */
     int64_t groups;            /* Conv2d: channel groups (in and out channels divisible by it) */
+    double momentum;           /* BatchNorm2d: weight of a batch in the running statistics; < 0:
+                                  cumulative average (PyTorch's momentum=None) */
+    int track_running_stats;   /* BatchNorm2d: 1 when it keeps running statistics */
+    gt_pool2d_args pool2d;     /* Pool2d: kind, kernel, stride, padding, dilation, count_include_pad
+                                  (ceil_mode only shapes out_h/out_w); sizes set by the plan */
+    int ceil_mode;             /* Pool2d MAX/AVG: 1 rounds the output size up */
     gt_layer *children;        /* Sequential: its layers; Residual: one child, the block */
     size_t num_children;       /* length of children */
     /* parameters (Linear: weight (out, in), bias (out,); LayerNorm: weight, bias (dim,);
@@ -100,10 +109,16 @@ struct gt_layer {
     /* plan for the current input shape */
     gt_tensor in_shape;        /* shape and dtype of the input (ptr unused) */
     gt_tensor out;             /* output activation (ptr into an activation region) */
-    float *mean;               /* LayerNorm: (rows,) saved statistics */
-    float *rstd;               /* LayerNorm: (rows,) saved statistics */
+    float *mean;               /* LayerNorm: (rows,), BatchNorm2d: (C,) saved statistics */
+    float *rstd;               /* LayerNorm: (rows,), BatchNorm2d: (C,) saved statistics */
     float *lse;                /* Attention: (B, H, T) saved log-sum-exp of each query's scores */
     int64_t *lengths;          /* Tokens with a mask: (B,) keys per sequence, written by forward */
+    /* buffers: state that is not a parameter (not optimised, no gradient), in the model's buffer
+       arena, shared by every use of the module */
+    size_t buffer_offset;      /* BatchNorm2d: bytes from the start of the buffer arena */
+    float *running_mean;       /* BatchNorm2d: (C,) f32, or NULL without running statistics */
+    float *running_var;        /* BatchNorm2d: (C,) f32 unbiased running variance, or NULL */
+    int64_t *num_batches_tracked; /* BatchNorm2d: (1,) batches folded in, or NULL */
     int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };
@@ -119,6 +134,8 @@ typedef struct gt_run {
     int accumulate;                 /* 0: parameter gradients are written, 1: added */
     const int64_t *key_lengths;     /* (B,) keys per sequence of the micro-batch (the model's
                                        memory), read by Attention and Pool; NULL: all keys */
+    int recompute;                  /* 1 while a checkpointed block re-runs its forward in backward:
+                                       running statistics are not updated a second time */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
 } gt_run;
 
@@ -155,6 +172,15 @@ gt_status gt_conv2d_layer_backward(gt_layer *layer, void *din, const void *dout,
                                    gt_run *run);
 /* The convolution op's arguments for the layer and an (N, C, H, W) input (pointers unset). */
 gt_conv2d_args gt_conv2d_layer_args(const gt_layer *layer, const gt_tensor *in);
+gt_status gt_batchnorm2d_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_batchnorm2d_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                  gt_run *run);
+gt_status gt_pool2d_layer_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_pool2d_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                   gt_run *run);
+/* Fails, naming the layer, when a BatchNorm2d of the tree would normalise a single value per
+ * channel with batch statistics (PyTorch's rule in training) for the planned shapes. */
+gt_status gt_batchnorm2d_check_tree(const gt_layer *layer, int training);
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run);

@@ -87,6 +87,13 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
         if (layer->has_bias)
             GT_TRY(set_param(&layer->bias, offset, 1, &layer->in_features, name));
         return GT_OK;
+    case GT_LAYER_BATCHNORM2D:
+        snprintf(name, sizeof name, "BatchNorm2d(%lld)", (long long)layer->in_features);
+        if (layer->has_bias) {
+            GT_TRY(set_param(&layer->weight, offset, 1, &layer->in_features, name));
+            GT_TRY(set_param(&layer->bias, offset, 1, &layer->in_features, name));
+        }
+        return GT_OK;
     case GT_LAYER_EMBEDDING: {
         snprintf(name, sizeof name, "Embedding(%lld, %lld)", (long long)layer->num_embeddings,
                  (long long)layer->embedding_dim);
@@ -120,6 +127,84 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
             GT_TRY(layout_layer(&layer->children[i], offset));
         return GT_OK;
     }
+}
+
+/* Bytes from the start of the buffer arena to a BatchNorm2d's num_batches_tracked: after its
+ * (C,) running mean and variance, 8-aligned. */
+static size_t count_offset(const gt_layer *layer) {
+    size_t end = layer->buffer_offset + 2 * (size_t)layer->in_features * sizeof(float);
+    return (end + sizeof(int64_t) - 1) / sizeof(int64_t) * sizeof(int64_t);
+}
+
+/* Gives every BatchNorm2d with running statistics its place in the buffer arena, in state_dict
+ * order: running_mean (C,) f32, running_var (C,) f32, num_batches_tracked int64. A later use of
+ * a module shares its first use's buffers. */
+static gt_status layout_buffers(gt_layer *layer, size_t *offset) {
+    if (layer->tied) {
+        layer->buffer_offset = layer->tied->buffer_offset;
+        return GT_OK;
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        GT_TRY(layout_buffers(&layer->children[i], offset));
+    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats)
+        return GT_OK;
+    const char *what = "the running statistics of a BatchNorm2d";
+    size_t stats = 0, end = 0;  /* end: the bytes with room for the count's alignment */
+    GT_TRY(gt_size_mul((size_t)layer->in_features, 2 * sizeof(float), what, &stats));
+    GT_TRY(gt_size_add(*offset, stats + 2 * sizeof(int64_t), what, &end));
+    layer->buffer_offset = *offset;
+    *offset = count_offset(layer) + sizeof(int64_t);
+    return GT_OK;
+}
+
+/* Points the running statistics of every BatchNorm2d into the buffer arena at `base`. */
+static void point_buffers(gt_layer *layer, char *base) {
+    for (size_t i = 0; i < layer->num_children; i++)
+        point_buffers(&layer->children[i], base);
+    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats)
+        return;
+    layer->running_mean = (float *)(base + layer->buffer_offset);
+    layer->running_var = layer->running_mean + layer->in_features;
+    layer->num_batches_tracked = (int64_t *)(base + count_offset(layer));
+}
+
+/* Running means 0, variances 1 and counts 0 (PyTorch's reset_running_stats) in host memory. */
+static void reset_buffers(const gt_layer *layer, char *host, const char *base) {
+    for (size_t i = 0; i < layer->num_children; i++)
+        reset_buffers(&layer->children[i], host, base);
+    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats || layer->tied)
+        return;
+    size_t c = (size_t)layer->in_features;
+    float *mean = (float *)(host + ((const char *)layer->running_mean - base));
+    int64_t *count = (int64_t *)(host + ((const char *)layer->num_batches_tracked - base));
+    for (size_t i = 0; i < c; i++) {
+        mean[i] = 0.0f;
+        mean[c + i] = 1.0f;
+    }
+    *count = 0;
+}
+
+/* Bytes the model requests for its buffer arena: the buffers and, after them, the copy a training
+ * step restores when it fails (0 without buffers). */
+static size_t buffer_arena_request(const gt_model *model) {
+    return 2 * gt_align_up(model->buffer_bytes);  /* checked by the layout */
+}
+
+/* The buffer arena: laid out, allocated, pointed at and reset (staged on the host). */
+static gt_status create_buffers(gt_model *model) {
+    GT_TRY(layout_buffers(&model->root, &model->buffer_bytes));
+    GT_TRY(gt_size_check(buffer_arena_request(model), "the running statistics of the model"));
+    GT_TRY(gt_arena_create(&model->buffers, model->backend.device, buffer_arena_request(model)));
+    if (model->buffer_bytes == 0)
+        return GT_OK;
+    point_buffers(&model->root, model->buffers.block.ptr);
+    gt_block staging = {0};
+    GT_TRY(gt_block_alloc(gt_cpu_device(), model->buffer_bytes, &staging));
+    memset(staging.ptr, 0, model->buffer_bytes);
+    reset_buffers(&model->root, staging.ptr, model->buffers.block.ptr);
+    gt_status status = model_memcpy(model, model->buffers.block.ptr, staging.ptr, model->buffer_bytes);
+    gt_block_free(&staging);
+    return status;
 }
 
 static void point_param(gt_param *param, gt_model *model) {
@@ -218,6 +303,7 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     if (model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr, bytes));
     point_layer(&model->root, model);
+    GT_TRY(create_buffers(model));
     GT_TRY(gt_model_init_params(model, seed));
     gt_arena lowp;
     GT_TRY(build_lowp(model, dt, &lowp));
@@ -231,6 +317,7 @@ void gt_model_destroy(gt_model *model) {
     gt_block_free(&model->step_scratch);
     gt_arena_destroy(&model->activations);
     gt_arena_destroy(&model->lowp_params);
+    gt_arena_destroy(&model->buffers);
     gt_arena_destroy(&model->grads);
     gt_arena_destroy(&model->params);
     gt_layer_free_children(&model->root);
@@ -340,8 +427,9 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     plan->param_bytes = model->num_params * sizeof(float);  /* checked by the layout */
     plan->grad_bytes = plan->param_bytes;
     plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_params * gt_dtype_size(dt);
+    plan->buffer_bytes = buffer_arena_request(model);
     size_t total = 0;
-    const size_t parts[] = {plan->param_bytes, plan->grad_bytes, plan->lowp_param_bytes,
+    const size_t parts[] = {plan->param_bytes, plan->grad_bytes, plan->lowp_param_bytes, plan->buffer_bytes,
                             plan->activation_bytes, plan->recompute_bytes, plan->scratch_bytes,
                             plan->loss_bytes, plan->workspace_bytes};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
@@ -349,6 +437,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     plan->total_bytes = total;
     plan->param_arena_bytes = gt_block_reserved_bytes(param_arena_request(model));
     plan->lowp_arena_bytes = gt_block_reserved_bytes(lowp_arena_request(model, dt));
+    plan->buffer_arena_bytes = gt_block_reserved_bytes(buffer_arena_request(model));
     plan->activation_arena_bytes = gt_block_reserved_bytes(region_bytes(plan));
     plan->backend_arena_bytes = gt_block_reserved_bytes(backend_request(model));
     plan->step_scratch_bytes = gt_block_reserved_bytes(step_scratch_request(model));
@@ -415,6 +504,7 @@ void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out) {
     out->params = gt_block_reserved_bytes(model->params.block.bytes);
     out->grads = gt_block_reserved_bytes(model->grads.block.bytes);
     out->lowp = gt_block_reserved_bytes(model->lowp_params.block.bytes);
+    out->buffers = gt_block_reserved_bytes(model->buffers.block.bytes);
     out->activations = gt_block_reserved_bytes(model->activations.block.bytes);
     out->backend = gt_block_reserved_bytes(backend_request(model));
     out->step_scratch = gt_block_reserved_bytes(model->step_scratch.bytes);
@@ -548,6 +638,7 @@ static const void *forward_input(const gt_model *model, const gt_tensor *input) 
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
                            gt_tensor *output) {
     GT_TRY(gt_model_prepare(model, input));
+    GT_TRY(gt_batchnorm2d_check_tree(&model->root, model->training));
     const void *in = NULL;
     GT_TRY(model_input(model, input, &in));
     gt_run run = make_run(model, micro, 0);
@@ -643,6 +734,33 @@ gt_status gt_model_read_gradients(gt_model *model, float *host) {
 gt_status gt_model_write_parameters(gt_model *model, const float *host) {
     GT_TRY(model_memcpy(model, model->params.block.ptr, host, model->num_params * sizeof(float)));
     return gt_model_refresh_lowp(model);
+}
+
+gt_status gt_model_read_buffers(gt_model *model, void *host) {
+    return model_memcpy(model, host, model->buffers.block.ptr, model->buffer_bytes);
+}
+
+gt_status gt_model_write_buffers(gt_model *model, const void *host) {
+    return model_memcpy(model, model->buffers.block.ptr, host, model->buffer_bytes);
+}
+
+/* The step's copy of the buffers, after them in their arena. */
+static void *buffer_backup(const gt_model *model) {
+    return (char *)model->buffers.block.ptr + gt_align_up(model->buffer_bytes);
+}
+
+gt_status gt_model_save_buffers(gt_model *model) {
+    if (model->buffer_bytes == 0)
+        return GT_OK;
+    return model->backend.ops->copy(&model->backend, buffer_backup(model), model->buffers.block.ptr,
+                                    model->buffer_bytes);
+}
+
+gt_status gt_model_restore_buffers(gt_model *model) {
+    if (model->buffer_bytes == 0)
+        return GT_OK;
+    return model->backend.ops->copy(&model->backend, model->buffers.block.ptr, buffer_backup(model),
+                                    model->buffer_bytes);
 }
 
 gt_status gt_model_zero_gradients(gt_model *model) {

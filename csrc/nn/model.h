@@ -27,6 +27,8 @@ typedef struct gt_model_plan {
     size_t param_bytes;       /* f32 parameters */
     size_t grad_bytes;        /* f32 gradients (same layout) */
     size_t lowp_param_bytes;  /* half copy of the parameters (f16/bf16 mode), else 0 */
+    size_t buffer_bytes;      /* buffers: BatchNorm2d running statistics (not parameters) and the
+                                 copy a failed training step restores them from */
     size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
     size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
     size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */
@@ -39,6 +41,7 @@ typedef struct gt_model_plan {
      * bytes the model requests; the sizes its allocations use): */
     size_t param_arena_bytes;       /* the parameter arena; the gradient arena is the same size */
     size_t lowp_arena_bytes;        /* the half copy's arena (0 in f32) */
+    size_t buffer_arena_bytes;      /* the buffer arena (0 without buffers) */
     size_t activation_arena_bytes;  /* activations, recompute, scratch, loss buffers, workspace */
     size_t backend_arena_bytes;     /* the backend's own scratch block (accelerator models), else 0 */
     size_t step_scratch_bytes;      /* the training step's device scratch block (accelerator models), else 0 */
@@ -52,6 +55,7 @@ typedef struct gt_model_arenas {
     size_t params;       /* the parameter arena */
     size_t grads;        /* the gradient arena */
     size_t lowp;         /* the half copy */
+    size_t buffers;      /* the buffer arena */
     size_t activations;  /* the activation arena (0 until a forward plans it) */
     size_t backend;      /* the backend's scratch (accelerator models) */
     size_t step_scratch; /* the training step's device scratch (accelerator models) */
@@ -72,6 +76,9 @@ typedef struct gt_model {
     gt_arena params;            /* (num_params,) f32 */
     gt_arena grads;             /* (num_params,) f32 */
     gt_arena lowp_params;       /* (num_params,) f16/bf16 when dt is half */
+    size_t buffer_bytes;        /* bytes of the buffers, laid out in state_dict order */
+    gt_arena buffers;           /* (buffer_bytes,) running statistics (f32) and counts (int64), then
+                                   (buffer_bytes,) their copy at the start of a training step */
     gt_arena activations;       /* everything sized by the input shape */
     gt_tensor planned_input;    /* input shape/dtype the activations are planned for */
     int planned;                /* 1 when `activations` matches planned_input */
@@ -139,6 +146,15 @@ gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt);
 gt_status gt_model_read_parameters(gt_model *model, float *host);
 gt_status gt_model_read_gradients(gt_model *model, float *host);
 gt_status gt_model_write_parameters(gt_model *model, const float *host);
+
+/* Copies the (buffer_bytes,) buffer arena to host memory `host`, or writes it from `host`. */
+gt_status gt_model_read_buffers(gt_model *model, void *host);
+gt_status gt_model_write_buffers(gt_model *model, const void *host);
+
+/* Copies the buffers aside (a training step's start), or back (the step failed: its forwards'
+ * updates of the running statistics are undone). */
+gt_status gt_model_save_buffers(gt_model *model);
+gt_status gt_model_restore_buffers(gt_model *model);
 
 /* Writes zeros into every gradient (zero_grad(set_to_none=False)). */
 gt_status gt_model_zero_gradients(gt_model *model);

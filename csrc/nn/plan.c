@@ -53,6 +53,14 @@ static const char *describe(char *buf, size_t bytes, const gt_layer *layer, cons
                  (long long)layer->in_features, (long long)layer->out_features,
                  (long long)layer->kernel[0], (long long)layer->kernel[1]);
         break;
+    case GT_LAYER_BATCHNORM2D:
+        snprintf(buf, bytes, "layer '%s' (BatchNorm2d(%lld))", path, (long long)layer->in_features);
+        break;
+    case GT_LAYER_POOL2D: {
+        static const char *names[] = {"MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"};
+        snprintf(buf, bytes, "layer '%s' (%s)", path, names[layer->pool2d.kind]);
+        break;
+    }
     default: snprintf(buf, bytes, "layer '%s'", path); break;
     }
     return buf;
@@ -288,6 +296,93 @@ static gt_status plan_conv2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
     return GT_OK;
 }
 
+/* An NCHW layer's input: 4 floating-point dimensions (C = `channels` when positive). */
+static gt_status check_nchw(gt_plan_walk *w, const gt_tensor *in, int64_t channels,
+                            const gt_layer *layer, const char *path) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    describe(name, sizeof name, layer, path);
+    if (in->dtype == GT_I64)
+        return GT_FAIL(GT_ERR_TYPE, "model: %s takes floating-point values, but gets int64 ids; only an "
+                       "Embedding can read ids", name);
+    const char *source = in == w->input ? w->input_name : "model";
+    if (in->ndim != 4)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s takes (N, C, H, W) inputs, but gets %d dimensions", source,
+                       name, in->ndim);
+    if (channels > 0 && in->shape[1] != channels)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s expects %lld channels (dimension 1), got %lld", source, name,
+                       (long long)channels, (long long)in->shape[1]);
+    if (!w->ops->batchnorm_forward || !w->ops->pool2d_forward)
+        return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
+                       "this model on the CPU", name, w->ops->name);
+    return GT_OK;
+}
+
+/* BatchNorm2d keeps the (C,) f32 mean and rstd it normalised with for backward. */
+static gt_status plan_batchnorm(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                                const char *path, gt_plan_cursor *region) {
+    GT_TRY(check_nchw(w, in, layer->in_features, layer, path));
+    const char *what = "BatchNorm2d statistics";
+    void *mean = NULL, *rstd = NULL;
+    GT_TRY(cursor_take(region, (size_t)layer->in_features * sizeof(float), what, &mean));
+    GT_TRY(cursor_take(region, (size_t)layer->in_features * sizeof(float), what, &rstd));
+    layer->mean = mean;
+    layer->rstd = rstd;
+    return GT_OK;
+}
+
+/* PyTorch's pooling output size along one dimension (pooling_output_shape), or < 1. */
+static int64_t pool_out_size(int64_t size, int64_t k, int64_t pad, int64_t stride, int64_t dil, int ceil_mode) {
+    int64_t span = size + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+    int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
+    if (ceil_mode && (out - 1) * stride >= size + pad)
+        out--;
+    return out;
+}
+
+/* Pooling: the output size from the window (adaptive: as configured), MAX's saved maxima, and
+ * the f32 planes its half-precision backward accumulates in, noted in the workspace. */
+static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path,
+                           gt_plan_cursor *region) {
+    GT_TRY(check_nchw(w, in, 0, layer, path));
+    gt_pool2d_args *a = &layer->pool2d;
+    a->n = in->shape[0];
+    a->c = in->shape[1];
+    a->h = in->shape[2];
+    a->w = in->shape[3];
+    a->dt = w->dt;
+    if (a->kind != GT_POOL_ADAPTIVE_AVG) {
+        a->out_h = pool_out_size(a->h, a->kernel[0], a->padding[0], a->stride[0], a->dilation[0], layer->ceil_mode);
+        a->out_w = pool_out_size(a->w, a->kernel[1], a->padding[1], a->stride[1], a->dilation[1], layer->ceil_mode);
+    }
+    if (a->out_h < 1 || a->out_w < 1 || a->h < 1 || a->w < 1) {
+        char name[GT_LAYER_PATH_BYTES + 64];
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s gets a %lld x %lld input and would give a %lld x %lld output; "
+                       "the input is too small for its kernel_size, padding and dilation",
+                       in == w->input ? w->input_name : "model", describe(name, sizeof name, layer, path),
+                       (long long)a->h, (long long)a->w, (long long)a->out_h, (long long)a->out_w);
+    }
+    layer->out.shape[2] = a->out_h;
+    layer->out.shape[3] = a->out_w;
+    if (a->kind == GT_POOL_MAX) {  /* (N, C, OH, OW) int32 offsets of the maxima, for backward */
+        char name[GT_LAYER_PATH_BYTES + 64];
+        if (a->h * a->w > INT32_MAX)
+            return GT_FAIL(GT_ERR_VALUE, "%s: %s gets planes of %lld x %lld elements, more than int32 offsets "
+                           "can index", in == w->input ? w->input_name : "model",
+                           describe(name, sizeof name, layer, path), (long long)a->h, (long long)a->w);
+        const char *what = "the maxima of MaxPool2d";
+        size_t bytes = 0;
+        void *argmax = NULL;
+        GT_TRY(gt_size_mul(gt_tensor_numel(&layer->out), sizeof(int32_t), what, &bytes));
+        GT_TRY(cursor_take(region, bytes, what, &argmax));
+        a->argmax = argmax;
+    }
+    size_t bytes = w->ops->pool2d_workspace_bytes(a, gt_get_num_threads());
+    GT_TRY(gt_size_check(bytes, "the workspace of pooling"));
+    if (bytes > w->workspace_bytes)
+        w->workspace_bytes = bytes;
+    return GT_OK;
+}
+
 static gt_status plan_flatten(gt_layer *layer, const gt_tensor *in) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
@@ -376,6 +471,8 @@ gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, i
         break;
     case GT_LAYER_POSITION: GT_TRY(plan_position(w, layer, in, path)); break;
     case GT_LAYER_CONV2D: GT_TRY(plan_conv2d(w, layer, in, path)); break;
+    case GT_LAYER_BATCHNORM2D: GT_TRY(plan_batchnorm(w, layer, in, path, region)); break;
+    case GT_LAYER_POOL2D: GT_TRY(plan_pool(w, layer, in, path, region)); break;
     case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
     case GT_LAYER_SEQUENTIAL:
         return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);

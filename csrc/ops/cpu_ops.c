@@ -31,6 +31,11 @@ static const gt_ops cpu_ops = {
     .conv2d_workspace_bytes = gt_cpu_conv2d_workspace_bytes,
     .conv2d_forward = gt_cpu_conv2d_forward,
     .conv2d_backward = gt_cpu_conv2d_backward,
+    .batchnorm_forward = gt_cpu_batchnorm_forward,
+    .batchnorm_backward = gt_cpu_batchnorm_backward,
+    .pool2d_workspace_bytes = gt_cpu_pool2d_workspace_bytes,
+    .pool2d_forward = gt_cpu_pool2d_forward,
+    .pool2d_backward = gt_cpu_pool2d_backward,
 };
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

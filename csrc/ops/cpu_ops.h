@@ -77,6 +77,15 @@ size_t gt_cpu_conv2d_workspace_bytes(const gt_conv2d_args *args, int threads);
 gt_status gt_cpu_conv2d_forward(gt_backend *be, const gt_conv2d_args *args);
 gt_status gt_cpu_conv2d_backward(gt_backend *be, const gt_conv2d_args *args);
 
+/* cpu_batchnorm.c */
+gt_status gt_cpu_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *args);
+gt_status gt_cpu_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *args);
+
+/* cpu_pool2d.c */
+size_t gt_cpu_pool2d_workspace_bytes(const gt_pool2d_args *args, int threads);
+gt_status gt_cpu_pool2d_forward(gt_backend *be, const gt_pool2d_args *args);
+gt_status gt_cpu_pool2d_backward(gt_backend *be, const gt_pool2d_args *args);
+
 /* cpu_memory.c */
 gt_status gt_cpu_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src,
                       gt_dtype src_dt, int64_t n);

@@ -154,6 +154,71 @@ static inline int64_t gt_conv2d_out_w(const gt_conv2d_args *a) {
     return gt_conv2d_out_size(a->width, a->pad_w, a->dilation_w, a->kernel_w, a->stride_w);
 }
 
+/* BatchNorm over the channels of an NCHW activation seen as (N, C, HW), per channel c over its
+ * M = N * HW elements:
+ *   batch statistics: mean = sum(x) / M, var = sum((x - mean)^2) / M (biased), summed in double
+ *   in a fixed order; rstd = 1 / sqrt(var + eps)
+ *   forward: out = (x - mean) * rstd * weight + bias, with the batch statistics (batch_stats) or
+ *   the running ones (mean = running_mean, rstd = 1 / sqrt(running_var + eps)); the statistics
+ *   used are saved in mean and rstd for backward.
+ *   update_running (with batch_stats): num_batches_tracked += 1, then with f = momentum (or
+ *   1 / num_batches_tracked when momentum < 0, PyTorch's momentum=None)
+ *   running_mean = f * mean + (1 - f) * running_mean and
+ *   running_var = f * var * M / (M - 1) + (1 - f) * running_var (unbiased), in double.
+ *   backward: din (may be NULL) = rstd * weight * (dout - [mean(dout) + xhat mean(dout xhat)] when
+ *   batch_stats); dweight (+)= sum dout xhat, dbias (+)= sum dout (may be NULL: no affine).
+ * Channels run in parallel; every sum has a fixed order, so any thread count gives the same bits. */
+typedef struct gt_batchnorm_args {
+    int64_t n, c, hw;                 /* input (N, C, H * W) */
+    const void *in;                   /* (N, C, HW) dt */
+    void *out;                        /* forward: (N, C, HW) dt */
+    const float *weight, *bias;       /* (C,) f32, or NULL (affine=False: 1 and 0) */
+    float *mean, *rstd;               /* (C,) f32 statistics used: forward writes, backward reads */
+    float *running_mean;              /* (C,) f32 running mean, or NULL (no running statistics) */
+    float *running_var;               /* (C,) f32 running (unbiased) variance, or NULL */
+    int64_t *num_batches_tracked;     /* (1,) batches folded into the running statistics, or NULL */
+    float eps;                        /* added to the variance */
+    double momentum;                  /* weight of a new batch in [0, 1]; < 0: cumulative average */
+    int batch_stats;                  /* 1: normalise with the batch's statistics, 0: running ones */
+    int update_running;               /* forward: 1 folds the batch statistics into the running ones */
+    const void *dout;                 /* backward: (N, C, HW) dt */
+    void *din;                        /* backward: (N, C, HW) dt, or NULL (not wanted) */
+    float *dweight, *dbias;           /* backward: (C,) f32 gradients, or NULL (affine=False) */
+    int accumulate;                   /* backward: 1 adds to dweight and dbias */
+    gt_dtype dt;                      /* f32, f16 or bf16 */
+} gt_batchnorm_args;
+
+typedef enum gt_pool_kind {
+    GT_POOL_MAX = 0,           /* max over the window (padding never wins), backward to the first max */
+    GT_POOL_AVG = 1,           /* mean over the window */
+    GT_POOL_ADAPTIVE_AVG = 2,  /* mean over rows [floor(i H / OH), ceil((i + 1) H / OH)), same for columns */
+} gt_pool_kind;
+
+/* 2-D pooling of an NCHW activation, each (n, c) plane on its own (PyTorch's semantics). Output
+ * (oh, ow) of MAX/AVG looks at rows oh * stride - padding + i * dilation for i < kernel (within
+ * the input). MAX ties go to the first maximum in row-major window order; NaN counts as a
+ * maximum. AVG divides by the window's size clipped to the padded input (count_include_pad) or to
+ * the input. Backward adds each output gradient to its inputs in a fixed order (f32 accumulation,
+ * rounded once), planes in parallel: any thread count gives the same bits. */
+typedef struct gt_pool2d_args {
+    gt_pool_kind kind;             /* which pooling */
+    int64_t n, c, h, w;            /* input (N, C, H, W) */
+    int64_t out_h, out_w;          /* output (N, C, out_h, out_w) */
+    int64_t kernel[2];             /* MAX/AVG window (rows, cols) */
+    int64_t stride[2];             /* MAX/AVG step between windows */
+    int64_t padding[2];            /* MAX/AVG implicit padding on each side */
+    int64_t dilation[2];           /* MAX spacing of window elements (AVG: 1) */
+    int count_include_pad;         /* AVG: 1 counts padded elements in the divisor */
+    const void *in;                /* (N, C, H, W) dt */
+    void *out;                     /* forward: (N, C, out_h, out_w) dt */
+    const void *dout;              /* backward: (N, C, out_h, out_w) dt */
+    void *din;                     /* backward: (N, C, H, W) dt, written */
+    int32_t *argmax;               /* MAX: (N, C, out_h, out_w) offset in its plane of each output's
+                                      maximum, written by forward and read by backward; NULL:
+                                      backward recomputes it from `in` */
+    gt_dtype dt;                   /* f32, f16 or bf16 */
+} gt_pool2d_args;
+
 typedef struct gt_ops {
     const char *name;  /* "cpu" or "cuda" */
 
@@ -264,6 +329,17 @@ typedef struct gt_ops {
     size_t (*conv2d_workspace_bytes)(const gt_conv2d_args *args, int threads);
     gt_status (*conv2d_forward)(gt_backend *be, const gt_conv2d_args *args);
     gt_status (*conv2d_backward)(gt_backend *be, const gt_conv2d_args *args);
+
+    /* BatchNorm2d (gt_batchnorm_args): forward and backward. NULL where a backend has none. */
+    gt_status (*batchnorm_forward)(gt_backend *be, const gt_batchnorm_args *args);
+    gt_status (*batchnorm_backward)(gt_backend *be, const gt_batchnorm_args *args);
+
+    /* 2-D pooling (gt_pool2d_args): scratch bytes for `args` with up to `threads` threads (f32
+     * accumulation planes of half-precision backwards), forward and backward. NULL where a backend
+     * has none. */
+    size_t (*pool2d_workspace_bytes)(const gt_pool2d_args *args, int threads);
+    gt_status (*pool2d_forward)(gt_backend *be, const gt_pool2d_args *args);
+    gt_status (*pool2d_backward)(gt_backend *be, const gt_pool2d_args *args);
 } gt_ops;
 
 /* A backend instance: its op table plus the scratch memory ops may use. */

@@ -69,6 +69,7 @@ int gtpy_add_optim_model(PyObject *module);
 int gtpy_add_ema(PyObject *module);
 int gtpy_add_loader(PyObject *module);
 int gtpy_add_ops(PyObject *module);
+int gtpy_add_cnn_ops(PyObject *module);  /* csrc/py/ops_cnn.c */
 int gtpy_add_cuda_ops(PyObject *module);
 int gtpy_add_errors(PyObject *module);
 

@@ -96,7 +96,8 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     const gt_layer *first = ctx->first[index];
     *layer = (gt_layer){.kind = first->kind, .in_features = first->in_features, .out_features = first->out_features,
                         .has_bias = first->has_bias, .eps = first->eps, .num_embeddings = first->num_embeddings,
-                        .embedding_dim = first->embedding_dim, .groups = first->groups, .tied = first};
+                        .embedding_dim = first->embedding_dim, .groups = first->groups, .momentum = first->momentum,
+                        .track_running_stats = first->track_running_stats, .tied = first};
     memcpy(layer->kernel, first->kernel, sizeof layer->kernel);
     memcpy(layer->stride, first->stride, sizeof layer->stride);
     memcpy(layer->padding, first->padding, sizeof layer->padding);
@@ -143,6 +144,56 @@ static int parse_conv2d(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
                         .groups = groups, .has_bias = bias, .kernel = {v[0], v[1]},
                         .stride = {v[2], v[3]}, .padding = {v[4], v[5]}, .dilation = {v[6], v[7]}};
     return register_params(layer, ctx);
+}
+
+/* ("batchnorm2d", num_features, eps, momentum (< 0: cumulative average), affine, track). */
+static int parse_batchnorm(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
+    const char *kind = NULL;
+    long long features = 0;
+    double eps = 0.0, momentum = 0.0;
+    int affine = 0, track = 0;
+    if (!PyArg_ParseTuple(spec, "sLddpp", &kind, &features, &eps, &momentum, &affine, &track))
+        return -1;
+    if (features <= 0 || features > INT32_MAX || !(eps > 0.0) || !(momentum <= 1.0))
+        return spec_error("BatchNorm2d needs num_features in [1, 2**31), a positive eps and momentum <= 1", spec);
+    *layer = (gt_layer){.kind = GT_LAYER_BATCHNORM2D, .in_features = features, .eps = (float)eps,
+                        .momentum = momentum < 0.0 ? -1.0 : momentum, .has_bias = affine,
+                        .track_running_stats = track};
+    return register_params(layer, ctx);
+}
+
+/* ("pool2d", "max" | "avg" | "adaptive_avg", (kh, kw), (sh, sw), (ph, pw), (dh, dw), ceil_mode,
+ * count_include_pad); adaptive: (kh, kw) is the output size, the rest unused. */
+static int parse_pool(PyObject *spec, gt_layer *layer) {
+    const char *kind = NULL, *name = NULL;
+    long long v[8] = {0};
+    int ceil_mode = 0, include_pad = 0;
+    if (!PyArg_ParseTuple(spec, "ss(LL)(LL)(LL)(LL)pp", &kind, &name, &v[0], &v[1], &v[2], &v[3], &v[4],
+                          &v[5], &v[6], &v[7], &ceil_mode, &include_pad))
+        return -1;
+    gt_pool_kind pool = strcmp(name, "max") == 0 ? GT_POOL_MAX
+                        : strcmp(name, "avg") == 0 ? GT_POOL_AVG : GT_POOL_ADAPTIVE_AVG;
+    if (pool == GT_POOL_ADAPTIVE_AVG && strcmp(name, "adaptive_avg") != 0)
+        return spec_error("unknown pooling", spec);
+    for (int i = 0; i < 8; i++)
+        if (v[i] < (i >= 4 && i < 6 ? 0 : 1) || v[i] > INT32_MAX)
+            return spec_error("pooling sizes must be in [1, 2**31) (padding in [0, 2**31))", spec);
+    *layer = (gt_layer){.kind = GT_LAYER_POOL2D, .ceil_mode = ceil_mode};
+    gt_pool2d_args *a = &layer->pool2d;
+    a->kind = pool;
+    a->count_include_pad = include_pad;
+    if (pool == GT_POOL_ADAPTIVE_AVG) {
+        a->out_h = v[0];
+        a->out_w = v[1];
+        return 0;
+    }
+    for (int d = 0; d < 2; d++) {
+        a->kernel[d] = v[d];
+        a->stride[d] = v[2 + d];
+        a->padding[d] = v[4 + d];
+        a->dilation[d] = v[6 + d];
+    }
+    return 0;
 }
 
 static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
@@ -219,6 +270,10 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         *layer = (gt_layer){.kind = GT_LAYER_POOL, .pool = name[0] == 'c' ? GT_POOL_FIRST : GT_POOL_MEAN};
     } else if (strcmp(kind, "conv2d") == 0) {
         return parse_conv2d(spec, layer, ctx);
+    } else if (strcmp(kind, "batchnorm2d") == 0) {
+        return parse_batchnorm(spec, layer, ctx);
+    } else if (strcmp(kind, "pool2d") == 0) {
+        return parse_pool(spec, layer);
     } else if (strcmp(kind, "tied") == 0) {
         return parse_tied(spec, layer, ctx);
     } else if (strcmp(kind, "tied_linear") == 0) {
@@ -375,6 +430,92 @@ static PyObject *model_parameter_layout(PyObject *op, PyObject *Py_UNUSED(ignore
     if (list && collect_layout(list, &((ModelObject *)op)->model.root) < 0)
         Py_CLEAR(list);
     return list;
+}
+
+static int append_buffer(PyObject *list, size_t offset, PyObject *shape, const char *dtype) {
+    PyObject *item = shape ? Py_BuildValue("(nNs)", (Py_ssize_t)offset, shape, dtype) : NULL;
+    int rc = item ? PyList_Append(list, item) : -1;
+    Py_XDECREF(item);
+    return rc;
+}
+
+/* (byte offset, shape, dtype) of every buffer in state_dict order (a shared module's once). */
+static int collect_buffers(PyObject *list, const gt_layer *layer) {
+    if (layer->tied)
+        return 0;
+    for (size_t i = 0; i < layer->num_children; i++)
+        if (collect_buffers(list, &layer->children[i]) < 0)
+            return -1;
+    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats)
+        return 0;
+    size_t c = (size_t)layer->in_features, count = (size_t)((const char *)layer->num_batches_tracked -
+                                                            (const char *)layer->running_mean);
+    if (append_buffer(list, layer->buffer_offset, Py_BuildValue("(n)", (Py_ssize_t)c), "float32") < 0 ||
+        append_buffer(list, layer->buffer_offset + c * sizeof(float), Py_BuildValue("(n)", (Py_ssize_t)c),
+                      "float32") < 0)
+        return -1;
+    return append_buffer(list, layer->buffer_offset + count, PyTuple_New(0), "int64");
+}
+
+static PyObject *model_buffer_layout(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    PyObject *list = PyList_New(0);
+    if (list && collect_buffers(list, &((ModelObject *)op)->model.root) < 0)
+        Py_CLEAR(list);
+    return list;
+}
+
+static PyObject *model_buffer_bytes(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    ModelObject *self = (ModelObject *)op;
+    if (self->model.backend.device.kind != GT_DEVICE_CPU) {
+        char name[32];
+        gt_device_name(self->model.backend.device, name, sizeof name);
+        return PyErr_Format(PyExc_RuntimeError, "buffer_bytes: the buffers of this model live on '%s', where "
+                            "NumPy cannot view them; copy them with read_buffers()/write_buffers()", name);
+    }
+    static char empty[8];
+    npy_intp dims[1] = {(npy_intp)self->model.buffer_bytes};
+    PyObject *array = PyArray_SimpleNewFromData(1, dims, NPY_UINT8,
+                                                self->model.buffer_bytes ? self->model.buffers.block.ptr : empty);
+    if (array && PyArray_SetBaseObject((PyArrayObject *)array, Py_NewRef(op)) < 0)
+        Py_CLEAR(array);
+    return array;
+}
+
+static PyObject *read_buffers(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    ModelObject *self = (ModelObject *)op;
+    npy_intp dims[1] = {(npy_intp)self->model.buffer_bytes};
+    PyObject *array = PyArray_SimpleNew(1, dims, NPY_UINT8);
+    if (!array)
+        return NULL;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_read_buffers(&self->model, PyArray_DATA((PyArrayObject *)array));
+    Py_END_ALLOW_THREADS
+    if (status != GT_OK) {
+        Py_DECREF(array);
+        return gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+    }
+    return array;
+}
+
+static PyObject *write_buffers(PyObject *op, PyObject *arg) {
+    ModelObject *self = (ModelObject *)op;
+    PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(arg, NPY_UINT8, NPY_ARRAY_IN_ARRAY);
+    if (!array)
+        return NULL;
+    if (PyArray_NDIM(array) != 1 || (size_t)PyArray_DIM(array, 0) != self->model.buffer_bytes) {
+        PyErr_Format(PyExc_ValueError, "values: expected a 1-d array of %zu uint8 values (the buffer arena's bytes)",
+                     self->model.buffer_bytes);
+        Py_DECREF(array);
+        return NULL;
+    }
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_model_write_buffers(&self->model, PyArray_DATA(array));
+    Py_END_ALLOW_THREADS
+    Py_DECREF(array);
+    return status == GT_OK ? Py_NewRef(Py_None)
+                           : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
 }
 
 static int all_finite(const float *x, size_t n) {
@@ -554,6 +695,7 @@ static PyObject *plan_to_dict(const gt_model_plan *plan) {
     PyObject *d = PyDict_New();
     if (!d || put_size(d, "parameters", plan->param_bytes) < 0 || put_size(d, "gradients", plan->grad_bytes) < 0 ||
         put_size(d, "half_parameters", plan->lowp_param_bytes) < 0 ||
+        put_size(d, "buffers", plan->buffer_bytes) < 0 ||
         put_size(d, "activations", plan->activation_bytes) < 0 ||
         put_size(d, "recompute", plan->recompute_bytes) < 0 || put_size(d, "backward_scratch", plan->scratch_bytes) < 0 ||
         put_size(d, "loss_buffers", plan->loss_bytes) < 0 || put_size(d, "workspace", plan->workspace_bytes) < 0 ||
@@ -605,6 +747,7 @@ static PyObject *arenas_to_dict(const gt_model_plan *plan) {
     if (!d || put_size(d, "parameters", plan->param_arena_bytes) < 0 ||
         put_size(d, "gradients", plan->param_arena_bytes) < 0 ||
         put_size(d, "half_parameters", plan->lowp_arena_bytes) < 0 ||
+        put_size(d, "buffers", plan->buffer_arena_bytes) < 0 ||
         put_size(d, "activations", plan->activation_arena_bytes) < 0 ||
         put_size(d, "backend_scratch", plan->backend_arena_bytes) < 0 ||
         put_size(d, "step_scratch", plan->step_scratch_bytes) < 0) {
@@ -813,6 +956,8 @@ static PyObject *model_read_gradients(PyObject *op, PyObject *arg) { return excl
 static PyObject *model_write_parameters(PyObject *op, PyObject *arg) { return exclusive(op, arg, write_parameters); }
 static PyObject *model_zero_gradients(PyObject *op, PyObject *arg) { return exclusive(op, arg, zero_gradients); }
 static PyObject *model_refresh(PyObject *op, PyObject *arg) { return exclusive(op, arg, refresh); }
+static PyObject *model_read_buffers(PyObject *op, PyObject *arg) { return exclusive(op, arg, read_buffers); }
+static PyObject *model_write_buffers(PyObject *op, PyObject *arg) { return exclusive(op, arg, write_buffers); }
 
 static PyObject *model_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (!gtpy_model_enter(op))  /* planning lays the layers out in place, then restores them */
@@ -838,7 +983,8 @@ static PyObject *model_live_arenas(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     gtpy_model_leave(op);
     PyObject *d = PyDict_New();
     if (!d || put_size(d, "parameters", live.params) < 0 || put_size(d, "gradients", live.grads) < 0 ||
-        put_size(d, "half_parameters", live.lowp) < 0 || put_size(d, "activations", live.activations) < 0 ||
+        put_size(d, "half_parameters", live.lowp) < 0 || put_size(d, "buffers", live.buffers) < 0 ||
+        put_size(d, "activations", live.activations) < 0 ||
         put_size(d, "backend_scratch", live.backend) < 0 ||
         put_size(d, "step_scratch", live.step_scratch) < 0) {
         Py_XDECREF(d);
@@ -882,6 +1028,11 @@ static PyMethodDef model_methods[] = {
     {"write_parameters", model_write_parameters, METH_O,
      "Write the flat parameters from a 1-d float32 array (any device); refreshes the half copy."},
     {"zero_gradients", model_zero_gradients, METH_NOARGS, "Write zeros into every gradient (any device)."},
+    {"buffer_layout", model_buffer_layout, METH_NOARGS,
+     "[(byte offset, shape, dtype)] of the buffers (running statistics) in state_dict order."},
+    {"buffer_bytes", model_buffer_bytes, METH_NOARGS, "The buffer arena as a flat uint8 view (cpu models)."},
+    {"read_buffers", model_read_buffers, METH_NOARGS, "A uint8 copy of the buffer arena (any device)."},
+    {"write_buffers", model_write_buffers, METH_O, "Write the buffer arena from a 1-d uint8 array (any device)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -42,6 +42,7 @@ static const registration registrations[] = {
     gtpy_add_ema,
     gtpy_add_loader,
     gtpy_add_ops,
+    gtpy_add_cnn_ops,
     gtpy_add_cuda_ops,
     gtpy_add_errors,
 };

@@ -443,6 +443,64 @@ static size_t sim_conv2d_workspace_bytes(const gt_conv2d_args *args, int threads
     return gt_cpu_ops()->conv2d_workspace_bytes(args, threads);
 }
 
+/* ------------------------------------------------------------ BatchNorm and pooling  */
+
+typedef struct batchnorm_job {
+    gt_backend cpu;            /* the CPU backend */
+    gt_batchnorm_args args;    /* the BatchNorm (operands and running statistics in sim memory) */
+} batchnorm_job;
+_Static_assert(sizeof(batchnorm_job) <= GT_SIM_ARGS_BYTES, "a BatchNorm job fits a queue entry");
+
+static gt_status run_batchnorm_forward(void *p) {
+    batchnorm_job *j = p;
+    return gt_cpu_ops()->batchnorm_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_batchnorm_backward(void *p) {
+    batchnorm_job *j = p;
+    return gt_cpu_ops()->batchnorm_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *args) {
+    batchnorm_job job = {cpu_view(be), *args};
+    return launch(be, run_batchnorm_forward, &job, sizeof job);
+}
+
+static gt_status sim_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *args) {
+    batchnorm_job job = {cpu_view(be), *args};
+    return launch(be, run_batchnorm_backward, &job, sizeof job);
+}
+
+typedef struct pool2d_job {
+    gt_backend cpu;          /* the CPU backend over this backend's workspace */
+    gt_pool2d_args args;     /* the pooling (operands in sim memory) */
+} pool2d_job;
+_Static_assert(sizeof(pool2d_job) <= GT_SIM_ARGS_BYTES, "a pooling job fits a queue entry");
+
+static gt_status run_pool2d_forward(void *p) {
+    pool2d_job *j = p;
+    return gt_cpu_ops()->pool2d_forward(&j->cpu, &j->args);
+}
+
+static gt_status run_pool2d_backward(void *p) {
+    pool2d_job *j = p;
+    return gt_cpu_ops()->pool2d_backward(&j->cpu, &j->args);
+}
+
+static gt_status sim_pool2d_forward(gt_backend *be, const gt_pool2d_args *args) {
+    pool2d_job job = {cpu_view(be), *args};
+    return launch(be, run_pool2d_forward, &job, sizeof job);
+}
+
+static gt_status sim_pool2d_backward(gt_backend *be, const gt_pool2d_args *args) {
+    pool2d_job job = {cpu_view(be), *args};
+    return launch(be, run_pool2d_backward, &job, sizeof job);
+}
+
+static size_t sim_pool2d_workspace_bytes(const gt_pool2d_args *args, int threads) {
+    return gt_cpu_ops()->pool2d_workspace_bytes(args, threads);
+}
+
 static size_t sim_gemm_workspace_bytes(const gt_gemm_args *args) { return gt_cpu_ops()->gemm_workspace_bytes(args); }
 
 static const gt_ops sim_ops = {
@@ -475,6 +533,11 @@ static const gt_ops sim_ops = {
     .conv2d_workspace_bytes = sim_conv2d_workspace_bytes,
     .conv2d_forward = sim_conv2d_forward,
     .conv2d_backward = sim_conv2d_backward,
+    .batchnorm_forward = sim_batchnorm_forward,
+    .batchnorm_backward = sim_batchnorm_backward,
+    .pool2d_workspace_bytes = sim_pool2d_workspace_bytes,
+    .pool2d_forward = sim_pool2d_forward,
+    .pool2d_backward = sim_pool2d_backward,
 };
 
 const gt_ops *gt_sim_ops(void) { return &sim_ops; }

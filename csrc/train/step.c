@@ -104,6 +104,31 @@ static int is_outlier(const gt_step_config *cfg, const gt_step_result *out) {
     return cfg->guard && !(out->loss <= cfg->guard_loss && out->grad_norm <= cfg->guard_grad_norm);
 }
 
+/* The running statistics as the step found them, after a failure before its update (`status`
+ * is returned with its message). */
+static gt_status undo_buffers(gt_model *model, gt_status status) {
+    gt_error_state saved;
+    gt_error_save(status, &saved);
+    (void)gt_model_restore_buffers(model);  /* a copy the step already made once */
+    return gt_error_restore(&saved);
+}
+
+/* Gradients, unscale + inf check and clipping coefficient of the step, up to the last point
+ * before anything is updated; *grad_coef multiplies the gradients in the update. */
+static gt_status prepare_update(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                                const gt_step_config *cfg, gt_scaler *scaler, int *found_inf,
+                                float *grad_coef, gt_step_result *out) {
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, out->scale, &out->loss));
+    if (scaler)
+        GT_TRY(unscale_check(model, scaler, found_inf));
+    if (!*found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard)) {
+        GT_TRY(grad_norm(model, &out->grad_norm));
+        if (cfg->max_grad_norm > 0.0)
+            *grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
+    }
+    return poll_interrupt(model, cfg, 1);  /* the last point before anything is updated */
+}
+
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
@@ -111,17 +136,12 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;
     out->grad_norm = NAN;
-    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, out->scale, &out->loss));
     int found_inf = 0;
-    if (scaler)
-        GT_TRY(unscale_check(model, scaler, &found_inf));
     float grad_coef = 1.0f;
-    if (!found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard)) {
-        GT_TRY(grad_norm(model, &out->grad_norm));
-        if (cfg->max_grad_norm > 0.0)
-            grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
-    }
-    GT_TRY(poll_interrupt(model, cfg, 1));  /* the last point before anything is updated */
+    GT_TRY(gt_model_save_buffers(model));
+    gt_status status = prepare_update(model, inputs, targets, cfg, scaler, &found_inf, &grad_coef, out);
+    if (status != GT_OK)
+        return undo_buffers(model, status);
     out->outlier = !found_inf && is_outlier(cfg, out);
     out->skipped = found_inf || out->outlier;
     if (!out->skipped && cfg->optimizer) {

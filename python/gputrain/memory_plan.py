@@ -143,7 +143,7 @@ def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tup
     device = compiled.device
     arenas = compiled.arena_plan(shape, checkpointing=checkpointing, precision=dt)
     parts = compiled.plan(shape, checkpointing=checkpointing, precision=dt)
-    for name in ("parameters", "gradients", "half_parameters"):
+    for name in ("parameters", "gradients", "half_parameters", "buffers"):
         _add(regions, device, name, arenas[name])
     if sum(parts[name] for name in _ACTIVATION_PARTS) != arenas["activations"]:
         _add(regions, device, "activation_arena", arenas["activations"])  # parts not whole blocks

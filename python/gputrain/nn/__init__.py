@@ -3,11 +3,15 @@
 from gputrain.nn.layers import (
     Conv2d,
     GELU,
+    AdaptiveAvgPool2d,
+    AvgPool2d,
+    BatchNorm2d,
     Dropout,
     Embedding,
     Flatten,
     LayerNorm,
     Linear,
+    MaxPool2d,
     MultiheadAttention,
     ReLU,
     Residual,
@@ -23,6 +27,9 @@ from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [
     "GELU",
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BatchNorm2d",
     "Conv2d",
     "CrossEntropyLoss",
     "Dropout",
@@ -31,6 +38,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "MSELoss",
+    "MaxPool2d",
     "MultiheadAttention",
     "Module",
     "Parameter",

@@ -204,7 +204,7 @@ def _int32(value: object, name: str) -> int:
     return value
 
 
-def _pair(value: object, name: str, minimum: int) -> tuple[int, int]:
+def _pair(value: object, name: str, minimum: int = 1) -> tuple[int, int]:
     """An int or a pair of ints, each in [minimum, 2**31 - 1], as a pair."""
     items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
     if len(items) != 2:
@@ -276,6 +276,144 @@ class Conv2d(Module):
         if self.groups != 1:
             text += f", groups={self.groups}"
         return text + ("" if self.has_bias else ", bias=False")
+
+
+class BatchNorm2d(Module):
+    """Batch normalisation of (N, C, H, W) activations over N, H and W per channel, PyTorch's
+    semantics: in training, the batch's mean and biased variance normalise, and (with
+    ``track_running_stats``) the running statistics move by ``momentum`` towards the batch's mean
+    and unbiased variance (``momentum=None``: a cumulative average over num_batches_tracked);
+    in eval, the running statistics normalise. ``affine`` adds weight (1) and bias (0) of shape
+    (C,). The running statistics are buffers: named_buffers() and state_dict() list
+    ``running_mean``, ``running_var`` and ``num_batches_tracked``. A checkpointed block's
+    recompute does not update them twice."""
+
+    _param_names = ("weight", "bias")
+    _buffer_names = ("running_mean", "running_var", "num_batches_tracked")
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True) -> None:
+        super().__init__()
+        self.num_features = _positive_int(num_features, "num_features")
+        if self.num_features >= 2**31:
+            raise ValueError(f"num_features must be below 2**31, got {num_features}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise TypeError(f"eps must be a float, not {type(eps).__name__}")
+        if not 0 < eps < float("inf"):
+            raise ValueError(f"eps must be positive and finite, got {eps}")
+        if momentum is not None:
+            if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+                raise TypeError(f"momentum must be a float or None, not {type(momentum).__name__}")
+            if not 0.0 <= momentum <= 1.0:
+                raise ValueError(f"momentum must be in [0, 1] or None, got {momentum}")
+        self.eps = float(eps)
+        self.momentum = None if momentum is None else float(momentum)
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        self._compile()
+
+    def _has_param(self, name: str) -> bool:
+        return self.affine
+
+    def _has_buffer(self, name: str) -> bool:
+        return self.track_running_stats
+
+    def _spec(self) -> tuple:
+        momentum = -1.0 if self.momentum is None else self.momentum
+        return ("batchnorm2d", self.num_features, self.eps, momentum, self.affine, self.track_running_stats)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class _Pool2d(Module):
+    """Shared spec of the pooling layers: ("pool2d", kind, kernel, stride, padding, dilation,
+    ceil_mode, count_include_pad)."""
+
+    _kind = ""
+
+    def _spec(self) -> tuple:
+        return ("pool2d", self._kind, self._kernel, self._stride, self._padding, self._dilation,
+                self.ceil_mode, self.count_include_pad)
+
+
+class MaxPool2d(_Pool2d):
+    """Maximum over kernel_size windows of (N, C, H, W) activations (stride defaults to
+    kernel_size; padding never wins; dilation spaces the window; ceil_mode rounds the output size
+    up). Backward sends each gradient to the window's first maximum, as PyTorch's CPU kernel."""
+
+    _kind = "max"
+
+    def __init__(self, kernel_size: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+                 padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1,
+                 return_indices: bool = False, ceil_mode: bool = False) -> None:
+        super().__init__()
+        if return_indices:
+            raise ValueError("return_indices: MaxPool2d returns the pooled values only (the backward "
+                             "recomputes the argmax); leave it False")
+        self.kernel_size = self._kernel = _pair(kernel_size, "kernel_size")
+        self.stride = self._stride = self._kernel if stride is None else _pair(stride, "stride")
+        self.padding = self._padding = _pair(padding, "padding", 0)
+        self.dilation = self._dilation = _pair(dilation, "dilation")
+        for k, p, d in zip(self._kernel, self._padding, self._dilation):
+            if p > ((k - 1) * d + 1) // 2:
+                raise ValueError(f"padding should be at most half of effective kernel size, but got "
+                                 f"padding={padding}, kernel_size={kernel_size} and dilation={dilation}")
+        self.ceil_mode = bool(ceil_mode)
+        self.count_include_pad = False
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+
+
+class AvgPool2d(_Pool2d):
+    """Mean over kernel_size windows of (N, C, H, W) activations (stride defaults to
+    kernel_size), dividing by the window clipped to the padded input (count_include_pad) or to the
+    input; ceil_mode rounds the output size up."""
+
+    _kind = "avg"
+
+    def __init__(self, kernel_size: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
+                 padding: int | tuple[int, int] = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: int | None = None) -> None:
+        super().__init__()
+        if divisor_override is not None:
+            raise ValueError("divisor_override: not supported; leave it None (the divisor follows "
+                             "count_include_pad)")
+        self.kernel_size = self._kernel = _pair(kernel_size, "kernel_size")
+        self.stride = self._stride = self._kernel if stride is None else _pair(stride, "stride")
+        self.padding = self._padding = _pair(padding, "padding", 0)
+        self._dilation = (1, 1)
+        for k, p in zip(self._kernel, self._padding):
+            if p > k // 2:
+                raise ValueError(f"pad should be smaller than or equal to half of kernel size, but got "
+                                 f"padding={padding}, kernel_size={kernel_size}")
+        self.ceil_mode = bool(ceil_mode)
+        self.count_include_pad = bool(count_include_pad)
+
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"ceil_mode={self.ceil_mode}, count_include_pad={self.count_include_pad}")
+
+
+class AdaptiveAvgPool2d(_Pool2d):
+    """Mean of (N, C, H, W) activations into an output_size (int or (OH, OW)) grid: output row i
+    averages rows [floor(i H / OH), ceil((i + 1) H / OH)), likewise for columns (PyTorch's
+    windows); output_size 1 is global average pooling."""
+
+    _kind = "adaptive_avg"
+
+    def __init__(self, output_size: int | tuple[int, int]) -> None:
+        super().__init__()
+        self.output_size = self._kernel = _pair(output_size, "output_size")
+        self._stride, self._padding, self._dilation = (1, 1), (0, 0), (1, 1)
+        self.ceil_mode = False
+        self.count_include_pad = True
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
 
 
 class Sequential(Module):

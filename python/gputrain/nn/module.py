@@ -13,6 +13,12 @@ one set of parameters: the C model lays them out once, every use reads them and
 their gradients are summed; parameters()/named_parameters()/modules() list them once (under
 the first name), while state_dict() has every name, as PyTorch's.
 
+Buffers (BatchNorm2d's running statistics) are state that is not a parameter: the C model keeps
+them in a buffer arena of their own (not optimised, no gradient), named_buffers() lists them
+(NumPy views of the arena on the CPU, copies on a device) and state_dict()/load_state_dict()
+carry them under PyTorch's names ('0.running_mean', ...). A module not in a compiled model (a
+copy being unpickled) holds its buffers' values itself until its model is compiled.
+
 A model moved to a device (`.to("cuda")` or `.to("sim")`) keeps its arenas in device memory, which NumPy
 cannot view: its Parameters (the same objects, moved) read as host copies (see Parameter), and
 optimizers and EMA built over them run on the device; its weights are read and written as
@@ -29,6 +35,20 @@ import numpy as np
 from gputrain import _C, random
 from gputrain._state_checks import check_keys, check_mapping, float32_array
 from gputrain.nn.parameter import DeviceSlot, Parameter
+
+
+def _buffer_value(value: Any, name: str, like: np.ndarray) -> np.ndarray:
+    """A checked copy of `value` for the buffer `like`: float32 statistics (finite; a variance
+    >= 0) of its shape, or an integer count >= 0."""
+    if like.dtype != np.int64:
+        return float32_array(value, name, shape=like.shape, nonnegative=name.endswith("running_var']"))
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.size != 1:
+        raise TypeError(f"{name} must be one integer count, got {array.dtype} of shape {array.shape}")
+    count = int(array.reshape(()))
+    if not 0 <= count < 2**63:
+        raise ValueError(f"{name} must be a count >= 0, got {count}")
+    return np.array(count, dtype=np.int64)
 
 
 class _Compiled:
@@ -56,10 +76,12 @@ class Module:
     """Base class of layers and containers, with PyTorch's model methods."""
 
     _param_names: tuple[str, ...] = ()
+    _buffer_names: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._compiled: _Compiled | None = None
         self._params: dict[str, Parameter] = {}
+        self._buffer_values: dict[str, np.ndarray] = {}  # values held while in no compiled model
         self._owner: Module | None = None  # the compiled container this module belongs to
         self._lost: tuple[Module, Module] | None = None  # (a layer of this root, the model that took it)
         self.training = True
@@ -107,6 +129,65 @@ class Module:
     def _has_param(self, name: str) -> bool:
         return True
 
+    def _has_buffer(self, name: str) -> bool:
+        return True
+
+    def _named_buffer_slots(self, prefix: str = "") -> Iterator[tuple[Module, str, str]]:
+        """(module, local name, full name) of every buffer use, a shared module's at each use."""
+        for name in self._buffer_names:
+            if self._has_buffer(name):
+                yield self, name, prefix + name
+        for child_name, child in self.named_children():
+            yield from child._named_buffer_slots(prefix + child_name + ".")
+
+    def _unique_buffer_slots(self) -> Iterator[tuple[Module, str, str]]:
+        """_named_buffer_slots with a shared module's buffers once, in the order of the C model's
+        buffer_layout()."""
+        seen: set[tuple[int, str]] = set()
+        for module, local, full in self._named_buffer_slots():
+            if (id(module), local) not in seen:
+                seen.add((id(module), local))
+                yield module, local, full
+
+    def _named_state_slots(self, prefix: str = "") -> Iterator[tuple[Module, str, str, bool]]:
+        """(module, local, full, is_buffer) in PyTorch's state_dict order: a module's parameters,
+        then its buffers, then its children's."""
+        for name in self._param_names:
+            if self._has_param(name):
+                yield self, name, prefix + name, False
+        for name in self._buffer_names:
+            if self._has_buffer(name):
+                yield self, name, prefix + name, True
+        for child_name, child in self.named_children():
+            yield from child._named_state_slots(prefix + child_name + ".")
+
+    def _buffer_arrays(self) -> dict[tuple[int, str], np.ndarray]:
+        """This compiled root's buffers by (id(module), name): views of the arena on the CPU,
+        copies on a device."""
+        model = self._compiled.model
+        flat = model.buffer_bytes() if self._compiled.on_host else model.read_buffers()
+        arrays = {}
+        slots = ((id(module), local) for module, local, _ in self._unique_buffer_slots())
+        for key, (offset, shape, dtype) in zip(slots, model.buffer_layout()):
+            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            arrays[key] = flat[offset:offset + size].view(dtype).reshape(shape)
+        return arrays
+
+    def _buffer_copies(self) -> dict[tuple[int, str], np.ndarray]:
+        """Copies of the current values of this tree's buffers by (id(module), name), wherever
+        they live (a compiled model's arena, or a module's own values)."""
+        values: dict[tuple[int, str], np.ndarray] = {}
+        roots: dict[int, dict[tuple[int, str], np.ndarray]] = {}
+        for module, local, _ in self._unique_buffer_slots():
+            root = module._owner or module
+            if root._compiled is not None:
+                if id(root) not in roots:
+                    roots[id(root)] = root._buffer_arrays()
+                values[(id(module), local)] = roots[id(root)][(id(module), local)].copy()
+            elif local in module._buffer_values:
+                values[(id(module), local)] = module._buffer_values[local].copy()
+        return values
+
     def _on_device(self) -> bool:
         """True when this module's parameters live in device memory (its model is on CUDA)."""
         compiled = (self._owner or self)._compiled
@@ -139,7 +220,9 @@ class Module:
 
     def _compile(self, device: str = "cpu", seed: int | None = None, precision: str = "f32") -> _Compiled:
         previous = self._current_values()
+        previous_buffers = self._buffer_copies()
         compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device, precision)
+        self._keep_buffers(compiled, previous_buffers)
         layout = compiled.model.parameter_layout()
         slots = list(self._unique_param_slots())
         if len(slots) != len(layout):
@@ -172,11 +255,24 @@ class Module:
         for module in self.modules():
             module._compiled = None
             module._owner = self
+            module._buffer_values = {}
         self._owner = None
         self._lost = None
         self._compiled = compiled
         self._apply_training(self.training)
         return compiled
+
+    def _keep_buffers(self, compiled: _Compiled, values: dict[tuple[int, str], np.ndarray]) -> None:
+        """Writes the buffers the modules already had into the new model `compiled`."""
+        if not values:
+            return
+        flat = compiled.model.read_buffers()
+        slots = ((id(module), local) for module, local, _ in self._unique_buffer_slots())
+        for key, (offset, shape, dtype) in zip(slots, compiled.model.buffer_layout()):
+            if key in values:
+                size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                flat[offset:offset + size] = np.ascontiguousarray(values[key], dtype=dtype).reshape(-1).view(np.uint8)
+        compiled.model.write_buffers(flat)
 
     def _mark_losers(self) -> None:
         """Marks every compiled model outside this one that is losing one of its layers to it: that
@@ -213,6 +309,10 @@ class Module:
             if name in params:
                 return params[name]
             return None
+        if name in type(self)._buffer_names and self._has_buffer(name):
+            return dict(self.named_buffers())[name]
+        if name in type(self)._buffer_names:
+            return None
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- PyTorch-style API ---------------------------------------------------------------
@@ -235,6 +335,23 @@ class Module:
         for _, parameter in self.named_parameters():
             yield parameter
 
+    def named_buffers(self, remove_duplicate: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+        """(full name, array) of every buffer (BatchNorm2d's running_mean, running_var,
+        num_batches_tracked): views into the model's buffer arena on the CPU (writes go into the
+        model), copies on a device; a shared module's once unless remove_duplicate is False."""
+        if self._compiled is None and self._owner is None:
+            self._compile()
+        self._check_intact()
+        root = self._owner or self
+        arrays = root._buffer_arrays()
+        slots = self._unique_buffer_slots() if remove_duplicate else self._named_buffer_slots()
+        for module, local, full in slots:
+            yield full, arrays[(id(module), local)]
+
+    def buffers(self) -> Iterator[np.ndarray]:
+        for _, buffer in self.named_buffers():
+            yield buffer
+
     def num_parameters(self) -> int:
         if self._on_device():
             return sum(module._own_param_count() for module in self.modules())
@@ -253,10 +370,18 @@ class Module:
         if self._compiled is None and self._owner is None:
             self._compile()
         self._check_intact()
-        if self._on_device():
-            arrays = (self._owner or self)._device_arrays()
-            return OrderedDict((full, arrays[(id(module), local)]) for module, local, full in self._named_param_slots())
-        return OrderedDict((name, p.data.copy()) for name, p in self.named_parameters(remove_duplicate=False))
+        root = self._owner or self
+        params = root._device_arrays() if self._on_device() else None
+        buffers = root._buffer_arrays()
+        state: OrderedDict[str, np.ndarray] = OrderedDict()
+        for module, local, full, is_buffer in self._named_state_slots():
+            if is_buffer:
+                state[full] = buffers[(id(module), local)].copy()
+            elif params is not None:
+                state[full] = params[(id(module), local)]
+            else:
+                state[full] = module._params[local].data.copy()
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Copy arrays (NumPy, or anything np.asarray accepts, e.g. CPU torch tensors) in.
@@ -268,14 +393,20 @@ class Module:
         check_mapping(state_dict, "state_dict")
         own = (self.state_dict() if self._on_device()
                else {n: p.data for n, p in self.named_parameters(remove_duplicate=False)})
+        root = self._owner or self
+        buffer_arrays = root._buffer_arrays()
+        buffers = {full: buffer_arrays[(id(module), local)] for module, local, full in self._named_buffer_slots()}
         if strict:
-            check_keys(state_dict, "state_dict", own)
+            check_keys(state_dict, "state_dict", [*own, *buffers] if not self._on_device() else own)
         staged = {name: float32_array(value, f"state_dict[{name!r}]", shape=own[name].shape)
-                  for name, value in state_dict.items() if name in own}
+                  for name, value in state_dict.items() if name in own and name not in buffers}
+        staged_buffers = {name: _buffer_value(value, f"state_dict[{name!r}]", buffers[name])
+                          for name, value in state_dict.items() if name in buffers}
         for name, array in staged.items():
             own[name][...] = array
-        root = self._owner or self
+        self._write_buffers(staged_buffers, buffers)
         if self._on_device():  # `own` holds host copies: write the whole arena back
+            own = {name: value for name, value in own.items() if name not in buffers}
             layout = root._device_layout()
             flat = root._compiled.model.read_parameters()
             for module, local, full in self._named_param_slots():
@@ -284,6 +415,24 @@ class Module:
             root._compiled.model.write_parameters(flat)
         else:
             root.compiled.refresh_half_parameters()
+
+    def _write_buffers(self, values: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> None:
+        """Writes checked buffer values by full name into their arrays (views of the arena on the
+        CPU; on a device, host copies written back as a whole)."""
+        if not values:
+            return
+        for name, value in values.items():
+            arrays[name][...] = value
+        root = self._owner or self
+        if root._compiled.on_host:
+            return
+        flat = root._compiled.model.read_buffers()
+        slots = ((id(module), local) for module, local, _ in root._unique_buffer_slots())
+        full_of = {(id(module), local): full for module, local, full in self._named_buffer_slots()}
+        for key, (offset, shape, dtype) in zip(slots, root._compiled.model.buffer_layout()):
+            if full_of.get(key) in values:
+                flat[offset:offset + arrays[full_of[key]].nbytes] = arrays[full_of[key]].reshape(-1).view(np.uint8)
+        root._compiled.model.write_buffers(flat)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: mark them None (no memory touched) or write zeros."""
@@ -335,6 +484,10 @@ class Module:
         a model of its own (compiled at first use, as a new layer is)."""
         (self._owner or self)._check_intact()
         state = {**self.__dict__, "_owner": None, "_lost": None, "_compiled": None}
+        if self._buffer_names:  # host copies of this module's buffers, written into its next model
+            copies = self._buffer_copies()
+            state["_buffer_values"] = {local: copies[(id(self), local)] for local in self._buffer_names
+                                       if (id(self), local) in copies}
         compiled = self._compiled
         if compiled is not None:
             model = compiled.model
