@@ -79,9 +79,10 @@ int gtpy_dlpack_get(PyObject *obj, PyObject *stream, const char *arg_name, gtpy_
     if (PyCapsule_IsValid(capsule, CAPSULE_V)) {
         DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, CAPSULE_V);
         if (m->version.major != GTPY_DLPACK_MAJOR) {  /* its layout is unknown: not even read */
+            DLPackVersion version = m->version;
+            Py_DECREF(capsule);  /* its destructor frees the tensor (no exception set while it runs) */
             PyErr_Format(PyExc_BufferError, "%s: a DLPack %u.%u capsule; gputrain reads DLPack %d.x", arg_name,
-                         m->version.major, m->version.minor, GTPY_DLPACK_MAJOR);
-            Py_DECREF(capsule);
+                         version.major, version.minor, GTPY_DLPACK_MAJOR);
             return -1;
         }
         *out = (gtpy_dlpack){.tensor = &m->dl_tensor, .flags = m->flags, .capsule = capsule, .versioned = 1};
@@ -94,11 +95,16 @@ int gtpy_dlpack_get(PyObject *obj, PyObject *stream, const char *arg_name, gtpy_
     }
     PyErr_Format(PyExc_TypeError, "%s: %.100s.__dlpack__() returned %.100s, not an unused DLPack capsule", arg_name,
                  Py_TYPE(obj)->tp_name, Py_TYPE(capsule)->tp_name);
-    Py_DECREF(capsule);
+    *out = (gtpy_dlpack){.capsule = capsule};
+    gtpy_dlpack_drop(out);
     return -1;
 }
 
+/* Calls the deleter of a taken tensor once its keeper dies; the deleter may run Python code, so a
+ * pending exception is kept aside. */
 static void keep_destroy(PyObject *keep) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
     if (PyCapsule_IsValid(keep, KEEP_V)) {
         DLManagedTensorVersioned *m = PyCapsule_GetPointer(keep, KEEP_V);
         if (m->deleter)
@@ -109,6 +115,7 @@ static void keep_destroy(PyObject *keep) {
             m->deleter(m);
     }
     PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
 }
 
 PyObject *gtpy_dlpack_take(gtpy_dlpack *d) {
@@ -126,7 +133,14 @@ PyObject *gtpy_dlpack_take(gtpy_dlpack *d) {
     return keep;
 }
 
-void gtpy_dlpack_drop(gtpy_dlpack *d) { Py_CLEAR(d->capsule); }
+void gtpy_dlpack_drop(gtpy_dlpack *d) {
+    if (!d->capsule)
+        return;
+    PyObject *type, *value, *traceback;  /* a producer's destructor may run Python code */
+    PyErr_Fetch(&type, &value, &traceback);
+    Py_CLEAR(d->capsule);
+    PyErr_Restore(type, value, traceback);
+}
 
 /* ---- host tensors as NumPy arrays ----------------------------------------------------- */
 
@@ -200,7 +214,14 @@ PyObject *gtpy_dlpack_host_array(PyObject *obj, const char *arg_name) {
     gtpy_dlpack d;
     if (gtpy_dlpack_get(obj, NULL, arg_name, &d) < 0)
         return NULL;
-    PyObject *array = host_view(&d, arg_name);
+    DLDevice lies = d.tensor->device;
+    PyObject *array = NULL;
+    if (lies.device_type != device.device_type || lies.device_id != device.device_id)
+        PyErr_Format(PyExc_ValueError, "%s: the DLPack tensor lies on device (%d, %d), not on (%d, %d) as "
+                     "__dlpack_device__() said", arg_name, (int)lies.device_type, (int)lies.device_id,
+                     (int)device.device_type, (int)device.device_id);
+    else
+        array = host_view(&d, arg_name);
     gtpy_dlpack_drop(&d);
     return array;
 }
@@ -235,6 +256,8 @@ static void delete_versioned(DLManagedTensorVersioned *m) { export_free(m->manag
 
 /* The capsule's destructor: a capsule no consumer took still owns its tensor. */
 static void capsule_destroy(PyObject *capsule) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
     if (PyCapsule_IsValid(capsule, CAPSULE_V)) {
         DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, CAPSULE_V);
         m->deleter(m);
@@ -243,6 +266,7 @@ static void capsule_destroy(PyObject *capsule) {
         m->deleter(m);
     }
     PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
 }
 
 /* The DLPack dtype of a NumPy dtype, or -1 with BufferError. */

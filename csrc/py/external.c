@@ -396,10 +396,10 @@ static int try_dlpack(PyObject *obj, const char *arg_name, char kind, gt_device 
 int gtpy_array_input_get(PyObject *module, PyObject *obj, const char *arg_name, char kind, gt_device device,
                          gt_stream *consumer, gt_tensor *tensor, gtpy_array_input *in) {
     *in = (gtpy_array_input){.module = module, .device = device};
+    gtpy_held_release_ready(module);  /* the arrays earlier steps have finished reading */
     int rc = gtpy_device_input_get(module, obj, arg_name, kind, device, tensor, &in->array);
     if (rc != 0 || PyArray_Check(obj))
         return rc;
-    gtpy_held_release_ready(module);
     rc = try_dlpack(obj, arg_name, kind, device, consumer, tensor, in);
     if (rc == 0)
         rc = try_interface(obj, arg_name, kind, device, tensor, in);
