@@ -246,8 +246,12 @@ class TrainStep:
         self._checked = checked
 
     def __call__(self, x: Any, y: Any) -> StepOutput:
-        """One optimizer step on the batch (x, y): arrays, or on a device model the DeviceArrays of
-        DataLoader(device=...), read on the device after their copy."""
+        """One optimizer step on the batch (x, y): arrays (NumPy, or any host DLPack producer such
+        as a PyTorch CPU tensor, read without a copy), or on a device model arrays on its device,
+        read where they lie: the DeviceArrays of DataLoader(device=...), and other libraries'
+        arrays through DLPack or __cuda_array_interface__ (CuPy, PyTorch CUDA tensors; float32
+        inputs and int64 class indices, C-contiguous). The step's stream waits for the producer's
+        work by an event, and the producer's object is kept alive until the step's work has run."""
         self._check_optimizer()
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         guard = self.spike_guard
