@@ -342,3 +342,29 @@ def test_torch_cpu_tensors_feed_a_sim_model():
     want_step, want_model = sim_step()
     assert step(torch.from_numpy(X), torch.from_numpy(Y)).loss == want_step(X, Y).loss
     np.testing.assert_array_equal(model.compiled.read_parameters(), want_model.compiled.read_parameters())
+
+
+# ---- references ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=sim)])
+def test_inputs_of_other_libraries_leak_no_references(device):
+    import sys
+
+    X, Y = data(16)
+    model = make_model().to(device) if device != "cpu" else make_model()
+    if device == "cpu":
+        x, y = DLPackOnly(X), DLPackOnly(Y)
+    else:
+        _, _, xb, yb = sim_batch()
+        x, y = InterfaceOnly(xb), DLPackOnly(yb)
+    loss_fn = nn.CrossEntropyLoss()
+    step = gt.TrainStep(model, loss_fn)
+    step(x, y)
+    model.compiled.read_parameters()
+    model(X)  # releases what the finished step held
+    before = sys.getrefcount(x), sys.getrefcount(y), sys.getrefcount(X), sys.getrefcount(Y)
+    for _ in range(20):
+        step(x, y)
+    model.compiled.read_parameters()
+    model(X)
+    assert (sys.getrefcount(x), sys.getrefcount(y), sys.getrefcount(X), sys.getrefcount(Y)) == before

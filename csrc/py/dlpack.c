@@ -173,6 +173,9 @@ void gtpy_dlpack_dtype_name(DLDataType t, char *buf, size_t bytes) {
 static PyObject *host_view(gtpy_dlpack *d, const char *arg_name) {
     const DLTensor *t = d->tensor;
     int type = numpy_type(t->dtype);
+    if (t->ndim > 0 && !t->shape)
+        return PyErr_Format(PyExc_ValueError, "%s: a DLPack tensor of %d dimensions without a shape", arg_name,
+                            (int)t->ndim);
     if (type < 0 || t->ndim < 0 || t->ndim > NPY_MAXDIMS) {
         char name[32];
         gtpy_dlpack_dtype_name(t->dtype, name, sizeof name);

@@ -178,6 +178,10 @@ static int dlpack_check(const DLTensor *t, DLDevice announced, const char *arg_n
                      "%s", arg_name, kind_dtype(kind), name);
         return -1;
     }
+    if (t->ndim > 0 && !t->shape) {
+        PyErr_Format(PyExc_ValueError, "%s: a DLPack tensor of %d dimensions without a shape", arg_name, (int)t->ndim);
+        return -1;
+    }
     if (check_layout(t->ndim, t->shape, t->strides, arg_name, kind, device, tensor) < 0)
         return -1;
     if (!t->data && gt_tensor_numel(tensor) > 0) {
