@@ -141,6 +141,38 @@ def test_sim_training_from_dlpack_and_the_array_interface_is_bit_identical_with_
     run_with_delays(SIM_INPUTS)
 
 
+# Each step reads a batch whose copy was queued just before it (a loader of one batch), so only
+# the stream ordering makes the step read the copied values: DLPack's stream= argument (the
+# DeviceArray makes the step's stream wait for its copy event) and the array interface's stream
+# (the step's stream waits for an event recorded on the copy stream).
+ORDERING = WRAPPERS + """
+from test_sim_step import make_model
+X = np.random.default_rng(0).standard_normal((24, 16, 12)).astype(np.float32)
+Y = np.random.default_rng(1).integers(0, 7, (24, 16)).astype(np.int64)
+
+def train(wrap):
+    model = make_model().to("sim")
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=3e-3))
+    losses = []
+    for i in range(24):  # one batch per loader: the step is queued right after its copy
+        loader = gt.DataLoader((X[i], Y[i]), batch_size=16, device=None if wrap is None else "sim")
+        xb, yb = next(iter(loader))
+        losses.append(step(xb, yb).loss if wrap is None else step(wrap(xb), wrap(yb)).loss)
+    return losses, model.compiled.read_parameters()
+
+want = train(None)
+for wrap in (DLPackOnly, InterfaceOnly):
+    losses, params = train(wrap)
+    assert losses == want[0], wrap.__name__
+    np.testing.assert_array_equal(params, want[1])
+"""
+
+
+@sim
+def test_a_step_waits_for_the_producers_stream_by_an_event():
+    run_with_delays(ORDERING, delay_us=2000)
+
+
 # The producer's memory is a loader batch that returns to the loader (and is poisoned, 0xFF) as
 # soon as nothing holds it; its copy is waited for on the host, and the producers ask for no stream
 # ordering, so only the keep-alive until the step's work has run protects the backward pass
