@@ -145,9 +145,9 @@ def test_sim_training_from_dlpack_and_the_array_interface_is_bit_identical_with_
 # the stream ordering makes the step read the copied values: DLPack's stream= argument (the
 # DeviceArray makes the step's stream wait for its copy event) and the array interface's stream
 # (the step's stream waits for an event recorded on the copy stream). Removing the DLPack wait
-# fails this test; removing the array-interface wait did not in 3 runs (something else in today's
-# device step also waits for the copy, perhaps its per-step scratch frees, which wait for every
-# stream), so that case stays covered here for when that goes.
+# fails this test (3 runs of 3); removing the array-interface wait did not in 5 runs, nor when no
+# loader is freed in the loop (something else still orders that case: not found yet), so it stays
+# here for when that goes.
 ORDERING = WRAPPERS + """
 from test_sim_step import make_model
 X = np.random.default_rng(0).standard_normal((24, 16, 12)).astype(np.float32)
