@@ -142,6 +142,30 @@ gt_status backend_init(gt_backend *be, int index, gt_stream *stream) {
     return gt_cuda_backend_init(be, index, native(stream));
 }
 
+// cudaStreamLegacy and cudaStreamPerThread are the handles 1 and 2 themselves.
+gt_status stream_from_native(int index, uintptr_t handle, const char *arg_name, gt_stream **out) {
+    *out = nullptr;
+    if (handle == 0)
+        return GT_FAIL(GT_ERR_VALUE, "%s: stream 0 is ambiguous (use 1 for the legacy default stream, 2 for the "
+                       "per-thread one)", arg_name);
+    GT_TRY(gt_cuda_require_device(index, arg_name));
+    *out = reinterpret_cast<gt_stream *>(handle);
+    return GT_OK;
+}
+
+gt_status pointer_device(const void *ptr, int *index) {
+    *index = -1;
+    cudaPointerAttributes attributes;
+    cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // memory the runtime does not know: not device memory
+        return GT_OK;
+    }
+    if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged)
+        *index = attributes.device;
+    return GT_OK;
+}
+
 const gt_device_backend cuda_table = {
     "cuda", device_count, device_malloc, device_free, mem_get_info,
     copy, fill, copy_async, poison,
@@ -149,6 +173,7 @@ const gt_device_backend cuda_table = {
     event_create, event_destroy, event_record, event_query, event_synchronize, stream_native,
     adamw, sgd, ema, ema_swap, grad_sumsq, unscale_check,
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
+    stream_from_native, pointer_device,
 };
 
 }  // namespace

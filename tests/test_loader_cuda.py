@@ -33,7 +33,7 @@ def test_device_batches_equal_host_batches(device, settings):
     for epoch in range(2):
         for xb, yb in loader:
             assert isinstance(xb, DeviceArray) and xb.shape[1:] == (5, 3) and xb.dtype == np.float32
-            interface = xb.__cuda_array_interface__
+            interface = getattr(xb, f"__{device}_array_interface__")  # sim arrays are no CUDA memory
             assert interface["shape"] == xb.shape and interface["typestr"] == "<f4" and interface["version"] == 3
             x, y = xb.numpy(), yb.numpy()
             np.testing.assert_array_equal(x, X[y])

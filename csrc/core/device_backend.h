@@ -89,6 +89,16 @@ typedef struct gt_device_backend {
     gt_status (*backend_init)(struct gt_backend *be, int index, gt_stream *stream);
     void (*backend_release)(struct gt_backend *be);  /* waits for its stream; impl NULL ignored */
     size_t backend_scratch_bytes;  /* device bytes backend_init allocates for itself (the plan counts them) */
+
+    /* ---- arrays of other libraries (DLPack, the CUDA array interface) ---- */
+    /* The stream behind a handle another library gave, in those protocols' convention: 1 the
+     * default stream (CUDA: the legacy one), 2 the per-thread default stream, otherwise what
+     * stream_native returned for a live stream. GT_ERR_VALUE naming `arg_name` for 0 and for a
+     * handle the backend knows is none (sim checks its streams; CUDA cannot). */
+    gt_status (*stream_from_native)(int index, uintptr_t handle, const char *arg_name, gt_stream **out);
+    /* *index = the ordinal of the device of this kind whose memory holds `ptr`; -1 when `ptr` is
+     * not device memory of this kind (host, pinned or unknown memory). */
+    gt_status (*pointer_device)(const void *ptr, int *index);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table

@@ -138,6 +138,21 @@ gt_status gt_transfer_consume_end(gt_transfer *t, gt_device_batch *b, gt_stream 
     return GT_OK;
 }
 
+void gt_transfer_wait_for(gt_transfer *t, gt_stream *consumer) {
+    gt_event *read = NULL;
+    gt_status status = t->dev->event_create(t->device.index, &read);
+    if (status == GT_OK)
+        status = t->dev->event_record(t->device.index, read, consumer);
+    if (status == GT_OK)
+        status = t->dev->stream_wait_event(t->device.index, t->stream, read);
+    t->dev->event_destroy(t->device.index, read);  /* a queued wait keeps its record */
+    if (status != GT_OK) {
+        gt_clear_error();
+        if (t->dev->stream_synchronize(t->device.index, consumer) != GT_OK)
+            gt_clear_error();  /* the consumer's error is its own to report */
+    }
+}
+
 gt_device gt_transfer_device(const gt_transfer *t) { return t->device; }
 
 /* The copy stream's later work (the poison, the next copy into the batch) waits for the

@@ -48,6 +48,11 @@ gt_status gt_transfer_consume_begin(gt_transfer *transfer, gt_device_batch *batc
 /* The work queued on `consumer` so far is the last that reads `batch`: its release waits for it. */
 gt_status gt_transfer_consume_end(gt_transfer *transfer, gt_device_batch *batch, gt_stream *consumer);
 
+/* Work queued on the copy stream from now on (the poison and the next copy into any batch) waits
+ * for the work queued on `consumer` so far: for a reader outside gputrain (an exported batch) that
+ * gives no event back. If the wait cannot be queued, the host waits for `consumer` instead. */
+void gt_transfer_wait_for(gt_transfer *transfer, gt_stream *consumer);
+
 /* The device of the transfer's batches. */
 gt_device gt_transfer_device(const gt_transfer *transfer);
 

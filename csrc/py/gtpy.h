@@ -22,6 +22,8 @@
 typedef struct gtpy_state {
     PyObject *out_of_memory_error;  /* gputrain.OutOfMemoryError(MemoryError) */
     PyObject *cuda_error;           /* gputrain.CudaError(RuntimeError) */
+    struct gtpy_held_list *held;    /* other libraries' arrays kept alive until the device work
+                                       reading them has run (external.c); NULL until the first */
 } gtpy_state;
 
 extern PyModuleDef gtpy_module_def;

@@ -2,6 +2,7 @@
  * and gputrain._C._DeviceSlot: the owner of one device batch (or of one copied array), which
  * keeps its transfer alive and hands the device memory back when it dies. */
 #include "py/loader.h"
+#include "py/external.h"
 
 #include "data/transfer.h"
 
@@ -96,6 +97,56 @@ static PyObject *device_slot_copy_to(PyObject *op, PyObject *args) {
     return status == GT_OK ? Py_NewRef(Py_None) : raise_status(op, status);
 }
 
+/* The deleter of an exported batch: the copy stream's later work waits for the consumer's. */
+static void exported_done(PyObject *owner, gt_stream *consumer) {
+    DeviceSlotObject *self = (DeviceSlotObject *)owner;
+    if (self->batch)
+        gt_transfer_wait_for(transfer_of(self->owner), consumer);
+}
+
+/* dlpack(offset, shape, dtype, stream, versioned): a DLPack capsule of the C-contiguous array
+ * at device offset `offset`, read by the consumer's `stream` (a native handle in DLPack's
+ * convention; -1: the consumer orders its work itself), which waits for the copy into it. */
+static PyObject *device_slot_dlpack(PyObject *op, PyObject *args) {
+    DeviceSlotObject *self = (DeviceSlotObject *)op;
+    Py_ssize_t offset;
+    PyObject *shape_obj, *stream_obj;
+    PyArray_Descr *dtype;
+    int versioned;
+    if (!PyArg_ParseTuple(args, "nO!O!Op:dlpack", &offset, &PyTuple_Type, &shape_obj, &PyArrayDescr_Type, &dtype,
+                          &stream_obj, &versioned))
+        return NULL;
+    int ndim = (int)PyTuple_GET_SIZE(shape_obj);
+    int64_t shape[GT_MAX_DIMS];
+    size_t bytes = (size_t)PyDataType_ELSIZE(dtype);
+    for (int i = 0; i < ndim && i < GT_MAX_DIMS; i++) {
+        shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape_obj, i));
+        bytes *= shape[i] > 0 ? (size_t)shape[i] : 0;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    if (ndim < 1 || ndim > GT_MAX_DIMS || offset < 0 || (size_t)offset > device_bytes(self) ||
+        bytes > device_bytes(self) - (size_t)offset)
+        return PyErr_Format(PyExc_BufferError, "dlpack: the array lies outside its device batch");
+    long long handle = PyLong_AsLongLong(stream_obj);
+    if (handle == -1 && PyErr_Occurred())
+        return NULL;
+    gt_transfer *transfer = transfer_of(self->owner);
+    gt_device device = gt_transfer_device(transfer);
+    const gt_device_backend *dev = gt_device_backend_of(device);
+    gt_stream *consumer = NULL;
+    gt_status status = GT_OK;
+    if (handle != -1) {
+        status = dev->stream_from_native(device.index, (uintptr_t)handle, "stream", &consumer);
+        if (status == GT_OK && self->batch)
+            status = gt_transfer_consume_begin(transfer, self->batch, consumer);
+    }
+    if (status != GT_OK)
+        return raise_status(op, status);
+    return gtpy_dlpack_export(op, device_start(self) + offset, device, ndim, shape, dtype, versioned, consumer,
+                              handle != -1 ? exported_done : NULL);
+}
+
 static PyObject *device_slot_get_address(PyObject *op, void *Py_UNUSED(closure)) {
     return PyLong_FromVoidPtr(device_start((DeviceSlotObject *)op));
 }
@@ -103,6 +154,8 @@ static PyObject *device_slot_get_address(PyObject *op, void *Py_UNUSED(closure))
 static PyMethodDef device_slot_methods[] = {
     {"wait", device_slot_wait, METH_NOARGS, "Blocks until the copy into this batch is done."},
     {"copy_to", device_slot_copy_to, METH_VARARGS, "copy_to(offset, out): device bytes into a host array."},
+    {"dlpack", device_slot_dlpack, METH_VARARGS,
+     "dlpack(offset, shape, dtype, stream, versioned): a DLPack capsule of an array in the batch."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,7 +9,7 @@
 
 #include "nn/model.h"
 #include "py/model.h"
-#include "py/loader.h"
+#include "py/external.h"
 
 static int spec_error(const char *message, PyObject *spec) {
     PyErr_Format(PyExc_ValueError, "model spec: %s (got %R)", message, spec);
@@ -549,7 +549,16 @@ static PyArrayObject *convert_sequence(PyObject *obj, const char *arg_name, char
     return array;
 }
 
-PyArrayObject *gtpy_input_array(PyObject *obj, const char *arg_name, char kind, gt_tensor *shape) {
+static PyArrayObject *input_array(PyObject *obj, const char *arg_name, char kind, gt_tensor *shape);
+
+PyArrayObject *gtpy_input_array(PyObject *given, const char *arg_name, char kind, gt_tensor *shape) {
+    PyObject *obj = gtpy_dlpack_host_array(given, arg_name);  /* a host DLPack producer: a NumPy view */
+    PyArrayObject *array = obj ? input_array(obj, arg_name, kind, shape) : NULL;
+    Py_XDECREF(obj);
+    return array;
+}
+
+static PyArrayObject *input_array(PyObject *obj, const char *arg_name, char kind, gt_tensor *shape) {
     PyArrayObject *array = NULL;
     if (PyArray_Check(obj)) {
         PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)obj);
@@ -637,16 +646,16 @@ static PyObject *tensor_to_numpy(PyObject *module, gt_model *model, const gt_ten
     return array;
 }
 
-/* Forward on a DeviceArray on the model's device: read where it is, after its copy; its batch
- * returns to the loader only after the forward's work (queued on the device's default stream). */
-static PyObject *forward_device(PyObject *module, gt_model *model, gt_tensor *input, gtpy_device_input *in) {
+/* Forward on an array on the model's device: read where it is, after the work producing it; it
+ * returns to its owner only after the forward's work (queued on the device's default stream, NULL). */
+static PyObject *forward_device(PyObject *module, gt_model *model, gt_tensor *input, gtpy_array_input *in) {
     gt_status status;
     gt_tensor output;
     Py_BEGIN_ALLOW_THREADS
     status = gt_model_prepare(model, input);
-    if (status == GT_OK && (status = gtpy_device_input_begin(in, NULL)) == GT_OK) {
+    if (status == GT_OK && (status = gtpy_array_input_begin(in, NULL)) == GT_OK) {
         status = gt_model_forward(model, input, 0, &output);
-        gt_status end = gtpy_device_input_end(in, NULL);
+        gt_status end = gtpy_array_input_end(in, NULL);
         status = status == GT_OK ? end : status;
     }
     Py_END_ALLOW_THREADS
@@ -658,11 +667,11 @@ static PyObject *forward(PyObject *op, PyObject *arg) {
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
     gt_tensor input, output;
     char kind = gtpy_model_takes_ids(&self->model) ? 'i' : 'f';
-    gtpy_device_input in;
-    int on_device = gtpy_device_input_get(module, arg, "x", kind, self->model.backend.device, &input, &in);
+    gtpy_array_input in;
+    int on_device = gtpy_array_input_get(module, arg, "x", kind, self->model.backend.device, NULL, &input, &in);
     if (on_device != 0) {
         PyObject *result = on_device > 0 ? forward_device(module, &self->model, &input, &in) : NULL;
-        gtpy_device_input_clear(&in);
+        gtpy_array_input_clear(&in);
         return result;
     }
     PyArrayObject *given = gtpy_input_array(arg, "x", kind, &input);

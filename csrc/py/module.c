@@ -3,6 +3,7 @@
 #define GTPY_IMPORTS_NUMPY
 #include "sim/sim.h"
 #include "py/gtpy.h"
+#include "py/external.h"
 
 #include "core/threads.h"
 #include "ops/cpu_blas.h"
@@ -72,13 +73,14 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     gtpy_state *state = gtpy_state_of(module);
     Py_VISIT(state->out_of_memory_error);
     Py_VISIT(state->cuda_error);
-    return 0;
+    return gtpy_held_traverse(state->held, visit, arg);
 }
 
 static int module_clear(PyObject *module) {
     gtpy_state *state = gtpy_state_of(module);
     Py_CLEAR(state->out_of_memory_error);
     Py_CLEAR(state->cuda_error);
+    gtpy_held_free(&state->held);
     return 0;
 }
 

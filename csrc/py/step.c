@@ -5,7 +5,7 @@
 #include <signal.h>
 #include <string.h>
 
-#include "py/loader.h"
+#include "py/external.h"
 #include "py/model.h"
 #include "py/optim_model.h"
 #include "train/step.h"
@@ -174,19 +174,20 @@ static gt_status run_step(gt_model *model, const gt_tensor *x, const gt_tensor *
     return status;
 }
 
-/* One input of the step: a host array (converted when the step runs) or a DeviceArray. */
+/* One input of the step: a host array (converted when the step runs) or an array on the device. */
 typedef struct step_input {
     PyArrayObject *given;       /* the checked host array (a reference), or NULL */
-    gtpy_device_input device;   /* the DeviceArray's memory (owner NULL for a host input) */
+    gtpy_array_input device;    /* a DeviceArray's memory, or another library's array (neither: a host input) */
     gt_tensor tensor;           /* shape and dtype; ptr set once the data is known */
 } step_input;
 
-/* Checks `obj` (a DeviceArray on the model's device, or anything NumPy converts): 0, or -1
- * with an exception naming `arg_name`. */
+/* Checks `obj` (an array on the model's device, or anything NumPy converts): 0, or -1 with an
+ * exception naming `arg_name`. Device arrays are read by the step's stream (the device's default
+ * stream, NULL). */
 static int parse_input(PyObject *module, PyObject *obj, const char *arg_name, char kind, const gt_model *model,
                        step_input *in) {
     in->given = NULL;
-    int rc = gtpy_device_input_get(module, obj, arg_name, kind, model->backend.device, &in->tensor, &in->device);
+    int rc = gtpy_array_input_get(module, obj, arg_name, kind, model->backend.device, NULL, &in->tensor, &in->device);
     if (rc != 0)
         return rc < 0 ? -1 : 0;
     in->given = gtpy_input_array(obj, arg_name, kind, &in->tensor);
@@ -195,7 +196,7 @@ static int parse_input(PyObject *module, PyObject *obj, const char *arg_name, ch
 
 static void clear_input(step_input *in) {
     Py_CLEAR(in->given);
-    gtpy_device_input_clear(&in->device);
+    gtpy_array_input_clear(&in->device);
 }
 
 /* The host data of an input (a new reference; sets tensor.ptr), or Py_None for a device input. */
@@ -205,17 +206,17 @@ static PyObject *input_data(PyObject *module, step_input *in, const char *arg_na
     return (PyObject *)gtpy_input_data(module, in->given, arg_name, kind, &in->tensor);
 }
 
-/* The step, ordered after the copies into device inputs; their batches return to the loader only
- * after the step's work (the model queues on its device's default stream, NULL). */
+/* The step, ordered after the work producing its device inputs; they return to their owners (the
+ * loader, another library) only after the step's work (queued on its device's default stream, NULL). */
 static gt_status run_ordered(gt_model *model, step_input *x, step_input *y, const gt_step_config *cfg,
                              gt_step_result *result) {
-    gt_status status = gtpy_device_input_begin(&x->device, NULL);
+    gt_status status = gtpy_array_input_begin(&x->device, NULL);
     if (status == GT_OK)
-        status = gtpy_device_input_begin(&y->device, NULL);
+        status = gtpy_array_input_begin(&y->device, NULL);
     if (status != GT_OK)
         return status;
     status = run_step(model, &x->tensor, &y->tensor, cfg, result);
-    gt_status x_end = gtpy_device_input_end(&x->device, NULL), y_end = gtpy_device_input_end(&y->device, NULL);
+    gt_status x_end = gtpy_array_input_end(&x->device, NULL), y_end = gtpy_array_input_end(&y->device, NULL);
     if (status == GT_OK)
         status = x_end != GT_OK ? x_end : y_end;
     return status;

@@ -43,11 +43,82 @@ static void quarantine_add(void *ptr, size_t bytes) {
     pthread_mutex_unlock(&held.lock);
 }
 
+/* The live allocations of every sim device, so that a pointer's device can be told (as
+ * cudaPointerGetAttributes does). */
+typedef struct live_list {
+    pthread_mutex_t lock;   /* guards the fields below */
+    uintptr_t *start;       /* (count,) first byte of each allocation */
+    size_t *bytes;          /* (count,) its length */
+    int *device;            /* (count,) its sim ordinal */
+    size_t count;           /* allocations live */
+    size_t capacity;        /* entries of the three arrays */
+} live_list;
+
+static live_list live = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Grows the arrays to hold one more entry; the caller holds the lock. 0, or -1 without memory. */
+static int live_reserve(void) {
+    if (live.count < live.capacity)
+        return 0;
+    size_t capacity = live.capacity ? 2 * live.capacity : 64;
+    uintptr_t *start = realloc(live.start, capacity * sizeof *start);
+    if (start)
+        live.start = start;
+    size_t *bytes = start ? realloc(live.bytes, capacity * sizeof *bytes) : NULL;
+    if (bytes)
+        live.bytes = bytes;
+    int *device = bytes ? realloc(live.device, capacity * sizeof *device) : NULL;
+    if (!device)
+        return -1;
+    live.device = device;
+    live.capacity = capacity;
+    return 0;
+}
+
+static int live_add(int index, void *ptr, size_t bytes) {
+    pthread_mutex_lock(&live.lock);
+    int rc = live_reserve();
+    if (rc == 0) {
+        live.start[live.count] = (uintptr_t)ptr;
+        live.bytes[live.count] = bytes;
+        live.device[live.count++] = index;
+    }
+    pthread_mutex_unlock(&live.lock);
+    return rc;
+}
+
+static void live_remove(void *ptr) {
+    pthread_mutex_lock(&live.lock);
+    for (size_t i = 0; i < live.count; i++)
+        if (live.start[i] == (uintptr_t)ptr) {
+            live.count--;
+            live.start[i] = live.start[live.count];
+            live.bytes[i] = live.bytes[live.count];
+            live.device[i] = live.device[live.count];
+            break;
+        }
+    pthread_mutex_unlock(&live.lock);
+}
+
+gt_status gt_sim_pointer_device(const void *ptr, int *index) {
+    *index = -1;
+    pthread_mutex_lock(&live.lock);
+    for (size_t i = 0; i < live.count && *index < 0; i++)
+        if ((uintptr_t)ptr - live.start[i] < live.bytes[i])
+            *index = live.device[i];
+    pthread_mutex_unlock(&live.lock);
+    return GT_OK;
+}
+
 gt_status gt_sim_malloc(int index, size_t bytes, void **out) {
     *out = NULL;
     if (index < 0 || index >= GT_SIM_DEVICES)
         return GT_FAIL(GT_ERR_VALUE, "device: 'sim:%d' does not exist", index);
     void *ptr = aligned_alloc(GT_ALIGN, gt_align_up(bytes));
+    if (ptr && live_add(index, ptr, gt_align_up(bytes)) != 0) {
+        free(ptr);
+        ptr = NULL;
+    }
     if (!ptr)
         return GT_FAIL(GT_ERR_OOM, "sim:%d: the host refused %zu bytes", index, bytes);
     memset(ptr, POISON_BYTE, gt_align_up(bytes));
@@ -58,6 +129,7 @@ gt_status gt_sim_malloc(int index, size_t bytes, void **out) {
 void gt_sim_free(int index, void *ptr) {
     if (!ptr)
         return;
+    live_remove(ptr);
     gt_sim_device_synchronize(index);
     size_t bytes = malloc_usable_size(ptr);
     memset(ptr, POISON_BYTE, bytes);

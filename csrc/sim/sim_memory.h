@@ -18,6 +18,9 @@ gt_status gt_sim_malloc(int index, size_t bytes, void **out);
 /* Waits for every stream of the device (as cudaFree does), poisons the block and quarantines it. */
 void gt_sim_free(int index, void *ptr);
 
+/* *index = the sim ordinal whose live allocation holds `ptr`, -1 for any other memory. */
+gt_status gt_sim_pointer_device(const void *ptr, int *index);
+
 /* Queues a fill of `bytes` at `ptr` with 0xFF on `stream` (NULL: the default stream). */
 gt_status gt_sim_poison(int index, gt_stream *stream, void *ptr, size_t bytes);
 

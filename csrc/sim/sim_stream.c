@@ -241,6 +241,23 @@ void gt_sim_device_synchronize(int index) {
 
 void *gt_sim_stream_native(gt_stream *stream) { return stream; }
 
+gt_status gt_sim_stream_from_native(int index, uintptr_t handle, const char *arg_name, gt_stream **out) {
+    *out = NULL;
+    GT_TRY(check_index(index));
+    if (handle == 1 || handle == 2)  /* the default stream stands for both default streams */
+        return GT_OK;
+    pthread_mutex_lock(&registry_lock);
+    gt_stream *s = device_streams[index];
+    while (s && (uintptr_t)s != handle)
+        s = s->next;
+    pthread_mutex_unlock(&registry_lock);
+    if (!s)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %#jx is not a stream of sim:%d (1: its default stream)", arg_name,
+                       (uintmax_t)handle, index);
+    *out = s;
+    return GT_OK;
+}
+
 /* ------------------------------------------------------------ events -------------- */
 
 typedef struct event_job {

@@ -15,6 +15,7 @@
 #define GT_SIM_STREAM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/device_backend.h"
 
@@ -41,6 +42,9 @@ gt_status gt_sim_stream_create(int index, gt_stream **out);
 void gt_sim_stream_destroy(int index, gt_stream *stream);
 gt_status gt_sim_stream_wait_event(int index, gt_stream *stream, gt_event *event);
 void *gt_sim_stream_native(gt_stream *stream);
+/* The live stream of sim:index whose native handle is `handle` (1 and 2: the default stream, NULL),
+ * or GT_ERR_VALUE naming `arg_name` (the interface's stream_from_native). */
+gt_status gt_sim_stream_from_native(int index, uintptr_t handle, const char *arg_name, gt_stream **out);
 
 gt_status gt_sim_event_create(int index, gt_event **out);
 void gt_sim_event_destroy(int index, gt_event *event);

@@ -247,10 +247,14 @@ class TrainStep:
         self._checked = checked
 
     def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None) -> StepOutput:
-        """One optimizer step on the batch (x, y): arrays, or on a device model the DeviceArrays of
-        DataLoader(device=...), read on the device after their copy. With attention_mask and/or
-        token_type_ids (batch, seq), x is input_ids of a model whose first layer is a
-        TokenEmbedding reading them; they are split into micro-batches with x."""
+        """One optimizer step on the batch (x, y): arrays (NumPy, or any host DLPack producer such
+        as a PyTorch CPU tensor, read without a copy), or on a device model arrays on its device,
+        read where they lie: the DeviceArrays of DataLoader(device=...), and other libraries'
+        arrays through DLPack or __cuda_array_interface__ (CuPy, PyTorch CUDA tensors; float32
+        inputs and int64 class indices, C-contiguous). The step's stream waits for the producer's
+        work by an event, and the producer's object is kept alive until the step's work has run.
+        With attention_mask and/or token_type_ids (batch, seq), x is input_ids of a model whose
+        first layer is a TokenEmbedding reading them; they are split into micro-batches with x."""
         if attention_mask is not None or token_type_ids is not None:
             x = pack_for(self.model, x, attention_mask, token_type_ids)
         self._check_optimizer()

@@ -2,8 +2,18 @@
 with asynchronous copies on a copy stream (csrc/data/transfer.c), one batch ahead of the
 consumer, and yields DeviceArray objects in the batch's structure.
 
-A DeviceArray exposes `__cuda_array_interface__` (with the copy stream, so that CuPy, Numba or
-PyTorch order their work after the copy), `.numpy()` for a host copy, and `.wait()`."""
+A DeviceArray on cuda:N exposes DLPack (`__dlpack__`/`__dlpack_device__`, so that
+`torch.from_dlpack(xb)` or `cupy.from_dlpack(xb)` read it where it is) and
+`__cuda_array_interface__` (v3, naming the copy stream), `.numpy()` for a host copy, and `.wait()`.
+Through DLPack the consumer's stream waits for the copy (an event, not a host wait), and once the
+consumer drops the tensor, the batch's next use waits for the work the consumer queued on that
+stream so far.
+
+On the simulated device "sim:N" there is no DLPack device type or CUDA interface: DLPack uses the
+extension type kDLExtDev (12) with device_id N and gputrain's own stream handles (1: the default
+stream), and `__sim_array_interface__` replaces `__cuda_array_interface__` (same layout), so
+TrainStep reads a sim array through the code that reads CUDA ones (csrc/py/external.c); other
+libraries do not recognise either, as sim memory is not GPU memory."""
 
 from __future__ import annotations
 
@@ -13,6 +23,9 @@ from typing import Any, Callable
 import numpy as np
 
 from gputrain import _C
+
+
+_DL_CUDA, _DL_EXT_DEV = 2, 12  # DLPack device types (dlpack.h: kDLCUDA, kDLExtDev)
 
 
 class DeviceArray:
@@ -38,10 +51,41 @@ class DeviceArray:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
+    def _interface(self, kind: str) -> dict[str, Any]:
+        if not self.device.startswith(kind):
+            raise AttributeError(f"a DeviceArray on {self.device} has no __{kind}_array_interface__")
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, False), "version": 3,
                 "strides": None, "stream": self._stream or None}
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self._interface("cuda")
+
+    @property
+    def __sim_array_interface__(self) -> dict[str, Any]:
+        """The CUDA array interface's dict for an array on sim (gputrain's own inputs read it)."""
+        return self._interface("sim")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(kDLCUDA, N) on cuda:N; (kDLExtDev, N) on sim:N."""
+        kind, _, index = self.device.partition(":")
+        return (_DL_CUDA if kind == "cuda" else _DL_EXT_DEV), int(index or 0)
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule of this array (versioned when max_version >= (1, 0)). `stream`: the
+        consumer's stream (None or 1: the default stream, 2: the per-thread one, -1: the consumer
+        orders its work itself); it waits for the copy into the batch."""
+        if copy:
+            raise BufferError("a DeviceArray is exported without a copy (copy=True is not supported)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"a DeviceArray on {self.device} cannot be exported to DLPack device {dl_device}")
+        if stream is None:
+            stream = 1
+        if isinstance(stream, bool) or not isinstance(stream, int):
+            raise TypeError(f"stream must be an int or None, not {type(stream).__name__}")
+        versioned = max_version is not None and max_version[0] >= 1
+        return self._owner.dlpack(self._offset, tuple(self.shape), self.dtype, stream, versioned)
 
     def wait(self) -> None:
         """Blocks until the copy that filled this array is done."""
