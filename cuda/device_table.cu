@@ -138,6 +138,15 @@ gt_status unscale_check(int index, gt_stream *stream, const gt_scaler *scaler, f
     return gt_cuda_scaler_unscale_check(scaler, grad, n, found_inf, native(stream));
 }
 
+gt_status grad_sumsq_async(int index, gt_stream *stream, const float *x, size_t n, double *out, double *totals) {
+    return gt_cuda_grad_sumsq_async(index, x, n, out, totals, native(stream));
+}
+
+gt_status loss_accumulate(int index, gt_stream *stream, const float *values, int64_t rows, const int64_t *count,
+                          double *loss_sum) {
+    return gt_cuda_loss_accumulate(index, values, rows, count, loss_sum, native(stream));
+}
+
 gt_status backend_init(gt_backend *be, int index, gt_stream *stream) {
     return gt_cuda_backend_init(be, index, native(stream));
 }
@@ -149,6 +158,7 @@ const gt_device_backend cuda_table = {
     event_create, event_destroy, event_record, event_query, event_synchronize, stream_native,
     adamw, sgd, ema, ema_swap, grad_sumsq, unscale_check,
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
+    grad_sumsq_async, loss_accumulate,
 };
 
 }  // namespace

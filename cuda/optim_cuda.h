@@ -35,6 +35,15 @@ gt_status gt_cuda_ema_swap(int device, float *ema, float *p, size_t n, void *str
  * gt_grad_sumsq); waits for the result. */
 gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream);
 
+/* Queues the same sum of squares into *out (device memory), with totals (GT_SUMSQ_MAX_CHUNKS,)
+ * device doubles of scratch; the host does not wait. */
+gt_status gt_cuda_grad_sumsq_async(int device, const float *x, size_t n, double *out, double *totals,
+                                   void *stream);
+
+/* Queues *loss_sum += gt_loss_mean(values, rows, count) (core/loss_mean.h; device pointers). */
+gt_status gt_cuda_loss_accumulate(int device, const float *values, int64_t rows, const int64_t *count,
+                                  double *loss_sum, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

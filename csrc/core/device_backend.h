@@ -89,13 +89,26 @@ typedef struct gt_device_backend {
     gt_status (*backend_init)(struct gt_backend *be, int index, gt_stream *stream);
     void (*backend_release)(struct gt_backend *be);  /* waits for its stream; impl NULL ignored */
     size_t backend_scratch_bytes;  /* device bytes backend_init allocates for itself (the plan counts them) */
+
+    /* ---- the training step's bookkeeping on the device (nothing waits) ---- */
+    /* *out (device) = sum of x[i]^2 in core/sumsq_order.h's order, the same bits as grad_sumsq;
+     * totals: (GT_SUMSQ_MAX_CHUNKS,) device doubles of scratch. */
+    gt_status (*grad_sumsq_async)(int index, gt_stream *stream, const float *x, size_t n, double *out,
+                                  double *totals);
+    /* *loss_sum (device double) += gt_loss_mean(values, rows, count) (core/loss_mean.h); values
+     * (rows,) and count (or NULL for an MSE's mean) are device memory. */
+    gt_status (*loss_accumulate)(int index, gt_stream *stream, const float *values, int64_t rows,
+                                 const int64_t *count, double *loss_sum);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table
  * that gt_device_backend_of returns (the same wrappers for every backend). */
 typedef struct gt_device_counters {
-    uint64_t syncs;      /* host waits: memcpy, memset, stream/event synchronize, grad_sumsq */
-    uint64_t launches;   /* work queued: async copies, fills, poison and the step's kernels (not the op table's ops) */
+    uint64_t syncs;      /* host waits: memcpy, memset, stream/event synchronize, grad_sumsq, and the
+                            ops that wait for their stream (embedding id checks, sum_squares; on
+                            CUDA also softmax_xent and mse) */
+    uint64_t launches;   /* work queued: async copies, fills, poison, the step's kernels and every
+                            call of the op table (ops/ops.h) the backend hands out */
     uint64_t h2d_bytes;  /* bytes copied from host to device memory (blocking and queued copies) */
     uint64_t d2h_bytes;  /* bytes copied from device to host memory */
     uint64_t d2d_bytes;  /* bytes copied within device memory */

@@ -5,6 +5,8 @@
 
 #include "core/alloc.h"
 #include "core/device_backend.h"
+#include "core/scaler_rules.h"
+#include "core/sumsq_order.h"
 #include "nn/layer.h"
 
 #ifdef __cplusplus
@@ -44,7 +46,19 @@ typedef struct gt_model_plan {
     size_t step_scratch_bytes;      /* the training step's device scratch block (accelerator models), else 0 */
 } gt_model_plan;
 
-enum { GT_MODEL_STEP_SCRATCH_BYTES = 128 };  /* device scratch of a device model's training step */
+/* A device model's training step in device memory (its step_scratch block): what the step's
+ * kernels write and the host reads back once per step (every field before `sumsq_totals`). */
+typedef struct gt_step_record {
+    double loss_sum;      /* sum of the micro-batches' mean losses (gt_model_loss adds to it) */
+    double grad_sumsq;    /* sum of squares of the unscaled gradients, when asked for */
+    int64_t count;        /* rows the last cross-entropy counted */
+    float mse;            /* mean of the last MSE */
+    int found_inf;        /* 1 when the unscale saw a NaN/Inf gradient, else 0 */
+    gt_scaler scaler;     /* the host scaler's state, copied in for the unscale kernel */
+    double sumsq_totals[GT_SUMSQ_MAX_CHUNKS]; /* (chunks,) scratch of the sum of squares */
+} gt_step_record;
+
+#define GT_MODEL_STEP_SCRATCH_BYTES sizeof(gt_step_record)  /* device scratch of a device model's step */
 
 /* What the allocator reserves now for each live arena of a model (0 for those it does not
  * hold), in the fields of gt_model_plan that say so. */
@@ -119,10 +133,13 @@ gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t mic
 /* Checks `targets` (dtype, count) against the planned output for `loss`, before any forward. */
 gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets);
 
-/* Loss of the last forward against `targets`; writes model->dout scaled by dloss_scale when
- * `want_grad`. *loss_sum is the sum of per-row losses, *count the rows that count. */
+/* Loss of the last forward against `targets`: writes model->dout scaled by dloss_scale and adds
+ * the mean loss (cross-entropy: the per-row losses summed in row order in float64, over the
+ * rows that count; MSE: its mean) to *loss_sum. loss_sum is the model's memory: a host double on
+ * the cpu; on a device model it lies in device memory (the step record's loss_sum) and the sum
+ * is queued on the model's stream (core/loss_mean.h), so nothing waits. */
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
-                        float dloss_scale, int want_grad, double *loss_value, int64_t *count);
+                        float dloss_scale, double *loss_sum);
 
 /* Backward of the whole model from model->dout (after forward and loss on the same input). */
 gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,

@@ -258,14 +258,14 @@ static gt_status sim_xent(gt_backend *be, float *losses, int64_t *count, void *d
     loss_job job = {.cpu = cpu_view(be), .losses = losses, .count = count, .dpred = dlogits, .pred = logits,
                     .targets = targets, .rows = rows, .classes = classes, .label_smoothing = label_smoothing,
                     .ignore_index = ignore_index, .dloss_scale = dloss_scale, .dt = dt};
-    return launch_wait(be, run_xent, &job, sizeof job);
+    return launch(be, run_xent, &job, sizeof job);
 }
 
 static gt_status sim_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target,
                          int64_t n, float dloss_scale, gt_dtype dt) {
     loss_job job = {.cpu = cpu_view(be), .loss = loss, .dpred = dpred, .pred = pred, .values = target, .rows = n,
                     .dloss_scale = dloss_scale, .dt = dt};
-    return launch_wait(be, run_mse, &job, sizeof job);
+    return launch(be, run_mse, &job, sizeof job);
 }
 
 typedef struct sumsq_op_job {

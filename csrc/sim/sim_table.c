@@ -75,6 +75,8 @@ static const gt_device_backend sim_table = {
     .backend_init = gt_sim_backend_init,
     .backend_release = gt_sim_backend_release,
     .backend_scratch_bytes = 0,  /* its state is host memory */
+    .grad_sumsq_async = gt_sim_grad_sumsq_async,
+    .loss_accumulate = gt_sim_loss_accumulate,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

@@ -51,51 +51,61 @@ static gt_status poll_interrupt(gt_model *model, const gt_step_config *cfg, int 
     return GT_FAIL(GT_ERR_INTERRUPTED, "the training step was interrupted before its update (nothing applied)");
 }
 
-/* Forward, loss and backward of every micro-batch, accumulating f32 gradients. */
+/* Forward, loss and backward of every micro-batch, accumulating f32 gradients, and their mean
+ * losses into *loss_sum (the model's memory: see gt_model_loss). */
 static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
                                       const gt_tensor *targets, const gt_step_config *cfg,
-                                      float loss_scale, double *mean_loss) {
+                                      float loss_scale, double *loss_sum) {
     int64_t rows = inputs->shape[0] / cfg->micro_batches;
     float dloss_scale = loss_scale / (float)cfg->micro_batches;
     GT_TRY(poll_interrupt(model, cfg, 0));
     if (!cfg->set_to_none && model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
                                         model->num_params * sizeof(float)));
-    double loss_sum = 0.0;
     for (int m = 0; m < cfg->micro_batches; m++) {
         gt_tensor x = micro_slice(inputs, m * rows, rows), y = micro_slice(targets, m * rows, rows);
         gt_tensor output;
-        double loss = 0.0;
-        int64_t count = 0;
         int accumulate = m > 0 || !cfg->set_to_none;  /* the gradients hold this step's sums */
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_forward(model, &x, (uint64_t)m, &output));
-        GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, 1, &loss, &count));
+        GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_backward(model, &x, (uint64_t)m, accumulate));
-        loss_sum += loss;
     }
     model->grads_valid = 1;
-    *mean_loss = loss_sum / cfg->micro_batches;
     return GT_OK;
 }
 
-/* The scaler's unscale + inf check over the gradient arena, where the model's arenas live. */
-static gt_status unscale_check(gt_model *model, const gt_scaler *scaler, int *found_inf) {
-    if (model->device)
-        return gt_step_unscale_check_device(model, scaler, found_inf);
-    return gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, found_inf);
+/* The step's sums on the cpu: gradients and losses, then the unscale + inf check and, when
+ * the gradients are finite and `want_norm`, their sum of squares. */
+static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                              const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
+                              gt_step_sums *out) {
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &out->loss_sum));
+    if (scaler)
+        GT_TRY(gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, &out->found_inf));
+    if (!out->found_inf && want_norm)
+        GT_TRY(gt_grad_sumsq(model->grads.block.ptr, model->num_params, &out->grad_sumsq));
+    return GT_OK;
 }
 
-/* The global L2 norm of the gradient arena; on a device with the kernel that sums in the CPU's
- * order (core/sumsq_order.h), on the model's stream (the default one). */
-static gt_status grad_norm(gt_model *model, double *out) {
-    if (!model->device)
-        return gt_grad_norm_l2(model->grads.block.ptr, model->num_params, out);
-    double sumsq = 0.0;
-    GT_TRY(gt_step_grad_sumsq_device(model, &sumsq));
-    *out = sqrt(sumsq);
-    return GT_OK;
+/* The same sums on an accelerator: everything is queued on the model's stream (the losses
+ * summed into the step record), then the record is read back, the step's one wait. A failure
+ * of the queued work (e.g. a target out of range) surfaces at that read, before the update. */
+static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                                const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
+                                gt_step_sums *out) {
+    gt_step_record *record = model->step_scratch.ptr;
+    GT_TRY(gt_step_device_begin(model));
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &record->loss_sum));
+    if (scaler)
+        GT_TRY(gt_step_device_unscale(model, scaler));
+    if (want_norm)
+        GT_TRY(gt_step_device_sumsq(model));
+    gt_status status = gt_step_device_read(model, out);
+    if (status != GT_OK)
+        model->grads_valid = 0;  /* the queued backward may have stopped part way */
+    return status;
 }
 
 /* The guard's verdict on a step whose gradients are finite: an outlier unless its loss and its
@@ -111,13 +121,17 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;
     out->grad_norm = NAN;
-    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, out->scale, &out->loss));
-    int found_inf = 0;
-    if (scaler)
-        GT_TRY(unscale_check(model, scaler, &found_inf));
+    int want_norm = cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard;
+    gt_step_sums sums = {0};
+    if (model->device)
+        GT_TRY(sums_on_device(model, inputs, targets, cfg, scaler, want_norm, &sums));
+    else
+        GT_TRY(sums_on_host(model, inputs, targets, cfg, scaler, want_norm, &sums));
+    out->loss = sums.loss_sum / cfg->micro_batches;
+    int found_inf = sums.found_inf;
     float grad_coef = 1.0f;
-    if (!found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard)) {
-        GT_TRY(grad_norm(model, &out->grad_norm));
+    if (!found_inf && want_norm) {
+        out->grad_norm = sqrt(sums.grad_sumsq);
         if (cfg->max_grad_norm > 0.0)
             grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
     }
@@ -128,7 +142,7 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler && !out->outlier)  /* on the host for device models too: found_inf is here, the rules are the kernel's */
+    if (scaler && !out->outlier)  /* on the host for device models too: the record brought found_inf */
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;
