@@ -124,7 +124,9 @@ gt_status count_targets(const gt_cuda_backend_state *state, int64_t *count, cons
     GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     if (host[1] < (unsigned long long)rows) {
         int64_t target = 0;
-        GT_CUDA_TRY(cudaMemcpy(&target, targets + host[1], sizeof target, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        GT_CUDA_TRY(cudaMemcpyAsync(&target, targets + host[1], sizeof target, cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+        GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
         return GT_FAIL(GT_ERR_INDEX, "targets[%lld] = %lld is out of range [0, %lld) (ignore_index %lld)",
                        (long long)host[1], (long long)target, (long long)classes, (long long)ignore_index);
     }

@@ -1,0 +1,91 @@
+"""The device step waits once per optimizer step (csrc/train/step.c, step_device.c): host inputs
+are copied on the stream, each micro-batch's mean loss is summed on the device, the scaler's
+unscale + inf check and the gradient norm land in the step record, and the host reads that
+record back once. On "sim" the results stay bit-identical to the CPU, an overflow is skipped as
+there, and an error of the queued work (a target out of range) surfaces at the read, before the
+update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+from test_sim_ordering import run_with_delays
+from test_sim_step import batch, make_model
+
+nn = gt.nn
+pytestmark = pytest.mark.sim
+
+
+def train(device, steps, loss_fn, make_batch, precision="fp32", overflow_at=None, bad_target_at=None, **options):
+    """Per-step results (an exception's type for a refused step), the parameters, the scaler's
+    scale and the sim counters of each step."""
+    model = make_model().to(device)
+    optimizer = gt.optim.AdamW.for_model(model, lr=3e-3, betas=(0.8, 0.95), weight_decay=0.05)
+    scaler = gt.amp.GradScaler(init_scale=2.0**12, growth_interval=2) if precision == "fp16" else None
+    step = gt.TrainStep(model, loss_fn, optimizer, precision=precision, scaler=scaler, **options)
+    outputs, counts = [], []
+    for i in range(steps):
+        x, y = make_batch(i)
+        if i == overflow_at:
+            x = x * np.float32(1e6)
+        if i == bad_target_at:
+            y = y.copy()
+            y[5] = 9  # the model has 7 classes
+        gt.device_counters("sim", reset=True)
+        try:
+            outputs.append(step(x, y))
+        except IndexError:
+            outputs.append(IndexError)
+        counts.append(gt.device_counters("sim", reset=True))
+    return outputs, model.compiled.read_parameters(), scaler.get_scale() if scaler else None, counts
+
+
+def assert_same(cpu, sim):
+    assert [o is IndexError for o in sim[0]] == [o is IndexError for o in cpu[0]]
+    for field in ("loss", "grad_norm", "skipped", "scale"):  # NaN (an overflow's loss) equals NaN
+        np.testing.assert_array_equal([getattr(o, field, 0) for o in sim[0]], [getattr(o, field, 0) for o in cpu[0]],
+                                      err_msg=field)
+    np.testing.assert_array_equal(sim[1], cpu[1])
+    assert sim[2] == cpu[2]
+
+
+def test_fp16_accumulation_4_with_an_overflow_waits_once_per_step_and_matches_the_cpu():
+    options = dict(precision="fp16", max_grad_norm=0.5, gradient_accumulation_steps=4, overflow_at=2)
+    xent = nn.CrossEntropyLoss(label_smoothing=0.1)
+    cpu, sim = (train(d, 5, xent, lambda i: batch(i, 64), **options) for d in ("cpu", "sim"))
+    assert_same(cpu, sim)
+    assert [o.skipped for o in sim[0]] == [False, False, True, False, False]
+    assert sim[2] != 2.0**12  # the scaler backed off (and grew again) as on the CPU
+    for c in sim[3][1:]:  # after the first step, which plans the activations
+        assert c["syncs"] == 1 and c["allocs"] == 0 and c["frees"] == 0
+
+
+def test_an_mse_loss_is_summed_on_the_device_with_the_cpu_bits():
+    def regression_batch(i):
+        x, _ = batch(i)
+        return x, np.random.default_rng(i).standard_normal((32, 7)).astype(np.float32)
+    cpu, sim = (train(d, 4, nn.MSELoss(), regression_batch, gradient_accumulation_steps=2) for d in ("cpu", "sim"))
+    assert_same(cpu, sim)
+    assert all(c["syncs"] == 1 for c in sim[3][1:])
+
+
+def test_a_target_out_of_range_fails_at_the_read_before_the_update():
+    options = dict(precision="fp16", max_grad_norm=0.5, gradient_accumulation_steps=2, bad_target_at=1)
+    xent = nn.CrossEntropyLoss()
+    cpu, sim = (train(d, 3, xent, batch, **options) for d in ("cpu", "sim"))
+    assert sim[0][1] is IndexError
+    assert_same(cpu, sim)  # nothing of the refused step was applied: the next one matches the CPU's
+
+
+ACCUMULATION = """
+from test_sim_one_sync import train, assert_same, batch
+options = dict(precision="fp16", max_grad_norm=0.5, gradient_accumulation_steps=4, overflow_at=1)
+xent = nn.CrossEntropyLoss()
+assert_same(*(train(d, 3, xent, lambda i: batch(i, 64), **options) for d in ("cpu", "sim")))
+"""
+
+
+def test_queued_input_copies_are_ordered_with_random_delays():
+    run_with_delays(ACCUMULATION)
