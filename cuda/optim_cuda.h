@@ -1,7 +1,8 @@
 /* The optimizer on CUDA (cuda/optim.cu), callable from C: the AdamW, SGD and EMA kernels (the
  * element math of core/adamw.h, core/sgd.h and core/ema_math.h, so the bits equal the CPU
  * loops') and the deterministic sum of squares (the order of core/sumsq_order.h). `stream` arguments are cudaStream_t (NULL: the legacy
- * default stream). Included by C files only when built with GT_WITH_CUDA. */
+ * default stream; the device table, cuda/device_table.cu, always passes gputrain's own stream).
+ * Included by C files only when built with GT_WITH_CUDA. */
 #ifndef GT_OPTIM_CUDA_H
 #define GT_OPTIM_CUDA_H
 

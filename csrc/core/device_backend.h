@@ -5,12 +5,14 @@
  * Conventions of every function below:
  *  - `index` is the device ordinal (cuda:N, sim:N); functions that take one make it current.
  *  - A stream is an ordered queue of work on one device. The stream NULL is the device's
- *    default stream (CUDA: the legacy default stream); blocking copies and fills run in its
+ *    default stream: a stream gputrain creates per device (CUDA: non-blocking, never CUDA's
+ *    legacy default stream; sim: a worker thread); blocking copies and fills run in its
  *    order, and the work of other streams is ordered against it only through events.
  *  - Pointers are device pointers unless the name says host; a copy takes any mix of device
  *    and host memory (the direction follows from the pointers).
- *  - Kernels (adamw ... scaler_unscale_check) queue their work on `stream` and return after the
- *    launch, except grad_sumsq, whose result is a host value: it waits for the stream.
+ *  - Kernels (adamw ... scaler_unscale_check, grad_sumsq_async, loss_accumulate) queue their
+ *    work on `stream` and return after the launch, except grad_sumsq, whose result is a host
+ *    value: it waits for the stream.
  * The backends register their tables at module start-up (gt_device_backend_install), so the
  * core never includes a backend's headers (the layering of DESIGN.md). */
 #ifndef GT_DEVICE_BACKEND_H
