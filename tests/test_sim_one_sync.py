@@ -89,3 +89,52 @@ assert_same(*(train(d, 3, xent, lambda i: batch(i, 64), **options) for d in ("cp
 
 def test_queued_input_copies_are_ordered_with_random_delays():
     run_with_delays(ACCUMULATION)
+
+
+def deferred_run(device, steps, keep, precision="fp32"):
+    """Steps with sync=False on `device` (device batches on sim), keeping the outputs of the steps
+    in `keep` only; returns them, the parameters and each step's counters."""
+    from test_device_counters import device_inputs
+    model = make_model().to(device)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=3e-3), precision=precision,
+                        gradient_accumulation_steps=4, log_grad_norm=True, sync=False)
+    inputs = device_inputs() if device == "sim" else (lambda i: batch(i, 32))
+    kept, counts = {}, []
+    for i in range(steps):
+        x, y = inputs(i)
+        gt.device_counters("sim", reset=True)
+        out = step(x, y)
+        counts.append(gt.device_counters("sim", reset=True))
+        if i in keep:
+            kept[i] = out
+        del out
+    return {i: (o.loss, o.grad_norm) for i, o in kept.items()}, model.compiled.read_parameters(), counts
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sync_false_waits_for_nothing_and_reads_the_result_when_asked(precision):
+    cpu = deferred_run("cpu", 6, keep=range(6), precision=precision)
+    sim = deferred_run("sim", 6, keep={5}, precision=precision)
+    assert sim[0] == {5: cpu[0][5]}
+    np.testing.assert_array_equal(sim[1], cpu[1])
+    for c in sim[2][1:]:
+        assert c["syncs"] == 0 and c["allocs"] == 0 and c["frees"] == 0
+
+
+def test_sync_false_reads_a_kept_result_before_its_record_is_reused():
+    cpu, sim = deferred_run("cpu", 5, keep=range(5)), deferred_run("sim", 5, keep=range(5))
+    assert sim[0] == cpu[0]  # every step's loss and norm, although the device keeps two records
+    assert [c["syncs"] for c in sim[2]] == [0, 0, 1, 1, 1]  # step k reads step k - 2's kept output
+
+
+def test_sync_false_refuses_what_needs_the_result_on_the_host():
+    model = make_model().to("sim")
+    optimizer = gt.optim.AdamW.for_model(model)
+    for options in ({"scaler": gt.amp.GradScaler()}, {"max_grad_norm": 1.0}, {"spike_guard": gt.SpikeGuard()}):
+        with pytest.raises(ValueError, match="sync=False: a GradScaler, a spike guard and max_grad_norm"):
+            gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, sync=False, **options)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, sync=False)
+    before = model.compiled.read_parameters()
+    with pytest.raises(ValueError, match="x: sync=False takes DeviceArrays"):
+        step(*batch(0))
+    np.testing.assert_array_equal(model.compiled.read_parameters(), before)

@@ -577,7 +577,7 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
         target_data = model->targets_device;
     }
     gt_step_record host = {0};  /* the cpu's results; a device model's are in its step record */
-    gt_step_record *results = on_device(model) ? model->step_scratch.ptr : &host;
+    gt_step_record *results = on_device(model) ? (gt_step_record *)model->step_scratch.ptr + model->step_record : &host;
     if (loss->kind == GT_LOSS_MSE) {
         GT_TRY(ops->mse(&model->backend, &results->mse, model->dout, out->ptr, target_data,
                         (int64_t)gt_tensor_numel(out), dloss_scale, model->dt));

@@ -58,7 +58,10 @@ typedef struct gt_step_record {
     double sumsq_totals[GT_SUMSQ_MAX_CHUNKS]; /* (chunks,) scratch of the sum of squares */
 } gt_step_record;
 
-#define GT_MODEL_STEP_SCRATCH_BYTES sizeof(gt_step_record)  /* device scratch of a device model's step */
+enum { GT_STEP_RECORDS = 2 };  /* records a device model keeps: step k writes record k % 2, so a
+                                  deferred result (TrainStep(sync=False)) outlives the next step */
+
+#define GT_MODEL_STEP_SCRATCH_BYTES (GT_STEP_RECORDS * sizeof(gt_step_record))  /* a device model's step scratch */
 
 /* What the allocator reserves now for each live arena of a model (0 for those it does not
  * hold), in the fields of gt_model_plan that say so. */
@@ -97,9 +100,10 @@ typedef struct gt_model {
     void *dout;                 /* (output numel,) dt gradient of the loss w.r.t. the output */
     float *losses;              /* (output rows,) per-row losses */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
-    gt_block step_scratch;      /* (GT_MODEL_STEP_SCRATCH_BYTES,) device memory of a device model for
-                                   the training step's kernels (scaler state, inf flag), allocated
-                                   with the model so a step allocates nothing; empty on the cpu */
+    int step_record;            /* the record of step_scratch the step in progress writes */
+    gt_block step_scratch;      /* (GT_STEP_RECORDS,) gt_step_record in device memory of a device
+                                   model, for the training step's kernels, allocated with the model
+                                   so a step allocates nothing; empty on the cpu */
 } gt_model;
 
 /* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */
@@ -136,8 +140,9 @@ gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, con
 /* Loss of the last forward against `targets`: writes model->dout scaled by dloss_scale and adds
  * the mean loss (cross-entropy: the per-row losses summed in row order in float64, over the
  * rows that count; MSE: its mean) to *loss_sum. loss_sum is the model's memory: a host double on
- * the cpu; on a device model it lies in device memory (the step record's loss_sum) and the sum
- * is queued on the model's stream (core/loss_mean.h), so nothing waits. */
+ * the cpu; on a device model it lies in device memory (a step record's loss_sum; the record's
+ * count and mse take the op's results) and the sum is queued on the model's stream
+ * (core/loss_mean.h), so nothing waits. */
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
                         float dloss_scale, double *loss_sum);
 

@@ -95,14 +95,18 @@ static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt
 static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                                 const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
                                 gt_step_sums *out) {
-    gt_step_record *record = model->step_scratch.ptr;
-    GT_TRY(gt_step_device_begin(model));
+    GT_TRY(gt_step_device_begin(model, cfg->record));
+    gt_step_record *record = gt_step_device_record(model, cfg->record);
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &record->loss_sum));
     if (scaler)
         GT_TRY(gt_step_device_unscale(model, scaler));
     if (want_norm)
         GT_TRY(gt_step_device_sumsq(model));
-    gt_status status = gt_step_device_read(model, out);
+    if (cfg->deferred) {  /* the result stays in the record: no wait, nothing on the host depends on it */
+        *out = (gt_step_sums){.loss_sum = NAN, .grad_sumsq = NAN};
+        return GT_OK;
+    }
+    gt_status status = gt_step_device_read(model, cfg->record, out);
     if (status != GT_OK)
         model->grads_valid = 0;  /* the queued backward may have stopped part way */
     return status;
@@ -114,9 +118,25 @@ static int is_outlier(const gt_step_config *cfg, const gt_step_result *out) {
     return cfg->guard && !(out->loss <= cfg->guard_loss && out->grad_norm <= cfg->guard_grad_norm);
 }
 
+/* A deferred step leaves every decision of the update to the device, so nothing may need the
+ * result on the host: no scaler (found_inf), no guard, no clipping (the norm). */
+static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg) {
+    if (cfg->record < 0 || cfg->record >= GT_STEP_RECORDS)
+        return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d), got %d", GT_STEP_RECORDS, cfg->record);
+    if (!cfg->deferred)
+        return GT_OK;
+    if (!model->device)
+        return GT_FAIL(GT_ERR_VALUE, "sync: a deferred result needs a model on an accelerator (cuda:N or sim:N)");
+    if ((cfg->scaler && cfg->scaler->enabled) || cfg->guard || cfg->max_grad_norm > 0.0)
+        return GT_FAIL(GT_ERR_VALUE, "sync=False: a GradScaler, a spike guard and max_grad_norm decide the update "
+                       "from the step's result on the host; use sync=True (one wait per step) with them");
+    return GT_OK;
+}
+
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
+    GT_TRY(check_deferred(model, cfg));
     memset(out, 0, sizeof *out);
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;
@@ -145,5 +165,18 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
     if (scaler && !out->outlier)  /* on the host for device models too: the record brought found_inf */
         gt_scaler_update(scaler, found_inf);
     model->step++;
+    return GT_OK;
+}
+
+gt_status gt_step_read_record(gt_model *model, int record, int micro_batches, int want_norm, gt_step_result *out) {
+    if (!model->device)
+        return GT_FAIL(GT_ERR_VALUE, "model: step records are kept by models on an accelerator (cuda:N or sim:N)");
+    if (record < 0 || record >= GT_STEP_RECORDS || micro_batches < 1)
+        return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d) with micro_batches >= 1, got %d and %d",
+                       GT_STEP_RECORDS, record, micro_batches);
+    gt_step_sums sums = {0};
+    GT_TRY(gt_step_device_read(model, record, &sums));
+    *out = (gt_step_result){.loss = sums.loss_sum / micro_batches, .grad_norm = want_norm ? sqrt(sums.grad_sumsq) : NAN,
+                            .scale = 1.0f};
     return GT_OK;
 }

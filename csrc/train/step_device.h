@@ -16,8 +16,12 @@ typedef struct gt_step_sums {
     int found_inf;      /* 1 when the unscale saw a NaN/Inf gradient */
 } gt_step_sums;
 
-/* Queues zeros into the record's loss sum, sum of squares and inf flag (a device model). */
-gt_status gt_step_device_begin(gt_model *model);
+/* Record `index` (< GT_STEP_RECORDS) of a device model's step scratch. */
+gt_step_record *gt_step_device_record(gt_model *model, int index);
+
+/* Queues zeros into record `record`'s loss sum, sum of squares and inf flag (a device model);
+ * the functions below use that record until the next begin. */
+gt_status gt_step_device_begin(gt_model *model, int record);
 
 /* Queues gt_scaler_unscale_check on the (num_params,) gradient arena: *scaler is copied in on
  * the stream (it must stay as it is until gt_step_device_read), the kernel sets the record's
@@ -27,7 +31,7 @@ gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler);
 /* Queues the gradients' sum of squares into the record, in the CPU's order (the same bits). */
 gt_status gt_step_device_sumsq(gt_model *model);
 
-/* Reads the record back: the host waits for everything queued so far (one sync). */
-gt_status gt_step_device_read(gt_model *model, gt_step_sums *out);
+/* Reads record `record` back: the host waits for everything queued so far (one sync). */
+gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out);
 
 #endif
