@@ -138,3 +138,30 @@ def test_sync_false_refuses_what_needs_the_result_on_the_host():
     with pytest.raises(ValueError, match="x: sync=False takes DeviceArrays"):
         step(*batch(0))
     np.testing.assert_array_equal(model.compiled.read_parameters(), before)
+
+
+def embedding_run(device, bad_id_at=None):
+    gt.random.manual_seed(5)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.LayerNorm(16), nn.Linear(16, 7)).to(device)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=1e-2),
+                        gradient_accumulation_steps=2)
+    outputs, syncs = [], []
+    for i in range(4):
+        ids = np.random.default_rng(i).integers(0, 50, 32).astype(np.int64)
+        labels = ids % 7
+        if i == bad_id_at:
+            ids[3] = 50
+        gt.device_counters("sim", reset=True)
+        try:
+            outputs.append(step(ids, labels).loss)
+        except IndexError as e:
+            outputs.append(str(e))
+        syncs.append(gt.device_counters("sim")["syncs"])
+    return outputs, model.compiled.read_parameters(), syncs
+
+
+def test_an_embedding_model_waits_once_and_a_bad_id_fails_before_the_update():
+    cpu, sim = embedding_run("cpu", bad_id_at=2), embedding_run("sim", bad_id_at=2)
+    assert sim[0] == cpu[0] and sim[0][2] == "ids[3] = 50 is out of range [0, 50)"
+    np.testing.assert_array_equal(sim[1], cpu[1])
+    assert sim[2][1:] == [1, 1, 1]

@@ -199,7 +199,8 @@ static gt_backend op_begin(const gt_backend *be, int waits) {
     return real;
 }
 
-/* 1 for CUDA, whose softmax_xent and mse read their count and sum back to check and scale. */
+/* 1 for CUDA, whose softmax_xent, mse and embedding ops read a count, a sum or the first bad id
+ * back to check and scale (sim's report a bad target or id at the stream's next wait). */
 static int cuda_kind(const gt_backend *be) { return be->device.kind == GT_DEVICE_CUDA; }
 
 #define GT_COUNTED_OP(op, waits, params, ...)                                                                 \
@@ -230,9 +231,9 @@ GT_COUNTED_OP(layernorm_backward, 0, (gt_backend *be, void *din, float *dweight,
                                       const void *in, const float *weight, const float *mean, const float *rstd,
                                       int64_t rows, int64_t cols, gt_dtype dt, int accumulate),
               din, dweight, dbias, dout, in, weight, mean, rstd, rows, cols, dt, accumulate)
-GT_COUNTED_OP(embedding_forward, 1, (gt_backend *be, void *out, const int64_t *ids, const float *table, int64_t n,
+GT_COUNTED_OP(embedding_forward, cuda_kind(be), (gt_backend *be, void *out, const int64_t *ids, const float *table, int64_t n,
                                      int64_t num, int64_t dim, gt_dtype dt), out, ids, table, n, num, dim, dt)
-GT_COUNTED_OP(embedding_backward, 1, (gt_backend *be, float *dtable, const void *dout, const int64_t *ids,
+GT_COUNTED_OP(embedding_backward, cuda_kind(be), (gt_backend *be, float *dtable, const void *dout, const int64_t *ids,
                                       int64_t n, int64_t num, int64_t dim, gt_dtype dt, int accumulate),
               dtable, dout, ids, n, num, dim, dt, accumulate)
 GT_COUNTED_OP(softmax_xent, cuda_kind(be), (gt_backend *be, float *losses, int64_t *count, void *dlogits,

@@ -155,7 +155,8 @@ typedef struct gt_ops {
                                     const float *mean, const float *rstd, int64_t rows,
                                     int64_t cols, gt_dtype dt, int accumulate);
 
-    /* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX). */
+    /* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX; a device
+     * backend may return it at its stream's next synchronisation). */
     gt_status (*embedding_forward)(gt_backend *be, void *out, const int64_t *ids,
                                    const float *table, int64_t n, int64_t num, int64_t dim,
                                    gt_dtype dt);
@@ -170,7 +171,8 @@ typedef struct gt_ops {
      * When dlogits is non-NULL it receives dloss_scale * d(mean loss)/dlogits, i.e. for a
      * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits).
      * label_smoothing in [0, 1]; targets equal to ignore_index are skipped; others must be in
-     * [0, classes) (GT_ERR_INDEX naming the row otherwise). */
+     * [0, classes) (GT_ERR_INDEX naming the row otherwise; a device backend may return it at
+     * its stream's next synchronisation). */
     gt_status (*softmax_xent)(gt_backend *be, float *losses, int64_t *count, void *dlogits,
                               const void *logits, const int64_t *targets, int64_t rows,
                               int64_t classes, float label_smoothing, int64_t ignore_index,

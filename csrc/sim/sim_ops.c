@@ -213,14 +213,14 @@ static gt_status sim_emb_forward(gt_backend *be, void *out, const int64_t *ids, 
                                  int64_t num, int64_t dim, gt_dtype dt) {
     embedding_job job = {.cpu = cpu_view(be), .out = out, .ids = ids, .table = table, .n = n, .num = num,
                          .dim = dim, .dt = dt};
-    return launch_wait(be, run_emb_forward, &job, sizeof job);
+    return launch(be, run_emb_forward, &job, sizeof job);
 }
 
 static gt_status sim_emb_backward(gt_backend *be, float *dtable, const void *dout, const int64_t *ids, int64_t n,
                                   int64_t num, int64_t dim, gt_dtype dt, int accumulate) {
     embedding_job job = {.cpu = cpu_view(be), .dtable = dtable, .dout = dout, .ids = ids, .n = n, .num = num,
                          .dim = dim, .dt = dt, .accumulate = accumulate};
-    return launch_wait(be, run_emb_backward, &job, sizeof job);
+    return launch(be, run_emb_backward, &job, sizeof job);
 }
 
 /* ------------------------------------------------------------ losses and norms ----- */
