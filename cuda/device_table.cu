@@ -1,7 +1,12 @@
 // The CUDA backend behind the device interface (core/device_backend.h): a gt_stream is a
-// cudaStream_t (NULL: the legacy default stream) and a gt_event a cudaEvent_t without timing.
-// Memory, kernels and the op table are the functions of the other cuda/ files.
+// cudaStream_t and a gt_event a cudaEvent_t without timing. The interface's default stream (NULL)
+// is gputrain's own stream of the device (cudaStreamNonBlocking, created on first use and kept
+// for the process, as sim's default streams are), never CUDA's legacy default stream: blocking
+// copies and fills are queued on it and waited for. Memory, kernels and the op table are the
+// functions of the other cuda/ files.
 #include <cuda_runtime.h>
+
+#include <mutex>
 
 #include "core/device_backend.h"
 #include "cuda_backend.h"
@@ -12,7 +17,29 @@
 
 namespace {
 
+cudaStream_t own_streams[GT_MAX_CUDA_DEVICES];  // each device's default stream, once created
+std::mutex own_lock;                            // guards their creation
+
 cudaStream_t native(gt_stream *stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+// The stream work for `stream` goes to on device `index` (current): itself, or for NULL the
+// device's own default stream.
+gt_status resolve(int index, gt_stream *stream, cudaStream_t *out) {
+    *out = native(stream);
+    if (stream)
+        return GT_OK;
+    if (index < 0 || index >= GT_MAX_CUDA_DEVICES)
+        return GT_FAIL(GT_ERR_VALUE, "device: cuda:%d is beyond the %d devices gputrain handles", index,
+                       GT_MAX_CUDA_DEVICES);
+    std::lock_guard<std::mutex> guard(own_lock);
+    if (!own_streams[index]) {
+        GT_TRY(gt_cuda_require_device(index, "device"));
+        GT_CUDA_TRY(cudaStreamCreateWithFlags(&own_streams[index], cudaStreamNonBlocking),
+                    "cudaStreamCreateWithFlags");
+    }
+    *out = own_streams[index];
+    return GT_OK;
+}
 cudaEvent_t native(gt_event *event) { return reinterpret_cast<cudaEvent_t>(event); }
 
 int device_count() { return gt_cuda_device_count(); }
@@ -25,16 +52,37 @@ gt_status mem_get_info(int index, size_t *free_bytes, size_t *total_bytes) {
     return gt_cuda.mem_get_info(index, free_bytes, total_bytes);
 }
 
-gt_status copy(int index, void *dst, const void *src, size_t bytes) {
-    return gt_cuda_memcpy(dst, src, bytes, GT_COPY_DEFAULT, index);
-}
-
-gt_status fill(int index, void *dst, int value, size_t bytes) { return gt_cuda_memset(dst, value, bytes, index); }
-
 gt_status copy_async(int index, gt_stream *stream, void *dst, const void *src, size_t bytes) {
     GT_TRY(gt_cuda_require_device(index, "device"));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
     if (bytes > 0)
-        GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, native(stream)), "cudaMemcpyAsync");
+        GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st), "cudaMemcpyAsync");
+    return GT_OK;
+}
+
+// A blocking copy: queued on the default stream, then waited for.
+gt_status copy(int index, void *dst, const void *src, size_t bytes) {
+    if (bytes > 0 && (!dst || !src))
+        return GT_FAIL(GT_ERR_VALUE, "copy: NULL pointer for %zu bytes", bytes);
+    cudaStream_t st = nullptr;
+    GT_TRY(copy_async(index, nullptr, dst, src, bytes));
+    GT_TRY(resolve(index, nullptr, &st));
+    GT_CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    return GT_OK;
+}
+
+gt_status fill(int index, void *dst, int value, size_t bytes) {
+    if (value < 0 || value > 255)
+        return GT_FAIL(GT_ERR_VALUE, "value: must be a byte in 0..255, got %d", value);
+    if (bytes > 0 && !dst)
+        return GT_FAIL(GT_ERR_VALUE, "dst: must not be NULL");
+    GT_TRY(gt_cuda_require_device(index, "device"));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, nullptr, &st));
+    if (bytes > 0)
+        GT_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, st), "cudaMemsetAsync");
+    GT_CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     return GT_OK;
 }
 
@@ -60,13 +108,17 @@ void stream_destroy(int index, gt_stream *stream) {
 
 gt_status stream_synchronize(int index, gt_stream *stream) {
     GT_TRY(gt_cuda_require_device(index, "device"));
-    GT_CUDA_TRY(cudaStreamSynchronize(native(stream)), "cudaStreamSynchronize");
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    GT_CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     return GT_OK;
 }
 
 gt_status stream_wait_event(int index, gt_stream *stream, gt_event *event) {
     GT_TRY(gt_cuda_require_device(index, "device"));
-    GT_CUDA_TRY(cudaStreamWaitEvent(native(stream), native(event), 0), "cudaStreamWaitEvent");
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    GT_CUDA_TRY(cudaStreamWaitEvent(st, native(event), 0), "cudaStreamWaitEvent");
     return GT_OK;
 }
 
@@ -89,7 +141,9 @@ void event_destroy(int index, gt_event *event) {
 
 gt_status event_record(int index, gt_event *event, gt_stream *stream) {
     GT_TRY(gt_cuda_require_device(index, "device"));
-    GT_CUDA_TRY(cudaEventRecord(native(event), native(stream)), "cudaEventRecord");
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    GT_CUDA_TRY(cudaEventRecord(native(event), st), "cudaEventRecord");
     return GT_OK;
 }
 
@@ -112,34 +166,61 @@ void *stream_native(gt_stream *stream) { return native(stream); }
 
 gt_status adamw(int index, gt_stream *stream, gt_numerics numerics, const gt_adamw_scalars *s, float *p,
                 const float *g, float *m, float *v, float *v_max, size_t n) {
-    return gt_cuda_adamw(index, numerics, s, p, g, m, v, v_max, n, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_adamw(index, numerics, s, p, g, m, v, v_max, n, st);
 }
 
 gt_status sgd(int index, gt_stream *stream, const gt_sgd_scalars *s, float *p, const float *g, float *buf,
               size_t n) {
-    return gt_cuda_sgd(index, s, p, g, buf, n, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_sgd(index, s, p, g, buf, n, st);
 }
 
 gt_status ema(int index, gt_stream *stream, float *shadow, const float *p, float weight, size_t n) {
-    return gt_cuda_ema(index, shadow, p, weight, n, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_ema(index, shadow, p, weight, n, st);
 }
 
 gt_status ema_swap(int index, gt_stream *stream, float *shadow, float *p, size_t n) {
-    return gt_cuda_ema_swap(index, shadow, p, n, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_ema_swap(index, shadow, p, n, st);
 }
 
 gt_status grad_sumsq(int index, gt_stream *stream, const float *x, size_t n, double *out) {
-    return gt_cuda_grad_sumsq(index, x, n, out, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_grad_sumsq(index, x, n, out, st);
 }
 
 gt_status unscale_check(int index, gt_stream *stream, const gt_scaler *scaler, float *grad, size_t n,
                         int *found_inf) {
     GT_TRY(gt_cuda_require_device(index, "device"));
-    return gt_cuda_scaler_unscale_check(scaler, grad, n, found_inf, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_scaler_unscale_check(scaler, grad, n, found_inf, st);
+}
+
+gt_status grad_sumsq_async(int index, gt_stream *stream, const float *x, size_t n, double *out, double *totals) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_grad_sumsq_async(index, x, n, out, totals, st);
+}
+
+gt_status loss_accumulate(int index, gt_stream *stream, const float *values, int64_t rows, const int64_t *count,
+                          double *loss_sum) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_loss_accumulate(index, values, rows, count, loss_sum, st);
 }
 
 gt_status backend_init(gt_backend *be, int index, gt_stream *stream) {
-    return gt_cuda_backend_init(be, index, native(stream));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_backend_init(be, index, st);
 }
 
 // cudaStreamLegacy and cudaStreamPerThread are the handles 1 and 2 themselves.
@@ -173,7 +254,7 @@ const gt_device_backend cuda_table = {
     event_create, event_destroy, event_record, event_query, event_synchronize, stream_native,
     adamw, sgd, ema, ema_swap, grad_sumsq, unscale_check,
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
-    stream_from_native, pointer_device,
+    stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate,
 };
 
 }  // namespace

@@ -2,11 +2,12 @@
  * files only when built with GT_WITH_CUDA.
  *
  * Every op of gt_cuda_ops() queues its work on the state's stream and returns without waiting,
- * except the ops whose results the caller reads on the host: softmax_xent (*count), mse (*loss),
- * sum_squares (*out), the id checks of embedding_forward/embedding_backward and the key-length
- * check of attention_forward/attention_backward (when key_lengths is given); those wait for
- * the stream. Array arguments are device pointers of the state's device; `count`, `loss` and
- * `out` are host pointers. Errors of the caller's data (ids or targets out of range) are reported
+ * except the ops that check or scale with a value read back: softmax_xent (its count), mse (its
+ * sum), sum_squares (*out), the id checks of embedding_forward/embedding_backward and the
+ * key-length check of attention_forward/attention_backward (when key_lengths is given); those wait
+ * for the stream. Array arguments are device pointers of the state's device, softmax_xent's
+ * `count` and mse's `loss` included (written in stream order); sum_squares' `out` is a host
+ * pointer. Errors of the caller's data (ids or targets out of range) are reported
  * as GT_ERR_INDEX naming the first bad position, as on the CPU.
  *
  * Element math is the GT_HD code of core/ (half.h, activation.h with vmath.h's correctly rounded

@@ -70,7 +70,8 @@ gt_status check_ids(const gt_cuda_backend_state *state, const int64_t *ids, int6
     if (bad >= (unsigned long long)n)
         return GT_OK;
     int64_t id = 0;
-    GT_CUDA_TRY(cudaMemcpy(&id, ids + bad, sizeof id, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    GT_CUDA_TRY(cudaMemcpyAsync(&id, ids + bad, sizeof id, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return GT_FAIL(GT_ERR_INDEX, "ids[%lld] = %lld is out of range [0, %lld)", (long long)bad, (long long)id,
                    (long long)num);
 }

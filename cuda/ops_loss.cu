@@ -4,7 +4,7 @@
 //   loss = (1 - e) (lse - x_t) + e (lse - mean_j x_j)
 //   dlogits_j = (p_j - (1 - e) [j == t] - e / C) * dloss_scale / count,  p_j = exp(x_j - lse)
 // The targets are counted and checked on the device first (integer atomics) and the count read
-// back, so the call waits for the stream. One block per row; its sums run in double, per thread
+// back, so the call waits for the stream; *count (device memory) is then written in stream order. One block per row; its sums run in double, per thread
 // in class order and then folded in a fixed tree, so every run gives the same bits (CUDA's expf
 // and log differ from glibc's by a few ulp, so the CPU's bits are not reproduced exactly).
 // mse follows the CPU's summation order exactly (fixed parts, GT_LANE_SUM), so its loss is
@@ -124,7 +124,9 @@ gt_status count_targets(const gt_cuda_backend_state *state, int64_t *count, cons
     GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     if (host[1] < (unsigned long long)rows) {
         int64_t target = 0;
-        GT_CUDA_TRY(cudaMemcpy(&target, targets + host[1], sizeof target, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        GT_CUDA_TRY(cudaMemcpyAsync(&target, targets + host[1], sizeof target, cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+        GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
         return GT_FAIL(GT_ERR_INDEX, "targets[%lld] = %lld is out of range [0, %lld) (ignore_index %lld)",
                        (long long)host[1], (long long)target, (long long)classes, (long long)ignore_index);
     }
@@ -166,6 +168,14 @@ gt_status mse_sum(const gt_cuda_backend_state *state, const void *pred, const fl
     return gt_cuda_fixed_order_sum(state, n, SquaredErrorTerm<DT>{pred, target}, out);
 }
 
+// Writes a host result into the op's output in device memory, in stream order. The source is
+// pageable host memory, which cudaMemcpyAsync stages before it returns.
+gt_status store_result(const gt_cuda_backend_state *state, void *device_dst, const void *host_src, size_t bytes) {
+    GT_CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_of(state)),
+                "cudaMemcpyAsync");
+    return GT_OK;
+}
+
 }  // namespace
 
 gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits, const void *logits,
@@ -180,11 +190,13 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
     }
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
-    GT_TRY(count_targets(state, count, targets, rows, classes, ignore_index));
+    int64_t counted = 0;
+    GT_TRY(count_targets(state, &counted, targets, rows, classes, ignore_index));
+    GT_TRY(store_result(state, count, &counted, sizeof counted));
     if (rows == 0)
         return GT_OK;
     XentRule rule = {(size_t)classes, label_smoothing, ignore_index,
-                     *count > 0 ? dloss_scale / (float)*count : 0.0f};
+                     counted > 0 ? dloss_scale / (float)counted : 0.0f};
     unsigned grid = (unsigned)((size_t)rows < kMaxBlocks ? (size_t)rows : kMaxBlocks);
     GT_LAUNCH_DT(dt, softmax_xent_kernel, grid, kRowThreads, 0, stream_of(state), losses, dlogits, logits, targets,
                  (size_t)rows, rule);
@@ -213,6 +225,6 @@ gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred
                      (size_t)n, grad_factor);
         GT_TRY(gt_cuda_check_launch("mse_grad_kernel launch"));
     }
-    *loss = (float)(total / (double)n);
-    return GT_OK;
+    float mean = (float)(total / (double)n);
+    return store_result(state, loss, &mean, sizeof mean);
 }

@@ -9,6 +9,7 @@
 
 #include "core/adamw.h"
 #include "core/ema_math.h"
+#include "core/loss_mean.h"
 #include "core/sgd.h"
 #include "core/sumsq_order.h"
 #include "cuda_internal.cuh"
@@ -78,6 +79,19 @@ __global__ void sumsq_kernel(const float *x, size_t n, size_t chunk_len, double 
     }
     if (lane == 0)
         totals[blockIdx.x] = lanes[0];
+}
+
+// *out = the chunk totals added in chunk order (one thread: the order of core/sumsq_order.h).
+__global__ void sumsq_finish_kernel(const double *totals, size_t num_chunks, double *out) {
+    double sum = 0.0;
+    for (size_t c = 0; c < num_chunks; c++)
+        sum = __dadd_rn(sum, totals[c]);
+    *out = sum;
+}
+
+// *loss_sum += gt_loss_mean(values, rows, count) (one thread: row order).
+__global__ void loss_accumulate_kernel(const float *values, int64_t rows, const int64_t *count, double *loss_sum) {
+    *loss_sum = __dadd_rn(*loss_sum, gt_loss_mean(values, rows, count));
 }
 
 __device__ double sumsq_totals[GT_SUMSQ_MAX_CHUNKS];  // per-device chunk totals
@@ -158,5 +172,30 @@ extern "C" gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, do
     for (size_t c = 0; c < num_chunks; c++)
         sum += totals[c];
     *out = sum;
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_grad_sumsq_async(int device, const float *x, size_t n, double *out, double *totals,
+                                             void *stream) {
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (n > 0 && !x)
+        return GT_FAIL(GT_ERR_VALUE, "grad: NULL device pointer for %zu elements", n);
+    size_t chunk = gt_sumsq_chunk_len(n);
+    size_t num_chunks = (n + chunk - 1) / chunk;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (num_chunks > 0) {
+        sumsq_kernel<<<(unsigned)num_chunks, GT_SUMSQ_LANES, 0, st>>>(x, n, chunk, totals);
+        GT_CUDA_TRY(cudaGetLastError(), "sumsq_kernel launch");
+    }
+    sumsq_finish_kernel<<<1, 1, 0, st>>>(totals, num_chunks, out);
+    GT_CUDA_TRY(cudaGetLastError(), "sumsq_finish_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_loss_accumulate(int device, const float *values, int64_t rows, const int64_t *count,
+                                            double *loss_sum, void *stream) {
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    loss_accumulate_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(values, rows, count, loss_sum);
+    GT_CUDA_TRY(cudaGetLastError(), "loss_accumulate_kernel launch");
     return GT_OK;
 }

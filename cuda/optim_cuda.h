@@ -1,7 +1,8 @@
 /* The optimizer on CUDA (cuda/optim.cu), callable from C: the AdamW, SGD and EMA kernels (the
  * element math of core/adamw.h, core/sgd.h and core/ema_math.h, so the bits equal the CPU
  * loops') and the deterministic sum of squares (the order of core/sumsq_order.h). `stream` arguments are cudaStream_t (NULL: the legacy
- * default stream). Included by C files only when built with GT_WITH_CUDA. */
+ * default stream; the device table, cuda/device_table.cu, always passes gputrain's own stream).
+ * Included by C files only when built with GT_WITH_CUDA. */
 #ifndef GT_OPTIM_CUDA_H
 #define GT_OPTIM_CUDA_H
 
@@ -34,6 +35,15 @@ gt_status gt_cuda_ema_swap(int device, float *ema, float *p, size_t n, void *str
 /* The sum of squares of n device floats in core/sumsq_order.h's order (the same bits as
  * gt_grad_sumsq); waits for the result. */
 gt_status gt_cuda_grad_sumsq(int device, const float *x, size_t n, double *out, void *stream);
+
+/* Queues the same sum of squares into *out (device memory), with totals (GT_SUMSQ_MAX_CHUNKS,)
+ * device doubles of scratch; the host does not wait. */
+gt_status gt_cuda_grad_sumsq_async(int device, const float *x, size_t n, double *out, double *totals,
+                                   void *stream);
+
+/* Queues *loss_sum += gt_loss_mean(values, rows, count) (core/loss_mean.h; device pointers). */
+gt_status gt_cuda_loss_accumulate(int device, const float *values, int64_t rows, const int64_t *count,
+                                  double *loss_sum, void *stream);
 
 #ifdef __cplusplus
 }

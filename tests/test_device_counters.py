@@ -1,8 +1,9 @@
-"""gputrain.device_counters: the device interface counts host syncs, launches, bytes copied and
-device allocations the same way for every backend (csrc/core/device_backend.c); here on "sim",
-for the MLP of test_sim_step. The sync counts pin where the current device step waits:
-one blocking copy per host input and target, one loss read-back per micro-batch, the
-gradient-norm read when clipping, and the scaler's copy-in and found_inf read-back."""
+"""gputrain.device_counters: the device interface counts host syncs, launches (its own calls and
+every op of the op table it hands out), bytes copied and device allocations the same way for
+every backend (csrc/core/device_backend.c); here on "sim", for the MLP of test_sim_step. A device
+step queues everything (host inputs copied on the stream, the losses summed on the device, the
+scaler's unscale + inf check and the gradient norm into the step record) and waits once: the
+read of the record (csrc/train/step_device.c)."""
 
 from __future__ import annotations
 
@@ -43,28 +44,46 @@ def device_inputs():
     return lambda i: next(loader)
 
 
-@pytest.mark.parametrize("options, syncs, launches, h2d_extra, d2h_extra", [
-    ({}, 3, 1, 0, 0),                                          # x, y copies; loss read-back; adamw
-    ({"max_grad_norm": 0.5}, 4, 2, 0, 0),                      # + the gradient norm's read
-    ({"max_grad_norm": 0.5, "precision": "fp16", "scaler": True}, 6, 3, 64, 4),  # + scaler in, found_inf out
-    ({"gradient_accumulation_steps": 2}, 6, 1, 0, 0),          # x, y, loss per micro-batch
+RESET = 32        # bytes of zeros queued into the step record (loss sum, norm, count, mse, flag)
+SCALER = 56       # the scaler's state copied in for the unscale kernel
+RECORD_HEAD = 88  # what the host reads back, once per step
+FP16_CLIP = {"max_grad_norm": 0.5, "precision": "fp16", "scaler": True}
+
+
+@pytest.mark.parametrize("options, launches, h2d_extra", [
+    ({}, 37, 0),                                                 # 35 per micro-batch (2 of them copies), reset, adamw
+    ({"max_grad_norm": 0.5}, 38, 0),                             # + the sum of squares
+    (FP16_CLIP, 42, SCALER),                                     # + 2 casts, scaler copy, unscale
+    ({"gradient_accumulation_steps": 2}, 72, 0),
+    (dict(FP16_CLIP, gradient_accumulation_steps=4), 150, SCALER),
 ])
-def test_counts_per_step_with_numpy_inputs(options, syncs, launches, h2d_extra, d2h_extra):
+def test_a_step_from_numpy_waits_once_and_allocates_nothing(options, launches, h2d_extra):
     x, y = batch(0, ROWS)
     for c in counts_per_step(make_step(**options), lambda i: batch(i, ROWS)):
         assert c["allocs"] == 0 and c["frees"] == 0
-        assert c["syncs"] == syncs and c["launches"] == launches
-        assert c["h2d_bytes"] == x.nbytes + y.nbytes + h2d_extra
-        assert c["d2h_bytes"] == ROWS * 4 + d2h_extra  # the per-row losses
+        assert c["syncs"] == 1 and c["launches"] == launches
+        assert c["h2d_bytes"] == x.nbytes + y.nbytes + RESET + h2d_extra
+        assert c["d2h_bytes"] == RECORD_HEAD
         assert c["d2d_bytes"] == 0
 
 
-@pytest.mark.parametrize("options, syncs", [({}, 1), ({"max_grad_norm": 0.5}, 2), ({"gradient_accumulation_steps": 2}, 2)])
-def test_device_batches_move_no_bytes_to_the_device_in_the_step(options, syncs):
+@pytest.mark.parametrize("options, launches, h2d_extra", [
+    ({}, 35, 0), ({"max_grad_norm": 0.5}, 36, 0), (FP16_CLIP, 40, SCALER),
+    ({"gradient_accumulation_steps": 2}, 68, 0), (dict(FP16_CLIP, gradient_accumulation_steps=4), 142, SCALER),
+])
+def test_device_batches_move_no_batch_bytes_in_the_step(options, launches, h2d_extra):
     for c in counts_per_step(make_step(**options), device_inputs()):
         assert c["allocs"] == 0 and c["frees"] == 0
-        assert c["h2d_bytes"] == 0 and c["syncs"] == syncs
-        assert c["d2h_bytes"] == ROWS * 4
+        assert c["syncs"] == 1 and c["launches"] == launches
+        assert c["h2d_bytes"] == RESET + h2d_extra and c["d2h_bytes"] == RECORD_HEAD
+
+
+def test_every_op_of_the_op_table_counts_as_a_launch():
+    step = make_step(gradient_accumulation_steps=2)
+    one, = counts_per_step(make_step(), lambda i: batch(i, ROWS), steps=1)
+    two, = counts_per_step(step, lambda i: batch(i, ROWS), steps=1)
+    per_micro_batch = two["launches"] - one["launches"]
+    assert per_micro_batch == 35  # x, y copies; the forward, softmax_xent, the loss sum and the backward ops
 
 
 def test_the_loader_counts_its_copies_and_allocations():

@@ -5,12 +5,14 @@
  * Conventions of every function below:
  *  - `index` is the device ordinal (cuda:N, sim:N); functions that take one make it current.
  *  - A stream is an ordered queue of work on one device. The stream NULL is the device's
- *    default stream (CUDA: the legacy default stream); blocking copies and fills run in its
+ *    default stream: a stream gputrain creates per device (CUDA: non-blocking, never CUDA's
+ *    legacy default stream; sim: a worker thread); blocking copies and fills run in its
  *    order, and the work of other streams is ordered against it only through events.
  *  - Pointers are device pointers unless the name says host; a copy takes any mix of device
  *    and host memory (the direction follows from the pointers).
- *  - Kernels (adamw ... scaler_unscale_check) queue their work on `stream` and return after the
- *    launch, except grad_sumsq, whose result is a host value: it waits for the stream.
+ *  - Kernels (adamw ... scaler_unscale_check, grad_sumsq_async, loss_accumulate) queue their
+ *    work on `stream` and return after the launch, except grad_sumsq, whose result is a host
+ *    value: it waits for the stream.
  * The backends register their tables at module start-up (gt_device_backend_install), so the
  * core never includes a backend's headers (the layering of DESIGN.md). */
 #ifndef GT_DEVICE_BACKEND_H
@@ -99,13 +101,26 @@ typedef struct gt_device_backend {
     /* *index = the ordinal of the device of this kind whose memory holds `ptr`; -1 when `ptr` is
      * not device memory of this kind (host, pinned or unknown memory). */
     gt_status (*pointer_device)(const void *ptr, int *index);
+
+    /* ---- the training step's bookkeeping on the device (nothing waits) ---- */
+    /* *out (device) = sum of x[i]^2 in core/sumsq_order.h's order, the same bits as grad_sumsq;
+     * totals: (GT_SUMSQ_MAX_CHUNKS,) device doubles of scratch. */
+    gt_status (*grad_sumsq_async)(int index, gt_stream *stream, const float *x, size_t n, double *out,
+                                  double *totals);
+    /* *loss_sum (device double) += gt_loss_mean(values, rows, count) (core/loss_mean.h); values
+     * (rows,) and count (or NULL for an MSE's mean) are device memory. */
+    gt_status (*loss_accumulate)(int index, gt_stream *stream, const float *values, int64_t rows,
+                                 const int64_t *count, double *loss_sum);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table
  * that gt_device_backend_of returns (the same wrappers for every backend). */
 typedef struct gt_device_counters {
-    uint64_t syncs;      /* host waits: memcpy, memset, stream/event synchronize, grad_sumsq */
-    uint64_t launches;   /* work queued: async copies, fills, poison and the step's kernels (not the op table's ops) */
+    uint64_t syncs;      /* host waits: memcpy, memset, stream/event synchronize, grad_sumsq, and the
+                            ops that wait for their stream (sum_squares; on CUDA also softmax_xent,
+                            mse and the embedding ops' id checks) */
+    uint64_t launches;   /* work queued: async copies, fills, poison, the step's kernels and every
+                            call of the op table (ops/ops.h) the backend hands out */
     uint64_t h2d_bytes;  /* bytes copied from host to device memory (blocking and queued copies) */
     uint64_t d2h_bytes;  /* bytes copied from device to host memory */
     uint64_t d2d_bytes;  /* bytes copied within device memory */

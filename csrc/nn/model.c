@@ -5,9 +5,10 @@
  * on the device's default stream, so its work is ordered with the optimizer's and with blocking
  * copies; its arenas are device memory.
  * Parameters are initialised in a host staging buffer and copied over; host inputs and targets
- * are copied into device pieces of the loss region that the plan reserves (whether the input
- * is on the host or, a DeviceArray, read where it is: one plan for both); per-row losses are
- * read back and summed on the host in row order, as on the CPU. */
+ * are copied (queued on the stream, so the host memory must stay valid until the caller's next
+ * wait) into device pieces of the loss region that the plan reserves (whether the input is on
+ * the host or, a DeviceArray, read where it is: one plan for both); the per-row losses are
+ * summed in row order on the device into the step record (core/loss_mean.h), as on the CPU. */
 #include "nn/model.h"
 
 #include <limits.h>
@@ -15,10 +16,9 @@
 #include <string.h>
 
 #include "core/cast.h"
+#include "core/loss_mean.h"
 #include "nn/init.h"
 #include "nn/plan.h"
-
-enum { GT_LOSS_CHUNK = 1024 };  /* per-row losses read back from a device per copy */
 
 static int on_device(const gt_model *model) { return model->device != NULL; }
 
@@ -26,6 +26,16 @@ static int on_device(const gt_model *model) { return model->device != NULL; }
 static gt_status model_memcpy(gt_model *model, void *dst, const void *src, size_t bytes) {
     if (on_device(model))
         return model->device->memcpy(model->backend.device.index, dst, src, bytes);
+    if (bytes > 0)
+        memcpy(dst, src, bytes);
+    return GT_OK;
+}
+
+/* Queues dst = src (bytes) from host memory into the model's memory on its stream; `src` must
+ * stay valid until the stream has run it (on the cpu it is copied at once). */
+static gt_status model_copy_in(gt_model *model, void *dst, const void *src, size_t bytes) {
+    if (on_device(model))
+        return model->device->memcpy_async(model->backend.device.index, NULL, dst, src, bytes);
     if (bytes > 0)
         memcpy(dst, src, bytes);
     return GT_OK;
@@ -617,7 +627,7 @@ static void *input_copy(const gt_model *model, const gt_tensor *input) {
 static gt_status model_input(gt_model *model, const gt_tensor *input, const void **out) {
     const void *source = input->ptr;
     if (input_copy(model, input)) {
-        GT_TRY(model_memcpy(model, model->input_device, input->ptr, gt_tensor_bytes(input)));
+        GT_TRY(model_copy_in(model, model->input_device, input->ptr, gt_tensor_bytes(input)));
         source = model->input_device;
     }
     *out = source;
@@ -666,53 +676,38 @@ gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, con
     return GT_OK;
 }
 
-/* The sum of the first `rows` per-row losses in row order (read back in chunks from a device). */
-static gt_status sum_losses(gt_model *model, int64_t rows, double *out) {
-    double sum = 0.0;
-    if (!on_device(model)) {
-        for (int64_t r = 0; r < rows; r++)
-            sum += model->losses[r];
-        *out = sum;
-        return GT_OK;
-    }
-    float chunk[GT_LOSS_CHUNK];
-    for (int64_t r = 0; r < rows; r += GT_LOSS_CHUNK) {
-        size_t len = rows - r < GT_LOSS_CHUNK ? (size_t)(rows - r) : GT_LOSS_CHUNK;
-        GT_TRY(model_memcpy(model, chunk, model->losses + r, len * sizeof(float)));
-        for (size_t i = 0; i < len; i++)
-            sum += chunk[i];
-    }
-    *out = sum;
+/* Adds the mean of `values` (rows; count NULL: an MSE's mean) to *loss_sum, in the model's
+ * memory: at once on the cpu, queued on the stream on a device. */
+static gt_status add_mean(gt_model *model, const float *values, int64_t rows, const int64_t *count,
+                          double *loss_sum) {
+    if (on_device(model))
+        return model->device->loss_accumulate(model->backend.device.index, NULL, values, rows, count, loss_sum);
+    *loss_sum += gt_loss_mean(values, rows, count);
     return GT_OK;
 }
 
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
-                        float dloss_scale, int want_grad, double *loss_value, int64_t *count) {
+                        float dloss_scale, double *loss_sum) {
     const gt_tensor *out = &model->root.out;
     GT_TRY(gt_model_check_targets(model, loss, targets));
     const gt_ops *ops = model->backend.ops;
-    void *dout = want_grad ? model->dout : NULL;
     const void *target_data = targets->ptr;
     if (model->targets_device && !gt_device_is_accelerator(targets->device)) {
-        GT_TRY(model_memcpy(model, model->targets_device, targets->ptr, gt_tensor_bytes(targets)));
+        GT_TRY(model_copy_in(model, model->targets_device, targets->ptr, gt_tensor_bytes(targets)));
         target_data = model->targets_device;
     }
+    gt_step_record host = {0};  /* the cpu's results; a device model's are in its step record */
+    gt_step_record *results = on_device(model) ? (gt_step_record *)model->step_scratch.ptr + model->step_record : &host;
     if (loss->kind == GT_LOSS_MSE) {
-        float value = 0.0f;
-        GT_TRY(ops->mse(&model->backend, &value, dout, out->ptr, target_data,
+        GT_TRY(ops->mse(&model->backend, &results->mse, model->dout, out->ptr, target_data,
                         (int64_t)gt_tensor_numel(out), dloss_scale, model->dt));
-        *loss_value = value;
-        *count = (int64_t)gt_tensor_numel(out);
-        return GT_OK;
+        return add_mean(model, &results->mse, 1, NULL, loss_sum);
     }
     int64_t rows = gt_rows_of(out), classes = out->shape[out->ndim - 1];
-    GT_TRY(ops->softmax_xent(&model->backend, model->losses, count, dout, out->ptr, target_data,
-                             rows, classes, loss->label_smoothing, loss->ignore_index, dloss_scale,
-                             model->dt));
-    double sum = 0.0;
-    GT_TRY(sum_losses(model, rows, &sum));
-    *loss_value = *count > 0 ? sum / (double)*count : 0.0;
-    return GT_OK;
+    GT_TRY(ops->softmax_xent(&model->backend, model->losses, &results->count, model->dout, out->ptr,
+                             target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
+                             dloss_scale, model->dt));
+    return add_mean(model, model->losses, rows, &results->count, loss_sum);
 }
 
 gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,

@@ -5,6 +5,8 @@
 
 #include "core/alloc.h"
 #include "core/device_backend.h"
+#include "core/scaler_rules.h"
+#include "core/sumsq_order.h"
 #include "nn/layer.h"
 
 #ifdef __cplusplus
@@ -47,7 +49,22 @@ typedef struct gt_model_plan {
     size_t step_scratch_bytes;      /* the training step's device scratch block (accelerator models), else 0 */
 } gt_model_plan;
 
-enum { GT_MODEL_STEP_SCRATCH_BYTES = 128 };  /* device scratch of a device model's training step */
+/* A device model's training step in device memory (its step_scratch block): what the step's
+ * kernels write and the host reads back once per step (every field before `sumsq_totals`). */
+typedef struct gt_step_record {
+    double loss_sum;      /* sum of the micro-batches' mean losses (gt_model_loss adds to it) */
+    double grad_sumsq;    /* sum of squares of the unscaled gradients, when asked for */
+    int64_t count;        /* rows the last cross-entropy counted */
+    float mse;            /* mean of the last MSE */
+    int found_inf;        /* 1 when the unscale saw a NaN/Inf gradient, else 0 */
+    gt_scaler scaler;     /* the host scaler's state, copied in for the unscale kernel */
+    double sumsq_totals[GT_SUMSQ_MAX_CHUNKS]; /* (chunks,) scratch of the sum of squares */
+} gt_step_record;
+
+enum { GT_STEP_RECORDS = 2 };  /* records a device model keeps: step k writes record k % 2, so a
+                                  deferred result (TrainStep(sync=False)) outlives the next step */
+
+#define GT_MODEL_STEP_SCRATCH_BYTES (GT_STEP_RECORDS * sizeof(gt_step_record))  /* a device model's step scratch */
 
 /* What the allocator reserves now for each live arena of a model (0 for those it does not
  * hold), in the fields of gt_model_plan that say so. */
@@ -93,9 +110,10 @@ typedef struct gt_model {
                                    input carries an attention mask, read by Attention and Pool;
                                    NULL when the model's input has no mask */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
-    gt_block step_scratch;      /* (GT_MODEL_STEP_SCRATCH_BYTES,) device memory of a device model for
-                                   the training step's kernels (scaler state, inf flag), allocated
-                                   with the model so a step allocates nothing; empty on the cpu */
+    int step_record;            /* the record of step_scratch the step in progress writes */
+    gt_block step_scratch;      /* (GT_STEP_RECORDS,) gt_step_record in device memory of a device
+                                   model, for the training step's kernels, allocated with the model
+                                   so a step allocates nothing; empty on the cpu */
 } gt_model;
 
 /* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */
@@ -129,10 +147,14 @@ gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t mic
 /* Checks `targets` (dtype, count) against the planned output for `loss`, before any forward. */
 gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets);
 
-/* Loss of the last forward against `targets`; writes model->dout scaled by dloss_scale when
- * `want_grad`. *loss_sum is the sum of per-row losses, *count the rows that count. */
+/* Loss of the last forward against `targets`: writes model->dout scaled by dloss_scale and adds
+ * the mean loss (cross-entropy: the per-row losses summed in row order in float64, over the
+ * rows that count; MSE: its mean) to *loss_sum. loss_sum is the model's memory: a host double on
+ * the cpu; on a device model it lies in device memory (a step record's loss_sum; the record's
+ * count and mse take the op's results) and the sum is queued on the model's stream
+ * (core/loss_mean.h), so nothing waits. */
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
-                        float dloss_scale, int want_grad, double *loss_value, int64_t *count);
+                        float dloss_scale, double *loss_sum);
 
 /* Backward of the whole model from model->dout (after forward and loss on the same input). */
 gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,

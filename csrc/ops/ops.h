@@ -265,7 +265,8 @@ typedef struct gt_ops {
                                     const float *mean, const float *rstd, int64_t rows,
                                     int64_t cols, gt_dtype dt, int accumulate);
 
-    /* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX). */
+    /* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX; a device
+     * backend may return it at its stream's next synchronisation). */
     gt_status (*embedding_forward)(gt_backend *be, void *out, const int64_t *ids,
                                    const float *table, int64_t n, int64_t num, int64_t dim,
                                    gt_dtype dt);
@@ -275,16 +276,19 @@ typedef struct gt_ops {
                                     gt_dtype dt, int accumulate);
 
     /* Fused softmax + cross-entropy over logits (rows, classes) with integer targets.
-     * losses[r] = per-row loss (0 for ignored rows); *count = rows not ignored.
+     * losses[r] = per-row loss (0 for ignored rows); *count = rows not ignored (count, like
+     * losses, is the backend's memory: on a device it is written when the stream runs the op).
      * When dlogits is non-NULL it receives dloss_scale * d(mean loss)/dlogits, i.e. for a
      * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits).
      * label_smoothing in [0, 1]; targets equal to ignore_index are skipped; others must be in
-     * [0, classes) (GT_ERR_INDEX naming the row otherwise). */
+     * [0, classes) (GT_ERR_INDEX naming the row otherwise; a device backend may return it at
+     * its stream's next synchronisation). */
     gt_status (*softmax_xent)(gt_backend *be, float *losses, int64_t *count, void *dlogits,
                               const void *logits, const int64_t *targets, int64_t rows,
                               int64_t classes, float label_smoothing, int64_t ignore_index,
                               float dloss_scale, gt_dtype dt);
-    /* Mean squared error over n elements: *loss = mean((pred - target)^2);
+    /* Mean squared error over n elements: *loss = mean((pred - target)^2) (loss is the
+     * backend's memory, written when the stream runs the op);
      * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n. target is f32. */
     gt_status (*mse)(gt_backend *be, float *loss, void *dpred, const void *pred,
                      const float *target, int64_t n, float dloss_scale, gt_dtype dt);

@@ -12,9 +12,10 @@
  * modulo 256 as the host array, so an array that starts at an odd element tests unaligned
  * device pointers), the op runs, and every array is copied back (outputs land in them; inputs
  * come back unchanged unless the op wrote them). A GEMM gets the workspace gemm_workspace_bytes
- * asks for. Returns the op's host result: the count of softmax_xent, the loss of mse, the sum of
- * sum_squares; None otherwise. An attention op gets the workspace attention_workspace_bytes
- * asks for (with the CPU's thread count). */
+ * asks for. Returns the op's host result: the count of softmax_xent, the loss of mse (both
+ * written to device memory by a device backend, then copied back), the sum of sum_squares;
+ * None otherwise. An attention op gets the workspace attention_workspace_bytes asks for (with
+ * the CPU's thread count). */
 #include "py/gtpy.h"
 
 #include <limits.h>
@@ -38,8 +39,9 @@ typedef struct op_call {
     gt_dropout_key key;       /* dropout's key */
     gt_gemm_args gemm;        /* GEMM arguments (pointers filled in by run_gemm) */
     gt_attention_args attn;   /* attention arguments (pointers filled in by run_attention) */
-    int64_t count;            /* softmax_xent's result */
-    float loss;               /* mse's result */
+    int64_t count;            /* softmax_xent's result (host) */
+    float loss;               /* mse's result (host) */
+    void *result;             /* where softmax_xent/mse write it: &count / &loss, or device memory */
     double sum;               /* sum_squares's result */
 } op_call;
 
@@ -289,7 +291,7 @@ static int parse_softmax_xent(PyObject *module, PyObject *args, op_call *call) {
 }
 
 static gt_status run_softmax_xent(gt_backend *be, op_call *call) {
-    return be->ops->softmax_xent(be, call->ptr[0], &call->count, call->ptr[1], call->ptr[2], call->ptr[3],
+    return be->ops->softmax_xent(be, call->ptr[0], call->result, call->ptr[1], call->ptr[2], call->ptr[3],
                                  call->size[0], call->size[1], (float)call->real[0], call->size[2],
                                  (float)call->real[1], call->dt[0]);
 }
@@ -306,7 +308,7 @@ static int parse_mse(PyObject *module, PyObject *args, op_call *call) {
 }
 
 static gt_status run_mse(gt_backend *be, op_call *call) {
-    return be->ops->mse(be, &call->loss, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0],
+    return be->ops->mse(be, call->result, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0],
                         (float)call->real[0], call->dt[0]);
 }
 
@@ -506,6 +508,7 @@ static gt_status run_cpu(const op_spec *spec, op_call *call, PyArrayObject **arr
     if (bytes > 0)
         GT_TRY(gt_block_alloc(gt_cpu_device(), bytes, &workspace));
     gt_backend be = {ops, gt_cpu_device(), workspace.ptr, bytes, NULL};
+    call->result = spec->result == 'c' ? (void *)&call->count : (void *)&call->loss;
     for (int k = 0; k < spec->num_arrays; k++)
         call->ptr[k] = arrays[k] ? PyArray_DATA(arrays[k]) : NULL;
     gt_status status = spec->run(&be, call);
@@ -517,12 +520,14 @@ static gt_status run_cpu(const op_spec *spec, op_call *call, PyArrayObject **arr
 typedef struct device_copies {
     gt_block blocks[MAX_ARRAYS];  /* one device block per array (empty for None) */
     gt_block workspace;           /* the GEMM workspace, or empty */
+    gt_block result;              /* softmax_xent's count or mse's loss */
 } device_copies;
 
 static void free_copies(device_copies *copies) {
     for (int k = 0; k < MAX_ARRAYS; k++)
         gt_block_free(&copies->blocks[k]);
     gt_block_free(&copies->workspace);
+    gt_block_free(&copies->result);
 }
 
 static gt_status copy_in(const gt_device_backend *dev, gt_backend *be, const op_spec *spec, op_call *call,
@@ -561,8 +566,13 @@ static gt_status run_device_on(const gt_device_backend *dev, gt_backend *be, con
         be->workspace_bytes = bytes;
     }
     GT_TRY(copy_in(dev, be, spec, call, arrays, copies));
+    GT_TRY(gt_block_alloc(be->device, sizeof(int64_t), &copies->result));
+    call->result = copies->result.ptr;
     GT_TRY(spec->run(be, call));
     GT_TRY(dev->stream_synchronize(be->device.index, NULL));
+    if (spec->result == 'c' || spec->result == 'l')
+        GT_TRY(dev->memcpy(be->device.index, spec->result == 'c' ? (void *)&call->count : (void *)&call->loss,
+                           copies->result.ptr, spec->result == 'c' ? sizeof call->count : sizeof call->loss));
     return copy_out(dev, be, spec, call, arrays);
 }
 

@@ -280,14 +280,16 @@ static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_ob
 static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"model", "x", "y", "loss", "micro_batches", "set_to_none",
                                "max_grad_norm", "want_grad_norm", "optimizer", "scaler", "guard", "guard_loss",
-                               "guard_grad_norm", NULL};
+                               "guard_grad_norm", "sync", "record", NULL};
     PyObject *model_obj, *x_obj, *y_obj, *loss_obj, *optimizer_obj = Py_None, *scaler_obj = Py_None;
     gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1, .guard_loss = INFINITY, .guard_grad_norm = INFINITY};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpdd:train_step", keywords, &model_obj, &x_obj,
+    int sync = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpddpi:train_step", keywords, &model_obj, &x_obj,
                                      &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
                                      &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj,
-                                     &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm))
+                                     &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm, &sync, &cfg.record))
         return NULL;
+    cfg.deferred = !sync;
     if (isnan(cfg.guard_loss) || isnan(cfg.guard_grad_norm))
         return PyErr_Format(PyExc_ValueError, "%s must be a number or +inf, not NaN",
                             isnan(cfg.guard_loss) ? "guard_loss" : "guard_grad_norm");
@@ -299,11 +301,32 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
     step_input x = {0}, y = {0};  /* inputs checked first: converting them may run Python code */
     char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i';
     PyObject *result = NULL;
-    if (parse_input(module, x_obj, "x", x_kind, model, &x) == 0 && parse_input(module, y_obj, "y", y_kind, model, &y) == 0)
-        result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, &x, &y, &cfg);
+    if (parse_input(module, x_obj, "x", x_kind, model, &x) == 0 && parse_input(module, y_obj, "y", y_kind, model, &y) == 0) {
+        if (cfg.deferred && (x.given || y.given))  /* the device would read them after the call */
+            PyErr_Format(PyExc_ValueError, "%s: sync=False takes DeviceArrays on the model's device (DataLoader("
+                         "device=...)): the step returns before the device has read its inputs", x.given ? "x" : "y");
+        else
+            result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, &x, &y, &cfg);
+    }
     clear_input(&x);
     clear_input(&y);
     return result;
+}
+
+static PyObject *step_record(PyObject *module, PyObject *args) {
+    PyObject *model_obj;
+    int record, micro_batches, want_norm;
+    if (!PyArg_ParseTuple(args, "Oiip:step_record", &model_obj, &record, &micro_batches, &want_norm))
+        return NULL;
+    gt_model *model = gtpy_model_get(module, model_obj, "model");
+    if (!model)
+        return NULL;
+    gt_step_result result;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_step_read_record(model, record, micro_batches, want_norm, &result);
+    Py_END_ALLOW_THREADS
+    return status == GT_OK ? step_result(&result) : gtpy_raise(module, status);
 }
 
 static PyMethodDef step_methods[] = {
@@ -311,7 +334,12 @@ static PyMethodDef step_methods[] = {
      "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
      "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf)\n--\n\n"
      "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
-     "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm."},
+     "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm. With "
+     "sync=False (a device model without scaler, guard or clipping) the step waits for nothing and leaves "
+     "its result in the model's step record `record` (0 or 1) for step_record."},
+    {"step_record", step_record, METH_VARARGS,
+     "step_record(model, record, micro_batches, want_norm)\n--\n\n"
+     "The result of the sync=False step that wrote record `record` of a device model (waits for it)."},
     {NULL, NULL, 0, NULL},
 };
 

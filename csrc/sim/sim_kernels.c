@@ -1,5 +1,6 @@
 #include "sim/sim_kernels.h"
 
+#include "core/loss_mean.h"
 #include "sim/sim_stream.h"
 #include "train/grad_norm.h"
 #include "train/optim_cpu.h"
@@ -97,6 +98,33 @@ gt_status gt_sim_grad_sumsq(int index, gt_stream *stream, const float *x, size_t
     sumsq_job job = {x, n, out};
     GT_TRY(gt_sim_enqueue(index, stream, run_sumsq, &job, sizeof job));
     return gt_sim_stream_synchronize(index, stream);
+}
+
+/* Queued: the worker writes the sum into device memory (the CPU's totals serve as its scratch). */
+gt_status gt_sim_grad_sumsq_async(int index, gt_stream *stream, const float *x, size_t n, double *out,
+                                  double *totals) {
+    (void)totals;
+    sumsq_job job = {x, n, out};
+    return gt_sim_enqueue(index, stream, run_sumsq, &job, sizeof job);
+}
+
+typedef struct loss_job {
+    const float *values;    /* (rows,) per-row losses, or an MSE's mean */
+    int64_t rows;           /* their number */
+    const int64_t *count;   /* rows that count, or NULL for an MSE */
+    double *loss_sum;       /* device accumulator */
+} loss_job;
+
+static gt_status run_loss(void *args) {
+    loss_job *j = args;
+    *j->loss_sum += gt_loss_mean(j->values, j->rows, j->count);
+    return GT_OK;
+}
+
+gt_status gt_sim_loss_accumulate(int index, gt_stream *stream, const float *values, int64_t rows,
+                                 const int64_t *count, double *loss_sum) {
+    loss_job job = {values, rows, count, loss_sum};
+    return gt_sim_enqueue(index, stream, run_loss, &job, sizeof job);
 }
 
 typedef struct unscale_job {

@@ -13,6 +13,10 @@ gt_status gt_sim_sgd(int index, gt_stream *stream, const gt_sgd_scalars *s, floa
 gt_status gt_sim_ema(int index, gt_stream *stream, float *ema, const float *p, float weight, size_t n);
 gt_status gt_sim_ema_swap(int index, gt_stream *stream, float *ema, float *p, size_t n);
 gt_status gt_sim_grad_sumsq(int index, gt_stream *stream, const float *x, size_t n, double *out);
+gt_status gt_sim_grad_sumsq_async(int index, gt_stream *stream, const float *x, size_t n, double *out,
+                                  double *totals);
+gt_status gt_sim_loss_accumulate(int index, gt_stream *stream, const float *values, int64_t rows,
+                                 const int64_t *count, double *loss_sum);
 gt_status gt_sim_unscale_check(int index, gt_stream *stream, const gt_scaler *scaler, float *grad, size_t n,
                                int *found_inf);
 

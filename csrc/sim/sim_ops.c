@@ -213,14 +213,14 @@ static gt_status sim_emb_forward(gt_backend *be, void *out, const int64_t *ids, 
                                  int64_t num, int64_t dim, gt_dtype dt) {
     embedding_job job = {.cpu = cpu_view(be), .out = out, .ids = ids, .table = table, .n = n, .num = num,
                          .dim = dim, .dt = dt};
-    return launch_wait(be, run_emb_forward, &job, sizeof job);
+    return launch(be, run_emb_forward, &job, sizeof job);
 }
 
 static gt_status sim_emb_backward(gt_backend *be, float *dtable, const void *dout, const int64_t *ids, int64_t n,
                                   int64_t num, int64_t dim, gt_dtype dt, int accumulate) {
     embedding_job job = {.cpu = cpu_view(be), .dtable = dtable, .dout = dout, .ids = ids, .n = n, .num = num,
                          .dim = dim, .dt = dt, .accumulate = accumulate};
-    return launch_wait(be, run_emb_backward, &job, sizeof job);
+    return launch(be, run_emb_backward, &job, sizeof job);
 }
 
 /* ------------------------------------------------------------ losses and norms ----- */
@@ -258,14 +258,14 @@ static gt_status sim_xent(gt_backend *be, float *losses, int64_t *count, void *d
     loss_job job = {.cpu = cpu_view(be), .losses = losses, .count = count, .dpred = dlogits, .pred = logits,
                     .targets = targets, .rows = rows, .classes = classes, .label_smoothing = label_smoothing,
                     .ignore_index = ignore_index, .dloss_scale = dloss_scale, .dt = dt};
-    return launch_wait(be, run_xent, &job, sizeof job);
+    return launch(be, run_xent, &job, sizeof job);
 }
 
 static gt_status sim_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target,
                          int64_t n, float dloss_scale, gt_dtype dt) {
     loss_job job = {.cpu = cpu_view(be), .loss = loss, .dpred = dpred, .pred = pred, .values = target, .rows = n,
                     .dloss_scale = dloss_scale, .dt = dt};
-    return launch_wait(be, run_mse, &job, sizeof job);
+    return launch(be, run_mse, &job, sizeof job);
 }
 
 typedef struct sumsq_op_job {

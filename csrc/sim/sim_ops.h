@@ -1,8 +1,10 @@
 /* The simulated device's op table (ops/ops.h): every op copies its arguments into a job on the
  * backend's sim stream and returns; the stream's worker runs the CPU backend's op
- * (gt_cpu_ops()) with them. Ops whose results the caller reads on the host (softmax_xent's
- * *count, mse's *loss, sum_squares' *out) and the id checks of the embedding ops wait for the
- * stream, as the CUDA table's do. */
+ * (gt_cpu_ops()) with them. Only sum_squares (its *out is a host result) waits for the stream;
+ * softmax_xent's *count and mse's *loss are sim memory written by the job, and a failing job (a
+ * target or an embedding id out of range: the CPU op checks before it touches memory) is the
+ * stream's sticky error, returned by its next synchronisation (the CUDA table's id and target
+ * checks wait for their stream instead). */
 #ifndef GT_SIM_OPS_H
 #define GT_SIM_OPS_H
 

@@ -77,6 +77,8 @@ static const gt_device_backend sim_table = {
     .backend_scratch_bytes = 0,  /* its state is host memory */
     .stream_from_native = gt_sim_stream_from_native,
     .pointer_device = gt_sim_pointer_device,
+    .grad_sumsq_async = gt_sim_grad_sumsq_async,
+    .loss_accumulate = gt_sim_loss_accumulate,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

@@ -51,51 +51,65 @@ static gt_status poll_interrupt(gt_model *model, const gt_step_config *cfg, int 
     return GT_FAIL(GT_ERR_INTERRUPTED, "the training step was interrupted before its update (nothing applied)");
 }
 
-/* Forward, loss and backward of every micro-batch, accumulating f32 gradients. */
+/* Forward, loss and backward of every micro-batch, accumulating f32 gradients, and their mean
+ * losses into *loss_sum (the model's memory: see gt_model_loss). */
 static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
                                       const gt_tensor *targets, const gt_step_config *cfg,
-                                      float loss_scale, double *mean_loss) {
+                                      float loss_scale, double *loss_sum) {
     int64_t rows = inputs->shape[0] / cfg->micro_batches;
     float dloss_scale = loss_scale / (float)cfg->micro_batches;
     GT_TRY(poll_interrupt(model, cfg, 0));
     if (!cfg->set_to_none && model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
                                         model->num_params * sizeof(float)));
-    double loss_sum = 0.0;
     for (int m = 0; m < cfg->micro_batches; m++) {
         gt_tensor x = micro_slice(inputs, m * rows, rows), y = micro_slice(targets, m * rows, rows);
         gt_tensor output;
-        double loss = 0.0;
-        int64_t count = 0;
         int accumulate = m > 0 || !cfg->set_to_none;  /* the gradients hold this step's sums */
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_forward(model, &x, (uint64_t)m, &output));
-        GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, 1, &loss, &count));
+        GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_backward(model, &x, (uint64_t)m, accumulate));
-        loss_sum += loss;
     }
     model->grads_valid = 1;
-    *mean_loss = loss_sum / cfg->micro_batches;
     return GT_OK;
 }
 
-/* The scaler's unscale + inf check over the gradient arena, where the model's arenas live. */
-static gt_status unscale_check(gt_model *model, const gt_scaler *scaler, int *found_inf) {
-    if (model->device)
-        return gt_step_unscale_check_device(model, scaler, found_inf);
-    return gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, found_inf);
+/* The step's sums on the cpu: gradients and losses, then the unscale + inf check and, when
+ * the gradients are finite and `want_norm`, their sum of squares. */
+static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                              const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
+                              gt_step_sums *out) {
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &out->loss_sum));
+    if (scaler)
+        GT_TRY(gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, &out->found_inf));
+    if (!out->found_inf && want_norm)
+        GT_TRY(gt_grad_sumsq(model->grads.block.ptr, model->num_params, &out->grad_sumsq));
+    return GT_OK;
 }
 
-/* The global L2 norm of the gradient arena; on a device with the kernel that sums in the CPU's
- * order (core/sumsq_order.h), on the model's stream (the default one). */
-static gt_status grad_norm(gt_model *model, double *out) {
-    if (!model->device)
-        return gt_grad_norm_l2(model->grads.block.ptr, model->num_params, out);
-    double sumsq = 0.0;
-    GT_TRY(gt_step_grad_sumsq_device(model, &sumsq));
-    *out = sqrt(sumsq);
-    return GT_OK;
+/* The same sums on an accelerator: everything is queued on the model's stream (the losses
+ * summed into the step record), then the record is read back, the step's one wait. A failure
+ * of the queued work (e.g. a target out of range) surfaces at that read, before the update. */
+static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                                const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
+                                gt_step_sums *out) {
+    GT_TRY(gt_step_device_begin(model, cfg->record));
+    gt_step_record *record = gt_step_device_record(model, cfg->record);
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &record->loss_sum));
+    if (scaler)
+        GT_TRY(gt_step_device_unscale(model, scaler));
+    if (want_norm)
+        GT_TRY(gt_step_device_sumsq(model));
+    if (cfg->deferred) {  /* the result stays in the record: no wait, nothing on the host depends on it */
+        *out = (gt_step_sums){.loss_sum = NAN, .grad_sumsq = NAN};
+        return GT_OK;
+    }
+    gt_status status = gt_step_device_read(model, cfg->record, out);
+    if (status != GT_OK)
+        model->grads_valid = 0;  /* the queued backward may have stopped part way */
+    return status;
 }
 
 /* The guard's verdict on a step whose gradients are finite: an outlier unless its loss and its
@@ -113,43 +127,76 @@ static gt_status undo_buffers(gt_model *model, gt_status status) {
     return gt_error_restore(&saved);
 }
 
-/* Gradients, unscale + inf check and clipping coefficient of the step, up to the last point
- * before anything is updated; *grad_coef multiplies the gradients in the update. */
+/* The step's sums (losses, inf check, gradient sum of squares) up to the last point before
+ * anything is updated. */
 static gt_status prepare_update(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
-                                const gt_step_config *cfg, gt_scaler *scaler, int *found_inf,
-                                float *grad_coef, gt_step_result *out) {
-    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, out->scale, &out->loss));
-    if (scaler)
-        GT_TRY(unscale_check(model, scaler, found_inf));
-    if (!*found_inf && (cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard)) {
-        GT_TRY(grad_norm(model, &out->grad_norm));
-        if (cfg->max_grad_norm > 0.0)
-            *grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
-    }
+                                const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
+                                gt_step_sums *sums) {
+    if (model->device)
+        GT_TRY(sums_on_device(model, inputs, targets, cfg, scaler, want_norm, sums));
+    else
+        GT_TRY(sums_on_host(model, inputs, targets, cfg, scaler, want_norm, sums));
     return poll_interrupt(model, cfg, 1);  /* the last point before anything is updated */
+}
+
+/* A deferred step leaves every decision of the update to the device, so nothing may need the
+ * result on the host: no scaler (found_inf), no guard, no clipping (the norm). */
+static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg) {
+    if (cfg->record < 0 || cfg->record >= GT_STEP_RECORDS)
+        return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d), got %d", GT_STEP_RECORDS, cfg->record);
+    if (!cfg->deferred)
+        return GT_OK;
+    if (!model->device)
+        return GT_FAIL(GT_ERR_VALUE, "sync: a deferred result needs a model on an accelerator (cuda:N or sim:N)");
+    if ((cfg->scaler && cfg->scaler->enabled) || cfg->guard || cfg->max_grad_norm > 0.0)
+        return GT_FAIL(GT_ERR_VALUE, "sync=False: a GradScaler, a spike guard and max_grad_norm decide the update "
+                       "from the step's result on the host; use sync=True (one wait per step) with them");
+    return GT_OK;
 }
 
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
+    GT_TRY(check_deferred(model, cfg));
     memset(out, 0, sizeof *out);
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;
     out->grad_norm = NAN;
-    int found_inf = 0;
-    float grad_coef = 1.0f;
+    int want_norm = cfg->max_grad_norm > 0.0 || cfg->want_grad_norm || cfg->guard;
+    gt_step_sums sums = {0};
     GT_TRY(gt_model_save_buffers(model));
-    gt_status status = prepare_update(model, inputs, targets, cfg, scaler, &found_inf, &grad_coef, out);
+    gt_status status = prepare_update(model, inputs, targets, cfg, scaler, want_norm, &sums);
     if (status != GT_OK)
         return undo_buffers(model, status);
+    out->loss = sums.loss_sum / cfg->micro_batches;
+    int found_inf = sums.found_inf;
+    float grad_coef = 1.0f;
+    if (!found_inf && want_norm) {
+        out->grad_norm = sqrt(sums.grad_sumsq);
+        if (cfg->max_grad_norm > 0.0)
+            grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
+    }
     out->outlier = !found_inf && is_outlier(cfg, out);
     out->skipped = found_inf || out->outlier;
     if (!out->skipped && cfg->optimizer) {
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler && !out->outlier)  /* on the host for device models too: found_inf is here, the rules are the kernel's */
+    if (scaler && !out->outlier)  /* on the host for device models too: the record brought found_inf */
         gt_scaler_update(scaler, found_inf);
     model->step++;
+    return GT_OK;
+}
+
+gt_status gt_step_read_record(gt_model *model, int record, int micro_batches, int want_norm, gt_step_result *out) {
+    if (!model->device)
+        return GT_FAIL(GT_ERR_VALUE, "model: step records are kept by models on an accelerator (cuda:N or sim:N)");
+    if (record < 0 || record >= GT_STEP_RECORDS || micro_batches < 1)
+        return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d) with micro_batches >= 1, got %d and %d",
+                       GT_STEP_RECORDS, record, micro_batches);
+    gt_step_sums sums = {0};
+    GT_TRY(gt_step_device_read(model, record, &sums));
+    *out = (gt_step_result){.loss = sums.loss_sum / micro_batches, .grad_norm = want_norm ? sqrt(sums.grad_sumsq) : NAN,
+                            .scale = 1.0f};
     return GT_OK;
 }

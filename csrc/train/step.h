@@ -27,6 +27,10 @@ typedef struct gt_step_config {
                                   norm <= guard_grad_norm (a NaN is not); the norm is computed */
     double guard_loss;         /* the largest loss the guard lets update (DBL_MAX: any finite one) */
     double guard_grad_norm;    /* the largest unscaled gradient L2 norm the guard lets update */
+    int deferred;              /* 1 (a device model, without scaler, guard or clipping): the step
+                                  waits for nothing; its loss and norm stay in step record
+                                  `record` (gt_step_read_record), the result's are NaN */
+    int record;                /* which of the GT_STEP_RECORDS records a device step writes */
 } gt_step_config;
 
 typedef struct gt_step_result {
@@ -52,6 +56,11 @@ gt_status gt_train_step_prepare(gt_model *model, const gt_tensor *inputs, const 
  * runs to its end. */
 gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                         const gt_step_config *cfg, gt_step_result *out);
+
+/* The result of the deferred step that wrote record `record` of a device model (reading it
+ * waits for that step): its loss over `micro_batches`, and its gradient norm when `want_norm`
+ * (NaN otherwise); not skipped, scale 1. */
+gt_status gt_step_read_record(gt_model *model, int record, int micro_batches, int want_norm, gt_step_result *out);
 
 #ifdef __cplusplus
 }

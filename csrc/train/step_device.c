@@ -1,49 +1,44 @@
 #include "train/step_device.h"
 
-#include "core/alloc.h"
+#include <stddef.h>
 
-/* Device scratch of one step (in the model's step_scratch block): the scaler state the kernel
- * reads, and the inf flag it sets. */
-typedef struct step_scratch {
-    gt_scaler scaler;  /* copy of the host scaler (scale, enabled, ...) */
-    int found_inf;     /* 0 before the kernel, 1 after it if a gradient was not finite */
-} step_scratch;
+/* The record's fields the step resets (loss sum, sum of squares, count, mse, inf flag). */
+static const gt_step_record zero_record;
 
-_Static_assert(sizeof(step_scratch) <= GT_MODEL_STEP_SCRATCH_BYTES, "the model's step scratch is too small");
+static int index_of(const gt_model *model) { return model->backend.device.index; }
 
-/* With the scratch allocated: copy in, unscale on the default stream, read the flag. The
- * blocking copies are ordered with that stream, so with the model's kernels too. */
-static gt_status unscale_with(gt_model *model, const gt_scaler *scaler, step_scratch *scratch, int *flag) {
-    int index = model->backend.device.index;
-    step_scratch host = {.scaler = *scaler, .found_inf = 0};
-    GT_TRY(model->device->memcpy(index, scratch, &host, sizeof host));
-    GT_TRY(model->device->scaler_unscale_check(index, NULL, &scratch->scaler, model->grads.block.ptr,
-                                               model->num_params, &scratch->found_inf));
-    return model->device->memcpy(index, flag, &scratch->found_inf, sizeof *flag);
+gt_step_record *gt_step_device_record(gt_model *model, int index) {
+    return (gt_step_record *)model->step_scratch.ptr + index;
 }
 
-static gt_status require_device_model(const gt_model *model) {
-    if (!model->device)
-        return GT_FAIL(GT_ERR_VALUE, "model: expected a model on an accelerator (cuda:N or sim:N)");
-    return GT_OK;
+/* The record the step in progress writes (set by gt_step_device_begin). */
+static gt_step_record *current(gt_model *model) { return gt_step_device_record(model, model->step_record); }
+
+gt_status gt_step_device_begin(gt_model *model, int record) {
+    model->step_record = record;
+    return model->device->memcpy_async(index_of(model), NULL, current(model), &zero_record,
+                                       offsetof(gt_step_record, scaler));
 }
 
-gt_status gt_step_unscale_check_device(gt_model *model, const gt_scaler *scaler, int *found_inf) {
-    GT_TRY(require_device_model(model));
+gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler) {
     if (model->num_params == 0)
         return GT_OK;
-    int flag = 0;
-    GT_TRY(unscale_with(model, scaler, model->step_scratch.ptr, &flag));
-    if (flag)
-        *found_inf = 1;
-    return GT_OK;
+    gt_step_record *record = current(model);
+    GT_TRY(model->device->memcpy_async(index_of(model), NULL, &record->scaler, scaler, sizeof *scaler));
+    return model->device->scaler_unscale_check(index_of(model), NULL, &record->scaler, model->grads.block.ptr,
+                                               model->num_params, &record->found_inf);
 }
 
-gt_status gt_step_grad_sumsq_device(gt_model *model, double *out) {
-    GT_TRY(require_device_model(model));
-    *out = 0.0;
-    if (model->num_params == 0)
-        return GT_OK;
-    return model->device->grad_sumsq(model->backend.device.index, NULL, model->grads.block.ptr,
-                                     model->num_params, out);
+gt_status gt_step_device_sumsq(gt_model *model) {
+    gt_step_record *record = current(model);
+    return model->device->grad_sumsq_async(index_of(model), NULL, model->grads.block.ptr, model->num_params,
+                                           &record->grad_sumsq, record->sumsq_totals);
+}
+
+gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out) {
+    gt_step_record head;
+    GT_TRY(model->device->memcpy(index_of(model), &head, gt_step_device_record(model, record),
+                                 offsetof(gt_step_record, sumsq_totals)));
+    *out = (gt_step_sums){.loss_sum = head.loss_sum, .grad_sumsq = head.grad_sumsq, .found_inf = head.found_inf};
+    return GT_OK;
 }

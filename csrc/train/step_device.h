@@ -1,20 +1,37 @@
-/* The parts of the training step (train/step.c) that run on an accelerator's kernels through
- * core/device_backend.h: the loss scaler's unscale + inf check and the gradient norm over a
- * model's gradient arena in device memory. */
+/* The parts of the training step (train/step.c) that run on an accelerator through
+ * core/device_backend.h, with the step record (nn/model.h's gt_step_record, in the model's
+ * step scratch) as the only memory they touch besides the model's arenas: the loss sum, the
+ * loss scaler's unscale + inf check and the gradients' sum of squares are queued on the model's
+ * stream, and the host reads the record back once per step, its only wait. */
 #ifndef GT_TRAIN_STEP_DEVICE_H
 #define GT_TRAIN_STEP_DEVICE_H
 
 #include "nn/model.h"
 #include "train/scaler.h"
 
-/* gt_scaler_unscale_check on a device model's (num_params,) gradient arena: copies *scaler to
- * the model's step scratch on the device (nothing is allocated), runs the unscale kernel on the
- * model's stream (the default stream) and reads the flag back (one int: the host waits for it).
- * Sets *found_inf = 1 when a gradient was NaN/±Inf, leaves it as it was otherwise; *scaler is
- * not changed. */
-gt_status gt_step_unscale_check_device(gt_model *model, const gt_scaler *scaler, int *found_inf);
+/* What the host reads back: the record up to its scratch. */
+typedef struct gt_step_sums {
+    double loss_sum;    /* sum of the micro-batches' mean losses */
+    double grad_sumsq;  /* sum of squares of the unscaled gradients (when queued) */
+    int found_inf;      /* 1 when the unscale saw a NaN/Inf gradient */
+} gt_step_sums;
 
-/* The sum of squares of a device model's gradient arena, in the CPU's order (the same bits). */
-gt_status gt_step_grad_sumsq_device(gt_model *model, double *out);
+/* Record `index` (< GT_STEP_RECORDS) of a device model's step scratch. */
+gt_step_record *gt_step_device_record(gt_model *model, int index);
+
+/* Queues zeros into record `record`'s loss sum, sum of squares and inf flag (a device model);
+ * the functions below use that record until the next begin. */
+gt_status gt_step_device_begin(gt_model *model, int record);
+
+/* Queues gt_scaler_unscale_check on the (num_params,) gradient arena: *scaler is copied in on
+ * the stream (it must stay as it is until gt_step_device_read), the kernel sets the record's
+ * inf flag. */
+gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler);
+
+/* Queues the gradients' sum of squares into the record, in the CPU's order (the same bits). */
+gt_status gt_step_device_sumsq(gt_model *model);
+
+/* Reads record `record` back: the host waits for everything queued so far (one sync). */
+gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out);
 
 #endif

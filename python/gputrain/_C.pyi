@@ -82,7 +82,8 @@ class Model:
 def train_step(model: Model, x: Any, y: Any, loss: tuple[str, float, int], micro_batches: int = ...,
                set_to_none: bool = ..., max_grad_norm: float = ..., want_grad_norm: bool = ...,
                optimizer: Any = ..., scaler: Any = ..., guard: bool = ..., guard_loss: float = ...,
-               guard_grad_norm: float = ...) -> dict[str, Any]: ...
+               guard_grad_norm: float = ..., sync: bool = ..., record: int = ...) -> dict[str, Any]: ...
+def step_record(model: Model, record: int, micro_batches: int, want_norm: bool) -> dict[str, Any]: ...
 
 # --- loss scaler (csrc/py/scaler.c; gputrain.amp.GradScaler subclasses Scaler) ---
 class Scaler:

@@ -12,7 +12,7 @@ from gputrain import amp, backends
 from gputrain import functional
 from gputrain import models, nn, random
 from gputrain import optim
-from gputrain.step import SpikeGuard, StepOutput, TrainStep
+from gputrain.step import DeferredStepOutput, SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain.data import DataLoader
 from gputrain._cast import cast
@@ -71,6 +71,7 @@ __version__ = _C.build_info()["version"]
 __all__ = [
     "SpikeGuard",
     "StepOutput",
+    "DeferredStepOutput",
     "TrainStep",
     "EarlyStoppingCallback",
     "GPUHealthCallback",

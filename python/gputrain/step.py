@@ -15,6 +15,14 @@ call from another thread that would read or change one of them (another step, op
 add_param_group, state_dict, model(x), scaler.update(), EMA.update(), ...) raises RuntimeError
 "... is in use by another thread" instead of racing with it.
 
+Syncs: on a device model a step waits once, for its small result record (loss, norm, inf flag).
+With ``sync=False`` (no GradScaler, spike guard or max_grad_norm, which decide the update from
+that record on the host; inputs as DeviceArrays) it waits for nothing: the returned output reads
+the record when one of its fields is first read, and a step reads the record of the step two
+calls before it only if that output is still alive and unread (the device keeps two records).
+An error of the queued work (a target out of range) then surfaces when a record is read, after
+the updates queued behind it have run.
+
 Ctrl-C: a step on the main thread (with Python's default SIGINT handler) notices the interrupt
 between micro-batches and between a micro-batch's forward and backward, abandons the step before
 its optimizer update and raises KeyboardInterrupt: weights, optimizer state, scaler and step
@@ -24,9 +32,12 @@ has started the step runs to its end and KeyboardInterrupt follows it.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
+import weakref
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +66,48 @@ class StepOutput:
                         # the spike guard an outlier
     scale: float        # the loss scale used (1.0 without a scaler)
     outlier: bool = False  # True when the spike guard skipped the update
+
+
+class DeferredStepOutput:
+    """What a ``TrainStep(sync=False)`` step reports: StepOutput's fields, read from the
+    device's step record (one wait) when the first of them is read."""
+
+    __slots__ = ("_read", "_out", "__weakref__")
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read: Callable[[], dict[str, Any]] | None = read  # reads the record; None once read
+        self._out: StepOutput | None = None  # the result, once read
+
+    def result(self) -> StepOutput:
+        """The step's StepOutput (reads the record the first time: waits for the step)."""
+        if self._out is None:
+            assert self._read is not None
+            self._out = StepOutput(**self._read())
+            self._read = None
+        return self._out
+
+    @property
+    def loss(self) -> float:
+        return self.result().loss
+
+    @property
+    def grad_norm(self) -> float:
+        return self.result().grad_norm
+
+    @property
+    def skipped(self) -> bool:
+        return self.result().skipped
+
+    @property
+    def scale(self) -> float:
+        return self.result().scale
+
+    @property
+    def outlier(self) -> bool:
+        return self.result().outlier
+
+    def __repr__(self) -> str:
+        return repr(self._out) if self._out is not None else "DeferredStepOutput(<not read yet>)"
 
 
 class _Window:
@@ -185,6 +238,7 @@ class TrainStep:
         log_grad_norm: bool = False,
         tf32: bool | None = None,
         spike_guard: SpikeGuard | None = None,
+        sync: bool = True,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -203,6 +257,11 @@ class TrainStep:
             raise TypeError(f"scaler must be a gputrain.amp.GradScaler or None, not {type(scaler).__name__}")
         if spike_guard is not None and not isinstance(spike_guard, SpikeGuard):
             raise TypeError(f"spike_guard must be a gputrain.SpikeGuard or None, not {type(spike_guard).__name__}")
+        if not isinstance(sync, bool):
+            raise TypeError(f"sync must be a bool, not {type(sync).__name__}")
+        if not sync and (scaler is not None or spike_guard is not None or max_grad_norm is not None):
+            raise ValueError("sync=False: a GradScaler, a spike guard and max_grad_norm decide the update from the "
+                             "step's result on the host; use sync=True (one wait per step) with them")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"scheduler must have a step() method (e.g. gputrain.optim.LambdaLR) or be None, "
                             f"not {type(scheduler).__name__}")
@@ -216,6 +275,9 @@ class TrainStep:
         self.set_to_none = bool(set_to_none)
         self.log_grad_norm = bool(log_grad_norm)
         self.spike_guard = spike_guard
+        self.sync = sync
+        self._calls = 0  # sync=False steps so far (step k writes device record k % 2)
+        self._unread: list[weakref.ref[DeferredStepOutput] | None] = [None, None]  # by record
         if tf32 is not None:
             backends.set_tf32(tf32)
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
@@ -246,7 +308,7 @@ class TrainStep:
                                  "model.parameters() or a subset of them")
         self._checked = checked
 
-    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None) -> StepOutput:
+    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None) -> StepOutput | DeferredStepOutput:
         """One optimizer step on the batch (x, y): arrays (NumPy, or any host DLPack producer such
         as a PyTorch CPU tensor, read without a copy), or on a device model arrays on its device,
         read where they lie: the DeviceArrays of DataLoader(device=...), and other libraries'
@@ -258,6 +320,8 @@ class TrainStep:
         if attention_mask is not None or token_type_ids is not None:
             x = pack_for(self.model, x, attention_mask, token_type_ids)
         self._check_optimizer()
+        if not self.sync and self.model.compiled.device != "cpu":
+            return self._deferred_step(x, y)
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         guard = self.spike_guard
         limits = {}
@@ -283,9 +347,29 @@ class TrainStep:
             guard.observe(out)
         return out
 
+    def _deferred_step(self, x: Any, y: Any) -> DeferredStepOutput:
+        """A sync=False step on a device model: queued, nothing waited for."""
+        record = self._calls % 2
+        kept = self._unread[record]
+        earlier = kept() if kept is not None else None
+        if earlier is not None:
+            earlier.result()  # its record is about to be reused: read it now (a wait)
+        compiled = self.model.compiled
+        _C.train_step(compiled, x, y, self.loss_fn._spec(), micro_batches=self.gradient_accumulation_steps,
+                      set_to_none=self.set_to_none, want_grad_norm=self.log_grad_norm, optimizer=self.optimizer,
+                      sync=False, record=record)
+        self._calls += 1
+        if self.scheduler is not None and self.optimizer is not None:
+            self.scheduler.step()  # nothing can skip the update without a scaler or guard
+        out = DeferredStepOutput(functools.partial(_C.step_record, compiled, record, self.gradient_accumulation_steps,
+                                                   self.log_grad_norm))
+        self._unread[record] = weakref.ref(out)
+        return out
+
     def __getstate__(self) -> dict[str, Any]:
-        """copy.deepcopy and pickle: everything but the cache of the last optimizer check."""
-        return {**self.__dict__, "_checked": ()}
+        """copy.deepcopy and pickle: everything but the cache of the last optimizer check and the
+        outputs of deferred steps."""
+        return {**self.__dict__, "_checked": (), "_unread": [None, None]}
 
     def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
         """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).

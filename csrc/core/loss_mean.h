@@ -1,0 +1,22 @@
+/* The mean loss of one micro-batch as the training step accumulates it, shared by the CPU
+ * model (csrc/nn/model.c), the sim kernel and the CUDA kernel (DESIGN.md principle 3): the
+ * per-row losses summed in row order in float64, divided by the rows that count. */
+#ifndef GT_LOSS_MEAN_H
+#define GT_LOSS_MEAN_H
+
+#include <stdint.h>
+
+#include "core/hd.h"
+
+/* count NULL: the mean of an MSE, values[0] (rows 1), widened. Otherwise the sum of
+ * values[0..rows) in order over *count (0 when *count <= 0). */
+GT_HD double gt_loss_mean(const float *values, int64_t rows, const int64_t *count) {
+    double sum = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        sum += (double)values[r];
+    if (!count)
+        return sum;
+    return *count > 0 ? sum / (double)*count : 0.0;
+}
+
+#endif
