@@ -86,50 +86,15 @@ gt_status check_lengths(const gt_cuda_backend_state *state, const gt_attention_a
                    (long long)a->seq, (long long)length);
 }
 
-// 1 when an element offset of an operand with these strides could overflow int64.
-int strides_overflow(const gt_attention_args *a, const gt_attn_strides *s) {
-    int64_t last = 0, term = 0;
-    const int64_t extents[3] = {a->batch - 1, a->heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
-    for (int i = 0; i < 3; i++) {
-        if (steps[i] < 0 || __builtin_mul_overflow(extents[i], steps[i], &term) ||
-            __builtin_add_overflow(last, term, &last))
-            return 1;
-    }
-    return __builtin_add_overflow(last, a->head_dim, &last);
-}
-
-// The CPU op's checks (same messages), the head_dim limit of the local arrays, and the rows.
+// The shared checks (ops/checks.h) with the head_dim limit of the local arrays, and the rows.
 gt_status check_args(const gt_attention_args *a, int backward, size_t *rows) {
-    GT_TRY(gt_op_check_size(a->batch, "batch"));
-    GT_TRY(gt_op_check_size(a->heads, "heads"));
-    GT_TRY(gt_op_check_size(a->seq, "seq"));
-    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
-    if (a->head_dim < 1 || a->head_dim > kMaxHeadDim)
-        return GT_FAIL(GT_ERR_VALUE, "head_dim: must be in [1, %lld] on CUDA, got %lld", (long long)kMaxHeadDim,
-                       (long long)a->head_dim);
-    if (!isfinite(a->scale))
-        return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
-    if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
-        return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    GT_TRY(gt_attention_check(a, backward, kMaxHeadDim));
     *rows = 0;
     if (a->batch == 0 || a->heads == 0 || a->seq == 0)
         return GT_OK;
     if (__builtin_mul_overflow((size_t)a->batch, (size_t)a->heads, rows) ||
         __builtin_mul_overflow(*rows, (size_t)a->seq, rows))
         return GT_FAIL(GT_ERR_VALUE, "batch * heads * seq: overflows");
-    if (strides_overflow(a, &a->in) || strides_overflow(a, &a->out_strides))
-        return GT_FAIL(GT_ERR_VALUE, "strides: negative, or beyond 64-bit element offsets");
-    GT_TRY(gt_op_check_ptr(a->q, "q"));
-    GT_TRY(gt_op_check_ptr(a->k, "k"));
-    GT_TRY(gt_op_check_ptr(a->v, "v"));
-    GT_TRY(gt_op_check_ptr(a->out, "out"));
-    GT_TRY(gt_op_check_ptr(a->lse, "lse"));
-    if (backward) {
-        GT_TRY(gt_op_check_ptr(a->dout, "dout"));
-        GT_TRY(gt_op_check_ptr(a->dq, "dq"));
-        GT_TRY(gt_op_check_ptr(a->dk, "dk"));
-        GT_TRY(gt_op_check_ptr(a->dv, "dv"));
-    }
     return GT_OK;
 }
 

@@ -1,6 +1,7 @@
 #include "ops/checks.h"
 
 #include <limits.h>
+#include <math.h>
 
 #include "core/alloc.h"
 
@@ -117,4 +118,47 @@ gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward) {
     if (a->dx)
         GT_TRY(gt_op_check_ptr(a->weight, "weight"));
     return a->dweight ? gt_op_check_ptr(a->x, "x") : GT_OK;
+}
+
+/* 1 when an element offset of an attention operand with these strides could overflow int64. */
+static int attention_strides_overflow(const gt_attention_args *a, const gt_attn_strides *s) {
+    int64_t last = 0, term = 0;
+    int64_t extents[3] = {a->batch - 1, a->heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
+    for (int i = 0; i < 3; i++) {
+        if (steps[i] < 0 || __builtin_mul_overflow(extents[i], steps[i], &term) ||
+            __builtin_add_overflow(last, term, &last))
+            return 1;
+    }
+    return __builtin_add_overflow(last, a->head_dim, &last);
+}
+
+gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t max_head_dim) {
+    GT_TRY(gt_op_check_size(a->batch, "batch"));
+    GT_TRY(gt_op_check_size(a->heads, "heads"));
+    GT_TRY(gt_op_check_size(a->seq, "seq"));
+    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
+    if (a->head_dim < 1)
+        return GT_FAIL(GT_ERR_VALUE, "head_dim: must be >= 1, got %lld", (long long)a->head_dim);
+    if (max_head_dim > 0 && a->head_dim > max_head_dim)
+        return GT_FAIL(GT_ERR_VALUE, "head_dim: must be in [1, %lld] on this backend, got %lld",
+                       (long long)max_head_dim, (long long)a->head_dim);
+    if (!isfinite(a->scale))
+        return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
+    if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    if (a->batch == 0 || a->heads == 0 || a->seq == 0)
+        return GT_OK;
+    if (attention_strides_overflow(a, &a->in) || attention_strides_overflow(a, &a->out_strides))
+        return GT_FAIL(GT_ERR_VALUE, "strides: negative, or beyond 64-bit element offsets");
+    GT_TRY(gt_op_check_ptr(a->q, "q"));
+    GT_TRY(gt_op_check_ptr(a->k, "k"));
+    GT_TRY(gt_op_check_ptr(a->v, "v"));
+    GT_TRY(gt_op_check_ptr(a->out, "out"));
+    GT_TRY(gt_op_check_ptr(a->lse, "lse"));
+    if (!backward)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(a->dout, "dout"));
+    GT_TRY(gt_op_check_ptr(a->dq, "dq"));
+    GT_TRY(gt_op_check_ptr(a->dk, "dk"));
+    return gt_op_check_ptr(a->dv, "dv");
 }

@@ -31,6 +31,13 @@ gt_status gt_gemm_check(const gt_gemm_args *g);
  * (backward = 0) or the backward needs, naming the offending field; batch 0 checks the sizes only. */
 gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward);
 
+/* What every backend checks of an attention call (gt_attention_args), naming the offending
+ * field: sizes, dtype, head_dim in [1, max_head_dim] (max_head_dim 0: no upper limit), a finite
+ * scale, dropout_p in [0, 1], strides whose offsets fit int64, and the pointers the forward
+ * (backward = 0) or the backward needs. Key lengths are the backend's to check (they may be
+ * device memory). */
+gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t max_head_dim);
+
 /* Rows and columns of A and B as stored (before the transposes). */
 static inline size_t gt_gemm_a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
 static inline size_t gt_gemm_a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }

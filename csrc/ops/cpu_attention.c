@@ -29,6 +29,7 @@
 #include "core/threads.h"
 #include "core/vmath.h"
 #include "ops/attention_hd.h"
+#include "ops/checks.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
 
@@ -434,44 +435,11 @@ size_t gt_cpu_attention_workspace_bytes(const gt_attention_args *args, int threa
     return slot > SIZE_MAX / n ? SIZE_MAX : slot * n;
 }
 
-/* 1 when an element offset of an operand with these strides could overflow int64. */
-static int strides_overflow(const gt_attention_args *a, const gt_attn_strides *s) {
-    int64_t last = 0, term = 0;
-    int64_t extents[3] = {a->batch - 1, a->heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
-    for (int i = 0; i < 3; i++) {
-        if (steps[i] < 0 || __builtin_mul_overflow(extents[i], steps[i], &term) ||
-            __builtin_add_overflow(last, term, &last))
-            return 1;
-    }
-    return __builtin_add_overflow(last, a->head_dim, &last);
-}
-
+/* The shared checks (ops/checks.h) and the key lengths, which the CPU reads where they lie. */
 static gt_status check_args(const gt_attention_args *a, int backward) {
-    GT_TRY(gt_op_check_size(a->batch, "batch"));
-    GT_TRY(gt_op_check_size(a->heads, "heads"));
-    GT_TRY(gt_op_check_size(a->seq, "seq"));
-    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
-    if (a->head_dim < 1)
-        return GT_FAIL(GT_ERR_VALUE, "head_dim: must be >= 1, got %lld", (long long)a->head_dim);
-    if (!isfinite(a->scale))
-        return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
-    if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
-        return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    GT_TRY(gt_attention_check(a, backward, 0));
     if (a->batch == 0 || a->heads == 0 || a->seq == 0)
         return GT_OK;
-    if (strides_overflow(a, &a->in) || strides_overflow(a, &a->out_strides))
-        return GT_FAIL(GT_ERR_VALUE, "strides: negative, or beyond 64-bit element offsets");
-    GT_TRY(gt_op_check_ptr(a->q, "q"));
-    GT_TRY(gt_op_check_ptr(a->k, "k"));
-    GT_TRY(gt_op_check_ptr(a->v, "v"));
-    GT_TRY(gt_op_check_ptr(a->out, "out"));
-    GT_TRY(gt_op_check_ptr(a->lse, "lse"));
-    if (backward) {
-        GT_TRY(gt_op_check_ptr(a->dout, "dout"));
-        GT_TRY(gt_op_check_ptr(a->dq, "dq"));
-        GT_TRY(gt_op_check_ptr(a->dk, "dk"));
-        GT_TRY(gt_op_check_ptr(a->dv, "dv"));
-    }
     for (int64_t b = 0; a->key_lengths && b < a->batch; b++)
         if (a->key_lengths[b] < 0 || a->key_lengths[b] > a->seq)
             return GT_FAIL(GT_ERR_VALUE, "key_lengths[%lld]: must be in [0, %lld], got %lld",
