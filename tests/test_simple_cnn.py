@@ -147,3 +147,21 @@ def test_a_trainer_peaks_at_its_memory_plan(tmp_path, config):
         plan = trainer.memory_plan()
         trainer.train()
     assert growth["cpu"] == plan.total("cpu"), str(plan)
+
+
+def test_the_digits_example_runs_and_learns(tmp_path, monkeypatch, capsys):
+    """examples/digits_cnn.py, shortened to 3 epochs of a narrower model: one line per epoch, and a
+test accuracy far above chance (10%)."""
+    pytest.importorskip("sklearn")
+    import pathlib
+    import re
+    import runpy
+
+    script = pathlib.Path(__file__).parent.parent / "examples" / "digits_cnn.py"
+    monkeypatch.setattr("sys.argv", [str(script), "--epochs", "3", "--channels", "16", "32",
+                                     "--output-dir", str(tmp_path)])
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^epoch .* val accuracy .* images/s$", out, re.M)) == 3, out
+    accuracy = float(re.search(r"^test accuracy ([\d.]+)%", out, re.M).group(1))
+    assert accuracy > 90, out
