@@ -1,7 +1,7 @@
 """gputrain.models.SimpleCNN: its layers, output shapes and PyTorch-style names, argument errors
 naming the argument, learning a small image task in fp32 and bf16, BatchNorm's running
-statistics in train and eval, the simulated device's bits, and the Trainer's memory plan equal to
-the allocator's peak."""
+statistics in train and eval, the simulated device's bits, the Trainer's memory plan equal to the
+allocator's peak, three steps against torch.nn (when installed), and examples/digits_cnn.py."""
 
 from __future__ import annotations
 
@@ -165,3 +165,29 @@ test accuracy far above chance (10%)."""
     assert len(re.findall(r"^epoch .* val accuracy .* images/s$", out, re.M)) == 3, out
     accuracy = float(re.search(r"^test accuracy ([\d.]+)%", out, re.M).group(1))
     assert accuracy > 90, out
+
+
+def test_three_steps_match_pytorch():
+    """The same SimpleCNN in torch.nn from the same state_dict (skipped without PyTorch): after
+    three SGD steps the losses, parameters and running statistics agree."""
+    torch = pytest.importorskip("torch")
+    model = small(channels=(4, 8, 8), dropout=0.0)  # 8x8 -> 4x4 -> 2x2 -> 1x1
+    tnn = torch.nn
+    reference = tnn.Sequential()
+    reference.features = tnn.Sequential(
+        tnn.Conv2d(1, 4, 3, padding=1, bias=False), tnn.BatchNorm2d(4), tnn.ReLU(), tnn.MaxPool2d(2),
+        tnn.Conv2d(4, 8, 3, padding=1, bias=False), tnn.BatchNorm2d(8), tnn.ReLU(), tnn.MaxPool2d(2),
+        tnn.Conv2d(8, 8, 3, padding=1, bias=False), tnn.BatchNorm2d(8), tnn.ReLU(), tnn.MaxPool2d(2))
+    reference.pool, reference.flatten, reference.head = tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(8, 4)
+    reference.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in model.state_dict().items()})
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for seed in range(3):
+        x, y = quadrants(16, seed=seed)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        optimizer.step()
+        assert step(x, y).loss == pytest.approx(loss.item(), rel=1e-5)
+    for key, value in reference.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[key], value.numpy(), rtol=1e-4, atol=1e-5, err_msg=key)
