@@ -27,7 +27,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROWS, BATCH, ACCUMULATION = 1024, 128, 4
 # host waits per optimizer step: the step record's read; the offload's wait for its gradient
 # chunk and its final copy-stream sync; with the EMA in host memory, its parameter read and copy
-SYNCS_PER_STEP = {"device": 3, "host": 5}
+SYNCS_PER_STEP = {"device": 1, "host": 3}
 
 
 def dataset():
