@@ -104,11 +104,26 @@ from test_recipe_sim import Recipe, assert_same_bits
 for ema in ("device", "host"):
     cpu, sim = Recipe("cpu", ema), Recipe("sim", ema)
     assert_same_bits(sim.train(0, 6), cpu.train(0, 6), "outputs")
+    averaged = []
+    for run in (cpu, sim):  # right after an update (no loader call between): the swap averages its copy
+        x, y = next(run.batches(1))
+        run.step(x, y)
+        run.ema.update()
+        with run.ema.average_parameters():
+            averaged.append(run.model.state_dict())
+        run.step(x, y)
+        run.ema.update()
+        run.ema.copy_to()  # the same for copy_to
+    assert_same_bits(averaged[1], averaged[0], "averaged")
     assert_same_bits(sim.state(), cpu.state())
 """
 
 
 def test_the_recipe_matches_the_cpu_with_random_stream_delays():
+    """With the sim streams delayed at random, work that skipped an event wait would read stale
+    memory: the next step's forward racing the offload's copies back (copy_stream.c's
+    gt_copy_stream_before_compute), or a host EMA averaging its staging before the parameters'
+    copy landed (ema.c's wait_staged, when the swap or copy_to right after an update needs the average)."""
     env = dict(os.environ, GPUTRAIN_SIM_DELAY_US="300")
     env["PYTHONPATH"] = os.pathsep.join([TESTS, *sys.path])
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(DELAYED)], env=env, capture_output=True, text=True,

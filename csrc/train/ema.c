@@ -324,10 +324,10 @@ static gt_status transfer(const gt_ema *ema, size_t index, float *host, int to_s
 }
 
 gt_status gt_ema_read(const gt_ema *ema, size_t index, float *host) {
-    GT_TRY(transfer(ema, index, host, 0));
+    GT_TRY(transfer(ema, index, host, 0));  /* its settle also waited for a pending copy */
     if (!ema->pending || ema->numels[index] == 0)
         return GT_OK;
-    GT_TRY(wait_staged(ema));  /* the shadow as the pending update leaves it, the same lerp */
+    /* the shadow as the pending update leaves it: the same lerp */
     gt_ema_cpu(host, ema->staging + ema->offsets[index], ema->pending_weight, ema->numels[index]);
     return GT_OK;
 }
