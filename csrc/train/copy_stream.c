@@ -23,6 +23,7 @@ typedef struct device_copies {
     gt_stream *compute;                 /* the stream whose work the copies wait for (NULL: default) */
     gt_stream *copy;                    /* the copies' stream */
     gt_event *compute_done;             /* recorded on `compute` by after_compute */
+    gt_event *copies_done;              /* recorded on `copy` by before_compute */
     gt_event *ring[TICKET_EVENTS];      /* ticket t is ring[t % TICKET_EVENTS] */
     uint64_t recorded;                  /* tickets handed out */
 } device_copies;
@@ -80,6 +81,7 @@ static void destroy_device(gt_copy_stream *s) {
     for (int k = 0; k < TICKET_EVENTS; k++)
         d->table->event_destroy(index, d->ring[k]);
     d->table->event_destroy(index, d->compute_done);
+    d->table->event_destroy(index, d->copies_done);
 }
 
 static gt_status create_device(gt_copy_stream *s, gt_stream *compute_stream) {
@@ -89,6 +91,7 @@ static gt_status create_device(gt_copy_stream *s, gt_stream *compute_stream) {
     d->compute = compute_stream;
     GT_TRY(d->table->stream_create(index, &d->copy));
     GT_TRY(d->table->event_create(index, &d->compute_done));
+    GT_TRY(d->table->event_create(index, &d->copies_done));
     for (int k = 0; k < TICKET_EVENTS; k++)
         GT_TRY(d->table->event_create(index, &d->ring[k]));
     return GT_OK;
@@ -158,6 +161,22 @@ gt_status gt_copy_stream_after_compute(gt_copy_stream *s) {
     device_copies *d = &s->dev;
     GT_TRY(d->table->event_record(s->device.index, d->compute_done, d->compute));
     return d->table->stream_wait_event(s->device.index, d->copy, d->compute_done);
+}
+
+gt_status gt_copy_stream_d2h_on_compute(gt_copy_stream *s, void *host_dst, const void *device_src, size_t bytes) {
+    if (!gt_device_is_accelerator(s->device)) {
+        memcpy(host_dst, device_src, bytes);
+        return GT_OK;
+    }
+    return s->dev.table->memcpy_async(s->device.index, s->dev.compute, host_dst, device_src, bytes);
+}
+
+gt_status gt_copy_stream_before_compute(gt_copy_stream *s) {
+    if (!gt_device_is_accelerator(s->device))
+        return gt_copy_stream_sync(s);
+    device_copies *d = &s->dev;
+    GT_TRY(d->table->event_record(s->device.index, d->copies_done, d->copy));
+    return d->table->stream_wait_event(s->device.index, d->compute, d->copies_done);
 }
 
 gt_status gt_copy_stream_record(gt_copy_stream *s, uint64_t *ticket) {

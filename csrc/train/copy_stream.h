@@ -30,6 +30,14 @@ gt_status gt_copy_stream_h2d(gt_copy_stream *stream, void *device_dst, const voi
 /* Makes later copies wait for the work already queued on the compute stream (no-op on cpu). */
 gt_status gt_copy_stream_after_compute(gt_copy_stream *stream);
 
+/* Queues a device->host copy on the compute stream itself, behind the work queued there (so a
+ * wait for that stream covers it); a plain memcpy on the cpu. */
+gt_status gt_copy_stream_d2h_on_compute(gt_copy_stream *stream, void *host_dst, const void *device_src, size_t bytes);
+
+/* Makes later work of the compute stream wait for the copies queued so far, without blocking
+ * the host; on the cpu (no compute stream) it waits for them like gt_copy_stream_sync. */
+gt_status gt_copy_stream_before_compute(gt_copy_stream *stream);
+
 /* A ticket for everything queued so far; gt_copy_stream_wait blocks until it is done. */
 gt_status gt_copy_stream_record(gt_copy_stream *stream, uint64_t *ticket);
 gt_status gt_copy_stream_wait(gt_copy_stream *stream, uint64_t ticket);

@@ -39,6 +39,9 @@ struct gt_ema {
     size_t *numels;          /* (num_params,) elements of each parameter */
     ema_run *runs;           /* (num_runs,) */
     size_t num_runs;         /* merged runs */
+    gt_event *staged;        /* host shadow whose parameters fit the staging: recorded after their copy */
+    int pending;             /* 1: staging holds parameters whose average (pending_weight) is still to do */
+    float pending_weight;    /* f32(1 - decay) of the pending update */
 };
 
 /* Waits for the compute stream (an accelerator) before blocking copies touch device memory. */
@@ -125,6 +128,8 @@ static gt_status build(gt_ema *ema, float *const *params, const size_t *numels, 
     }
     GT_TRY(create_arena(ema));
     GT_TRY(build_runs(ema, params));
+    if (ema->staging_numel && ema->staging_numel == ema->total)
+        GT_TRY(ema->dev->event_create(ema->device.index, &ema->staged));
     for (size_t k = 0; k < ema->num_runs; k++)
         GT_TRY(gt_memcpy_blocking(ema->device, ema->runs[k].shadow, ema->runs[k].param,
                                   ema->runs[k].numel * sizeof(float)));
@@ -156,6 +161,11 @@ gt_status gt_ema_create(gt_device device, int on_host, gt_stream *compute_stream
 void gt_ema_destroy(gt_ema *ema) {
     if (!ema)
         return;
+    if (ema->staged) {  /* a pending copy must land before its staging is freed */
+        if (ema->pending)
+            (void)ema->dev->event_synchronize(ema->device.index, ema->staged);
+        ema->dev->event_destroy(ema->device.index, ema->staged);
+    }
     gt_arena_destroy(&ema->arena);
     free(ema->offsets);
     free(ema->numels);
@@ -204,8 +214,49 @@ static void host_pass(gt_ema *ema, run_pass pass, float weight) {
 
 /* ------------------------------------------------------------ device passes ------- */
 
+/* Waits for the copy of a pending update's parameters into the staging buffer: normally done
+ * already (the next training step's wait covered it), so the query costs no wait. */
+static gt_status wait_staged(const gt_ema *ema) {
+    int done = 0;
+    GT_TRY(ema->dev->event_query(ema->device.index, ema->staged, &done));
+    return done ? GT_OK : ema->dev->event_synchronize(ema->device.index, ema->staged);
+}
+
+/* Averages the staged parameters of a pending update into the shadow. */
+static gt_status finish_pending(gt_ema *ema) {
+    if (!ema->pending)
+        return GT_OK;
+    GT_TRY(wait_staged(ema));
+    for (size_t k = 0; k < ema->num_runs; k++) {
+        const ema_run *run = &ema->runs[k];
+        gt_ema_cpu(run->shadow, ema->staging + run->work_begin, ema->pending_weight, run->numel);
+    }
+    ema->pending = 0;
+    return GT_OK;
+}
+
+/* Host shadow whose parameters all fit the staging buffer: the update finishes the previous
+ * one, then only queues the parameters' copy into the staging on the compute stream (behind
+ * the step that wrote them) and leaves their average for later (the next update, or whatever
+ * reads or changes the shadow), so it never waits for the device itself. */
+static gt_status deferred_update(gt_ema *ema, float weight) {
+    GT_TRY(finish_pending(ema));
+    for (size_t k = 0; k < ema->num_runs; k++) {
+        const ema_run *run = &ema->runs[k];
+        GT_TRY(ema->dev->memcpy_async(ema->device.index, ema->compute_stream, ema->staging + run->work_begin,
+                                      run->param, run->numel * sizeof(float)));
+    }
+    GT_TRY(ema->dev->event_record(ema->device.index, ema->staged, ema->compute_stream));
+    ema->pending = 1;
+    ema->pending_weight = weight;
+    return GT_OK;
+}
+
 /* Host shadow of device parameters: each chunk of parameters comes through the staging buffer. */
 static gt_status staged_pass(gt_ema *ema, int swap, float weight) {
+    if (ema->staged && !swap)
+        return deferred_update(ema, weight);
+    GT_TRY(finish_pending(ema));
     GT_TRY(settle(ema));
     for (size_t k = 0; k < ema->num_runs; k++) {
         const ema_run *run = &ema->runs[k];
@@ -254,6 +305,7 @@ gt_status gt_ema_update(gt_ema *ema, double decay) {
 gt_status gt_ema_swap(gt_ema *ema) { return run(ema, 1, 0.0f); }
 
 gt_status gt_ema_copy_to_params(gt_ema *ema) {
+    GT_TRY(finish_pending(ema));
     GT_TRY(settle(ema));
     for (size_t k = 0; k < ema->num_runs; k++)
         GT_TRY(gt_memcpy_blocking(ema->device, ema->runs[k].param, ema->runs[k].shadow,
@@ -271,8 +323,16 @@ static gt_status transfer(const gt_ema *ema, size_t index, float *host, int to_s
     return to_shadow ? gt_memcpy_blocking(where, shadow, host, bytes) : gt_memcpy_blocking(where, host, shadow, bytes);
 }
 
-gt_status gt_ema_read(const gt_ema *ema, size_t index, float *host) { return transfer(ema, index, host, 0); }
+gt_status gt_ema_read(const gt_ema *ema, size_t index, float *host) {
+    GT_TRY(transfer(ema, index, host, 0));  /* its settle also waited for a pending copy */
+    if (!ema->pending || ema->numels[index] == 0)
+        return GT_OK;
+    /* the shadow as the pending update leaves it: the same lerp */
+    gt_ema_cpu(host, ema->staging + ema->offsets[index], ema->pending_weight, ema->numels[index]);
+    return GT_OK;
+}
 
 gt_status gt_ema_write(gt_ema *ema, size_t index, const float *host) {
+    GT_TRY(finish_pending(ema));
     return transfer(ema, index, (float *)host, 1);
 }

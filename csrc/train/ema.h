@@ -24,7 +24,10 @@ gt_status gt_ema_create(gt_device device, int on_host, gt_stream *compute_stream
 
 void gt_ema_destroy(gt_ema *ema);
 
-/* shadow = lerp(shadow, param, f32(1 - decay)) for every element; 0 <= decay <= 1. */
+/* shadow = lerp(shadow, param, f32(1 - decay)) for every element; 0 <= decay <= 1. A host shadow
+ * of accelerator parameters that fit one staging buffer only queues their copy on the compute
+ * stream (no wait) and averages it at the next update, swap, copy or access of the shadow, which
+ * then see the same bits as if it had been done at once. */
 gt_status gt_ema_update(gt_ema *ema, double decay);
 
 /* Exchanges the shadow and the parameters (twice restores both exactly). */

@@ -130,19 +130,31 @@ static piece next_piece(const gt_offload_span *spans, const chunk *c, size_t don
     return p;
 }
 
-/* Queues the gradient copies of the next chunk (if any) into staging buffer `b`. */
-static gt_status issue_fetch(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
-                             chunk_cursor *cursor, int b, chunk *slot, int *have, uint64_t *ticket) {
-    *have = next_chunk(spans, num_spans, off->chunk_numel, cursor, slot);
-    if (!*have)
-        return GT_OK;
-    chunk_cursor at = slot->start;
-    for (size_t done = 0; done < slot->len;) {
-        piece p = next_piece(spans, slot, done, &at);
-        GT_TRY(gt_copy_stream_d2h(off->stream, off->staging[b] + p.at, spans[p.span].grad + p.pos,
-                                  p.len * sizeof(float)));
+/* Queues the copies of chunk `c` into staging buffer `b`: on the copy stream, or on the
+ * compute stream (`on_compute`, gt_offload_prefetch). */
+static gt_status copy_chunk(gt_offload *off, const gt_offload_span *spans, const chunk *c, int b, int on_compute) {
+    chunk_cursor at = c->start;
+    for (size_t done = 0; done < c->len;) {
+        piece p = next_piece(spans, c, done, &at);
+        float *dst = off->staging[b] + p.at;
+        const float *src = spans[p.span].grad + p.pos;
+        size_t bytes = p.len * sizeof(float);
+        GT_TRY(on_compute ? gt_copy_stream_d2h_on_compute(off->stream, dst, src, bytes)
+                          : gt_copy_stream_d2h(off->stream, dst, src, bytes));
         done += p.len;
     }
+    return GT_OK;
+}
+
+/* Queues the gradient copies of the next chunk (if any) into staging buffer `b`; a chunk
+ * already there (`staged`, by gt_offload_prefetch) needs no copy and no wait. */
+static gt_status issue_fetch(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
+                             chunk_cursor *cursor, int b, int staged, chunk *slot, int *have, uint64_t *ticket) {
+    *have = next_chunk(spans, num_spans, off->chunk_numel, cursor, slot);
+    *ticket = 0;
+    if (!*have || staged)
+        return GT_OK;
+    GT_TRY(copy_chunk(off, spans, slot, b, 0));
     return gt_copy_stream_record(off->stream, ticket);
 }
 
@@ -168,24 +180,49 @@ static gt_status pipeline(gt_offload *off, const gt_offload_span *spans, size_t 
     chunk pending[2];
     int have[2] = {0, 0};
     uint64_t ticket[2] = {0, 0};
+    int staged = off->staged;
+    off->staged = 0;
     for (int b = 0; b < 2; b++)
-        GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
+        GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, b < staged, &pending[b], &have[b], &ticket[b]));
     for (int b = 0; have[b]; b ^= 1) {
         GT_TRY(gt_copy_stream_wait(off->stream, ticket[b]));
         GT_TRY(apply_chunk(off, spans, &pending[b], off->staging[b], update, ctx));
-        GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, &pending[b], &have[b], &ticket[b]));
+        GT_TRY(issue_fetch(off, spans, num_spans, &cursor, b, 0, &pending[b], &have[b], &ticket[b]));
     }
     return GT_OK;
 }
 
 gt_status gt_offload_begin(gt_offload *off) { return gt_copy_stream_after_compute(off->stream); }
 
-gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
-                          gt_offload_update_fn update, void *ctx) {
+static gt_status check_spans(const gt_offload *off, const gt_offload_span *spans, size_t num_spans) {
     for (size_t k = 0; k < num_spans; k++)
         if (spans[k].offset < off->base || spans[k].offset - off->base + spans[k].numel > off->numel)
             return GT_FAIL(GT_ERR_INDEX, "offload: span %zu outside the offloaded range", k);
-    gt_status status = pipeline(off, spans, num_spans, update, ctx);
-    gt_status synced = gt_copy_stream_sync(off->stream);
-    return status != GT_OK ? status : synced;
+    return GT_OK;
+}
+
+gt_status gt_offload_prefetch(gt_offload *off, const gt_offload_span *spans, size_t num_spans) {
+    GT_TRY(check_spans(off, spans, num_spans));
+    chunk_cursor cursor = {0, 0};
+    chunk c;
+    off->staged = 0;
+    for (int b = 0; b < 2 && next_chunk(spans, num_spans, off->chunk_numel, &cursor, &c); b++) {
+        GT_TRY(copy_chunk(off, spans, &c, b, 1));
+        off->staged = b + 1;
+    }
+    return GT_OK;
+}
+
+void gt_offload_unstage(gt_offload *off) { off->staged = 0; }
+
+gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
+                          gt_offload_update_fn update, void *ctx) {
+    gt_status status = check_spans(off, spans, num_spans);
+    if (status != GT_OK) {
+        off->staged = 0;
+        return status;
+    }
+    status = pipeline(off, spans, num_spans, update, ctx);
+    gt_status ordered = gt_copy_stream_before_compute(off->stream);
+    return status != GT_OK ? status : ordered;
 }

@@ -22,6 +22,7 @@ typedef struct gt_offload {
     float *slot[GT_SLOT_COUNT];    /* (numel,) each; NULL for slots the optimizer does not keep */
     float *staging[2];             /* (chunk_numel,) each: gradient chunks arriving from the device */
     gt_copy_stream *stream;        /* the copies, in order, beside the CPU update */
+    int staged;                    /* chunks gt_offload_prefetch put in staging[0..staged) for the next step */
 } gt_offload;
 
 /* A run of offloaded elements to update this step (device pointers). */
@@ -58,8 +59,16 @@ gt_status gt_offload_fetch_params(gt_offload *off, gt_device device, const float
  * update, so the copies do not wait for that share too. */
 gt_status gt_offload_begin(gt_offload *off);
 
+/* Queues the gradient copies of the first two chunks of the spans into the staging buffers on
+ * the compute stream, behind the backward, so that the step's one wait for that stream (its
+ * record read) also covers them; the next gt_offload_step over the same spans starts from
+ * them. gt_offload_unstage forgets them (a step that skipped its update). */
+gt_status gt_offload_prefetch(gt_offload *off, const gt_offload_span *spans, size_t num_spans);
+void gt_offload_unstage(gt_offload *off);
+
 /* Runs the chunked pipeline over the spans (in order; a chunk fills its staging buffer across
- * span boundaries, one wait per chunk) and waits for its copies. */
+ * span boundaries, one wait per chunk not staged by gt_offload_prefetch) and makes the
+ * compute stream's later work wait for its copies back (an event; the cpu waits for them). */
 gt_status gt_offload_step(gt_offload *off, const gt_offload_span *spans, size_t num_spans,
                           gt_offload_update_fn update, void *ctx);
 

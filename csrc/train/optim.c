@@ -497,12 +497,30 @@ static void update_host_chunk(void *ctx_ptr, size_t tag, float *master, const fl
     }
 }
 
-static gt_status run_host(gt_optimizer *opt, size_t num_host) {
-    const optim_segment *host = opt->segments + opt->num_params + 1;
+/* The spans of the host runs `host[0..num_host)`, in opt->spans. */
+static void fill_spans(gt_optimizer *opt, const optim_segment *host, size_t num_host) {
     for (size_t k = 0; k < num_host; k++)
         opt->spans[k] = (gt_offload_span){host[k].param, host[k].grad, host[k].offset, host[k].numel, k};
+}
+
+static gt_status run_host(gt_optimizer *opt, size_t num_host) {
+    const optim_segment *host = opt->segments + opt->num_params + 1;
+    fill_spans(opt, host, num_host);
     host_update_ctx ctx = {opt, host, host_update_threads(opt)};
     return gt_offload_step(&opt->offload, opt->spans, num_host, update_host_chunk, &ctx);
+}
+
+gt_status gt_optimizer_prefetch(gt_optimizer *opt) {
+    size_t num_device = 0, num_host = 0;
+    if (!opt->offload.numel || build_segments(opt, 1.0f, &num_device, &num_host) == 0 || num_host == 0)
+        return GT_OK;
+    fill_spans(opt, opt->segments + opt->num_params + 1, num_host);
+    return gt_offload_prefetch(&opt->offload, opt->spans, num_host);
+}
+
+void gt_optimizer_unstage(gt_optimizer *opt) {
+    if (opt->offload.numel)
+        gt_offload_unstage(&opt->offload);
 }
 
 static void advance_steps(gt_optimizer *opt) {

@@ -97,6 +97,13 @@ gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad);
  * are not written). Synchronous: parameters are updated when it returns. */
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
 
+/* Queues the copies of the offloaded share's gradients (its first two staging chunks) on the
+ * compute stream, behind the backward that wrote them, for the next gt_optimizer_step; the
+ * caller's next wait for that stream covers them. gt_optimizer_unstage forgets them when no
+ * step follows (a skipped or failed training step). No-op without an offloaded share. */
+gt_status gt_optimizer_prefetch(gt_optimizer *opt);
+void gt_optimizer_unstage(gt_optimizer *opt);
+
 /* Waits until the device share of the steps queued so far has finished (an accelerator: the
  * compute stream; a no-op on the CPU, where gt_optimizer_step returns when everything is done). */
 gt_status gt_optimizer_synchronize(const gt_optimizer *opt);

@@ -90,7 +90,8 @@ static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt
 }
 
 /* The same sums on an accelerator: everything is queued on the model's stream (the losses
- * summed into the step record), then the record is read back, the step's one wait. A failure
+ * summed into the step record, the offloaded share's gradients copied into its staging), then
+ * the record is read back, the step's one wait. A failure
  * of the queued work (e.g. a target out of range) surfaces at that read, before the update. */
 static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                                 const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
@@ -106,6 +107,8 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
         *out = (gt_step_sums){.loss_sum = NAN, .grad_sumsq = NAN};
         return GT_OK;
     }
+    if (cfg->optimizer)
+        GT_TRY(gt_optimizer_prefetch(cfg->optimizer));
     gt_status status = gt_step_device_read(model, cfg->record, out);
     if (status != GT_OK)
         model->grads_valid = 0;  /* the queued backward may have stopped part way */
@@ -154,8 +157,8 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
     return GT_OK;
 }
 
-gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
-                        const gt_step_config *cfg, gt_step_result *out) {
+static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                            const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
     GT_TRY(check_deferred(model, cfg));
     memset(out, 0, sizeof *out);
@@ -186,6 +189,14 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;
+}
+
+gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                        const gt_step_config *cfg, gt_step_result *out) {
+    gt_status status = train_step(model, inputs, targets, cfg, out);
+    if (cfg->optimizer)  /* gradients staged for an update that did not run are not reused */
+        gt_optimizer_unstage(cfg->optimizer);
+    return status;
 }
 
 gt_status gt_step_read_record(gt_model *model, int record, int micro_batches, int want_norm, gt_step_result *out) {
