@@ -294,15 +294,42 @@ static void im2col_tile(char *col, const char *x, const conv_geom *g, size_t r0,
             }
 }
 
+/* acc (cg, H, W) += one (c, i, j) row of dcol (rows ow), strides 1 and ow == W (the layout of
+ * gather_block): the padding columns of the valid rows are zeroed in dcol, then the valid run is
+ * one contiguous sum (where it crosses a row's edge it adds those zeros). */
+static void scatter_block(float *plane, float *drow, const conv_geom *g, size_t r0, size_t rows,
+                          size_t i, const col_span *s) {
+    size_t a, b;
+    valid_rows(g, r0, rows, i, &a, &b);
+    if (b == a || s->hi == s->lo)
+        return;
+    for (size_t y = a; y < b; y++) {
+        for (size_t x = 0; x < s->lo; x++)
+            drow[y * g->ow + x] = 0.0f;
+        for (size_t x = s->hi; x < g->ow; x++)
+            drow[y * g->ow + x] = 0.0f;
+    }
+    size_t first = a * g->ow + s->lo, count = (b - 1) * g->ow + s->hi - first;
+    float *dst = plane + (size_t)input_row(g, r0 + a, i) * g->w + input_col(g, s, s->lo);
+    const float *src = drow + first;
+    for (size_t t = 0; t < count; t++)
+        dst[t] += src[t];
+}
+
 /* acc (cg, H, W) += dcol (K, rows ow) scattered back to the input positions it was gathered
- * from, in a fixed order. */
-static void col2im_tile(float *acc, const float *dcol, const conv_geom *g, size_t r0, size_t rows) {
+ * from, in a fixed order (dcol is scratch: scatter_block zeroes parts of it). */
+static void col2im_tile(float *acc, float *dcol, const conv_geom *g, size_t r0, size_t rows) {
     size_t cols = rows * g->ow;
+    int block = g->sh == 1 && g->sw == 1 && g->ow == g->w;
     for (size_t c = 0; c < g->cg; c++)
         for (size_t i = 0; i < g->kh; i++)
             for (size_t j = 0; j < g->kw; j++) {
-                const float *src = dcol + ((c * g->kh + i) * g->kw + j) * cols;
+                float *src = dcol + ((c * g->kh + i) * g->kw + j) * cols;
                 col_span s = span_of(g, j);
+                if (block) {
+                    scatter_block(acc + c * g->hw, src, g, r0, rows, i, &s);
+                    continue;
+                }
                 for (size_t y = 0; y < rows; y++) {
                     int64_t row = input_row(g, r0 + y, i);
                     if (row < 0)
