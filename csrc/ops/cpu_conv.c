@@ -7,7 +7,9 @@
  *   forward   out_g (O/groups, L) = W_g col + bias
  *   backward  dW_g (+)= dout_g col^T;  dcol = W_g^T dout_g, scattered back (col2im) into din.
  * col is built a tile of output rows at a time (at most TILE_ELEMS elements), so it stays small
- * and in cache; a 1x1 kernel with stride 1 and no padding uses the input itself as col.
+ * and in cache; a 1x1 kernel with stride 1 and no padding uses the input itself as col. With
+ * strides 1 and OW = W (a "same" convolution) the valid part of a row (c, i, j) of a tile is one
+ * run of x, copied at once (and scattered back at once by col2im) with its padding fixed up.
  *
  * Threads: the forward runs one sample per unit of work, the backward one chunk of samples; each
  * unit runs on one thread with that thread's slot of the workspace (as many threads as the
@@ -229,16 +231,15 @@ static int64_t input_row(const conv_geom *g, size_t y, size_t i) {
 
 /* Zeros elements [from, to) of each of `rows` rows of ow elements of e bytes at dst. */
 static void zero_cols(char *dst, const conv_geom *g, size_t rows, size_t from, size_t to) {
-    size_t e = g->elem;
-    for (size_t y = 0; y < rows; y++) {
-        char *row = dst + y * g->ow * e;
-        if (e == 4)
+    size_t ow = g->ow;
+    if (g->elem == 4)
+        for (size_t y = 0; y < rows; y++)
             for (size_t x = from; x < to; x++)
-                ((uint32_t *)row)[x] = 0;
-        else
+                ((uint32_t *)dst)[y * ow + x] = 0;
+    else
+        for (size_t y = 0; y < rows; y++)
             for (size_t x = from; x < to; x++)
-                ((uint16_t *)row)[x] = 0;
-    }
+                ((uint16_t *)dst)[y * ow + x] = 0;
 }
 
 /* Output rows [a, b) of [r0, r0 + rows) whose input row for kernel row i lies in [0, H). */
