@@ -32,6 +32,8 @@ CONFIGS = {
     "big_stride": (2, 2, 9, 9, 3, 2, 4, 1, 1, 1),
     "tiled": (3, 16, 40, 37, 24, 3, 1, 1, 1, 2),  # several column tiles per sample
     "many_chunks": (37, 3, 5, 5, 4, 3, 1, 1, 1, 1),  # more samples than weight-gradient chunks
+    "same_empty_span": (2, 3, 3, 2, 4, 5, 1, 2, 1, 1),  # a kernel column that sees only padding
+    "same_dilated": (2, 3, 6, 5, 4, 3, 1, 2, 2, 1),  # output as wide as the input, dilated
 }
 
 

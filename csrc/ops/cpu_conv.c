@@ -7,7 +7,9 @@
  *   forward   out_g (O/groups, L) = W_g col + bias
  *   backward  dW_g (+)= dout_g col^T;  dcol = W_g^T dout_g, scattered back (col2im) into din.
  * col is built a tile of output rows at a time (at most TILE_ELEMS elements), so it stays small
- * and in cache; a 1x1 kernel with stride 1 and no padding uses the input itself as col.
+ * and in cache; a 1x1 kernel with stride 1 and no padding uses the input itself as col. With
+ * strides 1 and OW = W (a "same" convolution) the valid part of a row (c, i, j) of a tile is one
+ * run of x, copied at once (and scattered back at once by col2im) with its padding fixed up.
  *
  * Threads: the forward runs one sample per unit of work, the backward one chunk of samples; each
  * unit runs on one thread with that thread's slot of the workspace (as many threads as the
@@ -227,14 +229,62 @@ static int64_t input_row(const conv_geom *g, size_t y, size_t i) {
     return row < (int64_t)g->h ? row : -1;
 }
 
+/* Zeros elements [from, to) of each of `rows` rows of ow elements of e bytes at dst. */
+static void zero_cols(char *dst, const conv_geom *g, size_t rows, size_t from, size_t to) {
+    size_t ow = g->ow;
+    if (g->elem == 4)
+        for (size_t y = 0; y < rows; y++)
+            for (size_t x = from; x < to; x++)
+                ((uint32_t *)dst)[y * ow + x] = 0;
+    else
+        for (size_t y = 0; y < rows; y++)
+            for (size_t x = from; x < to; x++)
+                ((uint16_t *)dst)[y * ow + x] = 0;
+}
+
+/* Output rows [a, b) of [r0, r0 + rows) whose input row for kernel row i lies in [0, H). */
+static void valid_rows(const conv_geom *g, size_t r0, size_t rows, size_t i, size_t *a, size_t *b) {
+    *a = 0;
+    while (*a < rows && input_row(g, r0 + *a, i) < 0)  /* the valid rows are one run */
+        (*a)++;
+    *b = *a;
+    while (*b < rows && input_row(g, r0 + *b, i) >= 0)
+        (*b)++;
+}
+
+/* One (c, i, j) row of a column tile, strides 1 and ow == W: input rows lie back to back in x as
+ * output rows do in dst, so the valid run is one copy; the padding columns it spans (or, where
+ * the span is empty, every column) are zeroed after. */
+static void gather_block(char *dst, const char *plane, const conv_geom *g, size_t r0, size_t rows,
+                         size_t i, const col_span *s) {
+    size_t e = g->elem, a, b;
+    valid_rows(g, r0, rows, i, &a, &b);
+    memset(dst, 0, a * g->ow * e);
+    if (b > a && s->hi > s->lo) {
+        size_t first = a * g->ow + s->lo, last = (b - 1) * g->ow + s->hi;  /* dst elements */
+        const char *src = plane + ((size_t)input_row(g, r0 + a, i) * g->w + input_col(g, s, s->lo)) * e;
+        memcpy(dst + first * e, src, (last - first) * e);
+        zero_cols(dst + a * g->ow * e, g, b - a, 0, s->lo);
+        zero_cols(dst + a * g->ow * e, g, b - a, s->hi, g->ow);
+    } else {
+        memset(dst + a * g->ow * e, 0, (b - a) * g->ow * e);
+    }
+    memset(dst + b * g->ow * e, 0, (rows - b) * g->ow * e);
+}
+
 /* col (K, rows ow) = the column tile of output rows [r0, r0 + rows) of x (cg, H, W). */
 static void im2col_tile(char *col, const char *x, const conv_geom *g, size_t r0, size_t rows) {
     size_t e = g->elem, cols = rows * g->ow;
+    int block = g->sh == 1 && g->sw == 1 && g->ow == g->w;
     for (size_t c = 0; c < g->cg; c++)
         for (size_t i = 0; i < g->kh; i++)
             for (size_t j = 0; j < g->kw; j++) {
                 char *dst = col + ((c * g->kh + i) * g->kw + j) * cols * e;
                 col_span s = span_of(g, j);
+                if (block) {
+                    gather_block(dst, x + c * g->hw * e, g, r0, rows, i, &s);
+                    continue;
+                }
                 for (size_t y = 0; y < rows; y++) {
                     int64_t row = input_row(g, r0 + y, i);
                     if (row < 0)
@@ -245,15 +295,42 @@ static void im2col_tile(char *col, const char *x, const conv_geom *g, size_t r0,
             }
 }
 
+/* acc (cg, H, W) += one (c, i, j) row of dcol (rows ow), strides 1 and ow == W (the layout of
+ * gather_block): the padding columns of the valid rows are zeroed in dcol, then the valid run is
+ * one contiguous sum (where it crosses a row's edge it adds those zeros). */
+static void scatter_block(float *plane, float *drow, const conv_geom *g, size_t r0, size_t rows,
+                          size_t i, const col_span *s) {
+    size_t a, b;
+    valid_rows(g, r0, rows, i, &a, &b);
+    if (b == a || s->hi == s->lo)
+        return;
+    for (size_t y = a; y < b; y++) {
+        for (size_t x = 0; x < s->lo; x++)
+            drow[y * g->ow + x] = 0.0f;
+        for (size_t x = s->hi; x < g->ow; x++)
+            drow[y * g->ow + x] = 0.0f;
+    }
+    size_t first = a * g->ow + s->lo, count = (b - 1) * g->ow + s->hi - first;
+    float *dst = plane + (size_t)input_row(g, r0 + a, i) * g->w + input_col(g, s, s->lo);
+    const float *src = drow + first;
+    for (size_t t = 0; t < count; t++)
+        dst[t] += src[t];
+}
+
 /* acc (cg, H, W) += dcol (K, rows ow) scattered back to the input positions it was gathered
- * from, in a fixed order. */
-static void col2im_tile(float *acc, const float *dcol, const conv_geom *g, size_t r0, size_t rows) {
+ * from, in a fixed order (dcol is scratch: scatter_block zeroes parts of it). */
+static void col2im_tile(float *acc, float *dcol, const conv_geom *g, size_t r0, size_t rows) {
     size_t cols = rows * g->ow;
+    int block = g->sh == 1 && g->sw == 1 && g->ow == g->w;
     for (size_t c = 0; c < g->cg; c++)
         for (size_t i = 0; i < g->kh; i++)
             for (size_t j = 0; j < g->kw; j++) {
-                const float *src = dcol + ((c * g->kh + i) * g->kw + j) * cols;
+                float *src = dcol + ((c * g->kh + i) * g->kw + j) * cols;
                 col_span s = span_of(g, j);
+                if (block) {
+                    scatter_block(acc + c * g->hw, src, g, r0, rows, i, &s);
+                    continue;
+                }
                 for (size_t y = 0; y < rows; y++) {
                     int64_t row = input_row(g, r0 + y, i);
                     if (row < 0)
@@ -459,7 +536,12 @@ static gt_status run_units(gt_backend *be, const gt_conv2d_args *a, const conv_g
 /* Sum of a row of n dt values: 16 f32 lanes, summed in lane order (the same on every CPU). */
 static double row_sum(const void *row, size_t n, gt_dtype dt) {
     float lanes[16] = {0};
-    for (size_t i = 0; i < n; i++)
+    size_t i = 0;
+    if (dt == GT_F32)  /* the same sums, 16 lanes at a time (vectorized) */
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++)
+                lanes[j] += ((const float *)row)[i + j];
+    for (; i < n; i++)
         lanes[i % 16] += gt_cpu_load(row, i, dt);
     double sum = 0.0;
     for (int j = 0; j < 16; j++)
