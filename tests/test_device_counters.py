@@ -108,3 +108,19 @@ def test_reset_zeroes_and_devices_are_counted_apart():
 def test_counters_need_an_accelerator():
     with pytest.raises(ValueError, match="device: counters are kept for accelerators"):
         gt.device_counters("cpu")
+
+
+@pytest.mark.parametrize("precision, accumulation", [("fp32", 1), ("fp16", 4)])
+def test_a_gpt_step_waits_once_and_allocates_nothing(precision, accumulation):
+    """The issue's GPT step on sim (tied LM head, attention, position embeddings, no-decay groups,
+    clipping; fp16 with a GradScaler and accumulation 4): one wait, no allocation per step."""
+    gt.random.manual_seed(0)
+    model = gt.models.GPT(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).to("sim")
+    optimizer = gt.optim.AdamW(gt.optim.param_groups_weight_decay(model, 0.1), lr=1e-3)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision, max_grad_norm=1.0,
+                        gradient_accumulation_steps=accumulation,
+                        scaler=gt.amp.GradScaler() if precision == "fp16" else None)
+    rng = np.random.default_rng(0)
+    ids = [(rng.integers(0, 65, (8, 32)), rng.integers(0, 65, (8, 32))) for _ in range(4)]
+    for counts in counts_per_step(step, lambda i: ids[i]):
+        assert (counts["syncs"], counts["allocs"], counts["frees"], counts["d2h_bytes"]) == (1, 0, 0, 88)
