@@ -186,3 +186,21 @@ def cross_entropy(logits, targets, label_smoothing=0.0):
     target_dist = (1 - label_smoothing) * onehot + label_smoothing / classes
     loss = -(target_dist * logp).sum(-1).mean()
     return loss, (np.exp(logp) - target_dist) / n
+
+
+def assert_gradients_match(model, expected, tolerance: float, allowance: float = 1e-6) -> int:
+    """Every parameter's .grad against expected(module, name), the float64 reference: the error's
+    norm within `tolerance` of the reference's norm plus `allowance`. Returns how many it checked."""
+    checked = 0
+    for module in model.modules():
+        for name in module._param_names:
+            parameter = module._params.get(name)
+            if parameter is None:
+                continue
+            reference = expected(module, name)
+            error = np.linalg.norm(parameter.grad - reference)
+            assert error <= tolerance * np.linalg.norm(reference) + allowance, (
+                f"{type(module).__name__}.{name}: gradient off by {error:.3g} "
+                f"(reference norm {np.linalg.norm(reference):.3g})")
+            checked += 1
+    return checked

@@ -15,7 +15,7 @@ import pytest
 
 import _cnn_reference as cref
 import gputrain as gt
-from _mlp_reference import cross_entropy, layer_backward, layer_forward, params_of
+from _mlp_reference import assert_gradients_match, cross_entropy, layer_backward, layer_forward, params_of
 from gputrain.optim import SGD
 
 nn = gt.nn
@@ -111,17 +111,8 @@ def check_step(model, x, y, precision="fp32", checkpointing=False, micro=1):
                        gradient_checkpointing=checkpointing)(x, y)
     tolerance = GRAD_TOLERANCE[precision]
     assert out.loss == pytest.approx(loss, rel=tolerance, abs=tolerance)
-    checked = 0
-    for module in model.modules():
-        for name in module._param_names:
-            parameter = module._params.get(name)
-            if parameter is None:
-                continue
-            reference = expected[id(module)][name]
-            error = np.linalg.norm(parameter.grad - reference)
-            assert error <= tolerance * np.linalg.norm(reference) + ZERO_ALLOWANCE[precision], (
-                f"{type(module).__name__}.{name}: gradient off by {error:.3g} (norm {np.linalg.norm(reference):.3g})")
-            checked += 1
+    checked = assert_gradients_match(model, lambda module, name: expected[id(module)][name], tolerance,
+                                     ZERO_ALLOWANCE[precision])
     assert checked == len(list(model.parameters()))
 
 
