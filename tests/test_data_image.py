@@ -11,14 +11,10 @@ import sys
 
 import numpy as np
 import pytest
+from PIL import Image  # a test extra (pyproject's [test]): ImageFolder decodes with Pillow
 
 import gputrain as gt
 from gputrain.data import ImageFolder, to_tensor
-
-try:
-    from PIL import Image
-except ImportError:  # the test extras install Pillow; without it only the missing-Pillow test runs
-    Image = None
 
 
 def picture(seed: int, size: tuple[int, int] = (12, 16)) -> np.ndarray:
@@ -32,8 +28,6 @@ def picture(seed: int, size: tuple[int, int] = (12, 16)) -> np.ndarray:
 @pytest.fixture
 def folder(tmp_path):
     """root/{bird,cat,dog}: PNG and JPEG images, a subfolder, and a text file that is skipped."""
-    if Image is None:
-        pytest.skip("ImageFolder decodes with Pillow (pip install pillow)")
     layout = {"cat": ["b.png", "a.jpg", "sub/c.PNG"], "dog": ["x.jpeg", "y.png"], "bird": ["z.png"]}
     for seed, (name, files) in enumerate(layout.items()):
         for k, file in enumerate(files):
