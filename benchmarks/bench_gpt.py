@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from bench_step import Timed, sgemm_peak
+from _model_bench import report, torch_adamw_step, torch_baseline
+from bench_step import sgemm_peak
 from gputrain.models import GPT
 
 
@@ -109,58 +110,15 @@ def torch_gpt(torch):
 
 def torch_step(autocast_bf16: bool = False):
     torch = pytest.importorskip("torch")
-    torch.set_num_threads(gt.get_num_threads())
-    model = torch_gpt(torch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     x, y = (torch.from_numpy(a) for a in batch_data())
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def torch_baseline(precision: str) -> tuple[str, Timed] | None:
-    try:
-        name, baseline = ("torch_autocast_bf16", Timed(torch_step(autocast_bf16=True))) if precision == "bf16" \
-            else ("torch_fp32", Timed(torch_step()))
-    except pytest.skip.Exception:
-        return None
-    baseline.fn()  # warm-up
-    return name, baseline
+    return torch_adamw_step(torch, torch_gpt(torch), x, y, 3e-4, 0.1, autocast_bf16)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_gpt_step(benchmark, gputrain_benchmark, precision):
     step = gputrain_step(precision)
     peak = sgemm_peak()
-    baseline = torch_baseline(precision)
+    baseline = torch_baseline(precision, torch_step)
     benchmark.pedantic(step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
-    seconds = benchmark.stats.stats.median
-    metrics = {
-        "precision": precision,
-        "sizes": f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}",
-        "tokens_per_s": BATCH * SEQ / seconds,
-        "step_ms": seconds * 1e3,
-        "best_step_ms": benchmark.stats.stats.min * 1e3,
-        "gemm_gflops": step_flops() / seconds / 1e9,
-        "sgemm_peak_gflops": peak / 1e9,
-        "fraction_of_sgemm_peak": step_flops() / seconds / peak,
-        "threads": gt.get_num_threads(),
-        "simd": gt.info()["simd"],
-        "load_average": os.getloadavg()[0],
-    }
-    if baseline is None:
-        metrics["torch"] = "not installed"
-    else:
-        name, timed = baseline
-        metrics[f"{name}_tokens_per_s"] = BATCH * SEQ / timed.median()
-        metrics[f"{name}_step_ms"] = timed.median() * 1e3
-        metrics[f"speedup_vs_{name}"] = timed.median() / seconds
-    gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    report(benchmark, gputrain_benchmark, baseline, "tokens", BATCH * SEQ, step_flops(), peak, precision=precision,
+           sizes=f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}")

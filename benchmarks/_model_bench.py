@@ -1,0 +1,70 @@
+"""What the model benchmarks (bench_gpt.py, bench_cnn.py) share: PyTorch's AdamW step on the same
+model, its timing beside ours, and the metrics each reports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import gputrain as gt
+from bench_step import Timed
+
+
+def torch_adamw_step(torch: Any, model: Any, x: Any, y: Any, lr: float, weight_decay: float,
+                     autocast_bf16: bool) -> Callable[[], None]:
+    """One PyTorch AdamW step of `model` on (x, y) with cross-entropy over the last dimension
+    (optionally under CPU autocast to bf16), using gputrain's thread count."""
+    torch.set_num_threads(gt.get_num_threads())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def torch_baseline(precision: str, torch_step: Callable[[bool], Callable[[], None]]) -> tuple[str, Timed] | None:
+    """PyTorch's step to time beside ours (autocast bf16 for our bf16), warmed up; None without torch."""
+    try:
+        name, baseline = ("torch_autocast_bf16", Timed(torch_step(True))) if precision == "bf16" \
+            else ("torch_fp32", Timed(torch_step(False)))
+    except pytest.skip.Exception:
+        return None
+    baseline.fn()  # warm-up
+    return name, baseline
+
+
+def report(benchmark: Any, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,
+           units_per_step: float, flops: float, peak: float, **facts: Any) -> None:
+    """Records and prints the step's rate in `unit`/s, its GEMM rate as a fraction of the sgemm
+    peak, and the ratio to PyTorch's step timed in the same rounds."""
+    seconds = benchmark.stats.stats.median
+    metrics = {
+        **facts,
+        f"{unit}_per_s": units_per_step / seconds,
+        "step_ms": seconds * 1e3,
+        "best_step_ms": benchmark.stats.stats.min * 1e3,
+        "gemm_gflops": flops / seconds / 1e9,
+        "sgemm_peak_gflops": peak / 1e9,
+        "fraction_of_sgemm_peak": flops / seconds / peak,
+        "threads": gt.get_num_threads(),
+        "simd": gt.info()["simd"],
+        "load_average": os.getloadavg()[0],
+    }
+    if baseline is None:
+        metrics["torch"] = "not installed"
+    else:
+        name, timed = baseline
+        metrics[f"{name}_{unit}_per_s"] = units_per_step / timed.median()
+        metrics[f"{name}_step_ms"] = timed.median() * 1e3
+        metrics[f"speedup_vs_{name}"] = timed.median() / seconds
+    gputrain_benchmark.record(**metrics)
+    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
