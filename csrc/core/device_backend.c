@@ -199,82 +199,30 @@ static gt_backend op_begin(const gt_backend *be, int waits) {
     return real;
 }
 
-/* 1 for CUDA, whose softmax_xent, mse and embedding ops read a count, a sum or the first bad id
- * back to check and scale (sim's report a bad target or id at the stream's next wait). */
-static int cuda_kind(const gt_backend *be) { return be->device.kind == GT_DEVICE_CUDA; }
+/* 1 when an op of `kind` waits for its stream on `be` (GT_OP_LIST's kinds: sum_squares on every
+ * device; softmax_xent, mse and the embedding ops on CUDA, which reads a count, a sum or the first
+ * bad id back, while sim reports a bad target or id at the stream's next wait). */
+static int op_waits(gt_op_kind kind, const gt_backend *be) {
+    return kind == GT_OP_WAIT || (kind == GT_OP_WAIT_ON_CUDA && be->device.kind == GT_DEVICE_CUDA);
+}
 
-#define GT_COUNTED_OP(op, waits, params, ...)                                                                 \
-    static gt_status counted_##op params {                                                                  \
-        gt_backend real = op_begin(be, waits);                                                               \
-        return real.ops->op(&real, __VA_ARGS__);                                                             \
+/* counted_<op> for each op of GT_OP_LIST but the queries, which launch nothing and pass through. */
+#define COUNTED_QUERY(kind, name, params)
+#define COUNTED_LAUNCH(kind, name, params)                                                        \
+    static gt_status counted_##name(gt_backend *be params(GT_OP_DECL_P, GT_OP_DECL_A)) {          \
+        gt_backend real = op_begin(be, op_waits(GT_OP_##kind, be));                               \
+        return real.ops->name(&real params(GT_OP_ARG, GT_OP_ARG));                                \
     }
+#define COUNTED_OP(kind, name, params, skip) GT_OP_SELECT(kind, COUNTED_QUERY, COUNTED_LAUNCH)(kind, name, params)
+GT_OP_LIST(COUNTED_OP)
 
-GT_COUNTED_OP(gemm, 0, (gt_backend *be, const gt_gemm_args *a), a)
-GT_COUNTED_OP(bias_add, 0, (gt_backend *be, void *out, const float *bias, int64_t rows, int64_t cols, gt_dtype dt),
-              out, bias, rows, cols, dt)
-GT_COUNTED_OP(bias_backward, 0, (gt_backend *be, float *dbias, const void *dout, int64_t rows, int64_t cols,
-                                 gt_dtype dt, int accumulate), dbias, dout, rows, cols, dt, accumulate)
-GT_COUNTED_OP(activation_forward, 0, (gt_backend *be, void *out, const void *in, int64_t n, gt_activation act,
-                                      gt_dtype dt), out, in, n, act, dt)
-GT_COUNTED_OP(activation_backward, 0, (gt_backend *be, void *din, const void *dout, const void *in, int64_t n,
-                                       gt_activation act, gt_dtype dt), din, dout, in, n, act, dt)
-GT_COUNTED_OP(dropout_forward, 0, (gt_backend *be, void *out, const void *in, int64_t n, double p,
-                                   gt_dropout_key key, gt_dtype dt), out, in, n, p, key, dt)
-GT_COUNTED_OP(dropout_backward, 0, (gt_backend *be, void *din, const void *dout, int64_t n, double p,
-                                    gt_dropout_key key, gt_dtype dt), din, dout, n, p, key, dt)
-GT_COUNTED_OP(add, 0, (gt_backend *be, void *out, const void *a, const void *b, int64_t n, gt_dtype dt),
-              out, a, b, n, dt)
-GT_COUNTED_OP(layernorm_forward, 0, (gt_backend *be, void *out, float *mean, float *rstd, const void *in,
-                                     const float *weight, const float *bias, int64_t rows, int64_t cols, float eps,
-                                     gt_dtype dt), out, mean, rstd, in, weight, bias, rows, cols, eps, dt)
-GT_COUNTED_OP(layernorm_backward, 0, (gt_backend *be, void *din, float *dweight, float *dbias, const void *dout,
-                                      const void *in, const float *weight, const float *mean, const float *rstd,
-                                      int64_t rows, int64_t cols, gt_dtype dt, int accumulate),
-              din, dweight, dbias, dout, in, weight, mean, rstd, rows, cols, dt, accumulate)
-GT_COUNTED_OP(embedding_forward, cuda_kind(be), (gt_backend *be, void *out, const int64_t *ids, const float *table, int64_t n,
-                                     int64_t num, int64_t dim, gt_dtype dt), out, ids, table, n, num, dim, dt)
-GT_COUNTED_OP(embedding_backward, cuda_kind(be), (gt_backend *be, float *dtable, const void *dout, const int64_t *ids,
-                                      int64_t n, int64_t num, int64_t dim, gt_dtype dt, int accumulate),
-              dtable, dout, ids, n, num, dim, dt, accumulate)
-GT_COUNTED_OP(softmax_xent, cuda_kind(be), (gt_backend *be, float *losses, int64_t *count, void *dlogits,
-                                            const void *logits, const int64_t *targets, int64_t rows,
-                                            int64_t classes, float label_smoothing, int64_t ignore_index,
-                                            float dloss_scale, gt_dtype dt),
-              losses, count, dlogits, logits, targets, rows, classes, label_smoothing, ignore_index, dloss_scale, dt)
-GT_COUNTED_OP(mse, cuda_kind(be), (gt_backend *be, float *loss, void *dpred, const void *pred, const float *target,
-                                   int64_t n, float dloss_scale, gt_dtype dt), loss, dpred, pred, target, n,
-              dloss_scale, dt)
-GT_COUNTED_OP(sum_squares, 1, (gt_backend *be, double *out, const float *x, int64_t n), out, x, n)
-GT_COUNTED_OP(cast, 0, (gt_backend *be, void *dst, gt_dtype dst_dt, const void *src, gt_dtype src_dt, int64_t n),
-              dst, dst_dt, src, src_dt, n)
-GT_COUNTED_OP(copy, 0, (gt_backend *be, void *dst, const void *src, size_t bytes), dst, src, bytes)
-GT_COUNTED_OP(zero, 0, (gt_backend *be, void *dst, size_t bytes), dst, bytes)
-GT_COUNTED_OP(attention_forward, 0, (gt_backend *be, const gt_attention_args *a), a)
-GT_COUNTED_OP(attention_backward, 0, (gt_backend *be, const gt_attention_args *a), a)
-
-/* The counting copy of `ops` (the queries that launch nothing pass through). */
+/* The counting copy of `ops` (the queries pass through; an op a backend lacks stays NULL). */
+#define WRAP_QUERY(name)
+#define WRAP_LAUNCH(name) t->name = ops->name ? counted_##name : NULL;
+#define WRAP_OP(kind, name, params, skip) GT_OP_SELECT(kind, WRAP_QUERY, WRAP_LAUNCH)(name)
 static void wrap_ops(gt_ops *t, const gt_ops *ops) {
     *t = *ops;
-    t->gemm = counted_gemm;
-    t->bias_add = counted_bias_add;
-    t->bias_backward = counted_bias_backward;
-    t->activation_forward = counted_activation_forward;
-    t->activation_backward = counted_activation_backward;
-    t->dropout_forward = counted_dropout_forward;
-    t->dropout_backward = counted_dropout_backward;
-    t->add = counted_add;
-    t->layernorm_forward = counted_layernorm_forward;
-    t->layernorm_backward = counted_layernorm_backward;
-    t->embedding_forward = counted_embedding_forward;
-    t->embedding_backward = counted_embedding_backward;
-    t->softmax_xent = counted_softmax_xent;
-    t->mse = counted_mse;
-    t->sum_squares = counted_sum_squares;
-    t->cast = counted_cast;
-    t->copy = counted_copy;
-    t->zero = counted_zero;
-    t->attention_forward = ops->attention_forward ? counted_attention_forward : NULL;
-    t->attention_backward = ops->attention_backward ? counted_attention_backward : NULL;
+    GT_OP_LIST(WRAP_OP)
 }
 
 /* backend_init of kind K hands out the counting op table; backend_release gives the backend its

@@ -1,41 +1,11 @@
-/* The CPU backend's op table (ops.h): every op of csrc/ops/cpu_*.c in one static table. */
+/* The CPU backend's op table (ops.h): gt_cpu_<op> (cpu_ops.h) for every op of GT_OP_LIST. */
 #include "ops/cpu_ops.h"
 
+#define GT_CPU_ENTRY(kind, name, params, skip) .name = gt_cpu_##name,
 static const gt_ops cpu_ops = {
     .name = "cpu",
-    .gemm_workspace_bytes = gt_cpu_gemm_workspace_bytes,
-    .gemm = gt_cpu_gemm,
-    .bias_add = gt_cpu_bias_add,
-    .bias_backward = gt_cpu_bias_backward,
-    .activation_forward = gt_cpu_activation_forward,
-    .activation_backward = gt_cpu_activation_backward,
-    .dropout_forward = gt_cpu_dropout_forward,
-    .dropout_backward = gt_cpu_dropout_backward,
-    .add = gt_cpu_add,
-    .layernorm_forward = gt_cpu_layernorm_forward,
-    .layernorm_backward = gt_cpu_layernorm_backward,
-    .embedding_forward = gt_cpu_embedding_forward,
-    .embedding_backward = gt_cpu_embedding_backward,
-    .softmax_xent = gt_cpu_softmax_xent,
-    .mse = gt_cpu_mse,
-    .sum_squares = gt_cpu_sum_squares,
-    .cast = gt_cpu_cast,
-    .copy = gt_cpu_copy,
-    .zero = gt_cpu_zero,
-    .attention_workspace_bytes = gt_cpu_attention_workspace_bytes,
-    .attention_forward = gt_cpu_attention_forward,
-    .attention_backward = gt_cpu_attention_backward,
-    .mask_lengths = gt_cpu_mask_lengths,
-    .pool_forward = gt_cpu_pool_forward,
-    .pool_backward = gt_cpu_pool_backward,
-    .conv2d_workspace_bytes = gt_cpu_conv2d_workspace_bytes,
-    .conv2d_forward = gt_cpu_conv2d_forward,
-    .conv2d_backward = gt_cpu_conv2d_backward,
-    .batchnorm_forward = gt_cpu_batchnorm_forward,
-    .batchnorm_backward = gt_cpu_batchnorm_backward,
-    .pool2d_workspace_bytes = gt_cpu_pool2d_workspace_bytes,
-    .pool2d_forward = gt_cpu_pool2d_forward,
-    .pool2d_backward = gt_cpu_pool2d_backward,
+    GT_OP_LIST(GT_CPU_ENTRY)
 };
+#undef GT_CPU_ENTRY
 
 const gt_ops *gt_cpu_ops(void) { return &cpu_ops; }

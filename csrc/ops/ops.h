@@ -219,131 +219,224 @@ typedef struct gt_pool2d_args {
     gt_dtype dt;                   /* f32, f16 or bf16 */
 } gt_pool2d_args;
 
+/* ---- The ops: one descriptor each ----
+ * An op's parameters are written once, as GT_PARAMS_<OP>(P, A): P(type, name) is a parameter
+ * passed as is, A(type, name) a `const type *name` argument struct (a queued op copies the struct,
+ * not the pointer). Every op but a query takes `gt_backend *be` first. GT_OP_LIST below names
+ * each op with its kind and its parameters; the table's fields, the CPU, sim and CUDA tables, the
+ * sim wrappers and the device counters are generated from it. */
+
+/* gemm_workspace_bytes: scratch bytes the backend needs to run `args` (e.g. to widen half
+ * inputs); gemm: the GEMM (gt_gemm_args). */
+#define GT_PARAMS_GEMM(P, A) A(gt_gemm_args, args)
+
+/* out[r, c] += bias[c] for rows x cols; out has dtype dt, bias is f32. */
+#define GT_PARAMS_BIAS_ADD(P, A) \
+    P(void *, out) P(const float *, bias) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt)
+/* dbias[c] (+)= sum over rows of dout[r, c]; fixed summation order (deterministic). */
+#define GT_PARAMS_BIAS_BACKWARD(P, A) \
+    P(float *, dbias) P(const void *, dout) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt) \
+    P(int, accumulate)
+
+/* out = act(in), elementwise over n. */
+#define GT_PARAMS_ACTIVATION_FORWARD(P, A) \
+    P(void *, out) P(const void *, in) P(int64_t, n) P(gt_activation, act) P(gt_dtype, dt)
+/* din = dout * act'(in), elementwise over n (din may alias dout; NULL din: nothing to do). */
+#define GT_PARAMS_ACTIVATION_BACKWARD(P, A) \
+    P(void *, din) P(const void *, dout) P(const void *, in) P(int64_t, n) P(gt_activation, act) \
+    P(gt_dtype, dt)
+
+/* out = in * mask * gt_dropout_scale(p) with mask = uniform(key, i) >= (float)p; p in
+ * [0, 1] (p = 1: out = in * 0). p is a double so the scale is rounded as PyTorch's. */
+#define GT_PARAMS_DROPOUT_FORWARD(P, A) \
+    P(void *, out) P(const void *, in) P(int64_t, n) P(double, p) P(gt_dropout_key, key) \
+    P(gt_dtype, dt)
+/* din = dout * mask * gt_dropout_scale(p), the mask regenerated from the same key (NULL din:
+ * nothing to do). */
+#define GT_PARAMS_DROPOUT_BACKWARD(P, A) \
+    P(void *, din) P(const void *, dout) P(int64_t, n) P(double, p) P(gt_dropout_key, key) \
+    P(gt_dtype, dt)
+
+/* out = a + b elementwise (out may alias a or b). */
+#define GT_PARAMS_ADD(P, A) \
+    P(void *, out) P(const void *, a) P(const void *, b) P(int64_t, n) P(gt_dtype, dt)
+
+/* LayerNorm over the last dim: out = (in - mean) * rstd * weight + bias (bias may be NULL:
+ * no bias). mean, rstd: (rows,) f32, saved for backward. */
+#define GT_PARAMS_LAYERNORM_FORWARD(P, A) \
+    P(void *, out) P(float *, mean) P(float *, rstd) P(const void *, in) P(const float *, weight) \
+    P(const float *, bias) P(int64_t, rows) P(int64_t, cols) P(float, eps) P(gt_dtype, dt)
+/* din = dLN/din (written; may alias dout; NULL: not wanted, only the parameter gradients are
+ * computed); dweight, dbias (+)= per `accumulate`; dbias may be NULL (no bias). */
+#define GT_PARAMS_LAYERNORM_BACKWARD(P, A) \
+    P(void *, din) P(float *, dweight) P(float *, dbias) P(const void *, dout) P(const void *, in) \
+    P(const float *, weight) P(const float *, mean) P(const float *, rstd) P(int64_t, rows) \
+    P(int64_t, cols) P(gt_dtype, dt) P(int, accumulate)
+
+/* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX; a device
+ * backend may return it at its stream's next synchronisation). */
+#define GT_PARAMS_EMBEDDING_FORWARD(P, A) \
+    P(void *, out) P(const int64_t *, ids) P(const float *, table) P(int64_t, n) P(int64_t, num) \
+    P(int64_t, dim) P(gt_dtype, dt)
+/* dtable[ids[i], :] (+)= dout[i, :]; deterministic (fixed order per row of dtable). */
+#define GT_PARAMS_EMBEDDING_BACKWARD(P, A) \
+    P(float *, dtable) P(const void *, dout) P(const int64_t *, ids) P(int64_t, n) P(int64_t, num) \
+    P(int64_t, dim) P(gt_dtype, dt) P(int, accumulate)
+
+/* Fused softmax + cross-entropy over logits (rows, classes) with integer targets.
+ * losses[r] = per-row loss (0 for ignored rows); *count = rows not ignored (count, like
+ * losses, is the backend's memory: on a device it is written when the stream runs the op).
+ * When dlogits is non-NULL it receives dloss_scale * d(mean loss)/dlogits, i.e. for a
+ * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits).
+ * label_smoothing in [0, 1]; targets equal to ignore_index are skipped; others must be in
+ * [0, classes) (GT_ERR_INDEX naming the row otherwise; a device backend may return it at
+ * its stream's next synchronisation). */
+#define GT_PARAMS_SOFTMAX_XENT(P, A) \
+    P(float *, losses) P(int64_t *, count) P(void *, dlogits) P(const void *, logits) \
+    P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) P(float, label_smoothing) \
+    P(int64_t, ignore_index) P(float, dloss_scale) P(gt_dtype, dt)
+/* Mean squared error over n elements: *loss = mean((pred - target)^2) (loss is the
+ * backend's memory, written when the stream runs the op);
+ * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n. target is f32. */
+#define GT_PARAMS_MSE(P, A) \
+    P(float *, loss) P(void *, dpred) P(const void *, pred) P(const float *, target) P(int64_t, n) \
+    P(float, dloss_scale) P(gt_dtype, dt)
+
+/* *out = sum of x[i]^2 over n f32 values, in a fixed order (same result for any threads); out
+ * is a host pointer. */
+#define GT_PARAMS_SUM_SQUARES(P, A) P(double *, out) P(const float *, x) P(int64_t, n)
+
+/* dst = src converted between f32/f16/bf16 (RNE), n elements. */
+#define GT_PARAMS_CAST(P, A) \
+    P(void *, dst) P(gt_dtype, dst_dt) P(const void *, src) P(gt_dtype, src_dt) P(int64_t, n)
+/* dst = src (bytes). */
+#define GT_PARAMS_COPY(P, A) P(void *, dst) P(const void *, src) P(size_t, bytes)
+/* dst = 0 (bytes). */
+#define GT_PARAMS_ZERO(P, A) P(void *, dst) P(size_t, bytes)
+
+/* Scaled dot-product attention (gt_attention_args): scratch bytes for `args` when run with
+ * up to `threads` threads (fewer are used when the workspace holds fewer), forward (writes
+ * out and lse) and backward (writes dq, dk, dv). */
+#define GT_PARAMS_ATTENTION_WORKSPACE(P, A) A(gt_attention_args, args) P(int, threads)
+#define GT_PARAMS_ATTENTION(P, A) A(gt_attention_args, args)
+
+/* Sequence masks and pooling (checked by the plan).
+ * lengths[b] = number of nonzero entries of mask[b, 0:seq] (row b at mask + b * stride),
+ * for b < batch: the keys a query of sequence b sees. */
+#define GT_PARAMS_MASK_LENGTHS(P, A) \
+    P(int64_t *, lengths) P(const int64_t *, mask) P(int64_t, batch) P(int64_t, seq) \
+    P(int64_t, stride)
+/* out (batch, dim) = pool over t of in (batch, seq, dim) (gt_pool_mode; lengths (batch,) or
+ * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. */
+#define GT_PARAMS_POOL_FORWARD(P, A) \
+    P(void *, out) P(const void *, in) P(const int64_t *, lengths) P(int64_t, batch) \
+    P(int64_t, seq) P(int64_t, dim) P(gt_pool_mode, mode) P(gt_dtype, dt)
+/* din (batch, seq, dim) = the pooling's gradient from dout (batch, dim): dout (first token),
+ * dout / lengths[b] (mean, t < lengths[b]), 0 elsewhere; din written entirely. */
+#define GT_PARAMS_POOL_BACKWARD(P, A) \
+    P(void *, din) P(const void *, dout) P(const int64_t *, lengths) P(int64_t, batch) \
+    P(int64_t, seq) P(int64_t, dim) P(gt_pool_mode, mode) P(gt_dtype, dt)
+
+/* 2-D convolution (gt_conv2d_args): scratch bytes for `args` when run with up to `threads`
+ * threads (fewer are used when the workspace holds fewer), forward (writes out) and backward
+ * (writes dx, dweight, dbias). */
+#define GT_PARAMS_CONV2D_WORKSPACE(P, A) A(gt_conv2d_args, args) P(int, threads)
+#define GT_PARAMS_CONV2D(P, A) A(gt_conv2d_args, args)
+
+/* BatchNorm2d (gt_batchnorm_args): forward and backward. */
+#define GT_PARAMS_BATCHNORM(P, A) A(gt_batchnorm_args, args)
+
+/* 2-D pooling (gt_pool2d_args): scratch bytes for `args` with up to `threads` threads (f32
+ * accumulation planes of half-precision backwards), forward and backward. */
+#define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
+#define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
+
+/* Every op: X(kind, name, params, skip), in table order (append new ops at the end).
+ *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
+ *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
+ *         WAIT: queued, then waits for the stream on every device backend (a host result);
+ *         WAIT_ON_CUDA: as LAUNCH on sim; the CUDA op reads a count, a sum or the first bad id
+ *         back, so it waits for its stream.
+ *   skip  NO_SKIP, or SKIP_IF_NULL(arg): a device backend queues nothing when `arg` is NULL (the
+ *         call still counts as a launch). */
+#define GT_OP_LIST(X)                                                                   \
+    X(QUERY, gemm_workspace_bytes, GT_PARAMS_GEMM, NO_SKIP)                             \
+    X(LAUNCH, gemm, GT_PARAMS_GEMM, NO_SKIP)                                            \
+    X(LAUNCH, bias_add, GT_PARAMS_BIAS_ADD, NO_SKIP)                                    \
+    X(LAUNCH, bias_backward, GT_PARAMS_BIAS_BACKWARD, NO_SKIP)                          \
+    X(LAUNCH, activation_forward, GT_PARAMS_ACTIVATION_FORWARD, NO_SKIP)                \
+    X(LAUNCH, activation_backward, GT_PARAMS_ACTIVATION_BACKWARD, SKIP_IF_NULL(din))    \
+    X(LAUNCH, dropout_forward, GT_PARAMS_DROPOUT_FORWARD, NO_SKIP)                      \
+    X(LAUNCH, dropout_backward, GT_PARAMS_DROPOUT_BACKWARD, SKIP_IF_NULL(din))          \
+    X(LAUNCH, add, GT_PARAMS_ADD, NO_SKIP)                                              \
+    X(LAUNCH, layernorm_forward, GT_PARAMS_LAYERNORM_FORWARD, NO_SKIP)                  \
+    X(LAUNCH, layernorm_backward, GT_PARAMS_LAYERNORM_BACKWARD, NO_SKIP)                \
+    X(WAIT_ON_CUDA, embedding_forward, GT_PARAMS_EMBEDDING_FORWARD, NO_SKIP)            \
+    X(WAIT_ON_CUDA, embedding_backward, GT_PARAMS_EMBEDDING_BACKWARD, NO_SKIP)          \
+    X(WAIT_ON_CUDA, softmax_xent, GT_PARAMS_SOFTMAX_XENT, NO_SKIP)                      \
+    X(WAIT_ON_CUDA, mse, GT_PARAMS_MSE, NO_SKIP)                                        \
+    X(WAIT, sum_squares, GT_PARAMS_SUM_SQUARES, NO_SKIP)                                \
+    X(LAUNCH, cast, GT_PARAMS_CAST, NO_SKIP)                                            \
+    X(LAUNCH, copy, GT_PARAMS_COPY, NO_SKIP)                                            \
+    X(LAUNCH, zero, GT_PARAMS_ZERO, NO_SKIP)                                            \
+    X(QUERY, attention_workspace_bytes, GT_PARAMS_ATTENTION_WORKSPACE, NO_SKIP)         \
+    X(LAUNCH, attention_forward, GT_PARAMS_ATTENTION, NO_SKIP)                          \
+    X(LAUNCH, attention_backward, GT_PARAMS_ATTENTION, NO_SKIP)                         \
+    X(LAUNCH, mask_lengths, GT_PARAMS_MASK_LENGTHS, NO_SKIP)                            \
+    X(LAUNCH, pool_forward, GT_PARAMS_POOL_FORWARD, NO_SKIP)                            \
+    X(LAUNCH, pool_backward, GT_PARAMS_POOL_BACKWARD, NO_SKIP)                          \
+    X(QUERY, conv2d_workspace_bytes, GT_PARAMS_CONV2D_WORKSPACE, NO_SKIP)               \
+    X(LAUNCH, conv2d_forward, GT_PARAMS_CONV2D, NO_SKIP)                                \
+    X(LAUNCH, conv2d_backward, GT_PARAMS_CONV2D, NO_SKIP)                               \
+    X(LAUNCH, batchnorm_forward, GT_PARAMS_BATCHNORM, NO_SKIP)                          \
+    X(LAUNCH, batchnorm_backward, GT_PARAMS_BATCHNORM, NO_SKIP)                         \
+    X(QUERY, pool2d_workspace_bytes, GT_PARAMS_POOL2D_WORKSPACE, NO_SKIP)               \
+    X(LAUNCH, pool2d_forward, GT_PARAMS_POOL2D, NO_SKIP)                                \
+    X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)
+
+/* The kinds of GT_OP_LIST as values (GT_OP_##kind). */
+typedef enum gt_op_kind {
+    GT_OP_QUERY = 0,         /* a size, no backend, no launch */
+    GT_OP_LAUNCH = 1,        /* queued */
+    GT_OP_WAIT = 2,          /* queued and waited for on every device backend */
+    GT_OP_WAIT_ON_CUDA = 3,  /* queued; waited for on CUDA only */
+} gt_op_kind;
+
+/* The skips of GT_OP_LIST as expressions (GT_OP_##skip): true when a device backend queues
+ * nothing. */
+#define GT_OP_NO_SKIP 0
+#define GT_OP_SKIP_IF_NULL(arg) ((arg) == NULL)
+
+/* Expansions of a parameter list: GT_PARAMS_X(GT_OP_DECL_P, GT_OP_DECL_A) is ", type name, ...",
+ * GT_PARAMS_X(GT_OP_ARG, GT_OP_ARG) is ", name, ...". */
+#define GT_OP_DECL_P(type, name) , type name
+#define GT_OP_DECL_A(type, name) , const type *name
+#define GT_OP_ARG(type, name) , name
+
+/* GT_OP_SELECT(kind, Q, L) is the macro name Q for a QUERY and L for the other kinds, so that
+ * `GT_OP_SELECT(kind, Q, L)(args)` expands one or the other. */
+#define GT_OP_SELECT(kind, query, launch) GT_OP_SELECT_##kind(query, launch)
+#define GT_OP_SELECT_QUERY(query, launch) query
+#define GT_OP_SELECT_LAUNCH(query, launch) launch
+#define GT_OP_SELECT_WAIT(query, launch) launch
+#define GT_OP_SELECT_WAIT_ON_CUDA(query, launch) launch
+
+/* The function type of each op: gt_op_<name>_fn (a backend defines `gt_op_<name>_fn
+ * gt_<backend>_<name>;`). */
+#define GT_OP_DROP_FIRST(...) GT_OP_DROP_FIRST_(__VA_ARGS__)
+#define GT_OP_DROP_FIRST_(first, ...) __VA_ARGS__
+#define GT_OP_QUERY_FN(name, params) \
+    typedef size_t gt_op_##name##_fn(GT_OP_DROP_FIRST(0 params(GT_OP_DECL_P, GT_OP_DECL_A)));
+#define GT_OP_LAUNCH_FN(name, params) \
+    typedef gt_status gt_op_##name##_fn(gt_backend *be params(GT_OP_DECL_P, GT_OP_DECL_A));
+#define GT_OP_FN(kind, name, params, skip) GT_OP_SELECT(kind, GT_OP_QUERY_FN, GT_OP_LAUNCH_FN)(name, params)
+GT_OP_LIST(GT_OP_FN)
+
+/* A backend is a table of these (DESIGN.md, "A backend is a table of op function pointers"). */
+#define GT_OP_FIELD(kind, name, params, skip) gt_op_##name##_fn *name;
 typedef struct gt_ops {
-    const char *name;  /* "cpu" or "cuda" */
-
-    /* Scratch bytes the backend needs to run `args` (e.g. to widen half inputs). */
-    size_t (*gemm_workspace_bytes)(const gt_gemm_args *args);
-    gt_status (*gemm)(gt_backend *be, const gt_gemm_args *args);
-
-    /* out[r, c] += bias[c] for rows x cols; out has dtype dt, bias is f32. */
-    gt_status (*bias_add)(gt_backend *be, void *out, const float *bias, int64_t rows,
-                          int64_t cols, gt_dtype dt);
-    /* dbias[c] (+)= sum over rows of dout[r, c]; fixed summation order (deterministic). */
-    gt_status (*bias_backward)(gt_backend *be, float *dbias, const void *dout, int64_t rows,
-                               int64_t cols, gt_dtype dt, int accumulate);
-
-    /* out = act(in), elementwise over n. */
-    gt_status (*activation_forward)(gt_backend *be, void *out, const void *in, int64_t n,
-                                    gt_activation act, gt_dtype dt);
-    /* din = dout * act'(in), elementwise over n (din may alias dout; NULL din: nothing to do). */
-    gt_status (*activation_backward)(gt_backend *be, void *din, const void *dout,
-                                     const void *in, int64_t n, gt_activation act, gt_dtype dt);
-
-    /* out = in * mask * gt_dropout_scale(p) with mask = uniform(key, i) >= (float)p; p in
-     * [0, 1] (p = 1: out = in * 0). p is a double so the scale is rounded as PyTorch's. */
-    gt_status (*dropout_forward)(gt_backend *be, void *out, const void *in, int64_t n, double p,
-                                 gt_dropout_key key, gt_dtype dt);
-    /* din = dout * mask * gt_dropout_scale(p), the mask regenerated from the same key (NULL din:
-     * nothing to do). */
-    gt_status (*dropout_backward)(gt_backend *be, void *din, const void *dout, int64_t n,
-                                  double p, gt_dropout_key key, gt_dtype dt);
-
-    /* out = a + b elementwise (out may alias a or b). */
-    gt_status (*add)(gt_backend *be, void *out, const void *a, const void *b, int64_t n,
-                     gt_dtype dt);
-
-    /* LayerNorm over the last dim: out = (in - mean) * rstd * weight + bias (bias may be NULL:
-     * no bias). mean, rstd: (rows,) f32, saved for backward. */
-    gt_status (*layernorm_forward)(gt_backend *be, void *out, float *mean, float *rstd,
-                                   const void *in, const float *weight, const float *bias,
-                                   int64_t rows, int64_t cols, float eps, gt_dtype dt);
-    /* din = dLN/din (written; may alias dout; NULL: not wanted, only the parameter gradients are
-     * computed); dweight, dbias (+)= per `accumulate`; dbias may be NULL (no bias). */
-    gt_status (*layernorm_backward)(gt_backend *be, void *din, float *dweight, float *dbias,
-                                    const void *dout, const void *in, const float *weight,
-                                    const float *mean, const float *rstd, int64_t rows,
-                                    int64_t cols, gt_dtype dt, int accumulate);
-
-    /* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX; a device
-     * backend may return it at its stream's next synchronisation). */
-    gt_status (*embedding_forward)(gt_backend *be, void *out, const int64_t *ids,
-                                   const float *table, int64_t n, int64_t num, int64_t dim,
-                                   gt_dtype dt);
-    /* dtable[ids[i], :] (+)= dout[i, :]; deterministic (fixed order per row of dtable). */
-    gt_status (*embedding_backward)(gt_backend *be, float *dtable, const void *dout,
-                                    const int64_t *ids, int64_t n, int64_t num, int64_t dim,
-                                    gt_dtype dt, int accumulate);
-
-    /* Fused softmax + cross-entropy over logits (rows, classes) with integer targets.
-     * losses[r] = per-row loss (0 for ignored rows); *count = rows not ignored (count, like
-     * losses, is the backend's memory: on a device it is written when the stream runs the op).
-     * When dlogits is non-NULL it receives dloss_scale * d(mean loss)/dlogits, i.e. for a
-     * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits).
-     * label_smoothing in [0, 1]; targets equal to ignore_index are skipped; others must be in
-     * [0, classes) (GT_ERR_INDEX naming the row otherwise; a device backend may return it at
-     * its stream's next synchronisation). */
-    gt_status (*softmax_xent)(gt_backend *be, float *losses, int64_t *count, void *dlogits,
-                              const void *logits, const int64_t *targets, int64_t rows,
-                              int64_t classes, float label_smoothing, int64_t ignore_index,
-                              float dloss_scale, gt_dtype dt);
-    /* Mean squared error over n elements: *loss = mean((pred - target)^2) (loss is the
-     * backend's memory, written when the stream runs the op);
-     * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n. target is f32. */
-    gt_status (*mse)(gt_backend *be, float *loss, void *dpred, const void *pred,
-                     const float *target, int64_t n, float dloss_scale, gt_dtype dt);
-
-    /* *out = sum of x[i]^2 over n f32 values, in a fixed order (same result for any threads). */
-    gt_status (*sum_squares)(gt_backend *be, double *out, const float *x, int64_t n);
-
-    /* dst = src converted between f32/f16/bf16 (RNE), n elements. */
-    gt_status (*cast)(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src,
-                      gt_dtype src_dt, int64_t n);
-    /* dst = src (bytes). */
-    gt_status (*copy)(gt_backend *be, void *dst, const void *src, size_t bytes);
-    /* dst = 0 (bytes). */
-    gt_status (*zero)(gt_backend *be, void *dst, size_t bytes);
-
-    /* Scaled dot-product attention (gt_attention_args): scratch bytes for `args` when run with
-     * up to `threads` threads (fewer are used when the workspace holds fewer), forward (writes
-     * out and lse) and backward (writes dq, dk, dv). NULL where a backend has no attention (last in
-     * the table, so a positional table without them leaves them NULL). */
-    size_t (*attention_workspace_bytes)(const gt_attention_args *args, int threads);
-    gt_status (*attention_forward)(gt_backend *be, const gt_attention_args *args);
-    gt_status (*attention_backward)(gt_backend *be, const gt_attention_args *args);
-
-    /* Sequence masks and pooling (NULL where a backend has none; checked by the plan).
-     * lengths[b] = number of nonzero entries of mask[b, 0:seq] (row b at mask + b * stride),
-     * for b < batch: the keys a query of sequence b sees. */
-    gt_status (*mask_lengths)(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch,
-                              int64_t seq, int64_t stride);
-    /* out (batch, dim) = pool over t of in (batch, seq, dim) (gt_pool_mode; lengths (batch,) or
-     * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. */
-    gt_status (*pool_forward)(gt_backend *be, void *out, const void *in, const int64_t *lengths,
-                              int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode,
-                              gt_dtype dt);
-    /* din (batch, seq, dim) = the pooling's gradient from dout (batch, dim): dout (first token),
-     * dout / lengths[b] (mean, t < lengths[b]), 0 elsewhere; din written entirely. */
-    gt_status (*pool_backward)(gt_backend *be, void *din, const void *dout, const int64_t *lengths,
-                               int64_t batch, int64_t seq, int64_t dim, gt_pool_mode mode,
-                               gt_dtype dt);
-    /* 2-D convolution (gt_conv2d_args): scratch bytes for `args` when run with up to `threads`
-     * threads (fewer are used when the workspace holds fewer), forward (writes out) and backward
-     * (writes dx, dweight, dbias). NULL where a backend has none. */
-    size_t (*conv2d_workspace_bytes)(const gt_conv2d_args *args, int threads);
-    gt_status (*conv2d_forward)(gt_backend *be, const gt_conv2d_args *args);
-    gt_status (*conv2d_backward)(gt_backend *be, const gt_conv2d_args *args);
-
-    /* BatchNorm2d (gt_batchnorm_args): forward and backward. NULL where a backend has none. */
-    gt_status (*batchnorm_forward)(gt_backend *be, const gt_batchnorm_args *args);
-    gt_status (*batchnorm_backward)(gt_backend *be, const gt_batchnorm_args *args);
-
-    /* 2-D pooling (gt_pool2d_args): scratch bytes for `args` with up to `threads` threads (f32
-     * accumulation planes of half-precision backwards), forward and backward. NULL where a backend
-     * has none. */
-    size_t (*pool2d_workspace_bytes)(const gt_pool2d_args *args, int threads);
-    gt_status (*pool2d_forward)(gt_backend *be, const gt_pool2d_args *args);
-    gt_status (*pool2d_backward)(gt_backend *be, const gt_pool2d_args *args);
+    const char *name;         /* "cpu", "sim" or "cuda" */
+    GT_OP_LIST(GT_OP_FIELD)   /* one function per op of GT_OP_LIST; NULL where a backend has none */
 } gt_ops;
 
 /* A backend instance: its op table plus the scratch memory ops may use. */
