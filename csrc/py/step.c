@@ -332,7 +332,8 @@ static PyObject *step_record(PyObject *module, PyObject *args) {
 static PyMethodDef step_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
-     "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf)\n--\n\n"
+     "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf, "
+     "sync=True, record=0)\n--\n\n"
      "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
      "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm. With "
      "sync=False (a device model without scaler, guard or clipping) the step waits for nothing and leaves "
