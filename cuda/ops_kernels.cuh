@@ -141,42 +141,36 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     return gt_cuda_add_parts(state, num_parts, out);
 }
 
-// The op functions of the table (signatures and semantics of ops.h), one group per file.
-size_t gt_cuda_gemm_workspace_bytes(const gt_gemm_args *args);
-gt_status gt_cuda_gemm(gt_backend *be, const gt_gemm_args *args);
-gt_status gt_cuda_bias_add(gt_backend *be, void *out, const float *bias, int64_t rows, int64_t cols, gt_dtype dt);
-gt_status gt_cuda_activation_forward(gt_backend *be, void *out, const void *in, int64_t n, gt_activation act,
-                                     gt_dtype dt);
-gt_status gt_cuda_activation_backward(gt_backend *be, void *din, const void *dout, const void *in, int64_t n,
-                                      gt_activation act, gt_dtype dt);
-gt_status gt_cuda_add(gt_backend *be, void *out, const void *a, const void *b, int64_t n, gt_dtype dt);
-gt_status gt_cuda_dropout_forward(gt_backend *be, void *out, const void *in, int64_t n, double p,
-                                  gt_dropout_key key, gt_dtype dt);
-gt_status gt_cuda_dropout_backward(gt_backend *be, void *din, const void *dout, int64_t n, double p,
-                                   gt_dropout_key key, gt_dtype dt);
-gt_status gt_cuda_layernorm_forward(gt_backend *be, void *out, float *mean, float *rstd, const void *in,
-                                    const float *weight, const float *bias, int64_t rows, int64_t cols, float eps,
-                                    gt_dtype dt);
-gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, float *dbias, const void *dout,
-                                     const void *in, const float *weight, const float *mean, const float *rstd,
-                                     int64_t rows, int64_t cols, gt_dtype dt, int accumulate);
-gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *ids, const float *table, int64_t n,
-                                    int64_t num, int64_t dim, gt_dtype dt);
-gt_status gt_cuda_embedding_backward(gt_backend *be, float *dtable, const void *dout, const int64_t *ids, int64_t n,
-                                     int64_t num, int64_t dim, gt_dtype dt, int accumulate);
-gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits, const void *logits,
-                               const int64_t *targets, int64_t rows, int64_t classes, float label_smoothing,
-                               int64_t ignore_index, float dloss_scale, gt_dtype dt);
-gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target, int64_t n,
-                      float dloss_scale, gt_dtype dt);
-gt_status gt_cuda_bias_backward(gt_backend *be, float *dbias, const void *dout, int64_t rows, int64_t cols,
-                                gt_dtype dt, int accumulate);
-gt_status gt_cuda_sum_squares(gt_backend *be, double *out, const float *x, int64_t n);
-gt_status gt_cuda_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *src, gt_dtype src_dt, int64_t n);
-gt_status gt_cuda_copy(gt_backend *be, void *dst, const void *src, size_t bytes);
-gt_status gt_cuda_zero(gt_backend *be, void *dst, size_t bytes);
-size_t gt_cuda_attention_workspace_bytes(const gt_attention_args *args, int threads);
-gt_status gt_cuda_attention_forward(gt_backend *be, const gt_attention_args *args);
-gt_status gt_cuda_attention_backward(gt_backend *be, const gt_attention_args *args);
+// The ops the CUDA backend implements, one line each (add a line above the end marker): X(op)
+// for an op of ops.h's GT_OP_LIST, defined as gt_cuda_<op> (type gt_op_<op>_fn) in a
+// cuda/ops_*.cu file. ops_table.cu builds the table from this list; the ops not listed are NULL.
+#define GT_CUDA_OP_LIST(X)       \
+    X(gemm_workspace_bytes)      \
+    X(gemm)                      \
+    X(bias_add)                  \
+    X(bias_backward)             \
+    X(activation_forward)        \
+    X(activation_backward)       \
+    X(dropout_forward)           \
+    X(dropout_backward)          \
+    X(add)                       \
+    X(layernorm_forward)         \
+    X(layernorm_backward)        \
+    X(embedding_forward)         \
+    X(embedding_backward)        \
+    X(softmax_xent)              \
+    X(mse)                       \
+    X(sum_squares)               \
+    X(cast)                      \
+    X(copy)                      \
+    X(zero)                      \
+    X(attention_workspace_bytes) \
+    X(attention_forward)         \
+    X(attention_backward)        \
+    /* end of the list */
+
+#define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;
+GT_CUDA_OP_LIST(GT_CUDA_DECLARE)
+#undef GT_CUDA_DECLARE
 
 #endif

@@ -6,31 +6,17 @@
 
 #include "ops_kernels.cuh"
 
-static const gt_ops cuda_ops = {
-    "cuda",
-    gt_cuda_gemm_workspace_bytes,
-    gt_cuda_gemm,
-    gt_cuda_bias_add,
-    gt_cuda_bias_backward,
-    gt_cuda_activation_forward,
-    gt_cuda_activation_backward,
-    gt_cuda_dropout_forward,
-    gt_cuda_dropout_backward,
-    gt_cuda_add,
-    gt_cuda_layernorm_forward,
-    gt_cuda_layernorm_backward,
-    gt_cuda_embedding_forward,
-    gt_cuda_embedding_backward,
-    gt_cuda_softmax_xent,
-    gt_cuda_mse,
-    gt_cuda_sum_squares,
-    gt_cuda_cast,
-    gt_cuda_copy,
-    gt_cuda_zero,
-    gt_cuda_attention_workspace_bytes,
-    gt_cuda_attention_forward,
-    gt_cuda_attention_backward,
-};
+// The table: gt_cuda_<op> for every op of GT_CUDA_OP_LIST (ops_kernels.cuh), NULL for the rest.
+static constexpr gt_ops make_cuda_ops() {
+    gt_ops table{};
+    table.name = "cuda";
+#define GT_CUDA_ENTRY(op) table.op = gt_cuda_##op;
+    GT_CUDA_OP_LIST(GT_CUDA_ENTRY)
+#undef GT_CUDA_ENTRY
+    return table;
+}
+
+static constexpr gt_ops cuda_ops = make_cuda_ops();
 
 extern "C" const gt_ops *gt_cuda_ops(void) { return &cuda_ops; }
 

@@ -10,7 +10,20 @@
  * Gradient accumulation: ops that produce parameter gradients take `accumulate`: 0 writes the
  * gradient (the first backward after zero_grad(set_to_none=True)), 1 adds to it. Ops never
  * allocate: scratch memory comes from the backend's workspace, sized by the plan through
- * `gemm_workspace_bytes`. */
+ * `gemm_workspace_bytes`.
+ *
+ * How to add an op (say `foo`): in this file, write its contract comment and its parameters once,
+ * `#define GT_PARAMS_FOO(P, A) P(void *, out) P(const void *, in) P(int64_t, n) P(gt_dtype, dt)`
+ * (an argument struct is `A(gt_foo_args, args)`), and append `X(LAUNCH, foo, GT_PARAMS_FOO,
+ * NO_SKIP)` to GT_OP_LIST (QUERY / WAIT / WAIT_ON_CUDA / SKIP_IF_NULL(arg) where its contract
+ * says so). Define `gt_status gt_cpu_foo(...)` in a csrc/ops/cpu_*.c file: the CPU declaration and
+ * table, the sim backend (a job per call, run by the CPU op) and the device counters follow from
+ * the list. With a CUDA kernel, define `gt_cuda_foo` in a cuda/ops_*.cu file and add `X(foo)` to
+ * GT_CUDA_OP_LIST (cuda/ops_kernels.cuh); a backend that lacks an op has NULL there, which the
+ * plan checks. What is still written by hand: the op's use in a layer (csrc/nn/), its test
+ * binding (csrc/py/ops.c or ops_cnn.c, and run_op's table in csrc/py/cuda_ops.c to run it on sim
+ * or CUDA), its Python wrapper (python/gputrain/functional.py) and stub (_C.pyi, checked against
+ * the module by tests/test_stub_and_op_table.py), and its tests. */
 #ifndef GT_OPS_H
 #define GT_OPS_H
 
@@ -351,7 +364,7 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
-/* Every op: X(kind, name, params, skip), in table order (append new ops at the end).
+/* Every op: X(kind, name, params, skip), in table order (append a new op above the end marker).
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
  *         WAIT: queued, then waits for the stream on every device backend (a host result);
@@ -392,7 +405,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, batchnorm_backward, GT_PARAMS_BATCHNORM, NO_SKIP)                         \
     X(QUERY, pool2d_workspace_bytes, GT_PARAMS_POOL2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, pool2d_forward, GT_PARAMS_POOL2D, NO_SKIP)                                \
-    X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)
+    X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)                               \
+    /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */
 typedef enum gt_op_kind {
