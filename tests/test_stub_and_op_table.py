@@ -9,7 +9,6 @@ launching op of the table (GT_OP_LIST) on sim, the CNN ops included."""
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +90,7 @@ def is_class(obj: object) -> bool:
 def test_the_stub_check_sees_a_missing_member():
     """A member of a class that its stub does not declare is reported."""
     node = ast.parse("class Buffer:\n    def numpy(self) -> None: ...").body[0]
-    assert set(own_members(C.Buffer)) - set(class_members(node)) == {"nbytes", "device", "pinned", "address"}
+    assert {"nbytes", "device", "pinned", "address"} <= set(own_members(C.Buffer)) - set(class_members(node))
 
 
 def test_every_public_name_of_the_module_has_a_stub():
