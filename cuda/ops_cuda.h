@@ -18,7 +18,12 @@
  * embedding_backward use fixed orders without floating-point atomics: the same bits on every
  * run (embedding_backward also adds in the CPU's order, so it matches it exactly). Attention
  * (ops_attention.cu) runs the per-row math of ops/attention_hd.h, the CPU op's operations in its
- * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there. */
+ * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there.
+ * BatchNorm, 2-D pooling and the sequence mask/pooling ops (ops_batchnorm.cu, ops_pool2d.cu,
+ * ops_sequence.cu) run the math of ops/batchnorm_hd.h, pool2d_hd.h and sequence_hd.h in the CPU's
+ * order (BatchNorm's double sums included), so they give the CPU op's bits; pool_forward and
+ * pool_backward check their lengths on the device and wait for the stream, like attention.
+ * Convolutions are not in the table yet (NULL: the plan refuses them). */
 #ifndef GT_OPS_CUDA_H
 #define GT_OPS_CUDA_H
 
@@ -64,6 +69,19 @@ gt_status gt_cuda_backend_synchronize(gt_backend *be);
 /* Copies `bytes` between host and device memory (either direction, or device to device) in
  * the backend's stream order; returns when the copy is done. */
 gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const void *src, size_t bytes);
+
+/* The BatchNorm, 2-D pooling and sequence ops of the table (signatures and semantics of ops.h). */
+gt_status gt_cuda_batchnorm_forward(gt_backend *be, const gt_batchnorm_args *args);
+gt_status gt_cuda_batchnorm_backward(gt_backend *be, const gt_batchnorm_args *args);
+size_t gt_cuda_pool2d_workspace_bytes(const gt_pool2d_args *args, int threads);
+gt_status gt_cuda_pool2d_forward(gt_backend *be, const gt_pool2d_args *args);
+gt_status gt_cuda_pool2d_backward(gt_backend *be, const gt_pool2d_args *args);
+gt_status gt_cuda_mask_lengths(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch, int64_t seq,
+                               int64_t stride);
+gt_status gt_cuda_pool_forward(gt_backend *be, void *out, const void *in, const int64_t *lengths, int64_t batch,
+                               int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt);
+gt_status gt_cuda_pool_backward(gt_backend *be, void *din, const void *dout, const int64_t *lengths, int64_t batch,
+                                int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,17 @@ static const gt_ops cuda_ops = {
     gt_cuda_attention_workspace_bytes,
     gt_cuda_attention_forward,
     gt_cuda_attention_backward,
+    gt_cuda_mask_lengths,
+    gt_cuda_pool_forward,
+    gt_cuda_pool_backward,
+    NULL,  // conv2d_workspace_bytes
+    NULL,  // conv2d_forward
+    NULL,  // conv2d_backward
+    gt_cuda_batchnorm_forward,
+    gt_cuda_batchnorm_backward,
+    gt_cuda_pool2d_workspace_bytes,
+    gt_cuda_pool2d_forward,
+    gt_cuda_pool2d_backward,
 };
 
 extern "C" const gt_ops *gt_cuda_ops(void) { return &cuda_ops; }
