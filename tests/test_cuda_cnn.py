@@ -26,7 +26,8 @@ def images(n=12, channels=3, size=9, classes=4, seed=0):
 def pooling_stack():
     """Every CNN layer but Conv2d, at odd sizes: (N, 3, 9, 9) -> 4 classes."""
     return nn.Sequential(nn.BatchNorm2d(3), nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
-                         nn.BatchNorm2d(3, momentum=None), nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False),
+                         nn.BatchNorm2d(3, momentum=None),
+                         nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False),
                          nn.AdaptiveAvgPool2d((2, 3)), nn.Flatten(), nn.Linear(18, 4))
 
 

@@ -1,8 +1,9 @@
 /* CPU BatchNorm over the channels of (N, C, HW) (ops.h, gt_batchnorm_args). Per channel, the
  * statistics are two passes in double with fixed-order sums (8 lanes per (n, c) plane, the
- * planes added in n order; the math is batchnorm_hd.h's, shared with CUDA): mean = sum(x) / M, var = sum((x - mean)^2) / M (M = N * HW). The
- * forward then writes out = x * a + b with a = rstd * weight and b = bias - mean * a (f32, rounded
- * once to dt). Backward, with xhat = (x - mean) * rstd:
+ * planes added in n order; the math is batchnorm_hd.h's, shared with CUDA): mean = sum(x) / M,
+ * var = sum((x - mean)^2) / M (M = N * HW). The forward then writes out = x * a + b with
+ * a = rstd * weight and b = bias - mean * a (f32, rounded once to dt). Backward, with
+ * xhat = (x - mean) * rstd:
  *   dbias = sum dout, dweight = sum dout * xhat  (double, fixed order)
  *   din = rstd * weight * (dout - dbias / M - xhat * dweight / M)   (batch statistics)
  *   din = rstd * weight * dout                                       (running statistics)

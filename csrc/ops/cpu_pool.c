@@ -34,8 +34,10 @@ gt_status gt_cpu_pool_forward(gt_backend *be, void *out, const void *in, const i
     GT_TRY(gt_seq_lengths_check(lengths, batch, seq));
     __typeof__(&pool_forward_scalar) kernel = GT_CPU_RUN(pool_forward);
 #pragma omp parallel for schedule(static) if (batch * seq * dim > GT_CPU_CHUNK)
-    for (int64_t b = 0; b < batch; b++)
-        kernel(out, in, (size_t)b, (size_t)seq, (size_t)dim, gt_seq_pooled(lengths, (size_t)b, (size_t)seq, mode), dt);
+    for (int64_t b = 0; b < batch; b++) {
+        size_t count = gt_seq_pooled(lengths, (size_t)b, (size_t)seq, mode);
+        kernel(out, in, (size_t)b, (size_t)seq, (size_t)dim, count, dt);
+    }
     return GT_OK;
 }
 
@@ -56,7 +58,9 @@ gt_status gt_cpu_pool_backward(gt_backend *be, void *din, const void *dout, cons
     GT_TRY(gt_seq_lengths_check(lengths, batch, seq));
     __typeof__(&pool_backward_scalar) kernel = GT_CPU_RUN(pool_backward);
 #pragma omp parallel for schedule(static) if (batch * seq * dim > GT_CPU_CHUNK)
-    for (int64_t b = 0; b < batch; b++)
-        kernel(din, dout, (size_t)b, (size_t)seq, (size_t)dim, gt_seq_pooled(lengths, (size_t)b, (size_t)seq, mode), dt);
+    for (int64_t b = 0; b < batch; b++) {
+        size_t count = gt_seq_pooled(lengths, (size_t)b, (size_t)seq, mode);
+        kernel(din, dout, (size_t)b, (size_t)seq, (size_t)dim, count, dt);
+    }
     return GT_OK;
 }

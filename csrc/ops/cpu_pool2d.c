@@ -1,9 +1,9 @@
 /* CPU 2-D pooling of NCHW activations (ops.h, gt_pool2d_args), one (n, c) plane at a time, with
- * PyTorch's CPU arithmetic (the windows and their math: pool2d_hd.h, shared with CUDA): MAX keeps the first maximum of the window in row-major order (a NaN
- * wins), AVG sums the window in f32 in row-major order and divides by the divisor, adaptive AVG
- * divides by the rows and then by the columns of its window. Backward reads the maxima's offsets
- * the forward saved (or recomputes them from the input without them) and adds each output's
- * gradient to its inputs, outputs in
+ * PyTorch's CPU arithmetic (the windows and their math are pool2d_hd.h's, shared with CUDA): MAX
+ * keeps the first maximum of the window in row-major order (a NaN wins), AVG sums the window in
+ * f32 in row-major order and divides by the divisor, adaptive AVG divides by the rows and then by
+ * the columns of its window. Backward reads the maxima's offsets the forward saved (or recomputes
+ * them from the input without them) and adds each output's gradient to its inputs, outputs in
  * row-major order: into din itself in f32, or into an f32 plane of the workspace (one per
  * thread) rounded once into din for f16/bf16. Planes run in parallel, each on one thread, so any
  * thread count gives the same bits. */
