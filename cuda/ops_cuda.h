@@ -18,7 +18,12 @@
  * embedding_backward use fixed orders without floating-point atomics: the same bits on every
  * run (embedding_backward also adds in the CPU's order, so it matches it exactly). Attention
  * (ops_attention.cu) runs the per-row math of ops/attention_hd.h, the CPU op's operations in its
- * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there. */
+ * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there.
+ * BatchNorm, 2-D pooling and the sequence mask/pooling ops (ops_batchnorm.cu, ops_pool2d.cu,
+ * ops_sequence.cu) run the math of ops/batchnorm_hd.h, pool2d_hd.h and sequence_hd.h in the CPU's
+ * order (BatchNorm's double sums included), so they give the CPU op's bits; pool_forward and
+ * pool_backward check their lengths on the device and wait for the stream, like attention.
+ * Convolutions are not in the table yet (NULL: the plan refuses them). */
 #ifndef GT_OPS_CUDA_H
 #define GT_OPS_CUDA_H
 

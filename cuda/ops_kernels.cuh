@@ -167,6 +167,14 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(attention_workspace_bytes) \
     X(attention_forward)         \
     X(attention_backward)        \
+    X(mask_lengths)              \
+    X(pool_forward)              \
+    X(pool_backward)             \
+    X(batchnorm_forward)         \
+    X(batchnorm_backward)        \
+    X(pool2d_workspace_bytes)    \
+    X(pool2d_forward)            \
+    X(pool2d_backward)           \
     /* end of the list */
 
 #define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;

@@ -11,38 +11,22 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
-import shlex
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import _attention_reference as aref
+import _c_harness
 import _reference as ref
 from gputrain import functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = Path(__file__).with_name("_attention_harness.c")
 DT_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 SHAPES = [(1, 1, 1, 32), (2, 3, 17, 32), (1, 2, 64, 64), (2, 2, 65, 80), (1, 1, 130, 64)]
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    """The compiled harness library. The tests run from a source checkout, whose build already
-    needed a C compiler, so a missing compiler or source tree is a failure, not a skip."""
-    assert (ROOT / "csrc" / "ops" / "attention_hd.h").exists(), "the C sources (csrc/) are not next to the tests"
-    command = shlex.split(os.environ.get("CC") or "cc")
-    assert shutil.which(command[0]), f"no C compiler ({command[0]}) to build the attention harness"
-    lib = tmp_path_factory.mktemp("harness") / "attention_harness.so"
-    build = [*command, "-std=c11", "-O2", "-ffp-contract=off", "-fPIC", "-shared",
-             f"-I{ROOT / 'csrc'}", str(SOURCE), "-o", str(lib), "-lm"]
-    result = subprocess.run(build, capture_output=True, text=True)
-    assert result.returncode == 0, f"{' '.join(build)} failed:\n{result.stderr}"
-    so = ctypes.CDLL(str(lib))
+    so = _c_harness.build("_attention_harness.c", tmp_path_factory.mktemp("harness"))
     so.gt_harness_attention.restype = ctypes.c_int
     return so.gt_harness_attention
 

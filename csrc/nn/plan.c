@@ -192,7 +192,7 @@ static gt_status plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tenso
     return GT_OK;
 }
 
-/* A backend without the mask and pooling ops (CUDA, for now) is refused before anything runs. */
+/* A backend without the mask and pooling ops is refused before anything runs. */
 static gt_status check_sequence_ops(const gt_plan_walk *w, const char *name) {
     if (w->ops->mask_lengths && w->ops->pool_forward && w->ops->pool_backward)
         return GT_OK;
@@ -311,7 +311,11 @@ static gt_status check_nchw(gt_plan_walk *w, const gt_tensor *in, int64_t channe
     if (channels > 0 && in->shape[1] != channels)
         return GT_FAIL(GT_ERR_VALUE, "%s: %s expects %lld channels (dimension 1), got %lld", source, name,
                        (long long)channels, (long long)in->shape[1]);
-    if (!w->ops->batchnorm_forward || !w->ops->pool2d_forward)
+    const gt_ops *ops = w->ops;
+    int has_ops = layer->kind == GT_LAYER_BATCHNORM2D
+                      ? ops->batchnorm_forward && ops->batchnorm_backward
+                      : ops->pool2d_forward && ops->pool2d_backward && ops->pool2d_workspace_bytes;
+    if (!has_ops)
         return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
                        "this model on the CPU", name, w->ops->name);
     return GT_OK;

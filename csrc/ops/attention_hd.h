@@ -34,6 +34,7 @@
 #include "core/half.h"
 #include "core/hd.h"
 #include "core/vmath.h"
+#include "ops/elem_hd.h"
 #include "ops/ops.h"
 
 enum { GT_ATTN_Q_TILE = 64, GT_ATTN_K_TILE = 64 };  /* queries and keys per tile (the CPU's) */
@@ -41,25 +42,6 @@ enum { GT_ATTN_Q_TILE = 64, GT_ATTN_K_TILE = 64 };  /* queries and keys per tile
 /* lse = m + log(l) (l > 0), with log in double rounded once to float. */
 GT_HD float gt_attn_lse(float m, float l) {
     return m + (float)log((double)l);
-}
-
-/* Element i of an operand of dtype dt, widened to f32 (exact). */
-GT_HD float gt_attn_load(const void *base, size_t i, gt_dtype dt) {
-    if (dt == GT_F16)
-        return gt_f16_to_f32(((const uint16_t *)base)[i]);
-    if (dt == GT_BF16)
-        return gt_bf16_to_f32(((const uint16_t *)base)[i]);
-    return ((const float *)base)[i];
-}
-
-/* Stores `value` into element i of an operand of dtype dt, rounding once (RNE). */
-GT_HD void gt_attn_store(void *base, size_t i, float value, gt_dtype dt) {
-    if (dt == GT_F16)
-        ((uint16_t *)base)[i] = gt_f32_to_f16(value);
-    else if (dt == GT_BF16)
-        ((uint16_t *)base)[i] = gt_f32_to_bf16(value);
-    else
-        ((float *)base)[i] = value;
 }
 
 /* Keys visible to query i of batch entry b: [0, result). Non-decreasing in i. */
@@ -97,7 +79,7 @@ GT_HD void gt_attn_dropout_apply(const gt_attention_args *a, uint64_t g, float *
 GT_HD float gt_attn_dot(const float *x, const void *y, size_t base, size_t dim, gt_dtype dt) {
     float sum = 0.0f;
     for (size_t d = 0; d < dim; d++)
-        sum += x[d] * gt_attn_load(y, base + d, dt);
+        sum += x[d] * gt_hd_load(y, base + d, dt);
     return sum;
 }
 
@@ -107,7 +89,7 @@ GT_HD void gt_attn_accumulate(float *acc, const float *w, size_t n, const void *
     for (size_t d = 0; d < dim; d++) {
         float sum = 0.0f;
         for (size_t c = 0; c < n; c++)
-            sum += w[c] * gt_attn_load(rows, base + c * stride + d, dt);
+            sum += w[c] * gt_hd_load(rows, base + c * stride + d, dt);
         acc[d] += sum;
     }
 }
@@ -115,7 +97,7 @@ GT_HD void gt_attn_accumulate(float *acc, const float *w, size_t n, const void *
 /* dst[d] = row `base` of an operand, widened; the row's dim elements. */
 GT_HD void gt_attn_load_row(float *dst, const void *src, size_t base, size_t dim, gt_dtype dt) {
     for (size_t d = 0; d < dim; d++)
-        dst[d] = gt_attn_load(src, base + d, dt);
+        dst[d] = gt_hd_load(src, base + d, dt);
 }
 
 /* Rows' positions: element (b, h, t, 0) of the q/k/v operands and of out/dout. */
@@ -183,7 +165,7 @@ GT_HD void gt_attn_forward_row(const gt_attention_args *a, size_t u, float *q, f
     a->lse[u] = seen ? gt_attn_lse(m, l) : -INFINITY;
     size_t out = gt_attn_out_row(a, bh, i);
     for (size_t d = 0; d < dim; d++)
-        gt_attn_store(a->out, out + d, o[d] * inv, a->dt);
+        gt_hd_store(a->out, out + d, o[d] * inv, a->dt);
 }
 
 /* delta[u] = dout_i . out_i (summed over head_dim in order from 0). */
@@ -191,7 +173,7 @@ GT_HD void gt_attn_delta_row(const gt_attention_args *a, size_t u, float *delta)
     size_t t = (size_t)a->seq, base = gt_attn_out_row(a, u / t, u % t);
     float sum = 0.0f;
     for (size_t d = 0; d < (size_t)a->head_dim; d++)
-        sum += gt_attn_load(a->dout, base + d, a->dt) * gt_attn_load(a->out, base + d, a->dt);
+        sum += gt_hd_load(a->dout, base + d, a->dt) * gt_hd_load(a->out, base + d, a->dt);
     delta[u] = sum;
 }
 
@@ -241,8 +223,8 @@ GT_HD void gt_attn_dkdv_row(const gt_attention_args *a, size_t u, const float *d
                            dim, a->dt);
     }
     for (size_t d = 0; d < dim; d++) {
-        gt_attn_store(a->dk, in + d, dk[d] * a->scale, a->dt);
-        gt_attn_store(a->dv, in + d, dv[d] * 1.0f, a->dt);
+        gt_hd_store(a->dk, in + d, dk[d] * a->scale, a->dt);
+        gt_hd_store(a->dv, in + d, dv[d] * 1.0f, a->dt);
     }
 }
 
@@ -275,7 +257,7 @@ GT_HD void gt_attn_dq_row(const gt_attention_args *a, size_t u, const float *del
     }
     size_t in = gt_attn_in_row(a, bh, i);
     for (size_t d = 0; d < dim; d++)
-        gt_attn_store(a->dq, in + d, dq[d] * a->scale, a->dt);
+        gt_hd_store(a->dq, in + d, dq[d] * a->scale, a->dt);
 }
 
 #endif

@@ -20,30 +20,17 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "ops/checks.h"
+#include "ops/elem_hd.h"
 
 #define GT_INLINE static inline __attribute__((always_inline))
 
 /* Elements per chunk of a parallel elementwise loop: chunks, not threads, fix the work split. */
 enum { GT_CPU_CHUNK = 16384 };
 
-/* Element i of an activation array of dtype dt, widened to f32 (exact). */
-GT_INLINE float gt_cpu_load(const void *base, size_t i, gt_dtype dt) {
-    if (dt == GT_F16)
-        return gt_f16_to_f32(((const uint16_t *)base)[i]);
-    if (dt == GT_BF16)
-        return gt_bf16_to_f32(((const uint16_t *)base)[i]);
-    return ((const float *)base)[i];
-}
-
-/* Stores an f32 value into element i of an array of dtype dt, rounding once (RNE). */
-GT_INLINE void gt_cpu_store(void *base, size_t i, float value, gt_dtype dt) {
-    if (dt == GT_F16)
-        ((uint16_t *)base)[i] = gt_f32_to_f16(value);
-    else if (dt == GT_BF16)
-        ((uint16_t *)base)[i] = gt_f32_to_bf16(value);
-    else
-        ((float *)base)[i] = value;
-}
+/* Element i of an activation array of dtype dt, widened to f32, and the store rounding once:
+ * the loads and stores shared with the CUDA kernels (ops/elem_hd.h, force-inlined like GT_INLINE). */
+#define gt_cpu_load gt_hd_load
+#define gt_cpu_store gt_hd_store
 
 /* f16 elements converted per step by the staged kernels (GT_CPU_KERNEL_STAGED). */
 enum { GT_STAGE = 2048 };

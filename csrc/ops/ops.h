@@ -396,8 +396,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, attention_forward, GT_PARAMS_ATTENTION, NO_SKIP)                          \
     X(LAUNCH, attention_backward, GT_PARAMS_ATTENTION, NO_SKIP)                         \
     X(LAUNCH, mask_lengths, GT_PARAMS_MASK_LENGTHS, NO_SKIP)                            \
-    X(LAUNCH, pool_forward, GT_PARAMS_POOL_FORWARD, NO_SKIP)                            \
-    X(LAUNCH, pool_backward, GT_PARAMS_POOL_BACKWARD, NO_SKIP)                          \
+    X(WAIT_ON_CUDA, pool_forward, GT_PARAMS_POOL_FORWARD, NO_SKIP)                      \
+    X(WAIT_ON_CUDA, pool_backward, GT_PARAMS_POOL_BACKWARD, NO_SKIP)                    \
     X(QUERY, conv2d_workspace_bytes, GT_PARAMS_CONV2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, conv2d_forward, GT_PARAMS_CONV2D, NO_SKIP)                                \
     X(LAUNCH, conv2d_backward, GT_PARAMS_CONV2D, NO_SKIP)                               \

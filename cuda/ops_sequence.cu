@@ -1,0 +1,111 @@
+// CUDA sequence masks and pooling over (batch, seq, dim) activations (ops.h: mask_lengths,
+// pool_forward, pool_backward) on the per-element math of ops/sequence_hd.h, which the CPU ops
+// run too and a host harness checks in CI (tests/test_cnn_cuda_math.py): one thread per
+// sequence (mask lengths), per output (the mean sums its positions in increasing t, as the CPU)
+// and per input-gradient element, so the results are the CPU op's bits.
+//
+// lengths is device memory; the pooling checks it on the device like the attention op checks its
+// key lengths (the first entry outside [0, seq] is read back and named; this waits for the stream).
+#include "ops/cnn_checks.h"
+#include "ops/sequence_hd.h"
+#include "ops_kernels.cuh"
+
+namespace {
+
+__global__ void mask_lengths_kernel(int64_t *lengths, const int64_t *mask, size_t batch, size_t seq,
+                                    size_t stride) {
+    GT_GRID_STRIDE(b, batch) lengths[b] = gt_seq_mask_length(mask, b, seq, stride);
+}
+
+template <gt_dtype DT>
+__global__ void seq_pool_forward_kernel(void *out, const void *in, const int64_t *lengths, size_t batch,
+                                        size_t seq, size_t dim, gt_pool_mode mode) {
+    GT_GRID_STRIDE(k, batch * dim) {
+        size_t b = k / dim, c = k % dim, count = gt_seq_pooled(lengths, b, seq, mode);
+        gt_hd_store(out, k, gt_seq_pool_value(in, b, c, seq, dim, count, DT), DT);
+    }
+}
+
+template <gt_dtype DT>
+__global__ void seq_pool_backward_kernel(void *din, const void *dout, const int64_t *lengths, size_t batch,
+                                         size_t seq, size_t dim, gt_pool_mode mode) {
+    GT_GRID_STRIDE(k, batch * seq * dim) {
+        size_t b = k / (seq * dim), t = k / dim % seq, c = k % dim;
+        gt_hd_store(din, k, gt_seq_pool_grad(dout, b, t, c, dim, gt_seq_pooled(lengths, b, seq, mode), DT), DT);
+    }
+}
+
+__global__ void seq_check_lengths_kernel(const int64_t *lengths, size_t n, int64_t seq,
+                                         unsigned long long *first_bad) {
+    GT_GRID_STRIDE(b, n) {
+        if (lengths[b] < 0 || lengths[b] > seq)
+            atomicMin(first_bad, (unsigned long long)b);
+    }
+}
+
+// Fails with GT_ERR_VALUE naming the first of lengths[0:batch] outside [0, seq] (waits for the
+// stream), with the CPU's message.
+gt_status check_lengths(const gt_cuda_backend_state *state, const int64_t *lengths, int64_t batch, int64_t seq) {
+    cudaStream_t stream = stream_of(state);
+    unsigned long long *first_bad = scratch_words(state), bad = 0;
+    GT_CUDA_TRY(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, stream), "cudaMemsetAsync");
+    seq_check_lengths_kernel<<<grid_for((size_t)batch), kThreads, 0, stream>>>(lengths, (size_t)batch, seq,
+                                                                             first_bad);
+    GT_TRY(gt_cuda_check_launch("seq_check_lengths_kernel launch"));
+    GT_CUDA_TRY(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (bad >= (unsigned long long)batch)
+        return GT_OK;
+    int64_t length = 0;
+    GT_CUDA_TRY(cudaMemcpy(&length, lengths + bad, sizeof length, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return GT_FAIL(GT_ERR_VALUE, "lengths[%llu]: must be in [0, %lld], got %lld", bad, (long long)seq,
+                   (long long)length);
+}
+
+// The state after the shared checks and the device check of lengths (as the CPU: in every mode).
+gt_status pool_begin(gt_backend *be, const int64_t *lengths, int64_t batch, int64_t seq, int64_t dim,
+                     gt_pool_mode mode, gt_dtype dt, gt_cuda_backend_state **state) {
+    GT_TRY(gt_seq_pool_check(batch, seq, dim, mode, dt));
+    GT_TRY(gt_cuda_op_begin(be, state));
+    if (batch > 0 && lengths)
+        GT_TRY(check_lengths(*state, lengths, batch, seq));
+    return GT_OK;
+}
+
+}  // namespace
+
+gt_status gt_cuda_mask_lengths(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch, int64_t seq,
+                               int64_t stride) {
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_mask_lengths_check(batch, seq, stride));
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    if (batch == 0)
+        return GT_OK;
+    mask_lengths_kernel<<<grid_for((size_t)batch), kThreads, 0, stream_of(state)>>>(lengths, mask, (size_t)batch,
+                                                                                  (size_t)seq, (size_t)stride);
+    return gt_cuda_check_launch("mask_lengths_kernel launch");
+}
+
+gt_status gt_cuda_pool_forward(gt_backend *be, void *out, const void *in, const int64_t *lengths, int64_t batch,
+                               int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt) {
+    gt_cuda_backend_state *state = NULL;
+    size_t outputs = (size_t)(batch * dim);
+    GT_TRY(pool_begin(be, lengths, batch, seq, dim, mode, dt, &state));
+    if (outputs == 0)
+        return GT_OK;
+    GT_LAUNCH_DT(dt, seq_pool_forward_kernel, grid_for(outputs), kThreads, 0, stream_of(state), out, in, lengths,
+                 (size_t)batch, (size_t)seq, (size_t)dim, mode);
+    return gt_cuda_check_launch("seq_pool_forward_kernel launch");
+}
+
+gt_status gt_cuda_pool_backward(gt_backend *be, void *din, const void *dout, const int64_t *lengths, int64_t batch,
+                                int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt) {
+    gt_cuda_backend_state *state = NULL;
+    size_t inputs = (size_t)(batch * seq * dim);
+    GT_TRY(pool_begin(be, lengths, batch, seq, dim, mode, dt, &state));
+    if (inputs == 0)
+        return GT_OK;
+    GT_LAUNCH_DT(dt, seq_pool_backward_kernel, grid_for(inputs), kThreads, 0, stream_of(state), din, dout, lengths,
+                 (size_t)batch, (size_t)seq, (size_t)dim, mode);
+    return gt_cuda_check_launch("seq_pool_backward_kernel launch");
+}
