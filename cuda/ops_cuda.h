@@ -40,6 +40,8 @@ typedef struct gt_cuda_backend_state {
     void *stream;                     /* cudaStream_t the ops queue on; NULL: legacy default stream */
     struct gt_cuda_context *context;  /* the device's shared cuBLASLt handle and TF32 flag */
     gt_block scratch;                 /* device memory: reduction parts and check results */
+    void *conv;                       /* cuDNN handle on `stream` and per-shape descriptors
+                                         (ops_conv.cu); NULL until the first convolution */
 } gt_cuda_backend_state;
 
 /* Bytes of a state's device scratch: GT_CUDA_MAX_PARTS doubles and a few 64-bit words. */
@@ -64,6 +66,30 @@ gt_status gt_cuda_backend_synchronize(gt_backend *be);
 /* Copies `bytes` between host and device memory (either direction, or device to device) in
  * the backend's stream order; returns when the copy is done. */
 gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const void *src, size_t bytes);
+
+/* ---- ops_conv.cu: 2-D convolution through cuDNN ---- */
+
+/* The conv2d ops of the table (ops.h). The workspace size chooses the shape's algorithms on the
+ * current device (cached; see the knobs below) and returns the bytes they need; 0 when the sizes
+ * are invalid or no device is usable (the op reports why when it runs). */
+size_t gt_cuda_conv2d_workspace_bytes(const gt_conv2d_args *args, int threads);
+gt_status gt_cuda_conv2d_forward(gt_backend *be, const gt_conv2d_args *args);
+gt_status gt_cuda_conv2d_backward(gt_backend *be, const gt_conv2d_args *args);
+
+/* Destroys the state's cuDNN handle and descriptors (state->conv; NULL is ignored). */
+void gt_cuda_conv_release(gt_cuda_backend_state *state);
+
+/* torch.backends.cudnn's knobs for algorithms chosen from now on (each 0 or 1; default 0 and 0):
+ * benchmark 1 measures the algorithms (cudnnFind*) once per shape instead of taking cuDNN's
+ * heuristic first choice; deterministic 1 keeps to algorithms cuDNN reports as deterministic. */
+gt_status gt_cuda_cudnn_set_flags(int benchmark, int deterministic);
+void gt_cuda_cudnn_flags(int *benchmark, int *deterministic);
+
+/* cuDNN's version as cudnnGetVersion() gives it (e.g. 91900 for 9.19.0); no device needed. */
+size_t gt_cuda_cudnn_version(void);
+
+/* How many algorithm choices the process-wide cache holds. */
+size_t gt_cuda_cudnn_cached_choices(void);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,12 @@ static const gt_ops cuda_ops = {
     gt_cuda_attention_workspace_bytes,
     gt_cuda_attention_forward,
     gt_cuda_attention_backward,
+    NULL,  // mask_lengths
+    NULL,  // pool_forward
+    NULL,  // pool_backward
+    gt_cuda_conv2d_workspace_bytes,
+    gt_cuda_conv2d_forward,
+    gt_cuda_conv2d_backward,
 };
 
 extern "C" const gt_ops *gt_cuda_ops(void) { return &cuda_ops; }
@@ -65,6 +71,7 @@ extern "C" void gt_cuda_backend_release(gt_backend *be) {
     cudaSetDevice(state->device);
     cudaStreamSynchronize(stream_of(state));
     cudaGetLastError();
+    gt_cuda_conv_release(state);
     gt_block_free(&state->scratch);
     free(state);
     be->impl = NULL;
