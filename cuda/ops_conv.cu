@@ -9,7 +9,7 @@
 // "Usable": CUDNN_STATUS_SUCCESS, a workspace within the limit, and with deterministic on, a
 // result cuDNN reports as CUDNN_DETERMINISTIC (which rules out e.g. BWD_FILTER_ALGO_0/3 and
 // BWD_DATA_ALGO_0, whose sums use atomics). fp32 without TF32 runs with CUDNN_FMA_MATH.
-// The choice happens in gt_cuda_conv2d_workspace_bytes (plan time) on a per-device selection
+// The choice happens in gt_cuda_conv2d_workspace_bytes (plan time) on the device context's cuDNN
 // handle, so the plan's workspace holds what the chosen algorithms need; a call whose key is not
 // cached yet (the knobs changed after planning) chooses then, within the workspace it was given.
 //
@@ -65,13 +65,12 @@ struct conv_runtime {
     std::map<shape_key, conv_descs> shapes;  // descriptors per shape
 };
 
-// Process-wide: the knobs, the selection handles and the algorithm cache.
+// Process-wide: the knobs and the algorithm cache.
 struct conv_globals {
-    std::atomic<int> benchmark{0};                   // 1: cudnnFind*, else heuristics
-    std::atomic<int> deterministic{0};               // 1: deterministic algorithms only
-    std::mutex lock;                                 // guards the fields below
-    cudnnHandle_t selectors[GT_MAX_CUDA_DEVICES];    // per device, on the default stream
-    std::map<conv_key, conv_choice> choices;         // algorithm choice per key
+    std::atomic<int> benchmark{0};            // 1: cudnnFind*, else heuristics
+    std::atomic<int> deterministic{0};        // 1: deterministic algorithms only
+    std::mutex lock;                          // guards `choices` and the contexts' cudnn handles
+    std::map<conv_key, conv_choice> choices;  // algorithm choice per key
 };
 
 conv_globals globals;
@@ -317,12 +316,14 @@ gt_status choice_for(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_args 
     return GT_OK;
 }
 
-// The selection handle of the current device (created once; the caller holds no lock).
+// The selection handle of `device`: its shared context's, on the default stream, made once.
 gt_status selector_of(int device, cudnnHandle_t *out) {
+    gt_cuda_context *context = NULL;
+    GT_TRY(gt_cuda_context_get(device, &context));
     std::lock_guard<std::mutex> guard(globals.lock);
-    if (!globals.selectors[device])
-        GT_CUDNN_TRY(cudnnCreate(&globals.selectors[device]), "cudnnCreate");
-    *out = globals.selectors[device];
+    if (!context->cudnn)
+        GT_CUDNN_TRY(cudnnCreate(&context->cudnn), "cudnnCreate");
+    *out = context->cudnn;
     return GT_OK;
 }
 
@@ -330,9 +331,6 @@ gt_status selector_of(int device, cudnnHandle_t *out) {
 gt_status plan_choice(const gt_conv2d_args *a, size_t *bytes) {
     int device = 0;
     GT_CUDA_TRY(cudaGetDevice(&device), "cudaGetDevice");
-    if (device < 0 || device >= GT_MAX_CUDA_DEVICES)
-        return GT_FAIL(GT_ERR_VALUE, "device: CUDA ordinal %d is past the %d devices gputrain supports", device,
-                       (int)GT_MAX_CUDA_DEVICES);
     cudnnHandle_t h = NULL;
     GT_TRY(selector_of(device, &h));
     conv_descs tmp{}, *d = NULL;
@@ -522,6 +520,11 @@ extern "C" gt_status gt_cuda_conv2d_backward(gt_backend *be, const gt_conv2d_arg
         return empty_backward(be, args);
     conv_call call{};
     GT_TRY(conv_begin(be, args, &call));
+    size_t need = stage_bytes(args) + call.c.filter_bytes, room = be->workspace ? be->workspace_bytes : 0;
+    if (args->dweight && need > room)
+        return GT_FAIL(GT_ERR_VALUE, "workspace: conv2d's weight gradient (batch %lld, %lld -> %lld channels) needs "
+                       "%zu bytes, got %zu", (long long)args->batch, (long long)args->in_channels,
+                       (long long)args->out_channels, need, room);
     if (args->dbias)
         GT_TRY(bias_gradient(&call, args));
     if (args->dweight)
