@@ -8,7 +8,8 @@
 // allocates its own trial memory, once per shape, when the plan asks for the workspace).
 // "Usable": CUDNN_STATUS_SUCCESS, a workspace within the limit, and with deterministic on, a
 // result cuDNN reports as CUDNN_DETERMINISTIC (which rules out e.g. BWD_FILTER_ALGO_0/3 and
-// BWD_DATA_ALGO_0, whose sums use atomics). fp32 without TF32 runs with CUDNN_FMA_MATH.
+// BWD_DATA_ALGO_0, whose sums use atomics). The search runs with tensor-core math for f16/bf16
+// and, for fp32, TF32 allowed or not as gputrain.backends.tf32 says (CUDNN_FMA_MATH when not).
 // The choice happens in gt_cuda_conv2d_workspace_bytes (plan time) on the device context's cuDNN
 // handle, so the plan's workspace holds what the chosen algorithms need; a call whose key is not
 // cached yet (the knobs changed after planning) chooses then, within the workspace it was given.
@@ -122,6 +123,14 @@ gt_status check_int_extents(const gt_conv2d_args *a) {
                            names[i], INT_MAX);
     }
     return GT_OK;
+}
+
+// The math type the algorithms are searched with (PyTorch's choice): tensor cores for f16/bf16,
+// cuDNN's default (TF32 allowed) for fp32 with TF32 on, plain FMA for fp32 without it.
+cudnnMathType_t search_math(const gt_conv2d_args *a, int tf32) {
+    if (a->dt != GT_F32)
+        return CUDNN_TENSOR_OP_MATH;
+    return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
 // The math type an algorithm runs with: cuDNN's, except FMA for fp32 without TF32.
@@ -308,6 +317,7 @@ gt_status choice_for(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_args 
     conv_choice c{};
     int tf32 = (int)key[16];
     size_t stage = stage_bytes(a);
+    GT_CUDNN_TRY(cudnnSetConvolutionMathType(d->conv, search_math(a, tf32)), "cudnnSetConvolutionMathType");
     GT_TRY(choose_forward(h, d, a, limit, tf32, &c));
     GT_TRY(choose_data(h, d, a, limit, tf32, &c));
     GT_TRY(choose_filter(h, d, a, limit > stage ? limit - stage : 0, tf32, &c));

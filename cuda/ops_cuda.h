@@ -18,7 +18,10 @@
  * embedding_backward use fixed orders without floating-point atomics: the same bits on every
  * run (embedding_backward also adds in the CPU's order, so it matches it exactly). Attention
  * (ops_attention.cu) runs the per-row math of ops/attention_hd.h, the CPU op's operations in its
- * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there. */
+ * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there.
+ * Conv2d (ops_conv.cu) is cuDNN's: within a stated tolerance of the CPU op, the same bits from
+ * run to run only with gt_cuda_cudnn_set_flags(.., deterministic = 1); choosing a shape's
+ * algorithms (once, normally when the plan sizes the workspace) waits for the device. */
 #ifndef GT_OPS_CUDA_H
 #define GT_OPS_CUDA_H
 
