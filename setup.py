@@ -76,23 +76,29 @@ def find_blas() -> Blas:
 class Cuda(NamedTuple):
     """Where the CUDA backend is compiled and linked from."""
 
-    home: str               # directory with bin/nvcc, include and the libraries
-    library_dir: str        # the CUDA libraries
-    libraries: list[str]    # -l names of cudart, cuBLASLt, cuBLAS
-    rpath: str              # where the installed extension finds them
+    home: str                 # directory with bin/nvcc, include and the CUDA libraries
+    include_dirs: list[str]   # the CUDA headers, then cuDNN's
+    library_dirs: list[str]   # the CUDA libraries, then cuDNN's
+    libraries: list[str]      # -l names of cudart, cuBLASLt, cuBLAS, cuDNN
+    rpaths: list[str]         # where the installed extension finds them
 
 
 def find_cuda(source):
     if source.kind == "toolkit":
         home = gputrain_cuda.toolkit_home()
-        lib = os.path.join(home, "lib64")
-        return Cuda(home, lib, ["cudart", "cublasLt", "cublas"], lib)
+        cudnn = gputrain_cuda.cudnn_home(home)
+        dirs = list(dict.fromkeys([os.path.join(home, "lib64"), os.path.join(cudnn, "lib64"),
+                                   os.path.join(cudnn, "lib")]))
+        dirs = [d for d in dirs if os.path.isdir(d)]
+        includes = list(dict.fromkeys([os.path.join(home, "include"), os.path.join(cudnn, "include")]))
+        return Cuda(home, includes, dirs, ["cudart", "cublasLt", "cublas", "cudnn"], dirs)
     if source.kind == "wheels":
-        home = gputrain_cuda.wheels_home()
+        home, cudnn = gputrain_cuda.wheels_home(), gputrain_cuda.wheels_cudnn_home()
         names = [f":{name}" for _, name in gputrain_cuda.WHEEL_LIBRARIES]
-        rpath = "$ORIGIN/../" + os.path.relpath(os.path.join(home, "lib"),
-                                                 os.path.dirname(os.path.dirname(home)))
-        return Cuda(home, os.path.join(home, "lib"), names, rpath)
+        site = os.path.dirname(os.path.dirname(home))  # site-packages (home is nvidia/cu13)
+        dirs = [os.path.join(home, "lib"), os.path.join(cudnn, "lib")]
+        rpaths = ["$ORIGIN/../" + os.path.relpath(d, site) for d in dirs]
+        return Cuda(home, [os.path.join(home, "include"), os.path.join(cudnn, "include")], dirs, names, rpaths)
     return None
 
 
@@ -135,14 +141,15 @@ def add_cuda(ext, cuda):
     """Compiles and links `ext` with the CUDA backend."""
     ext.define_macros.append(("GT_WITH_CUDA", "1"))
     ext.libraries += cuda.libraries + ["stdc++"]
-    ext.library_dirs.append(cuda.library_dir)
-    ext.include_dirs.append(os.path.join(cuda.home, "include"))
-    ext.extra_link_args.append(f"-Wl,-rpath,{cuda.rpath}")
+    ext.library_dirs += cuda.library_dirs
+    ext.include_dirs += cuda.include_dirs
+    ext.extra_link_args += [f"-Wl,-rpath,{rpath}" for rpath in cuda.rpaths]
 
 
-def nvcc_flags():
+def nvcc_flags(cuda):
     flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
              "--fmad=false", "-Icsrc", "-Icuda", "-DGT_WITH_CUDA=1"]
+    flags += [f"-I{d}" for d in cuda.include_dirs[1:]]  # cuDNN's headers (nvcc knows its own)
     for arch in CUDA_ARCHS:
         flags.append(f"--generate-code=arch=compute_{arch},code=sm_{arch}")
     flags.append(f"--generate-code=arch=compute_{CUDA_ARCHS[-1]},code=compute_{CUDA_ARCHS[-1]}")
@@ -154,7 +161,7 @@ def build_settings(cuda):
     return {
         "blas": BLAS._asdict(),
         "cuda": cuda and {**cuda._asdict(), "nvcc": nvcc_version(cuda.home),
-                          "flags": nvcc_flags()},
+                          "flags": nvcc_flags(cuda)},
         "c_flags": C_FLAGS, "link_flags": LINK_FLAGS, "macros": macros,
         "python": sys.version, "numpy": numpy.__version__,
     }
@@ -201,7 +208,7 @@ class BuildExt(build_ext):
             os.makedirs(os.path.dirname(obj), exist_ok=True)
             deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/**/*.h", recursive=True)
             if self.force or not os.path.exists(obj) or any(os.path.getmtime(d) > os.path.getmtime(obj) for d in deps):
-                cmd = [nvcc, *nvcc_flags(), "-c", source, "-o", obj]
+                cmd = [nvcc, *nvcc_flags(cuda), "-c", source, "-o", obj]
                 print(" ".join(shlex.quote(c) for c in cmd), flush=True)
                 subprocess.check_call(cmd)
             objects.append(obj)

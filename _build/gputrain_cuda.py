@@ -19,12 +19,15 @@ from typing import NamedTuple
 CUDA_MAJOR = 13  # the CUDA generation of the registry wheels gputrain builds against
 WHEELS_FOR_BUILD = [f"nvidia-cuda-nvcc>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cuda-runtime>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
-                    f"nvidia-cublas>={CUDA_MAJOR},<{CUDA_MAJOR + 1}"]
+                    f"nvidia-cublas>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
+                    f"nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10"]
 WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[1:]
 # (distribution, library) for each CUDA library the extension links, in load order
 WHEEL_LIBRARIES = [("nvidia-cuda-runtime", f"libcudart.so.{CUDA_MAJOR}"),
                    ("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
-                   ("nvidia-cublas", f"libcublas.so.{CUDA_MAJOR}")]
+                   ("nvidia-cublas", f"libcublas.so.{CUDA_MAJOR}"),
+                   (f"nvidia-cudnn-cu{CUDA_MAJOR}", "libcudnn.so.9")]
+CUDNN_HEADER = "include/cudnn.h"
 
 
 class CudaSource(NamedTuple):
@@ -39,6 +42,29 @@ def toolkit_home() -> str | None:
         nvcc = shutil.which("nvcc")
         home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
     return home if os.path.exists(os.path.join(home, "bin", "nvcc")) else None
+
+
+def installed_cudnn_home() -> str | None:
+    """The nvidia/cudnn directory (include, lib) of an installed nvidia-cudnn wheel, or None."""
+    try:
+        dist = importlib.metadata.distribution(f"nvidia-cudnn-cu{CUDA_MAJOR}")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or []:
+        if str(file).replace("\\", "/").endswith(CUDNN_HEADER):
+            return os.path.normpath(str(dist.locate_file(file)) + "/../..")
+    return None
+
+
+def cudnn_home(toolkit: str) -> str:
+    """Where cuDNN's include/cudnn.h and its library are for a toolkit build: CUDNN_HOME, the
+    toolkit itself (cuDNN installed into it), or an installed nvidia-cudnn wheel."""
+    for home in (os.environ.get("CUDNN_HOME"), toolkit, installed_cudnn_home()):
+        if home and os.path.exists(os.path.join(home, CUDNN_HEADER)):
+            return home
+    raise RuntimeError(f"the CUDA backend needs cuDNN 9 (Conv2d): no {CUDNN_HEADER} under CUDNN_HOME or "
+                       f"{toolkit}; install cuDNN into the toolkit, set CUDNN_HOME, or "
+                       f"pip install 'nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10'")
 
 
 def driver_cuda_version() -> int:
@@ -72,6 +98,15 @@ def choose() -> CudaSource:
                                   f"wheels are CUDA {CUDA_MAJOR} (update the driver, or install a "
                                   f"CUDA toolkit matching it and set CUDA_HOME)")
     return CudaSource("none", "no CUDA toolkit and no NVIDIA driver")
+
+
+def wheels_cudnn_home() -> str:
+    """The nvidia/cudnn directory of the installed nvidia-cudnn wheel (a build requirement)."""
+    home = installed_cudnn_home()
+    if not home:
+        raise RuntimeError("a CUDA build from the registry wheels needs cuDNN's: pip install "
+                           f"'nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10'")
+    return home
 
 
 def wheels_home() -> str:

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -71,6 +72,8 @@ extern "C" void gt_cuda_context_free(gt_cuda_context *context) {
         cublasLtDestroy(context->cublaslt);
     if (context->cublas)
         cublasDestroy(context->cublas);
+    if (context->cudnn)
+        cudnnDestroy(context->cudnn);
     cudaGetLastError();
     free(context);
 }

@@ -146,14 +146,17 @@ gt_status gt_cuda_memset_async(void *dst, int value, size_t bytes, gt_cuda_strea
 
 struct cublasContext;    /* behind cublasHandle_t */
 struct cublasLtContext;  /* behind cublasLtHandle_t */
+struct cudnnContext;     /* behind cudnnHandle_t */
 
-/* The library handles of one device (cuDNN joins them when a layer uses it). GEMM code reads
+/* The library handles of one device (cuDNN's when a Conv2d is first planned). GEMM code reads
  * `tf32` to choose CUBLAS_COMPUTE_32F_FAST_TF32 (cuBLASLt) for fp32 work. */
 typedef struct gt_cuda_context {
     int device;                        /* CUDA ordinal the handles were created on */
     struct cublasContext *cublas;      /* cublasHandle_t */
     struct cublasLtContext *cublaslt;  /* cublasLtHandle_t */
     int tf32;                          /* 1: fp32 GEMMs/convs may use TF32 tensor cores */
+    struct cudnnContext *cudnn;        /* cudnnHandle_t choosing conv algorithms (ops_conv.cu);
+                                          NULL until the first Conv2d is planned */
 } gt_cuda_context;
 
 /* Creates the handles of device `device`; TF32 starts as gt_cuda_tf32_enabled(). The

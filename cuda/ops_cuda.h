@@ -23,7 +23,9 @@
  * ops_sequence.cu) run the math of ops/batchnorm_hd.h, pool2d_hd.h and sequence_hd.h in the CPU's
  * order (BatchNorm's double sums included), so they give the CPU op's bits; pool_forward and
  * pool_backward check their lengths on the device and wait for the stream, like attention.
- * Convolutions are not in the table yet (NULL: the plan refuses them). */
+ * Conv2d (ops_conv.cu) is cuDNN's: within a stated tolerance of the CPU op, the same bits from
+ * run to run only with gt_cuda_cudnn_set_flags(.., deterministic = 1); choosing a shape's
+ * algorithms (once, normally when the plan sizes the workspace) waits for the device. */
 #ifndef GT_OPS_CUDA_H
 #define GT_OPS_CUDA_H
 
@@ -45,6 +47,8 @@ typedef struct gt_cuda_backend_state {
     void *stream;                     /* cudaStream_t the ops queue on; NULL: legacy default stream */
     struct gt_cuda_context *context;  /* the device's shared cuBLASLt handle and TF32 flag */
     gt_block scratch;                 /* device memory: reduction parts and check results */
+    void *conv;                       /* cuDNN handle on `stream` and per-shape descriptors
+                                         (ops_conv.cu); NULL until the first convolution */
 } gt_cuda_backend_state;
 
 /* Bytes of a state's device scratch: GT_CUDA_MAX_PARTS doubles and a few 64-bit words. */
@@ -69,6 +73,30 @@ gt_status gt_cuda_backend_synchronize(gt_backend *be);
 /* Copies `bytes` between host and device memory (either direction, or device to device) in
  * the backend's stream order; returns when the copy is done. */
 gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const void *src, size_t bytes);
+
+/* ---- ops_conv.cu: 2-D convolution through cuDNN ---- */
+
+/* The conv2d ops of the table (ops.h). The workspace size chooses the shape's algorithms on the
+ * current device (cached; see the knobs below) and returns the bytes they need; 0 when the sizes
+ * are invalid or no device is usable (the op reports why when it runs). */
+size_t gt_cuda_conv2d_workspace_bytes(const gt_conv2d_args *args, int threads);
+gt_status gt_cuda_conv2d_forward(gt_backend *be, const gt_conv2d_args *args);
+gt_status gt_cuda_conv2d_backward(gt_backend *be, const gt_conv2d_args *args);
+
+/* Destroys the state's cuDNN handle and descriptors (state->conv; NULL is ignored). */
+void gt_cuda_conv_release(gt_cuda_backend_state *state);
+
+/* torch.backends.cudnn's knobs for algorithms chosen from now on (each 0 or 1; default 0 and 0):
+ * benchmark 1 measures the algorithms (cudnnFind*) once per shape instead of taking cuDNN's
+ * heuristic first choice; deterministic 1 keeps to algorithms cuDNN reports as deterministic. */
+gt_status gt_cuda_cudnn_set_flags(int benchmark, int deterministic);
+void gt_cuda_cudnn_flags(int *benchmark, int *deterministic);
+
+/* cuDNN's version as cudnnGetVersion() gives it (e.g. 91900 for 9.19.0); no device needed. */
+size_t gt_cuda_cudnn_version(void);
+
+/* How many algorithm choices the process-wide cache holds. */
+size_t gt_cuda_cudnn_cached_choices(void);
 
 #ifdef __cplusplus
 }

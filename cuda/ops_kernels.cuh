@@ -175,6 +175,9 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(pool2d_workspace_bytes)    \
     X(pool2d_forward)            \
     X(pool2d_backward)           \
+    X(conv2d_workspace_bytes)    \
+    X(conv2d_forward)            \
+    X(conv2d_backward)           \
     /* end of the list */
 
 #define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;

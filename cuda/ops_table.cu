@@ -51,6 +51,7 @@ extern "C" void gt_cuda_backend_release(gt_backend *be) {
     cudaSetDevice(state->device);
     cudaStreamSynchronize(stream_of(state));
     cudaGetLastError();
+    gt_cuda_conv_release(state);
     gt_block_free(&state->scratch);
     free(state);
     be->impl = NULL;

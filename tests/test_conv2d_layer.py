@@ -221,13 +221,6 @@ def test_a_cnn_trainer_peaks_at_its_memory_plan(tmp_path, config):
         assert model.compiled.plan((8, C, H, W))["workspace"] > one  # a slot per thread
 
 
-@pytest.mark.cuda
-def test_cuda_model_with_conv2d_is_refused_at_plan_time():
-    model = nn.Sequential(conv(), head()).to("cuda")
-    with pytest.raises(RuntimeError, match="no implementation on the 'cuda' backend"):
-        model(np.zeros((N, C, H, W), np.float32))
-
-
 @pytest.mark.sim
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_a_cnn_on_the_simulated_device_trains_as_on_the_cpu(precision):

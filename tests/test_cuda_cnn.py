@@ -78,12 +78,7 @@ def test_eval_mode_normalises_with_the_running_statistics_on_cuda():
 def test_simple_cnn_steps_on_cuda_as_on_the_cpu(precision):
     x, y = images(channels=1, size=8)
     make = lambda: SimpleCNN(in_channels=1, num_classes=4, channels=(4, 8), image_size=8)
-    try:
-        gpu = steps(make, "cuda", precision, (x, y))
-    except RuntimeError as error:  # the plan refuses Conv2d until the CUDA table has it
-        if "Conv2d" not in str(error) or "no implementation on the 'cuda' backend" not in str(error):
-            raise
-        pytest.skip("Conv2d has no CUDA kernel yet")
+    gpu = steps(make, "cuda", precision, (x, y))
     assert_close(steps(make, "cpu", precision, (x, y)), gpu, TOLERANCE[precision])
 
 

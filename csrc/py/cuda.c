@@ -3,6 +3,10 @@
  * Every function exists in a CPU-only build and raises gputrain.CudaError there. */
 #include "py/cuda_py.h"
 
+#ifdef GT_WITH_CUDA
+#include "ops_cuda.h"
+#endif
+
 #include <limits.h>
 #include <stdint.h>
 
@@ -206,6 +210,44 @@ static PyObject *cuda_cublas_tf32(PyObject *module, PyObject *arg) {
 #endif
 }
 
+static PyObject *cudnn_version(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+#ifdef GT_WITH_CUDA
+    return PyLong_FromSize_t(gt_cuda_cudnn_version());
+#else
+    return PyLong_FromLong(0);
+#endif
+}
+
+static PyObject *cudnn_set_flags(PyObject *module, PyObject *args) {
+    PyObject *benchmark = NULL, *deterministic = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!:cudnn_set_flags", &PyBool_Type, &benchmark, &PyBool_Type, &deterministic))
+        return NULL;
+#ifdef GT_WITH_CUDA
+    gt_status status = gt_cuda_cudnn_set_flags(benchmark == Py_True, deterministic == Py_True);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+#else
+    return gtpy_cuda_not_compiled(module);
+#endif
+}
+
+static PyObject *cudnn_flags(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+#ifdef GT_WITH_CUDA
+    int benchmark = 0, deterministic = 0;
+    gt_cuda_cudnn_flags(&benchmark, &deterministic);
+    return Py_BuildValue("(NN)", PyBool_FromLong(benchmark), PyBool_FromLong(deterministic));
+#else
+    return gtpy_cuda_not_compiled(module);
+#endif
+}
+
+static PyObject *cudnn_cached_choices(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+#ifdef GT_WITH_CUDA
+    return PyLong_FromSize_t(gt_cuda_cudnn_cached_choices());
+#else
+    return gtpy_cuda_not_compiled(module);
+#endif
+}
+
 static PyMethodDef cuda_methods[] = {
     {"cuda_unavailable_reason", cuda_unavailable_reason, METH_NOARGS,
      "Why no CUDA device can be used ('' when one can)."},
@@ -226,6 +268,13 @@ static PyMethodDef cuda_methods[] = {
     {"cuda_tf32_enabled", cuda_tf32_enabled, METH_NOARGS, "Whether TF32 is allowed."},
     {"cuda_cublas_tf32", cuda_cublas_tf32, METH_O,
      "cuda_cublas_tf32(index)\n--\n\nWhether the device's cuBLAS handle is in TF32 math mode."},
+    {"cudnn_version", cudnn_version, METH_NOARGS,
+     "cuDNN's version as cudnnGetVersion() gives it, e.g. 91900 (0 without CUDA)."},
+    {"cudnn_set_flags", cudnn_set_flags, METH_VARARGS,
+     "cudnn_set_flags(benchmark, deterministic)\n--\n\nHow conv2d algorithms are chosen from now on."},
+    {"cudnn_flags", cudnn_flags, METH_NOARGS, "(benchmark, deterministic) as set."},
+    {"cudnn_cached_choices", cudnn_cached_choices, METH_NOARGS,
+     "How many conv2d algorithm choices cuDNN's per-shape cache holds."},
     {NULL, NULL, 0, NULL},
 };
 

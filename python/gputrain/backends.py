@@ -1,4 +1,5 @@
-"""Backend math switches: `gputrain.backends.tf32 = True` allows TF32 tensor cores.
+"""Backend math switches: `gputrain.backends.tf32 = True` allows TF32 tensor cores, and
+`gputrain.backends.cudnn` holds torch.backends.cudnn's knobs for Conv2d on CUDA.
 
 TF32 is a cuBLAS/cuDNN math mode for fp32 GEMMs and convolutions on NVIDIA GPUs (Ampere and
 newer): inputs are rounded to a 10-bit mantissa, accumulation stays fp32. The CPU backend has
@@ -40,6 +41,67 @@ def tf32_status() -> str:
             "is in use; CPU fp32 math is full fp32")
 
 
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"cudnn.{name} must be a bool, not {type(value).__name__}")
+
+
+class _CudnnModule(types.ModuleType):
+    """`gputrain.backends.cudnn`, named as torch.backends.cudnn: how Conv2d's cuDNN algorithms
+    are chosen on CUDA. Each shape's algorithms are chosen once, when a model is planned for it:
+
+    - `benchmark` (False): False takes cuDNN's heuristic first choice; True measures the
+      algorithms (cudnnFind*) once per shape and keeps the fastest (the guides'
+      `torch.backends.cudnn.benchmark = True`).
+    - `deterministic` (False): True keeps to algorithms cuDNN reports as deterministic (the same
+      bits on every run; e.g. not the weight-gradient algorithms that add with atomics).
+
+    The knobs apply to shapes planned after they are set. On a build without CUDA they are
+    recorded (there is no cuDNN to tell) and `is_available()` is False.
+    """
+
+    _benchmark = False
+    _deterministic = False
+
+    @property
+    def benchmark(self) -> bool:
+        return self._benchmark
+
+    @benchmark.setter
+    def benchmark(self, value: bool) -> None:
+        _check_bool("benchmark", value)
+        self._apply(value, self._deterministic)
+
+    @property
+    def deterministic(self) -> bool:
+        return self._deterministic
+
+    @deterministic.setter
+    def deterministic(self, value: bool) -> None:
+        _check_bool("deterministic", value)
+        self._apply(self._benchmark, value)
+
+    def _apply(self, benchmark: bool, deterministic: bool) -> None:
+        if self.is_available():
+            _C.cudnn_set_flags(benchmark, deterministic)
+        type(self)._benchmark = benchmark
+        type(self)._deterministic = deterministic
+
+    @staticmethod
+    def is_available() -> bool:
+        """Whether this build has the CUDA backend, which links cuDNN for Conv2d."""
+        return bool(_C.build_info()["cuda_compiled"])
+
+    @staticmethod
+    def version() -> int | None:
+        """cuDNN's version as an int (e.g. 91900 for 9.19.0), None without it (torch's convention)."""
+        return _C.cudnn_version() if _CudnnModule.is_available() else None
+
+
+cudnn = _CudnnModule(__name__ + ".cudnn", _CudnnModule.__doc__)
+sys.modules[cudnn.__name__] = cudnn
+
+
 class _BackendsModule(types.ModuleType):
     """Makes `gputrain.backends.tf32` a checked, settable attribute of this module."""
 
@@ -54,4 +116,4 @@ class _BackendsModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _BackendsModule
 
-__all__ = ["set_tf32", "tf32_enabled", "tf32_status"]
+__all__ = ["cudnn", "set_tf32", "tf32_enabled", "tf32_status"]
