@@ -35,6 +35,11 @@ gt_status gt_step_device_sumsq(gt_model *model) {
                                            &record->grad_sumsq, record->sumsq_totals);
 }
 
+gt_status gt_step_device_clip(gt_model *model, double max_norm) {
+    return model->device->grad_clip(index_of(model), NULL, model->grads.block.ptr, model->num_params,
+                                    &current(model)->grad_sumsq, max_norm);
+}
+
 gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out) {
     gt_step_record head;
     GT_TRY(model->device->memcpy(index_of(model), &head, gt_step_device_record(model, record),

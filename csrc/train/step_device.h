@@ -31,6 +31,11 @@ gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler);
 /* Queues the gradients' sum of squares into the record, in the CPU's order (the same bits). */
 gt_status gt_step_device_sumsq(gt_model *model);
 
+/* Queues the clipping of the gradient arena by the coefficient of the record's sum of squares
+ * (queued before by gt_step_device_sumsq; core/clip_rules.h), in place: the update that follows
+ * reads them with grad_coef 1 and gives the bits of the host's clip (nothing waits). */
+gt_status gt_step_device_clip(gt_model *model, double max_norm);
+
 /* Reads record `record` back: the host waits for everything queued so far (one sync). */
 gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out);
 
