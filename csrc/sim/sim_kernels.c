@@ -162,3 +162,19 @@ gt_status gt_sim_grad_clip(int index, gt_stream *stream, float *grad, size_t n, 
     clip_job job = {grad, n, sumsq, max_norm};
     return n ? gt_sim_enqueue(index, stream, run_clip, &job, sizeof job) : GT_OK;
 }
+
+typedef struct scaler_update_job {
+    gt_scaler *scaler;       /* device scaler state, updated in place */
+    const int *found_inf;    /* device flag, read when the job runs */
+} scaler_update_job;
+
+static gt_status run_scaler_update(void *args) {
+    scaler_update_job *j = args;
+    gt_scaler_update(j->scaler, *j->found_inf);
+    return GT_OK;
+}
+
+gt_status gt_sim_scaler_update(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf) {
+    scaler_update_job job = {scaler, found_inf};
+    return gt_sim_enqueue(index, stream, run_scaler_update, &job, sizeof job);
+}

@@ -112,9 +112,13 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
     if (cfg->optimizer)
         GT_TRY(gt_optimizer_prefetch(cfg->optimizer));
     gt_status status = gt_step_device_read(model, cfg->record, out);
-    if (status != GT_OK)
+    if (status != GT_OK) {
         model->grads_valid = 0;  /* the queued backward may have stopped part way */
-    return status;
+        return status;
+    }
+    if (scaler)
+        gt_step_device_scaler_ran(model, out->found_inf);
+    return GT_OK;
 }
 
 /* The guard's verdict on a step whose gradients are finite: an outlier unless its loss and its
@@ -190,7 +194,7 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler && !out->outlier)  /* on the host for device models too: the record brought found_inf */
+    if (scaler && !out->outlier)  /* a device model's made the same update there (gt_step_device_unscale) */
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;
