@@ -14,6 +14,7 @@ import gputrain as gt
 from test_device_counters import device_inputs
 from test_recipe_sim import ACCUMULATION, Recipe
 from test_sim_knobs import assert_same_bits
+from test_sim_ordering import run_with_delays
 from test_sim_step import batch, make_model
 
 nn = gt.nn
@@ -103,3 +104,19 @@ def test_the_recipe_without_a_scaler_runs_deferred_with_the_cpu_bits(ema, offloa
         # device-only recipe never waits
         host_work = offload > 0 or ema == "host"
         assert c["syncs"] <= int(host_work) and c["allocs"] == 0 and c["frees"] == 0, c
+
+
+DELAYED = """
+from test_sim_deferred import DeferredRecipe, assert_same_bits
+for ema, offload in (("device", 0.5), ("host", 0.0)):
+    cpu, sim = DeferredRecipe("cpu", ema, offload), DeferredRecipe("sim", ema, offload)
+    assert sim.run(5)[0] == cpu.run(5)[0]
+    assert_same_bits(sim.state(), cpu.state())
+"""
+
+
+def test_the_deferred_clip_is_ordered_with_random_stream_delays():
+    """The clip is queued after the sum of squares it reads and before the update and the offload's
+    gradient copies that read its result; with the sim streams delayed at random, work not ordered
+    behind it would read unclipped gradients."""
+    run_with_delays(DELAYED, delay_us=300)
