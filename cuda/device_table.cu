@@ -217,6 +217,19 @@ gt_status loss_accumulate(int index, gt_stream *stream, const float *values, int
     return gt_cuda_loss_accumulate(index, values, rows, count, loss_sum, st);
 }
 
+gt_status grad_clip(int index, gt_stream *stream, float *grad, size_t n, const double *sumsq, double max_norm) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_grad_clip(index, grad, n, sumsq, max_norm, st);
+}
+
+gt_status scaler_update(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf) {
+    GT_TRY(gt_cuda_require_device(index, "device"));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_scaler_update(scaler, found_inf, st);
+}
+
 gt_status backend_init(gt_backend *be, int index, gt_stream *stream) {
     cudaStream_t st = nullptr;
     GT_TRY(resolve(index, stream, &st));
@@ -254,7 +267,7 @@ const gt_device_backend cuda_table = {
     event_create, event_destroy, event_record, event_query, event_synchronize, stream_native,
     adamw, sgd, ema, ema_swap, grad_sumsq, unscale_check,
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
-    stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate,
+    stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate, grad_clip, scaler_update,
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/adamw.h"
+#include "core/clip_rules.h"
 #include "core/ema_math.h"
 #include "core/loss_mean.h"
 #include "core/sgd.h"
@@ -92,6 +93,16 @@ __global__ void sumsq_finish_kernel(const double *totals, size_t num_chunks, dou
 // *loss_sum += gt_loss_mean(values, rows, count) (one thread: row order).
 __global__ void loss_accumulate_kernel(const float *values, int64_t rows, const int64_t *count, double *loss_sum) {
     *loss_sum = __dadd_rn(*loss_sum, gt_loss_mean(values, rows, count));
+}
+
+// grad[0..n) *= the clipping coefficient of *sumsq (core/clip_rules.h), read by every thread;
+// nothing is written when it is 1 (uniform across the grid).
+__global__ void grad_clip_kernel(float *grad, size_t n, const double *sumsq, double max_norm) {
+    const float coef = gt_clip_rule_coef_sumsq(max_norm, *sumsq);
+    if (coef == 1.0f)
+        return;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        grad[i] = gt_mul(grad[i], coef);
 }
 
 __device__ double sumsq_totals[GT_SUMSQ_MAX_CHUNKS];  // per-device chunk totals
@@ -197,5 +208,17 @@ extern "C" gt_status gt_cuda_loss_accumulate(int device, const float *values, in
     GT_TRY(gt_cuda_require_device(device, "device"));
     loss_accumulate_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(values, rows, count, loss_sum);
     GT_CUDA_TRY(cudaGetLastError(), "loss_accumulate_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_grad_clip(int device, float *grad, size_t n, const double *sumsq, double max_norm,
+                                      void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!grad || !sumsq)
+        return GT_FAIL(GT_ERR_VALUE, "grad_clip: NULL device pointer for %zu elements", n);
+    grad_clip_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(grad, n, sumsq, max_norm);
+    GT_CUDA_TRY(cudaGetLastError(), "grad_clip_kernel launch");
     return GT_OK;
 }

@@ -45,6 +45,11 @@ gt_status gt_cuda_grad_sumsq_async(int device, const float *x, size_t n, double 
 gt_status gt_cuda_loss_accumulate(int device, const float *values, int64_t rows, const int64_t *count,
                                   double *loss_sum, void *stream);
 
+/* Queues grad_clip_kernel: grad[0..n) *= min(1, max_norm / (sqrt(*sumsq) + 1e-6)) in fp32
+ * (core/clip_rules.h), *sumsq a device double; nothing is written when that is 1. */
+gt_status gt_cuda_grad_clip(int device, float *grad, size_t n, const double *sumsq, double max_norm,
+                            void *stream);
+
 #ifdef __cplusplus
 }
 #endif

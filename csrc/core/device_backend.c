@@ -156,6 +156,15 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         add(K, i, LAUNCHES, 1);                                                                              \
         return real[K]->loss_accumulate(i, s, values, rows, count, loss_sum);                                \
     }                                                                                                        \
+    static gt_status name##_grad_clip(int i, gt_stream *s, float *grad, size_t n, const double *sumsq,      \
+                                      double max_norm) {                                                     \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->grad_clip(i, s, grad, n, sumsq, max_norm);                                           \
+    }                                                                                                        \
+    static gt_status name##_scaler_update(int i, gt_stream *s, gt_scaler *scaler, const int *found_inf) {   \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->scaler_update(i, s, scaler, found_inf);                                              \
+    }                                                                                                        \
     static gt_status name##_backend_init(gt_backend *be, int i, gt_stream *s) {                             \
         return init_counted(K, be, i, s);                                                                    \
     }                                                                                                        \
@@ -178,6 +187,8 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         t->backend_init = name##_backend_init;                                                               \
         t->grad_sumsq_async = name##_grad_sumsq_async;                                                       \
         t->loss_accumulate = name##_loss_accumulate;                                                         \
+        t->grad_clip = name##_grad_clip;                                                                     \
+        t->scaler_update = name##_scaler_update;                                                             \
         t->backend_release = name##_backend_release;                                                         \
     }
 

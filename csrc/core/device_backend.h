@@ -10,7 +10,8 @@
  *    order, and the work of other streams is ordered against it only through events.
  *  - Pointers are device pointers unless the name says host; a copy takes any mix of device
  *    and host memory (the direction follows from the pointers).
- *  - Kernels (adamw ... scaler_unscale_check, grad_sumsq_async, loss_accumulate) queue their
+ *  - Kernels (adamw ... scaler_unscale_check, grad_sumsq_async, loss_accumulate, grad_clip,
+ *    scaler_update) queue their
  *    work on `stream` and return after the launch, except grad_sumsq, whose result is a host
  *    value: it waits for the stream.
  * The backends register their tables at module start-up (gt_device_backend_install), so the
@@ -111,6 +112,13 @@ typedef struct gt_device_backend {
      * (rows,) and count (or NULL for an MSE's mean) are device memory. */
     gt_status (*loss_accumulate)(int index, gt_stream *stream, const float *values, int64_t rows,
                                  const int64_t *count, double *loss_sum);
+    /* grad[0..n) *= min(1, max_norm / (sqrt(*sumsq) + 1e-6)) in fp32 (core/clip_rules.h; nothing is
+     * written when that is 1), *sumsq a device double: clipping decided on the device, no wait. */
+    gt_status (*grad_clip)(int index, gt_stream *stream, float *grad, size_t n, const double *sumsq,
+                           double max_norm);
+    /* The scaler's end-of-step update (growth/backoff, core/scaler_rules.h) of *scaler from
+     * *found_inf, both device memory; a disabled scaler is left as it is. */
+    gt_status (*scaler_update)(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table

@@ -57,14 +57,21 @@ typedef struct gt_step_record {
     int64_t count;        /* rows the last cross-entropy counted */
     float mse;            /* mean of the last MSE */
     int found_inf;        /* 1 when the unscale saw a NaN/Inf gradient, else 0 */
-    gt_scaler scaler;     /* the host scaler's state, copied in for the unscale kernel */
     double sumsq_totals[GT_SUMSQ_MAX_CHUNKS]; /* (chunks,) scratch of the sum of squares */
 } gt_step_record;
 
 enum { GT_STEP_RECORDS = 2 };  /* records a device model keeps: step k writes record k % 2, so a
                                   deferred result (TrainStep(sync=False)) outlives the next step */
 
-#define GT_MODEL_STEP_SCRATCH_BYTES (GT_STEP_RECORDS * sizeof(gt_step_record))  /* a device model's step scratch */
+/* A device model's step scratch block: the records, then the state the step keeps on the device
+ * from one step to the next (train/step_device.c). */
+typedef struct gt_step_scratch {
+    gt_step_record records[GT_STEP_RECORDS]; /* step k writes records[k % 2] (sync=True: record 0) */
+    gt_scaler scaler;     /* the loss scaler's state on the device: the unscale reads it, the
+                             update (growth/backoff) applies core/scaler_rules.h to it there */
+} gt_step_scratch;
+
+#define GT_MODEL_STEP_SCRATCH_BYTES sizeof(gt_step_scratch)  /* a device model's step scratch */
 
 /* What the allocator reserves now for each live arena of a model (0 for those it does not
  * hold), in the fields of gt_model_plan that say so. */
@@ -111,9 +118,11 @@ typedef struct gt_model {
                                    NULL when the model's input has no mask */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
     int step_record;            /* the record of step_scratch the step in progress writes */
-    gt_block step_scratch;      /* (GT_STEP_RECORDS,) gt_step_record in device memory of a device
-                                   model, for the training step's kernels, allocated with the model
-                                   so a step allocates nothing; empty on the cpu */
+    gt_block step_scratch;      /* a gt_step_scratch in device memory of a device model, for the
+                                   training step's kernels, allocated with the model so a step
+                                   allocates nothing; empty on the cpu */
+    gt_scaler scaler_mirror;    /* what step_scratch's scaler holds once the queued work has run */
+    int scaler_mirrored;        /* 1 when scaler_mirror is known (0: the next scaled step copies it in) */
 } gt_model;
 
 /* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */

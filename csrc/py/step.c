@@ -336,8 +336,8 @@ static PyMethodDef step_methods[] = {
      "sync=True, record=0)\n--\n\n"
      "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
      "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm. With "
-     "sync=False (a device model without scaler, guard or clipping) the step waits for nothing and leaves "
-     "its result in the model's step record `record` (0 or 1) for step_record."},
+     "sync=False (a device model without scaler or guard; clipping runs on the device) the step waits for "
+     "nothing and leaves its result in the model's step record `record` (0 or 1) for step_record."},
     {"step_record", step_record, METH_VARARGS,
      "step_record(model, record, micro_batches, want_norm)\n--\n\n"
      "The result of the sync=False step that wrote record `record` of a device model (waits for it)."},

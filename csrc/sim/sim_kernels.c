@@ -144,3 +144,37 @@ gt_status gt_sim_unscale_check(int index, gt_stream *stream, const gt_scaler *sc
     unscale_job job = {scaler, grad, n, found_inf};
     return n ? gt_sim_enqueue(index, stream, run_unscale, &job, sizeof job) : GT_OK;
 }
+
+typedef struct clip_job {
+    float *grad;           /* (n,) gradients, clipped in place */
+    size_t n;              /* elements */
+    const double *sumsq;   /* device sum of squares, read when the job runs */
+    double max_norm;       /* clipping threshold */
+} clip_job;
+
+static gt_status run_clip(void *args) {
+    clip_job *j = args;
+    return gt_grad_clip(j->grad, j->n, j->sumsq, j->max_norm);
+}
+
+gt_status gt_sim_grad_clip(int index, gt_stream *stream, float *grad, size_t n, const double *sumsq,
+                           double max_norm) {
+    clip_job job = {grad, n, sumsq, max_norm};
+    return n ? gt_sim_enqueue(index, stream, run_clip, &job, sizeof job) : GT_OK;
+}
+
+typedef struct scaler_update_job {
+    gt_scaler *scaler;       /* device scaler state, updated in place */
+    const int *found_inf;    /* device flag, read when the job runs */
+} scaler_update_job;
+
+static gt_status run_scaler_update(void *args) {
+    scaler_update_job *j = args;
+    gt_scaler_update(j->scaler, *j->found_inf);
+    return GT_OK;
+}
+
+gt_status gt_sim_scaler_update(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf) {
+    scaler_update_job job = {scaler, found_inf};
+    return gt_sim_enqueue(index, stream, run_scaler_update, &job, sizeof job);
+}

@@ -19,5 +19,8 @@ gt_status gt_sim_loss_accumulate(int index, gt_stream *stream, const float *valu
                                  const int64_t *count, double *loss_sum);
 gt_status gt_sim_unscale_check(int index, gt_stream *stream, const gt_scaler *scaler, float *grad, size_t n,
                                int *found_inf);
+gt_status gt_sim_grad_clip(int index, gt_stream *stream, float *grad, size_t n, const double *sumsq,
+                           double max_norm);
+gt_status gt_sim_scaler_update(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf);
 
 #endif

@@ -79,6 +79,8 @@ static const gt_device_backend sim_table = {
     .pointer_device = gt_sim_pointer_device,
     .grad_sumsq_async = gt_sim_grad_sumsq_async,
     .loss_accumulate = gt_sim_loss_accumulate,
+    .grad_clip = gt_sim_grad_clip,
+    .scaler_update = gt_sim_scaler_update,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

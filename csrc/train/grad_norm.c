@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "core/clip_rules.h"
+#include "core/fp_ops.h"
 #include "core/simd.h"
 
 #if GT_SIMD_X86
@@ -119,5 +121,15 @@ gt_status gt_grad_absmax(const float *x, size_t n, double *out) {
         largest = a > largest ? a : largest;
     }
     *out = any_nan ? NAN : (double)largest;
+    return GT_OK;
+}
+
+gt_status gt_grad_clip(float *x, size_t n, const double *sumsq, double max_norm) {
+    const float coef = gt_clip_rule_coef_sumsq(max_norm, *sumsq);
+    if (coef == 1.0f)
+        return GT_OK;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++)
+        x[i] = gt_mul(x[i], coef);
     return GT_OK;
 }

@@ -18,4 +18,10 @@ gt_status gt_grad_norm_l2(const float *x, size_t n, double *out);
 /* max |x| over n host fp32 values (NaN if any is NaN); 0 for n = 0. */
 gt_status gt_grad_absmax(const float *x, size_t n, double *out);
 
+/* Clips n host fp32 gradients in place by the coefficient of core/clip_rules.h for the sum of
+ * squares *sumsq: x[i] = x[i] * coef in fp32 (what the optimizer's grad_coef multiply does, so
+ * an update with grad_coef 1 afterwards gives the bits of one with grad_coef = coef); nothing
+ * is written when coef is 1. The cpu half of the device kernel that clips without a wait. */
+gt_status gt_grad_clip(float *x, size_t n, const double *sumsq, double max_norm);
+
 #endif

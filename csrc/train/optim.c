@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/clip_rules.h"
 #include "train/copy_stream.h"
 #include "train/grad_norm.h"
 #include "train/offload.h"
@@ -333,10 +334,7 @@ void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out) 
     out->host_numel = opt->total_numel - opt->device_numel;
 }
 
-float gt_clip_coef(double max_norm, double norm) {
-    double coef = max_norm / (norm + 1e-6);
-    return coef < 1.0 ? (float)coef : 1.0f;
-}
+float gt_clip_coef(double max_norm, double norm) { return gt_clip_rule_coef(max_norm, norm); }
 
 /* ------------------------------------------------------------ segments ------------ */
 

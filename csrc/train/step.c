@@ -104,15 +104,21 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
     if (want_norm)
         GT_TRY(gt_step_device_sumsq(model));
     if (cfg->deferred) {  /* the result stays in the record: no wait, nothing on the host depends on it */
+        if (cfg->max_grad_norm > 0.0)  /* the clip, decided on the device from the record's norm */
+            GT_TRY(gt_step_device_clip(model, cfg->max_grad_norm));
         *out = (gt_step_sums){.loss_sum = NAN, .grad_sumsq = NAN};
         return GT_OK;
     }
     if (cfg->optimizer)
         GT_TRY(gt_optimizer_prefetch(cfg->optimizer));
     gt_status status = gt_step_device_read(model, cfg->record, out);
-    if (status != GT_OK)
+    if (status != GT_OK) {
         model->grads_valid = 0;  /* the queued backward may have stopped part way */
-    return status;
+        return status;
+    }
+    if (scaler)
+        gt_step_device_scaler_ran(model, out->found_inf);
+    return GT_OK;
 }
 
 /* The guard's verdict on a step whose gradients are finite: an outlier unless its loss and its
@@ -143,7 +149,10 @@ static gt_status prepare_update(gt_model *model, const gt_tensor *inputs, const 
 }
 
 /* A deferred step leaves every decision of the update to the device, so nothing may need the
- * result on the host: no scaler (found_inf), no guard, no clipping (the norm). */
+ * result on the host. Clipping is decided there (gt_step_device_clip). A scaler's found_inf
+ * decides whether the update runs, and the update's host-side constants follow it (AdamW's step
+ * count, the scheduler, the EMA's count), so it still needs the record on the host; so does the
+ * guard, whose next limits are made from this step's loss and norm. */
 static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg) {
     if (cfg->record < 0 || cfg->record >= GT_STEP_RECORDS)
         return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d), got %d", GT_STEP_RECORDS, cfg->record);
@@ -151,9 +160,9 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
         return GT_OK;
     if (!model->device)
         return GT_FAIL(GT_ERR_VALUE, "sync: a deferred result needs a model on an accelerator (cuda:N or sim:N)");
-    if ((cfg->scaler && cfg->scaler->enabled) || cfg->guard || cfg->max_grad_norm > 0.0)
-        return GT_FAIL(GT_ERR_VALUE, "sync=False: a GradScaler, a spike guard and max_grad_norm decide the update "
-                       "from the step's result on the host; use sync=True (one wait per step) with them");
+    if ((cfg->scaler && cfg->scaler->enabled) || cfg->guard)
+        return GT_FAIL(GT_ERR_VALUE, "sync=False: a GradScaler and a spike guard decide the update from the step's "
+                       "result on the host; use sync=True (one wait per step) with them");
     return GT_OK;
 }
 
@@ -174,7 +183,7 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
     out->loss = sums.loss_sum / cfg->micro_batches;
     int found_inf = sums.found_inf;
     float grad_coef = 1.0f;
-    if (!found_inf && want_norm) {
+    if (!found_inf && want_norm && !cfg->deferred) {  /* deferred: clipped on the device */
         out->grad_norm = sqrt(sums.grad_sumsq);
         if (cfg->max_grad_norm > 0.0)
             grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
@@ -185,7 +194,7 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         GT_TRY(gt_model_refresh_lowp(model));
     }
-    if (scaler && !out->outlier)  /* on the host for device models too: the record brought found_inf */
+    if (scaler && !out->outlier)  /* a device model's made the same update there (gt_step_device_unscale) */
         gt_scaler_update(scaler, found_inf);
     model->step++;
     return GT_OK;

@@ -27,8 +27,9 @@ typedef struct gt_step_config {
                                   norm <= guard_grad_norm (a NaN is not); the norm is computed */
     double guard_loss;         /* the largest loss the guard lets update (DBL_MAX: any finite one) */
     double guard_grad_norm;    /* the largest unscaled gradient L2 norm the guard lets update */
-    int deferred;              /* 1 (a device model, without scaler, guard or clipping): the step
-                                  waits for nothing; its loss and norm stay in step record
+    int deferred;              /* 1 (a device model, without scaler or guard): the step waits for
+                                  nothing (clipping is decided on the device, which leaves the
+                                  gradients clipped); its loss and norm stay in step record
                                   `record` (gt_step_read_record), the result's are NaN */
     int record;                /* which of the GT_STEP_RECORDS records a device step writes */
 } gt_step_config;

@@ -1,8 +1,9 @@
 /* The parts of the training step (train/step.c) that run on an accelerator through
  * core/device_backend.h, with the step record (nn/model.h's gt_step_record, in the model's
  * step scratch) as the only memory they touch besides the model's arenas: the loss sum, the
- * loss scaler's unscale + inf check and the gradients' sum of squares are queued on the model's
- * stream, and the host reads the record back once per step, its only wait. */
+ * loss scaler's unscale + inf check and growth/backoff (its state kept in the step scratch) and
+ * the gradients' sum of squares are queued on the model's stream, and the host reads the record
+ * back once per step, its only wait. */
 #ifndef GT_TRAIN_STEP_DEVICE_H
 #define GT_TRAIN_STEP_DEVICE_H
 
@@ -23,13 +24,25 @@ gt_step_record *gt_step_device_record(gt_model *model, int index);
  * the functions below use that record until the next begin. */
 gt_status gt_step_device_begin(gt_model *model, int record);
 
-/* Queues gt_scaler_unscale_check on the (num_params,) gradient arena: *scaler is copied in on
- * the stream (it must stay as it is until gt_step_device_read), the kernel sets the record's
- * inf flag. */
+/* Queues gt_scaler_unscale_check on the (num_params,) gradient arena with the device's scaler
+ * (the step scratch's), setting the record's inf flag, then the scaler's growth/backoff from
+ * that flag on the device (core/scaler_rules.h). *scaler is copied in first only when the
+ * device's state is not known to equal it (the model's mirror: after load_state_dict,
+ * update(new_scale), another scaler, a failed step or a guard's outlier). */
 gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler);
+
+/* Records that the queued scaler update has run with `found_inf` (after the record's read): the
+ * mirror follows the device's state, so the next step copies nothing when the host's scaler
+ * made the same update. */
+void gt_step_device_scaler_ran(gt_model *model, int found_inf);
 
 /* Queues the gradients' sum of squares into the record, in the CPU's order (the same bits). */
 gt_status gt_step_device_sumsq(gt_model *model);
+
+/* Queues the clipping of the gradient arena by the coefficient of the record's sum of squares
+ * (queued before by gt_step_device_sumsq; core/clip_rules.h), in place: the update that follows
+ * reads them with grad_coef 1 and gives the bits of the host's clip (nothing waits). */
+gt_status gt_step_device_clip(gt_model *model, double max_norm);
 
 /* Reads record `record` back: the host waits for everything queued so far (one sync). */
 gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out);

@@ -16,10 +16,12 @@ add_param_group, state_dict, model(x), scaler.update(), EMA.update(), ...) raise
 "... is in use by another thread" instead of racing with it.
 
 Syncs: on a device model a step waits once, for its small result record (loss, norm, inf flag).
-With ``sync=False`` (no GradScaler, spike guard or max_grad_norm, which decide the update from
-that record on the host; inputs as DeviceArrays) it waits for nothing: the returned output reads
-the record when one of its fields is first read, and a step reads the record of the step two
-calls before it only if that output is still alive and unread (the device keeps two records).
+With ``sync=False`` (no GradScaler or spike guard, which decide the update from that record on
+the host; inputs as DeviceArrays) it waits for nothing: max_grad_norm's clip is decided on the
+device (which leaves the gradients clipped in place, as torch's clip_grad_norm_ does), and the
+returned output reads the record when one of its fields is first read; a step reads the record
+of the step two calls before it only if that output is still alive and unread (the device keeps
+two records).
 An error of the queued work (a target out of range) then surfaces when a record is read, after
 the updates queued behind it have run.
 
@@ -259,9 +261,9 @@ class TrainStep:
             raise TypeError(f"spike_guard must be a gputrain.SpikeGuard or None, not {type(spike_guard).__name__}")
         if not isinstance(sync, bool):
             raise TypeError(f"sync must be a bool, not {type(sync).__name__}")
-        if not sync and (scaler is not None or spike_guard is not None or max_grad_norm is not None):
-            raise ValueError("sync=False: a GradScaler, a spike guard and max_grad_norm decide the update from the "
-                             "step's result on the host; use sync=True (one wait per step) with them")
+        if not sync and (scaler is not None or spike_guard is not None):
+            raise ValueError("sync=False: a GradScaler and a spike guard decide the update from the step's result "
+                             "on the host; use sync=True (one wait per step) with them")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"scheduler must have a step() method (e.g. gputrain.optim.LambdaLR) or be None, "
                             f"not {type(scheduler).__name__}")
@@ -356,13 +358,14 @@ class TrainStep:
             earlier.result()  # its record is about to be reused: read it now (a wait)
         compiled = self.model.compiled
         _C.train_step(compiled, x, y, self.loss_fn._spec(), micro_batches=self.gradient_accumulation_steps,
-                      set_to_none=self.set_to_none, want_grad_norm=self.log_grad_norm, optimizer=self.optimizer,
-                      sync=False, record=record)
+                      set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
+                      want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, sync=False, record=record)
         self._calls += 1
         if self.scheduler is not None and self.optimizer is not None:
             self.scheduler.step()  # nothing can skip the update without a scaler or guard
+        want_norm = self.log_grad_norm or self.max_grad_norm > 0  # as a synchronous step reports it
         out = DeferredStepOutput(functools.partial(_C.step_record, compiled, record, self.gradient_accumulation_steps,
-                                                   self.log_grad_norm))
+                                                   want_norm))
         self._unread[record] = weakref.ref(out)
         return out
 
