@@ -1,0 +1,83 @@
+"""A few training steps of a small MLP or GPT, as one rank of `mpiexec -n N` (the batch's rows
+of this rank) or as one process accumulating the N ranks' micro-batches in rank order (the
+reference). test_distributed.py runs it; it writes the weights and the step results."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import gputrain as gt
+from gputrain import distributed as dist
+
+nn = gt.nn
+ROWS = 4  # rows of a rank's micro-batch
+
+
+def model_and_batches(kind: str, world: int, steps: int):
+    gt.random.manual_seed(3)
+    rng = np.random.default_rng(7)
+    if kind == "mlp":
+        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.LayerNorm(32), nn.Dropout(0.1), nn.Linear(32, 5))
+        batches = [(rng.standard_normal((world * ROWS, 12)).astype(np.float32), rng.integers(0, 5, world * ROWS))
+                   for _ in range(steps)]
+    else:
+        model = gt.models.GPT(vocab_size=23, block_size=8, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
+        tokens = [rng.integers(0, 23, (world * ROWS, 9)) for _ in range(steps)]
+        batches = [(t[:, :-1], t[:, 1:]) for t in tokens]
+    return model, batches
+
+
+def train(kind: str, world: int, rank: int | None, steps: int, precision: str, clip: float | None):
+    """rank None: the one-process reference (world micro-batches per step); else rank's rows."""
+    model, batches = model_and_batches(kind, world, steps)
+    scaler = gt.amp.GradScaler(init_scale=2.0**12) if precision == "fp16" else None
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
+                        gradient_accumulation_steps=world if rank is None else 1, precision=precision,
+                        max_grad_norm=clip, scaler=scaler, log_grad_norm=True)
+    results = []
+    for x, y in batches:
+        rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
+        out = step(x[rows], y[rows])
+        results.append((out.loss, out.grad_norm, float(out.skipped), out.scale))
+    return model.state_dict(), np.array(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["mlp", "gpt"])
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--clip", type=float, default=None)
+    parser.add_argument("--die-at-step", type=int, default=None, help="rank 1 exits before this step")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--die-how", choices=["exit", "hang"], default="exit")
+    args = parser.parse_args()
+    dist.init(timeout=args.timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.die_at_step is not None:
+        model, batches = model_and_batches(args.kind, world, args.steps)
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()))
+        for i, (x, y) in enumerate(batches):
+            if i == args.die_at_step and rank == 1:
+                os._exit(0) if args.die_how == "exit" else time.sleep(3 * args.timeout)
+            started = time.monotonic()
+            try:
+                step(x[rank * ROWS:(rank + 1) * ROWS], y[rank * ROWS:(rank + 1) * ROWS])
+                print(f"rank {rank} step {i} done", flush=True)
+            except TimeoutError as error:
+                print(f"rank {rank} TimeoutError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+                os._exit(3)
+        return
+    weights, results = train(args.kind, world, rank, args.steps, args.precision, args.clip)
+    np.savez(f"{args.out}.rank{rank}.npz", results=results, **weights)
+    dist.destroy()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
