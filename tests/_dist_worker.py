@@ -47,6 +47,25 @@ def train(kind: str, world: int, rank: int | None, steps: int, precision: str, c
     return model.state_dict(), np.array(results)
 
 
+def trainer_run(out: str, rank: int, resume: bool) -> None:
+    """Trainer over 16 rows (each rank's loader: its 8) with a checkpoint at step 2 of 2; with
+    `resume`, one process continues that checkpoint to step 4."""
+    x = np.arange(16 * 3, dtype=np.float32).reshape(16, 3) / 48
+    y = np.arange(16) % 2
+    loader = gt.DataLoader((np.arange(16), y), batch_size=4, shuffle=True, seed=1)
+    rows = np.concatenate([batch[0] for batch in loader])
+    gt.random.manual_seed(1)
+    model = nn.Sequential(nn.Linear(3, 2))
+    args = gt.TrainingArguments(output_dir=f"{out}-out", per_device_train_batch_size=4, max_steps=4 if resume else 2,
+                                save_steps=2, logging_steps=1, learning_rate=0.1, disable_tqdm=True)
+    trainer = gt.Trainer(model, args, train_dataset=(x, y))
+    trainer.train(resume_from_checkpoint=f"{out}-out/checkpoint-2" if resume else None)
+    if resume:
+        print(f"resumed at step 2, trained to step {trainer.state.global_step}")
+    else:
+        np.savez(f"{out}.rank{rank}.npz", rows=rows, weight=model.state_dict()["0.weight"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=["mlp", "gpt"])
@@ -57,9 +76,23 @@ def main() -> None:
     parser.add_argument("--die-at-step", type=int, default=None, help="rank 1 exits before this step")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--die-how", choices=["exit", "hang"], default="exit")
+    parser.add_argument("--trainer", action="store_true", help="the Trainer and DataLoader run")
+    parser.add_argument("--raise-on-rank-1", action="store_true", help="rank 1 raises before its first step")
+    parser.add_argument("--resume", action="store_true", help="with --trainer: one process resumes")
+    parser.add_argument("--reference", type=int, default=None, metavar="N",
+                        help="one process, N micro-batches per step: the reference of N ranks")
     args = parser.parse_args()
+    if args.reference is not None:
+        weights, results = train(args.kind, args.reference, None, args.steps, args.precision, args.clip)
+        np.savez(f"{args.out}.reference.npz", results=results, **weights)
+        return
     dist.init(timeout=args.timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.raise_on_rank_1 and rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    if args.trainer:
+        trainer_run(args.out, rank, args.resume)
+        return
     if args.die_at_step is not None:
         model, batches = model_and_batches(args.kind, world, args.steps)
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()))

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import _dist_worker as worker
 import gputrain as gt
 from gputrain import _C
 from gputrain import distributed as dist
@@ -44,10 +43,14 @@ def run_ranks(ranks: int, *args: str, timeout: float = 240.0) -> subprocess.Comp
 
 
 def distributed_run(tmp_path, kind, steps, *options):
+    """The two ranks' weights and results, and the one-process reference's (in a process of its
+    own too, so that all three run on the same CPU: CI runs pytest itself under qemu)."""
     out = str(tmp_path / "run")
-    done = run_ranks(2, kind, out, "--steps", str(steps), *options)
+    args = [kind, out, "--steps", str(steps), *options]
+    done = run_ranks(2, *args)
     assert done.returncode == 0, done.stdout + done.stderr
-    return [np.load(f"{out}.rank{r}.npz") for r in range(2)]
+    subprocess.run([sys.executable, WORKER, *args, "--reference", "2"], check=True, timeout=240)
+    return [np.load(f"{out}.rank{r}.npz") for r in range(2)], np.load(f"{out}.reference.npz")
 
 
 @pytest.mark.parametrize("precision, clip", [("fp32", None), ("fp16", 0.5), ("bf16", 0.05)],
@@ -59,14 +62,12 @@ def test_two_ranks_give_the_weights_of_one_process_bit_for_bit(tmp_path, precisi
     g0 + g1 in rank order exactly as the reference's second backward adds g1 onto g0, dropout
     draws with the micro-batch's global index, and the losses sum in rank order."""
     options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
-    ranks = distributed_run(tmp_path, "mlp", 3, *options)
-    weights, results = worker.train("mlp", 2, None, 3, precision, clip)
+    ranks, reference = distributed_run(tmp_path, "mlp", 3, *options)
     for got in ranks:
-        for name, expected in weights.items():
-            assert np.array_equal(got[name], expected), name
-        np.testing.assert_array_equal(got["results"], results)  # loss, grad norm, skipped, scale
+        for name in reference.files:  # the weights, and the results: loss, grad norm, skipped, scale
+            assert np.array_equal(got[name], reference[name]), name
     if clip:
-        assert (results[:, 1] > clip).all()  # clipping acted in every step
+        assert (reference["results"][:, 1] > clip).all()  # clipping acted in every step
 
 
 def test_two_ranks_of_a_gpt_step(tmp_path):
@@ -75,13 +76,13 @@ def test_two_ranks_of_a_gpt_step(tmp_path):
     gradient is a scatter-add, which the reference accumulates row by row onto micro-batch 0's
     sum ((g0 + r1) + r2 ...) where the ranks add whole sums (g0 + (r1 + r2 ...)): a rounding
     apart (the embedding backward would have to sum a micro-batch apart first to match)."""
-    (got, _) = distributed_run(tmp_path, "gpt", 1, "--precision", "fp16")
-    weights, results = worker.train("gpt", 2, None, 1, "fp16", None)
-    for name, expected in weights.items():
+    (got, _), reference = distributed_run(tmp_path, "gpt", 1, "--precision", "fp16")
+    for name in reference.files:
         if name == "wte.weight":
-            np.testing.assert_allclose(got[name], expected, rtol=0, atol=1e-6)
-        else:
-            assert np.array_equal(got[name], expected), name
+            np.testing.assert_allclose(got[name], reference[name], rtol=0, atol=1e-6)
+        elif name != "results":
+            assert np.array_equal(got[name], reference[name]), name
+    results = reference["results"]
     assert got["results"][0, 0] == results[0, 0]  # the loss
     np.testing.assert_allclose(got["results"][0, 1], results[0, 1], rtol=1e-6)  # the norm (of that embedding)
 
@@ -172,3 +173,39 @@ def test_train_step_refuses_a_comm_that_is_not_a_communicator():
                       ("cross_entropy", 0.0, -100), comm=object())
     for name, value in model.state_dict().items():
         assert np.array_equal(value, before[name])
+
+
+def test_char_gpt_example_runs_on_two_ranks():
+    example = Path(__file__).parents[1] / "examples" / "char_gpt.py"
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(example), "--distributed", "--steps", "3",
+                           "--layers", "1", "--embd", "32", "--block", "16", "--batch", "4", "--threads", "1"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "x 2 ranks" in done.stdout and done.stdout.count("trained 3 steps") == 1  # rank 0 reports
+
+
+def test_loader_and_trainer_on_two_ranks(tmp_path):
+    """The DataLoader shards by rank without being told, the ranks train the same weights, and
+    rank 0 alone writes the checkpoint, which a single process then resumes (another world size)."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("safetensors", reason="checkpoints need safetensors (a gputrain dependency)")
+    done = run_ranks(2, "mlp", str(tmp_path / "trainer"), "--trainer")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shards = [np.load(str(tmp_path / f"trainer.rank{r}.npz")) for r in range(2)]
+    rows = [set(s["rows"].tolist()) for s in shards]
+    assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(16))
+    assert np.array_equal(shards[0]["weight"], shards[1]["weight"])
+    checkpoints = sorted(p.name for p in (tmp_path / "trainer-out").iterdir() if p.name.startswith("checkpoint"))
+    assert checkpoints == ["checkpoint-2"]
+    resumed = subprocess.run([sys.executable, WORKER, "mlp", str(tmp_path / "trainer"), "--trainer", "--resume"],
+                             capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed at step 2, trained to step 4" in resumed.stdout
+
+
+def test_an_exception_on_one_rank_ends_the_job_at_once():
+    started = time.monotonic()
+    done = run_ranks(2, "mlp", "unused", "--raise-on-rank-1", "--timeout", "120")
+    assert done.returncode != 0
+    assert "ValueError: rank 1 fails on purpose" in done.stderr
+    assert time.monotonic() - started < 60  # not the 120 s timeout: MPI_Abort ended rank 0's wait

@@ -13,6 +13,7 @@ logs and writes checkpoints on rank 0 only.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from gputrain import _C
@@ -40,6 +41,7 @@ class _State:
     initialized = False
     comm: Any = None       # the _C.Communicator when world_size > 1
     mpi_comm: Any = None   # the mpi4py communicator it runs on (kept alive with it)
+    excepthook: Any = None  # sys.excepthook before init() replaced it, or None
 
 
 def launcher_env(environ: dict[str, str] | None = None) -> tuple[int, int] | None:
@@ -77,11 +79,26 @@ def _import_mpi() -> Any:
     return MPI
 
 
+def _abort_on_uncaught_exception(MPI: Any) -> None:
+    """An exception that ends one rank ends the job at once (MPI_Abort) instead of leaving the
+    others waiting for it until their timeout: the traceback is printed first."""
+    previous = sys.excepthook
+
+    def abort(kind: Any, value: Any, traceback: Any) -> None:
+        previous(kind, value, traceback)
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    _State.excepthook = previous
+    sys.excepthook = abort
+
+
 def init(timeout: float = DEFAULT_TIMEOUT) -> None:
     """Joins the job: rank and world size from mpirun/mpiexec (OMPI_COMM_WORLD_*, PMI_*), srun
     (SLURM_*) or torchrun-style (RANK/WORLD_SIZE) variables; one process without them. Every
     collective then fails with TimeoutError after `timeout` seconds instead of hanging on a rank
-    that died. Calling it again after init() raises."""
+    that died, and an uncaught exception on one rank aborts the job (MPI_Abort). Calling it
+    again after init() raises."""
     if _State.initialized:
         raise RuntimeError("gputrain.distributed.init(): already initialised; call destroy() first")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -102,6 +119,7 @@ def init(timeout: float = DEFAULT_TIMEOUT) -> None:
                                       MPI._handleof(MPI.BYTE) & mask, handle_bytes, MPI._sizeof(MPI.Status),
                                       rank, size, float(timeout))
         _State.mpi_comm = mpi_comm
+        _abort_on_uncaught_exception(MPI)
     _State.rank, _State.world_size, _State.initialized = rank, size, True
 
 
@@ -111,6 +129,8 @@ def destroy() -> None:
         _State.comm.close()
     if _State.mpi_comm is not None:
         _State.mpi_comm.Free()
+    if _State.excepthook is not None:
+        sys.excepthook, _State.excepthook = _State.excepthook, None
     _State.comm = _State.mpi_comm = None
     _State.rank, _State.world_size, _State.initialized = 0, 1, False
 
