@@ -66,6 +66,33 @@ def trainer_run(out: str, rank: int, resume: bool) -> None:
         np.savez(f"{out}.rank{rank}.npz", rows=rows, weight=model.state_dict()["0.weight"])
 
 
+def check_collectives(rank: int, world: int) -> None:
+    """Every collective against NumPy, for sizes below, at and above the rank count and the bucket;
+    the all-reduce's bytes against the ring minimum 2 (N - 1) / N x 4n."""
+    comm = dist.communicator()
+    for n in (0, 1, world - 1, world + 1, 1000, (1 << 20) + 3):
+        values = [np.random.default_rng(r * 7 + n).standard_normal(n).astype(np.float32) for r in range(world)]
+        expected = values[0].copy()
+        for v in values[1:]:
+            expected += v  # rank order
+        got, before = values[rank].copy(), comm.bytes_sent
+        dist.all_reduce(got)
+        assert np.array_equal(got, expected), ("allreduce", n)
+        chunks = [n * r // world for r in range(world + 1)]  # the chunk layout of comm.h, up to rounding
+        sent = sum(4 * (c1 - c0) for c0, c1 in zip(chunks, chunks[1:]) for _ in range(world - 1))
+        assert abs((comm.bytes_sent - before) - sent * 2 / world) <= 8 * world, (n, comm.bytes_sent - before, sent)
+        gathered = np.zeros(n, np.float32)
+        bounds = [n // world * r + n % world * r // world for r in range(world + 1)]
+        gathered[bounds[rank]:bounds[rank + 1]] = rank + 1
+        comm.allgather(gathered)
+        assert np.array_equal(gathered, np.repeat(np.arange(1, world + 1, dtype=np.float32), np.diff(bounds)))
+    table = np.full((3, 5), rank, np.int32)
+    dist.broadcast(table, root=world - 1)
+    assert (table == world - 1).all()
+    dist.barrier()
+    print(f"rank {rank} collectives OK", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=["mlp", "gpt"])
@@ -77,6 +104,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--die-how", choices=["exit", "hang"], default="exit")
     parser.add_argument("--trainer", action="store_true", help="the Trainer and DataLoader run")
+    parser.add_argument("--collectives", action="store_true", help="check every collective against NumPy")
     parser.add_argument("--raise-on-rank-1", action="store_true", help="rank 1 raises before its first step")
     parser.add_argument("--resume", action="store_true", help="with --trainer: one process resumes")
     parser.add_argument("--reference", type=int, default=None, metavar="N",
@@ -90,6 +118,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.raise_on_rank_1 and rank == 1:
         raise ValueError("rank 1 fails on purpose")
+    if args.collectives:
+        check_collectives(rank, world)
+        return
     if args.trainer:
         trainer_run(args.out, rank, args.resume)
         return

@@ -87,6 +87,13 @@ def test_two_ranks_of_a_gpt_step(tmp_path):
     np.testing.assert_allclose(got["results"][0, 1], results[0, 1], rtol=1e-6)  # the norm (of that embedding)
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_collectives_against_numpy(ranks):
+    done = run_ranks(ranks, "mlp", "unused", "--collectives")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("collectives OK") == ranks
+
+
 def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
     started = time.monotonic()
     done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3")
