@@ -6,6 +6,7 @@ missing one fails; elsewhere these tests are skipped)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,7 +100,8 @@ def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
     done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "rank 0 step 0 done" in done.stdout
-    assert "rank 0 TimeoutError after 3." in done.stdout, done.stdout
+    waited = re.search(r"rank 0 TimeoutError after ([0-9.]+) s", done.stdout)
+    assert waited and 3.0 <= float(waited.group(1)) < 30, done.stdout  # the step's compute, then the 3 s
     assert "with rank 1 did not complete within 3 s" in done.stdout
     assert time.monotonic() - started < 60
 
