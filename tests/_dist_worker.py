@@ -49,14 +49,14 @@ def train(kind: str, world: int, rank: int | None, steps: int, precision: str, c
 
 def trainer_run(out: str, rank: int, resume: bool) -> None:
     """Trainer over 16 rows (each rank's loader: its 8) with a checkpoint at step 2 of 2; with
-    `resume`, one process continues that checkpoint to step 4."""
+    `resume`, one process continues that checkpoint: epoch 1, its 4 batches, to step 6."""
     x = np.arange(16 * 3, dtype=np.float32).reshape(16, 3) / 48
     y = np.arange(16) % 2
     loader = gt.DataLoader((np.arange(16), y), batch_size=4, shuffle=True, seed=1)
     rows = np.concatenate([batch[0] for batch in loader])
     gt.random.manual_seed(1)
     model = nn.Sequential(nn.Linear(3, 2))
-    args = gt.TrainingArguments(output_dir=f"{out}-out", per_device_train_batch_size=4, max_steps=4 if resume else 2,
+    args = gt.TrainingArguments(output_dir=f"{out}-out", per_device_train_batch_size=4, max_steps=6 if resume else 2,
                                 save_steps=2, logging_steps=1, learning_rate=0.1, disable_tqdm=True)
     trainer = gt.Trainer(model, args, train_dataset=(x, y))
     trainer.train(resume_from_checkpoint=f"{out}-out/checkpoint-2" if resume else None)

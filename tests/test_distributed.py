@@ -209,7 +209,7 @@ def test_loader_and_trainer_on_two_ranks(tmp_path):
     resumed = subprocess.run([sys.executable, WORKER, "mlp", str(tmp_path / "trainer"), "--trainer", "--resume"],
                              capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "resumed at step 2, trained to step 4" in resumed.stdout
+    assert "resumed at step 2, trained to step 6" in resumed.stdout
 
 
 def test_an_exception_on_one_rank_ends_the_job_at_once():

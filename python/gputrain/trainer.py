@@ -739,12 +739,27 @@ class Trainer:
         compiled = self.model.compiled
         extra = {"model_seed": compiled.seed, "model_step": compiled.step, "micro_batch_rows": self._micro_cap,
                  "loader": ckpt.to_json_state(self.train_dataloader.state_dict()),
-                 "logging": dict(self._logged), "done": dict(self._done),
+                 "logging": dict(self._logged), "done": dict(self._done), "world_size": distributed.get_world_size(),
                  "callbacks": {type(c).__name__: c.state_dict() for c in self.callback_handler.callbacks
                                if hasattr(c, "state_dict")}}
         ckpt.save_json(os.path.join(directory, GPUTRAIN_STATE_NAME), extra)
         with open(os.path.join(directory, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
             f.write(self.state.to_json_string())
+
+    def _loader_state_for_world(self, state: dict[str, Any], saved_world: int) -> dict[str, Any]:
+        """The loader position of a checkpoint written by `saved_world` ranks for this world size:
+        the same epoch with the same share of it done (the shards of another world size hold other
+        rows, so the rest of that epoch is this world's order from there; later epochs are exact)."""
+        world = distributed.get_world_size()
+        if saved_world == world:
+            return state
+        num_batches = len(self.train_dataloader)
+        global_done = (state["next_batch"] + len(state["done"])) * saved_world
+        next_batch = min(num_batches, global_done // world)
+        logger.warning("resuming a checkpoint of %d ranks on %d: epoch %d continues at batch %d of %d",
+                       saved_world, world, state["epoch"], next_batch, num_batches)
+        return {**state, "num_batches": num_batches, "next_batch": next_batch, "done": [],
+                "batches_yielded": next_batch}
 
     def _read_weights(self, directory: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
         weights = ckpt.load_arrays(os.path.join(directory, "model.safetensors"))
@@ -786,7 +801,7 @@ class Trainer:
         self.lr_scheduler.load_state_dict(scheduler)
         if scaler is not None:
             self.scaler.load_state_dict(scaler)
-        self.train_dataloader.load_state_dict(extra["loader"])
+        self.train_dataloader.load_state_dict(self._loader_state_for_world(extra["loader"], extra.get("world_size", 1)))
         compiled.step = extra["model_step"]
         self._resume_micro_batches(extra.get("micro_batch_rows", self._micro_cap))
         self._logged = dict(extra["logging"])
