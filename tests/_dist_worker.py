@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--die-how", choices=["exit", "hang"], default="exit")
     parser.add_argument("--trainer", action="store_true", help="the Trainer and DataLoader run")
     parser.add_argument("--collectives", action="store_true", help="check every collective against NumPy")
+    parser.add_argument("--device-model", action="store_true", help="a step of a model on sim:0 is refused")
     parser.add_argument("--raise-on-rank-1", action="store_true", help="rank 1 raises before its first step")
     parser.add_argument("--resume", action="store_true", help="with --trainer: one process resumes")
     parser.add_argument("--reference", type=int, default=None, metavar="N",
@@ -118,6 +119,14 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.raise_on_rank_1 and rank == 1:
         raise ValueError("rank 1 fails on purpose")
+    if args.device_model:
+        model = nn.Sequential(nn.Linear(3, 2)).to("sim")
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()))
+        try:
+            step(np.ones((2, 3), np.float32), np.zeros(2, np.int64))
+        except ValueError as error:
+            print(f"rank {rank} ValueError: {error}", flush=True)
+        return
     if args.collectives:
         check_collectives(rank, world)
         return

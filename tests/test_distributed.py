@@ -95,6 +95,12 @@ def test_collectives_against_numpy(ranks):
     assert done.stdout.count("collectives OK") == ranks
 
 
+def test_a_model_on_an_accelerator_is_refused_until_nccl():
+    done = run_ranks(2, "mlp", "unused", "--device-model")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ValueError: comm: data parallelism runs models on the cpu for now") == 2
+
+
 def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
     started = time.monotonic()
     done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3")
