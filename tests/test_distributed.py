@@ -31,6 +31,8 @@ def mpiexec() -> str:
         if (folder / "mpiexec").exists():
             return str(folder / "mpiexec")
     found = shutil.which("mpiexec")
+    if found is None and not os.environ.get("CI"):
+        pytest.skip("mpi4py is installed but no mpiexec was found (pip install mpich: Linux wheels)")
     if found is None:
         pytest.fail("mpi4py is installed but no mpiexec was found (pip install mpich)")
     return found
