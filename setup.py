@@ -127,7 +127,7 @@ elif SANITIZE not in ("", "0"):
     raise RuntimeError(f"GPUTRAIN_SANITIZE={SANITIZE!r}: use 1 (ASan+UBSan) or thread (TSan)")
 
 macros = [("GT_VERSION", f'"{VERSION}"'), ("_GNU_SOURCE", None)]
-libraries = [BLAS.library, "m"]
+libraries = [BLAS.library, "m", "dl"]  # dl: the MPI library is reached with dlopen (csrc/dist)
 library_dirs = [BLAS.library_dir]
 include_dirs = ["csrc", "cuda", numpy.get_include(), BLAS.include_dir]
 macros.append(("GT_BUILD_FLAGS", '"' + " ".join(C_FLAGS).replace('"', "") +

@@ -4,6 +4,7 @@ context), the training loss and tokens/s as it goes, the validation loss at the 
 sample generated with the key/value cache. Runs in a few minutes on a 2-core CPU.
 
     python examples/char_gpt.py [--steps 600] [--precision fp32|bf16] [--threads N]
+    mpiexec -n 2 python examples/char_gpt.py --distributed    # data parallel: 2 ranks share each batch
 
 Each optimizer step (forward, backward, AdamW, all in C) is one call. On a machine whose cores
 are busy with other work, --threads 1 can be much faster than more threads waiting for each other.
@@ -12,6 +13,7 @@ are busy with other work, --threads 1 can be much faster than more threads waiti
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
 import sysconfig
 import time
@@ -61,9 +63,18 @@ def main() -> None:
     parser.add_argument("--embd", type=int, default=128)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--distributed", action="store_true",
+                        help="data parallelism over the ranks of mpiexec/srun/torchrun (needs mpi4py + mpich)")
     args = parser.parse_args()
     if args.threads:
         gt.set_num_threads(args.threads)
+    if args.distributed:
+        gt.distributed.init()
+    rank, world = gt.distributed.get_rank(), gt.distributed.get_world_size()
+    if args.batch % world:
+        raise SystemExit(f"--batch {args.batch} does not split into {world} equal shares")
+    share = args.batch // world  # every rank draws the same global batch and trains on its rows
+    print = builtins.print if rank == 0 else (lambda *a, **k: None)  # rank 0 reports
 
     text = load_text()
     chars = sorted(set(text))
@@ -79,7 +90,8 @@ def main() -> None:
     model = GPT(vocab_size=len(chars), block_size=args.block, n_layer=args.layers, n_head=4,
                 n_embd=args.embd, dropout=0.0)
     print(f"GPT: {model.num_parameters():,} parameters, {args.layers} layers, n_embd {args.embd}, "
-          f"block {args.block}, batch {args.batch}, {args.precision}, {gt.get_num_threads()} threads")
+          f"block {args.block}, batch {args.batch}, {args.precision}, {gt.get_num_threads()} threads"
+          + (f" x {world} ranks" if world > 1 else ""))
     optimizer = gt.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.99), weight_decay=0.0)
     # linear warm-up over 50 steps, then cosine decay to a tenth
     schedule = gt.optim.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * (
@@ -90,7 +102,7 @@ def main() -> None:
     start, tokens, recent = time.perf_counter(), 0, []
     for i in range(1, args.steps + 1):
         x, y = next(data)
-        recent.append(step(x, y).loss)
+        recent.append(step(x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]).loss)
         schedule.step()
         tokens += x.size
         if i % 50 == 0 or i == 1:
@@ -98,6 +110,8 @@ def main() -> None:
             print(f"step {i:4d}  loss {np.mean(recent):.3f}  {tokens / elapsed:,.0f} tokens/s  {elapsed:.0f} s")
             recent = []
     elapsed = time.perf_counter() - start
+    if rank != 0:  # the ranks hold the same weights: rank 0 evaluates and samples
+        return
 
     model.eval()
     starts = np.arange(0, len(val) - args.block - 1, args.block)[:256]

@@ -4,6 +4,7 @@
 #include "sim/sim.h"
 #include "py/gtpy.h"
 #include "py/external.h"
+#include "py/dist.h"
 
 #include "core/threads.h"
 #include "ops/cpu_blas.h"
@@ -46,6 +47,7 @@ static const registration registrations[] = {
     gtpy_add_cnn_ops,
     gtpy_add_cuda_ops,
     gtpy_add_errors,
+    gtpy_add_dist,
 };
 
 static int module_exec(PyObject *module) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 
+#include "py/dist.h"
 #include "py/external.h"
 #include "py/model.h"
 #include "py/optim_model.h"
@@ -67,6 +68,7 @@ typedef struct step_objects {
     PyObject *optimizer;  /* the optimizer core, a new reference (a concurrent add_param_group
                              replaces the Python optimizer's core; this one stays alive), or NULL */
     PyObject *scaler;     /* the GradScaler (borrowed), or NULL */
+    PyObject *comm;       /* the _C.Communicator (borrowed), or NULL */
 } step_objects;
 
 /* Marks every object busy, all or none, with no Python code in between (the GIL is held):
@@ -84,10 +86,20 @@ static int enter_all(const step_objects *o, gt_step_config *cfg) {
         gtpy_model_leave(o->model);
         return -1;
     }
+    if (o->comm && !(cfg->comm = gtpy_comm_enter(o->comm))) {
+        if (o->scaler)
+            gtpy_scaler_leave(o->scaler);
+        if (o->optimizer)
+            gtpy_optimizer_leave(o->optimizer);
+        gtpy_model_leave(o->model);
+        return -1;
+    }
     return 0;
 }
 
 static void leave_all(const step_objects *o) {
+    if (o->comm)
+        gtpy_comm_leave(o->comm);
     if (o->scaler)
         gtpy_scaler_leave(o->scaler);
     if (o->optimizer)
@@ -262,8 +274,10 @@ static PyObject *step_held(PyObject *module, gt_model *model, step_input *x, ste
 /* Resolves the optimizer's core and holds the objects with no Python code in between (a
  * concurrent add_param_group then either came first or is refused), then runs the step. */
 static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_obj, PyObject *optimizer_obj,
-                           PyObject *scaler_obj, step_input *x, step_input *y, gt_step_config *cfg) {
-    step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj};
+                           PyObject *scaler_obj, PyObject *comm_obj, step_input *x, step_input *y,
+                           gt_step_config *cfg) {
+    step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj,
+                            .comm = comm_obj == Py_None ? NULL : comm_obj};
     if (objects.scaler && !gtpy_scaler_get(objects.scaler))
         return NULL;
     if (optimizer_obj != Py_None && !(objects.optimizer = resolve_optimizer(optimizer_obj, model_obj, model)))
@@ -280,14 +294,16 @@ static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_ob
 static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"model", "x", "y", "loss", "micro_batches", "set_to_none",
                                "max_grad_norm", "want_grad_norm", "optimizer", "scaler", "guard", "guard_loss",
-                               "guard_grad_norm", "sync", "record", NULL};
+                               "guard_grad_norm", "sync", "record", "comm", NULL};
     PyObject *model_obj, *x_obj, *y_obj, *loss_obj, *optimizer_obj = Py_None, *scaler_obj = Py_None;
+    PyObject *comm_obj = Py_None;
     gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1, .guard_loss = INFINITY, .guard_grad_norm = INFINITY};
     int sync = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpddpi:train_step", keywords, &model_obj, &x_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpddpiO:train_step", keywords, &model_obj, &x_obj,
                                      &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
                                      &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj,
-                                     &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm, &sync, &cfg.record))
+                                     &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm, &sync, &cfg.record,
+                                     &comm_obj))
         return NULL;
     cfg.deferred = !sync;
     if (isnan(cfg.guard_loss) || isnan(cfg.guard_grad_norm))
@@ -306,7 +322,7 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
             PyErr_Format(PyExc_ValueError, "%s: sync=False takes DeviceArrays on the model's device (DataLoader("
                          "device=...)): the step returns before the device has read its inputs", x.given ? "x" : "y");
         else
-            result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, &x, &y, &cfg);
+            result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, comm_obj, &x, &y, &cfg);
     }
     clear_input(&x);
     clear_input(&y);
@@ -333,11 +349,13 @@ static PyMethodDef step_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
      "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf, "
-     "sync=True, record=0)\n--\n\n"
+     "sync=True, record=0, comm=None)\n--\n\n"
      "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
      "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm. With "
      "sync=False (a device model without scaler or guard; clipping runs on the device) the step waits for "
-     "nothing and leaves its result in the model's step record `record` (0 or 1) for step_record."},
+     "nothing and leaves its result in the model's step record `record` (0 or 1) for step_record. With comm "
+     "(a Communicator), x and y are this rank's share of the batch and gradients and loss are summed over "
+     "the ranks (data parallelism)."},
     {"step_record", step_record, METH_VARARGS,
      "step_record(model, record, micro_batches, want_norm)\n--\n\n"
      "The result of the sync=False step that wrote record `record` of a device model (waits for it)."},

@@ -51,26 +51,46 @@ static gt_status poll_interrupt(gt_model *model, const gt_step_config *cfg, int 
     return GT_FAIL(GT_ERR_INTERRUPTED, "the training step was interrupted before its update (nothing applied)");
 }
 
+/* The number of data-parallel ranks whose micro-batches make up the step. */
+static int world_size(const gt_step_config *cfg) { return cfg->comm ? cfg->comm->size : 1; }
+
+/* Data parallelism: every rank's gradients (already divided by the number of micro-batches of
+ * all ranks) and loss sums are summed over the ranks in rank order, bucket by bucket, so that
+ * the inf check, the norm, clipping and the update that follow are the same on every rank and
+ * the same as one process accumulating the ranks' micro-batches in rank order. */
+static gt_status sum_over_ranks(gt_model *model, const gt_step_config *cfg, double *loss_sum) {
+    if (!cfg->comm)
+        return GT_OK;
+    gt_status status = gt_comm_allreduce_sum_f32(cfg->comm, model->grads.block.ptr, model->num_params);
+    if (status == GT_OK)
+        status = gt_comm_sum_f64(cfg->comm, *loss_sum, loss_sum);
+    if (status != GT_OK)
+        model->grads_valid = 0;  /* part of them may be summed */
+    return status;
+}
+
 /* Forward, loss and backward of every micro-batch, accumulating f32 gradients, and their mean
  * losses into *loss_sum (the model's memory: see gt_model_loss). */
 static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
                                       const gt_tensor *targets, const gt_step_config *cfg,
                                       float loss_scale, double *loss_sum) {
     int64_t rows = inputs->shape[0] / cfg->micro_batches;
-    float dloss_scale = loss_scale / (float)cfg->micro_batches;
+    float dloss_scale = loss_scale / (float)(cfg->micro_batches * world_size(cfg));
     GT_TRY(poll_interrupt(model, cfg, 0));
     if (!cfg->set_to_none && model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
                                         model->num_params * sizeof(float)));
+    uint64_t first_micro = cfg->comm ? (uint64_t)cfg->comm->rank * (uint64_t)cfg->micro_batches : 0;
     for (int m = 0; m < cfg->micro_batches; m++) {
+        uint64_t micro = first_micro + (uint64_t)m;  /* its index in the step of all ranks (dropout) */
         gt_tensor x = micro_slice(inputs, m * rows, rows), y = micro_slice(targets, m * rows, rows);
         gt_tensor output;
         int accumulate = m > 0 || !cfg->set_to_none;  /* the gradients hold this step's sums */
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        GT_TRY(gt_model_forward(model, &x, (uint64_t)m, &output));
+        GT_TRY(gt_model_forward(model, &x, micro, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        GT_TRY(gt_model_backward(model, &x, (uint64_t)m, accumulate));
+        GT_TRY(gt_model_backward(model, &x, micro, accumulate));
     }
     model->grads_valid = 1;
     return GT_OK;
@@ -82,6 +102,7 @@ static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt
                               const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
                               gt_step_sums *out) {
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &out->loss_sum));
+    GT_TRY(sum_over_ranks(model, cfg, &out->loss_sum));
     if (scaler)
         GT_TRY(gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, &out->found_inf));
     if (!out->found_inf && want_norm)
@@ -166,10 +187,19 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
     return GT_OK;
 }
 
+/* Data parallelism sums host gradients (an accelerator's need NCCL, not built yet). */
+static gt_status check_comm(const gt_model *model, const gt_step_config *cfg) {
+    if (cfg->comm && model->device)
+        return GT_FAIL(GT_ERR_VALUE, "comm: data parallelism runs models on the cpu for now (NCCL for "
+                       "accelerators is not built yet)");
+    return GT_OK;
+}
+
 static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                             const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
     GT_TRY(check_deferred(model, cfg));
+    GT_TRY(check_comm(model, cfg));
     memset(out, 0, sizeof *out);
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;
@@ -180,7 +210,7 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
     gt_status status = prepare_update(model, inputs, targets, cfg, scaler, want_norm, &sums);
     if (status != GT_OK)
         return undo_buffers(model, status);
-    out->loss = sums.loss_sum / cfg->micro_batches;
+    out->loss = sums.loss_sum / (cfg->micro_batches * world_size(cfg));
     int found_inf = sums.found_inf;
     float grad_coef = 1.0f;
     if (!found_inf && want_norm && !cfg->deferred) {  /* deferred: clipped on the device */

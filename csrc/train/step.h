@@ -7,6 +7,7 @@
 #include "nn/model.h"
 #include "train/optim.h"
 #include "train/scaler.h"
+#include "dist/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,10 +33,14 @@ typedef struct gt_step_config {
                                   gradients clipped); its loss and norm stay in step record
                                   `record` (gt_step_read_record), the result's are NaN */
     int record;                /* which of the GT_STEP_RECORDS records a device step writes */
+    gt_comm *comm;             /* data parallelism: the batch is this rank's share of comm->size
+                                  equal shares; gradients and losses are summed over the ranks
+                                  (rank order) before the inf check, the norm and the update;
+                                  NULL: one process */
 } gt_step_config;
 
 typedef struct gt_step_result {
-    double loss;               /* mean over micro-batches of their mean loss (unscaled) */
+    double loss;               /* mean over micro-batches (of every rank) of their mean loss (unscaled) */
     double grad_norm;          /* global L2 norm of the unscaled gradients; NaN if not computed */
     int skipped;               /* 1 when the update was skipped: the scaler found inf/NaN
                                   gradients, or the guard an outlier */

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from gputrain import _C, backends
+from gputrain import _C, backends, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer, real
 from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
@@ -338,6 +338,7 @@ class TrainStep:
             want_grad_norm=self.log_grad_norm,
             optimizer=self.optimizer,
             scaler=self.scaler,
+            comm=distributed.communicator(),  # data parallelism once distributed.init() joined ranks
             **limits,
         )
         if scale_before is not None:
@@ -359,7 +360,8 @@ class TrainStep:
         compiled = self.model.compiled
         _C.train_step(compiled, x, y, self.loss_fn._spec(), micro_batches=self.gradient_accumulation_steps,
                       set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
-                      want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, sync=False, record=record)
+                      want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, sync=False, record=record,
+                      comm=distributed.communicator())
         self._calls += 1
         if self.scheduler is not None and self.optimizer is not None:
             self.scheduler.step()  # nothing can skip the update without a scaler or guard

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gputrain import _C, backends, memory, random
+from gputrain import _C, backends, distributed, memory, random
 from gputrain import checkpoint as ckpt
 from gputrain import memory_plan as mp
 from gputrain.amp import GradScaler
@@ -122,7 +122,7 @@ def _train_batches(args: TrainingArguments, dataset: Any) -> int:
     if isinstance(dataset, DataLoader):
         batches = len(dataset)
     else:
-        rows, size = len(dataset[0]), args.per_device_train_batch_size
+        rows, size = -(-len(dataset[0]) // distributed.get_world_size()), args.per_device_train_batch_size  # a rank's shard
         batches = rows // size if args.dataloader_drop_last else -(-rows // size)
     if batches == 0:
         raise ValueError(f"train_dataset gives no batch of per_device_train_batch_size="
@@ -239,7 +239,7 @@ class Trainer:
         return "cuda:0" if self.device == "cuda" else self.device
 
     def _progress_bar(self) -> bool:
-        disable = self.args.disable_tqdm
+        disable = self.args.disable_tqdm or not distributed.is_main_process()
         if disable is None:
             disable = logger.getEffectiveLevel() > logging.WARNING
         if disable:
@@ -447,7 +447,10 @@ class Trainer:
         return "\n".join(lines)
 
     def _rewrite_history(self) -> None:
-        """history.jsonl := state.log_history (a resumed run drops what came after its checkpoint)."""
+        """history.jsonl := state.log_history (a resumed run drops what came after its checkpoint);
+        rank 0 writes it."""
+        if not distributed.is_main_process():
+            return
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, HISTORY_NAME), "w", encoding="utf-8") as f:
             f.writelines(json.dumps(entry) + "\n" for entry in self.state.log_history)
@@ -461,6 +464,8 @@ class Trainer:
         self.state.log_history.append(output)
         self.control = self.callback_handler.call_event("on_log", self.args, self.state, self.control, logs=logs)
         output.update({k: v for k, v in logs.items() if k not in output})  # what callbacks added (GPU readings)
+        if not distributed.is_main_process():  # every rank keeps log_history; rank 0 writes it
+            return
         line = json.dumps(output)
         logger.info("%s", line)
         os.makedirs(self.args.output_dir, exist_ok=True)
@@ -525,7 +530,8 @@ class Trainer:
             self._load_checkpoint(os.fspath(resume_from_checkpoint))
         args, state = self.args, self.state
         self._rewrite_history()
-        logger.info("%s", self._startup_block())
+        if distributed.is_main_process():
+            logger.info("%s", self._startup_block())
         self.model.train()
         self.control._new_training()
         self.control = self.callback_handler.call_event("on_train_begin", args, state, self.control)
@@ -697,8 +703,10 @@ class Trainer:
         """Writes model.safetensors (the trained weights), model_ema.safetensors (the EMA, when
         kept) and training_args.json to output_dir (default: args.output_dir)."""
         directory = self.args.output_dir if output_dir is None else output_dir
-        os.makedirs(directory, exist_ok=True)
-        self._write_model(directory)
+        if distributed.is_main_process():  # the ranks hold the same weights: rank 0 writes them
+            os.makedirs(directory, exist_ok=True)
+            self._write_model(directory)
+        distributed.barrier()
 
     def _write_model(self, directory: str) -> None:
         ckpt.save_arrays(os.path.join(directory, "model.safetensors"), dict(self.model.state_dict()))
@@ -713,9 +721,11 @@ class Trainer:
         state = self.state
         if state.best_global_step == state.global_step and self.args.metric_for_best_model is not None:
             state.best_model_checkpoint = self._checkpoint_path()
-        ckpt.write_checkpoint(self.args.output_dir, state.global_step, self._write_checkpoint_files)
-        ckpt.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, state.best_model_checkpoint,
-                                self.args.load_best_model_at_end)
+        if distributed.is_main_process():  # the same weights and state on every rank: rank 0 writes them
+            ckpt.write_checkpoint(self.args.output_dir, state.global_step, self._write_checkpoint_files)
+            ckpt.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, state.best_model_checkpoint,
+                                    self.args.load_best_model_at_end)
+        distributed.barrier()  # no rank reads or rotates checkpoints before this one is complete
 
     def _checkpoint_path(self) -> str:
         return os.path.join(self.args.output_dir, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
@@ -729,12 +739,27 @@ class Trainer:
         compiled = self.model.compiled
         extra = {"model_seed": compiled.seed, "model_step": compiled.step, "micro_batch_rows": self._micro_cap,
                  "loader": ckpt.to_json_state(self.train_dataloader.state_dict()),
-                 "logging": dict(self._logged), "done": dict(self._done),
+                 "logging": dict(self._logged), "done": dict(self._done), "world_size": distributed.get_world_size(),
                  "callbacks": {type(c).__name__: c.state_dict() for c in self.callback_handler.callbacks
                                if hasattr(c, "state_dict")}}
         ckpt.save_json(os.path.join(directory, GPUTRAIN_STATE_NAME), extra)
         with open(os.path.join(directory, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
             f.write(self.state.to_json_string())
+
+    def _loader_state_for_world(self, state: dict[str, Any], saved_world: int) -> dict[str, Any]:
+        """The loader position of a checkpoint written by `saved_world` ranks for this world size:
+        the same epoch with the same share of it done (the shards of another world size hold other
+        rows, so the rest of that epoch is this world's order from there; later epochs are exact)."""
+        world = distributed.get_world_size()
+        if saved_world == world:
+            return state
+        num_batches = len(self.train_dataloader)
+        global_done = (state["next_batch"] + len(state["done"])) * saved_world
+        next_batch = min(num_batches, global_done // world)
+        logger.warning("resuming a checkpoint of %d ranks on %d: epoch %d continues at batch %d of %d",
+                       saved_world, world, state["epoch"], next_batch, num_batches)
+        return {**state, "num_batches": num_batches, "next_batch": next_batch, "done": [],
+                "batches_yielded": next_batch}
 
     def _read_weights(self, directory: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
         weights = ckpt.load_arrays(os.path.join(directory, "model.safetensors"))
@@ -776,7 +801,7 @@ class Trainer:
         self.lr_scheduler.load_state_dict(scheduler)
         if scaler is not None:
             self.scaler.load_state_dict(scaler)
-        self.train_dataloader.load_state_dict(extra["loader"])
+        self.train_dataloader.load_state_dict(self._loader_state_for_world(extra["loader"], extra.get("world_size", 1)))
         compiled.step = extra["model_step"]
         self._resume_micro_batches(extra.get("micro_batch_rows", self._micro_cap))
         self._logged = dict(extra["logging"])

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from gputrain import _C
+from gputrain import _C, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer
 from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatches
 from gputrain.data._errors import WorkerError, raise_delivered_error
@@ -48,6 +48,7 @@ from gputrain.data.transfer import DeviceStage
 from gputrain.data.sampler import (
     ORDER_ARRAY,
     BatchSampler,
+    DistributedSampler,
     OrderSampler,
     RandomSampler,
     Sampler,
@@ -287,6 +288,8 @@ class DataLoader:
         self.seed = seed_from(seed, generator)
         if self._kind == ITERABLE:
             pass  # the dataset gives the order; no sampler
+        elif sampler is None and distributed.get_world_size() > 1:  # data parallelism: this rank's shard
+            sampler = DistributedSampler(self._num_rows, shuffle=shuffle, seed=self.seed)
         elif sampler is None:
             sampler = (RandomSampler(self._num_rows, seed=self.seed) if shuffle
                        else SequentialSampler(self._num_rows))

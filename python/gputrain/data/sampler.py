@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from gputrain import _C
+from gputrain import _C, distributed
 from gputrain.data._structure import flatten, num_samples
 
 T_co = TypeVar("T_co", covariant=True)
@@ -174,14 +174,17 @@ class DistributedSampler(OrderSampler):
     """PyTorch's DistributedSampler: shard `rank` of `num_replicas`, padded by wrapping
     around (or truncated when `drop_last`) so that every rank has the same length. The order
     is a Philox permutation keyed by (seed, epoch) when `shuffle`. num_replicas/rank default
-    to the WORLD_SIZE/RANK environment variables (set by torchrun), else 1/0."""
+    to gputrain.distributed's world size and rank once init() ran, else to the WORLD_SIZE/RANK
+    environment variables (set by torchrun), else 1/0. A DataLoader without a sampler uses one
+    when distributed.init() joined several ranks."""
 
     def __init__(self, dataset: Any, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        joined = distributed.is_initialized()  # else the launcher's variables, as PyTorch reads them
         if num_replicas is None:
-            num_replicas = _distributed_default("num_replicas", "WORLD_SIZE", 1)
+            num_replicas = distributed.get_world_size() if joined else _distributed_default("num_replicas", "WORLD_SIZE", 1)
         if rank is None:
-            rank = _distributed_default("rank", "RANK", 0)
+            rank = distributed.get_rank() if joined else _distributed_default("rank", "RANK", 0)
         if not isinstance(num_replicas, int) or num_replicas < 1:
             raise ValueError(f"num_replicas should be a positive integer value, but got num_replicas={num_replicas}")
         if rank >= num_replicas or rank < 0:

@@ -1,0 +1,198 @@
+/* The collectives of comm.h, made of the transport's exchanges (one per phase). */
+#include "dist/comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { GT_COMM_MAX_RANKS = 1 << 16 };
+
+void gt_comm_chunk(size_t n, int size, int r, size_t *first, size_t *count) {
+    size_t begin = n / (size_t)size * (size_t)r + n % (size_t)size * (size_t)r / (size_t)size;
+    size_t end = n / (size_t)size * (size_t)(r + 1) + n % (size_t)size * (size_t)(r + 1) / (size_t)size;
+    *first = begin;
+    *count = end - begin;
+}
+
+static size_t scratch_slot(const gt_comm *comm) { return GT_COMM_BUCKET / (size_t)comm->size + 1; }
+
+gt_status gt_comm_init(gt_comm *comm) {
+    if (comm->size < 1 || comm->size > GT_COMM_MAX_RANKS || comm->rank < 0 || comm->rank >= comm->size)
+        return GT_FAIL(GT_ERR_VALUE, "rank %d of world size %d: need 0 <= rank < size <= %d", comm->rank,
+                       comm->size, GT_COMM_MAX_RANKS);
+    if (!(comm->timeout_s > 0.0))
+        return GT_FAIL(GT_ERR_VALUE, "timeout must be > 0 seconds, got %g", comm->timeout_s);
+    size_t floats = (size_t)(comm->size - 1) * scratch_slot(comm);
+    comm->scratch = floats ? malloc(floats * sizeof(float)) : NULL;
+    if (floats && !comm->scratch)
+        return GT_FAIL(GT_ERR_OOM, "communicator scratch: out of host memory (%zu bytes)", floats * sizeof(float));
+    return GT_OK;
+}
+
+void gt_comm_free(gt_comm *comm) {
+    if (comm->ops && comm->ops->free)
+        comm->ops->free(comm);
+    free(comm->scratch);
+    comm->scratch = NULL;
+    comm->impl = NULL;
+}
+
+/* Per-peer pointers and byte counts of one exchange (4 arrays of comm->size). */
+typedef struct exchange_plan {
+    const void **send;  /* (size) what goes to each peer */
+    size_t *send_bytes; /* (size) its bytes; 0 for this rank */
+    void **recv;        /* (size) where each peer's bytes go */
+    size_t *recv_bytes; /* (size) their bytes; 0 for this rank */
+} exchange_plan;
+
+static gt_status plan_alloc(const gt_comm *comm, exchange_plan *p) {
+    size_t n = (size_t)comm->size;
+    p->send = calloc(n, sizeof *p->send);
+    p->send_bytes = calloc(n, sizeof *p->send_bytes);
+    p->recv = calloc(n, sizeof *p->recv);
+    p->recv_bytes = calloc(n, sizeof *p->recv_bytes);
+    if (p->send && p->send_bytes && p->recv && p->recv_bytes)
+        return GT_OK;
+    free(p->send), free(p->send_bytes), free(p->recv), free(p->recv_bytes);
+    return GT_FAIL(GT_ERR_OOM, "communicator: out of host memory for %d peers", comm->size);
+}
+
+static void plan_free(exchange_plan *p) {
+    free(p->send), free(p->send_bytes), free(p->recv), free(p->recv_bytes);
+}
+
+/* Runs the exchange of `p`, counting the bytes sent; a failure leaves the communicator failed. */
+static gt_status run_exchange(gt_comm *comm, exchange_plan *p) {
+    comm->calls++;
+    gt_status status = comm->ops->exchange(comm, (const void *const *)p->send, p->send_bytes,
+                                           (void *const *)p->recv, p->recv_bytes);
+    if (status != GT_OK) {
+        comm->failed = 1;
+        return status;
+    }
+    for (int r = 0; r < comm->size; r++)
+        comm->bytes_sent += p->send_bytes[r];
+    return GT_OK;
+}
+
+static gt_status check_usable(const gt_comm *comm) {
+    if (comm->failed)
+        return GT_FAIL(GT_ERR_RUNTIME, "the communicator failed earlier (a rank timed out or died); "
+                       "restart the job from its last checkpoint");
+    return GT_OK;
+}
+
+/* Each rank's buf chunk `rank`: acc = x_0 + x_1 + ... in rank order, x_rank the own chunk. */
+static void sum_rank_order(const gt_comm *comm, float *mine, size_t count) {
+    size_t slot = scratch_slot(comm);
+    for (size_t i = 0; i < count; i++) {
+        float acc = 0.0f;
+        for (int p = 0; p < comm->size; p++) {
+            float x = p == comm->rank ? mine[i] : comm->scratch[(size_t)(p - (p > comm->rank)) * slot + i];
+            acc = p == 0 ? x : acc + x;
+        }
+        mine[i] = acc;
+    }
+}
+
+gt_status gt_comm_reduce_scatter_f32(gt_comm *comm, float *buf, size_t n) {
+    GT_TRY(check_usable(comm));
+    if (n > GT_COMM_BUCKET)
+        return GT_FAIL(GT_ERR_VALUE, "reduce_scatter: at most %d elements per call, got %zu", GT_COMM_BUCKET, n);
+    if (comm->size == 1)
+        return GT_OK;
+    exchange_plan p;
+    GT_TRY(plan_alloc(comm, &p));
+    size_t mine_first, mine_count, slot = scratch_slot(comm);
+    gt_comm_chunk(n, comm->size, comm->rank, &mine_first, &mine_count);
+    for (int r = 0; r < comm->size; r++) {
+        if (r == comm->rank)
+            continue;
+        size_t first, count;
+        gt_comm_chunk(n, comm->size, r, &first, &count);
+        p.send[r] = buf + first;
+        p.send_bytes[r] = count * sizeof(float);
+        p.recv[r] = comm->scratch + (size_t)(r - (r > comm->rank)) * slot;
+        p.recv_bytes[r] = mine_count * sizeof(float);
+    }
+    gt_status status = run_exchange(comm, &p);
+    plan_free(&p);
+    if (status == GT_OK)
+        sum_rank_order(comm, buf + mine_first, mine_count);
+    return status;
+}
+
+gt_status gt_comm_allgather(gt_comm *comm, void *buf, size_t n, size_t elem_bytes) {
+    GT_TRY(check_usable(comm));
+    if (comm->size == 1)
+        return GT_OK;
+    exchange_plan p;
+    GT_TRY(plan_alloc(comm, &p));
+    size_t mine_first, mine_count;
+    gt_comm_chunk(n, comm->size, comm->rank, &mine_first, &mine_count);
+    for (int r = 0; r < comm->size; r++) {
+        if (r == comm->rank)
+            continue;
+        size_t first, count;
+        gt_comm_chunk(n, comm->size, r, &first, &count);
+        p.send[r] = (char *)buf + mine_first * elem_bytes;
+        p.send_bytes[r] = mine_count * elem_bytes;
+        p.recv[r] = (char *)buf + first * elem_bytes;
+        p.recv_bytes[r] = count * elem_bytes;
+    }
+    gt_status status = run_exchange(comm, &p);
+    plan_free(&p);
+    return status;
+}
+
+gt_status gt_comm_allreduce_sum_f32(gt_comm *comm, float *buf, size_t n) {
+    for (size_t first = 0; first < n; first += GT_COMM_BUCKET) {
+        size_t count = n - first < GT_COMM_BUCKET ? n - first : GT_COMM_BUCKET;
+        GT_TRY(gt_comm_reduce_scatter_f32(comm, buf + first, count));
+        GT_TRY(gt_comm_allgather(comm, buf + first, count, sizeof(float)));
+    }
+    return check_usable(comm);
+}
+
+gt_status gt_comm_broadcast(gt_comm *comm, void *buf, size_t bytes, int root) {
+    GT_TRY(check_usable(comm));
+    if (root < 0 || root >= comm->size)
+        return GT_FAIL(GT_ERR_VALUE, "root must be in [0, %d), got %d", comm->size, root);
+    if (comm->size == 1)
+        return GT_OK;
+    exchange_plan p;
+    GT_TRY(plan_alloc(comm, &p));
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->rank == root && r != root) {
+            p.send[r] = buf;
+            p.send_bytes[r] = bytes;
+        }
+    }
+    if (comm->rank != root) {
+        p.recv[root] = buf;
+        p.recv_bytes[root] = bytes;
+    }
+    gt_status status = run_exchange(comm, &p);
+    plan_free(&p);
+    return status;
+}
+
+gt_status gt_comm_barrier(gt_comm *comm) {
+    double unused;
+    return gt_comm_sum_f64(comm, 0.0, &unused);
+}
+
+gt_status gt_comm_sum_f64(gt_comm *comm, double value, double *out) {
+    double *all = calloc((size_t)comm->size, sizeof *all);
+    if (!all)
+        return GT_FAIL(GT_ERR_OOM, "communicator: out of host memory for %d peers", comm->size);
+    all[comm->rank] = value;
+    gt_status status = gt_comm_allgather(comm, all, (size_t)comm->size, sizeof *all);
+    if (status == GT_OK) {
+        double sum = all[0];
+        for (int r = 1; r < comm->size; r++)
+            sum += all[r];
+        *out = sum;
+    }
+    free(all);
+    return status;
+}

@@ -1,0 +1,82 @@
+/* Collective communication between the ranks of a data-parallel job: a table of functions
+ * (gt_comm_ops) that each transport implements once (MPI here, comm_mpi.c; NCCL later), and the
+ * collectives built on it. Every wait has a deadline: a rank that died or stopped answering makes
+ * the others fail with GT_ERR_TIMEOUT instead of hanging, and the communicator is then unusable.
+ *
+ * Layout: a buffer of n elements is cut into `size` chunks, chunk r = [n*r/size, n*(r+1)/size)
+ * (gt_comm_chunk). Reductions sum in RANK ORDER ((x_0 + x_1) + x_2 ...), whatever rank does the
+ * sum, so the result is deterministic and equal to a one-process gradient accumulation over the
+ * ranks' micro-batches in rank order. */
+#ifndef GT_DIST_COMM_H
+#define GT_DIST_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gt_comm gt_comm;
+
+/* A transport: point-to-point exchanges that every collective is made of. An NCCL transport
+ * implements the same table (its exchange is ncclGroupStart, ncclSend/ncclRecv per peer,
+ * ncclGroupEnd, then cudaEventQuery polled against the deadline). */
+typedef struct gt_comm_ops {
+    /* Sends send_bytes[p] bytes from send[p] to every peer p != rank and receives recv_bytes[p]
+     * bytes from every peer into recv[p] (NULL or 0 bytes: nothing with that peer), all at once;
+     * returns when all completed, or GT_ERR_TIMEOUT at the communicator's deadline. */
+    gt_status (*exchange)(gt_comm *comm, const void *const *send, const size_t *send_bytes,
+                          void *const *recv, const size_t *recv_bytes);
+    void (*free)(gt_comm *comm);  /* releases the transport's state (not the processes' library) */
+} gt_comm_ops;
+
+struct gt_comm {
+    const gt_comm_ops *ops;   /* the transport */
+    void *impl;               /* the transport's state */
+    int rank;                 /* this process, in [0, size) */
+    int size;                 /* the number of ranks (world size) */
+    double timeout_s;         /* the longest one collective may wait, seconds */
+    int failed;               /* 1 after a timeout or transport error: every later call fails */
+    uint64_t bytes_sent;      /* bytes this rank sent since creation (counter for benchmarks) */
+    uint64_t calls;           /* collectives started (tags messages so stale ones never match) */
+    float *scratch;           /* (size - 1, GT_COMM_BUCKET / size + 1) f32 received chunks */
+};
+
+enum { GT_COMM_BUCKET = 1 << 20 };  /* f32 elements per all-reduce bucket (4 MiB) */
+
+/* [*first, *first + *count) of chunk `r` of n elements split into `size` chunks. */
+void gt_comm_chunk(size_t n, int size, int r, size_t *first, size_t *count);
+
+/* Allocates the scratch of a communicator whose ops, impl, rank, size and timeout are set. */
+gt_status gt_comm_init(gt_comm *comm);
+void gt_comm_free(gt_comm *comm);  /* the transport and the scratch; comm itself is the caller's */
+
+/* buf (n f32, the same n on every rank) becomes the rank-order sum of every rank's buf,
+ * bucket by bucket (GT_COMM_BUCKET elements): a reduce-scatter then an all-gather, which sends
+ * 2 (size - 1) / size x 4n bytes per rank, a ring's minimum. */
+gt_status gt_comm_allreduce_sum_f32(gt_comm *comm, float *buf, size_t n);
+
+/* Chunk `rank` of buf (n f32, at most GT_COMM_BUCKET) becomes the rank-order sum of every
+ * rank's chunk `rank`; the other chunks are left as they were. */
+gt_status gt_comm_reduce_scatter_f32(gt_comm *comm, float *buf, size_t n);
+
+/* Every rank's chunk r of buf (n elements of elem_bytes) is sent to every other rank, so that
+ * all ranks end with every chunk (chunk r from rank r). */
+gt_status gt_comm_allgather(gt_comm *comm, void *buf, size_t n, size_t elem_bytes);
+
+/* buf (bytes) on every rank becomes root's. */
+gt_status gt_comm_broadcast(gt_comm *comm, void *buf, size_t bytes, int root);
+
+/* Returns once every rank called it (or GT_ERR_TIMEOUT). */
+gt_status gt_comm_barrier(gt_comm *comm);
+
+/* The rank-order sum of every rank's `value` (f64), the same on every rank. */
+gt_status gt_comm_sum_f64(gt_comm *comm, double value, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,228 @@
+"""Data parallelism (gputrain.distributed): `mpiexec -n 2` runs of _dist_worker.py against one
+process accumulating the same micro-batches in rank order, a rank that stops answering, and the
+single-process API. The MPI runs need the test extras' mpi4py + mpich (CI installs them: there a
+missing one fails; elsewhere these tests are skipped)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+from gputrain import _C
+from gputrain import distributed as dist
+
+WORKER = str(Path(__file__).with_name("_dist_worker.py"))
+
+
+def mpiexec() -> str:
+    """The mpiexec of the MPI library mpi4py loads (the mpich wheel's, beside this Python)."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("mpi4py", reason="the test extras' mpi4py + mpich run the multi-process tests")
+    for folder in (Path(sys.executable).parent, Path(sys.prefix) / "bin"):
+        if (folder / "mpiexec").exists():
+            return str(folder / "mpiexec")
+    found = shutil.which("mpiexec")
+    if found is None and not os.environ.get("CI"):
+        pytest.skip("mpi4py is installed but no mpiexec was found (pip install mpich: Linux wheels)")
+    if found is None:
+        pytest.fail("mpi4py is installed but no mpiexec was found (pip install mpich)")
+    return found
+
+
+def run_ranks(ranks: int, *args: str, timeout: float = 240.0) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_"))}
+    env.update(OMP_NUM_THREADS="1", RANK="", WORLD_SIZE="")
+    return subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, WORKER, *args], capture_output=True,
+                          text=True, timeout=timeout, env={k: v for k, v in env.items() if v})
+
+
+def distributed_run(tmp_path, kind, steps, *options):
+    """The two ranks' weights and results, and the one-process reference's (in a process of its
+    own too, so that all three run on the same CPU: CI runs pytest itself under qemu)."""
+    out = str(tmp_path / "run")
+    args = [kind, out, "--steps", str(steps), *options]
+    done = run_ranks(2, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    subprocess.run([sys.executable, WORKER, *args, "--reference", "2"], check=True, timeout=240)
+    return [np.load(f"{out}.rank{r}.npz") for r in range(2)], np.load(f"{out}.reference.npz")
+
+
+@pytest.mark.parametrize("precision, clip", [("fp32", None), ("fp16", 0.5), ("bf16", 0.05)],
+                         ids=["fp32", "fp16-scaler-clip", "bf16-clip"])
+def test_two_ranks_give_the_weights_of_one_process_bit_for_bit(tmp_path, precision, clip):
+    """An MLP with dropout and LayerNorm, AdamW: 2 ranks of 4 rows each = one process with two
+    accumulated micro-batches of 4 rows (rank 0's then rank 1's), bit for bit: each rank's
+    gradient is scaled by 1/(2 micro-batches) as the reference's is, the all-reduce computes
+    g0 + g1 in rank order exactly as the reference's second backward adds g1 onto g0, dropout
+    draws with the micro-batch's global index, and the losses sum in rank order."""
+    options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
+    ranks, reference = distributed_run(tmp_path, "mlp", 3, *options)
+    for got in ranks:
+        for name in reference.files:  # the weights, and the results: loss, grad norm, skipped, scale
+            assert np.array_equal(got[name], reference[name]), name
+    if clip:
+        assert (reference["results"][:, 1] > clip).all()  # clipping acted in every step
+
+
+def test_two_ranks_of_a_gpt_step(tmp_path):
+    """The GPT step on 2 ranks: after one step every weight but the token embedding equals the
+    one-process reference bit for bit, and the loss too. The token embedding's
+    gradient is a scatter-add, which the reference accumulates row by row onto micro-batch 0's
+    sum ((g0 + r1) + r2 ...) where the ranks add whole sums (g0 + (r1 + r2 ...)): a rounding
+    apart (the embedding backward would have to sum a micro-batch apart first to match)."""
+    (got, _), reference = distributed_run(tmp_path, "gpt", 1, "--precision", "fp16")
+    for name in reference.files:
+        if name == "wte.weight":
+            np.testing.assert_allclose(got[name], reference[name], rtol=0, atol=1e-6)
+        elif name != "results":
+            assert np.array_equal(got[name], reference[name]), name
+    results = reference["results"]
+    assert got["results"][0, 0] == results[0, 0]  # the loss
+    np.testing.assert_allclose(got["results"][0, 1], results[0, 1], rtol=1e-6)  # the norm (of that embedding)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_collectives_against_numpy(ranks):
+    done = run_ranks(ranks, "mlp", "unused", "--collectives")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("collectives OK") == ranks
+
+
+def test_a_model_on_an_accelerator_is_refused_until_nccl():
+    done = run_ranks(2, "mlp", "unused", "--device-model")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ValueError: comm: data parallelism runs models on the cpu for now") == 2
+
+
+def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
+    started = time.monotonic()
+    done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "rank 0 step 0 done" in done.stdout
+    waited = re.search(r"rank 0 TimeoutError after ([0-9.]+) s", done.stdout)
+    assert waited and 3.0 <= float(waited.group(1)) < 30, done.stdout  # the step's compute, then the 3 s
+    assert "with rank 1 did not complete within 3 s" in done.stdout
+    assert time.monotonic() - started < 60
+
+
+def test_a_rank_that_exits_mid_run_ends_the_job_without_a_hang():
+    """mpiexec ends the job when a rank exits; the survivor never finishes a step alone."""
+    started = time.monotonic()
+    done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "exit", "--timeout", "30")
+    assert "rank 0 step 1 done" not in done.stdout
+    assert time.monotonic() - started < 60
+
+
+# ---- one process: no launcher, no MPI ----
+
+@pytest.fixture
+def single():
+    dist.destroy()
+    yield
+    dist.destroy()
+
+
+def test_one_process_needs_no_mpi(single, monkeypatch):
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init()
+    assert (dist.get_rank(), dist.get_world_size(), dist.is_main_process()) == (0, 1, True)
+    assert dist.communicator() is None
+    dist.barrier()
+    a = np.ones(3, np.float32)
+    dist.all_reduce(a)
+    assert a.tolist() == [1, 1, 1] and dist.bytes_sent() == 0
+    with pytest.raises(RuntimeError, match="already initialised"):
+        dist.init()
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}, (1, 4)),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2"}, (0, 2)),
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}, (3, 8)),
+    ({"RANK": "2", "WORLD_SIZE": "3"}, (2, 3)),
+    ({"RANK": "2"}, None),
+    ({}, None),
+])
+def test_launcher_variables(env, expected):
+    assert dist.launcher_env(env) == expected
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "not integers"),
+    ({"PMI_RANK": "2", "PMI_SIZE": "2"}, "0 <= rank < world size"),
+])
+def test_bad_launcher_variables_raise(env, message):
+    with pytest.raises(ValueError, match=message):
+        dist.launcher_env(env)
+
+
+def test_bad_timeout_raises(single):
+    for bad in (0, -1.0, float("nan"), "5", True):
+        with pytest.raises(ValueError, match="timeout"):
+            dist.init(timeout=bad)
+    assert not dist.is_initialized()
+
+
+def test_communicator_refuses_what_it_cannot_call():
+    with pytest.raises(ValueError, match="not loaded in this process"):
+        _C.Communicator("/nonexistent/libmpi.so.12", 0, 0, 4, 20, 0, 2, 1.0)
+    with pytest.raises(ValueError, match="not Open MPI yet"):
+        _C.Communicator("libc.so.6", 0, 0, 8, 20, 0, 2, 1.0)
+    with pytest.raises(ValueError, match="has no MPI_Isend"):
+        _C.Communicator("libc.so.6", 0, 0, 4, 20, 0, 2, 1.0)
+
+
+def test_train_step_refuses_a_comm_that_is_not_a_communicator():
+    model = gt.nn.Sequential(gt.nn.Linear(3, 2))
+    before = model.state_dict()
+    with pytest.raises(TypeError, match="comm must be a gputrain._C.Communicator"):
+        _C.train_step(model.compiled, np.ones((2, 3), np.float32), np.zeros(2, np.int64),
+                      ("cross_entropy", 0.0, -100), comm=object())
+    for name, value in model.state_dict().items():
+        assert np.array_equal(value, before[name])
+
+
+def test_char_gpt_example_runs_on_two_ranks():
+    example = Path(__file__).parents[1] / "examples" / "char_gpt.py"
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, str(example), "--distributed", "--steps", "3",
+                           "--layers", "1", "--embd", "32", "--block", "16", "--batch", "4", "--threads", "1"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "x 2 ranks" in done.stdout and done.stdout.count("trained 3 steps") == 1  # rank 0 reports
+
+
+def test_loader_and_trainer_on_two_ranks(tmp_path):
+    """The DataLoader shards by rank without being told, the ranks train the same weights, and
+    rank 0 alone writes the checkpoint, which a single process then resumes (another world size)."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("safetensors", reason="checkpoints need safetensors (a gputrain dependency)")
+    done = run_ranks(2, "mlp", str(tmp_path / "trainer"), "--trainer")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shards = [np.load(str(tmp_path / f"trainer.rank{r}.npz")) for r in range(2)]
+    rows = [set(s["rows"].tolist()) for s in shards]
+    assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(16))
+    assert np.array_equal(shards[0]["weight"], shards[1]["weight"])
+    checkpoints = sorted(p.name for p in (tmp_path / "trainer-out").iterdir() if p.name.startswith("checkpoint"))
+    assert checkpoints == ["checkpoint-2"]
+    resumed = subprocess.run([sys.executable, WORKER, "mlp", str(tmp_path / "trainer"), "--trainer", "--resume"],
+                             capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed at step 2, trained to step 6" in resumed.stdout
+
+
+def test_an_exception_on_one_rank_ends_the_job_at_once():
+    started = time.monotonic()
+    done = run_ranks(2, "mlp", "unused", "--raise-on-rank-1", "--timeout", "120")
+    assert done.returncode != 0
+    assert "ValueError: rank 1 fails on purpose" in done.stderr
+    assert time.monotonic() - started < 60  # not the 120 s timeout: MPI_Abort ended rank 0's wait
