@@ -3,14 +3,13 @@ model, its timing beside ours, and the metrics each reports."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import gputrain as gt
-from bench_step import Timed
+from _timing import Rounds, Timed, machine, show
 
 
 def torch_adamw_step(torch: Any, model: Any, x: Any, y: Any, lr: float, weight_decay: float,
@@ -42,22 +41,20 @@ def torch_baseline(precision: str, torch_step: Callable[[bool], Callable[[], Non
     return name, baseline
 
 
-def report(benchmark: Any, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,
+def report(rounds: Rounds, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,
            units_per_step: float, flops: float, peak: float, **facts: Any) -> None:
-    """Records and prints the step's rate in `unit`/s, its GEMM rate as a fraction of the sgemm
-    peak, and the ratio to PyTorch's step timed in the same rounds."""
-    seconds = benchmark.stats.stats.median
+    """Records and prints the step's rate in `unit`/s (over `rounds`), its GEMM rate as a fraction of
+    the sgemm peak, and the ratio to PyTorch's step timed in the same rounds."""
+    seconds = rounds.median
     metrics = {
         **facts,
         f"{unit}_per_s": units_per_step / seconds,
         "step_ms": seconds * 1e3,
-        "best_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_step_ms": rounds.min * 1e3,
         "gemm_gflops": flops / seconds / 1e9,
         "sgemm_peak_gflops": peak / 1e9,
         "fraction_of_sgemm_peak": flops / seconds / peak,
-        "threads": gt.get_num_threads(),
-        "simd": gt.info()["simd"],
-        "load_average": os.getloadavg()[0],
+        **machine(),
     }
     if baseline is None:
         metrics["torch"] = "not installed"
@@ -67,4 +64,4 @@ def report(benchmark: Any, gputrain_benchmark: Any, baseline: tuple[str, Timed] 
         metrics[f"{name}_step_ms"] = timed.median() * 1e3
         metrics[f"speedup_vs_{name}"] = timed.median() / seconds
     gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    show(metrics)

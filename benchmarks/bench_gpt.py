@@ -5,7 +5,7 @@ nanoGPT's character-level sizes by default: n_layer 6, n_head 6, n_embd 384, T 2
 vocab 65, no dropout; one AdamW step (lr 3e-4, weight decay 0.1) per round. Both models start
 from the same weights (PyTorch's loads gputrain's). Reported per precision: tokens/s, the step's
 GEMM FLOP/s (attention counted for the visible half) as a fraction of the sgemm peak measured in
-the same run (bench_step.sgemm_peak), and, with PyTorch importable, the ratio to PyTorch's step
+the same run (_timing.sgemm_peak), and, with PyTorch importable, the ratio to PyTorch's step
 (fp32; for bf16, PyTorch under CPU autocast to bf16), same threads. PyTorch's step runs before
 every round of ours (pytest-benchmark's `setup`), so both see the same machine load; medians.
 
@@ -24,7 +24,7 @@ import pytest
 
 import gputrain as gt
 from _model_bench import report, torch_adamw_step, torch_baseline
-from bench_step import sgemm_peak
+from _timing import pedantic, sgemm_peak
 from gputrain.models import GPT
 
 
@@ -37,9 +37,6 @@ SEQ, BATCH, VOCAB = _env("GPT_BENCH_T", 256), _env("GPT_BENCH_BATCH", 16), _env(
 ROUNDS = _env("GPT_BENCH_ROUNDS", 5)
 if os.environ.get("GPT_BENCH_THREADS"):  # both libraries run with gputrain's thread count
     gt.set_num_threads(_env("GPT_BENCH_THREADS", 1))
-
-if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
-    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def step_flops() -> float:
@@ -119,6 +116,6 @@ def test_gpt_step(benchmark, gputrain_benchmark, precision):
     step = gputrain_step(precision)
     peak = sgemm_peak()
     baseline = torch_baseline(precision, torch_step)
-    benchmark.pedantic(step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
-    report(benchmark, gputrain_benchmark, baseline, "tokens", BATCH * SEQ, step_flops(), peak, precision=precision,
+    rounds = pedantic(benchmark, step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
+    report(rounds, gputrain_benchmark, baseline, "tokens", BATCH * SEQ, step_flops(), peak, precision=precision,
            sizes=f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}")

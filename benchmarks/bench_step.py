@@ -17,18 +17,15 @@ bf16 steps the same way.
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
 
 import gputrain as gt
+from _timing import Timed, pedantic, sgemm_peak, show
 
 BATCH, SIZES = 256, (784, 1024, 1024, 10)
 ROUNDS = 30
-
-if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
-    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def step_flops() -> float:
@@ -37,18 +34,6 @@ def step_flops() -> float:
     forward = sum(2 * BATCH * a * b for a, b in layers)
     input_grads = sum(2 * BATCH * a * b for a, b in layers[1:])
     return 2 * forward + input_grads
-
-
-def sgemm_peak() -> float:
-    """FLOP/s of a 2048^3 sgemm through gputrain's BLAS (median of 5)."""
-    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-    gt.functional.gemm(a, a)
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        gt.functional.gemm(a, a)
-        times.append(time.perf_counter() - start)
-    return 2 * 2048**3 / float(np.median(times))
 
 
 def batch_data():
@@ -96,24 +81,6 @@ def torch_step(autocast_bf16: bool = False):
     return step
 
 
-class Timed:
-    """Calls fn and keeps how long each call took (a pedantic `setup`, timed by itself)."""
-
-    def __init__(self, fn):
-        self.fn, self.seconds = fn, []
-
-    def __call__(self) -> None:
-        start = time.perf_counter()
-        self.fn()
-        self.seconds.append(time.perf_counter() - start)
-
-    def median(self) -> float:
-        return float(np.median(self.seconds))
-
-    def best(self) -> float:
-        return min(self.seconds)
-
-
 def torch_baselines(precision: str) -> dict[str, Timed]:
     """PyTorch steps to time beside ours: fp32 always, autocast bf16 for our bf16 (none without torch)."""
     try:
@@ -137,13 +104,13 @@ def test_mlp_step(benchmark, gputrain_benchmark, precision):
         for baseline in baselines.values():
             baseline()
 
-    benchmark.pedantic(step, setup=before_round, rounds=ROUNDS, warmup_rounds=3)
-    seconds = benchmark.stats.stats.median
+    rounds = pedantic(benchmark, step, setup=before_round, rounds=ROUNDS, warmup_rounds=3)
+    seconds = rounds.median
     metrics = {
         "precision": precision,
         "samples_per_s": BATCH / seconds,
         "step_ms": seconds * 1e3,
-        "best_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_step_ms": rounds.min * 1e3,
         "gemm_gflops": step_flops() / seconds / 1e9,
         "sgemm_peak_gflops": peak / 1e9,
         "fraction_of_sgemm_peak": step_flops() / seconds / peak,
@@ -158,19 +125,19 @@ def test_mlp_step(benchmark, gputrain_benchmark, precision):
     if not baselines:
         metrics["torch"] = "not installed"
     gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    show(metrics)
 
 
-def test_bf16_vs_fp32_step(benchmark, record):
+def test_bf16_vs_fp32_step(benchmark, gputrain_benchmark):
     """gputrain's bf16 step against its fp32 step, alternating rounds."""
     fp32 = Timed(gputrain_step("fp32"))
     fp32.fn()
-    benchmark.pedantic(gputrain_step("bf16"), setup=fp32, rounds=ROUNDS, warmup_rounds=3)
-    seconds = benchmark.stats.stats.median
+    rounds = pedantic(benchmark, gputrain_step("bf16"), setup=fp32, rounds=ROUNDS, warmup_rounds=3)
+    seconds = rounds.median
     metrics = {
         "bf16_step_ms": seconds * 1e3,
         "fp32_step_ms": fp32.median() * 1e3,
-        "best_bf16_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_bf16_step_ms": rounds.min * 1e3,
         "best_fp32_step_ms": fp32.best() * 1e3,
         "bf16_speedup_over_fp32": fp32.median() / seconds,
         "cpu_half_gemm": gt.info()["cpu_half_gemm"],
@@ -178,5 +145,5 @@ def test_bf16_vs_fp32_step(benchmark, record):
         "simd": gt.info()["simd"],
         "load_average": os.getloadavg()[0],
     }
-    record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    gputrain_benchmark.record(**metrics)
+    show(metrics)
