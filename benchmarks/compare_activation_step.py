@@ -9,21 +9,14 @@ the test venv).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
 import gputrain as gt
+from _timing import Timed
 
 ROUNDS = 30
 SIZES = (784, 1024, 1024, 10)
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def gputrain_step(activation: str, x: np.ndarray, y: np.ndarray):
@@ -61,13 +54,12 @@ def main() -> None:
     x = rng.standard_normal((256, SIZES[0])).astype(np.float32)
     y = rng.integers(0, SIZES[-1], 256)
     for activation in ("gelu", "relu"):
-        ours, theirs = gputrain_step(activation, x, y), torch_step(activation, x, y)
-        ours(), theirs()
-        ours_s, theirs_s = [], []
+        ours, theirs = Timed(gputrain_step(activation, x, y)), Timed(torch_step(activation, x, y))
+        ours.fn(), theirs.fn()
         for _ in range(ROUNDS):
-            theirs_s.append(timed(theirs))
-            ours_s.append(timed(ours))
-        ours_ms, theirs_ms = np.median(ours_s) * 1e3, np.median(theirs_s) * 1e3
+            theirs()
+            ours()
+        ours_ms, theirs_ms = ours.median() * 1e3, theirs.median() * 1e3
         print(f"{activation}: gputrain {ours_ms:.2f} ms, torch {theirs_ms:.2f} ms, "
               f"speed-up {theirs_ms / ours_ms:.2f}x ({gt.get_num_threads()} thread(s))")
 
