@@ -1,5 +1,5 @@
-"""What the model benchmarks (bench_gpt.py, bench_cnn.py) share: PyTorch's AdamW step on the same
-model, its timing beside ours, and the metrics each reports."""
+"""What the model benchmarks (bench_gpt.py, bench_cnn.py) share: gputrain's and PyTorch's AdamW
+steps on the same model, PyTorch's timed beside ours, and the metrics each reports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 import gputrain as gt
-from _timing import Rounds, Timed, machine, show
+from _timing import Rounds, Timed, machine, pedantic, sgemm_peak, show
+
+
+def gputrain_adamw_step(model: Any, x: Any, y: Any, lr: float, weight_decay: float,
+                        precision: str) -> Callable[[], Any]:
+    """One gputrain AdamW step (a TrainStep) of `model` on (x, y) with cross-entropy."""
+    optimizer = gt.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
+    return lambda: step(x, y)
 
 
 def torch_adamw_step(torch: Any, model: Any, x: Any, y: Any, lr: float, weight_decay: float,
@@ -39,6 +47,17 @@ def torch_baseline(precision: str, torch_step: Callable[[bool], Callable[[], Non
         return None
     baseline.fn()  # warm-up
     return name, baseline
+
+
+def benchmark_step(benchmark: Any, gputrain_benchmark: Any, precision: str, step: Callable[[], Any],
+                   torch_step: Callable[[bool], Callable[[], None]], rounds: int, unit: str,
+                   units_per_step: float, flops: float, **facts: Any) -> None:
+    """Times gputrain's `step` for `rounds` (after the sgemm peak), PyTorch's step before each round,
+    and reports both (report)."""
+    peak = sgemm_peak()
+    baseline = torch_baseline(precision, torch_step)
+    timed = pedantic(benchmark, step, setup=baseline[1] if baseline else None, rounds=rounds, warmup_rounds=1)
+    report(timed, gputrain_benchmark, baseline, unit, units_per_step, flops, peak, precision=precision, **facts)
 
 
 def report(rounds: Rounds, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,

@@ -88,6 +88,32 @@ def machine() -> dict[str, Any]:
     return {"threads": gt.get_num_threads(), "simd": gt.info()["simd"], "load_average": os.getloadavg()[0]}
 
 
+def benchmark_op(benchmark: Any, gputrain_benchmark: Any, ours: Callable[[], Any], torch_call: Callable[[], Timed | None],
+                 torch_name: str, rounds: int, flops: float, **facts: Any) -> None:
+    """Times `ours` (an op's forward and backward, warmed up here) for `rounds`, PyTorch's call
+    (torch_call's, None without torch) before each round; records and prints the milliseconds,
+    the GEMM FLOP/s (`flops` a call) as a fraction of the sgemm peak, and the ratio to PyTorch."""
+    peak = sgemm_peak()
+    ours()
+    torch = torch_call()
+    seconds = pedantic(benchmark, ours, setup=torch, rounds=rounds, warmup_rounds=1)
+    metrics = {
+        **facts,
+        "ms": seconds.median * 1e3,
+        "best_ms": seconds.min * 1e3,
+        "gflops": flops / seconds.median / 1e9,
+        "fraction_of_sgemm_peak": flops / seconds.median / peak,
+        **machine(),
+    }
+    if torch is None:
+        metrics["torch"] = "not installed"
+    else:
+        metrics[f"{torch_name}_ms"] = torch.median() * 1e3
+        metrics[f"speedup_vs_{torch_name}"] = torch.median() / seconds.median
+    gputrain_benchmark.record(**metrics)
+    show(metrics)
+
+
 def show(metrics: dict[str, Any]) -> None:
     """Prints metrics with floats rounded to 3 digits."""
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _timing import Timed, machine, pedantic, sgemm_peak, show
+from _timing import Timed, benchmark_op
 from gputrain import functional as F
 
 SHAPE = (16, 6, 256, 64)  # batch, heads, seq, head_dim
@@ -68,25 +68,5 @@ def torch_call(causal: bool) -> Timed | None:
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_attention_forward_backward(benchmark, gputrain_benchmark, causal):
-    peak = sgemm_peak()
-    ours = gputrain_call(causal)
-    ours()
-    torch = torch_call(causal)
-    rounds = pedantic(benchmark, ours, setup=torch, rounds=ROUNDS, warmup_rounds=1)
-    seconds = rounds.median
-    metrics = {
-        "shape": "x".join(map(str, SHAPE)),
-        "causal": causal,
-        "ms": seconds * 1e3,
-        "best_ms": rounds.min * 1e3,
-        "gflops": useful_flops(causal) / seconds / 1e9,
-        "fraction_of_sgemm_peak": useful_flops(causal) / seconds / peak,
-        **machine(),
-    }
-    if torch is None:
-        metrics["torch"] = "not installed"
-    else:
-        metrics["torch_sdpa_ms"] = torch.median() * 1e3
-        metrics["speedup_vs_torch_sdpa"] = torch.median() / seconds
-    gputrain_benchmark.record(**metrics)
-    show(metrics)
+    benchmark_op(benchmark, gputrain_benchmark, gputrain_call(causal), lambda: torch_call(causal), "torch_sdpa",
+                 ROUNDS, useful_flops(causal), shape="x".join(map(str, SHAPE)), causal=causal)

@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import report, torch_adamw_step, torch_baseline
-from _timing import pedantic, sgemm_peak
+from _model_bench import benchmark_step, gputrain_adamw_step, torch_adamw_step
 from gputrain.models import SimpleCNN
 
 
@@ -66,11 +65,7 @@ def batch_data():
 
 
 def gputrain_step(precision: str):
-    model = gputrain_model()
-    optimizer = gt.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
-    x, y = batch_data()
-    return lambda: step(x, y)
+    return gputrain_adamw_step(gputrain_model(), *batch_data(), 1e-3, 0.01, precision)
 
 
 def torch_cnn(torch):
@@ -108,9 +103,6 @@ def torch_step(autocast_bf16: bool = False):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_cnn_step(benchmark, gputrain_benchmark, precision):
-    step = gputrain_step(precision)
-    peak = sgemm_peak()
-    baseline = torch_baseline(precision, torch_step)
-    rounds = pedantic(benchmark, step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
-    report(rounds, gputrain_benchmark, baseline, "images", BATCH, step_flops(), peak, precision=precision,
-           sizes=f"{IN_CHANNELS}x{IMAGE}x{IMAGE}, channels {CHANNELS}, batch {BATCH}, classes {CLASSES}")
+    benchmark_step(benchmark, gputrain_benchmark, precision, gputrain_step(precision), torch_step, ROUNDS,
+                   "images", BATCH, step_flops(),
+                   sizes=f"{IN_CHANNELS}x{IMAGE}x{IMAGE}, channels {CHANNELS}, batch {BATCH}, classes {CLASSES}")

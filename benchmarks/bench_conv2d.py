@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _timing import Timed, machine, pedantic, sgemm_peak, show
+from _timing import Timed, benchmark_op
 from gputrain import functional as F
 
 X_SHAPE = (32, 32, 32, 32)  # N, C, H, W
@@ -71,28 +71,8 @@ def torch_call() -> Timed | None:
 
 
 def test_conv2d_forward_backward(benchmark, gputrain_benchmark):
-    peak = sgemm_peak()
-    ours = gputrain_call()
-    ours()
-    torch = torch_call()
-    rounds = pedantic(benchmark, ours, setup=torch, rounds=ROUNDS, warmup_rounds=1)
-    seconds = rounds.median
-    metrics = {
-        "x_shape": "x".join(map(str, X_SHAPE)),
-        "weight_shape": "x".join(map(str, W_SHAPE)),
-        "ms": seconds * 1e3,
-        "best_ms": rounds.min * 1e3,
-        "gflops": useful_flops() / seconds / 1e9,
-        "fraction_of_sgemm_peak": useful_flops() / seconds / peak,
-        **machine(),
-    }
-    if torch is None:
-        metrics["torch"] = "not installed"
-    else:
-        metrics["torch_conv2d_ms"] = torch.median() * 1e3
-        metrics["speedup_vs_torch_conv2d"] = torch.median() / seconds
-    gputrain_benchmark.record(**metrics)
-    show(metrics)
+    benchmark_op(benchmark, gputrain_benchmark, gputrain_call(), torch_call, "torch_conv2d", ROUNDS, useful_flops(),
+                 x_shape="x".join(map(str, X_SHAPE)), weight_shape="x".join(map(str, W_SHAPE)))
 
 
 if __name__ == "__main__":

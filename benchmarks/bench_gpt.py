@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import report, torch_adamw_step, torch_baseline
-from _timing import pedantic, sgemm_peak
+from _model_bench import benchmark_step, gputrain_adamw_step, torch_adamw_step
 from gputrain.models import GPT
 
 
@@ -59,11 +58,7 @@ def gputrain_model() -> GPT:
 
 
 def gputrain_step(precision: str):
-    model = gputrain_model()
-    optimizer = gt.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
-    x, y = batch_data()
-    return lambda: step(x, y)
+    return gputrain_adamw_step(gputrain_model(), *batch_data(), 3e-4, 0.1, precision)
 
 
 def torch_gpt(torch):
@@ -113,9 +108,6 @@ def torch_step(autocast_bf16: bool = False):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_gpt_step(benchmark, gputrain_benchmark, precision):
-    step = gputrain_step(precision)
-    peak = sgemm_peak()
-    baseline = torch_baseline(precision, torch_step)
-    rounds = pedantic(benchmark, step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
-    report(rounds, gputrain_benchmark, baseline, "tokens", BATCH * SEQ, step_flops(), peak, precision=precision,
-           sizes=f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}")
+    benchmark_step(benchmark, gputrain_benchmark, precision, gputrain_step(precision), torch_step, ROUNDS,
+                   "tokens", BATCH * SEQ, step_flops(),
+                   sizes=f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}")
