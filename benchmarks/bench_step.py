@@ -17,6 +17,7 @@ bf16 steps the same way.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,14 +42,20 @@ def batch_data():
     return rng.standard_normal((BATCH, SIZES[0])).astype(np.float32), rng.integers(0, SIZES[-1], BATCH)
 
 
-def gputrain_step(precision: str):
-    gt.random.manual_seed(0)
+def mlp(nn: Any, activation: str = "relu") -> Any:
+    """The MLP of SIZES in gputrain.nn or torch.nn, with ReLU or GELU between the Linear layers."""
+    act = nn.GELU if activation == "gelu" else nn.ReLU
     layers = []
     for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(gt.nn.Linear(a, b))
+        layers.append(nn.Linear(a, b))
         if i < len(SIZES) - 2:
-            layers.append(gt.nn.ReLU())
-    model = gt.nn.Sequential(*layers)
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def gputrain_step(precision: str, activation: str = "relu"):
+    gt.random.manual_seed(0)
+    model = mlp(gt.nn, activation)
     optimizer = gt.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = gt.amp.GradScaler() if precision == "fp16" else None
     step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision, scaler=scaler)
@@ -56,17 +63,12 @@ def gputrain_step(precision: str):
     return lambda: step(x, y)
 
 
-def torch_step(autocast_bf16: bool = False):
+def torch_step(autocast_bf16: bool = False, activation: str = "relu"):
     """PyTorch's step on the same model; under CPU autocast to bf16 when autocast_bf16."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     torch.set_num_threads(gt.get_num_threads())
-    layers = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = mlp(torch.nn, activation)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     x, y = (torch.from_numpy(a) for a in batch_data())
