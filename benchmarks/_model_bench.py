@@ -1,16 +1,23 @@
-"""What the model benchmarks (bench_gpt.py, bench_cnn.py) share: PyTorch's AdamW step on the same
-model, its timing beside ours, and the metrics each reports."""
+"""What the model benchmarks (bench_gpt.py, bench_cnn.py) share: gputrain's and PyTorch's AdamW
+steps on the same model, PyTorch's timed beside ours, and the metrics each reports."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import gputrain as gt
-from bench_step import Timed
+from _timing import Rounds, Timed, machine, pedantic, sgemm_peak, show
+
+
+def gputrain_adamw_step(model: Any, x: Any, y: Any, lr: float, weight_decay: float,
+                        precision: str) -> Callable[[], Any]:
+    """One gputrain AdamW step (a TrainStep) of `model` on (x, y) with cross-entropy."""
+    optimizer = gt.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
+    return lambda: step(x, y)
 
 
 def torch_adamw_step(torch: Any, model: Any, x: Any, y: Any, lr: float, weight_decay: float,
@@ -42,22 +49,31 @@ def torch_baseline(precision: str, torch_step: Callable[[bool], Callable[[], Non
     return name, baseline
 
 
-def report(benchmark: Any, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,
+def benchmark_step(benchmark: Any, gputrain_benchmark: Any, precision: str, step: Callable[[], Any],
+                   torch_step: Callable[[bool], Callable[[], None]], rounds: int, unit: str,
+                   units_per_step: float, flops: float, **facts: Any) -> None:
+    """Times gputrain's `step` for `rounds` (after the sgemm peak), PyTorch's step before each round,
+    and reports both (report)."""
+    peak = sgemm_peak()
+    baseline = torch_baseline(precision, torch_step)
+    timed = pedantic(benchmark, step, setup=baseline[1] if baseline else None, rounds=rounds, warmup_rounds=1)
+    report(timed, gputrain_benchmark, baseline, unit, units_per_step, flops, peak, precision=precision, **facts)
+
+
+def report(rounds: Rounds, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,
            units_per_step: float, flops: float, peak: float, **facts: Any) -> None:
-    """Records and prints the step's rate in `unit`/s, its GEMM rate as a fraction of the sgemm
-    peak, and the ratio to PyTorch's step timed in the same rounds."""
-    seconds = benchmark.stats.stats.median
+    """Records and prints the step's rate in `unit`/s (over `rounds`), its GEMM rate as a fraction of
+    the sgemm peak, and the ratio to PyTorch's step timed in the same rounds."""
+    seconds = rounds.median
     metrics = {
         **facts,
         f"{unit}_per_s": units_per_step / seconds,
         "step_ms": seconds * 1e3,
-        "best_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_step_ms": rounds.min * 1e3,
         "gemm_gflops": flops / seconds / 1e9,
         "sgemm_peak_gflops": peak / 1e9,
         "fraction_of_sgemm_peak": flops / seconds / peak,
-        "threads": gt.get_num_threads(),
-        "simd": gt.info()["simd"],
-        "load_average": os.getloadavg()[0],
+        **machine(),
     }
     if baseline is None:
         metrics["torch"] = "not installed"
@@ -67,4 +83,4 @@ def report(benchmark: Any, gputrain_benchmark: Any, baseline: tuple[str, Timed] 
         metrics[f"{name}_step_ms"] = timed.median() * 1e3
         metrics[f"speedup_vs_{name}"] = timed.median() / seconds
     gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    show(metrics)

@@ -6,7 +6,7 @@ Shape: the issue's GPT step (n_head 6, n_embd 384 -> head_dim 64, T 256, batch 1
 not. PyTorch's call runs before every round of ours (pytest-benchmark's `setup`), so both see the
 same machine load; medians of ROUNDS. FLOP/s count the matrix products that are needed
 (forward: QK^T and PV; backward: dV, dP, dQ and dK; causal: half of each), also as a fraction of the
-sgemm peak of gputrain's BLAS measured in the same run (bench_step.sgemm_peak, a 2048^3 GEMM).
+sgemm peak of gputrain's BLAS measured in the same run (_timing.sgemm_peak, a 2048^3 GEMM).
 
     python -m pytest benchmarks/bench_attention.py --benchmark-only
     PYTHONPATH=<gputrain build> /work/venv-torch/bin/python -m pytest benchmarks/bench_attention.py --benchmark-only
@@ -15,21 +15,15 @@ sgemm peak of gputrain's BLAS measured in the same run (bench_step.sgemm_peak, a
 
 from __future__ import annotations
 
-import os
-import time
-
 import numpy as np
 import pytest
 
 import gputrain as gt
-from bench_step import sgemm_peak
+from _timing import Timed, benchmark_op
 from gputrain import functional as F
 
 SHAPE = (16, 6, 256, 64)  # batch, heads, seq, head_dim
 ROUNDS = 10
-
-if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ATEN_CPU_CAPABILITY=avx2 for PyTorch
-    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def useful_flops(causal: bool) -> float:
@@ -54,21 +48,6 @@ def gputrain_call(causal: bool):
     return run
 
 
-class Timed:
-    """Calls fn and keeps how long each call took (a pedantic `setup`, timed by itself)."""
-
-    def __init__(self, fn):
-        self.fn, self.seconds = fn, []
-
-    def __call__(self) -> None:
-        start = time.perf_counter()
-        self.fn()
-        self.seconds.append(time.perf_counter() - start)
-
-    def median(self) -> float:
-        return float(np.median(self.seconds))
-
-
 def torch_call(causal: bool) -> Timed | None:
     try:
         import torch
@@ -89,27 +68,5 @@ def torch_call(causal: bool) -> Timed | None:
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_attention_forward_backward(benchmark, gputrain_benchmark, causal):
-    peak = sgemm_peak()
-    ours = gputrain_call(causal)
-    ours()
-    torch = torch_call(causal)
-    benchmark.pedantic(ours, setup=torch, rounds=ROUNDS, warmup_rounds=1)
-    seconds = benchmark.stats.stats.median
-    metrics = {
-        "shape": "x".join(map(str, SHAPE)),
-        "causal": causal,
-        "ms": seconds * 1e3,
-        "best_ms": benchmark.stats.stats.min * 1e3,
-        "gflops": useful_flops(causal) / seconds / 1e9,
-        "fraction_of_sgemm_peak": useful_flops(causal) / seconds / peak,
-        "threads": gt.get_num_threads(),
-        "simd": gt.info()["simd"],
-        "load_average": os.getloadavg()[0],
-    }
-    if torch is None:
-        metrics["torch"] = "not installed"
-    else:
-        metrics["torch_sdpa_ms"] = torch.median() * 1e3
-        metrics["speedup_vs_torch_sdpa"] = torch.median() / seconds
-    gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    benchmark_op(benchmark, gputrain_benchmark, gputrain_call(causal), lambda: torch_call(causal), "torch_sdpa",
+                 ROUNDS, useful_flops(causal), shape="x".join(map(str, SHAPE)), causal=causal)

@@ -16,7 +16,6 @@ GPUTRAIN_BENCH_CAST_MIB sets the size of the fp32 array (default 64 MiB).
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from typing import Callable
 
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 
 import gputrain
+from _timing import Timed, pedantic
 from gputrain import _C
 
 MIB = int(os.environ.get("GPUTRAIN_BENCH_CAST_MIB", 64))
@@ -62,17 +62,10 @@ def threads(request):
 def measure(benchmark, src_name: str, src: np.ndarray, dst_bytes: int, convert: Callable[[], object]) -> dict:
     """Times `convert` with a memcpy of `src` before each round; returns bandwidths and ratio."""
     copy_out = np.empty_like(src)
-    copy_seconds: list[float] = []
-
-    def memcpy_once() -> None:
-        start = time.perf_counter()
-        gputrain.cast(src, src_name, out=copy_out)   # equal dtypes: a chunked OpenMP memcpy
-        copy_seconds.append(time.perf_counter() - start)
-
-    benchmark.pedantic(convert, setup=memcpy_once, rounds=ROUNDS, warmup_rounds=2)
+    memcpy = Timed(lambda: gputrain.cast(src, src_name, out=copy_out))  # equal dtypes: a chunked OpenMP memcpy
+    median = pedantic(benchmark, convert, setup=memcpy, rounds=ROUNDS, warmup_rounds=2).median
     moved = src.nbytes + dst_bytes
-    median = benchmark.stats.stats.median
-    copy_median = float(np.median(copy_seconds))
+    copy_median = memcpy.median()
     metrics = {
         "elements": int(src.size),
         "bytes_read": int(src.nbytes),

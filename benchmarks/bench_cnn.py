@@ -6,7 +6,7 @@ Linear head to 10 classes; batch 64; one AdamW step (lr 1e-3, weight decay 0.01)
 models start from the same weights (PyTorch's loads gputrain's state_dict: the names match).
 Reported per precision: images/s, the step's convolution and Linear FLOP/s (forward, weight
 gradients, input gradients but the first convolution's) as a fraction of the sgemm peak measured
-in the same run (bench_step.sgemm_peak), and, with PyTorch importable, the ratio to PyTorch's step
+in the same run (_timing.sgemm_peak), and, with PyTorch importable, the ratio to PyTorch's step
 (fp32; for bf16, PyTorch under CPU autocast to bf16), same threads. PyTorch's step runs before
 every round of ours (pytest-benchmark's `setup`), so both see the same machine load; medians.
 
@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import report, torch_adamw_step, torch_baseline
-from bench_step import sgemm_peak
+from _model_bench import benchmark_step, gputrain_adamw_step, torch_adamw_step
 from gputrain.models import SimpleCNN
 
 
@@ -39,9 +38,6 @@ CHANNELS = tuple(int(c) for c in os.environ.get("CNN_BENCH_CHANNELS", "32,64,128
 ROUNDS = _env("CNN_BENCH_ROUNDS", 10)
 if os.environ.get("CNN_BENCH_THREADS"):  # both libraries run with gputrain's thread count
     gt.set_num_threads(_env("CNN_BENCH_THREADS", 1))
-
-if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
-    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def gputrain_model() -> SimpleCNN:
@@ -69,11 +65,7 @@ def batch_data():
 
 
 def gputrain_step(precision: str):
-    model = gputrain_model()
-    optimizer = gt.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
-    x, y = batch_data()
-    return lambda: step(x, y)
+    return gputrain_adamw_step(gputrain_model(), *batch_data(), 1e-3, 0.01, precision)
 
 
 def torch_cnn(torch):
@@ -111,9 +103,6 @@ def torch_step(autocast_bf16: bool = False):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_cnn_step(benchmark, gputrain_benchmark, precision):
-    step = gputrain_step(precision)
-    peak = sgemm_peak()
-    baseline = torch_baseline(precision, torch_step)
-    benchmark.pedantic(step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
-    report(benchmark, gputrain_benchmark, baseline, "images", BATCH, step_flops(), peak, precision=precision,
-           sizes=f"{IN_CHANNELS}x{IMAGE}x{IMAGE}, channels {CHANNELS}, batch {BATCH}, classes {CLASSES}")
+    benchmark_step(benchmark, gputrain_benchmark, precision, gputrain_step(precision), torch_step, ROUNDS,
+                   "images", BATCH, step_flops(),
+                   sizes=f"{IN_CHANNELS}x{IMAGE}x{IMAGE}, channels {CHANNELS}, batch {BATCH}, classes {CLASSES}")

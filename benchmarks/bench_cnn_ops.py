@@ -7,22 +7,14 @@ median milliseconds of ROUNDS calls each, PyTorch's call timed right before ours
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
 import gputrain as gt
+from _timing import Timed
 from gputrain import _C
 
 SHAPE = (32, 64, 32, 32)
 ROUNDS = 15
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def cases(torch):
@@ -83,11 +75,13 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"{SHAPE} float32, 1 thread, median of {ROUNDS} (torch {torch.__version__})")
     print(f"{'op':<32} {'gputrain ms':>12} {'torch ms':>10} {'speed-up':>9}")
-    for name, ours, theirs in cases(torch):
-        ours(), theirs()
-        times = [(timed(theirs), timed(ours)) for _ in range(ROUNDS)]
-        t_theirs = statistics.median(t for t, _ in times) * 1e3
-        t_ours = statistics.median(o for _, o in times) * 1e3
+    for name, ours_fn, theirs_fn in cases(torch):
+        ours, theirs = Timed(ours_fn), Timed(theirs_fn)
+        ours_fn(), theirs_fn()
+        for _ in range(ROUNDS):
+            theirs()
+            ours()
+        t_ours, t_theirs = ours.median() * 1e3, theirs.median() * 1e3
         print(f"{name:<32} {t_ours:>12.3f} {t_theirs:>10.3f} {t_theirs / t_ours:>8.2f}x")
 
 

@@ -6,7 +6,7 @@ Shape: a CNN's middle layer, (N, C, H, W) = (32, 32, 32, 32), 3x3, padding 1, 64
 PyTorch's call runs before every round of ours (pytest-benchmark's `setup`), so both see the same
 machine load; medians of ROUNDS. FLOP/s count the three products (forward, input and weight
 gradients: 3 x 2 N O OH OW C KH KW), also as a fraction of the sgemm peak of gputrain's BLAS
-measured in the same run (bench_step.sgemm_peak, a 2048^3 GEMM).
+measured in the same run (_timing.sgemm_peak, a 2048^3 GEMM).
 
     python -m pytest benchmarks/bench_conv2d.py --benchmark-only
     PYTHONPATH=<gputrain build> /work/venv-torch/bin/python -m pytest benchmarks/bench_conv2d.py --benchmark-only
@@ -14,14 +14,11 @@ measured in the same run (bench_step.sgemm_peak, a 2048^3 GEMM).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import gputrain as gt
-from bench_attention import Timed
-from bench_step import sgemm_peak
+from _timing import Timed, benchmark_op
 from gputrain import functional as F
 
 X_SHAPE = (32, 32, 32, 32)  # N, C, H, W
@@ -74,30 +71,8 @@ def torch_call() -> Timed | None:
 
 
 def test_conv2d_forward_backward(benchmark, gputrain_benchmark):
-    peak = sgemm_peak()
-    ours = gputrain_call()
-    ours()
-    torch = torch_call()
-    benchmark.pedantic(ours, setup=torch, rounds=ROUNDS, warmup_rounds=1)
-    seconds = benchmark.stats.stats.median
-    metrics = {
-        "x_shape": "x".join(map(str, X_SHAPE)),
-        "weight_shape": "x".join(map(str, W_SHAPE)),
-        "ms": seconds * 1e3,
-        "best_ms": benchmark.stats.stats.min * 1e3,
-        "gflops": useful_flops() / seconds / 1e9,
-        "fraction_of_sgemm_peak": useful_flops() / seconds / peak,
-        "threads": gt.get_num_threads(),
-        "simd": gt.info()["simd"],
-        "load_average": os.getloadavg()[0],
-    }
-    if torch is None:
-        metrics["torch"] = "not installed"
-    else:
-        metrics["torch_conv2d_ms"] = torch.median() * 1e3
-        metrics["speedup_vs_torch_conv2d"] = torch.median() / seconds
-    gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    benchmark_op(benchmark, gputrain_benchmark, gputrain_call(), torch_call, "torch_conv2d", ROUNDS, useful_flops(),
+                 x_shape="x".join(map(str, X_SHAPE)), weight_shape="x".join(map(str, W_SHAPE)))
 
 
 if __name__ == "__main__":

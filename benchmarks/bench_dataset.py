@@ -13,21 +13,15 @@ calibrated once here and handed to PyTorch's run, so both do the same loop.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 import gputrain as gt
+from _loader_bench import TIMED_EPOCHS, epoch_of, torch_epochs
+from _timing import Timed, pedantic
 
 ROUNDS = 3
 SAMPLES = 4096
 BATCH = 32
-TORCH_PYTHON = Path(os.environ.get("GPUTRAIN_TORCH_VENV", "/work/venv-torch")) / "bin" / "python"
 
 DATASET = '''
 import numpy as np
@@ -55,13 +49,10 @@ BusyDataset = namespace["BusyDataset"]
 
 def calibrate(target_s: float = 50e-6) -> int:
     """Loop iterations that take `target_s` in this interpreter (median of repeats)."""
-    probe = BusyDataset(1, 2000)
-    times = []
+    probe = Timed(lambda: BusyDataset(1, 2000)[0])
     for _ in range(20):
-        start = time.perf_counter()
-        probe[0]
-        times.append(time.perf_counter() - start)
-    return max(int(2000 * target_s / float(np.median(times))), 1)
+        probe()
+    return max(int(2000 * target_s / probe.median()), 1)
 
 
 TORCH_SCRIPT = DATASET + '''
@@ -71,24 +62,9 @@ from torch.utils.data import DataLoader
 samples, batch, loops, workers, rounds = map(int, sys.argv[1:6])
 loader = DataLoader(BusyDataset(samples, loops), batch_size=batch, shuffle=True, num_workers=workers,
                     persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
-times = []
-for r in range(rounds + 1):
-    start = time.perf_counter()
-    for xb, yb in loader:
-        pass
-    times.append(time.perf_counter() - start)
+''' + TIMED_EPOCHS + '''
 print(json.dumps({"seconds": times[1:], "torch": torch.__version__}))
 '''
-
-
-def torch_epoch_seconds(loops: int, workers: int) -> dict | None:
-    if not TORCH_PYTHON.exists():
-        return None
-    args = [str(SAMPLES), str(BATCH), str(loops), str(workers), str(ROUNDS)]
-    done = subprocess.run([str(TORCH_PYTHON), "-c", TORCH_SCRIPT, *args], capture_output=True, text=True,
-                          timeout=1800, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"median": float(np.median(result["seconds"])), "version": result["torch"]}
 
 
 @pytest.fixture(scope="module")
@@ -102,19 +78,15 @@ def test_dataset_epoch(benchmark, gputrain_benchmark, loops, workers):
                            num_workers=workers, persistent_workers=workers > 0,
                            prefetch_factor=2 if workers else None)
 
-    def epoch() -> None:
-        for xb, yb in loader:
-            pass
-
+    epoch = epoch_of(loader)
     epoch()  # warm-up: workers started, slots sized
-    benchmark.pedantic(epoch, rounds=ROUNDS, warmup_rounds=0)
-    seconds = benchmark.stats.stats.median
+    seconds = pedantic(benchmark, epoch, rounds=ROUNDS, warmup_rounds=0).median
     batches = -(-SAMPLES // BATCH)
-    torch = torch_epoch_seconds(loops, workers)
+    torch = torch_epochs(TORCH_SCRIPT, [SAMPLES, BATCH, loops, workers, ROUNDS])
     gputrain_benchmark.record(
         samples=SAMPLES, batch_size=BATCH, num_workers=workers, python_loops_per_sample=loops,
         epoch_seconds_median=seconds, batches_per_s=batches / seconds, us_per_sample=seconds / SAMPLES * 1e6,
         torch_batches_per_s=batches / torch["median"] if torch else None,
         ratio_torch=torch["median"] / seconds if torch else None,
-        torch_version=torch["version"] if torch else None,
+        torch_version=torch["torch"] if torch else None,
     )

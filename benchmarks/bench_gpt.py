@@ -5,7 +5,7 @@ nanoGPT's character-level sizes by default: n_layer 6, n_head 6, n_embd 384, T 2
 vocab 65, no dropout; one AdamW step (lr 3e-4, weight decay 0.1) per round. Both models start
 from the same weights (PyTorch's loads gputrain's). Reported per precision: tokens/s, the step's
 GEMM FLOP/s (attention counted for the visible half) as a fraction of the sgemm peak measured in
-the same run (bench_step.sgemm_peak), and, with PyTorch importable, the ratio to PyTorch's step
+the same run (_timing.sgemm_peak), and, with PyTorch importable, the ratio to PyTorch's step
 (fp32; for bf16, PyTorch under CPU autocast to bf16), same threads. PyTorch's step runs before
 every round of ours (pytest-benchmark's `setup`), so both see the same machine load; medians.
 
@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import report, torch_adamw_step, torch_baseline
-from bench_step import sgemm_peak
+from _model_bench import benchmark_step, gputrain_adamw_step, torch_adamw_step
 from gputrain.models import GPT
 
 
@@ -37,9 +36,6 @@ SEQ, BATCH, VOCAB = _env("GPT_BENCH_T", 256), _env("GPT_BENCH_BATCH", 16), _env(
 ROUNDS = _env("GPT_BENCH_ROUNDS", 5)
 if os.environ.get("GPT_BENCH_THREADS"):  # both libraries run with gputrain's thread count
     gt.set_num_threads(_env("GPT_BENCH_THREADS", 1))
-
-if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
-    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def step_flops() -> float:
@@ -62,11 +58,7 @@ def gputrain_model() -> GPT:
 
 
 def gputrain_step(precision: str):
-    model = gputrain_model()
-    optimizer = gt.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
-    x, y = batch_data()
-    return lambda: step(x, y)
+    return gputrain_adamw_step(gputrain_model(), *batch_data(), 3e-4, 0.1, precision)
 
 
 def torch_gpt(torch):
@@ -116,9 +108,6 @@ def torch_step(autocast_bf16: bool = False):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_gpt_step(benchmark, gputrain_benchmark, precision):
-    step = gputrain_step(precision)
-    peak = sgemm_peak()
-    baseline = torch_baseline(precision, torch_step)
-    benchmark.pedantic(step, setup=baseline[1] if baseline else None, rounds=ROUNDS, warmup_rounds=1)
-    report(benchmark, gputrain_benchmark, baseline, "tokens", BATCH * SEQ, step_flops(), peak, precision=precision,
-           sizes=f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}")
+    benchmark_step(benchmark, gputrain_benchmark, precision, gputrain_step(precision), torch_step, ROUNDS,
+                   "tokens", BATCH * SEQ, step_flops(),
+                   sizes=f"n_layer {LAYERS}, n_head {HEADS}, n_embd {EMBD}, T {SEQ}, batch {BATCH}, vocab {VOCAB}")

@@ -19,15 +19,14 @@ that venv has none.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gputrain as gt
+from _loader_bench import TIMED_EPOCHS, epoch_of, torch_epochs
+from _timing import pedantic
 from gputrain.data import ImageFolder, to_tensor
 
 Image = pytest.importorskip("PIL.Image", reason="ImageFolder decodes with Pillow (pip install pillow)")
@@ -39,7 +38,6 @@ SIDE = 256
 SIZE = (224, 224)
 BATCH = 32
 TORCH_THREADS = int(os.environ.get("GPUTRAIN_BENCH_TORCH_THREADS", "1"))  # 0: PyTorch's default
-TORCH_PYTHON = Path(os.environ.get("GPUTRAIN_TORCH_VENV", "/work/venv-torch")) / "bin" / "python"
 
 TORCH_SCRIPT = '''
 import json, sys, time
@@ -81,12 +79,7 @@ except ImportError:
     kind = "torchvision-style dataset (torchvision not installed)"
 loader = DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers,
                     persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
-times = []
-for r in range(rounds + 1):
-    start = time.perf_counter()
-    for xb, yb in loader:
-        pass
-    times.append(time.perf_counter() - start)
+''' + TIMED_EPOCHS + '''
 print(json.dumps({"seconds": times[1:], "torch": torch.__version__, "dataset": kind,
                   "threads": torch.get_num_threads()}))
 '''
@@ -105,39 +98,22 @@ def folder(tmp_path_factory):
     return root
 
 
-def torch_epoch_seconds(root: Path, workers: int) -> dict | None:
-    if not TORCH_PYTHON.exists():
-        return None
-    args = [str(root), str(BATCH), str(workers), str(ROUNDS), str(SIZE[0]), str(TORCH_THREADS)]
-    done = subprocess.run([str(TORCH_PYTHON), "-c", TORCH_SCRIPT, *args], capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0:  # no torch or no Pillow there: the baseline columns stay null
-        print(done.stderr[-2000:])
-        return None
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"median": float(np.median(result["seconds"])), "version": result["torch"], "dataset": result["dataset"],
-            "threads": result["threads"]}
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_imagefolder_epoch(benchmark, gputrain_benchmark, folder, workers):
     loader = gt.DataLoader(ImageFolder(folder, size=SIZE, transform=to_tensor), batch_size=BATCH, shuffle=True,
                            seed=0, num_workers=workers, persistent_workers=workers > 0,
                            prefetch_factor=2 if workers else None)
 
-    def epoch() -> None:
-        for xb, yb in loader:
-            pass
-
+    epoch = epoch_of(loader)
     epoch()  # warm-up: workers started, slots sized, files in the page cache
-    benchmark.pedantic(epoch, rounds=ROUNDS, warmup_rounds=0)
-    seconds = benchmark.stats.stats.median
-    torch = torch_epoch_seconds(folder, workers)
+    seconds = pedantic(benchmark, epoch, rounds=ROUNDS, warmup_rounds=0).median
+    # no torch or no Pillow in that venv: the baseline columns stay null
+    torch = torch_epochs(TORCH_SCRIPT, [folder, BATCH, workers, ROUNDS, SIZE[0], TORCH_THREADS], check=False)
     gputrain_benchmark.record(
         images=IMAGES, side=SIDE, size=list(SIZE), batch_size=BATCH, num_workers=workers,
         epoch_seconds_median=seconds, images_per_s=IMAGES / seconds,
         torch_images_per_s=IMAGES / torch["median"] if torch else None,
         ratio_torch=torch["median"] / seconds if torch else None,
-        torch_version=torch["version"] if torch else None, torch_dataset=torch["dataset"] if torch else None,
+        torch_version=torch["torch"] if torch else None, torch_dataset=torch["dataset"] if torch else None,
         torch_main_threads=torch["threads"] if torch else None,
     )

@@ -23,12 +23,12 @@ extra_info (gputrain_benchmark.record).
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
 
 import gputrain
+from _timing import Timed, pedantic
 from gputrain import _C
 from gputrain.nn import Parameter
 from gputrain.optim import AdamW
@@ -53,12 +53,9 @@ def _optimizer(arrays, **options) -> tuple[AdamW, Parameter]:
     return AdamW([p], lr=1e-6, weight_decay=0.0, **options), p
 
 
-def _triad(arrays, seconds: list[float]) -> None:
+def _triad(arrays) -> None:
     """a = b + s*c over N elements, reusing the state arrays' memory of a discarded optimizer."""
-    a, b, c = arrays["triad_a"], arrays["p"], arrays["g"]
-    start = time.perf_counter()
-    _C.stream_triad(a, b, c, 0.5)
-    seconds.append(time.perf_counter() - start)
+    _C.stream_triad(arrays["triad_a"], arrays["p"], arrays["g"], 0.5)
 
 
 @pytest.mark.parametrize("numerics", ["exact", "fast"])
@@ -67,26 +64,25 @@ def test_adamw_vs_triad(benchmark, gputrain_benchmark, arrays, numerics, level):
     best = SUPPORTED[-1]
     arrays.setdefault("triad_a", np.empty(N, np.float32))
     opt, _ = _optimizer(arrays, numerics=numerics)
-    triad_seconds: list[float] = []
+    triad = Timed(lambda: _triad(arrays))
 
     def setup() -> None:
         _C.set_simd_level(best)
-        _triad(arrays, triad_seconds)
+        triad()
         _C.set_simd_level(level)
 
     try:
-        benchmark.pedantic(opt.step, setup=setup, rounds=ROUNDS, warmup_rounds=1)
+        ours = pedantic(benchmark, opt.step, setup=setup, rounds=ROUNDS, warmup_rounds=1)
     finally:
         _C.set_simd_level(best)
-    adamw_gbps = BYTES_PER_PARAM * N / benchmark.stats.stats.min / 1e9
-    triad_gbps = TRIAD_BYTES * N / min(triad_seconds) / 1e9
+    adamw_gbps = BYTES_PER_PARAM * N / ours.min / 1e9
+    triad_gbps = TRIAD_BYTES * N / triad.best() / 1e9
     gputrain_benchmark.record(
         elements=N, numerics=numerics, simd=level, threads=gputrain.get_num_threads(),
         adamw_GBps=round(adamw_gbps, 2), triad_GBps=round(triad_gbps, 2),
         ratio_best=round(adamw_gbps / triad_gbps, 3),
-        ratio_median=round((BYTES_PER_PARAM / TRIAD_BYTES) * float(np.median(triad_seconds))
-                           / benchmark.stats.stats.median, 3),
-        adamw_seconds_min=benchmark.stats.stats.min)
+        ratio_median=round((BYTES_PER_PARAM / TRIAD_BYTES) * triad.median() / ours.median, 3),
+        adamw_seconds_min=ours.min)
 
 
 @pytest.mark.parametrize("variant", ["foreach", "fused"])
@@ -99,46 +95,39 @@ def test_adamw_vs_pytorch(benchmark, gputrain_benchmark, arrays, numerics, varia
     topt = torch.optim.AdamW([tp], lr=1e-6, weight_decay=0.0, **{variant: True})
     topt.step()  # state allocated outside the timing
     opt, _ = _optimizer(arrays, numerics=numerics)
-    torch_seconds: list[float] = []
-
-    def setup() -> None:
-        start = time.perf_counter()
-        topt.step()
-        torch_seconds.append(time.perf_counter() - start)
-
-    benchmark.pedantic(opt.step, setup=setup, rounds=ROUNDS, warmup_rounds=1)
-    ours = benchmark.stats.stats
+    theirs = Timed(topt.step)
+    ours = pedantic(benchmark, opt.step, setup=theirs, rounds=ROUNDS, warmup_rounds=1)
     gputrain_benchmark.record(
         elements=N, numerics=numerics, torch_variant=variant, torch_version=torch.__version__,
         threads=gputrain.get_num_threads(),
         adamw_GBps=round(BYTES_PER_PARAM * N / ours.min / 1e9, 2),
-        torch_GBps=round(BYTES_PER_PARAM * N / min(torch_seconds) / 1e9, 2),
-        speedup_best=round(min(torch_seconds) / ours.min, 3),
-        speedup_median=round(float(np.median(torch_seconds)) / ours.median, 3))
+        torch_GBps=round(BYTES_PER_PARAM * N / theirs.best() / 1e9, 2),
+        speedup_best=round(theirs.best() / ours.min, 3),
+        speedup_median=round(theirs.median() / ours.median, 3))
 
 
 def test_offload_overlap(benchmark, gputrain_benchmark, arrays):
     """f = 1: every element is staged; compared with the copies alone and the update alone."""
     plain, _ = _optimizer(arrays)
-    update_seconds, copy_seconds = [], []
     staging, back = np.empty(N, np.float32), np.empty(N, np.float32)
+    update = Timed(plain.step)
 
-    def setup() -> None:
-        start = time.perf_counter()
-        plain.step()
-        update_seconds.append(time.perf_counter() - start)
-        start = time.perf_counter()
+    def copies() -> None:
         np.copyto(staging, arrays["g"])  # gradients to the host
         np.copyto(back, staging)  # updated parameters back to the device
-        copy_seconds.append(time.perf_counter() - start)
+
+    copy = Timed(copies)
+
+    def setup() -> None:
+        update()
+        copy()
 
     offloaded, _ = _optimizer(arrays, cpu_offload_fraction=1.0)
-    benchmark.pedantic(offloaded.step, setup=setup, rounds=ROUNDS, warmup_rounds=1)
-    step = benchmark.stats.stats.min
-    bound = max(min(update_seconds), min(copy_seconds))
+    step = pedantic(benchmark, offloaded.step, setup=setup, rounds=ROUNDS, warmup_rounds=1).min
+    bound = max(update.best(), copy.best())
     gputrain_benchmark.record(
         elements=N, threads=gputrain.get_num_threads(), offloaded_step_seconds=step,
-        update_seconds=min(update_seconds), copy_seconds=min(copy_seconds),
+        update_seconds=update.best(), copy_seconds=copy.best(),
         overlap_efficiency=round(step / bound, 3),
-        serial_sum_ratio=round(step / (min(update_seconds) + min(copy_seconds)), 3),
+        serial_sum_ratio=round(step / (update.best() + copy.best()), 3),
         memory=offloaded.memory())

@@ -18,12 +18,12 @@ GPUTRAIN_BENCH_SCALER_N sets a smaller arena for a quick run.
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
 
 import gputrain
+from _timing import Timed, pedantic
 from gputrain import _C
 from gputrain.amp import GradScaler
 
@@ -53,25 +53,23 @@ def test_unscale_inf_check_vs_read(benchmark, gputrain_benchmark, arena, simd_le
         scalers = [GradScaler(init_scale=2.0**16), GradScaler(init_scale=2.0**-16)]
     else:
         scalers = [GradScaler(init_scale=1.0)]
-    read_seconds: list[float] = []
+    read = Timed(lambda: _C.scaler_read_baseline(arena))
     passes = iter(range(1 << 30))
 
     def read_once() -> None:  # always at the best SIMD level: the machine's read bandwidth
         _C.set_simd_level(SUPPORTED[-1])
-        start = time.perf_counter()
-        _C.scaler_read_baseline(arena)
-        read_seconds.append(time.perf_counter() - start)
+        read()
         _C.set_simd_level(simd_level)
 
     def unscale_once() -> bool:
         return scalers[next(passes) % len(scalers)]._unscale([arena])
 
-    found_inf = benchmark.pedantic(unscale_once, setup=read_once, rounds=ROUNDS, warmup_rounds=1)
-    assert found_inf is False
+    rounds = pedantic(benchmark, unscale_once, setup=read_once, rounds=ROUNDS, warmup_rounds=1)
+    assert rounds.result is False
     gradient_bytes = arena.nbytes
-    unscale_gbps = gradient_bytes / benchmark.stats.stats.min / 1e9
-    read_gbps = gradient_bytes / min(read_seconds) / 1e9
-    median_ratio = float(np.median(read_seconds)) / benchmark.stats.stats.median
+    unscale_gbps = gradient_bytes / rounds.min / 1e9
+    read_gbps = gradient_bytes / read.best() / 1e9
+    median_ratio = read.median() / rounds.median
     metrics = {
         "elements": N,
         "mode": mode,

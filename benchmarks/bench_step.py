@@ -17,18 +17,16 @@ bf16 steps the same way.
 from __future__ import annotations
 
 import os
-import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 import gputrain as gt
+from _timing import Timed, pedantic, sgemm_peak, show
 
 BATCH, SIZES = 256, (784, 1024, 1024, 10)
 ROUNDS = 30
-
-if os.environ.get("GPUTRAIN_BENCH_SIMD"):  # e.g. avx2, with ONEDNN_MAX_CPU_ISA=AVX2 for the GEMMs
-    gt._C.set_simd_level(os.environ["GPUTRAIN_BENCH_SIMD"])
 
 
 def step_flops() -> float:
@@ -39,31 +37,25 @@ def step_flops() -> float:
     return 2 * forward + input_grads
 
 
-def sgemm_peak() -> float:
-    """FLOP/s of a 2048^3 sgemm through gputrain's BLAS (median of 5)."""
-    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-    gt.functional.gemm(a, a)
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        gt.functional.gemm(a, a)
-        times.append(time.perf_counter() - start)
-    return 2 * 2048**3 / float(np.median(times))
-
-
 def batch_data():
     rng = np.random.default_rng(0)
     return rng.standard_normal((BATCH, SIZES[0])).astype(np.float32), rng.integers(0, SIZES[-1], BATCH)
 
 
-def gputrain_step(precision: str):
-    gt.random.manual_seed(0)
+def mlp(nn: Any, activation: str = "relu") -> Any:
+    """The MLP of SIZES in gputrain.nn or torch.nn, with ReLU or GELU between the Linear layers."""
+    act = nn.GELU if activation == "gelu" else nn.ReLU
     layers = []
     for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(gt.nn.Linear(a, b))
+        layers.append(nn.Linear(a, b))
         if i < len(SIZES) - 2:
-            layers.append(gt.nn.ReLU())
-    model = gt.nn.Sequential(*layers)
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def gputrain_step(precision: str, activation: str = "relu"):
+    gt.random.manual_seed(0)
+    model = mlp(gt.nn, activation)
     optimizer = gt.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = gt.amp.GradScaler() if precision == "fp16" else None
     step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision, scaler=scaler)
@@ -71,17 +63,12 @@ def gputrain_step(precision: str):
     return lambda: step(x, y)
 
 
-def torch_step(autocast_bf16: bool = False):
+def torch_step(autocast_bf16: bool = False, activation: str = "relu"):
     """PyTorch's step on the same model; under CPU autocast to bf16 when autocast_bf16."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     torch.set_num_threads(gt.get_num_threads())
-    layers = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = mlp(torch.nn, activation)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     x, y = (torch.from_numpy(a) for a in batch_data())
@@ -94,24 +81,6 @@ def torch_step(autocast_bf16: bool = False):
         optimizer.step()
 
     return step
-
-
-class Timed:
-    """Calls fn and keeps how long each call took (a pedantic `setup`, timed by itself)."""
-
-    def __init__(self, fn):
-        self.fn, self.seconds = fn, []
-
-    def __call__(self) -> None:
-        start = time.perf_counter()
-        self.fn()
-        self.seconds.append(time.perf_counter() - start)
-
-    def median(self) -> float:
-        return float(np.median(self.seconds))
-
-    def best(self) -> float:
-        return min(self.seconds)
 
 
 def torch_baselines(precision: str) -> dict[str, Timed]:
@@ -137,13 +106,13 @@ def test_mlp_step(benchmark, gputrain_benchmark, precision):
         for baseline in baselines.values():
             baseline()
 
-    benchmark.pedantic(step, setup=before_round, rounds=ROUNDS, warmup_rounds=3)
-    seconds = benchmark.stats.stats.median
+    rounds = pedantic(benchmark, step, setup=before_round, rounds=ROUNDS, warmup_rounds=3)
+    seconds = rounds.median
     metrics = {
         "precision": precision,
         "samples_per_s": BATCH / seconds,
         "step_ms": seconds * 1e3,
-        "best_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_step_ms": rounds.min * 1e3,
         "gemm_gflops": step_flops() / seconds / 1e9,
         "sgemm_peak_gflops": peak / 1e9,
         "fraction_of_sgemm_peak": step_flops() / seconds / peak,
@@ -158,19 +127,19 @@ def test_mlp_step(benchmark, gputrain_benchmark, precision):
     if not baselines:
         metrics["torch"] = "not installed"
     gputrain_benchmark.record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    show(metrics)
 
 
-def test_bf16_vs_fp32_step(benchmark, record):
+def test_bf16_vs_fp32_step(benchmark, gputrain_benchmark):
     """gputrain's bf16 step against its fp32 step, alternating rounds."""
     fp32 = Timed(gputrain_step("fp32"))
     fp32.fn()
-    benchmark.pedantic(gputrain_step("bf16"), setup=fp32, rounds=ROUNDS, warmup_rounds=3)
-    seconds = benchmark.stats.stats.median
+    rounds = pedantic(benchmark, gputrain_step("bf16"), setup=fp32, rounds=ROUNDS, warmup_rounds=3)
+    seconds = rounds.median
     metrics = {
         "bf16_step_ms": seconds * 1e3,
         "fp32_step_ms": fp32.median() * 1e3,
-        "best_bf16_step_ms": benchmark.stats.stats.min * 1e3,
+        "best_bf16_step_ms": rounds.min * 1e3,
         "best_fp32_step_ms": fp32.best() * 1e3,
         "bf16_speedup_over_fp32": fp32.median() / seconds,
         "cpu_half_gemm": gt.info()["cpu_half_gemm"],
@@ -178,5 +147,5 @@ def test_bf16_vs_fp32_step(benchmark, record):
         "simd": gt.info()["simd"],
         "load_average": os.getloadavg()[0],
     }
-    record(**metrics)
-    print({k: round(v, 3) if isinstance(v, float) else v for k, v in metrics.items()})
+    gputrain_benchmark.record(**metrics)
+    show(metrics)

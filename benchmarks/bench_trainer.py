@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import numpy as np
 import pytest
 
 import gputrain as gt
+from _timing import Timed, pedantic
 
 EPOCHS, BATCH, ACCUMULATION = 10, 32, 2
 ROUNDS = 21
@@ -98,19 +98,18 @@ def test_trainer_overhead(benchmark, gputrain_benchmark, progress_bar, tmp_path)
     for (name, a), (_, b) in zip(loop_model.state_dict().items(), check.model.state_dict().items()):
         assert np.array_equal(a, b), f"the loop and the Trainer differ in {name}"
 
-    loop_seconds: list[float] = []
+    loop = Timed(run)
 
     def before_round():
-        run, _ = hand_loop(x, y, args)
-        start = time.perf_counter()
-        run()
-        loop_seconds.append(time.perf_counter() - start)
+        loop.fn, _ = hand_loop(x, y, args)  # a fresh loop each round, built outside the timing
+        loop()
         return (make_trainer(x, y, str(tmp_path), progress_bar),), {}
 
-    benchmark.pedantic(lambda trainer: trainer.train(), setup=before_round, rounds=ROUNDS, warmup_rounds=1)
-    del loop_seconds[:-ROUNDS]  # the warm-up round's
-    trainer_s, loop_s = benchmark.stats.stats.median, float(np.median(loop_seconds))
-    pair_ratios = np.array(benchmark.stats.stats.data) / np.array(loop_seconds)
+    rounds = pedantic(benchmark, lambda trainer: trainer.train(), setup=before_round, rounds=ROUNDS,
+                      warmup_rounds=1)
+    loop_seconds = loop.seconds[-len(rounds.seconds):]  # not the warm-up round's
+    trainer_s, loop_s = rounds.median, float(np.median(loop_seconds))
+    pair_ratios = np.array(rounds.seconds) / np.array(loop_seconds)
     metrics = {
         "steps_per_run": steps,
         "progress_bar": progress_bar,
@@ -119,7 +118,7 @@ def test_trainer_overhead(benchmark, gputrain_benchmark, progress_bar, tmp_path)
         "overhead_per_step_us": (trainer_s - loop_s) / steps * 1e6,
         "overhead_fraction": trainer_s / loop_s - 1.0,
         "pair_overhead_fraction": float(np.median(pair_ratios)) - 1.0,
-        "best_overhead_fraction": benchmark.stats.stats.min / min(loop_seconds) - 1.0,
+        "best_overhead_fraction": rounds.min / min(loop_seconds) - 1.0,
         "threads": gt.get_num_threads(),
         "load_average": os.getloadavg()[0],
     }

@@ -92,6 +92,24 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+def assert_thread_counts_keep_the_bits(make: Callable[[], tuple], counts: list[tuple[int, int]]) -> None:
+    """For each (planned, running) in counts: make()'s (model, x, y) (seeded with 0) planned by a
+    TrainStep with `planned` threads, then stepped with `running`; the losses and gradients of all
+    pairs have the same bits."""
+    results = []
+    for planned, running in counts:
+        gputrain.random.manual_seed(0)
+        model, x, y = make()
+        with num_threads(planned):
+            gputrain.TrainStep(model, gputrain.nn.CrossEntropyLoss())(x, y)  # plans and allocates
+        with num_threads(running):
+            step = gputrain.TrainStep(model, gputrain.nn.CrossEntropyLoss())(x, y)
+        results.append((step.loss, [p.grad.copy() for p in model.parameters()]))
+    for loss, grads in results[1:]:
+        assert loss == results[0][0]
+        assert all(same_bits(a, b) for a, b in zip(grads, results[0][1]))
+
+
 # --- finite differences -------------------------------------------------------------------------
 
 

@@ -233,19 +233,8 @@ def test_a_transformer_block_on_cuda_steps_as_on_the_cpu(precision, tol):
 def test_thread_count_changed_after_planning_keeps_the_bits():
     """The workspace has one slot per thread of the plan; more threads later use only those slots
     (never beyond the workspace), fewer use fewer: the results are the same bits either way."""
-    x, y = batch()
-    results = []
-    for planned, running in ((1, 1), (1, 3), (3, 1)):
-        gt.random.manual_seed(0)
-        model = POSITIONS["block"](causal=True)
-        with ref.num_threads(planned):
-            gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)  # plans and allocates
-        with ref.num_threads(running):
-            step = gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)
-        results.append((step.loss, [p.grad.copy() for p in model.parameters()]))
-    for loss, grads in results[1:]:
-        assert loss == results[0][0]
-        assert all(ref.same_bits(a, b) for a, b in zip(grads, results[0][1]))
+    ref.assert_thread_counts_keep_the_bits(lambda: (POSITIONS["block"](causal=True), *batch()),
+                                           [(1, 1), (1, 3), (3, 1)])
 
 
 def test_micro_batches_draw_the_full_batchs_dropout_masks():

@@ -172,19 +172,11 @@ def test_same_and_valid_padding():
 def test_thread_count_changed_after_planning_keeps_the_bits():
     """The workspace has one slot per thread of the plan; more threads later use only those slots,
     fewer use fewer, and the weight-gradient chunks depend on the batch only: the same bits."""
-    results = []
-    for planned, running in ((1, 1), (1, 3), (3, 1), (2, 2)):
-        gt.random.manual_seed(0)
+    def make():
         model = POSITIONS["two_blocks"]()
-        x, y = batch(model, n=19)
-        with ref.num_threads(planned):
-            gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)  # plans and allocates
-        with ref.num_threads(running):
-            step = gt.TrainStep(model, nn.CrossEntropyLoss())(x, y)
-        results.append((step.loss, [p.grad.copy() for p in model.parameters()]))
-    for loss, grads in results[1:]:
-        assert loss == results[0][0]
-        assert all(ref.same_bits(a, b) for a, b in zip(grads, results[0][1]))
+        return (model, *batch(model, n=19))
+
+    ref.assert_thread_counts_keep_the_bits(make, [(1, 1), (1, 3), (3, 1), (2, 2)])
 
 
 def test_micro_batches_accumulate_the_whole_batchs_gradients():

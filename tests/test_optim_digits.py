@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import gputrain as gt
+from _digits import digits
 from gputrain import nn
 
 FRACTIONS = [0.0, 0.25, 0.5, 1.0]
@@ -14,19 +15,8 @@ EPOCHS = 20
 BATCH = 32
 
 
-def _digits():
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    order = np.random.default_rng(0).permutation(len(x))
-    x, y = x[order], y[order]
-    return x[:1500], y[:1500], x[1500:], y[1500:]
-
-
 def _train(fraction: float) -> tuple[np.ndarray, float, float]:
-    x_train, y_train, x_test, y_test = _digits()
+    x_train, y_train, x_test, y_test = digits()
     gt.random.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
     groups = gt.optim.param_groups_weight_decay(model, weight_decay=0.01)

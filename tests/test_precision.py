@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from test_step import digits
+from _digits import digits
 
 nn = gt.nn
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
+from _digits import digits
 
 nn = gt.nn
 
@@ -110,17 +111,6 @@ def test_step_rejects_bad_batches():
         gt.TrainStep(block_model(), nn.CrossEntropyLoss(), precision="fp8")
     with pytest.raises(TypeError, match="model"):
         gt.TrainStep("model", nn.CrossEntropyLoss())
-
-
-def digits():
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    order = np.random.default_rng(0).permutation(len(x))
-    x, y = x[order], y[order]
-    return x[:1500], y[:1500], x[1500:], y[1500:]
 
 
 def test_mlp_reaches_97_percent_on_digits():

@@ -70,6 +70,15 @@ static gt_status check_gemm_dim(int64_t value, const char *arg_name, const char 
     return GT_OK;
 }
 
+/* The (rows, embedding_dim) table of an embedding layer named "<kind>(num_embeddings, dim)". */
+static gt_status layout_table(gt_layer *layer, size_t *offset, const char *kind, int64_t rows) {
+    char name[128];
+    snprintf(name, sizeof name, "%s(%lld, %lld)", kind, (long long)layer->num_embeddings,
+             (long long)layer->embedding_dim);
+    const int64_t table[2] = {rows, layer->embedding_dim};
+    return set_param(&layer->weight, offset, 2, table, name);
+}
+
 /* Gives every parameter its offset (pass 1) in state_dict order; a later use of a module takes
  * its first use's (laid out before it, in this same pre-order walk). */
 static gt_status layout_layer(gt_layer *layer, size_t *offset) {
@@ -104,24 +113,12 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
             GT_TRY(set_param(&layer->bias, offset, 1, &layer->in_features, name));
         }
         return GT_OK;
-    case GT_LAYER_EMBEDDING: {
-        snprintf(name, sizeof name, "Embedding(%lld, %lld)", (long long)layer->num_embeddings,
-                 (long long)layer->embedding_dim);
-        const int64_t table[2] = {layer->num_embeddings, layer->embedding_dim};
-        return set_param(&layer->weight, offset, 2, table, name);
-    }
-    case GT_LAYER_TOKENS: {
-        snprintf(name, sizeof name, "TokenEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
-                 (long long)layer->embedding_dim);
-        const int64_t table[2] = {layer->num_embeddings + layer->type_vocab, layer->embedding_dim};
-        return set_param(&layer->weight, offset, 2, table, name);
-    }
-    case GT_LAYER_POSITION: {
-        snprintf(name, sizeof name, "PositionEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
-                 (long long)layer->embedding_dim);
-        const int64_t table[2] = {layer->num_embeddings, layer->embedding_dim};
-        return set_param(&layer->weight, offset, 2, table, name);
-    }
+    case GT_LAYER_EMBEDDING:
+        return layout_table(layer, offset, "Embedding", layer->num_embeddings);
+    case GT_LAYER_TOKENS:  /* the token rows, then the token-type rows */
+        return layout_table(layer, offset, "TokenEmbedding", layer->num_embeddings + layer->type_vocab);
+    case GT_LAYER_POSITION:
+        return layout_table(layer, offset, "PositionEmbedding", layer->num_embeddings);
     case GT_LAYER_CONV2D: {
         snprintf(name, sizeof name, "Conv2d(%lld, %lld)", (long long)layer->in_features,
                  (long long)layer->out_features);

@@ -84,9 +84,7 @@ static PyObject *optimizer_plan(PyObject *module, PyObject *args, PyObject *kwar
         return NULL;
     Py_ssize_t num_groups = PySequence_Fast_GET_SIZE(hparams);
     gt_optim_hparams *groups = PyMem_Calloc(num_groups ? (size_t)num_groups : 1, sizeof *groups);
-    int rc = groups ? 0 : (PyErr_NoMemory(), -1);
-    for (Py_ssize_t g = 0; rc == 0 && g < num_groups; g++)
-        rc = gtpy_optim_parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &groups[g]);
+    int rc = groups ? gtpy_optim_parse_all_hparams(hparams, groups) : (PyErr_NoMemory(), -1);
     gt_optimizer_memory memory;
     PyObject *result = NULL;
     if (rc == 0) {

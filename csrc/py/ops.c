@@ -1,7 +1,8 @@
 /* Bindings of the CPU op table (csrc/ops/ops.h) behind gputrain.functional: `_C.op_<name>`.
  * Outputs are allocated by the caller and passed in; every array is checked (ops_args.h), the
  * op's sizes are derived from the shapes after checking that they agree, and the op runs with
- * the GIL released. Half activations are float16 arrays (f16) or uint16 arrays of bf16 bits. */
+ * the GIL released (ops_args.h: what the bindings share). Half activations are float16 arrays
+ * (f16) or uint16 arrays of bf16 bits. */
 #include "py/gtpy.h"
 
 #include "core/alloc.h"
@@ -9,23 +10,6 @@
 #include "ops/checks.h"
 #include "ops/ops.h"
 #include "py/ops_args.h"
-
-/* Runs `call` (a gt_status expression) without the GIL; raises on failure. */
-#define RUN_OP(module, call)                                    \
-    do {                                                        \
-        gt_status status_;                                      \
-        Py_BEGIN_ALLOW_THREADS                                  \
-        status_ = (call);                                       \
-        Py_END_ALLOW_THREADS                                    \
-        if (status_ != GT_OK)                                   \
-            return gtpy_raise((module), status_);               \
-    } while (0)
-
-/* The CPU backend with the given scratch memory. */
-static gt_backend cpu_backend(void *workspace, size_t workspace_bytes) {
-    gt_backend be = {gt_cpu_ops(), gt_cpu_device(), workspace, workspace_bytes, NULL};
-    return be;
-}
 
 /* One GEMM operand: the (rows, cols) of each matrix and the stride between batches. */
 typedef struct gemm_operand {
@@ -72,23 +56,7 @@ static int gemm_sizes(const gemm_operand *a, const gemm_operand *b, const gemm_o
     return 0;
 }
 
-static PyObject *run_gemm(PyObject *module, gt_gemm_args *g) {
-    const gt_ops *ops = gt_cpu_ops();
-    size_t bytes = ops->gemm_workspace_bytes(g);
-    gt_block workspace = {0};
-    if (bytes > 0) {
-        gt_status status = gt_block_alloc(gt_cpu_device(), bytes, &workspace);
-        if (status != GT_OK)
-            return gtpy_raise(module, status);
-    }
-    gt_backend be = cpu_backend(workspace.ptr, bytes);
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = ops->gemm(&be, g);
-    Py_END_ALLOW_THREADS
-    gt_block_free(&workspace);
-    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
-}
+static gt_status gemm_op(gt_backend *be, const void *g) { return be->ops->gemm(be, g); }
 
 static PyObject *op_gemm(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"a", "b", "c", "a_dt", "b_dt", "c_dt", "trans_a", "trans_b",
@@ -111,7 +79,7 @@ static PyObject *op_gemm(PyObject *module, PyObject *args, PyObject *kwargs) {
         gemm_operand_of(c_obj, "c", g.c_dt, 1, &c) < 0 || gemm_sizes(&a, &b, &c, &g) < 0)
         return NULL;
     g.a = PyArray_DATA(a.array), g.b = PyArray_DATA(b.array), g.c = PyArray_DATA(c.array);
-    return run_gemm(module, &g);
+    return gtpy_run_with_workspace(module, gemm_op, &g, gt_cpu_ops()->gemm_workspace_bytes(&g));
 }
 
 /* bias_add (backward = 0) or bias_backward (backward = 1). */
@@ -125,20 +93,18 @@ static PyObject *op_bias(PyObject *module, PyObject *args, PyObject *kwargs) {
         return NULL;
     gt_dtype dt;
     int64_t rows, cols;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+    const char *x_name = backward ? "dout" : "out";
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, x_name, typenum, !backward), *bias;
+    if (!x || gtpy_rows_cols(x, x_name, &rows, &cols) < 0 ||
+        !(bias = gtpy_vector(bias_obj, backward ? "dbias" : "bias", NPY_FLOAT32, cols, backward)))
         return NULL;
-    PyArrayObject *x = gtpy_as_array(x_obj, backward ? "dout" : "out", gtpy_typenum_of(dt), !backward);
-    if (!x || gtpy_rows_cols(x, backward ? "dout" : "out", &rows, &cols) < 0)
-        return NULL;
-    PyArrayObject *bias = gtpy_vector(bias_obj, backward ? "dbias" : "bias", NPY_FLOAT32, cols, backward);
-    if (!bias)
-        return NULL;
-    gt_backend be = cpu_backend(NULL, 0);
+    gt_backend be = gtpy_cpu_backend();
     if (backward)
-        RUN_OP(module, be.ops->bias_backward(&be, PyArray_DATA(bias), PyArray_DATA(x), rows, cols,
-                                             dt, accumulate));
+        GTPY_RUN_OP(module, be.ops->bias_backward(&be, PyArray_DATA(bias), PyArray_DATA(x), rows,
+                                                  cols, dt, accumulate));
     else
-        RUN_OP(module, be.ops->bias_add(&be, PyArray_DATA(x), PyArray_DATA(bias), rows, cols, dt));
+        GTPY_RUN_OP(module, be.ops->bias_add(&be, PyArray_DATA(x), PyArray_DATA(bias), rows, cols, dt));
     Py_RETURN_NONE;
 }
 
@@ -152,25 +118,20 @@ static PyObject *op_activation(PyObject *module, PyObject *args, PyObject *kwarg
                                      &x_obj, &act, &text, &dout_obj))
         return NULL;
     gt_dtype dt;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, "x", typenum, 0), *out;
+    void *dout;
+    if (!x || !(out = gtpy_array_like(out_obj, "out", typenum, 1, x, "x")) ||
+        gtpy_optional_like(dout_obj, "dout", typenum, 0, x, "x", &dout) < 0)
         return NULL;
-    int typenum = gtpy_typenum_of(dt);
-    PyArrayObject *out = gtpy_as_array(out_obj, "out", typenum, 1);
-    PyArrayObject *x = out ? gtpy_as_array(x_obj, "x", typenum, 0) : NULL;
-    if (!x || gtpy_same_shape(out, "out", x, "x") < 0)
-        return NULL;
-    gt_backend be = cpu_backend(NULL, 0);
+    gt_backend be = gtpy_cpu_backend();
     int64_t n = (int64_t)PyArray_SIZE(x);
-    if (dout_obj == Py_None) {
-        RUN_OP(module, be.ops->activation_forward(&be, PyArray_DATA(out), PyArray_DATA(x), n,
-                                                  (gt_activation)act, dt));
-        Py_RETURN_NONE;
-    }
-    PyArrayObject *dout = gtpy_as_array(dout_obj, "dout", typenum, 0);
-    if (!dout || gtpy_same_shape(dout, "dout", x, "x") < 0)
-        return NULL;
-    RUN_OP(module, be.ops->activation_backward(&be, PyArray_DATA(out), PyArray_DATA(dout),
-                                               PyArray_DATA(x), n, (gt_activation)act, dt));
+    if (dout)
+        GTPY_RUN_OP(module, be.ops->activation_backward(&be, PyArray_DATA(out), dout, PyArray_DATA(x),
+                                                        n, (gt_activation)act, dt));
+    else
+        GTPY_RUN_OP(module, be.ops->activation_forward(&be, PyArray_DATA(out), PyArray_DATA(x), n,
+                                                       (gt_activation)act, dt));
     Py_RETURN_NONE;
 }
 
@@ -187,24 +148,21 @@ static PyObject *op_dropout(PyObject *module, PyObject *args, PyObject *kwargs) 
                                      &text, &backward))
         return NULL;
     gt_dtype dt;
-    unsigned long long seed, layer, step, offset;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0 ||
-        gtpy_parse_uint(seed_obj, "seed", UINT64_MAX, &seed) < 0 ||
-        gtpy_parse_uint(layer_obj, "layer", UINT32_MAX, &layer) < 0 ||
-        gtpy_parse_uint(step_obj, "step", UINT32_MAX, &step) < 0 ||
-        gtpy_parse_uint(offset_obj, "offset", INT64_MAX, &offset) < 0)
+    gt_dropout_key key;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    if (typenum < 0 || gtpy_parse_dropout_key(seed_obj, layer_obj, step_obj, offset_obj, &key) < 0)
         return NULL;
-    PyArrayObject *out = gtpy_as_array(out_obj, backward ? "din" : "out", gtpy_typenum_of(dt), 1);
-    PyArrayObject *x = out ? gtpy_as_array(x_obj, backward ? "dout" : "x", gtpy_typenum_of(dt), 0) : NULL;
-    if (!x || gtpy_same_shape(out, backward ? "din" : "out", x, backward ? "dout" : "x") < 0)
+    const char *x_name = backward ? "dout" : "x";
+    PyArrayObject *x = gtpy_as_array(x_obj, x_name, typenum, 0);
+    PyArrayObject *out = x ? gtpy_array_like(out_obj, backward ? "din" : "out", typenum, 1, x, x_name) : NULL;
+    if (!out)
         return NULL;
-    gt_dropout_key key = {seed, (uint32_t)layer, (uint32_t)step, offset};
-    gt_backend be = cpu_backend(NULL, 0);
+    gt_backend be = gtpy_cpu_backend();
     int64_t n = (int64_t)PyArray_SIZE(x);
     if (backward)
-        RUN_OP(module, be.ops->dropout_backward(&be, PyArray_DATA(out), PyArray_DATA(x), n, p, key, dt));
+        GTPY_RUN_OP(module, be.ops->dropout_backward(&be, PyArray_DATA(out), PyArray_DATA(x), n, p, key, dt));
     else
-        RUN_OP(module, be.ops->dropout_forward(&be, PyArray_DATA(out), PyArray_DATA(x), n, p, key, dt));
+        GTPY_RUN_OP(module, be.ops->dropout_forward(&be, PyArray_DATA(out), PyArray_DATA(x), n, p, key, dt));
     Py_RETURN_NONE;
 }
 
@@ -216,16 +174,13 @@ static PyObject *op_add(PyObject *module, PyObject *args, PyObject *kwargs) {
                                      &b_obj, &text))
         return NULL;
     gt_dtype dt;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *out = typenum < 0 ? NULL : gtpy_as_array(out_obj, "out", typenum, 1), *a, *b;
+    if (!out || !(a = gtpy_array_like(a_obj, "a", typenum, 0, out, "out")) ||
+        !(b = gtpy_array_like(b_obj, "b", typenum, 0, out, "out")))
         return NULL;
-    int typenum = gtpy_typenum_of(dt);
-    PyArrayObject *out = gtpy_as_array(out_obj, "out", typenum, 1);
-    PyArrayObject *a = out ? gtpy_as_array(a_obj, "a", typenum, 0) : NULL;
-    PyArrayObject *b = a ? gtpy_as_array(b_obj, "b", typenum, 0) : NULL;
-    if (!b || gtpy_same_shape(a, "a", out, "out") < 0 || gtpy_same_shape(b, "b", out, "out") < 0)
-        return NULL;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->add(&be, PyArray_DATA(out), PyArray_DATA(a), PyArray_DATA(b),
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->add(&be, PyArray_DATA(out), PyArray_DATA(a), PyArray_DATA(b),
                                (int64_t)PyArray_SIZE(out), dt));
     Py_RETURN_NONE;
 }
@@ -241,23 +196,21 @@ static PyObject *op_layernorm_forward(PyObject *module, PyObject *args, PyObject
         return NULL;
     gt_dtype dt;
     int64_t rows, cols;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
-        return NULL;
-    PyArrayObject *x = gtpy_as_array(x_obj, "x", gtpy_typenum_of(dt), 0), *out, *mean, *rstd,
-                  *weight, *bias;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, "x", typenum, 0), *out, *mean,
+                  *rstd, *weight, *bias;
     if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0 ||
-        !(out = gtpy_as_array(out_obj, "out", gtpy_typenum_of(dt), 1)) ||
-        gtpy_same_shape(out, "out", x, "x") < 0 ||
+        !(out = gtpy_array_like(out_obj, "out", typenum, 1, x, "x")) ||
         !(mean = gtpy_vector(mean_obj, "mean", NPY_FLOAT32, rows, 1)) ||
         !(rstd = gtpy_vector(rstd_obj, "rstd", NPY_FLOAT32, rows, 1)) ||
         !(weight = gtpy_vector(weight_obj, "weight", NPY_FLOAT32, cols, 0)) ||
         !(bias = gtpy_vector(bias_obj, "bias", NPY_FLOAT32, cols, 0)))
         return NULL;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->layernorm_forward(&be, PyArray_DATA(out), PyArray_DATA(mean),
-                                             PyArray_DATA(rstd), PyArray_DATA(x),
-                                             PyArray_DATA(weight), PyArray_DATA(bias), rows,
-                                             cols, eps, dt));
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->layernorm_forward(&be, PyArray_DATA(out), PyArray_DATA(mean),
+                                                  PyArray_DATA(rstd), PyArray_DATA(x),
+                                                  PyArray_DATA(weight), PyArray_DATA(bias), rows,
+                                                  cols, eps, dt));
     Py_RETURN_NONE;
 }
 
@@ -274,28 +227,24 @@ static PyObject *op_layernorm_backward(PyObject *module, PyObject *args, PyObjec
         return NULL;
     gt_dtype dt;
     int64_t rows, cols;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
-        return NULL;
-    int typenum = gtpy_typenum_of(dt);
-    PyArrayObject *x = gtpy_as_array(x_obj, "x", typenum, 0), *din = NULL, *dout, *dweight,
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, "x", typenum, 0), *dout, *dweight,
                   *dbias, *weight, *mean, *rstd;
+    void *din;
     if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0 ||
-        (din_obj != Py_None && (!(din = gtpy_as_array(din_obj, "din", typenum, 1)) ||
-                                gtpy_same_shape(din, "din", x, "x") < 0)) ||
-        !(dout = gtpy_as_array(dout_obj, "dout", typenum, 0)) ||
-        gtpy_same_shape(dout, "dout", x, "x") < 0 ||
+        gtpy_optional_like(din_obj, "din", typenum, 1, x, "x", &din) < 0 ||
+        !(dout = gtpy_array_like(dout_obj, "dout", typenum, 0, x, "x")) ||
         !(dweight = gtpy_vector(dweight_obj, "dweight", NPY_FLOAT32, cols, 1)) ||
         !(dbias = gtpy_vector(dbias_obj, "dbias", NPY_FLOAT32, cols, 1)) ||
         !(weight = gtpy_vector(weight_obj, "weight", NPY_FLOAT32, cols, 0)) ||
         !(mean = gtpy_vector(mean_obj, "mean", NPY_FLOAT32, rows, 0)) ||
         !(rstd = gtpy_vector(rstd_obj, "rstd", NPY_FLOAT32, rows, 0)))
         return NULL;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->layernorm_backward(&be, din ? PyArray_DATA(din) : NULL, PyArray_DATA(dweight),
-                                              PyArray_DATA(dbias), PyArray_DATA(dout),
-                                              PyArray_DATA(x), PyArray_DATA(weight),
-                                              PyArray_DATA(mean), PyArray_DATA(rstd), rows, cols,
-                                              dt, accumulate));
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->layernorm_backward(&be, din, PyArray_DATA(dweight), PyArray_DATA(dbias),
+                                                   PyArray_DATA(dout), PyArray_DATA(x),
+                                                   PyArray_DATA(weight), PyArray_DATA(mean),
+                                                   PyArray_DATA(rstd), rows, cols, dt, accumulate));
     Py_RETURN_NONE;
 }
 
@@ -310,17 +259,14 @@ static PyObject *op_embedding(PyObject *module, PyObject *args, PyObject *kwargs
                                      &ids_obj, &table_obj, &text, &backward, &accumulate))
         return NULL;
     gt_dtype dt;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
-        return NULL;
     const char *x_name = backward ? "dout" : "out", *table_name = backward ? "dtable" : "table";
-    PyArrayObject *x = gtpy_as_array(x_obj, x_name, gtpy_typenum_of(dt), !backward), *ids, *table;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, x_name, typenum, !backward), *ids,
+                  *table;
     if (!x || !(ids = gtpy_as_array(ids_obj, "ids", NPY_INT64, 0)) ||
-        !(table = gtpy_as_array(table_obj, table_name, NPY_FLOAT32, backward)))
+        !(table = gtpy_array_nd(table_obj, table_name, NPY_FLOAT32, backward, 2, NULL,
+                                "must be 2-D (num, dim)")))
         return NULL;
-    if (PyArray_NDIM(table) != 2) {
-        gtpy_fail_shape(table, table_name, "must be 2-D (num, dim)");
-        return NULL;
-    }
     int64_t num = (int64_t)PyArray_DIM(table, 0), dim = (int64_t)PyArray_DIM(table, 1);
     int64_t n = (int64_t)PyArray_SIZE(ids);
     if (PyArray_NDIM(x) != PyArray_NDIM(ids) + 1 || (int64_t)PyArray_DIM(x, PyArray_NDIM(ids)) != dim ||
@@ -328,13 +274,13 @@ static PyObject *op_embedding(PyObject *module, PyObject *args, PyObject *kwargs
         gtpy_fail_shape(x, x_name, "must have the shape of ids plus (dim,)");
         return NULL;
     }
-    gt_backend be = cpu_backend(NULL, 0);
+    gt_backend be = gtpy_cpu_backend();
     if (backward)
-        RUN_OP(module, be.ops->embedding_backward(&be, PyArray_DATA(table), PyArray_DATA(x),
-                                                  PyArray_DATA(ids), n, num, dim, dt, accumulate));
+        GTPY_RUN_OP(module, be.ops->embedding_backward(&be, PyArray_DATA(table), PyArray_DATA(x),
+                                                       PyArray_DATA(ids), n, num, dim, dt, accumulate));
     else
-        RUN_OP(module, be.ops->embedding_forward(&be, PyArray_DATA(x), PyArray_DATA(ids),
-                                                 PyArray_DATA(table), n, num, dim, dt));
+        GTPY_RUN_OP(module, be.ops->embedding_forward(&be, PyArray_DATA(x), PyArray_DATA(ids),
+                                                      PyArray_DATA(table), n, num, dim, dt));
     Py_RETURN_NONE;
 }
 
@@ -351,31 +297,24 @@ static PyObject *op_softmax_xent(PyObject *module, PyObject *args, PyObject *kwa
                                      &label_smoothing, &ignore_index, &dloss_scale, &text))
         return NULL;
     gt_dtype dt;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
-        return NULL;
-    PyArrayObject *logits = gtpy_as_array(logits_obj, "logits", gtpy_typenum_of(dt), 0), *targets,
-                  *losses, *dlogits = NULL;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *logits = typenum < 0 ? NULL : gtpy_array_nd(logits_obj, "logits", typenum, 0, 2,
+                                                               NULL, "must be 2-D (rows, classes)");
     if (!logits)
         return NULL;
-    if (PyArray_NDIM(logits) != 2) {
-        gtpy_fail_shape(logits, "logits", "must be 2-D (rows, classes)");
-        return NULL;
-    }
     int64_t rows = (int64_t)PyArray_DIM(logits, 0), classes = (int64_t)PyArray_DIM(logits, 1);
+    PyArrayObject *targets, *losses;
+    void *dlogits;
     if (!(targets = gtpy_vector(targets_obj, "targets", NPY_INT64, rows, 0)) ||
-        !(losses = gtpy_vector(losses_obj, "losses", NPY_FLOAT32, rows, 1)))
-        return NULL;
-    if (dlogits_obj != Py_None &&
-        (!(dlogits = gtpy_as_array(dlogits_obj, "dlogits", gtpy_typenum_of(dt), 1)) ||
-         gtpy_same_shape(dlogits, "dlogits", logits, "logits") < 0))
+        !(losses = gtpy_vector(losses_obj, "losses", NPY_FLOAT32, rows, 1)) ||
+        gtpy_optional_like(dlogits_obj, "dlogits", typenum, 1, logits, "logits", &dlogits) < 0)
         return NULL;
     int64_t count = 0;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->softmax_xent(&be, PyArray_DATA(losses), &count,
-                                        dlogits ? PyArray_DATA(dlogits) : NULL,
-                                        PyArray_DATA(logits), PyArray_DATA(targets), rows,
-                                        classes, label_smoothing, (int64_t)ignore_index,
-                                        dloss_scale, dt));
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->softmax_xent(&be, PyArray_DATA(losses), &count, dlogits,
+                                             PyArray_DATA(logits), PyArray_DATA(targets), rows,
+                                             classes, label_smoothing, (int64_t)ignore_index,
+                                             dloss_scale, dt));
     return PyLong_FromLongLong((long long)count);
 }
 
@@ -389,21 +328,16 @@ static PyObject *op_mse(PyObject *module, PyObject *args, PyObject *kwargs) {
                                      &pred_obj, &target_obj, &dloss_scale, &text))
         return NULL;
     gt_dtype dt;
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
-        return NULL;
-    PyArrayObject *pred = gtpy_as_array(pred_obj, "pred", gtpy_typenum_of(dt), 0), *target,
-                  *dpred = NULL;
-    if (!pred || !(target = gtpy_as_array(target_obj, "target", NPY_FLOAT32, 0)) ||
-        gtpy_same_shape(target, "target", pred, "pred") < 0)
-        return NULL;
-    if (dpred_obj != Py_None &&
-        (!(dpred = gtpy_as_array(dpred_obj, "dpred", gtpy_typenum_of(dt), 1)) ||
-         gtpy_same_shape(dpred, "dpred", pred, "pred") < 0))
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *pred = typenum < 0 ? NULL : gtpy_as_array(pred_obj, "pred", typenum, 0), *target;
+    void *dpred;
+    if (!pred || !(target = gtpy_array_like(target_obj, "target", NPY_FLOAT32, 0, pred, "pred")) ||
+        gtpy_optional_like(dpred_obj, "dpred", typenum, 1, pred, "pred", &dpred) < 0)
         return NULL;
     float loss = 0.0f;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->mse(&be, &loss, dpred ? PyArray_DATA(dpred) : NULL, PyArray_DATA(pred),
-                               PyArray_DATA(target), (int64_t)PyArray_SIZE(pred), dloss_scale, dt));
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->mse(&be, &loss, dpred, PyArray_DATA(pred), PyArray_DATA(target),
+                                    (int64_t)PyArray_SIZE(pred), dloss_scale, dt));
     return PyFloat_FromDouble((double)loss);
 }
 
@@ -412,8 +346,8 @@ static PyObject *op_sum_squares(PyObject *module, PyObject *arg) {
     if (!x)
         return NULL;
     double sum = 0.0;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->sum_squares(&be, &sum, PyArray_DATA(x), (int64_t)PyArray_SIZE(x)));
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->sum_squares(&be, &sum, PyArray_DATA(x), (int64_t)PyArray_SIZE(x)));
     return PyFloat_FromDouble(sum);
 }
 
@@ -425,16 +359,15 @@ static PyObject *op_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
                                      &src_obj, &src_text))
         return NULL;
     gt_dtype dst_dt, src_dt;
-    if (gtpy_parse_act_dtype(module, dst_text, "dst_dt", &dst_dt) < 0 ||
-        gtpy_parse_act_dtype(module, src_text, "src_dt", &src_dt) < 0)
+    int dst_type = gtpy_parse_act_dtype(module, dst_text, "dst_dt", &dst_dt), src_type;
+    if (dst_type < 0 || (src_type = gtpy_parse_act_dtype(module, src_text, "src_dt", &src_dt)) < 0)
         return NULL;
-    PyArrayObject *dst = gtpy_as_array(dst_obj, "dst", gtpy_typenum_of(dst_dt), 1), *src;
-    if (!dst || !(src = gtpy_as_array(src_obj, "src", gtpy_typenum_of(src_dt), 0)) ||
-        gtpy_same_shape(dst, "dst", src, "src") < 0)
+    PyArrayObject *src = gtpy_as_array(src_obj, "src", src_type, 0), *dst;
+    if (!src || !(dst = gtpy_array_like(dst_obj, "dst", dst_type, 1, src, "src")))
         return NULL;
-    gt_backend be = cpu_backend(NULL, 0);
-    RUN_OP(module, be.ops->cast(&be, PyArray_DATA(dst), dst_dt, PyArray_DATA(src), src_dt,
-                                (int64_t)PyArray_SIZE(src)));
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->cast(&be, PyArray_DATA(dst), dst_dt, PyArray_DATA(src), src_dt,
+                                     (int64_t)PyArray_SIZE(src)));
     Py_RETURN_NONE;
 }
 
@@ -454,58 +387,45 @@ static PyObject *op_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
     uintptr_t d = (uintptr_t)PyArray_DATA(dst), s = src ? (uintptr_t)PyArray_DATA(src) : 0;
     if (src && bytes > 0 && d < s + bytes && s < d + bytes)
         return PyErr_Format(PyExc_ValueError, "src: overlaps dst");
-    gt_backend be = cpu_backend(NULL, 0);
+    gt_backend be = gtpy_cpu_backend();
     if (src)
-        RUN_OP(module, be.ops->copy(&be, PyArray_DATA(dst), PyArray_DATA(src), bytes));
+        GTPY_RUN_OP(module, be.ops->copy(&be, PyArray_DATA(dst), PyArray_DATA(src), bytes));
     else
-        RUN_OP(module, be.ops->zero(&be, PyArray_DATA(dst), bytes));
+        GTPY_RUN_OP(module, be.ops->zero(&be, PyArray_DATA(dst), bytes));
     Py_RETURN_NONE;
 }
 
 /* A 4-D (batch, heads, seq, head_dim) attention operand of the shape of `like` (NULL: any). */
 static PyArrayObject *attention_operand(PyObject *obj, const char *name, int typenum, int writable,
                                         PyArrayObject *like) {
-    PyArrayObject *a = gtpy_as_array(obj, name, typenum, writable);
-    if (!a)
-        return NULL;
-    if (PyArray_NDIM(a) != 4) {
-        gtpy_fail_shape(a, name, "must be 4-D (batch, heads, seq, head_dim)");
-        return NULL;
-    }
-    if (like && gtpy_same_shape(a, name, like, "q") < 0)
-        return NULL;
-    return a;
+    PyArrayObject *a = gtpy_array_nd(obj, name, typenum, writable, 4, NULL,
+                                     "must be 4-D (batch, heads, seq, head_dim)");
+    return a && (!like || gtpy_same_shape(a, name, like, "q") == 0) ? a : NULL;
+}
+
+static gt_status attention_forward_op(gt_backend *be, const void *a) {
+    return be->ops->attention_forward(be, a);
+}
+
+static gt_status attention_backward_op(gt_backend *be, const void *a) {
+    return be->ops->attention_backward(be, a);
 }
 
 /* Runs the attention op of `a` (forward, or backward when `backward`) with a workspace of its own. */
 static PyObject *run_attention(PyObject *module, gt_attention_args *a, int backward) {
-    const gt_ops *ops = gt_cpu_ops();
-    size_t bytes = ops->attention_workspace_bytes(a, gt_get_num_threads());
-    gt_block workspace = {0};
-    gt_status status = GT_OK;
+    size_t bytes = gt_cpu_ops()->attention_workspace_bytes(a, gt_get_num_threads());
     if (bytes == SIZE_MAX)
         return PyErr_Format(PyExc_MemoryError, "q: attention of this size needs more scratch "
                             "memory than can be addressed");
-    if (bytes > 0 && (status = gt_block_alloc(gt_cpu_device(), bytes, &workspace)) != GT_OK)
-        return gtpy_raise(module, status);
-    gt_backend be = cpu_backend(workspace.ptr, bytes);
-    Py_BEGIN_ALLOW_THREADS
-    status = backward ? ops->attention_backward(&be, a) : ops->attention_forward(&be, a);
-    Py_END_ALLOW_THREADS
-    gt_block_free(&workspace);
-    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    return gtpy_run_with_workspace(module, backward ? attention_backward_op : attention_forward_op,
+                                   a, bytes);
 }
 
 /* The dropout key and key lengths of an attention call; -1 with an exception. */
 static int attention_options(PyObject *lengths_obj, PyObject *seed_obj, PyObject *layer_obj,
                              PyObject *step_obj, PyObject *offset_obj, gt_attention_args *a) {
-    unsigned long long seed, layer, step, offset;
-    if (gtpy_parse_uint(seed_obj, "seed", UINT64_MAX, &seed) < 0 ||
-        gtpy_parse_uint(layer_obj, "layer", UINT32_MAX, &layer) < 0 ||
-        gtpy_parse_uint(step_obj, "step", UINT32_MAX, &step) < 0 ||
-        gtpy_parse_uint(offset_obj, "offset", INT64_MAX, &offset) < 0)
+    if (gtpy_parse_dropout_key(seed_obj, layer_obj, step_obj, offset_obj, &a->dropout_key) < 0)
         return -1;
-    a->dropout_key = (gt_dropout_key){seed, (uint32_t)layer, (uint32_t)step, offset};
     if (lengths_obj == Py_None)
         return 0;
     PyArrayObject *lengths = gtpy_vector(lengths_obj, "key_lengths", NPY_INT64, a->batch, 0);
@@ -534,10 +454,9 @@ static PyObject *op_attention(PyObject *module, PyObject *args, PyObject *kwargs
                                      &step_obj, &offset_obj, &dout_obj, &dq_obj, &dk_obj, &dv_obj))
         return NULL;
     gt_attention_args a = {.scale = scale, .causal = causal, .dropout_p = dropout_p};
-    if (gtpy_parse_act_dtype(module, text, "dt", &a.dt) < 0)
-        return NULL;
-    int typenum = gtpy_typenum_of(a.dt), backward = dout_obj != Py_None;
-    PyArrayObject *q = attention_operand(q_obj, "q", typenum, 0, NULL), *k, *v, *out, *lse;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &a.dt), backward = dout_obj != Py_None;
+    PyArrayObject *q = typenum < 0 ? NULL : attention_operand(q_obj, "q", typenum, 0, NULL), *k, *v,
+                  *out, *lse;
     if (!q || !(k = attention_operand(k_obj, "k", typenum, 0, q)) ||
         !(v = attention_operand(v_obj, "v", typenum, 0, q)) ||
         !(out = attention_operand(out_obj, "out", typenum, !backward, q)))
@@ -564,41 +483,30 @@ static PyObject *op_attention(PyObject *module, PyObject *args, PyObject *kwargs
     return run_attention(module, &a, 1);
 }
 
-/* A 4-D array of dtype typenum whose shape is `dims` (NULL: any 4-D shape). */
-static PyArrayObject *conv_operand(PyObject *obj, const char *name, int typenum, int writable,
-                                   const int64_t *dims, const char *what) {
-    PyArrayObject *a = gtpy_as_array(obj, name, typenum, writable);
-    if (!a)
-        return NULL;
-    int ok = PyArray_NDIM(a) == 4;
-    for (int i = 0; ok && dims && i < 4; i++)
-        ok = (int64_t)PyArray_DIM(a, i) == dims[i];
-    if (!ok) {
-        gtpy_fail_shape(a, name, what);
-        return NULL;
-    }
-    return a;
+static gt_status conv2d_forward_op(gt_backend *be, const void *a) {
+    return be->ops->conv2d_forward(be, a);
+}
+
+static gt_status conv2d_backward_op(gt_backend *be, const void *a) {
+    return be->ops->conv2d_backward(be, a);
 }
 
 /* Runs the convolution `a` (forward, or backward when `backward`) with a workspace of its own. */
 static PyObject *run_conv2d(PyObject *module, gt_conv2d_args *a, int backward) {
-    const gt_ops *ops = gt_cpu_ops();
     gt_status status = gt_conv2d_check(a, backward);  /* before sizing anything by the args */
     if (status != GT_OK)
         return gtpy_raise(module, status);
-    size_t bytes = ops->conv2d_workspace_bytes(a, gt_get_num_threads());
-    gt_block workspace = {0};
+    size_t bytes = gt_cpu_ops()->conv2d_workspace_bytes(a, gt_get_num_threads());
     if (bytes > GT_MAX_BYTES)
         return PyErr_Format(PyExc_MemoryError, "x: a convolution of this size needs more scratch "
                             "memory than can be addressed");
-    if (bytes > 0 && (status = gt_block_alloc(gt_cpu_device(), bytes, &workspace)) != GT_OK)
-        return gtpy_raise(module, status);
-    gt_backend be = cpu_backend(workspace.ptr, bytes);
-    Py_BEGIN_ALLOW_THREADS
-    status = backward ? ops->conv2d_backward(&be, a) : ops->conv2d_forward(&be, a);
-    Py_END_ALLOW_THREADS
-    gt_block_free(&workspace);
-    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    return gtpy_run_with_workspace(module, backward ? conv2d_backward_op : conv2d_forward_op, a, bytes);
+}
+
+/* The options of a convolution as parsed by "(LL)(LL)(LL)L": stride, padding, dilation, groups. */
+static gt_conv2d_args conv_options(const long long o[7]) {
+    return (gt_conv2d_args){.stride_h = o[0], .stride_w = o[1], .pad_h = o[2], .pad_w = o[3],
+                            .dilation_h = o[4], .dilation_w = o[5], .groups = o[6]};
 }
 
 /* The sizes of a convolution from x (N, C, H, W), the weight's kernel and the options; -1 with
@@ -625,6 +533,25 @@ static int check_conv_sizes(PyObject *module, const gt_conv2d_args *a) {
     return status == GT_OK ? 0 : gtpy_raise_int(module, status);
 }
 
+/* The dtype (text), x and weight of a convolution with the options in `a`: fills a's dtype, sizes
+ * and x and weight pointers, and out_dims with (N, O, OH, OW); the arrays' NumPy type, or -1 with
+ * an exception. */
+static int conv_inputs(PyObject *module, const char *text, PyObject *x_obj, PyObject *weight_obj,
+                       gt_conv2d_args *a, int64_t out_dims[4]) {
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &a->dt);
+    PyArrayObject *x, *weight;
+    if (typenum < 0 ||
+        !(x = gtpy_array_nd(x_obj, "x", typenum, 0, 4, NULL, "must be 4-D (batch, channels, height, width)")) ||
+        !(weight = gtpy_array_nd(weight_obj, "weight", typenum, 0, 4, NULL,
+                                 "must be 4-D (out_channels, in_channels / groups, kh, kw)")) ||
+        conv_sizes(x, weight, a) < 0 || check_conv_sizes(module, a) < 0)
+        return -1;
+    out_dims[0] = a->batch, out_dims[1] = a->out_channels;
+    out_dims[2] = gt_conv2d_out_h(a), out_dims[3] = gt_conv2d_out_w(a);
+    a->x = PyArray_DATA(x), a->weight = PyArray_DATA(weight);
+    return typenum;
+}
+
 /* conv2d forward: out = conv(x, weight) + bias. x (N, C, H, W), weight (O, C / groups, KH, KW) in
  * dt, bias (O,) float32 or None, out (N, O, OH, OW) dt. */
 static PyObject *op_conv2d(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -632,30 +559,20 @@ static PyObject *op_conv2d(PyObject *module, PyObject *args, PyObject *kwargs) {
                                "groups", NULL};
     PyObject *out_obj, *x_obj, *weight_obj, *bias_obj;
     const char *text;
-    long long sh, sw, ph, pw, dh, dw, groups;
+    long long o[7];
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOs(LL)(LL)(LL)L:op_conv2d", keywords, &out_obj,
-                                     &x_obj, &weight_obj, &bias_obj, &text, &sh, &sw, &ph, &pw, &dh, &dw,
-                                     &groups))
+                                     &x_obj, &weight_obj, &bias_obj, &text, &o[0], &o[1], &o[2], &o[3],
+                                     &o[4], &o[5], &o[6]))
         return NULL;
-    gt_conv2d_args a = {.stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dilation_h = dh,
-                        .dilation_w = dw, .groups = groups};
-    if (gtpy_parse_act_dtype(module, text, "dt", &a.dt) < 0)
+    gt_conv2d_args a = conv_options(o);
+    int64_t out_dims[4];
+    int typenum = conv_inputs(module, text, x_obj, weight_obj, &a, out_dims);
+    PyArrayObject *out;
+    void *bias;
+    if (typenum < 0 || !(out = gtpy_array_nd(out_obj, "out", typenum, 1, 4, out_dims, "must be (N, O, OH, OW)")) ||
+        gtpy_optional_vector(bias_obj, "bias", NPY_FLOAT32, a.out_channels, 0, &bias) < 0)
         return NULL;
-    int typenum = gtpy_typenum_of(a.dt);
-    PyArrayObject *x = conv_operand(x_obj, "x", typenum, 0, NULL, "must be 4-D (batch, channels, height, width)");
-    PyArrayObject *weight = x ? conv_operand(weight_obj, "weight", typenum, 0, NULL,
-                                             "must be 4-D (out_channels, in_channels / groups, kh, kw)") : NULL;
-    if (!weight || conv_sizes(x, weight, &a) < 0)
-        return NULL;
-    if (check_conv_sizes(module, &a) < 0)
-        return NULL;
-    const int64_t out_dims[4] = {a.batch, a.out_channels, gt_conv2d_out_h(&a), gt_conv2d_out_w(&a)};
-    PyArrayObject *out = conv_operand(out_obj, "out", typenum, 1, out_dims, "must be (N, O, OH, OW)");
-    PyArrayObject *bias = NULL;
-    if (!out || (bias_obj != Py_None && !(bias = gtpy_vector(bias_obj, "bias", NPY_FLOAT32, a.out_channels, 0))))
-        return NULL;
-    a.x = PyArray_DATA(x), a.weight = PyArray_DATA(weight), a.out = PyArray_DATA(out);
-    a.bias = bias ? PyArray_DATA(bias) : NULL;
+    a.out = PyArray_DATA(out), a.bias = bias;
     return run_conv2d(module, &a, 0);
 }
 
@@ -666,81 +583,68 @@ static PyObject *op_conv2d_backward(PyObject *module, PyObject *args, PyObject *
                                "padding", "dilation", "groups", "accumulate", NULL};
     PyObject *dx_obj, *dweight_obj, *dbias_obj, *dout_obj, *x_obj, *weight_obj;
     const char *text;
-    long long sh, sw, ph, pw, dh, dw, groups;
+    long long o[7];
     int accumulate = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOs(LL)(LL)(LL)L|p:op_conv2d_backward", keywords,
                                      &dx_obj, &dweight_obj, &dbias_obj, &dout_obj, &x_obj, &weight_obj, &text,
-                                     &sh, &sw, &ph, &pw, &dh, &dw, &groups, &accumulate))
+                                     &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &accumulate))
         return NULL;
-    gt_conv2d_args a = {.stride_h = sh, .stride_w = sw, .pad_h = ph, .pad_w = pw, .dilation_h = dh,
-                        .dilation_w = dw, .groups = groups, .accumulate = accumulate};
-    if (gtpy_parse_act_dtype(module, text, "dt", &a.dt) < 0)
+    gt_conv2d_args a = conv_options(o);
+    a.accumulate = accumulate;
+    int64_t out_dims[4];
+    int typenum = conv_inputs(module, text, x_obj, weight_obj, &a, out_dims);
+    if (typenum < 0)
         return NULL;
-    int typenum = gtpy_typenum_of(a.dt);
-    PyArrayObject *x = conv_operand(x_obj, "x", typenum, 0, NULL, "must be 4-D (batch, channels, height, width)");
-    PyArrayObject *weight = x ? conv_operand(weight_obj, "weight", typenum, 0, NULL,
-                                             "must be 4-D (out_channels, in_channels / groups, kh, kw)") : NULL;
-    if (!weight || conv_sizes(x, weight, &a) < 0)
-        return NULL;
-    if (check_conv_sizes(module, &a) < 0)
-        return NULL;
-    const int64_t out_dims[4] = {a.batch, a.out_channels, gt_conv2d_out_h(&a), gt_conv2d_out_w(&a)};
     const int64_t w_dims[4] = {a.out_channels, a.in_channels / a.groups, a.kernel_h, a.kernel_w};
-    PyArrayObject *dout = conv_operand(dout_obj, "dout", typenum, 0, out_dims, "must be (N, O, OH, OW)");
     const int64_t x_dims[4] = {a.batch, a.in_channels, a.height, a.width};
-    PyArrayObject *dx = NULL, *dweight = NULL, *dbias = NULL;
-    if (!dout ||
-        (dx_obj != Py_None && !(dx = conv_operand(dx_obj, "dx", typenum, 1, x_dims, "must have x's shape"))) ||
-        (dweight_obj != Py_None && !(dweight = conv_operand(dweight_obj, "dweight", NPY_FLOAT32, 1, w_dims,
-                                                            "must have the weight's shape"))) ||
-        (dbias_obj != Py_None && !(dbias = gtpy_vector(dbias_obj, "dbias", NPY_FLOAT32, a.out_channels, 1))))
+    PyArrayObject *dout = gtpy_array_nd(dout_obj, "dout", typenum, 0, 4, out_dims, "must be (N, O, OH, OW)");
+    void *dweight, *dbias;
+    if (!dout || gtpy_optional_nd(dx_obj, "dx", typenum, 1, 4, x_dims, "must have x's shape", &a.dx) < 0 ||
+        gtpy_optional_nd(dweight_obj, "dweight", NPY_FLOAT32, 1, 4, w_dims, "must have the weight's shape",
+                         &dweight) < 0 ||
+        gtpy_optional_vector(dbias_obj, "dbias", NPY_FLOAT32, a.out_channels, 1, &dbias) < 0)
         return NULL;
-    a.x = PyArray_DATA(x), a.weight = PyArray_DATA(weight), a.dout = PyArray_DATA(dout);
-    a.dx = dx ? PyArray_DATA(dx) : NULL;
-    a.dweight = dweight ? PyArray_DATA(dweight) : NULL;
-    a.dbias = dbias ? PyArray_DATA(dbias) : NULL;
+    a.dout = PyArray_DATA(dout), a.dweight = dweight, a.dbias = dbias;
     return run_conv2d(module, &a, 1);
 }
 
-#define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
-
 static PyMethodDef ops_methods[] = {
-    {"op_gemm", KW(op_gemm), "op_gemm(a, b, c, a_dt, b_dt, c_dt, trans_a, trans_b, alpha, beta)\n--\n\n"
+    {"op_gemm", GTPY_KW(op_gemm), "op_gemm(a, b, c, a_dt, b_dt, c_dt, trans_a, trans_b, alpha, beta)\n--\n\n"
      "c = alpha op(a) @ op(b) + beta c in place; 3-D arrays are batches."},
-    {"op_bias", KW(op_bias), "op_bias(x, bias, dt, backward=False, accumulate=False)\n--\n\n"
+    {"op_bias", GTPY_KW(op_bias), "op_bias(x, bias, dt, backward=False, accumulate=False)\n--\n\n"
      "x += bias over the last dim, or bias (+)= column sums of x when backward."},
-    {"op_activation", KW(op_activation), "op_activation(out, x, act, dt, dout=None)\n--\n\n"
+    {"op_activation", GTPY_KW(op_activation), "op_activation(out, x, act, dt, dout=None)\n--\n\n"
      "out = act(x), or out = dout * act'(x) when dout is given."},
-    {"op_dropout", KW(op_dropout), "op_dropout(out, x, p, seed, layer, step, offset, dt, backward=False)\n--\n\n"
+    {"op_dropout", GTPY_KW(op_dropout), "op_dropout(out, x, p, seed, layer, step, offset, dt, backward=False)\n--\n\n"
      "out = x * mask / (1 - p) with the Philox mask of (seed, layer, step, offset + i)."},
-    {"op_add", KW(op_add), "op_add(out, a, b, dt)\n--\n\nout = a + b."},
-    {"op_layernorm_forward", KW(op_layernorm_forward),
+    {"op_add", GTPY_KW(op_add), "op_add(out, a, b, dt)\n--\n\nout = a + b."},
+    {"op_layernorm_forward", GTPY_KW(op_layernorm_forward),
      "op_layernorm_forward(out, mean, rstd, x, weight, bias, eps, dt)\n--\n\nLayerNorm over the last dim."},
-    {"op_layernorm_backward", KW(op_layernorm_backward),
+    {"op_layernorm_backward", GTPY_KW(op_layernorm_backward),
      "op_layernorm_backward(din, dweight, dbias, dout, x, weight, mean, rstd, dt, accumulate=False)\n--\n\n"
      "Gradients of LayerNorm (din None: the parameter gradients only)."},
-    {"op_embedding", KW(op_embedding), "op_embedding(x, ids, table, dt, backward=False, accumulate=False)\n--\n\n"
+    {"op_embedding", GTPY_KW(op_embedding), "op_embedding(x, ids, table, dt, backward=False, accumulate=False)\n--\n\n"
      "x = table[ids], or table (+)= scatter-add of x at ids when backward."},
-    {"op_softmax_xent", KW(op_softmax_xent),
+    {"op_softmax_xent", GTPY_KW(op_softmax_xent),
      "op_softmax_xent(losses, dlogits, logits, targets, label_smoothing, ignore_index, dloss_scale, dt)\n--\n\n"
      "Per-row cross-entropy losses and (unless dlogits is None) the gradient; returns the count."},
-    {"op_mse", KW(op_mse), "op_mse(dpred, pred, target, dloss_scale, dt)\n--\n\n"
+    {"op_mse", GTPY_KW(op_mse), "op_mse(dpred, pred, target, dloss_scale, dt)\n--\n\n"
      "Mean squared error; fills dpred unless it is None."},
     {"op_sum_squares", (PyCFunction)op_sum_squares, METH_O, "op_sum_squares(x)\n--\n\n"
      "Sum of squares of a float32 array in a fixed order."},
-    {"op_attention", KW(op_attention),
+    {"op_attention", GTPY_KW(op_attention),
      "op_attention(out, lse, q, k, v, dt, causal, scale, key_lengths, dropout_p, seed, layer, step, offset, "
      "dout=None, dq=None, dk=None, dv=None)\n--\n\n"
      "Scaled dot-product attention over (batch, heads, seq, head_dim) arrays: out and lse, or (dout "
      "given) dq, dk, dv."},
-    {"op_conv2d", KW(op_conv2d),
+    {"op_conv2d", GTPY_KW(op_conv2d),
      "op_conv2d(out, x, weight, bias, dt, stride, padding, dilation, groups)\n--\n\n"
      "2-D convolution of (N, C, H, W) x by weight (O, C / groups, KH, KW), plus bias (O,) or None."},
-    {"op_conv2d_backward", KW(op_conv2d_backward),
+    {"op_conv2d_backward", GTPY_KW(op_conv2d_backward),
      "op_conv2d_backward(dx, dweight, dbias, dout, x, weight, dt, stride, padding, dilation, groups, "
      "accumulate=False)\n--\n\nGradients of op_conv2d; dx, dweight and dbias may be None (not wanted)."},
-    {"op_cast", KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
-    {"op_copy", KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
+    {"op_cast", GTPY_KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
+    {"op_copy", GTPY_KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,7 +1,9 @@
-/* Argument checks of the op bindings (ops_args.h). */
+/* Argument checks of the op bindings and their runs on the CPU backend (ops_args.h). */
 #include "py/ops_args.h"
 
 #include <stdio.h>
+
+#include "core/alloc.h"
 
 int gtpy_typenum_of(gt_dtype dt) {
     switch (dt) {
@@ -63,7 +65,7 @@ int gtpy_parse_act_dtype(PyObject *module, const char *text, const char *name, g
         PyErr_Format(PyExc_ValueError, "%s must be 'f32', 'f16' or 'bf16', got '%s'", name, text);
         return -1;
     }
-    return 0;
+    return gtpy_typenum_of(*dt);
 }
 
 int gtpy_parse_uint(PyObject *obj, const char *name, unsigned long long max,
@@ -82,6 +84,18 @@ int gtpy_parse_uint(PyObject *obj, const char *name, unsigned long long max,
     return 0;
 }
 
+int gtpy_parse_dropout_key(PyObject *seed, PyObject *layer, PyObject *step, PyObject *offset,
+                           gt_dropout_key *key) {
+    unsigned long long s, l, t, o;
+    if (gtpy_parse_uint(seed, "seed", UINT64_MAX, &s) < 0 ||
+        gtpy_parse_uint(layer, "layer", UINT32_MAX, &l) < 0 ||
+        gtpy_parse_uint(step, "step", UINT32_MAX, &t) < 0 ||
+        gtpy_parse_uint(offset, "offset", INT64_MAX, &o) < 0)
+        return -1;
+    *key = (gt_dropout_key){s, (uint32_t)l, (uint32_t)t, o};
+    return 0;
+}
+
 int gtpy_fail_shape(PyArrayObject *a, const char *name, const char *what) {
     char buf[160];
     PyErr_Format(PyExc_ValueError, "%s: %s, got shape %s", name, what,
@@ -96,6 +110,45 @@ int gtpy_same_shape(PyArrayObject *a, const char *a_name, PyArrayObject *b, cons
     PyErr_Format(PyExc_ValueError, "%s: shape %s does not match %s's shape %s", a_name,
                  shape_text(a, a_buf, sizeof a_buf), b_name, shape_text(b, b_buf, sizeof b_buf));
     return -1;
+}
+
+/* *data = a's data; -1 when a is NULL (its exception set). */
+static int data_of(PyArrayObject *a, void **data) {
+    *data = a ? PyArray_DATA(a) : NULL;
+    return a ? 0 : -1;
+}
+
+PyArrayObject *gtpy_array_like(PyObject *obj, const char *name, int typenum, int writable,
+                               PyArrayObject *like, const char *like_name) {
+    PyArrayObject *a = gtpy_as_array(obj, name, typenum, writable);
+    return a && gtpy_same_shape(a, name, like, like_name) == 0 ? a : NULL;
+}
+
+int gtpy_optional_like(PyObject *obj, const char *name, int typenum, int writable,
+                       PyArrayObject *like, const char *like_name, void **data) {
+    *data = NULL;
+    return obj == Py_None ? 0 : data_of(gtpy_array_like(obj, name, typenum, writable, like, like_name), data);
+}
+
+PyArrayObject *gtpy_array_nd(PyObject *obj, const char *name, int typenum, int writable, int ndim,
+                             const int64_t *dims, const char *what) {
+    PyArrayObject *a = gtpy_as_array(obj, name, typenum, writable);
+    if (!a)
+        return NULL;
+    int ok = PyArray_NDIM(a) == ndim;
+    for (int i = 0; ok && dims && i < ndim; i++)
+        ok = (int64_t)PyArray_DIM(a, i) == dims[i];
+    if (!ok) {
+        gtpy_fail_shape(a, name, what);
+        return NULL;
+    }
+    return a;
+}
+
+int gtpy_optional_nd(PyObject *obj, const char *name, int typenum, int writable, int ndim,
+                     const int64_t *dims, const char *what, void **data) {
+    *data = NULL;
+    return obj == Py_None ? 0 : data_of(gtpy_array_nd(obj, name, typenum, writable, ndim, dims, what), data);
 }
 
 int gtpy_rows_cols(PyArrayObject *a, const char *name, int64_t *rows, int64_t *cols) {
@@ -120,4 +173,30 @@ PyArrayObject *gtpy_vector(PyObject *obj, const char *name, int typenum, int64_t
         return NULL;
     }
     return a;
+}
+
+int gtpy_optional_vector(PyObject *obj, const char *name, int typenum, int64_t size, int writable,
+                         void **data) {
+    *data = NULL;
+    return obj == Py_None ? 0 : data_of(gtpy_vector(obj, name, typenum, size, writable), data);
+}
+
+gt_backend gtpy_cpu_backend(void) {
+    gt_backend be = {gt_cpu_ops(), gt_cpu_device(), NULL, 0, NULL};
+    return be;
+}
+
+PyObject *gtpy_run_with_workspace(PyObject *module, gtpy_op_fn op, const void *args, size_t bytes) {
+    gt_block workspace = {0};
+    gt_status status = bytes > 0 ? gt_block_alloc(gt_cpu_device(), bytes, &workspace) : GT_OK;
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    gt_backend be = gtpy_cpu_backend();
+    be.workspace = workspace.ptr;
+    be.workspace_bytes = bytes;
+    Py_BEGIN_ALLOW_THREADS
+    status = op(&be, args);
+    Py_END_ALLOW_THREADS
+    gt_block_free(&workspace);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
 }

@@ -1,38 +1,67 @@
 /* Bindings of the NCHW ops (csrc/ops/ops.h: BatchNorm2d and 2-D pooling) as `_C.op_<name>`, for
  * tests and benchmarks of the ops alone. Outputs are allocated by the caller; every array is
- * checked (ops_args.h) and the sizes come from the shapes once they agree. */
+ * checked (ops_args.h) and the sizes come from the shapes once they agree; the ops run with the
+ * GIL released. */
 #include "py/gtpy.h"
 
 #include <string.h>
 
-#include "core/alloc.h"
 #include "core/threads.h"
-#include "ops/ops.h"
 #include "py/ops_args.h"
 
 /* An (N, C, H, W) activation array of dtype dt; its sizes into dims. */
 static PyArrayObject *nchw(PyObject *obj, const char *name, gt_dtype dt, int writable, int64_t dims[4]) {
-    PyArrayObject *a = gtpy_as_array(obj, name, gtpy_typenum_of(dt), writable);
-    if (!a)
-        return NULL;
-    if (PyArray_NDIM(a) != 4) {
-        gtpy_fail_shape(a, name, "must be (N, C, H, W), got shape");
-        return NULL;
-    }
-    for (int i = 0; i < 4; i++)
+    PyArrayObject *a = gtpy_array_nd(obj, name, gtpy_typenum_of(dt), writable, 4, NULL,
+                                     "must be (N, C, H, W), got shape");
+    for (int i = 0; a && i < 4; i++)
         dims[i] = PyArray_DIM(a, i);
     return a;
 }
 
 /* A (size,) float32 vector or None (*out NULL). */
 static int optional_vector(PyObject *obj, const char *name, int64_t size, int writable, float **out) {
-    *out = NULL;
+    void *data;
+    int result = gtpy_optional_vector(obj, name, NPY_FLOAT32, size, writable, &data);
+    *out = data;
+    return result;
+}
+
+/* The batch statistics mean and rstd of a, (C,) float32 arrays (not None); -1 with an exception. */
+static int mean_rstd(PyObject *mean_obj, PyObject *rstd_obj, int writable, gt_batchnorm_args *a) {
+    if (optional_vector(mean_obj, "mean", a->c, writable, &a->mean) < 0 ||
+        (a->mean && optional_vector(rstd_obj, "rstd", a->c, writable, &a->rstd) < 0))
+        return -1;
+    if (a->mean && a->rstd)
+        return 0;
+    PyErr_SetString(PyExc_TypeError, "mean and rstd must be float32 arrays, not None");
+    return -1;
+}
+
+/* The dtype (text) and x (N, C, H, W) of a BatchNorm2d call into a, and y, an array of x's shape
+ * (out, dout or din: `name`); y, or NULL with an exception. */
+static PyArrayObject *batchnorm_inputs(PyObject *module, const char *text, PyObject *x_obj, PyObject *y_obj,
+                                       const char *name, int writable, gt_batchnorm_args *a) {
+    int64_t xd[4], yd[4];
+    if (gtpy_parse_act_dtype(module, text, "dt", &a->dt) < 0)
+        return NULL;
+    PyArrayObject *x = nchw(x_obj, "x", a->dt, 0, xd), *y = x ? nchw(y_obj, name, a->dt, writable, yd) : NULL;
+    if (!y || gtpy_same_shape(y, name, x, "x") < 0)
+        return NULL;
+    a->n = xd[0], a->c = xd[1], a->hw = xd[2] * xd[3], a->in = PyArray_DATA(x);
+    return y;
+}
+
+/* num_batches_tracked: a writeable int64 array of one element, or None (*count NULL). */
+static int optional_count(PyObject *obj, int64_t **count) {
+    *count = NULL;
     if (obj == Py_None)
         return 0;
-    PyArrayObject *a = gtpy_vector(obj, name, NPY_FLOAT32, size, writable);
+    PyArrayObject *a = gtpy_as_array(obj, "num_batches_tracked", NPY_INT64, 1);
     if (!a)
         return -1;
-    *out = PyArray_DATA(a);
+    if (PyArray_SIZE(a) != 1)
+        return gtpy_fail_shape(a, "num_batches_tracked", "must hold one count, got shape");
+    *count = PyArray_DATA(a);
     return 0;
 }
 
@@ -49,44 +78,24 @@ static PyObject *op_batchnorm2d(PyObject *module, PyObject *args, PyObject *kwar
                                      &mean_obj, &rstd_obj, &x_obj, &w_obj, &b_obj, &rm_obj, &rv_obj, &count_obj,
                                      &eps, &momentum, &batch_stats, &update, &text))
         return NULL;
-    gt_dtype dt;
-    int64_t xd[4], od[4];
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+    gt_batchnorm_args a = {.eps = eps, .momentum = momentum, .batch_stats = batch_stats,
+                           .update_running = update};
+    PyArrayObject *out = batchnorm_inputs(module, text, x_obj, out_obj, "out", 1, &a);
+    if (!out)
         return NULL;
-    PyArrayObject *x = nchw(x_obj, "x", dt, 0, xd), *out = x ? nchw(out_obj, "out", dt, 1, od) : NULL;
-    if (!out || gtpy_same_shape(out, "out", x, "x") < 0)
-        return NULL;
-    gt_batchnorm_args a = {.n = xd[0], .c = xd[1], .hw = xd[2] * xd[3], .in = PyArray_DATA(x),
-                           .out = PyArray_DATA(out), .eps = eps, .momentum = momentum,
-                           .batch_stats = batch_stats, .update_running = update, .dt = dt};
+    a.out = PyArray_DATA(out);
     float *weight, *bias;
-    if (optional_vector(mean_obj, "mean", a.c, 1, &a.mean) < 0 || !a.mean ||
-        optional_vector(rstd_obj, "rstd", a.c, 1, &a.rstd) < 0 || !a.rstd ||
-        optional_vector(w_obj, "weight", a.c, 0, &weight) < 0 || optional_vector(b_obj, "bias", a.c, 0, &bias) < 0 ||
+    if (mean_rstd(mean_obj, rstd_obj, 1, &a) < 0 || optional_vector(w_obj, "weight", a.c, 0, &weight) < 0 ||
+        optional_vector(b_obj, "bias", a.c, 0, &bias) < 0 ||
         optional_vector(rm_obj, "running_mean", a.c, 1, &a.running_mean) < 0 ||
-        optional_vector(rv_obj, "running_var", a.c, 1, &a.running_var) < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "mean and rstd must be float32 arrays, not None");
+        optional_vector(rv_obj, "running_var", a.c, 1, &a.running_var) < 0 ||
+        optional_count(count_obj, &a.num_batches_tracked) < 0)
         return NULL;
-    }
     a.weight = weight;
     a.bias = bias;
-    if (count_obj != Py_None) {
-        PyArrayObject *count = gtpy_as_array(count_obj, "num_batches_tracked", NPY_INT64, 1);
-        if (!count)
-            return NULL;
-        if (PyArray_SIZE(count) != 1) {
-            gtpy_fail_shape(count, "num_batches_tracked", "must hold one count, got shape");
-            return NULL;
-        }
-        a.num_batches_tracked = PyArray_DATA(count);
-    }
-    gt_backend be = {gt_cpu_ops(), gt_cpu_device(), NULL, 0, NULL};
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = be.ops->batchnorm_forward(&be, &a);
-    Py_END_ALLOW_THREADS
-    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->batchnorm_forward(&be, &a));
+    Py_RETURN_NONE;
 }
 
 static PyObject *op_batchnorm2d_backward(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -99,39 +108,26 @@ static PyObject *op_batchnorm2d_backward(PyObject *module, PyObject *args, PyObj
                                      &dw_obj, &db_obj, &dout_obj, &x_obj, &w_obj, &mean_obj, &rstd_obj,
                                      &batch_stats, &text, &accumulate))
         return NULL;
-    gt_dtype dt;
-    int64_t xd[4], dd[4];
-    if (gtpy_parse_act_dtype(module, text, "dt", &dt) < 0)
+    gt_batchnorm_args a = {.batch_stats = batch_stats, .accumulate = accumulate};
+    PyArrayObject *dout = batchnorm_inputs(module, text, x_obj, dout_obj, "dout", 0, &a);
+    if (!dout)
         return NULL;
-    PyArrayObject *x = nchw(x_obj, "x", dt, 0, xd), *dout = x ? nchw(dout_obj, "dout", dt, 0, dd) : NULL;
-    if (!dout || gtpy_same_shape(dout, "dout", x, "x") < 0)
-        return NULL;
-    gt_batchnorm_args a = {.n = xd[0], .c = xd[1], .hw = xd[2] * xd[3], .in = PyArray_DATA(x),
-                           .dout = PyArray_DATA(dout), .batch_stats = batch_stats, .accumulate = accumulate,
-                           .dt = dt};
+    a.dout = PyArray_DATA(dout);
     if (din_obj != Py_None) {
-        PyArrayObject *din = nchw(din_obj, "din", dt, 1, dd);
-        if (!din || gtpy_same_shape(din, "din", x, "x") < 0)
+        PyArrayObject *din = batchnorm_inputs(module, text, x_obj, din_obj, "din", 1, &a);
+        if (!din)
             return NULL;
         a.din = PyArray_DATA(din);
     }
     float *weight;
     if (optional_vector(dw_obj, "dweight", a.c, 1, &a.dweight) < 0 ||
         optional_vector(db_obj, "dbias", a.c, 1, &a.dbias) < 0 ||
-        optional_vector(w_obj, "weight", a.c, 0, &weight) < 0 ||
-        optional_vector(mean_obj, "mean", a.c, 0, &a.mean) < 0 || !a.mean ||
-        optional_vector(rstd_obj, "rstd", a.c, 0, &a.rstd) < 0 || !a.rstd) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "mean and rstd must be float32 arrays, not None");
+        optional_vector(w_obj, "weight", a.c, 0, &weight) < 0 || mean_rstd(mean_obj, rstd_obj, 0, &a) < 0)
         return NULL;
-    }
     a.weight = weight;
-    gt_backend be = {gt_cpu_ops(), gt_cpu_device(), NULL, 0, NULL};
-    gt_status status;
-    Py_BEGIN_ALLOW_THREADS
-    status = be.ops->batchnorm_backward(&be, &a);
-    Py_END_ALLOW_THREADS
-    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, be.ops->batchnorm_backward(&be, &a));
+    Py_RETURN_NONE;
 }
 
 /* A pair of ints into out[2]. */
@@ -156,6 +152,14 @@ static int parse_pool_kind(const char *text, gt_pool_kind *kind) {
         }
     PyErr_Format(PyExc_ValueError, "kind must be 'max', 'avg' or 'adaptive_avg', got '%s'", text);
     return -1;
+}
+
+static gt_status pool2d_forward_op(gt_backend *be, const void *a) {
+    return be->ops->pool2d_forward(be, a);
+}
+
+static gt_status pool2d_backward_op(gt_backend *be, const void *a) {
+    return be->ops->pool2d_backward(be, a);
 }
 
 /* op_pool2d(out, x, kind, kernel, stride, padding, dilation, count_include_pad, dt, dout=None,
@@ -212,31 +216,21 @@ static PyObject *op_pool2d(PyObject *module, PyObject *args, PyObject *kwargs) {
     } else {
         a.out = PyArray_DATA(out);
     }
-    const gt_ops *ops = gt_cpu_ops();
-    size_t bytes = ops->pool2d_workspace_bytes(&a, gt_get_num_threads());
-    gt_block workspace = {0};
-    gt_status status = backward && bytes ? gt_block_alloc(gt_cpu_device(), bytes, &workspace) : GT_OK;
-    if (status != GT_OK)
-        return gtpy_raise(module, status);
-    gt_backend be = {ops, gt_cpu_device(), workspace.ptr, workspace.ptr ? bytes : 0, NULL};
-    Py_BEGIN_ALLOW_THREADS
-    status = backward ? ops->pool2d_backward(&be, &a) : ops->pool2d_forward(&be, &a);
-    Py_END_ALLOW_THREADS
-    gt_block_free(&workspace);
-    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+    if (!backward)
+        return gtpy_run_with_workspace(module, pool2d_forward_op, &a, 0);
+    return gtpy_run_with_workspace(module, pool2d_backward_op, &a,
+                                   gt_cpu_ops()->pool2d_workspace_bytes(&a, gt_get_num_threads()));
 }
 
-#define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
-
 static PyMethodDef cnn_ops_methods[] = {
-    {"op_batchnorm2d", KW(op_batchnorm2d),
+    {"op_batchnorm2d", GTPY_KW(op_batchnorm2d),
      "op_batchnorm2d(out, mean, rstd, x, weight, bias, running_mean, running_var, num_batches_tracked, eps, "
      "momentum, batch_stats, update_running, dt)\n--\n\nBatchNorm2d forward over (N, C, H, W); None for "
      "absent weight/bias/running statistics."},
-    {"op_batchnorm2d_backward", KW(op_batchnorm2d_backward),
+    {"op_batchnorm2d_backward", GTPY_KW(op_batchnorm2d_backward),
      "op_batchnorm2d_backward(din, dweight, dbias, dout, x, weight, mean, rstd, batch_stats, dt, "
      "accumulate=False)\n--\n\nGradients of BatchNorm2d (None: not wanted or absent)."},
-    {"op_pool2d", KW(op_pool2d),
+    {"op_pool2d", GTPY_KW(op_pool2d),
      "op_pool2d(out, x, kind, kernel, stride, padding, dilation, count_include_pad, dt, dout=None, argmax=None)"
      "\n--\n\n2-D pooling into out (its shape sets the output size), or with dout the input gradient into "
      "out; argmax (int32, max pooling): the maxima saved by forward, read by backward."},

@@ -173,7 +173,7 @@ static int build_descs(PyObject *params, PyObject *groups, PyObject *grads, Py_s
     return 0;
 }
 
-static int parse_all_hparams(PyObject *hparams, gt_optim_hparams *out) {
+int gtpy_optim_parse_all_hparams(PyObject *hparams, gt_optim_hparams *out) {
     for (Py_ssize_t g = 0; g < PySequence_Fast_GET_SIZE(hparams); g++)
         if (gtpy_optim_parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &out[g]) < 0)
             return -1;
@@ -194,7 +194,7 @@ static int create_core(OptimizerObject *self, PyObject *module, gt_optimizer_con
     if (!descs || !hp)
         PyErr_NoMemory();
     else if (build_descs(self->params, groups, self->default_grads, num_groups, descs) == 0 &&
-             parse_all_hparams(hparams, hp) == 0) {
+             gtpy_optim_parse_all_hparams(hparams, hp) == 0) {
         gt_status status;
         Py_BEGIN_ALLOW_THREADS
         status = gt_optimizer_create(config, hp, (size_t)num_groups, descs, (size_t)n, &self->opt);
@@ -397,16 +397,30 @@ static int param_index(OptimizerObject *self, Py_ssize_t index, PyArrayObject **
     return 0;
 }
 
-static int put_slot(OptimizerObject *self, PyObject *dict, Py_ssize_t index, gt_optim_slot slot, npy_intp numel) {
+/* A state slot of parameter `index` as a new float32 host array of `numel` in `dict`. */
+static int put_slot(PyObject *module, gt_optimizer *opt, PyObject *dict, size_t index, gt_optim_slot slot,
+                    npy_intp numel) {
     PyObject *array = PyArray_SimpleNew(1, &numel, NPY_FLOAT32);
     if (!array)
         return -1;
-    gt_status status = gt_optimizer_read_state(self->opt, (size_t)index, slot,
-                                               (float *)PyArray_DATA((PyArrayObject *)array));
-    int rc = status == GT_OK ? PyDict_SetItemString(dict, slot_names[slot], array)
-                             : gtpy_raise_int(module_of((PyObject *)self), status);
+    gt_status status = gt_optimizer_read_state(opt, index, slot, (float *)PyArray_DATA((PyArrayObject *)array));
+    int rc = status == GT_OK ? PyDict_SetItemString(dict, slot_names[slot], array) : gtpy_raise_int(module, status);
     Py_DECREF(array);
     return rc;
+}
+
+PyObject *gtpy_optim_read_state(PyObject *module, gt_optimizer *opt, size_t index, npy_intp numel) {
+    int64_t step = 0;
+    gt_optimizer_get_param_step(opt, index, &step);
+    PyObject *dict = PyDict_New(), *step_obj = PyLong_FromLongLong(step);
+    int ok = dict && step_obj && PyDict_SetItemString(dict, "step", step_obj) == 0;
+    for (int s = 0; ok && s < GT_SLOT_COUNT; s++)
+        if (gt_optimizer_has_slot(opt, (gt_optim_slot)s))
+            ok = put_slot(module, opt, dict, index, (gt_optim_slot)s, numel) == 0;
+    Py_XDECREF(step_obj);
+    if (!ok)
+        Py_CLEAR(dict);
+    return dict;
 }
 
 static PyObject *get_state(PyObject *op, PyObject *arg) {
@@ -415,17 +429,7 @@ static PyObject *get_state(PyObject *op, PyObject *arg) {
     Py_ssize_t index = PyLong_AsSsize_t(arg);
     if ((index == -1 && PyErr_Occurred()) || param_index(self, index, &param) < 0)
         return NULL;
-    int64_t step = 0;
-    gt_optimizer_get_param_step(self->opt, (size_t)index, &step);
-    PyObject *dict = PyDict_New(), *step_obj = PyLong_FromLongLong(step);
-    int ok = dict && step_obj && PyDict_SetItemString(dict, "step", step_obj) == 0;
-    for (int s = 0; ok && s < GT_SLOT_COUNT; s++)
-        if (gt_optimizer_has_slot(self->opt, (gt_optim_slot)s))
-            ok = put_slot(self, dict, index, (gt_optim_slot)s, PyArray_SIZE(param)) == 0;
-    Py_XDECREF(step_obj);
-    if (!ok)
-        Py_CLEAR(dict);
-    return dict;
+    return gtpy_optim_read_state(module_of(op), self->opt, (size_t)index, PyArray_SIZE(param));
 }
 
 /* Converts the state arrays given in `slots` (name -> array; None or absent: not given) into

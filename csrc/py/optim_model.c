@@ -21,9 +21,6 @@ typedef struct {
     int busy;            /* 1 while a training step uses it without the GIL (other calls raise) */
 } ModelOptimizerObject;
 
-static const char *const slot_names[GT_SLOT_COUNT] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                      "momentum_buffer"};
-
 static PyObject *module_of(PyObject *self) { return PyType_GetModuleByDef(Py_TYPE(self), &gtpy_module_def); }
 
 static int parse_kind(const char *kind, const char *numerics, gt_optimizer_config *config) {
@@ -103,13 +100,6 @@ static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *la
     return 0;
 }
 
-static int parse_all_hparams(PyObject *hparams, gt_optim_hparams *out) {
-    for (Py_ssize_t g = 0; g < PySequence_Fast_GET_SIZE(hparams); g++)
-        if (gtpy_optim_parse_hparams(PySequence_Fast_GET_ITEM(hparams, g), &out[g]) < 0)
-            return -1;
-    return 0;
-}
-
 static int create_core(ModelOptimizerObject *self, PyObject *module, gt_optimizer_config *config,
                        const param_args *a, PyObject *hparams) {
     gt_model *model = gtpy_model_get(module, self->model, "model");
@@ -124,7 +114,7 @@ static int create_core(ModelOptimizerObject *self, PyObject *module, gt_optimize
         PyErr_SetString(PyExc_TypeError, "model.parameter_layout() must return a list");
     else if (!self->numels || !descs || !hp)
         PyErr_NoMemory();
-    else if (build_descs(self, model, layout, a, descs) == 0 && parse_all_hparams(hparams, hp) == 0) {
+    else if (build_descs(self, model, layout, a, descs) == 0 && gtpy_optim_parse_all_hparams(hparams, hp) == 0) {
         config->device = model->backend.device;
         gt_status status;
         Py_BEGIN_ALLOW_THREADS
@@ -265,19 +255,6 @@ static PyObject *model_optimizer_set_hparams(PyObject *op, PyObject *args) {
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
-/* A state slot of parameter `index` as a new float32 host array in `dict`. */
-static int put_slot(ModelOptimizerObject *self, PyObject *dict, size_t index, gt_optim_slot slot) {
-    npy_intp numel = (npy_intp)self->numels[index];
-    PyObject *array = PyArray_SimpleNew(1, &numel, NPY_FLOAT32);
-    if (!array)
-        return -1;
-    gt_status status = gt_optimizer_read_state(self->opt, index, slot, (float *)PyArray_DATA((PyArrayObject *)array));
-    int rc = status == GT_OK ? PyDict_SetItemString(dict, slot_names[slot], array)
-                             : gtpy_raise_int(module_of((PyObject *)self), status);
-    Py_DECREF(array);
-    return rc;
-}
-
 static int check_index(const ModelOptimizerObject *self, Py_ssize_t index) {
     if (index < 0 || (size_t)index >= self->num_params) {
         PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index, self->num_params);
@@ -293,17 +270,8 @@ static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
         return NULL;
     if (enter(self, 0) < 0)  /* not read half-updated by a step */
         return NULL;
-    int64_t step = 0;
-    gt_optimizer_get_param_step(self->opt, (size_t)index, &step);
-    PyObject *dict = PyDict_New(), *step_obj = PyLong_FromLongLong(step);
-    int ok = dict && step_obj && PyDict_SetItemString(dict, "step", step_obj) == 0;
-    for (int s = 0; ok && s < GT_SLOT_COUNT; s++)
-        if (gt_optimizer_has_slot(self->opt, (gt_optim_slot)s))
-            ok = put_slot(self, dict, (size_t)index, (gt_optim_slot)s) == 0;
+    PyObject *dict = gtpy_optim_read_state(module_of(op), self->opt, (size_t)index, (npy_intp)self->numels[index]);
     leave(self, 0);
-    Py_XDECREF(step_obj);
-    if (!ok)
-        Py_CLEAR(dict);
     return dict;
 }
 

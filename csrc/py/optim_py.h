@@ -10,6 +10,14 @@
  * take defaults. Returns -1 with TypeError/ValueError set. */
 int gtpy_optim_parse_hparams(PyObject *dict, gt_optim_hparams *hp);
 
+/* gtpy_optim_parse_hparams of each dict of the fast sequence `hparams` into out[g]; -1 with an
+ * exception. */
+int gtpy_optim_parse_all_hparams(PyObject *hparams, gt_optim_hparams *out);
+
+/* Parameter `index`'s state of `opt` as a new dict: "step" and each slot it keeps (a new float32
+ * host array of `numel`). NULL with an exception set. */
+PyObject *gtpy_optim_read_state(PyObject *module, gt_optimizer *opt, size_t index, npy_intp numel);
+
 /* Sets parameter `index`'s step (>= 0) and the state arrays given in `slots` (slot name ->
  * array of `numel` floats; None or absent: left as is) of `opt`, on its device. Everything is
  * checked before anything is written. Returns None, or NULL with an exception set. */
