@@ -340,7 +340,9 @@ typedef struct gt_pool2d_args {
     P(int64_t *, lengths) P(const int64_t *, mask) P(int64_t, batch) P(int64_t, seq) \
     P(int64_t, stride)
 /* out (batch, dim) = pool over t of in (batch, seq, dim) (gt_pool_mode; lengths (batch,) or
- * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. */
+ * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. A bad
+ * length is GT_ERR_VALUE naming it (a device backend may return it at its stream's next
+ * synchronisation, as for key_lengths and for both pooling ops). */
 #define GT_PARAMS_POOL_FORWARD(P, A) \
     P(void *, out) P(const void *, in) P(const int64_t *, lengths) P(int64_t, batch) \
     P(int64_t, seq) P(int64_t, dim) P(gt_pool_mode, mode) P(gt_dtype, dt)
