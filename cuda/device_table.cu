@@ -69,7 +69,7 @@ gt_status copy(int index, void *dst, const void *src, size_t bytes) {
     GT_TRY(copy_async(index, nullptr, dst, src, bytes));
     GT_TRY(resolve(index, nullptr, &st));
     GT_CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-    return GT_OK;
+    return gt_cuda_stream_op_error(index, st);  // a bad id or target an op on it found
 }
 
 gt_status fill(int index, void *dst, int value, size_t bytes) {
@@ -111,7 +111,7 @@ gt_status stream_synchronize(int index, gt_stream *stream) {
     cudaStream_t st = nullptr;
     GT_TRY(resolve(index, stream, &st));
     GT_CUDA_TRY(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-    return GT_OK;
+    return gt_cuda_stream_op_error(index, st);
 }
 
 gt_status stream_wait_event(int index, gt_stream *stream, gt_event *event) {

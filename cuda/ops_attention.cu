@@ -13,8 +13,9 @@
 // every operation once, so the results are the CPU op's bits. A thread keeps its rows in local
 // arrays of up to kMaxHeadDim floats (kernels instantiated for 32, 64, 128 and 256).
 //
-// key_lengths is a device pointer like the operands; it is checked on the device (the first
-// entry outside [0, seq] is read back and named, as on the CPU; this waits for the stream).
+// key_lengths is a device pointer like the operands; it is checked on the device without waiting:
+// the first entry outside [0, seq] goes to the backend's error slot (named with the CPU's message
+// at the stream's next wait) and the op's kernels skip their work.
 #include "ops/attention_hd.h"
 #include "ops_kernels.cuh"
 
@@ -24,23 +25,34 @@ constexpr unsigned kAttnThreads = 128;  // threads (rows) per block
 constexpr int64_t kMaxHeadDim = 256;    // largest head_dim of the kernels' local arrays
 
 template <int MAXD>
-__global__ void attention_forward_kernel(gt_attention_args a, size_t rows) {
+__global__ void attention_forward_kernel(gt_attention_args a, size_t rows, const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     float q[MAXD], o[MAXD], s[GT_ATTN_K_TILE];
     GT_GRID_STRIDE(u, rows) gt_attn_forward_row(&a, u, q, o, s);
 }
 
-__global__ void attention_delta_kernel(gt_attention_args a, float *delta, size_t rows) {
+__global__ void attention_delta_kernel(gt_attention_args a, float *delta, size_t rows,
+                                       const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     GT_GRID_STRIDE(u, rows) gt_attn_delta_row(&a, u, delta);
 }
 
 template <int MAXD>
-__global__ void attention_dkdv_kernel(gt_attention_args a, const float *delta, size_t rows) {
+__global__ void attention_dkdv_kernel(gt_attention_args a, const float *delta, size_t rows,
+                                      const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     float k[MAXD], v[MAXD], dk[MAXD], dv[MAXD], pt[GT_ATTN_Q_TILE], dst[GT_ATTN_Q_TILE];
     GT_GRID_STRIDE(u, rows) gt_attn_dkdv_row(&a, u, delta, k, v, dk, dv, pt, dst);
 }
 
 template <int MAXD>
-__global__ void attention_dq_kernel(gt_attention_args a, const float *delta, size_t rows) {
+__global__ void attention_dq_kernel(gt_attention_args a, const float *delta, size_t rows,
+                                    const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     float q[MAXD], dout[MAXD], dq[MAXD], ds[GT_ATTN_K_TILE];
     GT_GRID_STRIDE(u, rows) gt_attn_dq_row(&a, u, delta, q, dout, dq, ds);
 }
@@ -59,33 +71,6 @@ __global__ void attention_dq_kernel(gt_attention_args a, const float *delta, siz
             KERNEL<kMaxHeadDim><<<grid, kAttnThreads, 0, (stream)>>>(__VA_ARGS__);                \
     } while (0)
 
-__global__ void check_lengths_kernel(const int64_t *lengths, size_t n, int64_t seq,
-                                     unsigned long long *first_bad) {
-    GT_GRID_STRIDE(b, n) {
-        if (lengths[b] < 0 || lengths[b] > seq)
-            atomicMin(first_bad, (unsigned long long)b);
-    }
-}
-
-// Fails with GT_ERR_VALUE naming the first key length outside [0, seq] (waits for the stream).
-gt_status check_lengths(const gt_cuda_backend_state *state, const gt_attention_args *a) {
-    cudaStream_t stream = stream_of(state);
-    unsigned long long *first_bad = scratch_words(state);
-    GT_CUDA_TRY(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, stream), "cudaMemsetAsync");
-    check_lengths_kernel<<<grid_for((size_t)a->batch), kThreads, 0, stream>>>(a->key_lengths, (size_t)a->batch,
-                                                                             a->seq, first_bad);
-    GT_TRY(gt_cuda_check_launch("check_lengths_kernel launch"));
-    unsigned long long bad = 0;
-    GT_CUDA_TRY(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (bad >= (unsigned long long)a->batch)
-        return GT_OK;
-    int64_t length = 0;
-    GT_CUDA_TRY(cudaMemcpy(&length, a->key_lengths + bad, sizeof length, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    return GT_FAIL(GT_ERR_VALUE, "key_lengths[%lld]: must be in [0, %lld], got %lld", (long long)bad,
-                   (long long)a->seq, (long long)length);
-}
-
 // The shared checks (ops/checks.h) with the head_dim limit of the local arrays, and the rows.
 gt_status check_args(const gt_attention_args *a, int backward, size_t *rows) {
     GT_TRY(gt_attention_check(a, backward, kMaxHeadDim));
@@ -98,13 +83,18 @@ gt_status check_args(const gt_attention_args *a, int backward, size_t *rows) {
     return GT_OK;
 }
 
-// The state of `be` after the checks; *rows = 0: nothing to do.
+// The state of `be` after the checks, with the device check of key_lengths queued; *rows = 0:
+// nothing to do; *first_bad = the check's result for the kernels (NULL without key_lengths).
 gt_status attention_begin(gt_backend *be, const gt_attention_args *a, int backward, gt_cuda_backend_state **state,
-                          size_t *rows) {
+                          size_t *rows, const unsigned long long **first_bad) {
     GT_TRY(check_args(a, backward, rows));
     GT_TRY(gt_cuda_op_begin(be, state));
-    if (*rows > 0 && a->key_lengths)
-        GT_TRY(check_lengths(*state, a));
+    *first_bad = NULL;
+    if (*rows == 0 || !a->key_lengths)
+        return GT_OK;
+    gt_cuda_op_error error = {GT_CUDA_CHECK_KEY_LENGTHS, 0, 0, a->seq, 0};
+    GT_TRY(gt_cuda_check_entries(*state, a->key_lengths, (size_t)a->batch, error));
+    *first_bad = scratch_words(*state);
     return GT_OK;
 }
 
@@ -124,18 +114,20 @@ size_t gt_cuda_attention_workspace_bytes(const gt_attention_args *args, int thre
 
 gt_status gt_cuda_attention_forward(gt_backend *be, const gt_attention_args *args) {
     gt_cuda_backend_state *state = NULL;
+    const unsigned long long *first_bad = NULL;
     size_t rows = 0;
-    GT_TRY(attention_begin(be, args, 0, &state, &rows));
+    GT_TRY(attention_begin(be, args, 0, &state, &rows, &first_bad));
     if (rows == 0)
         return GT_OK;
-    GT_ATTN_LAUNCH(attention_forward_kernel, args->head_dim, rows, stream_of(state), *args, rows);
+    GT_ATTN_LAUNCH(attention_forward_kernel, args->head_dim, rows, stream_of(state), *args, rows, first_bad);
     return gt_cuda_check_launch("attention_forward_kernel launch");
 }
 
 gt_status gt_cuda_attention_backward(gt_backend *be, const gt_attention_args *args) {
     gt_cuda_backend_state *state = NULL;
+    const unsigned long long *first_bad = NULL;
     size_t rows = 0;
-    GT_TRY(attention_begin(be, args, 1, &state, &rows));
+    GT_TRY(attention_begin(be, args, 1, &state, &rows, &first_bad));
     if (rows == 0)
         return GT_OK;
     size_t need = gt_cuda_attention_workspace_bytes(args, 1);
@@ -145,10 +137,11 @@ gt_status gt_cuda_attention_backward(gt_backend *be, const gt_attention_args *ar
                        be->workspace ? be->workspace_bytes : (size_t)0);
     float *delta = static_cast<float *>(be->workspace);
     cudaStream_t stream = stream_of(state);
-    attention_delta_kernel<<<grid_for(rows, kAttnThreads), kAttnThreads, 0, stream>>>(*args, delta, rows);
+    attention_delta_kernel<<<grid_for(rows, kAttnThreads), kAttnThreads, 0, stream>>>(*args, delta, rows,
+                                                                                     first_bad);
     GT_TRY(gt_cuda_check_launch("attention_delta_kernel launch"));
-    GT_ATTN_LAUNCH(attention_dkdv_kernel, args->head_dim, rows, stream, *args, delta, rows);
+    GT_ATTN_LAUNCH(attention_dkdv_kernel, args->head_dim, rows, stream, *args, delta, rows, first_bad);
     GT_TRY(gt_cuda_check_launch("attention_dkdv_kernel launch"));
-    GT_ATTN_LAUNCH(attention_dq_kernel, args->head_dim, rows, stream, *args, delta, rows);
+    GT_ATTN_LAUNCH(attention_dq_kernel, args->head_dim, rows, stream, *args, delta, rows, first_bad);
     return gt_cuda_check_launch("attention_dq_kernel launch");
 }

@@ -2,13 +2,13 @@
  * files only when built with GT_WITH_CUDA.
  *
  * Every op of gt_cuda_ops() queues its work on the state's stream and returns without waiting,
- * except the ops that check or scale with a value read back: softmax_xent (its count), mse (its
- * sum), sum_squares (*out), the id checks of embedding_forward/embedding_backward and the
- * key-length check of attention_forward/attention_backward (when key_lengths is given); those wait
- * for the stream. Array arguments are device pointers of the state's device, softmax_xent's
- * `count` and mse's `loss` included (written in stream order); sum_squares' `out` is a host
- * pointer. Errors of the caller's data (ids or targets out of range) are reported
- * as GT_ERR_INDEX naming the first bad position, as on the CPU.
+ * except sum_squares (*out is a host pointer), which waits. Array arguments are device pointers of
+ * the state's device, softmax_xent's `count` and mse's `loss` included (written in stream order,
+ * never read back). The caller's data that only the device sees (ids, targets, lengths and
+ * key_lengths) is checked by a kernel: the first bad entry of the first op that found one is kept
+ * in the state's error slot (the op's own kernels then skip their work) and reported, with the
+ * CPU's message and status, when the host next waits for the stream (gt_cuda_backend_synchronize,
+ * or the device interface's blocking copy and stream wait: gt_cuda_stream_op_error).
  *
  * Element math is the GT_HD code of core/ (half.h, activation.h with vmath.h's correctly rounded
  * + - * / only, dropout.h), so elementwise ops and activations match the CPU backend to the last
@@ -21,8 +21,7 @@
  * order, so out, lse and the gradients are the CPU op's bits; head_dim is at most 256 there.
  * BatchNorm, 2-D pooling and the sequence mask/pooling ops (ops_batchnorm.cu, ops_pool2d.cu,
  * ops_sequence.cu) run the math of ops/batchnorm_hd.h, pool2d_hd.h and sequence_hd.h in the CPU's
- * order (BatchNorm's double sums included), so they give the CPU op's bits; pool_forward and
- * pool_backward check their lengths on the device and wait for the stream, like attention.
+ * order (BatchNorm's double sums included), so they give the CPU op's bits.
  * Conv2d (ops_conv.cu) is cuDNN's: within a stated tolerance of the CPU op, the same bits from
  * run to run only with gt_cuda_cudnn_set_flags(.., deterministic = 1); choosing a shape's
  * algorithms (once, normally when the plan sizes the workspace) waits for the device. */
@@ -41,6 +40,24 @@ extern "C" {
 
 struct gt_cuda_context;
 
+/* Which device check of an op's data failed (gt_cuda_op_error.check). */
+typedef enum gt_cuda_check {
+    GT_CUDA_CHECK_NONE = 0,         /* no bad entry since the last report */
+    GT_CUDA_CHECK_IDS = 1,          /* embedding ids outside [0, limit) */
+    GT_CUDA_CHECK_TARGETS = 2,      /* softmax_xent targets outside [0, limit), not ignore_index */
+    GT_CUDA_CHECK_LENGTHS = 3,      /* pooling lengths outside [0, limit] */
+    GT_CUDA_CHECK_KEY_LENGTHS = 4,  /* attention key_lengths outside [0, limit] */
+} gt_cuda_check;
+
+/* The first bad entry a device check found since the host last waited for the stream. */
+typedef struct gt_cuda_op_error {
+    int64_t check;         /* a gt_cuda_check; GT_CUDA_CHECK_NONE: nothing to report */
+    int64_t index;         /* position of the first bad entry in its array */
+    int64_t value;         /* the entry */
+    int64_t limit;         /* the range's bound: num, classes or seq */
+    int64_t ignore_index;  /* softmax_xent's ignore_index (targets only) */
+} gt_cuda_op_error;
+
 /* What a CUDA gt_backend's `impl` points to. */
 typedef struct gt_cuda_backend_state {
     int device;                       /* CUDA ordinal every op runs on */
@@ -49,6 +66,8 @@ typedef struct gt_cuda_backend_state {
     gt_block scratch;                 /* device memory: reduction parts and check results */
     void *conv;                       /* cuDNN handle on `stream` and per-shape descriptors
                                          (ops_conv.cu); NULL until the first convolution */
+    gt_cuda_op_error *error;          /* pinned, host-mapped slot the check kernels write */
+    struct gt_cuda_backend_state *next;  /* the next live state (ops_table.cu's registry) */
 } gt_cuda_backend_state;
 
 /* Bytes of a state's device scratch: GT_CUDA_MAX_PARTS doubles and a few 64-bit words. */
@@ -67,11 +86,17 @@ gt_status gt_cuda_backend_init(gt_backend *be, int device, void *stream);
  * released backend (impl NULL) is ignored. */
 void gt_cuda_backend_release(gt_backend *be);
 
-/* Waits until every op queued so far on the backend's stream has finished. */
+/* Waits until every op queued so far on the backend's stream has finished; then reports the
+ * first bad entry a device check recorded (GT_ERR_INDEX or GT_ERR_VALUE, the CPU's message). */
 gt_status gt_cuda_backend_synchronize(gt_backend *be);
 
+/* After the caller waited for `stream` (a cudaStream_t) of device `device`: reports and clears
+ * the error slot of a live backend state queueing on it (GT_OK when none holds an error). */
+gt_status gt_cuda_stream_op_error(int device, void *stream);
+
 /* Copies `bytes` between host and device memory (either direction, or device to device) in
- * the backend's stream order; returns when the copy is done. */
+ * the backend's stream order; returns when the copy is done, reporting a recorded bad entry as
+ * gt_cuda_backend_synchronize does (the copy has run). */
 gt_status gt_cuda_backend_memcpy(gt_backend *be, void *dst, const void *src, size_t bytes);
 
 /* ---- ops_conv.cu: 2-D convolution through cuDNN ---- */

@@ -1,7 +1,7 @@
 // CUDA embedding: out[i, :] = table[ids[i], :] (rounded to dt) and the scatter-add gradient
-// dtable[ids[i], :] (+)= dout[i, :]. The ids are checked on the device first (the first id outside
-// [0, num) is found with an integer atomicMin and read back: GT_ERR_INDEX naming it, as on the
-// CPU; this waits for the stream).
+// dtable[ids[i], :] (+)= dout[i, :]. The ids are checked on the device first, without waiting: the
+// first id outside [0, num) goes to the backend's error slot (GT_ERR_INDEX naming it, as on the CPU,
+// at the stream's next wait) and the op's kernels then skip their work.
 //
 // The backward adds without atomics and in the CPU's order: every element of dtable receives its
 // contributions in increasing i, so the result is bit-identical to the CPU backend's and the
@@ -16,15 +16,11 @@ constexpr unsigned kEmbCols = 128;     // columns (threads) per block of the bac
 constexpr unsigned kIdTile = 1024;     // ids staged in shared memory at a time
 constexpr unsigned kPartitions = 128;  // table-row partitions of the backward grid, at most
 
-__global__ void check_ids_kernel(const int64_t *ids, size_t n, int64_t num, unsigned long long *first_bad) {
-    GT_GRID_STRIDE(i, n) {
-        if (ids[i] < 0 || ids[i] >= num)
-            atomicMin(first_bad, (unsigned long long)i);
-    }
-}
-
 template <gt_dtype DT>
-__global__ void embedding_forward_kernel(void *out, const int64_t *ids, const float *table, size_t n, size_t dim) {
+__global__ void embedding_forward_kernel(void *out, const int64_t *ids, const float *table, size_t n, size_t dim,
+                                         const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     GT_GRID_STRIDE(i, n * dim) {
         size_t row = i / dim, c = i % dim;
         store_elem<DT>(out, i, table[(size_t)ids[row] * dim + c]);
@@ -33,8 +29,10 @@ __global__ void embedding_forward_kernel(void *out, const int64_t *ids, const fl
 
 template <gt_dtype DT>
 __global__ void embedding_backward_kernel(float *dtable, const void *dout, const int64_t *ids, size_t n, size_t dim,
-                                          unsigned partitions) {
+                                          unsigned partitions, const unsigned long long *first_bad) {
     __shared__ int64_t tile[kIdTile];
+    if (gt_check_failed(first_bad))
+        return;
     const size_t c = (size_t)blockIdx.x * kEmbCols + threadIdx.x;
     const unsigned part = blockIdx.y;
     for (size_t base = 0; base < n; base += kIdTile) {
@@ -55,27 +53,6 @@ __global__ void embedding_backward_kernel(float *dtable, const void *dout, const
     }
 }
 
-// Fails with GT_ERR_INDEX naming the first id outside [0, num) (waits for the stream).
-gt_status check_ids(const gt_cuda_backend_state *state, const int64_t *ids, int64_t n, int64_t num) {
-    if (n == 0)
-        return GT_OK;
-    cudaStream_t stream = stream_of(state);
-    unsigned long long *first_bad = scratch_words(state);
-    GT_CUDA_TRY(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, stream), "cudaMemsetAsync");
-    check_ids_kernel<<<grid_for((size_t)n), kThreads, 0, stream>>>(ids, (size_t)n, num, first_bad);
-    GT_TRY(gt_cuda_check_launch("check_ids_kernel launch"));
-    unsigned long long bad = 0;
-    GT_CUDA_TRY(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (bad >= (unsigned long long)n)
-        return GT_OK;
-    int64_t id = 0;
-    GT_CUDA_TRY(cudaMemcpyAsync(&id, ids + bad, sizeof id, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    return GT_FAIL(GT_ERR_INDEX, "ids[%lld] = %lld is out of range [0, %lld)", (long long)bad, (long long)id,
-                   (long long)num);
-}
-
 gt_status check_embedding(const gt_cuda_backend_state *state, const int64_t *ids, int64_t n, int64_t num,
                           int64_t dim, gt_dtype dt) {
     GT_TRY(gt_op_check_size(n, "n"));
@@ -84,7 +61,8 @@ gt_status check_embedding(const gt_cuda_backend_state *state, const int64_t *ids
     GT_TRY(gt_op_check_dtype(dt, "dt"));
     if (n > 0)
         GT_TRY(gt_op_check_ptr(ids, "ids"));
-    return check_ids(state, ids, n, num);
+    gt_cuda_op_error error = {GT_CUDA_CHECK_IDS, 0, 0, num, 0};
+    return gt_cuda_check_entries(state, ids, (size_t)n, error);
 }
 
 }  // namespace
@@ -99,7 +77,7 @@ gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *id
     GT_TRY(gt_op_check_ptr(out, "out"));
     GT_TRY(gt_op_check_ptr(table, "table"));
     GT_LAUNCH_DT(dt, embedding_forward_kernel, grid_for((size_t)n * (size_t)dim), kThreads, 0, stream_of(state),
-                 out, ids, table, (size_t)n, (size_t)dim);
+                 out, ids, table, (size_t)n, (size_t)dim, scratch_words(state));
     return gt_cuda_check_launch("embedding_forward_kernel launch");
 }
 
@@ -120,6 +98,6 @@ gt_status gt_cuda_embedding_backward(gt_backend *be, float *dtable, const void *
     unsigned partitions = num < (int64_t)kPartitions ? (unsigned)num : kPartitions;
     dim3 grid((unsigned)(((size_t)dim + kEmbCols - 1) / kEmbCols), partitions);
     GT_LAUNCH_DT(dt, embedding_backward_kernel, grid, kEmbCols, 0, stream, dtable, dout, ids, (size_t)n,
-                 (size_t)dim, partitions);
+                 (size_t)dim, partitions, scratch_words(state));
     return gt_cuda_check_launch("embedding_backward_kernel launch");
 }

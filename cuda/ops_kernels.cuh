@@ -113,6 +113,22 @@ static inline cudaStream_t stream_of(const gt_cuda_backend_state *state) {
 // Fails with GT_ERR_CUDA naming `kernel` when its launch failed.
 gt_status gt_cuda_check_launch(const char *kernel);
 
+// The first bad index of an op's device check when it found none.
+constexpr unsigned long long kNoBad = ~0ull;
+
+// 1 when the check whose first bad index is *first_bad failed (NULL: the op had nothing to check).
+__device__ inline bool gt_check_failed(const unsigned long long *first_bad) {
+    return first_bad && *first_bad != kNoBad;
+}
+
+// Queues the check of values[0:n] (device memory) against error.limit: ids and targets must be in
+// [0, limit) (targets equal to error.ignore_index pass), lengths in [0, limit]. The first bad index
+// goes to scratch_words(state)[0] (kNoBad when none; the op's kernels test it with
+// gt_check_failed) and, when the state's error slot is empty, into the slot with `error`'s other
+// fields. Nothing is read back: the slot is reported at the stream's next wait.
+gt_status gt_cuda_check_entries(const gt_cuda_backend_state *state, const int64_t *values, size_t n,
+                                gt_cuda_op_error error);
+
 // Device scratch of a state: GT_CUDA_MAX_PARTS doubles, then 64-bit check words.
 static inline double *scratch_parts(const gt_cuda_backend_state *state) {
     return static_cast<double *>(state->scratch.ptr);
@@ -130,14 +146,23 @@ size_t gt_cuda_sum_part_size(size_t n);
 // the host (the CPU's add_parts); waits for the stream.
 gt_status gt_cuda_add_parts(const gt_cuda_backend_state *state, size_t num_parts, double *out);
 
-// *out = the sum of term(k) over k < n (n >= 1) in the CPU's order (cpu_reduce.c): parts summed
-// by lane_parts_kernel, their sums added in part order on the host. Waits for the stream.
+// Queues the part sums of term(k) over k < n (n >= 1) in the CPU's order (cpu_reduce.c) into
+// scratch_parts(state) (lane_parts_kernel); *num_parts = how many. Does not wait.
+template <typename Term>
+gt_status gt_cuda_fixed_order_parts(const gt_cuda_backend_state *state, size_t n, Term term, size_t *num_parts) {
+    size_t size = gt_cuda_sum_part_size(n);
+    *num_parts = (n + size - 1) / size;
+    lane_parts_kernel<<<grid_for(*num_parts, kRowsPerBlock), kThreads, 0, stream_of(state)>>>(
+        scratch_parts(state), n, size, *num_parts, term);
+    return gt_cuda_check_launch("lane_parts_kernel launch");
+}
+
+// *out = the sum of term(k) over k < n (n >= 1) in the CPU's order: the parts above, their sums
+// added in part order on the host. Waits for the stream.
 template <typename Term>
 gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, Term term, double *out) {
-    size_t size = gt_cuda_sum_part_size(n), num_parts = (n + size - 1) / size;
-    lane_parts_kernel<<<grid_for(num_parts, kRowsPerBlock), kThreads, 0, stream_of(state)>>>(
-        scratch_parts(state), n, size, num_parts, term);
-    GT_TRY(gt_cuda_check_launch("lane_parts_kernel launch"));
+    size_t num_parts = 0;
+    GT_TRY(gt_cuda_fixed_order_parts(state, n, term, &num_parts));
     return gt_cuda_add_parts(state, num_parts, out);
 }
 

@@ -3,13 +3,15 @@
 // target t, C classes, smoothing e, m = max_j x_j and lse = m + log(sum_j exp(x_j - m)):
 //   loss = (1 - e) (lse - x_t) + e (lse - mean_j x_j)
 //   dlogits_j = (p_j - (1 - e) [j == t] - e / C) * dloss_scale / count,  p_j = exp(x_j - lse)
-// The targets are counted and checked on the device first (integer atomics) and the count read
-// back, so the call waits for the stream; *count (device memory) is then written in stream order. One block per row; its sums run in double, per thread
+// Nothing is read back: the targets are checked on the device (a bad one goes to the backend's
+// error slot, reported at the stream's next wait, and the loss kernel then skips its work) and
+// counted into *count (device memory), which the loss kernel reads for its gradient scale. One
+// block per row; its sums run in double, per thread
 // in class order and then folded in a fixed tree, so every run gives the same bits (CUDA's expf
 // and log differ from glibc's by a few ulp, so the CPU's bits are not reproduced exactly).
 // mse follows the CPU's summation order exactly (fixed parts, GT_LANE_SUM), so its loss is
-// bit-identical to the CPU's: *loss = sum (pred - target)^2 / n,
-// dpred = (pred - target) * (float)(2 dloss_scale / n).
+// bit-identical to the CPU's: *loss = sum (pred - target)^2 / n (its parts added on the device in
+// the host's order), dpred = (pred - target) * (float)(2 dloss_scale / n).
 #include <math.h>
 
 #include "ops_kernels.cuh"
@@ -18,16 +20,13 @@ namespace {
 
 constexpr unsigned kRowThreads = 256;  // threads per row of the cross-entropy kernel
 
+// *count += the rows whose target is in [0, classes) and not ignore_index.
 __global__ void count_targets_kernel(const int64_t *targets, size_t rows, int64_t classes, int64_t ignore_index,
-                                     unsigned long long *words) {
+                                     unsigned long long *count) {
     GT_GRID_STRIDE(r, rows) {
         int64_t t = targets[r];
-        if (t == ignore_index)
-            continue;
-        if (t < 0 || t >= classes)
-            atomicMin(&words[1], (unsigned long long)r);
-        else
-            atomicAdd(&words[0], 1ull);
+        if (t != ignore_index && t >= 0 && t < classes)
+            atomicAdd(count, 1ull);
     }
 }
 
@@ -52,15 +51,19 @@ struct XentRule {
     size_t classes;        // C
     float smoothing;       // e in [0, 1]
     int64_t ignore_index;  // targets equal to it are skipped
-    float grad_scale;      // dloss_scale / count
+    float dloss_scale;     // the gradient's scale before the division by the count
 };
 
 template <gt_dtype DT>
 __global__ void softmax_xent_kernel(float *losses, void *dlogits, const void *logits, const int64_t *targets,
-                                    size_t rows, XentRule rule) {
+                                    const int64_t *count, const unsigned long long *first_bad, size_t rows,
+                                    XentRule rule) {
     __shared__ double fold_d[kRowThreads];
     __shared__ float fold_f[kRowThreads];
+    if (gt_check_failed(first_bad))
+        return;
     const size_t classes = rule.classes;
+    const float grad_scale = *count > 0 ? __fdiv_rn(rule.dloss_scale, (float)*count) : 0.0f;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const size_t row = r * classes;
         const int64_t t = targets[r];
@@ -102,36 +105,25 @@ __global__ void softmax_xent_kernel(float *losses, void *dlogits, const void *lo
         for (size_t j = threadIdx.x; j < classes; j += kRowThreads) {
             float p = __fmul_rn(expf(__fsub_rn(load_elem<DT>(logits, row + j), m)), inv_sum);
             float y = j == (size_t)t ? on : off;
-            store_elem<DT>(dlogits, row + j, __fmul_rn(__fsub_rn(p, y), rule.grad_scale));
+            store_elem<DT>(dlogits, row + j, __fmul_rn(__fsub_rn(p, y), grad_scale));
         }
     }
 }
 
-// Counts the rows not ignored into *count; fails with GT_ERR_INDEX naming the first bad target.
+// Queues the check of the targets (into the backend's error slot) and their count into *count
+// (device memory; the rows not ignored), in stream order.
 gt_status count_targets(const gt_cuda_backend_state *state, int64_t *count, const int64_t *targets, int64_t rows,
                         int64_t classes, int64_t ignore_index) {
-    *count = 0;
+    cudaStream_t stream = stream_of(state);
+    unsigned long long *counted = reinterpret_cast<unsigned long long *>(count);  // the same 64 bits
+    GT_CUDA_TRY(cudaMemsetAsync(counted, 0, sizeof *counted, stream), "cudaMemsetAsync");
+    gt_cuda_op_error error = {GT_CUDA_CHECK_TARGETS, 0, 0, classes, ignore_index};
+    GT_TRY(gt_cuda_check_entries(state, targets, (size_t)rows, error));
     if (rows == 0)
         return GT_OK;
-    cudaStream_t stream = stream_of(state);
-    unsigned long long *words = scratch_words(state), host[2] = {0, 0};
-    GT_CUDA_TRY(cudaMemsetAsync(&words[0], 0, sizeof words[0], stream), "cudaMemsetAsync");
-    GT_CUDA_TRY(cudaMemsetAsync(&words[1], 0xff, sizeof words[1], stream), "cudaMemsetAsync");
     count_targets_kernel<<<grid_for((size_t)rows), kThreads, 0, stream>>>(targets, (size_t)rows, classes,
-                                                                          ignore_index, words);
-    GT_TRY(gt_cuda_check_launch("count_targets_kernel launch"));
-    GT_CUDA_TRY(cudaMemcpyAsync(host, words, sizeof host, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (host[1] < (unsigned long long)rows) {
-        int64_t target = 0;
-        GT_CUDA_TRY(cudaMemcpyAsync(&target, targets + host[1], sizeof target, cudaMemcpyDeviceToHost, stream),
-                    "cudaMemcpyAsync");
-        GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-        return GT_FAIL(GT_ERR_INDEX, "targets[%lld] = %lld is out of range [0, %lld) (ignore_index %lld)",
-                       (long long)host[1], (long long)target, (long long)classes, (long long)ignore_index);
-    }
-    *count = (int64_t)host[0];
-    return GT_OK;
+                                                                          ignore_index, counted);
+    return gt_cuda_check_launch("count_targets_kernel launch");
 }
 
 gt_status check_xent(int64_t rows, int64_t classes, float label_smoothing, gt_dtype dt) {
@@ -162,18 +154,22 @@ __global__ void mse_grad_kernel(void *dpred, const void *pred, const float *targ
     }
 }
 
-template <gt_dtype DT>
-gt_status mse_sum(const gt_cuda_backend_state *state, const void *pred, const float *target, size_t n,
-                  double *out) {
-    return gt_cuda_fixed_order_sum(state, n, SquaredErrorTerm<DT>{pred, target}, out);
+// One thread: *loss = (float)(the parts added in part order / n), as the host's add_parts would.
+__global__ void mean_of_parts_kernel(float *loss, const double *parts, size_t num_parts, size_t n) {
+    double total = 0.0;
+    for (size_t p = 0; p < num_parts; p++)
+        total = __dadd_rn(total, parts[p]);
+    *loss = __double2float_rn(__ddiv_rn(total, (double)n));
 }
 
-// Writes a host result into the op's output in device memory, in stream order. The source is
-// pageable host memory, which cudaMemcpyAsync stages before it returns.
-gt_status store_result(const gt_cuda_backend_state *state, void *device_dst, const void *host_src, size_t bytes) {
-    GT_CUDA_TRY(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_of(state)),
-                "cudaMemcpyAsync");
-    return GT_OK;
+// Queues *loss = the mean squared error (nothing is read back).
+template <gt_dtype DT>
+gt_status mse_mean(const gt_cuda_backend_state *state, float *loss, const void *pred, const float *target,
+                   size_t n) {
+    size_t num_parts = 0;
+    GT_TRY(gt_cuda_fixed_order_parts(state, n, SquaredErrorTerm<DT>{pred, target}, &num_parts));
+    mean_of_parts_kernel<<<1, 1, 0, stream_of(state)>>>(loss, scratch_parts(state), num_parts, n);
+    return gt_cuda_check_launch("mean_of_parts_kernel launch");
 }
 
 }  // namespace
@@ -190,16 +186,13 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
     }
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
-    int64_t counted = 0;
-    GT_TRY(count_targets(state, &counted, targets, rows, classes, ignore_index));
-    GT_TRY(store_result(state, count, &counted, sizeof counted));
+    GT_TRY(count_targets(state, count, targets, rows, classes, ignore_index));
     if (rows == 0)
         return GT_OK;
-    XentRule rule = {(size_t)classes, label_smoothing, ignore_index,
-                     counted > 0 ? dloss_scale / (float)counted : 0.0f};
+    XentRule rule = {(size_t)classes, label_smoothing, ignore_index, dloss_scale};
     unsigned grid = (unsigned)((size_t)rows < kMaxBlocks ? (size_t)rows : kMaxBlocks);
     GT_LAUNCH_DT(dt, softmax_xent_kernel, grid, kRowThreads, 0, stream_of(state), losses, dlogits, logits, targets,
-                 (size_t)rows, rule);
+                 count, scratch_words(state), (size_t)rows, rule);
     return gt_cuda_check_launch("softmax_xent_kernel launch");
 }
 
@@ -213,18 +206,16 @@ gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred
     GT_TRY(gt_op_check_ptr(target, "target"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
-    double total = 0.0;
     switch (dt) {
-    case GT_F16: GT_TRY(mse_sum<GT_F16>(state, pred, target, (size_t)n, &total)); break;
-    case GT_BF16: GT_TRY(mse_sum<GT_BF16>(state, pred, target, (size_t)n, &total)); break;
-    default: GT_TRY(mse_sum<GT_F32>(state, pred, target, (size_t)n, &total)); break;
+    case GT_F16: GT_TRY(mse_mean<GT_F16>(state, loss, pred, target, (size_t)n)); break;
+    case GT_BF16: GT_TRY(mse_mean<GT_BF16>(state, loss, pred, target, (size_t)n)); break;
+    default: GT_TRY(mse_mean<GT_F32>(state, loss, pred, target, (size_t)n)); break;
     }
     if (dpred) {
         float grad_factor = (float)(2.0 * (double)dloss_scale / (double)n);
         GT_LAUNCH_DT(dt, mse_grad_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), dpred, pred, target,
                      (size_t)n, grad_factor);
-        GT_TRY(gt_cuda_check_launch("mse_grad_kernel launch"));
+        return gt_cuda_check_launch("mse_grad_kernel launch");
     }
-    float mean = (float)(total / (double)n);
-    return store_result(state, loss, &mean, sizeof mean);
+    return GT_OK;
 }

@@ -5,7 +5,8 @@
 // and per input-gradient element, so the results are the CPU op's bits.
 //
 // lengths is device memory; the pooling checks it on the device like the attention op checks its
-// key lengths (the first entry outside [0, seq] is read back and named; this waits for the stream).
+// key lengths, without waiting: the first entry outside [0, seq] goes to the backend's error slot
+// (named with the CPU's message at the stream's next wait) and the pooling kernels skip their work.
 #include "ops/cnn_checks.h"
 #include "ops/sequence_hd.h"
 #include "ops_kernels.cuh"
@@ -19,7 +20,10 @@ __global__ void mask_lengths_kernel(int64_t *lengths, const int64_t *mask, size_
 
 template <gt_dtype DT>
 __global__ void seq_pool_forward_kernel(void *out, const void *in, const int64_t *lengths, size_t batch,
-                                        size_t seq, size_t dim, gt_pool_mode mode) {
+                                        size_t seq, size_t dim, gt_pool_mode mode,
+                                        const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     GT_GRID_STRIDE(k, batch * dim) {
         size_t b = k / dim, c = k % dim, count = gt_seq_pooled(lengths, b, seq, mode);
         gt_hd_store(out, k, gt_seq_pool_value(in, b, c, seq, dim, count, DT), DT);
@@ -28,47 +32,29 @@ __global__ void seq_pool_forward_kernel(void *out, const void *in, const int64_t
 
 template <gt_dtype DT>
 __global__ void seq_pool_backward_kernel(void *din, const void *dout, const int64_t *lengths, size_t batch,
-                                         size_t seq, size_t dim, gt_pool_mode mode) {
+                                         size_t seq, size_t dim, gt_pool_mode mode,
+                                         const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
     GT_GRID_STRIDE(k, batch * seq * dim) {
         size_t b = k / (seq * dim), t = k / dim % seq, c = k % dim;
         gt_hd_store(din, k, gt_seq_pool_grad(dout, b, t, c, dim, gt_seq_pooled(lengths, b, seq, mode), DT), DT);
     }
 }
 
-__global__ void seq_check_lengths_kernel(const int64_t *lengths, size_t n, int64_t seq,
-                                         unsigned long long *first_bad) {
-    GT_GRID_STRIDE(b, n) {
-        if (lengths[b] < 0 || lengths[b] > seq)
-            atomicMin(first_bad, (unsigned long long)b);
-    }
-}
-
-// Fails with GT_ERR_VALUE naming the first of lengths[0:batch] outside [0, seq] (waits for the
-// stream), with the CPU's message.
-gt_status check_lengths(const gt_cuda_backend_state *state, const int64_t *lengths, int64_t batch, int64_t seq) {
-    cudaStream_t stream = stream_of(state);
-    unsigned long long *first_bad = scratch_words(state), bad = 0;
-    GT_CUDA_TRY(cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, stream), "cudaMemsetAsync");
-    seq_check_lengths_kernel<<<grid_for((size_t)batch), kThreads, 0, stream>>>(lengths, (size_t)batch, seq,
-                                                                             first_bad);
-    GT_TRY(gt_cuda_check_launch("seq_check_lengths_kernel launch"));
-    GT_CUDA_TRY(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    GT_CUDA_TRY(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    if (bad >= (unsigned long long)batch)
-        return GT_OK;
-    int64_t length = 0;
-    GT_CUDA_TRY(cudaMemcpy(&length, lengths + bad, sizeof length, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    return GT_FAIL(GT_ERR_VALUE, "lengths[%llu]: must be in [0, %lld], got %lld", bad, (long long)seq,
-                   (long long)length);
-}
-
-// The state after the shared checks and the device check of lengths (as the CPU: in every mode).
+// The state after the shared checks, with the device check of lengths queued (as the CPU: in every
+// mode); *first_bad = its result for the kernels (NULL without lengths).
 gt_status pool_begin(gt_backend *be, const int64_t *lengths, int64_t batch, int64_t seq, int64_t dim,
-                     gt_pool_mode mode, gt_dtype dt, gt_cuda_backend_state **state) {
+                     gt_pool_mode mode, gt_dtype dt, gt_cuda_backend_state **state,
+                     const unsigned long long **first_bad) {
     GT_TRY(gt_seq_pool_check(batch, seq, dim, mode, dt));
     GT_TRY(gt_cuda_op_begin(be, state));
-    if (batch > 0 && lengths)
-        GT_TRY(check_lengths(*state, lengths, batch, seq));
+    *first_bad = NULL;
+    if (batch == 0 || !lengths)
+        return GT_OK;
+    gt_cuda_op_error error = {GT_CUDA_CHECK_LENGTHS, 0, 0, seq, 0};
+    GT_TRY(gt_cuda_check_entries(*state, lengths, (size_t)batch, error));
+    *first_bad = scratch_words(*state);
     return GT_OK;
 }
 
@@ -89,23 +75,25 @@ gt_status gt_cuda_mask_lengths(gt_backend *be, int64_t *lengths, const int64_t *
 gt_status gt_cuda_pool_forward(gt_backend *be, void *out, const void *in, const int64_t *lengths, int64_t batch,
                                int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt) {
     gt_cuda_backend_state *state = NULL;
+    const unsigned long long *first_bad = NULL;
     size_t outputs = (size_t)(batch * dim);
-    GT_TRY(pool_begin(be, lengths, batch, seq, dim, mode, dt, &state));
+    GT_TRY(pool_begin(be, lengths, batch, seq, dim, mode, dt, &state, &first_bad));
     if (outputs == 0)
         return GT_OK;
     GT_LAUNCH_DT(dt, seq_pool_forward_kernel, grid_for(outputs), kThreads, 0, stream_of(state), out, in, lengths,
-                 (size_t)batch, (size_t)seq, (size_t)dim, mode);
+                 (size_t)batch, (size_t)seq, (size_t)dim, mode, first_bad);
     return gt_cuda_check_launch("seq_pool_forward_kernel launch");
 }
 
 gt_status gt_cuda_pool_backward(gt_backend *be, void *din, const void *dout, const int64_t *lengths, int64_t batch,
                                 int64_t seq, int64_t dim, gt_pool_mode mode, gt_dtype dt) {
     gt_cuda_backend_state *state = NULL;
+    const unsigned long long *first_bad = NULL;
     size_t inputs = (size_t)(batch * seq * dim);
-    GT_TRY(pool_begin(be, lengths, batch, seq, dim, mode, dt, &state));
+    GT_TRY(pool_begin(be, lengths, batch, seq, dim, mode, dt, &state, &first_bad));
     if (inputs == 0)
         return GT_OK;
     GT_LAUNCH_DT(dt, seq_pool_backward_kernel, grid_for(inputs), kThreads, 0, stream_of(state), din, dout, lengths,
-                 (size_t)batch, (size_t)seq, (size_t)dim, mode);
+                 (size_t)batch, (size_t)seq, (size_t)dim, mode, first_bad);
     return gt_cuda_check_launch("seq_pool_backward_kernel launch");
 }

@@ -210,18 +210,16 @@ static gt_backend op_begin(const gt_backend *be, int waits) {
     return real;
 }
 
-/* 1 when an op of `kind` waits for its stream on `be` (GT_OP_LIST's kinds: sum_squares on every
- * device; softmax_xent, mse and the embedding ops on CUDA, which reads a count, a sum or the first
- * bad id back, while sim reports a bad target or id at the stream's next wait). */
-static int op_waits(gt_op_kind kind, const gt_backend *be) {
-    return kind == GT_OP_WAIT || (kind == GT_OP_WAIT_ON_CUDA && be->device.kind == GT_DEVICE_CUDA);
-}
+/* 1 when an op of `kind` waits for its stream (GT_OP_LIST's kinds: sum_squares, on every device;
+ * the ops that check ids, targets or lengths on the device report a bad one at the stream's next
+ * wait, on CUDA as on sim, and count as launches only). */
+static int op_waits(gt_op_kind kind) { return kind == GT_OP_WAIT; }
 
 /* counted_<op> for each op of GT_OP_LIST but the queries, which launch nothing and pass through. */
 #define COUNTED_QUERY(kind, name, params)
 #define COUNTED_LAUNCH(kind, name, params)                                                        \
     static gt_status counted_##name(gt_backend *be params(GT_OP_DECL_P, GT_OP_DECL_A)) {          \
-        gt_backend real = op_begin(be, op_waits(GT_OP_##kind, be));                               \
+        gt_backend real = op_begin(be, op_waits(GT_OP_##kind));                               \
         return real.ops->name(&real params(GT_OP_ARG, GT_OP_ARG));                                \
     }
 #define COUNTED_OP(kind, name, params, skip) GT_OP_SELECT(kind, COUNTED_QUERY, COUNTED_LAUNCH)(kind, name, params)

@@ -125,8 +125,7 @@ typedef struct gt_device_backend {
  * that gt_device_backend_of returns (the same wrappers for every backend). */
 typedef struct gt_device_counters {
     uint64_t syncs;      /* host waits: memcpy, memset, stream/event synchronize, grad_sumsq, and the
-                            ops that wait for their stream (sum_squares; on CUDA also softmax_xent,
-                            mse and the embedding ops' id checks) */
+                            ops that wait for their stream (sum_squares; GT_OP_LIST's WAIT kind) */
     uint64_t launches;   /* work queued: async copies, fills, poison, the step's kernels and every
                             call of the op table (ops/ops.h) the backend hands out */
     uint64_t h2d_bytes;  /* bytes copied from host to device memory (blocking and queued copies) */

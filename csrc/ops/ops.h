@@ -15,7 +15,7 @@
  * How to add an op (say `foo`): in this file, write its contract comment and its parameters once,
  * `#define GT_PARAMS_FOO(P, A) P(void *, out) P(const void *, in) P(int64_t, n) P(gt_dtype, dt)`
  * (an argument struct is `A(gt_foo_args, args)`), and append `X(LAUNCH, foo, GT_PARAMS_FOO,
- * NO_SKIP)` to GT_OP_LIST (QUERY / WAIT / WAIT_ON_CUDA / SKIP_IF_NULL(arg) where its contract
+ * NO_SKIP)` to GT_OP_LIST (QUERY / WAIT / SKIP_IF_NULL(arg) where its contract
  * says so). Define `gt_status gt_cpu_foo(...)` in a csrc/ops/cpu_*.c file: the CPU declaration and
  * table, the sim backend (a job per call, run by the CPU op) and the device counters follow from
  * the list. With a CUDA kernel, define `gt_cuda_foo` in a cuda/ops_*.cu file and add `X(foo)` to
@@ -340,7 +340,9 @@ typedef struct gt_pool2d_args {
     P(int64_t *, lengths) P(const int64_t *, mask) P(int64_t, batch) P(int64_t, seq) \
     P(int64_t, stride)
 /* out (batch, dim) = pool over t of in (batch, seq, dim) (gt_pool_mode; lengths (batch,) or
- * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. */
+ * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. A bad
+ * length is GT_ERR_VALUE naming it (a device backend may return it at its stream's next
+ * synchronisation, as for key_lengths and for both pooling ops). */
 #define GT_PARAMS_POOL_FORWARD(P, A) \
     P(void *, out) P(const void *, in) P(const int64_t *, lengths) P(int64_t, batch) \
     P(int64_t, seq) P(int64_t, dim) P(gt_pool_mode, mode) P(gt_dtype, dt)
@@ -368,8 +370,6 @@ typedef struct gt_pool2d_args {
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
  *         WAIT: queued, then waits for the stream on every device backend (a host result);
- *         WAIT_ON_CUDA: as LAUNCH on sim; the CUDA op reads a count, a sum or the first bad id
- *         back, so it waits for its stream.
  *   skip  NO_SKIP, or SKIP_IF_NULL(arg): a device backend queues nothing when `arg` is NULL (the
  *         call still counts as a launch). */
 #define GT_OP_LIST(X)                                                                   \
@@ -384,10 +384,10 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, add, GT_PARAMS_ADD, NO_SKIP)                                              \
     X(LAUNCH, layernorm_forward, GT_PARAMS_LAYERNORM_FORWARD, NO_SKIP)                  \
     X(LAUNCH, layernorm_backward, GT_PARAMS_LAYERNORM_BACKWARD, NO_SKIP)                \
-    X(WAIT_ON_CUDA, embedding_forward, GT_PARAMS_EMBEDDING_FORWARD, NO_SKIP)            \
-    X(WAIT_ON_CUDA, embedding_backward, GT_PARAMS_EMBEDDING_BACKWARD, NO_SKIP)          \
-    X(WAIT_ON_CUDA, softmax_xent, GT_PARAMS_SOFTMAX_XENT, NO_SKIP)                      \
-    X(WAIT_ON_CUDA, mse, GT_PARAMS_MSE, NO_SKIP)                                        \
+    X(LAUNCH, embedding_forward, GT_PARAMS_EMBEDDING_FORWARD, NO_SKIP)                  \
+    X(LAUNCH, embedding_backward, GT_PARAMS_EMBEDDING_BACKWARD, NO_SKIP)                \
+    X(LAUNCH, softmax_xent, GT_PARAMS_SOFTMAX_XENT, NO_SKIP)                            \
+    X(LAUNCH, mse, GT_PARAMS_MSE, NO_SKIP)                                              \
     X(WAIT, sum_squares, GT_PARAMS_SUM_SQUARES, NO_SKIP)                                \
     X(LAUNCH, cast, GT_PARAMS_CAST, NO_SKIP)                                            \
     X(LAUNCH, copy, GT_PARAMS_COPY, NO_SKIP)                                            \
@@ -396,8 +396,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, attention_forward, GT_PARAMS_ATTENTION, NO_SKIP)                          \
     X(LAUNCH, attention_backward, GT_PARAMS_ATTENTION, NO_SKIP)                         \
     X(LAUNCH, mask_lengths, GT_PARAMS_MASK_LENGTHS, NO_SKIP)                            \
-    X(WAIT_ON_CUDA, pool_forward, GT_PARAMS_POOL_FORWARD, NO_SKIP)                      \
-    X(WAIT_ON_CUDA, pool_backward, GT_PARAMS_POOL_BACKWARD, NO_SKIP)                    \
+    X(LAUNCH, pool_forward, GT_PARAMS_POOL_FORWARD, NO_SKIP)                            \
+    X(LAUNCH, pool_backward, GT_PARAMS_POOL_BACKWARD, NO_SKIP)                          \
     X(QUERY, conv2d_workspace_bytes, GT_PARAMS_CONV2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, conv2d_forward, GT_PARAMS_CONV2D, NO_SKIP)                                \
     X(LAUNCH, conv2d_backward, GT_PARAMS_CONV2D, NO_SKIP)                               \
@@ -413,7 +413,6 @@ typedef enum gt_op_kind {
     GT_OP_QUERY = 0,         /* a size, no backend, no launch */
     GT_OP_LAUNCH = 1,        /* queued */
     GT_OP_WAIT = 2,          /* queued and waited for on every device backend */
-    GT_OP_WAIT_ON_CUDA = 3,  /* queued; waited for on CUDA only */
 } gt_op_kind;
 
 /* The skips of GT_OP_LIST as expressions (GT_OP_##skip): true when a device backend queues
@@ -433,7 +432,6 @@ typedef enum gt_op_kind {
 #define GT_OP_SELECT_QUERY(query, launch) query
 #define GT_OP_SELECT_LAUNCH(query, launch) launch
 #define GT_OP_SELECT_WAIT(query, launch) launch
-#define GT_OP_SELECT_WAIT_ON_CUDA(query, launch) launch
 
 /* The function type of each op: gt_op_<name>_fn (a backend defines `gt_op_<name>_fn
  * gt_<backend>_<name>;`). */
