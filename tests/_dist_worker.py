@@ -32,9 +32,11 @@ def model_and_batches(kind: str, world: int, steps: int):
     return model, batches
 
 
-def train(kind: str, world: int, rank: int | None, steps: int, precision: str, clip: float | None):
+def train(kind: str, world: int, rank: int | None, steps: int, precision: str, clip: float | None,
+          device: str = "cpu"):
     """rank None: the one-process reference (world micro-batches per step); else rank's rows."""
     model, batches = model_and_batches(kind, world, steps)
+    model.to(device)
     scaler = gt.amp.GradScaler(init_scale=2.0**12) if precision == "fp16" else None
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
                         gradient_accumulation_steps=world if rank is None else 1, precision=precision,
@@ -105,7 +107,8 @@ def main() -> None:
     parser.add_argument("--die-how", choices=["exit", "hang"], default="exit")
     parser.add_argument("--trainer", action="store_true", help="the Trainer and DataLoader run")
     parser.add_argument("--collectives", action="store_true", help="check every collective against NumPy")
-    parser.add_argument("--device-model", action="store_true", help="a step of a model on sim:0 is refused")
+    parser.add_argument("--device-model", action="store_true", help="a sync=False step of a model on sim:0 is refused")
+    parser.add_argument("--device", default="cpu", help="the ranks' models run there (the reference's on the cpu)")
     parser.add_argument("--raise-on-rank-1", action="store_true", help="rank 1 raises before its first step")
     parser.add_argument("--resume", action="store_true", help="with --trainer: one process resumes")
     parser.add_argument("--reference", type=int, default=None, metavar="N",
@@ -121,9 +124,10 @@ def main() -> None:
         raise ValueError("rank 1 fails on purpose")
     if args.device_model:
         model = nn.Sequential(nn.Linear(3, 2)).to("sim")
-        step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()))
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()), sync=False)
+        loader = gt.DataLoader((np.ones((2, 3), np.float32), np.zeros(2, np.int64)), batch_size=2, device="sim")
         try:
-            step(np.ones((2, 3), np.float32), np.zeros(2, np.int64))
+            step(*next(iter(loader)))
         except ValueError as error:
             print(f"rank {rank} ValueError: {error}", flush=True)
         return
@@ -147,7 +151,7 @@ def main() -> None:
                 print(f"rank {rank} TimeoutError after {time.monotonic() - started:.1f} s: {error}", flush=True)
                 os._exit(3)
         return
-    weights, results = train(args.kind, world, rank, args.steps, args.precision, args.clip)
+    weights, results = train(args.kind, world, rank, args.steps, args.precision, args.clip, args.device)
     np.savez(f"{args.out}.rank{rank}.npz", results=results, **weights)
     dist.destroy()
 

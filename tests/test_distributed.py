@@ -97,10 +97,33 @@ def test_collectives_against_numpy(ranks):
     assert done.stdout.count("collectives OK") == ranks
 
 
-def test_a_model_on_an_accelerator_is_refused_until_nccl():
+def test_a_deferred_step_of_a_device_model_is_refused():
     done = run_ranks(2, "mlp", "unused", "--device-model")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ValueError: comm: data parallelism runs models on the cpu for now") == 2
+    assert done.stdout.count("ValueError: sync=False: data parallelism waits for the gradients on the host") == 2
+
+
+@pytest.mark.parametrize("delay_us", ["0", "300"], ids=["no-delay", "sim-delay-300us"])
+@pytest.mark.parametrize("precision, clip", [("fp32", None), ("fp16", 0.5)], ids=["fp32", "fp16-scaler-clip"])
+def test_two_ranks_of_sim_models_give_the_cpu_weights_bit_for_bit(tmp_path, monkeypatch, precision, clip, delay_us):
+    """Models on "sim": the gradients staged through host memory (D2H after the backward, an
+    event wait, the host all-reduce in rank order, H2D before the unscale/clip/update) give the
+    one-process CPU reference's weights and results bit for bit; with the simulator's random
+    delays a copy not ordered by the event would read or write stale gradients."""
+    monkeypatch.setenv("GPUTRAIN_SIM_DELAY_US", delay_us)
+    options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
+    out = str(tmp_path / "run")
+    done = run_ranks(2, "mlp", out, "--steps", "3", "--device", "sim", *options)
+    assert done.returncode == 0, done.stdout + done.stderr
+    subprocess.run([sys.executable, WORKER, "mlp", out, "--steps", "3", *options, "--reference", "2"], check=True,
+                   timeout=240)
+    reference = np.load(f"{out}.reference.npz")
+    for r in range(2):
+        got = np.load(f"{out}.rank{r}.npz")
+        for name in reference.files:
+            assert np.array_equal(got[name], reference[name]), (r, name)
+    if clip:
+        assert (reference["results"][:, 1] > clip).all()
 
 
 def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():

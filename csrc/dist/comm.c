@@ -32,8 +32,23 @@ void gt_comm_free(gt_comm *comm) {
     if (comm->ops && comm->ops->free)
         comm->ops->free(comm);
     free(comm->scratch);
+    free(comm->staging);
     comm->scratch = NULL;
+    comm->staging = NULL;
+    comm->staging_floats = 0;
     comm->impl = NULL;
+}
+
+gt_status gt_comm_staging(gt_comm *comm, size_t n, float **out) {
+    if (n > comm->staging_floats) {
+        float *grown = realloc(comm->staging, n * sizeof(float));
+        if (!grown)
+            return GT_FAIL(GT_ERR_OOM, "communicator staging: out of host memory (%zu bytes)", n * sizeof(float));
+        comm->staging = grown;
+        comm->staging_floats = n;
+    }
+    *out = comm->staging;
+    return GT_OK;
 }
 
 /* Per-peer pointers and byte counts of one exchange (4 arrays of comm->size). */

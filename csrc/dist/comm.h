@@ -43,6 +43,9 @@ struct gt_comm {
     uint64_t bytes_sent;      /* bytes this rank sent since creation (counter for benchmarks) */
     uint64_t calls;           /* collectives started (tags messages so stale ones never match) */
     float *scratch;           /* (size - 1, GT_COMM_BUCKET / size + 1) f32 received chunks */
+    float *staging;           /* (staging_floats,) f32 host copy of a device model's gradients */
+    size_t staging_floats;    /* elements staging holds */
+    double staging_loss;      /* host copy of a device step record's loss sum */
 };
 
 enum { GT_COMM_BUCKET = 1 << 20 };  /* f32 elements per all-reduce bucket (4 MiB) */
@@ -66,6 +69,9 @@ gt_status gt_comm_reduce_scatter_f32(gt_comm *comm, float *buf, size_t n);
 /* Every rank's chunk r of buf (n elements of elem_bytes) is sent to every other rank, so that
  * all ranks end with every chunk (chunk r from rank r). */
 gt_status gt_comm_allgather(gt_comm *comm, void *buf, size_t n, size_t elem_bytes);
+
+/* comm->staging with room for at least n f32 (kept for the next steps; freed by gt_comm_free). */
+gt_status gt_comm_staging(gt_comm *comm, size_t n, float **out);
 
 /* buf (bytes) on every rank becomes root's. */
 gt_status gt_comm_broadcast(gt_comm *comm, void *buf, size_t bytes, int root);

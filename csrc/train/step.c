@@ -110,6 +110,13 @@ static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt
     return GT_OK;
 }
 
+static gt_status device_sum_over_ranks(gt_model *model, gt_comm *comm) {
+    gt_status status = gt_step_device_sum_over_ranks(model, comm);
+    if (status != GT_OK)
+        model->grads_valid = 0;  /* part of them may be summed */
+    return status;
+}
+
 /* The same sums on an accelerator: everything is queued on the model's stream (the losses
  * summed into the step record, the offloaded share's gradients copied into its staging), then
  * the record is read back, the step's one wait. A failure
@@ -120,6 +127,8 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
     GT_TRY(gt_step_device_begin(model, cfg->record));
     gt_step_record *record = gt_step_device_record(model, cfg->record);
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &record->loss_sum));
+    if (cfg->comm)
+        GT_TRY(device_sum_over_ranks(model, cfg->comm));
     if (scaler)
         GT_TRY(gt_step_device_unscale(model, scaler));
     if (want_norm)
@@ -187,11 +196,12 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
     return GT_OK;
 }
 
-/* Data parallelism sums host gradients (an accelerator's need NCCL, not built yet). */
+/* A device model's gradients are summed through host staging that the step's read waits for:
+ * a deferred step (no read) would leave the copy back queued past the communicator's life. */
 static gt_status check_comm(const gt_model *model, const gt_step_config *cfg) {
-    if (cfg->comm && model->device)
-        return GT_FAIL(GT_ERR_VALUE, "comm: data parallelism runs models on the cpu for now (NCCL for "
-                       "accelerators is not built yet)");
+    if (cfg->comm && model->device && cfg->deferred)
+        return GT_FAIL(GT_ERR_VALUE, "sync=False: data parallelism waits for the gradients on the host each step; "
+                       "use sync=True with distributed.init()");
     return GT_OK;
 }
 

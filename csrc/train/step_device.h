@@ -7,6 +7,7 @@
 #ifndef GT_TRAIN_STEP_DEVICE_H
 #define GT_TRAIN_STEP_DEVICE_H
 
+#include "dist/comm.h"
 #include "nn/model.h"
 #include "train/scaler.h"
 
@@ -43,6 +44,14 @@ gt_status gt_step_device_sumsq(gt_model *model);
  * (queued before by gt_step_device_sumsq; core/clip_rules.h), in place: the update that follows
  * reads them with grad_coef 1 and gives the bits of the host's clip (nothing waits). */
 gt_status gt_step_device_clip(gt_model *model, double max_norm);
+
+/* Data parallelism for a device model through a host transport: queues the (num_params,)
+ * gradients and the record's loss sum into comm's host staging, waits for an event recorded
+ * after them (the step's one extra wait), sums both over the ranks in rank order on the host
+ * (gt_comm_allreduce_sum_f32, gt_comm_sum_f64), and queues them back, before the unscale, the
+ * norm and the update that the model's stream runs next. The staging is comm's and must outlive
+ * the queued copy back (the step's read waits for it). The copies count as d2h/h2d bytes. */
+gt_status gt_step_device_sum_over_ranks(gt_model *model, gt_comm *comm);
 
 /* Reads record `record` back: the host waits for everything queued so far (one sync). */
 gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out);
