@@ -44,7 +44,12 @@ def train(kind: str, world: int, rank: int | None, steps: int, precision: str, c
     results = []
     for x, y in batches:
         rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
+        gt.memory.device_counters(device, reset=True) if device != "cpu" else None
         out = step(x[rows], y[rows])
+        if device != "cpu":  # the staging: the record's head + 4 bytes a gradient + the loss sum, one wait more
+            staged = 4 * sum(int(np.prod(p.shape)) for p in model.parameters()) + 8
+            counts = gt.memory.device_counters(device)
+            assert counts["d2h_bytes"] == 32 + staged and counts["syncs"] == 2, counts
         results.append((out.loss, out.grad_norm, float(out.skipped), out.scale))
     return model.state_dict(), np.array(results)
 
