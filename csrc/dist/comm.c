@@ -5,7 +5,8 @@
 #include <string.h>
 #include <time.h>
 
-enum { GT_COMM_MAX_RANKS = 1 << 16, GT_COMM_OVERLAP_BUCKET = 25 << 18 /* 25 MiB of f32, as DDP */ };
+enum { GT_COMM_MAX_RANKS = 1 << 16, GT_COMM_OVERLAP_BUCKET = 25 << 18 /* 25 MiB of f32, as DDP */,
+       GT_COMM_MAX_BUCKETS = 8192 /* 2 collectives each: tags stay distinct in a transport's span */ };
 
 void gt_comm_chunk(size_t n, int size, int r, size_t *first, size_t *count) {
     size_t begin = n / (size_t)size * (size_t)r + n % (size_t)size * (size_t)r / (size_t)size;
@@ -228,6 +229,8 @@ gt_status gt_comm_overlap_begin(gt_comm *comm, float *buf, size_t n, size_t buck
     if (bucket < 1)
         return GT_FAIL(GT_ERR_VALUE, "bucket: must be >= 1 elements, got %zu", bucket);
     *ov = (gt_comm_overlap){.comm = comm, .buf = buf, .n = n};
+    if (bucket < (n + GT_COMM_MAX_BUCKETS - 1) / GT_COMM_MAX_BUCKETS)  /* larger buckets, same sums */
+        bucket = (n + GT_COMM_MAX_BUCKETS - 1) / GT_COMM_MAX_BUCKETS;
     size_t count = comm->size == 1 ? 0 : (n + bucket - 1) / bucket;
     ov->buckets = count ? calloc(count, sizeof *ov->buckets) : NULL;
     if (count && !ov->buckets)

@@ -101,7 +101,8 @@ typedef struct gt_comm_overlap {
                                    rank, whatever order the exchanges complete in */
 } gt_comm_overlap;
 
-/* Prepares the buckets (no communication); `bucket` >= 1 elements. */
+/* Prepares the buckets (no communication); `bucket` >= 1 elements, enlarged so that there are
+ * at most 8192 (each bucket's two exchanges get message tags of their own). */
 gt_status gt_comm_overlap_begin(gt_comm *comm, float *buf, size_t n, size_t bucket, gt_comm_overlap *ov);
 /* buf[final_from, n) is final: starts every bucket inside it, progresses those in flight. */
 gt_status gt_comm_overlap_ready(gt_comm_overlap *ov, size_t final_from);
