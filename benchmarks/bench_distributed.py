@@ -9,6 +9,9 @@ minimum of a ring all-reduce (the loss sum adds 8 (N - 1) bytes).
 
     python -m pytest benchmarks/bench_distributed.py --benchmark-only     # needs mpi4py + mpich
     mpiexec -n 2 python benchmarks/bench_distributed.py                    # one measurement, JSON
+
+GPUTRAIN_BUCKET_BYTES sets the gradient bucket size (default 25 MiB: this GPT's 3 MiB of
+gradients is one bucket, exchanged after the backward; smaller buckets overlap it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def measure() -> dict[str, float]:
     gt.set_num_threads(1)
     dist.init()
     rank, world = dist.get_rank(), dist.get_world_size()
+    if dist.communicator() is not None and os.environ.get("GPUTRAIN_BUCKET_BYTES"):
+        dist.communicator().bucket_bytes = int(os.environ["GPUTRAIN_BUCKET_BYTES"])
     gt.random.manual_seed(0)
     model = GPT(vocab_size=65, block_size=SEQ, n_layer=LAYERS, n_head=4, n_embd=EMBD, dropout=0.0)
     step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-3))
@@ -51,7 +56,8 @@ def measure() -> dict[str, float]:
     params = model.num_parameters()
     result = {"rank": rank, "ranks": world, "tokens_per_s": world * STEPS * BATCH * SEQ / elapsed,
               "bytes_per_step": (dist.bytes_sent() - sent) / STEPS,
-              "ring_minimum_bytes": 2 * (world - 1) / world * 4 * params, "parameters": params}
+              "ring_minimum_bytes": 2 * (world - 1) / world * 4 * params, "parameters": params,
+              "buckets_early": dist.communicator().buckets_early if dist.communicator() is not None else 0}
     dist.destroy()
     return result
 

@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--die-at-step", type=int, default=None, help="rank 1 exits before this step")
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--bucket-bytes", type=int, default=None, help="gradient bucket size of the overlap")
     parser.add_argument("--die-how", choices=["exit", "hang"], default="exit")
     parser.add_argument("--trainer", action="store_true", help="the Trainer and DataLoader run")
     parser.add_argument("--collectives", action="store_true", help="check every collective against NumPy")
@@ -125,6 +126,15 @@ def main() -> None:
         return
     dist.init(timeout=args.timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.bucket_bytes is not None:
+        default = dist.communicator().bucket_bytes
+        try:
+            dist.communicator().bucket_bytes = 6  # not whole float32s: refused, nothing changed
+        except ValueError as error:
+            assert "bucket_bytes" in str(error) and dist.communicator().bucket_bytes == default == 25 << 20
+        else:
+            raise AssertionError("bucket_bytes = 6 was accepted")
+        dist.communicator().bucket_bytes = args.bucket_bytes
     if args.raise_on_rank_1 and rank == 1:
         raise ValueError("rank 1 fails on purpose")
     if args.device_model:
@@ -157,7 +167,8 @@ def main() -> None:
                 os._exit(3)
         return
     weights, results = train(args.kind, world, rank, args.steps, args.precision, args.clip, args.device)
-    np.savez(f"{args.out}.rank{rank}.npz", results=results, **weights)
+    np.savez(f"{args.out}.rank{rank}.npz", results=results, buckets_early=dist.communicator().buckets_early,
+             **weights)
     dist.destroy()
 
 

@@ -90,6 +90,31 @@ def test_two_ranks_of_a_gpt_step(tmp_path):
     np.testing.assert_allclose(got["results"][0, 1], results[0, 1], rtol=1e-6)  # the norm (of that embedding)
 
 
+@pytest.mark.parametrize("kind, bucket_bytes, early", [
+    # MLP of 645 parameters; before its first Linear's backward the last 645 - 416 gradients are final
+    ("mlp", 4, 229 * 3),  # a bucket per element (every parameter larger than a bucket), 3 steps
+    ("mlp", 20, 45 * 3),  # the last bias (5) is one bucket: those from element 420 on start early
+    ("mlp", 1 << 30, 0),  # one bucket: it can only start when the backward is over
+    ("gpt", 64, None),  # the GPT's blocks: some buckets start during the backward
+], ids=["mlp-4B", "mlp-20B", "mlp-1-bucket", "gpt-64B"])
+def test_the_all_reduce_overlaps_the_backward_bit_for_bit(tmp_path, kind, bucket_bytes, early):
+    """Buckets start while the backward still runs (buckets_early counts those started before its
+    first layer) and the weights stay those of the one-process reference, whatever the bucket size
+    (the sum of each element is the same rank-order sum)."""
+    steps = 3 if kind == "mlp" else 1
+    ranks, reference = distributed_run(tmp_path, kind, steps, "--bucket-bytes", str(bucket_bytes))
+    for got in ranks:
+        for name in reference.files:
+            if name == "wte.weight":  # a rounding apart: see test_two_ranks_of_a_gpt_step
+                np.testing.assert_allclose(got[name], reference[name], rtol=0, atol=1e-6)
+            elif name != "results" or kind == "mlp":
+                assert np.array_equal(got[name], reference[name]), name
+        if early is None:
+            assert got["buckets_early"] > 0
+        else:
+            assert got["buckets_early"] == early
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_collectives_against_numpy(ranks):
     done = run_ranks(ranks, "mlp", "unused", "--collectives")

@@ -20,6 +20,7 @@ extern "C" {
 #endif
 
 typedef struct gt_comm gt_comm;
+typedef struct gt_comm_pending gt_comm_pending;  /* an exchange in flight (the transport's) */
 
 /* A transport: point-to-point exchanges that every collective is made of. An NCCL transport
  * implements the same table (its exchange is ncclGroupStart, ncclSend/ncclRecv per peer,
@@ -30,6 +31,14 @@ typedef struct gt_comm_ops {
      * returns when all completed, or GT_ERR_TIMEOUT at the communicator's deadline. */
     gt_status (*exchange)(gt_comm *comm, const void *const *send, const size_t *send_bytes,
                           void *const *recv, const size_t *recv_bytes);
+    /* The same exchange as collective number `call` (its messages' tag), started without
+     * waiting: *out is in flight until `test` says done. */
+    gt_status (*start)(gt_comm *comm, uint64_t call, const void *const *send, const size_t *send_bytes,
+                       void *const *recv, const size_t *recv_bytes, gt_comm_pending **out);
+    /* Progresses `x` once without blocking; *done = 1 (and x is freed) once it completed, or
+     * GT_ERR_TIMEOUT past the communicator's deadline counted from its start. */
+    gt_status (*test)(gt_comm *comm, gt_comm_pending *x, int *done);
+    void (*abandon)(gt_comm *comm, gt_comm_pending *x);  /* cancels and frees an unfinished x */
     void (*free)(gt_comm *comm);  /* releases the transport's state (not the processes' library) */
 } gt_comm_ops;
 
@@ -42,6 +51,8 @@ struct gt_comm {
     int failed;               /* 1 after a timeout or transport error: every later call fails */
     uint64_t bytes_sent;      /* bytes this rank sent since creation (counter for benchmarks) */
     uint64_t calls;           /* collectives started (tags messages so stale ones never match) */
+    size_t bucket_elems;      /* f32 elements per overlapped gradient bucket (gt_comm_overlap) */
+    uint64_t buckets_early;   /* overlapped buckets started before the backward ended (counter) */
     float *scratch;           /* (size - 1, GT_COMM_BUCKET / size + 1) f32 received chunks */
     float *staging;           /* (staging_floats,) f32 host copy of a device model's gradients */
     size_t staging_floats;    /* elements staging holds */
@@ -72,6 +83,39 @@ gt_status gt_comm_allgather(gt_comm *comm, void *buf, size_t n, size_t elem_byte
 
 /* comm->staging with room for at least n f32 (kept for the next steps; freed by gt_comm_free). */
 gt_status gt_comm_staging(gt_comm *comm, size_t n, float **out);
+
+/* Overlapped all-reduce (gt_comm_overlap_*): buf (n f32) summed over the ranks in rank order,
+ * like gt_comm_allreduce_sum_f32 and bit-identical to it, in buckets of `bucket` elements taken
+ * from the END of buf (the order a backward pass finishes parameter gradients): bucket k is
+ * [n - (k+1) bucket, n - k bucket) and is started as soon as its elements are final, while
+ * the caller goes on computing; every exchange is progressed (MPI_Test) at each call. */
+typedef struct gt_comm_bucket {
+    size_t first, count;        /* its elements of buf */
+    int phase;                  /* 0 not started, 1 reduce-scatter, 2 all-gather in flight, 3 summed */
+    gt_comm_pending *pending;   /* the exchange in flight in phases 1 and 2 */
+    float *scratch;             /* (size - 1, count / size + 1) f32 received chunks */
+} gt_comm_bucket;
+
+typedef struct gt_comm_overlap {
+    gt_comm *comm;              /* the communicator */
+    float *buf;                 /* (n,) f32 summed in place */
+    size_t n;                   /* elements of buf */
+    gt_comm_bucket *buckets;    /* (num_buckets) from the end of buf */
+    size_t num_buckets;         /* ceil(n / bucket) */
+    size_t started;             /* buckets started so far (they start in order) */
+    uint64_t first_call;        /* bucket k's phase p is collective first_call + 2 k + p - 1 on every
+                                   rank, whatever order the exchanges complete in */
+} gt_comm_overlap;
+
+/* Prepares the buckets (no communication); `bucket` >= 1 elements, enlarged so that there are
+ * at most 8192 (each bucket's two exchanges get message tags of their own). */
+gt_status gt_comm_overlap_begin(gt_comm *comm, float *buf, size_t n, size_t bucket, gt_comm_overlap *ov);
+/* buf[final_from, n) is final: starts every bucket inside it, progresses those in flight. */
+gt_status gt_comm_overlap_ready(gt_comm_overlap *ov, size_t final_from);
+/* Starts the rest and waits for every bucket (GT_ERR_TIMEOUT at the deadline); frees ov. */
+gt_status gt_comm_overlap_finish(gt_comm_overlap *ov);
+/* Abandons the exchanges in flight after a failure; frees ov (the communicator is failed). */
+void gt_comm_overlap_abandon(gt_comm_overlap *ov);
 
 /* buf (bytes) on every rank becomes root's. */
 gt_status gt_comm_broadcast(gt_comm *comm, void *buf, size_t bytes, int root);

@@ -27,12 +27,19 @@ typedef struct mpi_transport {
     mpi_request_fn free_request;/* MPI_Request_free */
     mpi_handle comm;            /* the communicator */
     mpi_handle byte_type;       /* MPI_BYTE */
-    mpi_handle *requests;       /* (capacity) requests of the exchange in flight */
-    int *peers;                 /* (capacity) the peer of each request */
-    signed char *done;          /* (capacity) 1 once the request completed */
-    size_t capacity;            /* entries of the three arrays above */
     _Alignas(16) unsigned char status[GT_MPI_STATUS_MAX];  /* an MPI_Status, ignored */
 } mpi_transport;
+
+/* One exchange in flight. */
+struct gt_comm_pending {
+    mpi_handle *requests;       /* (posted) its requests */
+    int *peers;                 /* (posted) the peer of each request */
+    signed char *done;          /* (posted) 1 once the request completed */
+    size_t posted;              /* requests posted */
+    size_t left;                /* requests not completed */
+    uint64_t call;              /* the collective's number (for messages) */
+    double deadline;            /* CLOCK_MONOTONIC seconds past which it timed out */
+};
 
 static double now_s(void) {
     struct timespec t;
@@ -42,105 +49,127 @@ static double now_s(void) {
 
 static size_t pieces(size_t bytes) { return (bytes + GT_MPI_PIECE - 1) / GT_MPI_PIECE; }
 
-static gt_status reserve(mpi_transport *t, size_t needed) {
-    if (needed <= t->capacity)
-        return GT_OK;
-    mpi_handle *requests = realloc(t->requests, needed * sizeof *requests);
-    if (requests)
-        t->requests = requests;
-    int *peers = requests ? realloc(t->peers, needed * sizeof *peers) : NULL;
-    if (peers)
-        t->peers = peers;
-    signed char *done = peers ? realloc(t->done, needed) : NULL;
-    if (!done)
+static void pending_free(gt_comm_pending *x) {
+    free(x->requests), free(x->peers), free(x->done), free(x);
+}
+
+static gt_status pending_alloc(size_t needed, gt_comm_pending **out) {
+    gt_comm_pending *x = calloc(1, sizeof *x);
+    if (x) {
+        x->requests = calloc(needed + 1, sizeof *x->requests);
+        x->peers = calloc(needed + 1, sizeof *x->peers);
+        x->done = calloc(needed + 1, 1);
+    }
+    if (!x || !x->requests || !x->peers || !x->done) {
+        if (x)
+            pending_free(x);
         return GT_FAIL(GT_ERR_OOM, "MPI: out of host memory for %zu requests", needed);
-    t->done = done;
-    t->capacity = needed;
+    }
+    *out = x;
     return GT_OK;
 }
 
 /* Posts the receives then the sends of one exchange, each message in pieces below INT_MAX bytes. */
-static gt_status post(gt_comm *comm, const void *const *send, const size_t *send_bytes, void *const *recv,
-                      const size_t *recv_bytes, size_t *posted) {
+static gt_status post(gt_comm *comm, int tag, const void *const *send, const size_t *send_bytes, void *const *recv,
+                      const size_t *recv_bytes, gt_comm_pending *x) {
     mpi_transport *t = comm->impl;
-    int tag = (int)(comm->calls % GT_MPI_TAG_SPAN) + 1;
     for (int pass = 0; pass < 2; pass++) {
         for (int p = 0; p < comm->size; p++) {
             size_t bytes = pass == 0 ? recv_bytes[p] : send_bytes[p];
             for (size_t off = 0; off < bytes; off += GT_MPI_PIECE) {
                 int count = (int)(bytes - off < GT_MPI_PIECE ? bytes - off : GT_MPI_PIECE);
-                mpi_handle *req = &t->requests[*posted];
+                mpi_handle *req = &x->requests[x->posted];
                 int rc = pass == 0 ? t->irecv((char *)recv[p] + off, count, t->byte_type, p, tag, t->comm, req)
                                    : t->isend((const char *)send[p] + off, count, t->byte_type, p, tag, t->comm, req);
                 if (rc != 0)
                     return GT_FAIL(GT_ERR_RUNTIME, "MPI_%s to/from rank %d failed with MPI error %d",
                                    pass == 0 ? "Irecv" : "Isend", p, rc);
-                t->peers[*posted] = p;
-                t->done[(*posted)++] = 0;
+                x->peers[x->posted] = p;
+                x->posted++, x->left++;
             }
         }
     }
     return GT_OK;
 }
 
-/* Abandons the requests still in flight after a failure. */
-static void abandon(mpi_transport *t, size_t posted) {
-    for (size_t i = 0; i < posted; i++) {
-        if (!t->done[i]) {
-            t->cancel(&t->requests[i]);
-            t->free_request(&t->requests[i]);
+/* Cancels and frees the requests still in flight after a failure, then x. */
+static void mpi_abandon(gt_comm *comm, gt_comm_pending *x) {
+    mpi_transport *t = comm->impl;
+    for (size_t i = 0; i < x->posted; i++) {
+        if (!x->done[i]) {
+            t->cancel(&x->requests[i]);
+            t->free_request(&x->requests[i]);
         }
     }
+    pending_free(x);
 }
 
 /* Names the first peer that has not completed, for the timeout message. */
-static int silent_peer(const mpi_transport *t, size_t posted) {
-    for (size_t i = 0; i < posted; i++)
-        if (!t->done[i])
-            return t->peers[i];
+static int silent_peer(const gt_comm_pending *x) {
+    for (size_t i = 0; i < x->posted; i++)
+        if (!x->done[i])
+            return x->peers[i];
     return -1;
 }
 
-/* Polls every request until all completed or the deadline passed. */
-static gt_status wait_all(gt_comm *comm, size_t posted) {
-    mpi_transport *t = comm->impl;
-    double deadline = now_s() + comm->timeout_s;
-    size_t left = posted;
-    for (unsigned long polls = 0; left; polls++) {
-        for (size_t i = 0; i < posted; i++) {
-            int flag = 0;
-            if (t->done[i])
-                continue;
-            if (t->test(&t->requests[i], &flag, t->status) != 0)
-                return GT_FAIL(GT_ERR_RUNTIME, "MPI_Test with rank %d failed", t->peers[i]);
-            if (flag)
-                t->done[i] = 1, left--;
-        }
-        if (left && polls > 1000) {
-            if (now_s() > deadline)
-                return GT_FAIL(GT_ERR_TIMEOUT, "rank %d: collective #%llu with rank %d did not complete within "
-                               "%g s (distributed timeout): that rank died or stopped calling the same "
-                               "collectives", comm->rank, (unsigned long long)comm->calls, silent_peer(t, posted),
-                               comm->timeout_s);
-            nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
-        }
+static gt_status mpi_start(gt_comm *comm, uint64_t call, const void *const *send, const size_t *send_bytes, void *const *recv,
+                           const size_t *recv_bytes, gt_comm_pending **out) {
+    size_t needed = 0;
+    for (int p = 0; p < comm->size; p++)
+        needed += pieces(send_bytes[p]) + pieces(recv_bytes[p]);
+    gt_comm_pending *x = NULL;
+    GT_TRY(pending_alloc(needed, &x));
+    x->call = call;
+    x->deadline = now_s() + comm->timeout_s;
+    gt_status status = post(comm, (int)(call % GT_MPI_TAG_SPAN) + 1, send, send_bytes, recv, recv_bytes, x);
+    if (status != GT_OK) {
+        mpi_abandon(comm, x);
+        return status;
     }
+    *out = x;
+    return GT_OK;
+}
+
+/* Tests every unfinished request once; on completion frees x. */
+static gt_status mpi_test(gt_comm *comm, gt_comm_pending *x, int *done) {
+    mpi_transport *t = comm->impl;
+    for (size_t i = 0; i < x->posted; i++) {
+        int flag = 0;
+        if (x->done[i])
+            continue;
+        if (t->test(&x->requests[i], &flag, t->status) != 0)
+            return GT_FAIL(GT_ERR_RUNTIME, "MPI_Test with rank %d failed", x->peers[i]);
+        if (flag)
+            x->done[i] = 1, x->left--;
+    }
+    *done = x->left == 0;
+    if (*done) {
+        pending_free(x);
+        return GT_OK;
+    }
+    if (now_s() > x->deadline)
+        return GT_FAIL(GT_ERR_TIMEOUT, "rank %d: collective #%llu with rank %d did not complete within "
+                       "%g s (distributed timeout): that rank died or stopped calling the same "
+                       "collectives", comm->rank, (unsigned long long)x->call, silent_peer(x), comm->timeout_s);
     return GT_OK;
 }
 
 static gt_status mpi_exchange(gt_comm *comm, const void *const *send, const size_t *send_bytes, void *const *recv,
                               const size_t *recv_bytes) {
-    mpi_transport *t = comm->impl;
-    size_t needed = 0, posted = 0;
-    for (int p = 0; p < comm->size; p++)
-        needed += pieces(send_bytes[p]) + pieces(recv_bytes[p]);
-    GT_TRY(reserve(t, needed));
-    gt_status status = post(comm, send, send_bytes, recv, recv_bytes, &posted);
-    if (status == GT_OK)
-        status = wait_all(comm, posted);
-    if (status != GT_OK)
-        abandon(t, posted);
-    return status;
+    gt_comm_pending *x = NULL;
+    GT_TRY(mpi_start(comm, comm->calls, send, send_bytes, recv, recv_bytes, &x));
+    for (unsigned long polls = 0;; polls++) {
+        int done = 0;
+        gt_status status = mpi_test(comm, x, &done);
+        if (status != GT_OK) {
+            mpi_abandon(comm, x);
+            return status;
+        }
+        if (done)
+            return GT_OK;
+        if (polls > 1000)
+            nanosleep(&(struct timespec){.tv_nsec = 20000}, NULL);
+    }
 }
 
 static void mpi_free(gt_comm *comm) {
@@ -148,10 +177,11 @@ static void mpi_free(gt_comm *comm) {
     if (!t)
         return;
     dlclose(t->library);
-    free(t->requests), free(t->peers), free(t->done), free(t);
+    free(t);
 }
 
-static const gt_comm_ops mpi_ops = {.exchange = mpi_exchange, .free = mpi_free};
+static const gt_comm_ops mpi_ops = {.exchange = mpi_exchange, .start = mpi_start, .test = mpi_test,
+                                    .abandon = mpi_abandon, .free = mpi_free};
 
 static gt_status load_symbols(mpi_transport *t, const char *library) {
     t->library = dlopen(library, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);

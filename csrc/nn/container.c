@@ -28,6 +28,8 @@ gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, c
         const void *child_in = i > 0 ? layer->children[i - 1].out.ptr : in;
         void *target = i > 0 ? run->scratch[level][next] : din;
         GT_TRY(gt_layer_backward(child, target, cur, child_in, run));
+        if (layer == run->hooked && i > 0)  /* after the first layer the backward is over */
+            GT_TRY(run->child_done(run, i));
         cur = target;
         next ^= 1;
     }

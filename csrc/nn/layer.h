@@ -137,6 +137,10 @@ typedef struct gt_run {
     int recompute;                  /* 1 while a checkpointed block re-runs its forward in backward:
                                        running statistics are not updated a second time */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
+    const gt_layer *hooked;         /* the Sequential whose children's backward each end with
+                                       child_done(run, child), or NULL */
+    gt_status (*child_done)(const struct gt_run *run, size_t child);
+    void *hook_ctx;                 /* child_done's state */
 } gt_run;
 
 /* Forward of one layer; `in` has the planned input shape. */

@@ -715,6 +715,39 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
     return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
 }
 
+/* The end (f32 elements) of the furthest parameter gradient that `layer` or a layer inside it
+ * writes (shared parameters included), at least `end`. */
+static size_t written_end(const gt_layer *layer, size_t end) {
+    const gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int i = 0; i < 2; i++)
+        if (params[i]->numel && params[i]->offset + params[i]->numel > end)
+            end = params[i]->offset + params[i]->numel;
+    for (size_t c = 0; c < layer->num_children; c++)
+        end = written_end(&layer->children[c], end);
+    return end;
+}
+
+/* After top-level layer `child`'s backward: the layers before it still write below their
+ * furthest gradient, so everything from there on is final. */
+static gt_status top_layer_done(const gt_run *run, size_t child) {
+    const gt_backward_hook *hook = run->hook_ctx;
+    size_t end = 0;
+    for (size_t c = 0; c < child; c++)
+        end = written_end(&run->hooked->children[c], end);
+    return hook->final(hook->ctx, end);
+}
+
+gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint64_t micro, int accumulate,
+                                   const gt_backward_hook *hook) {
+    if (!model->planned)
+        return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
+    gt_run run = make_run(model, micro, accumulate);
+    run.hooked = &model->root;
+    run.child_done = top_layer_done;
+    run.hook_ctx = (void *)hook;
+    return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
+}
+
 gt_status gt_model_read_parameters(gt_model *model, float *host) {
     return model_memcpy(model, host, model->params.block.ptr, model->num_params * sizeof(float));
 }

@@ -166,6 +166,17 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
                         float dloss_scale, double *loss_sum);
 
 /* Backward of the whole model from model->dout (after forward and loss on the same input). */
+/* Told, during a backward, that the gradients [final_from, num_params) are final (no layer
+ * still to run writes them): called after each of the model's top-level layers but the first. */
+typedef struct gt_backward_hook {
+    gt_status (*final)(void *ctx, size_t final_from);  /* final_from: f32 elements */
+    void *ctx;                                         /* final's state */
+} gt_backward_hook;
+
+/* gt_model_backward, calling `hook` as the gradients become final. */
+gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint64_t micro, int accumulate,
+                                   const gt_backward_hook *hook);
+
 gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,
                             int accumulate);
 

@@ -162,6 +162,36 @@ static PyObject *get_timeout(PyObject *op, void *unused) {
 static PyObject *get_bytes_sent(PyObject *op, void *unused) {
     return (void)unused, PyLong_FromUnsignedLongLong(((CommObject *)op)->comm.bytes_sent);
 }
+static PyObject *get_buckets_early(PyObject *op, void *unused) {
+    return (void)unused, PyLong_FromUnsignedLongLong(((CommObject *)op)->comm.buckets_early);
+}
+static PyObject *get_bucket_bytes(PyObject *op, void *unused) {
+    return (void)unused, PyLong_FromSize_t(((CommObject *)op)->comm.bucket_elems * sizeof(float));
+}
+
+/* bucket_bytes: a whole number of f32 elements, at least one; not while a step uses it. */
+static int set_bucket_bytes(PyObject *op, PyObject *value, void *unused) {
+    (void)unused;
+    CommObject *self = (CommObject *)op;
+    if (!value || !PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "bucket_bytes must be an int");
+        return -1;
+    }
+    long long bytes = PyLong_AsLongLong(value);
+    if (bytes == -1 && PyErr_Occurred())
+        return -1;
+    if (bytes < (long long)sizeof(float) || bytes % (long long)sizeof(float)) {
+        PyErr_Format(PyExc_ValueError, "bucket_bytes must be a positive multiple of 4 (float32), got %lld", bytes);
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "bucket_bytes: the communicator is in use");
+        return -1;
+    }
+    self->comm.bucket_elems = (size_t)bytes / sizeof(float);
+    return 0;
+}
+
 static PyObject *get_failed(PyObject *op, void *unused) { return (void)unused, PyBool_FromLong(((CommObject *)op)->comm.failed); }
 static PyObject *get_closed(PyObject *op, void *unused) { return (void)unused, PyBool_FromLong(!((CommObject *)op)->comm.ops); }
 
@@ -170,6 +200,10 @@ static PyGetSetDef comm_getset[] = {
     {"size", get_size, NULL, "the number of ranks", NULL},
     {"timeout", get_timeout, NULL, "seconds a collective may wait before it fails", NULL},
     {"bytes_sent", get_bytes_sent, NULL, "bytes this rank has sent since creation", NULL},
+    {"bucket_bytes", get_bucket_bytes, set_bucket_bytes,
+     "bytes of float32 gradients per all-reduce bucket, started during the step's last backward", NULL},
+    {"buckets_early", get_buckets_early, NULL,
+     "gradient buckets whose all-reduce started before the backward's first layer ran (overlap)", NULL},
     {"failed", get_failed, NULL, "True after a timeout or transport error", NULL},
     {"closed", get_closed, NULL, "True after close()", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -55,17 +55,34 @@ static gt_status poll_interrupt(gt_model *model, const gt_step_config *cfg, int 
 static int world_size(const gt_step_config *cfg) { return cfg->comm ? cfg->comm->size : 1; }
 
 /* Data parallelism: every rank's gradients (already divided by the number of micro-batches of
- * all ranks) and loss sums are summed over the ranks in rank order, bucket by bucket, so that
- * the inf check, the norm, clipping and the update that follow are the same on every rank and
- * the same as one process accumulating the ranks' micro-batches in rank order. */
-static gt_status sum_over_ranks(gt_model *model, const gt_step_config *cfg, double *loss_sum) {
+ * all ranks) are summed over the ranks in rank order during the last backward (the buckets of
+ * gt_comm_overlap, each started once its gradients are final), and the loss sums after it, so
+ * that the inf check, the norm, clipping and the update that follow are the same on every rank
+ * and the same as one process accumulating the ranks' micro-batches in rank order. */
+static gt_status final_grads(void *ctx, size_t final_from) {
+    return gt_comm_overlap_ready(ctx, final_from);
+}
+
+/* The last micro-batch's backward with the gradient buckets' exchanges overlapping it. */
+static gt_status backward_summed(gt_model *model, const gt_tensor *x, uint64_t micro, int accumulate,
+                                 gt_comm *comm) {
+    gt_comm_overlap ov;
+    GT_TRY(gt_comm_overlap_begin(comm, model->grads.block.ptr, model->num_params, comm->bucket_elems, &ov));
+    gt_backward_hook hook = {.final = final_grads, .ctx = &ov};
+    gt_status status = gt_model_backward_hooked(model, x, micro, accumulate, &hook);
+    if (status != GT_OK) {
+        gt_comm_overlap_abandon(&ov);
+        return status;
+    }
+    return gt_comm_overlap_finish(&ov);
+}
+
+static gt_status sum_losses(gt_model *model, const gt_step_config *cfg, double *loss_sum) {
     if (!cfg->comm)
         return GT_OK;
-    gt_status status = gt_comm_allreduce_sum_f32(cfg->comm, model->grads.block.ptr, model->num_params);
-    if (status == GT_OK)
-        status = gt_comm_sum_f64(cfg->comm, *loss_sum, loss_sum);
+    gt_status status = gt_comm_sum_f64(cfg->comm, *loss_sum, loss_sum);
     if (status != GT_OK)
-        model->grads_valid = 0;  /* part of them may be summed */
+        model->grads_valid = 0;
     return status;
 }
 
@@ -90,7 +107,12 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         GT_TRY(gt_model_forward(model, &x, micro, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        GT_TRY(gt_model_backward(model, &x, micro, accumulate));
+        int overlap = cfg->comm && !model->device && m == cfg->micro_batches - 1;  /* a device's: staged */
+        gt_status status = overlap ? backward_summed(model, &x, micro, accumulate, cfg->comm)
+                               : gt_model_backward(model, &x, micro, accumulate);
+        if (status != GT_OK && cfg->comm)
+            model->grads_valid = 0;  /* part of them may be summed */
+        GT_TRY(status);
     }
     model->grads_valid = 1;
     return GT_OK;
@@ -102,7 +124,7 @@ static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt
                               const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
                               gt_step_sums *out) {
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &out->loss_sum));
-    GT_TRY(sum_over_ranks(model, cfg, &out->loss_sum));
+    GT_TRY(sum_losses(model, cfg, &out->loss_sum));
     if (scaler)
         GT_TRY(gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, &out->found_inf));
     if (!out->found_inf && want_norm)

@@ -365,6 +365,8 @@ class Communicator:
     size: int
     timeout: float
     bytes_sent: int
+    bucket_bytes: int
+    buckets_early: int
     failed: bool
     closed: bool
     def allreduce(self, array: Any) -> None: ...
