@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from gputrain import _C
@@ -87,6 +88,10 @@ def _abort_on_uncaught_exception(MPI: Any) -> None:
     def abort(kind: Any, value: Any, traceback: Any) -> None:
         previous(kind, value, traceback)
         sys.stderr.flush()
+        # The launcher forwards a rank's output through a pipe that MPI_Abort's kill can cut
+        # before it is drained (the traceback arrived truncated in 1 of 2 loaded runs): give
+        # the forwarding a moment; the job still ends within a second, not at the timeout.
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
 
     _State.excepthook = previous
