@@ -235,6 +235,7 @@ class WorkerPool:
         for tasks in self.tasks:
             tasks.cancel_join_thread()
             tasks.close()
+            _join_feeder(tasks, _JOIN_S)
         self.ring.close()
         for process in self.processes:
             _sweep(f"{segment_prefix(os.getpid())}{process.pid}_")
@@ -255,6 +256,21 @@ class WorkerPool:
                     continue
                 if created is not None:
                     _unlink(created)
+
+
+def _join_feeder(tasks: Any, timeout: float) -> None:
+    """Waits up to `timeout` seconds for a closed task queue's feeder thread to be gone, so that a
+    stopped pool leaves no thread behind. A thread still exiting while the next pool forks can
+    leave the child with a locked allocator: ASan's (GCC 12) does not lock itself around fork and
+    drains an exiting thread's cache after Python's join returns; a worker forked then hung in
+    CI. (The feeder blocks only on a full pipe no worker reads any more: hence the bound.)"""
+    feeder = getattr(tasks, "_thread", None)  # multiprocessing's; None until the first put
+    if feeder is None:
+        return
+    deadline = time.monotonic() + timeout
+    feeder.join(timeout)
+    while os.path.exists(f"/proc/self/task/{feeder.native_id}") and time.monotonic() < deadline:
+        time.sleep(0.001)  # Linux: the thread's last C-level cleanup after Python's join
 
 
 def _sweep(prefix: str) -> None:
