@@ -19,7 +19,7 @@ venv=${GPUTRAIN_CI_VENV:-$root/.venv-ci}
 py=$venv/bin/python
 [ -x "$py" ] || { echo "no virtual environment at $venv: run .ci/run (or set GPUTRAIN_CI_VENV)"; exit 1; }
 build_requirements=("setuptools>=77" wheel "numpy>=2.0" "onednn-cpu-gomp~=2023.2.0" "onednn-devel-cpu-gomp~=2023.2.0")
-if ! "$py" - "${build_requirements[@]}" <<'PY'
+if ! "$py" - "${build_requirements[@]}" 2>/dev/null <<'PY'
 import importlib.metadata, re, sys
 for requirement in sys.argv[1:]:
     importlib.metadata.distribution(re.split("[<>=~]", requirement)[0])
@@ -51,6 +51,14 @@ assert gputrain.__file__.startswith('$dir/lib/'), gputrain.__file__
 assert '$flag' in gputrain._C.build_info()['compile_flags'], gputrain._C.build_info()['compile_flags']")
 }
 
+bounded() {  # bounded seconds command...: a hang fails the stage, with every thread's stack
+    # (SIGABRT: pytest's faulthandler prints the Python stacks), instead of using up CI's time
+    local rc=0
+    timeout --signal=ABRT --kill-after=60 "$@" || rc=$?
+    [ "$rc" -ne 124 ] || echo "timed out after $1 s: $*"
+    return "$rc"
+}
+
 fail_on_reports() {  # fail_on_reports name pattern: a report file with an error fails the script
     # (ASan also logs a warning for each allocation it refuses under allocator_may_return_null:
     # not an error, the tests of out-of-memory paths ask for those)
@@ -79,7 +87,7 @@ stage "the test suite under ASan + UBSan"
 # the run's exit status fails the script.)
 status=0
 env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}" \
-    "$py" -m pytest -q -ra -p no:cacheprovider tests \
+    bounded 2400 "$py" -m pytest -q -ra -p no:cacheprovider tests \
     --deselect tests/test_runtime.py::test_import_needs_no_environment_variables || status=$?
 fail_on_reports "ASan/UBSan" "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer"
 [ "$status" -eq 0 ] || exit "$status"
@@ -97,7 +105,7 @@ check_build "$work/tsan" "-fsanitize=thread" "${tsan_env[@]}"
 stage "loader, offload and thread tests under ThreadSanitizer"
 shopt -s nullglob
 tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_recipe_sim.py tests/test_optim_device.py)
-env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}" || status=$?
+env "${tsan_env[@]}" bounded 1200 "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}" || status=$?
 fail_on_reports "ThreadSanitizer" "ThreadSanitizer"
 [ "$status" -eq 0 ] || exit "$status"
 echo "sanitizers: no reports"
