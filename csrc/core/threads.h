@@ -8,7 +8,12 @@
 extern "C" {
 #endif
 
-/* Sets the threads used by gputrain's parallel loops, GEMMs included (n >= 1). */
+/* Once per process: a process forked from this one runs gputrain on one thread (GNU OpenMP's
+ * pool does not survive fork; a team of more threads would hang in the child). */
+void gt_threads_init(void);
+
+/* Sets the threads used by gputrain's parallel loops, GEMMs included (n >= 1; 1 in a forked
+ * child, see gt_threads_init). */
 gt_status gt_set_num_threads(int n);
 
 /* Threads used by parallel loops. */

@@ -65,6 +65,7 @@ static int module_exec(PyObject *module) {
 #endif
     gt_sim_install();
     gt_blas_init();
+    gt_threads_init();
     for (size_t i = 0; i < sizeof registrations / sizeof registrations[0]; i++)
         if (registrations[i](module) < 0)
             return -1;

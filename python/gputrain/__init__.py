@@ -38,7 +38,12 @@ from gputrain.memory import (
 
 
 def set_num_threads(num_threads: int) -> None:
-    """Set the threads used by gputrain's parallel loops and by the BLAS library."""
+    """Set the threads used by gputrain's parallel loops and by the BLAS library.
+
+    A process forked from one that had imported gputrain (a DataLoader worker with the default
+    start method, a ``multiprocessing`` fork) runs gputrain on one thread: GNU OpenMP's thread
+    pool does not survive fork. There ``num_threads > 1`` raises RuntimeError; use the
+    ``"spawn"`` or ``"forkserver"`` start method for multi-threaded children."""
     _C.set_num_threads(num_threads)
 
 
