@@ -2,7 +2,8 @@
 in the same job, and its checkpoints across world sizes. test_zero.py runs it.
 
     compare OUT             every configuration: ZeRO-1 == zero_stage=0 bit for bit (weights,
-                            step results, gathered optimizer state); rank 0 writes OUT.ckpt.pkl
+                            step results, gathered optimizer state), and its memory plan
+    checkpoint OUT          2 ZeRO-1 steps; rank 0 writes OUT.ckpt.pkl (the gathered state)
     resume OUT              loads OUT.ckpt.pkl into ZeRO-1 and unsharded optimizers, checks the
                             gathered state, trains on and compares; rank 0 writes OUT.resumed.npz
     resume OUT --reference  the same checkpoint continued by one process (world micro-batches)
@@ -20,6 +21,7 @@ from _dist_worker import ROWS, model_and_batches
 
 import gputrain as gt
 from gputrain import distributed as dist
+from gputrain.memory_plan import plan_step
 
 nn = gt.nn
 
@@ -44,7 +46,8 @@ def build(kind: str, world: int, steps: int):
 
 def train(config, world: int, rank: int | None, steps: int, zero: int, saved=None):
     """`steps` steps; rank None: one process, world micro-batches per step. saved: (weights,
-    optimizer state, scaler state) to start from. Returns weights, results, optimizer, scaler."""
+    optimizer state, scaler state) to start from. Returns weights, results, optimizer, scaler,
+    the step and a batch of one rank."""
     kind, precision, clip, offload, init_scale = config
     model, batches = build(kind, world, steps)
     optimizer = gt.optim.AdamW(model.parameters(), lr=1e-2, cpu_offload_fraction=offload, zero_stage=zero)
@@ -57,11 +60,23 @@ def train(config, world: int, rank: int | None, steps: int, zero: int, saved=Non
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, gradient_accumulation_steps=world if rank is None else 1,
                         precision=precision, max_grad_norm=clip, scaler=scaler, log_grad_norm=True)
     results = []
+    rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
     for x, y in batches:
-        rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
         out = step(x[rows], y[rows])
         results.append((out.loss, out.grad_norm, float(out.skipped), out.scale))
-    return model.state_dict(), np.array(results), optimizer, scaler
+    return model.state_dict(), np.array(results), optimizer, scaler, step, batches[0][0][rows]
+
+
+def check_plan(step, batch, optimizer, unsharded_plan, rank: int, world: int) -> None:
+    """The memory plan of a sharded step shows one rank's optimizer bytes: the last rank's, whose
+    shard is the largest, exactly."""
+    plan = plan_step(step, batch)
+    assert plan.settings["optimizer_shards"] == world and "optimizer_shards" not in unsharded_plan.settings
+    memory = optimizer.memory()
+    planned = (plan["cpu"]["optimizer_state"], plan["pinned"]["optimizer_offload"] if "pinned" in plan else 0)
+    assert planned[0] + planned[1] < unsharded_plan.total("cpu") + unsharded_plan.total("pinned")
+    if rank == world - 1:
+        assert planned == (memory["device_bytes"], memory["host_bytes"]), (planned, memory)
 
 
 def assert_same_state(got: dict, expected: dict, what: str) -> None:
@@ -79,17 +94,21 @@ def assert_same_run(got, expected, what: str) -> None:
     assert_same_state(got[2].state_dict(), expected[2].state_dict(), what)
 
 
-def compare(out: str, rank: int, world: int) -> None:
+def compare(rank: int, world: int) -> None:
     for config in CONFIGS:
         sharded = train(config, world, rank, 3, 1)
         unsharded = train(config, world, rank, 3, 0)
         assert_same_run(sharded, unsharded, config)
+        check_plan(sharded[4], sharded[5], sharded[2], plan_step(unsharded[4], unsharded[5]), rank, world)
         memory, whole = sharded[2].memory(), unsharded[2].memory()
         assert memory["device_numel"] + memory["host_numel"] < whole["device_numel"] + whole["host_numel"], memory
         if config[1] == "fp16" and config[4] == 2.0**40:
             assert sharded[1][:, 2].tolist() == [1.0, 0.0, 0.0]  # the overflowing scale skipped the first step
         print(f"rank {rank} {config} identical; optimizer elements {memory}", flush=True)
-    weights, _, optimizer, scaler = train(CHECKPOINT, world, rank, 2, 1)
+
+
+def checkpoint(out: str, rank: int, world: int) -> None:
+    weights, _, optimizer, scaler, _, _ = train(CHECKPOINT, world, rank, 2, 1)
     state = optimizer.state_dict()  # every rank gathers (a collective); rank 0 writes
     if rank == 0:
         with open(f"{out}.ckpt.pkl", "wb") as file:
@@ -138,7 +157,7 @@ def errors(rank: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["compare", "resume", "errors"])
+    parser.add_argument("mode", choices=["compare", "checkpoint", "resume", "errors"])
     parser.add_argument("out")
     parser.add_argument("--reference", type=int, default=None, metavar="N", help="one process for N ranks")
     args = parser.parse_args()
@@ -147,8 +166,8 @@ def main() -> None:
         return
     dist.init(timeout=60.0)
     rank, world = dist.get_rank(), dist.get_world_size()
-    {"compare": lambda: compare(args.out, rank, world), "resume": lambda: resume(args.out, rank, world),
-     "errors": lambda: errors(rank)}[args.mode]()
+    {"compare": lambda: compare(rank, world), "resume": lambda: resume(args.out, rank, world),
+     "checkpoint": lambda: checkpoint(args.out, rank, world), "errors": lambda: errors(rank)}[args.mode]()
     dist.destroy()
 
 
