@@ -38,8 +38,8 @@ def build(kind: str, world: int, steps: int):
         return model_and_batches(kind, world, steps)
     gt.random.manual_seed(5)
     rng = np.random.default_rng(11)
-    model = nn.Sequential(nn.Linear(12, 4096), nn.GELU(), nn.Dropout(0.1), nn.Linear(4096, 33))  # 188k parameters
-    batches = [(rng.standard_normal((world * ROWS, 12)).astype(np.float32), rng.integers(0, 33, world * ROWS))
+    model = nn.Sequential(nn.Linear(12, 4096), nn.GELU(), nn.Dropout(0.1), nn.Linear(4096, 300))  # 1.28M: 2 reduce-scatter pieces
+    batches = [(rng.standard_normal((world * ROWS, 12)).astype(np.float32), rng.integers(0, 300, world * ROWS))
                for _ in range(steps)]
     return model, batches
 
