@@ -38,7 +38,8 @@ def build(kind: str, world: int, steps: int):
         return model_and_batches(kind, world, steps)
     gt.random.manual_seed(5)
     rng = np.random.default_rng(11)
-    model = nn.Sequential(nn.Linear(12, 4096), nn.GELU(), nn.Dropout(0.1), nn.Linear(4096, 300))  # 1.28M: 2 reduce-scatter pieces
+    # 1.28M parameters: each rank's reduce-scatter runs in 2 pieces
+    model = nn.Sequential(nn.Linear(12, 4096), nn.GELU(), nn.Dropout(0.1), nn.Linear(4096, 300))
     batches = [(rng.standard_normal((world * ROWS, 12)).astype(np.float32), rng.integers(0, 300, world * ROWS))
                for _ in range(steps)]
     return model, batches
@@ -57,8 +58,9 @@ def train(config, world: int, rank: int | None, steps: int, zero: int, saved=Non
         optimizer.load_state_dict(saved[1])
         if scaler is not None:
             scaler.load_state_dict(saved[2])
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, gradient_accumulation_steps=world if rank is None else 1,
-                        precision=precision, max_grad_norm=clip, scaler=scaler, log_grad_norm=True)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer,
+                        gradient_accumulation_steps=world if rank is None else 1, precision=precision,
+                        max_grad_norm=clip, scaler=scaler, log_grad_norm=True)
     results = []
     rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
     for x, y in batches:
@@ -146,12 +148,14 @@ def errors(rank: int) -> None:
     expect(RuntimeError, ("step", "zero_stage=1", "TrainStep"), optimizer.step)
     expect(RuntimeError, ("clip_grad_norm_", "zero_stage=1"), lambda: optimizer.clip_grad_norm_(1.0))
     extra = nn.Linear(2, 2)
-    expect(RuntimeError, ("add_param_group", "zero_stage=1"), lambda: optimizer.add_param_group({"params": extra.parameters()}))
+    expect(RuntimeError, ("add_param_group", "zero_stage=1"),
+           lambda: optimizer.add_param_group({"params": extra.parameters()}))
     assert_same_state(optimizer.state_dict(), before, "after refusals")
     expect(ValueError, ("params", "zero_stage=1", "one compiled model"),
            lambda: gt.optim.AdamW(list(model.parameters()) + list(extra.parameters()), zero_stage=1))
     device_model = nn.Sequential(nn.Linear(3, 2)).to("sim")
-    expect(ValueError, ("params", "zero_stage=1", "cpu"), lambda: gt.optim.AdamW(device_model.parameters(), zero_stage=1))
+    expect(ValueError, ("params", "zero_stage=1", "cpu"),
+           lambda: gt.optim.AdamW(device_model.parameters(), zero_stage=1))
     print(f"rank {rank} errors OK", flush=True)
 
 

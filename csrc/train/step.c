@@ -111,7 +111,7 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         GT_TRY(gt_model_forward(model, &x, micro, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        int overlap = cfg->comm && !model->device && !sharded(cfg) && m == cfg->micro_batches - 1;
+        int overlap = cfg->comm && !model->device && !sharded(cfg) && m == cfg->micro_batches - 1;  /* device: staged */
         gt_status status = overlap ? backward_summed(model, &x, micro, accumulate, cfg->comm)
                                : gt_model_backward(model, &x, micro, accumulate);
         if (status != GT_OK && cfg->comm)
@@ -232,17 +232,19 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
 /* A device model's gradients are summed through host staging that the step's read waits for:
  * a deferred step (no read) would leave the copy back queued past the communicator's life. */
 static gt_status check_comm(const gt_model *model, const gt_step_config *cfg) {
-    int zero_size = cfg->optimizer ? gt_optimizer_zero_size(cfg->optimizer) : 0;
-    if (zero_size && (!cfg->comm || cfg->comm->size != zero_size ||
-                      cfg->comm->rank != gt_optimizer_zero_rank(cfg->optimizer)))
-        return GT_FAIL(GT_ERR_VALUE, "optimizer: zero_stage=1 sharded it for rank %d of %d; the step needs the "
-                       "communicator of that rank (gputrain.distributed.init() in the same job)",
-                       gt_optimizer_zero_rank(cfg->optimizer), zero_size);
-    if (zero_size && model->device)
-        return GT_FAIL(GT_ERR_VALUE, "optimizer: zero_stage=1 needs a model on the cpu");
     if (cfg->comm && model->device && cfg->deferred)
         return GT_FAIL(GT_ERR_VALUE, "sync=False: data parallelism waits for the gradients on the host each step; "
                        "use sync=True with distributed.init()");
+    return GT_OK;
+}
+
+/* A ZeRO-1 shard is updated in a step of the rank and world size it was cut for. */
+static gt_status check_zero(const gt_step_config *cfg) {
+    if (sharded(cfg) && (!cfg->comm || cfg->comm->size != gt_optimizer_zero_size(cfg->optimizer) ||
+                         cfg->comm->rank != gt_optimizer_zero_rank(cfg->optimizer)))
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: zero_stage=1 sharded it for rank %d of %d; the step needs the "
+                       "communicator of that rank (gputrain.distributed.init() in the same job)",
+                       gt_optimizer_zero_rank(cfg->optimizer), gt_optimizer_zero_size(cfg->optimizer));
     return GT_OK;
 }
 
@@ -251,6 +253,7 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
     GT_TRY(check_deferred(model, cfg));
     GT_TRY(check_comm(model, cfg));
+    GT_TRY(check_zero(cfg));
     memset(out, 0, sizeof *out);
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;

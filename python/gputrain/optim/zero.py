@@ -11,6 +11,11 @@ updates the shard and all-gathers the parameters: the weights are bit-identical 
 data parallelism. state_dict() gathers the whole state on every rank (a collective: every rank
 calls it), so a checkpoint loads into any world size, one process included; load_state_dict()
 keeps this rank's shard of it.
+
+After a sharded step only this rank's shard of the model's gradients holds the summed gradients
+(the rest keep this rank's own); the step's grad_norm is the global one. The update runs inside
+TrainStep only: step(), clip_grad_norm_() and add_param_group() of a sharded optimizer raise.
+A model on an accelerator (cuda, sim) is refused: zero_stage=1 is the cpu backend's for now.
 """
 
 from __future__ import annotations
