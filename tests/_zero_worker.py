@@ -27,17 +27,21 @@ nn = gt.nn
 
 # (model, precision, clip, cpu_offload_fraction, scaler's init_scale): an MLP (one chunk of the
 # gradient norm's summation, cut by every shard), a wider MLP (several chunks, some whole in a
-# shard, some cut), a GPT; fp16's scaler with an overflowing first scale skips steps.
+# shard, some cut), a GPT, a model of 2 parameters (3 ranks: rank 0's shard is empty); fp16's
+# scaler with an overflowing first scale skips steps.
 CONFIGS = [("mlp", "fp32", None, 0.0, None), ("mlp", "fp16", 0.5, 0.5, 2.0**40), ("wide", "bf16", 0.05, 0.5, None),
-           ("wide", "fp16", 0.05, 0.0, 2.0**12), ("gpt", "fp16", 0.5, 0.5, 2.0**12)]
+           ("wide", "fp16", 0.05, 0.0, 2.0**12), ("gpt", "fp16", 0.5, 0.5, 2.0**12), ("tiny", "fp32", 0.5, 0.5, None)]
 CHECKPOINT = ("mlp", "fp16", 0.5, 0.5, 2.0**12)  # trained 2 steps on 2 ranks, continued 2 on 3 and on 1
 
 
 def build(kind: str, world: int, steps: int):
-    if kind != "wide":
+    if kind not in ("wide", "tiny"):
         return model_and_batches(kind, world, steps)
     gt.random.manual_seed(5)
     rng = np.random.default_rng(11)
+    if kind == "tiny":  # one class: the loss and the gradients are 0, weight decay moves the weights
+        return nn.Sequential(nn.Linear(1, 1)), [(rng.standard_normal((world * ROWS, 1)).astype(np.float32),
+                                                 np.zeros(world * ROWS, np.int64)) for _ in range(steps)]
     # 1.28M parameters: each rank's reduce-scatter runs in 2 pieces
     model = nn.Sequential(nn.Linear(12, 4096), nn.GELU(), nn.Dropout(0.1), nn.Linear(4096, 300))
     batches = [(rng.standard_normal((world * ROWS, 12)).astype(np.float32), rng.integers(0, 300, world * ROWS))
@@ -75,7 +79,7 @@ def check_plan(step, batch, optimizer, unsharded_plan, rank: int, world: int) ->
     plan = plan_step(step, batch)
     assert plan.settings["optimizer_shards"] == world and "optimizer_shards" not in unsharded_plan.settings
     memory = optimizer.memory()
-    planned = (plan["cpu"]["optimizer_state"], plan["pinned"]["optimizer_offload"] if "pinned" in plan else 0)
+    planned = (plan["cpu"].get("optimizer_state", 0), plan.get("pinned", {}).get("optimizer_offload", 0))
     assert planned[0] + planned[1] < unsharded_plan.total("cpu") + unsharded_plan.total("pinned")
     if rank == world - 1:
         assert planned == (memory["device_bytes"], memory["host_bytes"]), (planned, memory)
