@@ -12,6 +12,8 @@ minimum of a ring all-reduce (the loss sum adds 8 (N - 1) bytes).
 
 GPUTRAIN_BUCKET_BYTES sets the gradient bucket size (default 25 MiB: this GPT's 3 MiB of
 gradients is one bucket, exchanged after the backward; smaller buckets overlap it).
+GPUTRAIN_ZERO_STAGE=1 shards AdamW's state (ZeRO-1: reduce-scatter, shard update, all-gather);
+optimizer_bytes is one rank's.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def measure() -> dict[str, float]:
         dist.communicator().bucket_bytes = int(os.environ["GPUTRAIN_BUCKET_BYTES"])
     gt.random.manual_seed(0)
     model = GPT(vocab_size=65, block_size=SEQ, n_layer=LAYERS, n_head=4, n_embd=EMBD, dropout=0.0)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-3))
+    optimizer = gt.optim.AdamW(model.parameters(), lr=1e-3, zero_stage=int(os.environ.get("GPUTRAIN_ZERO_STAGE", "0")))
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer)
     rng = np.random.default_rng(rank)
     tokens = rng.integers(0, 65, (STEPS + WARMUP, BATCH, SEQ + 1))
     for i in range(WARMUP):
@@ -57,6 +60,7 @@ def measure() -> dict[str, float]:
     result = {"rank": rank, "ranks": world, "tokens_per_s": world * STEPS * BATCH * SEQ / elapsed,
               "bytes_per_step": (dist.bytes_sent() - sent) / STEPS,
               "ring_minimum_bytes": 2 * (world - 1) / world * 4 * params, "parameters": params,
+              "optimizer_bytes": optimizer.memory()["device_bytes"],
               "buckets_early": dist.communicator().buckets_early if dist.communicator() is not None else 0}
     dist.destroy()
     return result

@@ -154,6 +154,49 @@ gt_status gt_comm_reduce_scatter_f32(gt_comm *comm, float *buf, size_t n) {
     return status;
 }
 
+/* [*first, *first + *count) of piece k (of `slot` elements) of rank r's chunk of n. */
+static void shard_piece(size_t n, int size, int r, size_t k, size_t slot, size_t *first, size_t *count) {
+    size_t chunk_first, chunk_count;
+    gt_comm_chunk(n, size, r, &chunk_first, &chunk_count);
+    size_t skip = k * slot < chunk_count ? k * slot : chunk_count;
+    *first = chunk_first + skip;
+    *count = chunk_count - skip < slot ? chunk_count - skip : slot;
+}
+
+/* Piece k of the sharded reduce-scatter: every peer's piece k of its chunk to it, the own
+ * piece k of every peer into scratch, then summed in rank order. */
+static gt_status reduce_scatter_piece(gt_comm *comm, float *buf, size_t n, size_t k, exchange_plan *p) {
+    size_t slot = scratch_slot(comm), mine_first, mine_count;
+    shard_piece(n, comm->size, comm->rank, k, slot, &mine_first, &mine_count);
+    for (int r = 0; r < comm->size; r++) {
+        if (r == comm->rank)
+            continue;
+        size_t first, count;
+        shard_piece(n, comm->size, r, k, slot, &first, &count);
+        p->send[r] = buf + first;
+        p->send_bytes[r] = count * sizeof(float);
+        p->recv[r] = comm->scratch + (size_t)(r - (r > comm->rank)) * slot;
+        p->recv_bytes[r] = mine_count * sizeof(float);
+    }
+    GT_TRY(run_exchange(comm, p));
+    sum_rank_order(comm, buf + mine_first, mine_count, comm->scratch, slot);
+    return GT_OK;
+}
+
+gt_status gt_comm_reduce_scatter_shards_f32(gt_comm *comm, float *buf, size_t n) {
+    GT_TRY(check_usable(comm));
+    if (comm->size == 1)
+        return GT_OK;
+    size_t slot = scratch_slot(comm), largest = n / (size_t)comm->size + 1;  /* the same on every rank */
+    exchange_plan p;
+    GT_TRY(plan_alloc(comm, &p));
+    gt_status status = GT_OK;
+    for (size_t k = 0; status == GT_OK && k * slot < largest; k++)
+        status = reduce_scatter_piece(comm, buf, n, k, &p);
+    plan_free(&p);
+    return status;
+}
+
 /* The exchange of an all-gather: this rank's chunk to every peer, theirs into place. */
 static void plan_allgather(const gt_comm *comm, void *buf, size_t n, size_t elem_bytes, exchange_plan *p) {
     size_t mine_first, mine_count;

@@ -77,6 +77,13 @@ gt_status gt_comm_allreduce_sum_f32(gt_comm *comm, float *buf, size_t n);
  * rank's chunk `rank`; the other chunks are left as they were. */
 gt_status gt_comm_reduce_scatter_f32(gt_comm *comm, float *buf, size_t n);
 
+/* ZeRO's reduce-scatter over the whole of buf (n f32, any n): chunk `rank` of n split into
+ * `size` chunks (gt_comm_chunk) becomes the rank-order sum of every rank's chunk `rank`, the
+ * same sums as gt_comm_allreduce_sum_f32's there; the other chunks are left as they were.
+ * Sent in pieces of at most GT_COMM_BUCKET / size + 1 elements per peer, (size - 1) / size x 4n
+ * bytes per rank in all. gt_comm_allgather(buf, n, 4) is its other half. */
+gt_status gt_comm_reduce_scatter_shards_f32(gt_comm *comm, float *buf, size_t n);
+
 /* Every rank's chunk r of buf (n elements of elem_bytes) is sent to every other rank, so that
  * all ranks end with every chunk (chunk r from rank r). */
 gt_status gt_comm_allgather(gt_comm *comm, void *buf, size_t n, size_t elem_bytes);

@@ -215,14 +215,14 @@ static PyObject *none_tuple(Py_ssize_t n) {
 
 static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"kind", "params", "groups", "hparams", "grads", "numerics",
-                               "cpu_offload_fraction", "offload_chunk_numel", NULL};
+                               "cpu_offload_fraction", "offload_chunk_numel", "zero_size", "zero_rank", NULL};
     const char *kind = NULL, *numerics = "exact";
     PyObject *params_obj, *groups_obj, *hparams_obj, *grads_obj = Py_None;
     gt_optimizer_config config = {.device = gt_cpu_device()};
     Py_ssize_t chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOO|$Osdn:Optimizer", keywords, &kind, &params_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOO|$Osdnii:Optimizer", keywords, &kind, &params_obj,
                                      &groups_obj, &hparams_obj, &grads_obj, &numerics,
-                                     &config.cpu_offload_fraction, &chunk))
+                                     &config.cpu_offload_fraction, &chunk, &config.zero_size, &config.zero_rank))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     if (!module || parse_kind(module, kind, numerics, &config) < 0)
@@ -554,8 +554,10 @@ static PyType_Slot optimizer_slots[] = {
     {Py_tp_methods, optimizer_methods},
     {Py_tp_getset, optimizer_getset},
     {Py_tp_doc, "Optimizer(kind, params, groups, hparams, *, grads=None, numerics='exact', "
-                "cpu_offload_fraction=0.0, offload_chunk_numel=0)\n--\n\n"
-                "The fused C AdamW ('adamw') or SGD ('sgd') over float32 parameter arrays."},
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0)\n--\n\n"
+                "The fused C AdamW ('adamw') or SGD ('sgd') over float32 parameter arrays. zero_size > 0: "
+                "they are rank zero_rank's shard of a model's parameters (ZeRO-1), and a training step "
+                "with this optimizer reduce-scatters the gradients and all-gathers the parameters."},
     {0, NULL},
 };
 

@@ -76,6 +76,8 @@ static double chunk_sumsq(gt_simd level, const float *x, size_t n) {
     return chunk_scalar(x, n);
 }
 
+double gt_sumsq_chunk(const float *x, size_t n) { return chunk_sumsq(gt_simd_level(), x, n); }
+
 gt_status gt_grad_sumsq(const float *x, size_t n, double *out) {
     *out = 0.0;
     if (n == 0)

@@ -12,6 +12,9 @@
 /* Sum of squares of n host fp32 values, in float64 (threads: OpenMP). */
 gt_status gt_grad_sumsq(const float *x, size_t n, double *out);
 
+/* The total of one chunk of core/sumsq_order.h: x[0..n) its elements (n at most a chunk). */
+double gt_sumsq_chunk(const float *x, size_t n);
+
 /* sqrt(gt_grad_sumsq(x, n)). */
 gt_status gt_grad_norm_l2(const float *x, size_t n, double *out);
 

@@ -95,6 +95,11 @@ static gt_status check_config(const gt_optimizer_config *c) {
     if (!(c->cpu_offload_fraction >= 0.0 && c->cpu_offload_fraction <= 1.0))
         return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: must be in [0, 1], got %g",
                        c->cpu_offload_fraction);
+    if (c->zero_size < 0 || (c->zero_size > 0 && (c->zero_rank < 0 || c->zero_rank >= c->zero_size)))
+        return GT_FAIL(GT_ERR_VALUE, "zero_rank: must be in [0, %d) ranks, got %d", c->zero_size, c->zero_rank);
+    if (c->zero_size > 0 && gt_device_is_accelerator(c->device))
+        return GT_FAIL(GT_ERR_VALUE, "zero_stage: ZeRO-1 shards the optimizer of a model on the cpu; "
+                       "a model on an accelerator keeps zero_stage=0");
     if (c->device.kind == GT_DEVICE_PINNED)
         return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
     if (!gt_device_is_accelerator(c->device))
@@ -322,6 +327,9 @@ gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad) {
 int64_t gt_optimizer_num_steps(const gt_optimizer *opt) { return opt->num_steps; }
 
 size_t gt_optimizer_num_params(const gt_optimizer *opt) { return opt->num_params; }
+
+int gt_optimizer_zero_size(const gt_optimizer *opt) { return opt->config.zero_size; }
+int gt_optimizer_zero_rank(const gt_optimizer *opt) { return opt->config.zero_rank; }
 
 int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot) {
     return (int)slot >= 0 && slot < GT_SLOT_COUNT && opt->has_slot[slot];

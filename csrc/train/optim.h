@@ -67,6 +67,9 @@ typedef struct gt_optimizer_config {
     double cpu_offload_fraction;  /* 0 <= f <= 1: share of elements whose state is on the host */
     size_t offload_chunk_numel;   /* elements per staging chunk; 0 = 1 Mi elements */
     gt_stream *compute_stream;    /* accelerator: the training step's stream (NULL = default) */
+    int zero_size;                /* ZeRO-1 (train/zero.h): the params are this rank's shard of a
+                                     model's parameters sharded over zero_size ranks; 0: not sharded */
+    int zero_rank;                /* ZeRO-1: the rank whose shard they are, in [0, zero_size) */
 } gt_optimizer_config;
 
 typedef struct gt_optimizer gt_optimizer;
@@ -120,6 +123,10 @@ gt_status gt_grad_sumsq_on(gt_device device, gt_stream *stream, const float *gra
 int64_t gt_optimizer_num_steps(const gt_optimizer *opt);
 
 size_t gt_optimizer_num_params(const gt_optimizer *opt);
+
+/* ZeRO-1: the ranks the state is sharded over (0: not sharded) and this shard's rank. */
+int gt_optimizer_zero_size(const gt_optimizer *opt);
+int gt_optimizer_zero_rank(const gt_optimizer *opt);
 
 /* 1 when the optimizer keeps state slot `slot`. */
 int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot);

@@ -5,6 +5,7 @@
 
 #include "train/grad_norm.h"
 #include "train/step_device.h"
+#include "train/zero.h"
 
 /* Rows [first, first + count) of a batch tensor, as a tensor of its own. */
 static gt_tensor micro_slice(const gt_tensor *batch, int64_t first, int64_t count) {
@@ -50,6 +51,9 @@ static gt_status poll_interrupt(gt_model *model, const gt_step_config *cfg, int 
         model->grads_valid = 0;
     return GT_FAIL(GT_ERR_INTERRUPTED, "the training step was interrupted before its update (nothing applied)");
 }
+
+/* 1 when the optimizer is a ZeRO-1 shard (train/zero.h): gradients reduce-scattered, not all-reduced. */
+static int sharded(const gt_step_config *cfg) { return cfg->optimizer && gt_optimizer_zero_size(cfg->optimizer) > 0; }
 
 /* The number of data-parallel ranks whose micro-batches make up the step. */
 static int world_size(const gt_step_config *cfg) { return cfg->comm ? cfg->comm->size : 1; }
@@ -107,7 +111,7 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         GT_TRY(gt_model_forward(model, &x, micro, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        int overlap = cfg->comm && !model->device && m == cfg->micro_batches - 1;  /* a device's: staged */
+        int overlap = cfg->comm && !model->device && !sharded(cfg) && m == cfg->micro_batches - 1;  /* device: staged */
         gt_status status = overlap ? backward_summed(model, &x, micro, accumulate, cfg->comm)
                                : gt_model_backward(model, &x, micro, accumulate);
         if (status != GT_OK && cfg->comm)
@@ -125,6 +129,13 @@ static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt
                               gt_step_sums *out) {
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &out->loss_sum));
     GT_TRY(sum_losses(model, cfg, &out->loss_sum));
+    if (sharded(cfg)) {
+        gt_status status = gt_zero_sums(cfg->comm, model->grads.block.ptr, model->num_params, scaler, want_norm,
+                                        &out->found_inf, &out->grad_sumsq);
+        if (status != GT_OK)
+            model->grads_valid = 0;  /* part of them may be summed */
+        return status;
+    }
     if (scaler)
         GT_TRY(gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, &out->found_inf));
     if (!out->found_inf && want_norm)
@@ -227,11 +238,22 @@ static gt_status check_comm(const gt_model *model, const gt_step_config *cfg) {
     return GT_OK;
 }
 
+/* A ZeRO-1 shard is updated in a step of the rank and world size it was cut for. */
+static gt_status check_zero(const gt_step_config *cfg) {
+    if (sharded(cfg) && (!cfg->comm || cfg->comm->size != gt_optimizer_zero_size(cfg->optimizer) ||
+                         cfg->comm->rank != gt_optimizer_zero_rank(cfg->optimizer)))
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: zero_stage=1 sharded it for rank %d of %d; the step needs the "
+                       "communicator of that rank (gputrain.distributed.init() in the same job)",
+                       gt_optimizer_zero_rank(cfg->optimizer), gt_optimizer_zero_size(cfg->optimizer));
+    return GT_OK;
+}
+
 static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                             const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
     GT_TRY(check_deferred(model, cfg));
     GT_TRY(check_comm(model, cfg));
+    GT_TRY(check_zero(cfg));
     memset(out, 0, sizeof *out);
     gt_scaler *scaler = cfg->scaler && cfg->scaler->enabled ? cfg->scaler : NULL;
     out->scale = scaler ? scaler->scale : 1.0f;
@@ -254,6 +276,8 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
     out->skipped = found_inf || out->outlier;
     if (!out->skipped && cfg->optimizer) {
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
+        if (sharded(cfg))  /* every rank's updated shard to every rank */
+            GT_TRY(gt_comm_allgather(cfg->comm, model->params.block.ptr, model->num_params, sizeof(float)));
         GT_TRY(gt_model_refresh_lowp(model));
     }
     if (scaler && !out->outlier)  /* a device model's made the same update there (gt_step_device_unscale) */

@@ -37,13 +37,24 @@ _ACTIVATION_PARTS = ("activations", "recompute", "backward_scratch", "loss_buffe
 class OptimizerSpec:
     """An optimizer before it is built: its kind ("adamw" or "sgd"), the element count of each
     parameter, its groups' hyperparameters (only amsgrad and momentum change its memory) and
-    the share of its state offloaded to pinned host memory."""
+    the share of its state offloaded to pinned host memory. zero_shards=N > 1 (ZeRO-1,
+    AdamW(zero_stage=1) over N ranks): the plan is one rank's, whose state covers at most
+    ceil(sum(numels) / N) elements (its offloaded share included)."""
 
     kind: str
     numels: tuple[int, ...]
     hparams: tuple[dict[str, Any], ...] = ({},)
     cpu_offload_fraction: float = 0.0
     offload_chunk_numel: int = 0
+    zero_shards: int = 1
+
+    def per_rank_numels(self) -> list[int]:
+        """The element counts of one rank's optimizer state: numels, or the largest ZeRO-1 shard."""
+        if isinstance(self.zero_shards, bool) or not isinstance(self.zero_shards, int) or self.zero_shards < 1:
+            raise ValueError(f"zero_shards must be an int >= 1, got {self.zero_shards!r}")
+        if self.zero_shards == 1:
+            return list(self.numels)
+        return [-(-sum(self.numels) // self.zero_shards)]
 
     @classmethod
     def of(cls, optimizer: Optimizer, model: Module) -> OptimizerSpec:
@@ -52,7 +63,8 @@ class OptimizerSpec:
             raise TypeError(f"optimizer must be a gputrain optimizer, not {type(optimizer).__name__}")
         return cls(optimizer._kind, tuple(p.numel() for p in optimizer._params()),
                    tuple(optimizer._hparams(g) for g in optimizer.param_groups),
-                   optimizer.cpu_offload_fraction, optimizer.offload_chunk_numel)
+                   optimizer.cpu_offload_fraction, optimizer.offload_chunk_numel,
+                   optimizer._shard.size if optimizer._shard is not None else 1)
 
 
 @dataclass(frozen=True)
@@ -178,7 +190,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     activation_arena = _model_regions(regions, compiled, shape, dt, checkpointing)
     numels = [compiled.num_parameters]  # every parameter once, as EMA(model) averages them
     if optimizer is not None:
-        memory = _C.optimizer_plan(optimizer.kind, list(optimizer.numels), list(optimizer.hparams), device=device,
+        memory = _C.optimizer_plan(optimizer.kind, optimizer.per_rank_numels(), list(optimizer.hparams), device=device,
                                    cpu_offload_fraction=optimizer.cpu_offload_fraction,
                                    offload_chunk_numel=optimizer.offload_chunk_numel)
         _add(regions, device, "optimizer_state", memory["device_bytes"])
@@ -195,6 +207,9 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     settings = {"precision": precision, "gradient_checkpointing": checkpointing,
                 "cpu_offload_fraction": optimizer.cpu_offload_fraction if optimizer is not None else 0.0,
                 "ema": ema, "loss_scaler": scaler}
+    if optimizer is not None and optimizer.zero_shards > 1:  # optimizer bytes are one rank's
+        settings["zero_stage"] = 1
+        settings["optimizer_shards"] = optimizer.zero_shards
     return MemoryPlan(regions, device=device, micro_batch_shape=shape,
                       alternatives={f"activation arena with gradient_checkpointing={not checkpointing}": other},
                       settings=settings, activation_arena=activation_arena)

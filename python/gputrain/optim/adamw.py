@@ -22,18 +22,26 @@ class AdamW(Optimizer):
     (0: 1 Mi) through double-buffered pinned staging; results are identical for every f.
     Parameters changed other than by step() (e.g. model.load_state_dict) need reload_params()
     when f > 0.
+
+    zero_stage=1 (DeepSpeed's name for the stage; PyTorch's ZeroRedundancyOptimizer is the same
+    idea as a wrapper class) shards the state over the ranks of gputrain.distributed.init():
+    each rank keeps exp_avg, exp_avg_sq (and the offloaded master copy) of its contiguous 1/N
+    of the model's parameters, and TrainStep reduce-scatters the gradients, updates the shard
+    and all-gathers the parameters, bit-identical to zero_stage=0. With one process it is
+    zero_stage=0. See gputrain.optim.zero.
     """
 
     _kind = "adamw"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-                 numerics: str = "exact", cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0) -> None:
+                 numerics: str = "exact", cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0,
+                 zero_stage: int = 0) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "amsgrad": bool(amsgrad), "maximize": bool(maximize)}
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults, numerics=numerics, cpu_offload_fraction=cpu_offload_fraction,
-                         offload_chunk_numel=offload_chunk_numel)
+                         offload_chunk_numel=offload_chunk_numel, zero_stage=zero_stage)
 
     @staticmethod
     def _check_hyperparameters(group: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from gputrain import _C
 from gputrain._state_checks import check_keys, check_mapping, float32_array, integer, real
 from gputrain.nn.parameter import Parameter
 from gputrain.optim.clip import clip_coefficient, total_norm
+from gputrain.optim.zero import Shard, check_zero_stage
 
 if TYPE_CHECKING:
     from gputrain.nn.module import Module
@@ -82,7 +83,7 @@ class Optimizer:
     _kind: ClassVar[str] = ""
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, numerics: str = "exact",
-                 cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0) -> None:
+                 cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0, zero_stage: int = 0) -> None:
         if isinstance(params, (Parameter, np.ndarray)):
             raise TypeError("params argument given to the optimizer should be an iterable of "
                             f"Parameters or dicts, but got {type(params).__name__}")
@@ -98,6 +99,7 @@ class Optimizer:
                 or not 0 <= offload_chunk_numel <= sys.maxsize:
             raise ValueError(f"offload_chunk_numel must be an int in [0, {sys.maxsize}], got {offload_chunk_numel!r}")
         self.offload_chunk_numel = offload_chunk_numel
+        self.zero_stage = check_zero_stage(zero_stage)
         self.param_groups: list[dict[str, Any]] = []
         groups = list(params)
         if not groups:
@@ -111,8 +113,22 @@ class Optimizer:
         self.last_step_skipped = False
         self._steps_before = 0  # steps taken by the cores that _rebuild_core replaced
         self._generation = Parameter.generation  # read before _views: a later move changes it
+        self._shard = self._make_shard()
         self._views = self._param_views()  # the arrays the C optimizer points into
         self._core = self._build_core(self._views)
+
+    def _make_shard(self) -> Shard | None:
+        """ZeRO-1's shard of this rank (gputrain.optim.zero), or None: zero_stage=0 or one process."""
+        from gputrain import distributed
+
+        if self.zero_stage == 0 or distributed.communicator() is None:
+            return None
+        return Shard(self._params(), distributed.communicator())
+
+    def _refuse_sharded(self, what: str) -> None:
+        if self._shard is not None:
+            raise RuntimeError(f"{what}: with zero_stage=1 each rank holds a shard of the state; the update runs "
+                               "inside gputrain.TrainStep (reduce-scatter, shard update, all-gather)")
 
     # -- hooks for subclasses -------------------------------------------------------------
     @staticmethod
@@ -160,6 +176,7 @@ class Optimizer:
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group (PyTorch's semantics); the state of the existing parameters is kept."""
+        self._refuse_sharded("add_param_group")
         self._add_group(param_group)
         try:  # the C core checks what the Python side does not (hyperparameters, a running step)
             self._rebuild_core()
@@ -177,7 +194,9 @@ class Optimizer:
     def _param_views(self) -> list[tuple[Any, Any]]:
         """What the C optimizer points into: each parameter's data and its gradient in a model
         (None for a standalone parameter or one that does not require grad); for a parameter
-        on a device, its DeviceSlot and requires_grad."""
+        on a device, its DeviceSlot and requires_grad. With zero_stage=1: this rank's slices."""
+        if self._shard is not None:
+            return self._shard.views(self._params())
         return [(p._device, p.requires_grad) if p._device is not None else
                 (p.data, p._grad_storage if p._owner is not None and p.requires_grad else None)
                 for p in self._params()]
@@ -214,7 +233,9 @@ class Optimizer:
                             [self._hparams(g) for g in self.param_groups],
                             grads=[grad for _, grad in views], numerics=self.numerics,
                             cpu_offload_fraction=self.cpu_offload_fraction,
-                            offload_chunk_numel=self.offload_chunk_numel)
+                            offload_chunk_numel=self.offload_chunk_numel,
+                            zero_size=self._shard.size if self._shard is not None else 0,
+                            zero_rank=self._shard.rank if self._shard is not None else 0)
 
     def _rebuild_core(self) -> None:
         """A new C optimizer over the current parameter arrays, keeping every parameter's state
@@ -232,6 +253,10 @@ class Optimizer:
         a container) or whose requires_grad changed; free unless some Parameter did."""
         generation = Parameter.generation
         if generation == self._generation:
+            return
+        if self._shard is not None:
+            self._shard.check_unmoved(self._params())
+            self._generation = generation
             return
         current = self._param_views()
         if any(data is not old_data or grad is not old_grad
@@ -257,6 +282,7 @@ class Optimizer:
         skip_if_nonfinite makes the next step() a no-op (`last_step_skipped` tells).
         """
         max_norm = _check_number(max_norm, "max_norm")
+        self._refuse_sharded("clip_grad_norm_")
         self._follow_params()
         if float(norm_type) == 2.0 and self._on_device:
             norm = self._core.grad_norm()
@@ -275,6 +301,7 @@ class Optimizer:
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One fused update of every parameter that has a gradient; returns closure() if given."""
+        self._refuse_sharded("step")
         loss = closure() if closure is not None else None
         coef, skip = self._pending_coef, self._skip_next
         self._pending_coef, self._skip_next = 1.0, False
@@ -309,8 +336,14 @@ class Optimizer:
     def _has_state(self, state: dict[str, Any]) -> bool:
         return state["step"] > 0
 
-    def _export_state(self, index: int, shape: tuple[int, ...]) -> dict[str, Any] | None:
-        raw = self._core.get_state(index)
+    def _raw_states(self) -> list[dict[str, Any]]:
+        """Every parameter's whole state as the C optimizer keeps it (gathered from every rank's
+        shard with zero_stage=1: a collective, every rank calls it)."""
+        if self._shard is not None:
+            return self._shard.gather(self._core, [p.numel() for p in self._params()])
+        return [self._core.get_state(i) for i in range(len(self._params()))]
+
+    def _export_state(self, raw: dict[str, Any], shape: tuple[int, ...]) -> dict[str, Any] | None:
         if not self._has_state(raw):
             return None
         out: dict[str, Any] = {}
@@ -326,17 +359,18 @@ class Optimizer:
         """Per-parameter state (copies), keyed by Parameter, as torch's optimizer.state: a
         defaultdict(dict), so a parameter without state yet reads as {}."""
         result: defaultdict[Parameter, dict[str, Any]] = defaultdict(dict)
-        for index, p in enumerate(self._params()):
-            exported = self._export_state(index, p.shape)
+        for raw, p in zip(self._raw_states(), self._params()):
+            exported = self._export_state(raw, p.shape)
             if exported is not None:
                 result[p] = exported
         return result
 
     def state_dict(self) -> dict[str, Any]:
-        """PyTorch's layout: {'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}."""
+        """PyTorch's layout: {'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}.
+        With zero_stage=1 the whole state, gathered on every rank (every rank calls it)."""
         state = {}
-        for index, p in enumerate(self._params()):
-            exported = self._export_state(index, p.shape)
+        for index, (raw, p) in enumerate(zip(self._raw_states(), self._params())):
+            exported = self._export_state(raw, p.shape)
             if exported is not None:
                 state[index] = exported
         groups, start = [], 0
@@ -447,7 +481,7 @@ class Optimizer:
         try:
             self.param_groups = new_groups
             self.push_hyperparameters()
-            self._write_states(prepared)
+            self._write_states(self._local_states(prepared))
         except BaseException:
             self.param_groups = old_groups
             self.push_hyperparameters()
@@ -455,12 +489,22 @@ class Optimizer:
             raise
         self._core.reload_params()
 
+    def _local_states(self, states: dict[int, tuple[int, dict[str, np.ndarray]]]
+                      ) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+        """Whole per-parameter states as the C optimizer holds them: this rank's shard of each
+        with zero_stage=1, unchanged otherwise."""
+        shard = self._shard
+        if shard is None:
+            return states
+        return {i: (step, {k: shard.local(i, a) for k, a in arrays.items()}) for i, (step, arrays) in states.items()}
+
     def _write_states(self, states: dict[int, tuple[int, dict[str, np.ndarray]]]) -> None:
-        """Sets every parameter's step and state arrays (zeros and step 0 where `states` has none)."""
+        """Sets every parameter's step and state arrays (zeros and step 0 where `states` has none),
+        the arrays as the C optimizer holds them (a shard's slices with zero_stage=1)."""
         for i, p in enumerate(self._params()):
             current = self._core.get_state(i)
             step, arrays = states.get(i, (0, {}))
-            zeros = {k: np.zeros(p.numel(), np.float32) for k in current if k != "step" and k not in arrays}
+            zeros = {k: np.zeros_like(v) for k, v in current.items() if k != "step" and k not in arrays}
             self._core.set_state(i, step, {**zeros, **arrays})
 
     def reload_params(self) -> None:
@@ -477,7 +521,7 @@ class Optimizer:
     def __getstate__(self) -> dict[str, Any]:
         """The attributes and param_groups (their Parameters: deep-copied with a model, the
         copy's), and the state through state_dict(); the C optimizer is rebuilt on load."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_core", "_views", "_generation")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_core", "_views", "_generation", "_shard")}
         state["_steps_before"] = self.step_count
         state["_saved"] = self.state_dict()
         return state
@@ -488,6 +532,7 @@ class Optimizer:
         # Built over the Parameters as they are now: copied with their model, they may still be
         # standalone and move into its arenas afterwards, which _follow_params then follows.
         self._generation = Parameter.generation
+        self._shard = self._make_shard()
         self._views = self._param_views()
         self._core = self._build_core(self._views)
         self.load_state_dict(saved)
