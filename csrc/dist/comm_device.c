@@ -39,16 +39,34 @@ static gt_status device_of(gt_comm *comm, const gt_device_backend *dev, int inde
     return GT_OK;
 }
 
+/* comm's stream on the device, made to wait for the work queued so far on the default stream. */
+static gt_status begin(gt_comm *comm, const gt_device_backend *dev, int index, gt_comm_device **out) {
+    GT_TRY(device_of(comm, dev, index, out));
+    GT_TRY(dev->event_record(index, (*out)->ready, NULL));
+    return dev->stream_wait_event(index, (*out)->stream, (*out)->ready);
+}
+
+/* The default stream's later work waits for the collectives queued on comm's stream. */
+static gt_status end(gt_comm_device *d) {
+    GT_TRY(d->dev->event_record(d->index, d->summed, d->stream));
+    return d->dev->stream_wait_event(d->index, NULL, d->summed);
+}
+
 gt_status gt_comm_device_allreduce(gt_comm *comm, const gt_device_backend *dev, int index, float *grads, size_t n,
                                    double *loss_sum) {
     gt_comm_device *d = NULL;
-    GT_TRY(device_of(comm, dev, index, &d));
-    GT_TRY(dev->event_record(index, d->ready, NULL));
-    GT_TRY(dev->stream_wait_event(index, d->stream, d->ready));
+    GT_TRY(begin(comm, dev, index, &d));
     GT_TRY(dev->allreduce_sum(index, d->stream, comm, GT_F32, grads, n));
     GT_TRY(dev->allreduce_sum(index, d->stream, comm, GT_F64, loss_sum, 1));
-    GT_TRY(dev->event_record(index, d->summed, d->stream));
-    return dev->stream_wait_event(index, NULL, d->summed);
+    return end(d);
+}
+
+gt_status gt_comm_device_broadcast(gt_comm *comm, const gt_device_backend *dev, int index, void *buf, size_t bytes,
+                                   int root) {
+    gt_comm_device *d = NULL;
+    GT_TRY(begin(comm, dev, index, &d));
+    GT_TRY(dev->broadcast(index, d->stream, comm, buf, bytes, root));
+    return end(d);
 }
 
 gt_status gt_comm_device_failed(gt_comm *comm, gt_status status) {

@@ -33,6 +33,10 @@ typedef struct gt_comm_device {
 gt_status gt_comm_device_allreduce(gt_comm *comm, const gt_device_backend *dev, int index, float *grads, size_t n,
                                    double *loss_sum);
 
+/* Queues, the same way: buf (bytes of device memory) on every rank becomes rank `root`'s. */
+gt_status gt_comm_device_broadcast(gt_comm *comm, const gt_device_backend *dev, int index, void *buf, size_t bytes,
+                                   int root);
+
 /* What a backend's queued collective calls with its status: a failure's message is kept in comm
  * (and comm is failed) for gt_comm_device_check. Returns `status`. */
 gt_status gt_comm_device_failed(gt_comm *comm, gt_status status);
