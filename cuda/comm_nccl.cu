@@ -264,7 +264,9 @@ gt_status allreduce(int index, gt_comm *comm, gt_dtype dtype, void *buf, size_t 
         a.count = n - first < GT_COMM_BUCKET ? n - first : GT_COMM_BUCKET;
         GT_TRY(reduce_scatter(a));
         GT_TRY(allgather(a));
-        comm->bytes_sent += 2 * (a.count - a.count / (size_t)comm->size) * a.elem;  // about 2 (N-1)/N x bytes
+        size_t mine_first, mine_count;
+        gt_comm_chunk(a.count, comm->size, comm->rank, &mine_first, &mine_count);
+        comm->bytes_sent += (a.count - mine_count + mine_count * (size_t)(comm->size - 1)) * a.elem;  // both phases
     }
     return arm_watchdog(comm, s, stream);
 }
