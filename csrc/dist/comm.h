@@ -1,5 +1,5 @@
 /* Collective communication between the ranks of a data-parallel job: a table of functions
- * (gt_comm_ops) that each transport implements once (MPI here, comm_mpi.c; NCCL later), and the
+ * (gt_comm_ops) that each host transport implements once (MPI: comm_mpi.c), and the
  * collectives built on it. Every wait has a deadline: a rank that died or stopped answering makes
  * the others fail with GT_ERR_TIMEOUT instead of hanging, and the communicator is then unusable.
  *
@@ -22,9 +22,9 @@ extern "C" {
 typedef struct gt_comm gt_comm;
 typedef struct gt_comm_pending gt_comm_pending;  /* an exchange in flight (the transport's) */
 
-/* A transport: point-to-point exchanges that every collective is made of. An NCCL transport
- * implements the same table (its exchange is ncclGroupStart, ncclSend/ncclRecv per peer,
- * ncclGroupEnd, then cudaEventQuery polled against the deadline). */
+/* A transport: point-to-point exchanges of host memory that every collective is made of. A
+ * device model's collectives run on its device instead (dist/comm_device.h; on CUDA over NCCL,
+ * cuda/comm_nccl.h), with this transport for what they exchange on the host (NCCL's id). */
 typedef struct gt_comm_ops {
     /* Sends send_bytes[p] bytes from send[p] to every peer p != rank and receives recv_bytes[p]
      * bytes from every peer into recv[p] (NULL or 0 bytes: nothing with that peer), all at once;
