@@ -77,28 +77,28 @@ class Cuda(NamedTuple):
     """Where the CUDA backend is compiled and linked from."""
 
     home: str                 # directory with bin/nvcc, include and the CUDA libraries
-    include_dirs: list[str]   # the CUDA headers, then cuDNN's
-    library_dirs: list[str]   # the CUDA libraries, then cuDNN's
-    libraries: list[str]      # -l names of cudart, cuBLASLt, cuBLAS, cuDNN
+    include_dirs: list[str]   # the CUDA headers, then cuDNN's and NCCL's
+    library_dirs: list[str]   # the CUDA libraries, then cuDNN's and NCCL's
+    libraries: list[str]      # -l names of cudart, cuBLASLt, cuBLAS, cuDNN, NCCL
     rpaths: list[str]         # where the installed extension finds them
 
 
 def find_cuda(source):
     if source.kind == "toolkit":
         home = gputrain_cuda.toolkit_home()
-        cudnn = gputrain_cuda.cudnn_home(home)
-        dirs = list(dict.fromkeys([os.path.join(home, "lib64"), os.path.join(cudnn, "lib64"),
-                                   os.path.join(cudnn, "lib")]))
+        cudnn, nccl = gputrain_cuda.cudnn_home(home), gputrain_cuda.nccl_home(home)
+        dirs = list(dict.fromkeys([os.path.join(root, lib) for root in (home, cudnn, nccl) for lib in ("lib64", "lib")]))
         dirs = [d for d in dirs if os.path.isdir(d)]
-        includes = list(dict.fromkeys([os.path.join(home, "include"), os.path.join(cudnn, "include")]))
-        return Cuda(home, includes, dirs, ["cudart", "cublasLt", "cublas", "cudnn"], dirs)
+        includes = list(dict.fromkeys([os.path.join(root, "include") for root in (home, cudnn, nccl)]))
+        return Cuda(home, includes, dirs, ["cudart", "cublasLt", "cublas", "cudnn", "nccl"], dirs)
     if source.kind == "wheels":
         home, cudnn = gputrain_cuda.wheels_home(), gputrain_cuda.wheels_cudnn_home()
+        nccl = gputrain_cuda.wheels_nccl_home()
         names = [f":{name}" for _, name in gputrain_cuda.WHEEL_LIBRARIES]
         site = os.path.dirname(os.path.dirname(home))  # site-packages (home is nvidia/cu13)
-        dirs = [os.path.join(home, "lib"), os.path.join(cudnn, "lib")]
+        dirs = [os.path.join(root, "lib") for root in (home, cudnn, nccl)]
         rpaths = ["$ORIGIN/../" + os.path.relpath(d, site) for d in dirs]
-        return Cuda(home, [os.path.join(home, "include"), os.path.join(cudnn, "include")], dirs, names, rpaths)
+        return Cuda(home, [os.path.join(root, "include") for root in (home, cudnn, nccl)], dirs, names, rpaths)
     return None
 
 
@@ -149,7 +149,7 @@ def add_cuda(ext, cuda):
 def nvcc_flags(cuda):
     flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
              "--fmad=false", "-Icsrc", "-Icuda", "-DGT_WITH_CUDA=1"]
-    flags += [f"-I{d}" for d in cuda.include_dirs[1:]]  # cuDNN's headers (nvcc knows its own)
+    flags += [f"-I{d}" for d in cuda.include_dirs[1:]]  # cuDNN's and NCCL's headers (nvcc knows its own)
     for arch in CUDA_ARCHS:
         flags.append(f"--generate-code=arch=compute_{arch},code=sm_{arch}")
     flags.append(f"--generate-code=arch=compute_{CUDA_ARCHS[-1]},code=compute_{CUDA_ARCHS[-1]}")

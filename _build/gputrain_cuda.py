@@ -20,14 +20,17 @@ CUDA_MAJOR = 13  # the CUDA generation of the registry wheels gputrain builds ag
 WHEELS_FOR_BUILD = [f"nvidia-cuda-nvcc>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cuda-runtime>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cublas>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
-                    f"nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10"]
+                    f"nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10",
+                    f"nvidia-nccl-cu{CUDA_MAJOR}>=2.27,<3"]
 WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[1:]
 # (distribution, library) for each CUDA library the extension links, in load order
 WHEEL_LIBRARIES = [("nvidia-cuda-runtime", f"libcudart.so.{CUDA_MAJOR}"),
                    ("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
                    ("nvidia-cublas", f"libcublas.so.{CUDA_MAJOR}"),
-                   (f"nvidia-cudnn-cu{CUDA_MAJOR}", "libcudnn.so.9")]
+                   (f"nvidia-cudnn-cu{CUDA_MAJOR}", "libcudnn.so.9"),
+                   (f"nvidia-nccl-cu{CUDA_MAJOR}", "libnccl.so.2")]
 CUDNN_HEADER = "include/cudnn.h"
+NCCL_HEADER = "include/nccl.h"
 
 
 class CudaSource(NamedTuple):
@@ -44,16 +47,33 @@ def toolkit_home() -> str | None:
     return home if os.path.exists(os.path.join(home, "bin", "nvcc")) else None
 
 
-def installed_cudnn_home() -> str | None:
-    """The nvidia/cudnn directory (include, lib) of an installed nvidia-cudnn wheel, or None."""
+def installed_home(distribution: str, header: str) -> str | None:
+    """The directory (include, lib) holding `header` in an installed wheel, or None."""
     try:
-        dist = importlib.metadata.distribution(f"nvidia-cudnn-cu{CUDA_MAJOR}")
+        dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
     for file in dist.files or []:
-        if str(file).replace("\\", "/").endswith(CUDNN_HEADER):
+        if str(file).replace("\\", "/").endswith(header):
             return os.path.normpath(str(dist.locate_file(file)) + "/../..")
     return None
+
+
+def installed_cudnn_home() -> str | None:
+    """The nvidia/cudnn directory (include, lib) of an installed nvidia-cudnn wheel, or None."""
+    return installed_home(f"nvidia-cudnn-cu{CUDA_MAJOR}", CUDNN_HEADER)
+
+
+def nccl_home(toolkit: str) -> str:
+    """Where NCCL's include/nccl.h and libnccl are for a toolkit build (the device collectives,
+    cuda/comm_nccl.cu): NCCL_HOME, the toolkit itself (NCCL installed into it), or an installed
+    nvidia-nccl wheel."""
+    for home in (os.environ.get("NCCL_HOME"), toolkit, installed_home(f"nvidia-nccl-cu{CUDA_MAJOR}", NCCL_HEADER)):
+        if home and os.path.exists(os.path.join(home, NCCL_HEADER)):
+            return home
+    raise RuntimeError(f"the CUDA backend needs NCCL 2 (data parallelism): no {NCCL_HEADER} under NCCL_HOME or "
+                       f"{toolkit}; install NCCL into the toolkit, set NCCL_HOME, or "
+                       f"pip install 'nvidia-nccl-cu{CUDA_MAJOR}>=2.27,<3'")
 
 
 def cudnn_home(toolkit: str) -> str:
@@ -106,6 +126,15 @@ def wheels_cudnn_home() -> str:
     if not home:
         raise RuntimeError("a CUDA build from the registry wheels needs cuDNN's: pip install "
                            f"'nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10'")
+    return home
+
+
+def wheels_nccl_home() -> str:
+    """The directory (include, lib) of the installed nvidia-nccl wheel (a build requirement)."""
+    home = installed_home(f"nvidia-nccl-cu{CUDA_MAJOR}", NCCL_HEADER)
+    if not home:
+        raise RuntimeError("a CUDA build from the registry wheels needs NCCL's: pip install "
+                           f"'nvidia-nccl-cu{CUDA_MAJOR}>=2.27,<3'")
     return home
 
 

@@ -10,6 +10,7 @@
 
 #include "core/device_backend.h"
 #include "cuda_backend.h"
+#include "comm_nccl.h"
 #include "cuda_internal.cuh"
 #include "ops_cuda.h"
 #include "optim_cuda.h"
@@ -230,6 +231,20 @@ gt_status scaler_update(int index, gt_stream *stream, gt_scaler *scaler, const i
     return gt_cuda_scaler_update(scaler, found_inf, st);
 }
 
+gt_status allreduce_sum(int index, gt_stream *stream, gt_comm *comm, gt_dtype dtype, void *buf, size_t n) {
+    GT_TRY(gt_cuda_require_device(index, "device"));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_nccl_allreduce_sum(index, comm, dtype, buf, n, st);
+}
+
+gt_status broadcast(int index, gt_stream *stream, gt_comm *comm, void *buf, size_t bytes, int root) {
+    GT_TRY(gt_cuda_require_device(index, "device"));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_nccl_broadcast(index, comm, buf, bytes, root, st);
+}
+
 gt_status backend_init(gt_backend *be, int index, gt_stream *stream) {
     cudaStream_t st = nullptr;
     GT_TRY(resolve(index, stream, &st));
@@ -268,6 +283,7 @@ const gt_device_backend cuda_table = {
     adamw, sgd, ema, ema_swap, grad_sumsq, unscale_check,
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
     stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate, grad_clip, scaler_update,
+    allreduce_sum, broadcast,
 };
 
 }  // namespace

@@ -46,10 +46,10 @@ def train(kind: str, world: int, rank: int | None, steps: int, precision: str, c
         rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
         gt.memory.device_counters(device, reset=True) if device != "cpu" else None
         out = step(x[rows], y[rows])
-        if device != "cpu":  # the staging: the record's head + 4 bytes a gradient + the loss sum, one wait more
-            staged = 4 * sum(int(np.prod(p.shape)) for p in model.parameters()) + 8
-            counts = gt.memory.device_counters(device)
-            assert counts["d2h_bytes"] == 32 + staged and counts["syncs"] == 2, counts
+        if device != "cpu":  # the collectives run on the device: only the record's head comes back, one wait
+            grads = 4 * sum(int(np.prod(p.shape)) for p in model.parameters())
+            counts = gt.memory.device_counters(device)  # h2d: the batch and the record's zeros
+            assert counts["d2h_bytes"] == 32 and counts["h2d_bytes"] < grads and counts["syncs"] == 1, counts
         results.append((out.loss, out.grad_norm, float(out.skipped), out.scale))
     return model.state_dict(), np.array(results)
 
@@ -114,7 +114,10 @@ def main() -> None:
     parser.add_argument("--trainer", action="store_true", help="the Trainer and DataLoader run")
     parser.add_argument("--collectives", action="store_true", help="check every collective against NumPy")
     parser.add_argument("--device-model", action="store_true", help="a sync=False step of a model on sim:0 is refused")
-    parser.add_argument("--device", default="cpu", help="the ranks' models run there (the reference's on the cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help="the ranks' models run there (the reference's on the cpu); cuda-per-rank: cuda:<rank>")
+    parser.add_argument("--broadcast-params", action="store_true",
+                        help="ranks seeded differently: their weights before and after broadcast_parameters")
     parser.add_argument("--raise-on-rank-1", action="store_true", help="rank 1 raises before its first step")
     parser.add_argument("--resume", action="store_true", help="with --trainer: one process resumes")
     parser.add_argument("--reference", type=int, default=None, metavar="N",
@@ -149,11 +152,24 @@ def main() -> None:
     if args.collectives:
         check_collectives(rank, world)
         return
+    if args.broadcast_params:
+        gt.random.manual_seed(10 + rank)
+        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 5)).to(args.device)
+        before = model.state_dict()
+        gt.memory.device_counters(args.device, reset=True) if args.device != "cpu" else None
+        dist.broadcast_parameters(model, root=world - 1)
+        if args.device != "cpu":  # sent by the device: no parameter byte crossed to the host; one wait
+            counts = gt.memory.device_counters(args.device)
+            assert counts["d2h_bytes"] == 0 and counts["syncs"] == 1, counts
+        np.savez(f"{args.out}.rank{rank}.npz", **{f"before.{k}": v for k, v in before.items()},
+                 **{f"after.{k}": v for k, v in model.state_dict().items()})
+        return
     if args.trainer:
         trainer_run(args.out, rank, args.resume)
         return
     if args.die_at_step is not None:
         model, batches = model_and_batches(args.kind, world, args.steps)
+        model.to(args.device)
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()))
         for i, (x, y) in enumerate(batches):
             if i == args.die_at_step and rank == 1:
@@ -166,7 +182,8 @@ def main() -> None:
                 print(f"rank {rank} TimeoutError after {time.monotonic() - started:.1f} s: {error}", flush=True)
                 os._exit(3)
         return
-    weights, results = train(args.kind, world, rank, args.steps, args.precision, args.clip, args.device)
+    device = f"cuda:{rank}" if args.device == "cuda-per-rank" else args.device
+    weights, results = train(args.kind, world, rank, args.steps, args.precision, args.clip, device)
     np.savez(f"{args.out}.rank{rank}.npz", results=results, buckets_early=dist.communicator().buckets_early,
              **weights)
     dist.destroy()

@@ -125,7 +125,7 @@ def test_collectives_against_numpy(ranks):
 def test_a_deferred_step_of_a_device_model_is_refused():
     done = run_ranks(2, "mlp", "unused", "--device-model")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ValueError: sync=False: data parallelism waits for the gradients on the host") == 2
+    assert done.stdout.count("ValueError: sync=False: data parallelism checks the collectives at the step's read") == 2
 
 
 @pytest.mark.parametrize("delay_us", ["0", "300"], ids=["no-delay", "sim-delay-300us"])
@@ -151,9 +151,52 @@ def test_two_ranks_of_sim_models_give_the_cpu_weights_bit_for_bit(tmp_path, monk
         assert (reference["results"][:, 1] > clip).all()
 
 
-def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
+@pytest.mark.parametrize("device, delay_us", [("cpu", "0"), ("sim", "0"), ("sim", "300")],
+                         ids=["cpu", "sim", "sim-delay-300us"])
+def test_broadcast_parameters_gives_every_rank_the_roots_weights(tmp_path, monkeypatch, device, delay_us):
+    """Ranks seeded differently; after broadcast_parameters(root=1) both hold rank 1's weights.
+    On "sim" the device sends them on the communicator's stream, after an event recorded on the
+    model's stream (with random delays, a broadcast not ordered after the init would send stale
+    weights or be overwritten)."""
+    monkeypatch.setenv("GPUTRAIN_SIM_DELAY_US", delay_us)
+    out = str(tmp_path / "run")
+    done = run_ranks(2, "mlp", out, "--broadcast-params", "--device", device)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [np.load(f"{out}.rank{r}.npz") for r in range(2)]
+    names = [name[len("before."):] for name in ranks[0].files if name.startswith("before.")]
+    assert not all(np.array_equal(ranks[0][f"before.{n}"], ranks[1][f"before.{n}"]) for n in names)
+    for r in range(2):
+        for n in names:
+            assert np.array_equal(ranks[r][f"after.{n}"], ranks[1][f"before.{n}"]), (r, n)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision, clip", [("fp32", None), ("fp16", 0.5)], ids=["fp32", "fp16-scaler-clip"])
+def test_two_ranks_on_two_gpus_give_the_cpu_weights_bit_for_bit(tmp_path, precision, clip):
+    """NCCL (cuda/comm_nccl.cu): the rank-order sum of grouped send/recv and a summing kernel on
+    the communicator's stream gives the one-process CPU reference's weights bit for bit, with the
+    step's one wait. NCCL refuses two ranks on one GPU, so this needs two."""
+    if _C.cuda_device_count() < 2:
+        pytest.skip("NCCL needs a GPU per rank: fewer than 2 CUDA devices")
+    options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
+    out = str(tmp_path / "run")
+    done = run_ranks(2, "mlp", out, "--steps", "3", "--device", "cuda-per-rank", *options)
+    assert done.returncode == 0, done.stdout + done.stderr
+    subprocess.run([sys.executable, WORKER, "mlp", out, "--steps", "3", *options, "--reference", "2"], check=True,
+                   timeout=240)
+    reference = np.load(f"{out}.reference.npz")
+    for r in range(2):
+        got = np.load(f"{out}.rank{r}.npz")
+        for name in reference.files:
+            assert np.array_equal(got[name], reference[name]), (r, name)
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout(device):
+    """On "sim" the all-reduce runs on a stream's worker thread: its deadline still ends the step,
+    with the transport's message naming the silent rank, at the step's one wait."""
     started = time.monotonic()
-    done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3")
+    done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3", "--device", device)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "rank 0 step 0 done" in done.stdout
     waited = re.search(r"rank 0 TimeoutError after ([0-9.]+) s", done.stdout)

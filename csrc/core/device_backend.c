@@ -165,6 +165,16 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         add(K, i, LAUNCHES, 1);                                                                              \
         return real[K]->scaler_update(i, s, scaler, found_inf);                                              \
     }                                                                                                        \
+    static gt_status name##_allreduce_sum(int i, gt_stream *s, struct gt_comm *comm, gt_dtype dtype, void *buf, \
+                                          size_t n) {                                                       \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->allreduce_sum(i, s, comm, dtype, buf, n);                                            \
+    }                                                                                                        \
+    static gt_status name##_broadcast(int i, gt_stream *s, struct gt_comm *comm, void *buf, size_t bytes,    \
+                                      int root) {                                                            \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->broadcast(i, s, comm, buf, bytes, root);                                             \
+    }                                                                                                        \
     static gt_status name##_backend_init(gt_backend *be, int i, gt_stream *s) {                             \
         return init_counted(K, be, i, s);                                                                    \
     }                                                                                                        \
@@ -189,6 +199,8 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         t->loss_accumulate = name##_loss_accumulate;                                                         \
         t->grad_clip = name##_grad_clip;                                                                     \
         t->scaler_update = name##_scaler_update;                                                             \
+        t->allreduce_sum = name##_allreduce_sum;                                                             \
+        t->broadcast = name##_broadcast;                                                                     \
         t->backend_release = name##_backend_release;                                                         \
     }
 

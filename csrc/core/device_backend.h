@@ -27,12 +27,14 @@
 #include "core/scaler_rules.h"
 #include "core/sgd.h"
 #include "core/status.h"
+#include "core/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 struct gt_backend;  /* ops/ops.h */
+struct gt_comm;     /* dist/comm.h */
 
 typedef struct gt_stream gt_stream;  /* a backend's stream (layout private to the backend) */
 typedef struct gt_event gt_event;    /* a backend's event (layout private to the backend) */
@@ -119,6 +121,16 @@ typedef struct gt_device_backend {
     /* The scaler's end-of-step update (growth/backoff, core/scaler_rules.h) of *scaler from
      * *found_inf, both device memory; a disabled scaler is left as it is. */
     gt_status (*scaler_update)(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf);
+
+    /* ---- collectives over comm's ranks, queued on `stream` like kernels (nothing waits) ---- */
+    /* buf (n elements of dtype GT_F32 or GT_F64, device memory) becomes the sum of every rank's buf
+     * in rank order ((x_0 + x_1) + x_2 ..., dist/comm.h), the bits of the host's all-reduce. A rank
+     * that does not answer within comm's timeout fails the collective: the stream's next wait
+     * returns it (sticky) and comm is failed. */
+    gt_status (*allreduce_sum)(int index, gt_stream *stream, struct gt_comm *comm, gt_dtype dtype, void *buf,
+                               size_t n);
+    /* buf (bytes of device memory) becomes rank `root`'s on every rank, with the same failures. */
+    gt_status (*broadcast)(int index, gt_stream *stream, struct gt_comm *comm, void *buf, size_t bytes, int root);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table

@@ -1,5 +1,6 @@
 /* The collectives of comm.h, made of the transport's exchanges (one per phase). */
 #include "dist/comm.h"
+#include "dist/comm_device.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,26 +34,16 @@ gt_status gt_comm_init(gt_comm *comm) {
 }
 
 void gt_comm_free(gt_comm *comm) {
+    gt_comm_device_free(comm);  /* its stream's collectives may use the transport and device_impl */
+    if (comm->device_impl_free)
+        comm->device_impl_free(comm->device_impl);
     if (comm->ops && comm->ops->free)
         comm->ops->free(comm);
     free(comm->scratch);
-    free(comm->staging);
     comm->scratch = NULL;
-    comm->staging = NULL;
-    comm->staging_floats = 0;
+    comm->device_impl = NULL;
+    comm->device_impl_free = NULL;
     comm->impl = NULL;
-}
-
-gt_status gt_comm_staging(gt_comm *comm, size_t n, float **out) {
-    if (n > comm->staging_floats) {
-        float *grown = realloc(comm->staging, n * sizeof(float));
-        if (!grown)
-            return GT_FAIL(GT_ERR_OOM, "communicator staging: out of host memory (%zu bytes)", n * sizeof(float));
-        comm->staging = grown;
-        comm->staging_floats = n;
-    }
-    *out = comm->staging;
-    return GT_OK;
 }
 
 /* Per-peer pointers and byte counts of one exchange (4 arrays of comm->size). */

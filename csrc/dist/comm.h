@@ -1,5 +1,5 @@
 /* Collective communication between the ranks of a data-parallel job: a table of functions
- * (gt_comm_ops) that each transport implements once (MPI here, comm_mpi.c; NCCL later), and the
+ * (gt_comm_ops) that each host transport implements once (MPI: comm_mpi.c), and the
  * collectives built on it. Every wait has a deadline: a rank that died or stopped answering makes
  * the others fail with GT_ERR_TIMEOUT instead of hanging, and the communicator is then unusable.
  *
@@ -22,9 +22,9 @@ extern "C" {
 typedef struct gt_comm gt_comm;
 typedef struct gt_comm_pending gt_comm_pending;  /* an exchange in flight (the transport's) */
 
-/* A transport: point-to-point exchanges that every collective is made of. An NCCL transport
- * implements the same table (its exchange is ncclGroupStart, ncclSend/ncclRecv per peer,
- * ncclGroupEnd, then cudaEventQuery polled against the deadline). */
+/* A transport: point-to-point exchanges of host memory that every collective is made of. A
+ * device model's collectives run on its device instead (dist/comm_device.h; on CUDA over NCCL,
+ * cuda/comm_nccl.h), with this transport for what they exchange on the host (NCCL's id). */
 typedef struct gt_comm_ops {
     /* Sends send_bytes[p] bytes from send[p] to every peer p != rank and receives recv_bytes[p]
      * bytes from every peer into recv[p] (NULL or 0 bytes: nothing with that peer), all at once;
@@ -54,9 +54,11 @@ struct gt_comm {
     size_t bucket_elems;      /* f32 elements per overlapped gradient bucket (gt_comm_overlap) */
     uint64_t buckets_early;   /* overlapped buckets started before the backward ended (counter) */
     float *scratch;           /* (size - 1, GT_COMM_BUCKET / size + 1) f32 received chunks */
-    float *staging;           /* (staging_floats,) f32 host copy of a device model's gradients */
-    size_t staging_floats;    /* elements staging holds */
-    double staging_loss;      /* host copy of a device step record's loss sum */
+    struct gt_comm_device *device;     /* the stream a device model's collectives run on (comm_device.h) */
+    void *device_impl;                 /* a device backend's state for this communicator (NCCL's), or NULL */
+    void (*device_impl_free)(void *impl);  /* releases device_impl; set with it */
+    int device_failed;                 /* 1 once a collective queued on a device failed */
+    gt_error_state device_failure;     /* that failure's message */
 };
 
 enum { GT_COMM_BUCKET = 1 << 20 };  /* f32 elements per all-reduce bucket (4 MiB) */
@@ -66,7 +68,7 @@ void gt_comm_chunk(size_t n, int size, int r, size_t *first, size_t *count);
 
 /* Allocates the scratch of a communicator whose ops, impl, rank, size and timeout are set. */
 gt_status gt_comm_init(gt_comm *comm);
-void gt_comm_free(gt_comm *comm);  /* the transport and the scratch; comm itself is the caller's */
+void gt_comm_free(gt_comm *comm);  /* the transport, the scratch, the device state; comm itself is the caller's */
 
 /* buf (n f32, the same n on every rank) becomes the rank-order sum of every rank's buf,
  * bucket by bucket (GT_COMM_BUCKET elements): a reduce-scatter then an all-gather, which sends
@@ -87,9 +89,6 @@ gt_status gt_comm_reduce_scatter_shards_f32(gt_comm *comm, float *buf, size_t n)
 /* Every rank's chunk r of buf (n elements of elem_bytes) is sent to every other rank, so that
  * all ranks end with every chunk (chunk r from rank r). */
 gt_status gt_comm_allgather(gt_comm *comm, void *buf, size_t n, size_t elem_bytes);
-
-/* comm->staging with room for at least n f32 (kept for the next steps; freed by gt_comm_free). */
-gt_status gt_comm_staging(gt_comm *comm, size_t n, float **out);
 
 /* Overlapped all-reduce (gt_comm_overlap_*): buf (n f32) summed over the ranks in rank order,
  * like gt_comm_allreduce_sum_f32 and bit-identical to it, in buckets of `bucket` elements taken

@@ -3,6 +3,8 @@
 #include "py/dist.h"
 
 #include "dist/comm_mpi.h"
+#include "dist/params.h"
+#include "py/model.h"
 
 typedef struct {
     PyObject_HEAD
@@ -143,6 +145,30 @@ static PyObject *comm_broadcast(PyObject *self, PyObject *args) {
     return collective(self, OP_BROADCAST, array, root);
 }
 
+/* Every rank's parameters of `model` become rank root's (dist/params.h), without the GIL. */
+static PyObject *comm_broadcast_parameters(PyObject *self, PyObject *args) {
+    PyObject *model_obj, *module = module_of(self);
+    int root;
+    if (!module || !PyArg_ParseTuple(args, "Oi:broadcast_parameters", &model_obj, &root) ||
+        !gtpy_model_get(module, model_obj, "model"))
+        return NULL;
+    gt_model *model = gtpy_model_enter(model_obj);
+    if (!model)
+        return NULL;
+    gt_comm *comm = gtpy_comm_enter(self);
+    if (!comm) {
+        gtpy_model_leave(model_obj);
+        return NULL;
+    }
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_dist_broadcast_params(comm, model, root);
+    Py_END_ALLOW_THREADS
+    gtpy_comm_leave(self);
+    gtpy_model_leave(model_obj);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
+}
+
 static PyObject *comm_close(PyObject *op, PyObject *unused) {
     (void)unused;
     CommObject *self = (CommObject *)op;
@@ -218,6 +244,9 @@ static PyMethodDef comm_methods[] = {
     {"allgather", comm_allgather, METH_O,
      "allgather(array)\n--\n\nIn place: every rank's chunk `rank` of the flat array goes to every rank."},
     {"broadcast", comm_broadcast, METH_VARARGS, "broadcast(array, root)\n--\n\nIn place: the array becomes root's."},
+    {"broadcast_parameters", comm_broadcast_parameters, METH_VARARGS,
+     "broadcast_parameters(model, root)\n--\n\nThe _C.Model's parameters become rank root's (on its device for a "
+     "device model)."},
     {"barrier", comm_barrier, METH_NOARGS, "barrier()\n--\n\nReturns once every rank called it."},
     {"close", comm_close, METH_NOARGS, "close()\n--\n\nReleases the communicator; later calls raise."},
     {NULL, NULL, 0, NULL},

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "sim/sim_comm.h"
 #include "sim/sim_kernels.h"
 #include "sim/sim_memory.h"
 #include "sim/sim_ops.h"
@@ -81,6 +82,8 @@ static const gt_device_backend sim_table = {
     .loss_accumulate = gt_sim_loss_accumulate,
     .grad_clip = gt_sim_grad_clip,
     .scaler_update = gt_sim_scaler_update,
+    .allreduce_sum = gt_sim_allreduce_sum,
+    .broadcast = gt_sim_broadcast,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

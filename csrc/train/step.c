@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dist/comm_device.h"
 #include "train/grad_norm.h"
 #include "train/step_device.h"
 #include "train/zero.h"
@@ -175,6 +176,8 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
     if (cfg->optimizer)
         GT_TRY(gt_optimizer_prefetch(cfg->optimizer));
     gt_status status = gt_step_device_read(model, cfg->record, out);
+    if (status == GT_OK && cfg->comm)  /* the read waited for the collectives too */
+        status = gt_comm_device_check(cfg->comm);
     if (status != GT_OK) {
         model->grads_valid = 0;  /* the queued backward may have stopped part way */
         return status;
@@ -229,12 +232,13 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
     return GT_OK;
 }
 
-/* A device model's gradients are summed through host staging that the step's read waits for:
- * a deferred step (no read) would leave the copy back queued past the communicator's life. */
+/* A device model's collectives run on its device; whether they succeeded (a rank may have died)
+ * is known at the step's read, before the update: a deferred step (no read) would update from
+ * gradients that were never summed. */
 static gt_status check_comm(const gt_model *model, const gt_step_config *cfg) {
     if (cfg->comm && model->device && cfg->deferred)
-        return GT_FAIL(GT_ERR_VALUE, "sync=False: data parallelism waits for the gradients on the host each step; "
-                       "use sync=True with distributed.init()");
+        return GT_FAIL(GT_ERR_VALUE, "sync=False: data parallelism checks the collectives at the step's read, "
+                       "before the update; use sync=True with distributed.init()");
     return GT_OK;
 }
 

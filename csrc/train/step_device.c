@@ -2,6 +2,8 @@
 
 #include <stddef.h>
 
+#include "dist/comm_device.h"
+
 /* The record's fields the step resets (loss sum, sum of squares, count, mse, inf flag). */
 static const gt_step_record zero_record;
 
@@ -66,30 +68,7 @@ gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out) {
     return GT_OK;
 }
 
-/* Queues the gradients' and the record's loss sum's copy into the communicator's staging, then
- * waits on an event recorded after them (the backward that wrote them is queued before). */
-static gt_status stage_to_host(gt_model *model, gt_comm *comm, float *staging) {
-    int index = index_of(model);
-    const gt_device_backend *dev = model->device;
-    GT_TRY(dev->memcpy_async(index, NULL, staging, model->grads.block.ptr, model->num_params * sizeof(float)));
-    GT_TRY(dev->memcpy_async(index, NULL, &comm->staging_loss, &current(model)->loss_sum, sizeof(double)));
-    gt_event *copied = NULL;
-    GT_TRY(dev->event_create(index, &copied));
-    gt_status status = dev->event_record(index, copied, NULL);
-    if (status == GT_OK)
-        status = dev->event_synchronize(index, copied);
-    dev->event_destroy(index, copied);
-    return status;
-}
-
 gt_status gt_step_device_sum_over_ranks(gt_model *model, gt_comm *comm) {
-    float *staging = NULL;
-    GT_TRY(gt_comm_staging(comm, model->num_params, &staging));
-    GT_TRY(stage_to_host(model, comm, staging));
-    GT_TRY(gt_comm_allreduce_sum_f32(comm, staging, model->num_params));
-    GT_TRY(gt_comm_sum_f64(comm, comm->staging_loss, &comm->staging_loss));
-    int index = index_of(model);
-    GT_TRY(model->device->memcpy_async(index, NULL, model->grads.block.ptr, staging,
-                                       model->num_params * sizeof(float)));
-    return model->device->memcpy_async(index, NULL, &current(model)->loss_sum, &comm->staging_loss, sizeof(double));
+    return gt_comm_device_allreduce(comm, model->device, index_of(model), model->grads.block.ptr, model->num_params,
+                                    &current(model)->loss_sum);
 }

@@ -45,12 +45,11 @@ gt_status gt_step_device_sumsq(gt_model *model);
  * reads them with grad_coef 1 and gives the bits of the host's clip (nothing waits). */
 gt_status gt_step_device_clip(gt_model *model, double max_norm);
 
-/* Data parallelism for a device model through a host transport: queues the (num_params,)
- * gradients and the record's loss sum into comm's host staging, waits for an event recorded
- * after them (the step's one extra wait), sums both over the ranks in rank order on the host
- * (gt_comm_allreduce_sum_f32, gt_comm_sum_f64), and queues them back, before the unscale, the
- * norm and the update that the model's stream runs next. The staging is comm's and must outlive
- * the queued copy back (the step's read waits for it). The copies count as d2h/h2d bytes. */
+/* Data parallelism for a device model: queues the rank-order sum of the (num_params,) gradients
+ * and of the record's loss sum over comm's ranks, run by the device on comm's stream between two
+ * events (dist/comm_device.h), before the unscale, the norm and the update that the model's
+ * stream runs next. No host wait: a failure of the collective is known after the step's read
+ * (gt_comm_device_check). */
 gt_status gt_step_device_sum_over_ranks(gt_model *model, gt_comm *comm);
 
 /* Reads record `record` back: the host waits for everything queued so far (one sync). */

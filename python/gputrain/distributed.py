@@ -20,7 +20,8 @@ from typing import Any
 from gputrain import _C
 
 __all__ = ["init", "destroy", "is_initialized", "get_rank", "get_world_size", "is_main_process", "barrier",
-           "communicator", "all_reduce", "broadcast", "bytes_sent", "launcher_env", "DEFAULT_TIMEOUT"]
+           "communicator", "all_reduce", "broadcast", "broadcast_parameters", "bytes_sent", "launcher_env",
+           "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for the other ranks before it raises TimeoutError
 
@@ -180,6 +181,14 @@ def broadcast(array: Any, root: int = 0) -> None:
     """In place: the array (C-contiguous, writeable) becomes rank `root`'s."""
     if _State.comm is not None:
         _State.comm.broadcast(array, root)
+
+
+def broadcast_parameters(module: Any, root: int = 0) -> None:
+    """Every rank's parameters of `module` (a gputrain.nn module) become rank `root`'s, as DDP
+    does at construction: ranks that initialised differently start from the same weights. A
+    model on a device ("sim", "cuda") sends them from its device memory."""
+    if _State.comm is not None:
+        _State.comm.broadcast_parameters(module.compiled, root)
 
 
 def bytes_sent() -> int:
