@@ -11,9 +11,11 @@
 // and log differ from glibc's by a few ulp, so the CPU's bits are not reproduced exactly).
 // mse follows the CPU's summation order exactly (fixed parts, GT_LANE_SUM), so its loss is
 // bit-identical to the CPU's: *loss = sum (pred - target)^2 / n (its parts added on the device in
-// the host's order), dpred = (pred - target) * (float)(2 dloss_scale / n).
+// the host's order), dpred = (pred - target) * (float)(2 dloss_scale / n). dloss_scale is
+// gt_dloss_scale of the loss scale, read by the kernels (a scaler's scale in device memory).
 #include <math.h>
 
+#include "core/loss_mean.h"
 #include "ops_kernels.cuh"
 
 namespace {
@@ -51,7 +53,8 @@ struct XentRule {
     size_t classes;        // C
     float smoothing;       // e in [0, 1]
     int64_t ignore_index;  // targets equal to it are skipped
-    float dloss_scale;     // the gradient's scale before the division by the count
+    const float *loss_scale;  // device memory, or NULL (1): see gt_dloss_scale
+    float dloss_divisor;      // the loss scale's divisor (micro-batches)
 };
 
 template <gt_dtype DT>
@@ -63,7 +66,8 @@ __global__ void softmax_xent_kernel(float *losses, void *dlogits, const void *lo
     if (gt_check_failed(first_bad))
         return;
     const size_t classes = rule.classes;
-    const float grad_scale = *count > 0 ? __fdiv_rn(rule.dloss_scale, (float)*count) : 0.0f;
+    const float grad_scale =
+        *count > 0 ? __fdiv_rn(gt_dloss_scale(rule.loss_scale, rule.dloss_divisor), (float)*count) : 0.0f;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const size_t row = r * classes;
         const int64_t t = targets[r];
@@ -148,7 +152,9 @@ struct SquaredErrorTerm {
 };
 
 template <gt_dtype DT>
-__global__ void mse_grad_kernel(void *dpred, const void *pred, const float *target, size_t n, float grad_factor) {
+__global__ void mse_grad_kernel(void *dpred, const void *pred, const float *target, size_t n, const float *loss_scale,
+                                float dloss_divisor) {
+    const float grad_factor = gt_mse_grad_factor(gt_dloss_scale(loss_scale, dloss_divisor), (int64_t)n);
     GT_GRID_STRIDE(i, n) {
         store_elem<DT>(dpred, i, __fmul_rn(__fsub_rn(load_elem<DT>(pred, i), target[i]), grad_factor));
     }
@@ -176,7 +182,7 @@ gt_status mse_mean(const gt_cuda_backend_state *state, float *loss, const void *
 
 gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits, const void *logits,
                                const int64_t *targets, int64_t rows, int64_t classes, float label_smoothing,
-                               int64_t ignore_index, float dloss_scale, gt_dtype dt) {
+                               int64_t ignore_index, const float *loss_scale, float dloss_divisor, gt_dtype dt) {
     GT_TRY(check_xent(rows, classes, label_smoothing, dt));
     GT_TRY(gt_op_check_ptr(count, "count"));
     if (rows > 0) {
@@ -189,7 +195,7 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
     GT_TRY(count_targets(state, count, targets, rows, classes, ignore_index));
     if (rows == 0)
         return GT_OK;
-    XentRule rule = {(size_t)classes, label_smoothing, ignore_index, dloss_scale};
+    XentRule rule = {(size_t)classes, label_smoothing, ignore_index, loss_scale, dloss_divisor};
     unsigned grid = (unsigned)((size_t)rows < kMaxBlocks ? (size_t)rows : kMaxBlocks);
     GT_LAUNCH_DT(dt, softmax_xent_kernel, grid, kRowThreads, 0, stream_of(state), losses, dlogits, logits, targets,
                  count, scratch_words(state), (size_t)rows, rule);
@@ -197,7 +203,7 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
 }
 
 gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target, int64_t n,
-                      float dloss_scale, gt_dtype dt) {
+                      const float *loss_scale, float dloss_divisor, gt_dtype dt) {
     GT_TRY(gt_op_check_dtype(dt, "dt"));
     GT_TRY(gt_op_check_ptr(loss, "loss"));
     if (n < 1)
@@ -212,9 +218,8 @@ gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred
     default: GT_TRY(mse_mean<GT_F32>(state, loss, pred, target, (size_t)n)); break;
     }
     if (dpred) {
-        float grad_factor = (float)(2.0 * (double)dloss_scale / (double)n);
         GT_LAUNCH_DT(dt, mse_grad_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), dpred, pred, target,
-                     (size_t)n, grad_factor);
+                     (size_t)n, loss_scale, dloss_divisor);
         return gt_cuda_check_launch("mse_grad_kernel launch");
     }
     return GT_OK;

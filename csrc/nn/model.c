@@ -684,7 +684,7 @@ static gt_status add_mean(gt_model *model, const float *values, int64_t rows, co
 }
 
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
-                        float dloss_scale, double *loss_sum) {
+                        const float *loss_scale, float dloss_divisor, double *loss_sum) {
     const gt_tensor *out = &model->root.out;
     GT_TRY(gt_model_check_targets(model, loss, targets));
     const gt_ops *ops = model->backend.ops;
@@ -697,13 +697,13 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
     gt_step_record *results = on_device(model) ? (gt_step_record *)model->step_scratch.ptr + model->step_record : &host;
     if (loss->kind == GT_LOSS_MSE) {
         GT_TRY(ops->mse(&model->backend, &results->mse, model->dout, out->ptr, target_data,
-                        (int64_t)gt_tensor_numel(out), dloss_scale, model->dt));
+                        (int64_t)gt_tensor_numel(out), loss_scale, dloss_divisor, model->dt));
         return add_mean(model, &results->mse, 1, NULL, loss_sum);
     }
     int64_t rows = gt_rows_of(out), classes = out->shape[out->ndim - 1];
     GT_TRY(ops->softmax_xent(&model->backend, model->losses, &results->count, model->dout, out->ptr,
                              target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
-                             dloss_scale, model->dt));
+                             loss_scale, dloss_divisor, model->dt));
     return add_mean(model, model->losses, rows, &results->count, loss_sum);
 }
 

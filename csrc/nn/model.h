@@ -156,14 +156,16 @@ gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t mic
 /* Checks `targets` (dtype, count) against the planned output for `loss`, before any forward. */
 gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets);
 
-/* Loss of the last forward against `targets`: writes model->dout scaled by dloss_scale and adds
+/* Loss of the last forward against `targets`: writes model->dout scaled by
+ * f32(*loss_scale / dloss_divisor) (gt_dloss_scale; loss_scale is the model's memory, read when
+ * the loss op runs, NULL: 1) and adds
  * the mean loss (cross-entropy: the per-row losses summed in row order in float64, over the
  * rows that count; MSE: its mean) to *loss_sum. loss_sum is the model's memory: a host double on
  * the cpu; on a device model it lies in device memory (a step record's loss_sum; the record's
  * count and mse take the op's results) and the sum is queued on the model's stream
  * (core/loss_mean.h), so nothing waits. */
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
-                        float dloss_scale, double *loss_sum);
+                        const float *loss_scale, float dloss_divisor, double *loss_sum);
 
 /* Backward of the whole model from model->dout (after forward and loss on the same input). */
 /* Told, during a backward, that the gradients [final_from, num_params) are final (no layer

@@ -4,6 +4,7 @@
  *   sum_squares: sum_i x_i^2
  *   mse:         loss = sum_i (pred_i - target_i)^2 / n,
  *                dpred_i = (pred_i - target_i) * (2 dloss_scale / n)   (the factor rounded to f32) */
+#include "core/loss_mean.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
 
@@ -60,14 +61,15 @@ GT_CPU_KERNEL(mse, (double *part, void *dpred, const void *pred, const float *ta
               part, dpred, pred, target, grad_factor, begin, end)
 
 gt_status gt_cpu_mse(gt_backend *be, float *loss, void *dpred, const void *pred,
-                     const float *target, int64_t n, float dloss_scale, gt_dtype dt) {
+                     const float *target, int64_t n, const float *loss_scale, float dloss_divisor,
+                     gt_dtype dt) {
     GT_TRY(gt_op_check_dtype(dt, "dt"));
     GT_TRY(gt_op_check_ptr(loss, "loss"));
     if (n < 1)
         return GT_FAIL(GT_ERR_VALUE, "n: the mean squared error needs n >= 1, got %lld",
                        (long long)n);
     __typeof__(&mse_scalar) kernel = GT_CPU_RUN(mse);
-    float grad_factor = (float)(2.0 * (double)dloss_scale / (double)n);
+    float grad_factor = gt_mse_grad_factor(gt_dloss_scale(loss_scale, dloss_divisor), n);
     double parts[GT_SUM_PARTS];
     size_t count = (size_t)n, size = part_size(count), num_parts = (count + size - 1) / size;
 #pragma omp parallel for schedule(static) if (num_parts > 1)

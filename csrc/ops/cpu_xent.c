@@ -7,6 +7,7 @@
  * in class order, so any thread count gives the same bits. */
 #include <math.h>
 
+#include "core/loss_mean.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
 
@@ -99,14 +100,14 @@ static gt_status check_xent(int64_t rows, int64_t classes, float label_smoothing
 gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits,
                               const void *logits, const int64_t *targets, int64_t rows,
                               int64_t classes, float label_smoothing, int64_t ignore_index,
-                              float dloss_scale, gt_dtype dt) {
+                              const float *loss_scale, float dloss_divisor, gt_dtype dt) {
     GT_TRY(check_xent(rows, classes, label_smoothing, dt));
     GT_TRY(gt_op_check_ptr(count, "count"));
     if (rows > 0)
         GT_TRY(gt_op_check_ptr(targets, "targets"));
     GT_TRY(count_targets(count, targets, rows, classes, ignore_index));
     xent_rule rule = {(size_t)classes, label_smoothing, ignore_index,
-                      *count > 0 ? dloss_scale / (float)*count : 0.0f};
+                      *count > 0 ? gt_dloss_scale(loss_scale, dloss_divisor) / (float)*count : 0.0f};
     __typeof__(&xent_scalar) kernel = GT_CPU_RUN(xent);
     size_t block = GT_CPU_CHUNK / (size_t)classes / 8 + 1;  /* rows per block; exp is costly */
     size_t blocks = ((size_t)rows + block - 1) / block;

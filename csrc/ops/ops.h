@@ -300,20 +300,22 @@ typedef struct gt_pool2d_args {
  * losses[r] = per-row loss (0 for ignored rows); *count = rows not ignored (count, like
  * losses, is the backend's memory: on a device it is written when the stream runs the op).
  * When dlogits is non-NULL it receives dloss_scale * d(mean loss)/dlogits, i.e. for a
- * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits).
+ * counted row (softmax - smoothed_one_hot) * dloss_scale / count (may alias logits), where
+ * dloss_scale = f32(*loss_scale / dloss_divisor) (GT_DLOSS_SCALE; loss_scale NULL: 1).
  * label_smoothing in [0, 1]; targets equal to ignore_index are skipped; others must be in
  * [0, classes) (GT_ERR_INDEX naming the row otherwise; a device backend may return it at
  * its stream's next synchronisation). */
 #define GT_PARAMS_SOFTMAX_XENT(P, A) \
     P(float *, losses) P(int64_t *, count) P(void *, dlogits) P(const void *, logits) \
     P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) P(float, label_smoothing) \
-    P(int64_t, ignore_index) P(float, dloss_scale) P(gt_dtype, dt)
+    P(int64_t, ignore_index) P(const float *, loss_scale) P(float, dloss_divisor) P(gt_dtype, dt)
 /* Mean squared error over n elements: *loss = mean((pred - target)^2) (loss is the
  * backend's memory, written when the stream runs the op);
- * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n. target is f32. */
+ * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n, dloss_scale as softmax_xent's.
+ * target is f32. */
 #define GT_PARAMS_MSE(P, A) \
     P(float *, loss) P(void *, dpred) P(const void *, pred) P(const float *, target) P(int64_t, n) \
-    P(float, dloss_scale) P(gt_dtype, dt)
+    P(const float *, loss_scale) P(float, dloss_divisor) P(gt_dtype, dt)
 
 /* *out = sum of x[i]^2 over n f32 values, in a fixed order (same result for any threads); out
  * is a host pointer. */

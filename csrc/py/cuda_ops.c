@@ -42,6 +42,8 @@ typedef struct op_call {
     int64_t count;            /* softmax_xent's result (host) */
     float loss;               /* mse's result (host) */
     void *result;             /* where softmax_xent/mse write it: &count / &loss, or device memory */
+    float dloss_scale;        /* softmax_xent's and mse's gradient scale (host) */
+    const float *scale_at;    /* where they read it: &dloss_scale, or device memory */
     double sum;               /* sum_squares's result */
 } op_call;
 
@@ -284,6 +286,7 @@ static int parse_softmax_xent(PyObject *module, PyObject *args, op_call *call) {
         parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
         return -1;
     long long rows = call->size[0];
+    call->dloss_scale = (float)call->real[1];
     call->need[0] = bytes_of(rows, 1, sizeof(float));
     call->need[1] = call->need[2] = bytes_of(rows, call->size[1], gt_dtype_size(call->dt[0]));
     call->need[3] = bytes_of(rows, 1, sizeof(int64_t));
@@ -293,7 +296,7 @@ static int parse_softmax_xent(PyObject *module, PyObject *args, op_call *call) {
 static gt_status run_softmax_xent(gt_backend *be, op_call *call) {
     return be->ops->softmax_xent(be, call->ptr[0], call->result, call->ptr[1], call->ptr[2], call->ptr[3],
                                  call->size[0], call->size[1], (float)call->real[0], call->size[2],
-                                 (float)call->real[1], call->dt[0]);
+                                 call->scale_at, 1.0f, call->dt[0]);
 }
 
 /* (n, dloss_scale, dt): arrays dpred (None: no gradient), pred, target */
@@ -302,6 +305,7 @@ static int parse_mse(PyObject *module, PyObject *args, op_call *call) {
     if (!PyArg_ParseTuple(args, "Lds:mse", &call->size[0], &call->real[0], &dt) ||
         parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
         return -1;
+    call->dloss_scale = (float)call->real[0];
     call->need[0] = call->need[1] = bytes_of(call->size[0], 1, gt_dtype_size(call->dt[0]));
     call->need[2] = bytes_of(call->size[0], 1, sizeof(float));
     return 0;
@@ -309,7 +313,7 @@ static int parse_mse(PyObject *module, PyObject *args, op_call *call) {
 
 static gt_status run_mse(gt_backend *be, op_call *call) {
     return be->ops->mse(be, call->result, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0],
-                        (float)call->real[0], call->dt[0]);
+                        call->scale_at, 1.0f, call->dt[0]);
 }
 
 /* (n,) */
@@ -509,6 +513,7 @@ static gt_status run_cpu(const op_spec *spec, op_call *call, PyArrayObject **arr
         GT_TRY(gt_block_alloc(gt_cpu_device(), bytes, &workspace));
     gt_backend be = {ops, gt_cpu_device(), workspace.ptr, bytes, NULL};
     call->result = spec->result == 'c' ? (void *)&call->count : (void *)&call->loss;
+    call->scale_at = &call->dloss_scale;
     for (int k = 0; k < spec->num_arrays; k++)
         call->ptr[k] = arrays[k] ? PyArray_DATA(arrays[k]) : NULL;
     gt_status status = spec->run(&be, call);
@@ -520,7 +525,7 @@ static gt_status run_cpu(const op_spec *spec, op_call *call, PyArrayObject **arr
 typedef struct device_copies {
     gt_block blocks[MAX_ARRAYS];  /* one device block per array (empty for None) */
     gt_block workspace;           /* the GEMM workspace, or empty */
-    gt_block result;              /* softmax_xent's count or mse's loss */
+    gt_block result;              /* softmax_xent's count or mse's loss, then their dloss_scale */
 } device_copies;
 
 static void free_copies(device_copies *copies) {
@@ -566,8 +571,10 @@ static gt_status run_device_on(const gt_device_backend *dev, gt_backend *be, con
         be->workspace_bytes = bytes;
     }
     GT_TRY(copy_in(dev, be, spec, call, arrays, copies));
-    GT_TRY(gt_block_alloc(be->device, sizeof(int64_t), &copies->result));
+    GT_TRY(gt_block_alloc(be->device, 2 * sizeof(int64_t), &copies->result));
     call->result = copies->result.ptr;
+    call->scale_at = (const float *)((char *)copies->result.ptr + sizeof(int64_t));
+    GT_TRY(dev->memcpy(be->device.index, (void *)call->scale_at, &call->dloss_scale, sizeof call->dloss_scale));
     GT_TRY(spec->run(be, call));
     GT_TRY(dev->stream_synchronize(be->device.index, NULL));
     if (spec->result == 'c' || spec->result == 'l')

@@ -314,7 +314,7 @@ static PyObject *op_softmax_xent(PyObject *module, PyObject *args, PyObject *kwa
     GTPY_RUN_OP(module, be.ops->softmax_xent(&be, PyArray_DATA(losses), &count, dlogits,
                                              PyArray_DATA(logits), PyArray_DATA(targets), rows,
                                              classes, label_smoothing, (int64_t)ignore_index,
-                                             dloss_scale, dt));
+                                             &dloss_scale, 1.0f, dt));
     return PyLong_FromLongLong((long long)count);
 }
 
@@ -337,7 +337,7 @@ static PyObject *op_mse(PyObject *module, PyObject *args, PyObject *kwargs) {
     float loss = 0.0f;
     gt_backend be = gtpy_cpu_backend();
     GTPY_RUN_OP(module, be.ops->mse(&be, &loss, dpred, PyArray_DATA(pred), PyArray_DATA(target),
-                                    (int64_t)PyArray_SIZE(pred), dloss_scale, dt));
+                                    (int64_t)PyArray_SIZE(pred), &dloss_scale, 1.0f, dt));
     return PyFloat_FromDouble((double)loss);
 }
 

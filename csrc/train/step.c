@@ -92,12 +92,13 @@ static gt_status sum_losses(gt_model *model, const gt_step_config *cfg, double *
 }
 
 /* Forward, loss and backward of every micro-batch, accumulating f32 gradients, and their mean
- * losses into *loss_sum (the model's memory: see gt_model_loss). */
+ * losses into *loss_sum; the losses are scaled by *loss_scale (NULL: 1). Both are the model's
+ * memory: see gt_model_loss. */
 static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
                                       const gt_tensor *targets, const gt_step_config *cfg,
-                                      float loss_scale, double *loss_sum) {
+                                      const float *loss_scale, double *loss_sum) {
     int64_t rows = inputs->shape[0] / cfg->micro_batches;
-    float dloss_scale = loss_scale / (float)(cfg->micro_batches * world_size(cfg));
+    float dloss_divisor = (float)(cfg->micro_batches * world_size(cfg));
     GT_TRY(poll_interrupt(model, cfg, 0));
     if (!cfg->set_to_none && model->num_params)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
@@ -110,7 +111,7 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         int accumulate = m > 0 || !cfg->set_to_none;  /* the gradients hold this step's sums */
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         GT_TRY(gt_model_forward(model, &x, micro, &output));
-        GT_TRY(gt_model_loss(model, &cfg->loss, &y, dloss_scale, loss_sum));
+        GT_TRY(gt_model_loss(model, &cfg->loss, &y, loss_scale, dloss_divisor, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         int overlap = cfg->comm && !model->device && !sharded(cfg) && m == cfg->micro_batches - 1;  /* device: staged */
         gt_status status = overlap ? backward_summed(model, &x, micro, accumulate, cfg->comm)
@@ -128,7 +129,7 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
 static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                               const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
                               gt_step_sums *out) {
-    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &out->loss_sum));
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? &scaler->scale : NULL, &out->loss_sum));
     GT_TRY(sum_losses(model, cfg, &out->loss_sum));
     if (sharded(cfg)) {
         gt_status status = gt_zero_sums(cfg->comm, model->grads.block.ptr, model->num_params, scaler, want_norm,
@@ -160,11 +161,14 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
                                 gt_step_sums *out) {
     GT_TRY(gt_step_device_begin(model, cfg->record));
     gt_step_record *record = gt_step_device_record(model, cfg->record);
-    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? scaler->scale : 1.0f, &record->loss_sum));
+    const float *loss_scale = NULL;
+    if (scaler)
+        GT_TRY(gt_step_device_scale(model, scaler, &loss_scale));
+    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, loss_scale, &record->loss_sum));
     if (cfg->comm)
         GT_TRY(device_sum_over_ranks(model, cfg->comm));
     if (scaler)
-        GT_TRY(gt_step_device_unscale(model, scaler));
+        GT_TRY(gt_step_device_unscale(model));
     if (want_norm)
         GT_TRY(gt_step_device_sumsq(model));
     if (cfg->deferred) {  /* the result stays in the record: no wait, nothing on the host depends on it */

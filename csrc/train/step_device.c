@@ -30,15 +30,21 @@ static int same_scaler(const gt_scaler *a, const gt_scaler *b) {
            a->consecutive_skipped_steps == b->consecutive_skipped_steps;
 }
 
-gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler) {
+gt_status gt_step_device_scale(gt_model *model, const gt_scaler *scaler, const float **scale) {
+    gt_scaler *state = &scratch_of(model)->scaler;
+    if (!model->scaler_mirrored || !same_scaler(&model->scaler_mirror, scaler)) {
+        model->scaler_mirror = *scaler;  /* the copy's source: unchanged until the step's read */
+        GT_TRY(model->device->memcpy_async(index_of(model), NULL, state, &model->scaler_mirror, sizeof *scaler));
+    }
+    model->scaler_mirrored = 0;  /* until gt_step_device_scaler_ran */
+    *scale = &state->scale;
+    return GT_OK;
+}
+
+gt_status gt_step_device_unscale(gt_model *model) {
     gt_scaler *state = &scratch_of(model)->scaler;
     gt_step_record *record = current(model);
     int index = index_of(model);
-    if (!model->scaler_mirrored || !same_scaler(&model->scaler_mirror, scaler)) {
-        model->scaler_mirror = *scaler;  /* the copy's source: unchanged until the step's read */
-        GT_TRY(model->device->memcpy_async(index, NULL, state, &model->scaler_mirror, sizeof *scaler));
-    }
-    model->scaler_mirrored = 0;  /* until gt_step_device_scaler_ran */
     GT_TRY(model->device->scaler_unscale_check(index, NULL, state, model->grads.block.ptr, model->num_params,
                                                &record->found_inf));
     return model->device->scaler_update(index, NULL, state, &record->found_inf);

@@ -25,12 +25,16 @@ gt_step_record *gt_step_device_record(gt_model *model, int index);
  * the functions below use that record until the next begin. */
 gt_status gt_step_device_begin(gt_model *model, int record);
 
-/* Queues gt_scaler_unscale_check on the (num_params,) gradient arena with the device's scaler
- * (the step scratch's), setting the record's inf flag, then the scaler's growth/backoff from
- * that flag on the device (core/scaler_rules.h). *scaler is copied in first only when the
+/* The device's loss scaler (the step scratch's), for a step with *scaler: *scale = its scale
+ * (device memory), which the step's loss ops read. *scaler is queued in first only when the
  * device's state is not known to equal it (the model's mirror: after load_state_dict,
  * update(new_scale), another scaler, a failed step or a guard's outlier). */
-gt_status gt_step_device_unscale(gt_model *model, const gt_scaler *scaler);
+gt_status gt_step_device_scale(gt_model *model, const gt_scaler *scaler, const float **scale);
+
+/* Queues gt_scaler_unscale_check on the (num_params,) gradient arena with the device's scaler
+ * (as gt_step_device_scale left it), setting the record's inf flag, then the scaler's
+ * growth/backoff from that flag on the device (core/scaler_rules.h). */
+gt_status gt_step_device_unscale(gt_model *model);
 
 /* Records that the queued scaler update has run with `found_inf` (after the record's read): the
  * mirror follows the device's state, so the next step copies nothing when the host's scaler
