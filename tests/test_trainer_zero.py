@@ -1,0 +1,77 @@
+"""TrainingArguments(zero_stage=...) in one process: checked where it is built, refused where it
+cannot shard (SGD, a model on an accelerator), the same run as zero_stage=0. The ranks' runs are
+in test_distributed.py (tests/_zero_trainer_worker.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+from gputrain import trainer as trainer_module
+
+nn = gt.nn
+
+
+def arguments(tmp_path, **kwargs):
+    options = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=1e-2, save_strategy="no",
+                   max_steps=3, logging_steps=1, disable_tqdm=True, seed=3)
+    return gt.TrainingArguments(**{**options, **kwargs})
+
+
+def model():
+    gt.random.manual_seed(1)
+    return nn.Sequential(nn.Linear(10, 16), nn.GELU(), nn.Dropout(0.1), nn.Linear(16, 3))
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((32, 10)).astype(np.float32), rng.integers(0, 3, 32)
+
+
+@pytest.mark.parametrize("value, error, words", [
+    (2, ValueError, ("zero_stage", "stages 2 and 3")), (-1, ValueError, ("zero_stage",)),
+    (True, TypeError, ("zero_stage", "bool")), (1.0, TypeError, ("zero_stage", "float"))])
+def test_bad_zero_stage_raises_naming_it(tmp_path, value, error, words):
+    with pytest.raises(error) as raised:
+        arguments(tmp_path, zero_stage=value)
+    assert all(word in str(raised.value) for word in words), raised.value
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"optim": "sgd"}, ("zero_stage=1", "SGD")), ({"device": "sim"}, ("zero_stage=1", "'sim'", "cpu"))])
+def test_zero_stage_1_is_refused_where_it_cannot_shard(tmp_path, options, words):
+    with pytest.raises(ValueError) as raised:
+        arguments(tmp_path, zero_stage=1, **options)
+    assert all(word in str(raised.value) for word in words), raised.value
+
+
+def test_an_auto_device_that_is_an_accelerator_is_refused_before_anything_changes(tmp_path, monkeypatch):
+    """device='auto' resolves in the Trainer: on a GPU machine zero_stage=1 is refused there,
+    before the model moves or anything is built."""
+    monkeypatch.setattr(trainer_module, "_resolve_device", lambda device: "sim:0")
+    m = model()
+    before = m.state_dict()
+    with pytest.raises(ValueError, match=r"zero_stage=1 .* 'sim:0'.*device='cpu'"):
+        gt.Trainer(m, arguments(tmp_path, zero_stage=1), train_dataset=data())
+    assert all(p.device == "cpu" for p in m.parameters())
+    assert all(np.array_equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_zero_stage_round_trips_through_json(tmp_path):
+    args = arguments(tmp_path, zero_stage=1)
+    assert gt.TrainingArguments.from_dict(args.to_dict()).zero_stage == 1
+    assert arguments(tmp_path).zero_stage == 0
+
+
+def test_one_process_with_zero_stage_1_is_zero_stage_0(tmp_path):
+    """Without other ranks there is nothing to shard: the optimizer is whole, the run the same."""
+    runs = []
+    for stage in (0, 1):
+        trainer = gt.Trainer(model(), arguments(tmp_path / str(stage), zero_stage=stage, max_grad_norm=0.5),
+                             train_dataset=data())
+        trainer.train()
+        assert trainer.optimizer.zero_stage == stage and trainer.optimizer._shard is None
+        runs.append((trainer.model.state_dict(), [e for e in trainer.state.log_history if "loss" in e]))
+    assert runs[0][1] == runs[1][1]
+    assert all(np.array_equal(v, runs[1][0][k]) for k, v in runs[0][0].items())
