@@ -16,6 +16,7 @@ import numpy as np
 import gputrain as gt
 from gputrain import checkpoint as ckpt
 from gputrain import distributed as dist
+from gputrain.optim.zero import shard_range
 
 nn = gt.nn
 ROWS = 24  # the dataset's rows: 3 batches of 4 per rank on 2 ranks, 2 on 3, 6 on one process
@@ -78,6 +79,9 @@ def main() -> None:
     plain = run(args.out, 0, args.max_steps, args.resume, args.fp16)
     sharded = run(args.out, 1, args.max_steps, args.resume, args.fp16)
     assert (sharded.optimizer._shard is not None) == (world > 1), "zero_stage=1 shards over the ranks only"
+    first, end = shard_range(581, world, rank)
+    note = f"this rank keeps elements [{first}, {end}) of 581's state" if world > 1 else "one process: the whole"
+    assert note in sharded._startup_block() and "zero_stage" not in plain._startup_block(), note
     plans = [t.memory_plan().settings.get("optimizer_shards", 1) for t in (plain, sharded)]
     assert plans == [1, world if world > 1 else 1], plans
     assert_same(sharded.model.state_dict(), plain.model.state_dict(), "weights")

@@ -72,6 +72,7 @@ def test_one_process_with_zero_stage_1_is_zero_stage_0(tmp_path):
                              train_dataset=data())
         trainer.train()
         assert trainer.optimizer.zero_stage == stage and trainer.optimizer._shard is None
+        assert ("zero_stage 1 (one process: the whole state)" in trainer._startup_block()) == (stage == 1)
         runs.append((trainer.model.state_dict(), [e for e in trainer.state.log_history if "loss" in e]))
     assert runs[0][1] == runs[1][1]
     assert all(np.array_equal(v, runs[1][0][k]) for k, v in runs[0][0].items())

@@ -424,6 +424,15 @@ class Trainer:
             self._micro_cap = saved
 
     # -- what users see ---------------------------------------------------------------------------
+    def _zero_note(self) -> str:
+        """The startup block's word on ZeRO-1: which share of the optimizer state this rank keeps."""
+        if not self.args.zero_stage:
+            return ""
+        shard = self.optimizer._shard
+        if shard is None:
+            return "; zero_stage 1 (one process: the whole state)"
+        return f"; zero_stage 1: this rank keeps elements [{shard.first}, {shard.end}) of {shard.n}'s state"
+
     def _startup_block(self) -> str:
         args, step = self.args, self._step
         loader = self.train_dataloader
@@ -438,7 +447,7 @@ class Trainer:
             f"{' with a dynamic loss scaler' if self.scaler is not None else ''}; TF32: {backends.tf32_status()}",
             f"  Optimizer = {type(self.optimizer).__name__} (fused, lr {args.learning_rate:g}, weight decay "
             f"{args.weight_decay:g}{', llrd %g' % args.llrd if args.llrd else ''}); offload fraction "
-            f"{self._offload:g}; schedule {args.lr_scheduler_type} with "
+            f"{self._offload:g}{self._zero_note()}; schedule {args.lr_scheduler_type} with "
             f"{args.get_warmup_steps(self.state.max_steps)} warm-up steps",
             f"  Gradient clipping = {args.max_grad_norm or 'off'}; checkpointing = {args.gradient_checkpointing}; "
             f"set_to_none = {step.set_to_none}; EMA = {args.ema_decay if self.ema is not None else 'off'}",
