@@ -22,7 +22,7 @@ nn = gt.nn
 ROWS = 24  # the dataset's rows: 3 batches of 4 per rank on 2 ranks, 2 on 3, 6 on one process
 
 
-def run(out: str, zero_stage: int, max_steps: int, resume_step: int | None, fp16: bool) -> gt.Trainer:
+def run(out: str, zero_stage: int, max_steps: int, resume_step: int | None, fp16: bool, device: str) -> gt.Trainer:
     """A Trainer of an MLP of 581 parameters (uneven shards over 2 and 3 ranks) to max_steps,
     checkpointing every 2 steps, resuming checkpoint-<resume_step> when given."""
     rng = np.random.default_rng(5)
@@ -32,7 +32,7 @@ def run(out: str, zero_stage: int, max_steps: int, resume_step: int | None, fp16
     model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 5))
     args = gt.TrainingArguments(output_dir=f"{out}-zero{zero_stage}-out", per_device_train_batch_size=4,
                                 max_steps=max_steps, save_steps=2, logging_steps=1, learning_rate=0.05,
-                                max_grad_norm=0.5, fp16=fp16, device="cpu", zero_stage=zero_stage,
+                                max_grad_norm=0.5, fp16=fp16, device=device, zero_stage=zero_stage,
                                 disable_tqdm=True)
     trainer = gt.Trainer(model, args, train_dataset=(x, y))
     trainer.train(resume_from_checkpoint=f"{args.output_dir}/checkpoint-{resume_step}" if resume_step else None)
@@ -73,11 +73,12 @@ def main() -> None:
     parser.add_argument("max_steps", type=int)
     parser.add_argument("--resume", type=int, default=None, metavar="STEP", help="resume checkpoint-STEP")
     parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     dist.init(timeout=60.0)
     rank, world = dist.get_rank(), dist.get_world_size()
-    plain = run(args.out, 0, args.max_steps, args.resume, args.fp16)
-    sharded = run(args.out, 1, args.max_steps, args.resume, args.fp16)
+    plain = run(args.out, 0, args.max_steps, args.resume, args.fp16, args.device)
+    sharded = run(args.out, 1, args.max_steps, args.resume, args.fp16, args.device)
     assert (sharded.optimizer._shard is not None) == (world > 1), "zero_stage=1 shards over the ranks only"
     first, end = shard_range(581, world, rank)
     note = f"this rank keeps elements [{first}, {end}) of 581's state" if world > 1 else "one process: the whole"

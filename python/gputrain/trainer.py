@@ -160,10 +160,7 @@ class Trainer:
             eval_dataset = _as_pair(model, "eval_dataset", eval_dataset)
         batches = self._check_arguments(model, args, train_dataset, eval_dataset, compute_metrics, callbacks)
         self.loss_fn = self._make_loss(loss_fn, args)
-        self.device = _resolve_device(args.device)
-        if args.zero_stage and self.device != "cpu":  # everything above only checks; from here on, effects
-            raise ValueError(f"zero_stage=1 shards the optimizer of a model on the cpu; device='auto' resolved to "
-                             f"{self.device!r}: pass device='cpu' or zero_stage=0")
+        self.device = _resolve_device(args.device)  # everything above only checks; from here on, effects
         self.model = model
         self.args = args
         self.train_dataset = train_dataset

@@ -126,7 +126,8 @@ class TrainingArguments:
             to 0's); 0 (default) keeps all of it on every rank. The name and values are DeepSpeed's
             (zero_optimization.stage, Accelerate's --zero_stage), which HF users pass through
             --deepspeed; 2 and 3 are not implemented. Checkpoints hold the whole state (gathered
-            from every rank), so they resume on any world size. CPU models only for now.
+            from every rank), so they resume on any world size. On an accelerator (sim; cuda
+            compiled, not yet run on a GPU) the gradients are all-reduced, the parameters all-gathered.
         memory_limit / memory_fraction: a cap on gputrain's allocator for the device, in bytes
             or as a share of the device's memory, set when the Trainer is built (at most one).
             The Trainer plans the run before allocating it: a plan over the cap fails at
@@ -311,9 +312,6 @@ class TrainingArguments:
         self.zero_stage = check_zero_stage(self.zero_stage)
         if self.zero_stage and self.optim == "sgd":
             raise ValueError("zero_stage=1 shards AdamW's state (optim='adamw_torch'); SGD keeps none to shard")
-        if self.zero_stage and self.device.startswith(("cuda", "sim")):
-            raise ValueError(f"zero_stage=1 shards the optimizer of a model on the cpu, not on {self.device!r}; "
-                             "use zero_stage=0 on an accelerator")
         if self.memory_limit is not None and self.memory_fraction is not None:
             raise ValueError("give at most one of memory_limit (bytes) and memory_fraction (of the device)")
         if self.memory_limit is not None:
