@@ -81,14 +81,14 @@ def train(config, world: int, rank: int | None, steps: int, zero: int, saved=Non
     return model.state_dict(), np.array(results), optimizer, scaler, step, batches[0][0][rows]
 
 
-def check_plan(step, batch, optimizer, unsharded_plan, rank: int, world: int) -> None:
+def check_plan(step, batch, optimizer, unsharded_plan, rank: int, world: int, kind: str = "cpu") -> None:
     """The memory plan of a sharded step shows one rank's optimizer bytes: the last rank's, whose
-    shard is the largest, exactly."""
+    shard is the largest, exactly (`kind`: the model's memory)."""
     plan = plan_step(step, batch)
     assert plan.settings["optimizer_shards"] == world and "optimizer_shards" not in unsharded_plan.settings
     memory = optimizer.memory()
-    planned = (plan["cpu"].get("optimizer_state", 0), plan.get("pinned", {}).get("optimizer_offload", 0))
-    assert planned[0] + planned[1] < unsharded_plan.total("cpu") + unsharded_plan.total("pinned")
+    planned = (plan[kind].get("optimizer_state", 0), plan.get("pinned", {}).get("optimizer_offload", 0))
+    assert planned[0] + planned[1] < unsharded_plan.total(kind) + unsharded_plan.total("pinned")
     if rank == world - 1:
         assert planned == (memory["device_bytes"], memory["host_bytes"]), (planned, memory)
 
@@ -127,7 +127,9 @@ def device(rank: int, world: int) -> None:
     weights, results and state of zero_stage=0 on sim and of ZeRO-1 on the cpu, bit for bit."""
     for config in [c for c in CONFIGS if c[0] != "wide"]:
         sharded = train(config, world, rank, 3, 1, device="sim")
-        assert_same_run(sharded, train(config, world, rank, 3, 0, device="sim"), (config, "sim zero_stage=0"))
+        unsharded = train(config, world, rank, 3, 0, device="sim")
+        assert_same_run(sharded, unsharded, (config, "sim zero_stage=0"))
+        check_plan(sharded[4], sharded[5], sharded[2], plan_step(unsharded[4], unsharded[5]), rank, world, "sim:0")
         assert_same_run(sharded, train(config, world, rank, 3, 1), (config, "cpu ZeRO-1"))
         memory = sharded[2].memory()
         first, end = shard_range(sum(p.numel() for p in sharded[2]._params()), world, rank)
