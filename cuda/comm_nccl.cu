@@ -299,3 +299,19 @@ extern "C" gt_status gt_cuda_nccl_broadcast(int index, gt_comm *comm, void *buf,
     comm->bytes_sent += comm->rank == root ? bytes : 0;
     return arm_watchdog(comm, s, static_cast<cudaStream_t>(stream));
 }
+
+extern "C" gt_status gt_cuda_nccl_allgather(int index, gt_comm *comm, float *buf, size_t n, void *stream) {
+    if (!comm)
+        return GT_FAIL(GT_ERR_VALUE, "allgather: no communicator");
+    if (comm->size == 1 || n == 0)
+        return GT_OK;
+    nccl_state *s = nullptr;
+    GT_TRY(state_of(comm, index, &s));
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    bucket_args a = {comm, s, reinterpret_cast<char *>(buf), n, sizeof(float), ncclFloat32, st};
+    GT_TRY(gt_comm_device_failed(comm, allgather(a)));
+    size_t mine_first, mine_count;
+    gt_comm_chunk(n, comm->size, comm->rank, &mine_first, &mine_count);
+    comm->bytes_sent += mine_count * (size_t)(comm->size - 1) * sizeof(float);
+    return arm_watchdog(comm, s, st);
+}

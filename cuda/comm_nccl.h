@@ -1,4 +1,4 @@
-/* The CUDA backend's collectives (core/device_backend.h's allreduce_sum and broadcast) over NCCL
+/* The CUDA backend's collectives (core/device_backend.h's allreduce_sum, broadcast and allgather) over NCCL
  * (cuda/comm_nccl.cu). NOT YET RUN ON A GPU: compiled and linked against the toolkit's NCCL and
  * NVIDIA's nvidia-nccl-cu13 wheel only.
  *
@@ -29,6 +29,9 @@ struct gt_comm;
 gt_status gt_cuda_nccl_allreduce_sum(int index, struct gt_comm *comm, gt_dtype dtype, void *buf, size_t n,
                                      void *stream);
 gt_status gt_cuda_nccl_broadcast(int index, struct gt_comm *comm, void *buf, size_t bytes, int root, void *stream);
+/* buf (n f32) in gt_comm_chunk's chunks: chunk r from rank r to every rank (the all-gather phase
+ * of the all-reduce over the whole buffer: no staging). */
+gt_status gt_cuda_nccl_allgather(int index, struct gt_comm *comm, float *buf, size_t n, void *stream);
 
 #ifdef __cplusplus
 }

@@ -245,6 +245,13 @@ gt_status broadcast(int index, gt_stream *stream, gt_comm *comm, void *buf, size
     return gt_cuda_nccl_broadcast(index, comm, buf, bytes, root, st);
 }
 
+gt_status allgather(int index, gt_stream *stream, gt_comm *comm, float *buf, size_t n) {
+    GT_TRY(gt_cuda_require_device(index, "device"));
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_nccl_allgather(index, comm, buf, n, st);
+}
+
 gt_status backend_init(gt_backend *be, int index, gt_stream *stream) {
     cudaStream_t st = nullptr;
     GT_TRY(resolve(index, stream, &st));
@@ -283,7 +290,7 @@ const gt_device_backend cuda_table = {
     adamw, sgd, ema, ema_swap, grad_sumsq, unscale_check,
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
     stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate, grad_clip, scaler_update,
-    allreduce_sum, broadcast,
+    allreduce_sum, broadcast, allgather,
 };
 
 }  // namespace

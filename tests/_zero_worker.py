@@ -3,6 +3,8 @@ in the same job, and its checkpoints across world sizes. test_zero.py runs it.
 
     compare OUT             every configuration: ZeRO-1 == zero_stage=0 bit for bit (weights,
                             step results, gathered optimizer state), and its memory plan
+    device OUT              ZeRO-1 of models on sim:0 == their zero_stage=0 == ZeRO-1 on the cpu,
+                            one wait per step
     checkpoint OUT          2 ZeRO-1 steps; rank 0 writes OUT.ckpt.pkl (the gathered state)
     resume OUT              loads OUT.ckpt.pkl into ZeRO-1 and unsharded optimizers, checks the
                             gathered state, trains on and compares; rank 0 writes OUT.resumed.npz
@@ -22,6 +24,7 @@ from _dist_worker import ROWS, model_and_batches
 import gputrain as gt
 from gputrain import distributed as dist
 from gputrain.memory_plan import plan_step
+from gputrain.optim.zero import shard_range
 
 nn = gt.nn
 
@@ -49,12 +52,13 @@ def build(kind: str, world: int, steps: int):
     return model, batches
 
 
-def train(config, world: int, rank: int | None, steps: int, zero: int, saved=None):
+def train(config, world: int, rank: int | None, steps: int, zero: int, saved=None, device: str = "cpu"):
     """`steps` steps; rank None: one process, world micro-batches per step. saved: (weights,
     optimizer state, scaler state) to start from. Returns weights, results, optimizer, scaler,
-    the step and a batch of one rank."""
+    the step and a batch of one rank. On a device every step waits once (the step's read)."""
     kind, precision, clip, offload, init_scale = config
     model, batches = build(kind, world, steps)
+    model.to(device)
     optimizer = gt.optim.AdamW(model.parameters(), lr=1e-2, cpu_offload_fraction=offload, zero_stage=zero)
     scaler = gt.amp.GradScaler(init_scale=init_scale, backoff_factor=2.0**-28) if precision == "fp16" else None
     if saved is not None:
@@ -68,19 +72,23 @@ def train(config, world: int, rank: int | None, steps: int, zero: int, saved=Non
     results = []
     rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)
     for x, y in batches:
+        gt.memory.device_counters(device, reset=True) if device != "cpu" else None
         out = step(x[rows], y[rows])
+        if device != "cpu":
+            counts = gt.memory.device_counters(device)
+            assert counts["syncs"] == 1, (config, counts)
         results.append((out.loss, out.grad_norm, float(out.skipped), out.scale))
     return model.state_dict(), np.array(results), optimizer, scaler, step, batches[0][0][rows]
 
 
-def check_plan(step, batch, optimizer, unsharded_plan, rank: int, world: int) -> None:
+def check_plan(step, batch, optimizer, unsharded_plan, rank: int, world: int, kind: str = "cpu") -> None:
     """The memory plan of a sharded step shows one rank's optimizer bytes: the last rank's, whose
-    shard is the largest, exactly."""
+    shard is the largest, exactly (`kind`: the model's memory)."""
     plan = plan_step(step, batch)
     assert plan.settings["optimizer_shards"] == world and "optimizer_shards" not in unsharded_plan.settings
     memory = optimizer.memory()
-    planned = (plan["cpu"].get("optimizer_state", 0), plan.get("pinned", {}).get("optimizer_offload", 0))
-    assert planned[0] + planned[1] < unsharded_plan.total("cpu") + unsharded_plan.total("pinned")
+    planned = (plan[kind].get("optimizer_state", 0), plan.get("pinned", {}).get("optimizer_offload", 0))
+    assert planned[0] + planned[1] < unsharded_plan.total(kind) + unsharded_plan.total("pinned")
     if rank == world - 1:
         assert planned == (memory["device_bytes"], memory["host_bytes"]), (planned, memory)
 
@@ -111,6 +119,22 @@ def compare(rank: int, world: int) -> None:
         if config[1] == "fp16" and config[4] == 2.0**40:
             assert sharded[1][:, 2].tolist() == [1.0, 0.0, 0.0]  # the overflowing scale skipped the first step
         print(f"rank {rank} {config} identical; optimizer elements {memory}", flush=True)
+
+
+def device(rank: int, world: int) -> None:
+    """Models on sim:0 (sim's collectives run MPI on its stream worker): ZeRO-1 keeps this rank's
+    shard of the state on the device (and of the offloaded share in pinned memory), and gives the
+    weights, results and state of zero_stage=0 on sim and of ZeRO-1 on the cpu, bit for bit."""
+    for config in [c for c in CONFIGS if c[0] != "wide"]:
+        sharded = train(config, world, rank, 3, 1, device="sim")
+        unsharded = train(config, world, rank, 3, 0, device="sim")
+        assert_same_run(sharded, unsharded, (config, "sim zero_stage=0"))
+        check_plan(sharded[4], sharded[5], sharded[2], plan_step(unsharded[4], unsharded[5]), rank, world, "sim:0")
+        assert_same_run(sharded, train(config, world, rank, 3, 1), (config, "cpu ZeRO-1"))
+        memory = sharded[2].memory()
+        first, end = shard_range(sum(p.numel() for p in sharded[2]._params()), world, rank)
+        assert memory["device_numel"] + memory["host_numel"] == end - first, memory
+        print(f"rank {rank} {config} identical on sim; optimizer elements {memory}", flush=True)
 
 
 def checkpoint(out: str, rank: int, world: int) -> None:
@@ -157,15 +181,12 @@ def errors(rank: int) -> None:
     assert_same_state(optimizer.state_dict(), before, "after refusals")
     expect(ValueError, ("params", "zero_stage=1", "one compiled model"),
            lambda: gt.optim.AdamW(list(model.parameters()) + list(extra.parameters()), zero_stage=1))
-    device_model = nn.Sequential(nn.Linear(3, 2)).to("sim")
-    expect(ValueError, ("params", "zero_stage=1", "cpu"),
-           lambda: gt.optim.AdamW(device_model.parameters(), zero_stage=1))
     print(f"rank {rank} errors OK", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["compare", "checkpoint", "resume", "errors"])
+    parser.add_argument("mode", choices=["compare", "device", "checkpoint", "resume", "errors"])
     parser.add_argument("out")
     parser.add_argument("--reference", type=int, default=None, metavar="N", help="one process for N ranks")
     args = parser.parse_args()
@@ -174,7 +195,7 @@ def main() -> None:
         return
     dist.init(timeout=60.0)
     rank, world = dist.get_rank(), dist.get_world_size()
-    {"compare": lambda: compare(rank, world), "resume": lambda: resume(args.out, rank, world),
+    {"compare": lambda: compare(rank, world), "device": lambda: device(rank, world), "resume": lambda: resume(args.out, rank, world),
      "checkpoint": lambda: checkpoint(args.out, rank, world), "errors": lambda: errors(rank)}[args.mode]()
     dist.destroy()
 

@@ -324,14 +324,14 @@ def test_an_exception_on_one_rank_ends_the_job_at_once():
 ZERO_WORKER = str(Path(__file__).with_name("_zero_worker.py"))
 
 
-def run_zero(ranks: int | None, *args: str) -> str:
-    """_zero_worker.py on `ranks` ranks (None: one process without a launcher); its output."""
+def run_zero(ranks: int | None, *args: str, worker: str = ZERO_WORKER) -> str:
+    """A worker (_zero_worker.py) on `ranks` ranks (None: one process without a launcher); its output."""
     if ranks is None:
-        done = subprocess.run([sys.executable, ZERO_WORKER, *args], capture_output=True, text=True, timeout=240)
+        done = subprocess.run([sys.executable, worker, *args], capture_output=True, text=True, timeout=240)
     else:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_"))}
         env.update(OMP_NUM_THREADS="1", RANK="", WORLD_SIZE="")
-        done = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, ZERO_WORKER, *args], capture_output=True,
+        done = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, worker, *args], capture_output=True,
                               text=True, timeout=240, env={k: v for k, v in env.items() if v})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -361,7 +361,40 @@ def test_zero1_checkpoints_move_across_world_sizes(tmp_path):
         assert np.array_equal(ranks[name], single[name], equal_nan=True), name
 
 
+@pytest.mark.parametrize("ranks, delay_us", [(2, "0"), (3, "300")])
+def test_zero1_of_sim_models_gives_the_weights_of_unsharded_and_of_cpu_zero1(tmp_path, monkeypatch, ranks, delay_us):
+    """Models on sim:0: each rank's AdamW state (its offloaded share in pinned memory included)
+    covers its shard only, the step all-gathers the updated shards on the device, and weights,
+    step results and the gathered state equal zero_stage=0 on sim and ZeRO-1 on the cpu bit for
+    bit (fp32; fp16 + scaler with skipped steps + clip + offload 0.5; a GPT; an empty shard),
+    with one wait per step, also when sim's kernels are slow (GPUTRAIN_SIM_DELAY_US)."""
+    monkeypatch.setenv("GPUTRAIN_SIM_DELAY_US", delay_us)
+    out = run_zero(ranks, "device", str(tmp_path / "run"))
+    assert out.count("identical on sim") == ranks * 4, out
+
+
 def test_zero1_refuses_what_it_cannot_shard():
-    """step()/clip_grad_norm_()/add_param_group outside TrainStep, parameters of two models, a
-    model on a device: clear errors naming zero_stage, nothing changed."""
+    """step()/clip_grad_norm_()/add_param_group outside TrainStep, parameters of two models:
+    clear errors naming zero_stage, nothing changed."""
     assert run_zero(2, "errors", "unused").count("errors OK") == 2
+
+
+ZERO_TRAINER_WORKER = str(Path(__file__).with_name("_zero_trainer_worker.py"))
+
+
+@pytest.mark.parametrize("fp16, device", [(False, "cpu"), (True, "cpu"), (True, "sim")])
+def test_trainer_zero_stage_1_resumes_across_world_sizes_bit_for_bit(tmp_path, fp16, device):
+    """TrainingArguments(zero_stage=1) against zero_stage=0 in the same processes, 2 ranks to step
+    2, then 3 ranks resuming checkpoint-2 to step 4, then one process resuming checkpoint-4: the
+    weights, the logged losses and gradient norms and every checkpoint's files (the optimizer
+    state gathered whole on every rank, written by rank 0) are the same bit for bit, on the cpu
+    and with models on sim."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("safetensors", reason="checkpoints need safetensors (a gputrain dependency)")
+    out, flags = str(tmp_path / "run"), ["--device", device, *(["--fp16"] if fp16 else [])]
+    for ranks, steps, resume in ((2, 2, None), (3, 4, 2), (None, 12, 4)):
+        resumed = ["--resume", str(resume)] if resume else []
+        out_text = run_zero(ranks, out, str(steps), *flags, *resumed, worker=ZERO_TRAINER_WORKER)
+        # one process: the 3 ranks' checkpoint sits half-way through epoch 1, which ends at step 7
+        expected = f"identical at step {steps}, checkpoint-{steps}" if ranks else "identical at step 7, checkpoint-6"
+        assert out_text.count(expected) == (ranks or 1), out_text

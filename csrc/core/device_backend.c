@@ -175,6 +175,10 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         add(K, i, LAUNCHES, 1);                                                                              \
         return real[K]->broadcast(i, s, comm, buf, bytes, root);                                             \
     }                                                                                                        \
+    static gt_status name##_allgather(int i, gt_stream *s, struct gt_comm *comm, float *buf, size_t n) {    \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->allgather(i, s, comm, buf, n);                                                       \
+    }                                                                                                        \
     static gt_status name##_backend_init(gt_backend *be, int i, gt_stream *s) {                             \
         return init_counted(K, be, i, s);                                                                    \
     }                                                                                                        \
@@ -201,6 +205,7 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         t->scaler_update = name##_scaler_update;                                                             \
         t->allreduce_sum = name##_allreduce_sum;                                                             \
         t->broadcast = name##_broadcast;                                                                     \
+        t->allgather = name##_allgather;                                                                     \
         t->backend_release = name##_backend_release;                                                         \
     }
 

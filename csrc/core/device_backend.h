@@ -131,6 +131,9 @@ typedef struct gt_device_backend {
                                size_t n);
     /* buf (bytes of device memory) becomes rank `root`'s on every rank, with the same failures. */
     gt_status (*broadcast)(int index, gt_stream *stream, struct gt_comm *comm, void *buf, size_t bytes, int root);
+    /* buf (n f32 of device memory) cut into comm->size chunks (gt_comm_chunk): chunk r becomes rank
+     * r's on every rank (ZeRO-1's updated shards to every rank), with the same failures. */
+    gt_status (*allgather)(int index, gt_stream *stream, struct gt_comm *comm, float *buf, size_t n);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table

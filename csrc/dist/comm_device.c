@@ -69,6 +69,13 @@ gt_status gt_comm_device_broadcast(gt_comm *comm, const gt_device_backend *dev, 
     return end(d);
 }
 
+gt_status gt_comm_device_allgather(gt_comm *comm, const gt_device_backend *dev, int index, float *params, size_t n) {
+    gt_comm_device *d = NULL;
+    GT_TRY(begin(comm, dev, index, &d));
+    GT_TRY(dev->allgather(index, d->stream, comm, params, n));
+    return end(d);
+}
+
 gt_status gt_comm_device_failed(gt_comm *comm, gt_status status) {
     if (status == GT_OK || comm->device_failed)
         return status;

@@ -1,5 +1,5 @@
-/* Collectives of a device model's step, run by the device (core/device_backend.h's allreduce_sum
- * and broadcast) on a stream of the communicator's own, ordered against the model's stream by
+/* Collectives of a device model's step, run by the device (core/device_backend.h's allreduce_sum,
+ * broadcast and allgather) on a stream of the communicator's own, ordered against the model's stream by
  * events: the model's stream records `ready` after the backward, the communicator's stream waits
  * for it, sums, records `summed`, and the model's stream waits for that before the unscale, the
  * norm and the update. Nothing waits on the host: the step's one read covers the collectives.
@@ -36,6 +36,10 @@ gt_status gt_comm_device_allreduce(gt_comm *comm, const gt_device_backend *dev, 
 /* Queues, the same way: buf (bytes of device memory) on every rank becomes rank `root`'s. */
 gt_status gt_comm_device_broadcast(gt_comm *comm, const gt_device_backend *dev, int index, void *buf, size_t bytes,
                                    int root);
+
+/* Queues, the same way: chunk r of params (n f32 of device memory, gt_comm_chunk's chunks) becomes
+ * rank r's on every rank (ZeRO-1: each rank's updated shard to every rank). */
+gt_status gt_comm_device_allgather(gt_comm *comm, const gt_device_backend *dev, int index, float *params, size_t n);
 
 /* What a backend's queued collective calls with its status: a failure's message is kept in comm
  * (and comm is failed) for gt_comm_device_check. Returns `status`. */

@@ -7,6 +7,7 @@
  * _C.Optimizer over the same Parameters on the CPU (hence the same bits). */
 #include "py/optim_model.h"
 
+#include "dist/comm.h"
 #include "py/model.h"
 #include "py/optim_py.h"
 
@@ -81,10 +82,21 @@ typedef struct param_args {
     PyObject *trainable;  /* its requires_grad: False leaves its gradient unset (never updated) */
 } param_args;
 
-/* One descriptor per optimizer parameter, pointing into the model's arenas. */
+/* [*offset, + *numel) cut to its part in the flat arena's elements [first, end) (a ZeRO-1 shard). */
+static void cut_to_shard(size_t first, size_t end, size_t *offset, size_t *numel) {
+    size_t lo = *offset < first ? first : *offset, hi = *offset + *numel > end ? end : *offset + *numel;
+    *offset = lo < hi ? lo : first;
+    *numel = lo < hi ? hi - lo : 0;
+}
+
+/* One descriptor per optimizer parameter, pointing into the model's arenas; with config->zero_size
+ * > 0, at the part of it in shard zero_rank of the arena (gt_comm_chunk's, as gputrain.optim.zero). */
 static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *layout, const param_args *a,
-                       gt_optim_param_desc *descs) {
+                       const gt_optimizer_config *config, gt_optim_param_desc *descs) {
     Py_ssize_t num_layout = PyList_GET_SIZE(layout);
+    size_t first = 0, count = model->num_params;
+    if (config->zero_size > 0)
+        gt_comm_chunk(model->num_params, config->zero_size, config->zero_rank, &first, &count);
     for (size_t i = 0; i < self->num_params; i++) {
         Py_ssize_t at = index_in(a->indices, (Py_ssize_t)i, "indices", num_layout);
         Py_ssize_t group = at < 0 ? -1 : index_in(a->groups, (Py_ssize_t)i, "groups", (Py_ssize_t)self->num_groups);
@@ -93,6 +105,7 @@ static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *la
         if (trainable < 0 || layout_entry(PyList_GET_ITEM(layout, at), (size_t)at, model->num_params, &offset,
                                           &self->numels[i]) < 0)
             return -1;
+        cut_to_shard(first, first + count, &offset, &self->numels[i]);
         float *grad = trainable ? (float *)model->grads.block.ptr + offset : NULL;
         descs[i] = (gt_optim_param_desc){(float *)model->params.block.ptr + offset, grad, self->numels[i],
                                          (size_t)group};
@@ -114,7 +127,7 @@ static int create_core(ModelOptimizerObject *self, PyObject *module, gt_optimize
         PyErr_SetString(PyExc_TypeError, "model.parameter_layout() must return a list");
     else if (!self->numels || !descs || !hp)
         PyErr_NoMemory();
-    else if (build_descs(self, model, layout, a, descs) == 0 && gtpy_optim_parse_all_hparams(hparams, hp) == 0) {
+    else if (build_descs(self, model, layout, a, config, descs) == 0 && gtpy_optim_parse_all_hparams(hparams, hp) == 0) {
         config->device = model->backend.device;
         gt_status status;
         Py_BEGIN_ALLOW_THREADS
@@ -160,14 +173,14 @@ static int check_offload(double fraction, Py_ssize_t chunk) {
 
 static PyObject *model_optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"kind", "model", "indices", "groups", "hparams", "trainable", "numerics",
-                               "cpu_offload_fraction", "offload_chunk_numel", NULL};
+                               "cpu_offload_fraction", "offload_chunk_numel", "zero_size", "zero_rank", NULL};
     const char *kind = NULL, *numerics = "exact";
     PyObject *model_obj, *indices, *groups, *hparams_obj, *trainable;
     gt_optimizer_config config = {.compute_stream = NULL};
     Py_ssize_t chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOOO|$sdn:ModelOptimizer", keywords, &kind, &model_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOOO|$sdnii:ModelOptimizer", keywords, &kind, &model_obj,
                                      &indices, &groups, &hparams_obj, &trainable, &numerics,
-                                     &config.cpu_offload_fraction, &chunk))
+                                     &config.cpu_offload_fraction, &chunk, &config.zero_size, &config.zero_rank))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     if (!module || parse_kind(kind, numerics, &config) < 0 || check_offload(config.cpu_offload_fraction, chunk) < 0)
@@ -394,10 +407,12 @@ static PyType_Slot model_optimizer_slots[] = {
     {Py_tp_methods, model_optimizer_methods},
     {Py_tp_getset, model_optimizer_getset},
     {Py_tp_doc, "ModelOptimizer(kind, model, indices, groups, hparams, trainable, *, numerics='exact', "
-                "cpu_offload_fraction=0.0, offload_chunk_numel=0)\n--\n\n"
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0)\n--\n\n"
                 "The fused C AdamW ('adamw') or SGD ('sgd') over slices of a _C.Model's parameter and "
                 "gradient arenas on the model's device: parameter i is parameter_layout()[indices[i]], in "
-                "group groups[i] (hparams[g]: its hyperparameters), updated when trainable[i]."},
+                "group groups[i] (hparams[g]: its hyperparameters), updated when trainable[i]. zero_size > 0 "
+                "(ZeRO-1): only each parameter's part in chunk zero_rank of the arena cut into zero_size "
+                "chunks (get_state/set_state: that part)."},
     {0, NULL},
 };
 

@@ -7,7 +7,7 @@
 typedef struct comm_job {
     gt_comm *comm;    /* the communicator */
     void *buf;        /* the buffer, in place */
-    size_t n;         /* its elements (all-reduce) or bytes (broadcast) */
+    size_t n;         /* its elements (all-reduce, all-gather) or bytes (broadcast) */
     gt_dtype dtype;   /* GT_F32 or GT_F64 (all-reduce) */
     int root;         /* the rank broadcast from */
 } comm_job;
@@ -52,4 +52,18 @@ gt_status gt_sim_broadcast(int index, gt_stream *stream, struct gt_comm *comm, v
         return GT_FAIL(GT_ERR_VALUE, "broadcast: NULL buffer for %zu bytes", bytes);
     comm_job job = {.comm = comm, .buf = buf, .n = bytes, .root = root};
     return gt_sim_enqueue(index, stream, run_broadcast, &job, sizeof job);
+}
+
+static gt_status run_allgather(void *args) {
+    comm_job *j = args;
+    return gt_comm_device_failed(j->comm, gt_comm_allgather(j->comm, j->buf, j->n, sizeof(float)));
+}
+
+gt_status gt_sim_allgather(int index, gt_stream *stream, struct gt_comm *comm, float *buf, size_t n) {
+    if (!comm)
+        return GT_FAIL(GT_ERR_VALUE, "allgather: no communicator");
+    if (n && !buf)
+        return GT_FAIL(GT_ERR_VALUE, "allgather: NULL buffer for %zu elements", n);
+    comm_job job = {.comm = comm, .buf = buf, .n = n};
+    return gt_sim_enqueue(index, stream, run_allgather, &job, sizeof job);
 }

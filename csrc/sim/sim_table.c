@@ -84,6 +84,7 @@ static const gt_device_backend sim_table = {
     .scaler_update = gt_sim_scaler_update,
     .allreduce_sum = gt_sim_allreduce_sum,
     .broadcast = gt_sim_broadcast,
+    .allgather = gt_sim_allgather,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

@@ -97,9 +97,6 @@ static gt_status check_config(const gt_optimizer_config *c) {
                        c->cpu_offload_fraction);
     if (c->zero_size < 0 || (c->zero_size > 0 && (c->zero_rank < 0 || c->zero_rank >= c->zero_size)))
         return GT_FAIL(GT_ERR_VALUE, "zero_rank: must be in [0, %d) ranks, got %d", c->zero_size, c->zero_rank);
-    if (c->zero_size > 0 && gt_device_is_accelerator(c->device))
-        return GT_FAIL(GT_ERR_VALUE, "zero_stage: ZeRO-1 shards the optimizer of a model on the cpu; "
-                       "a model on an accelerator keeps zero_stage=0");
     if (c->device.kind == GT_DEVICE_PINNED)
         return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
     if (!gt_device_is_accelerator(c->device))

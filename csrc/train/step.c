@@ -256,6 +256,14 @@ static gt_status check_zero(const gt_step_config *cfg) {
     return GT_OK;
 }
 
+/* Every rank's updated shard to every rank: by the host, or queued on a device model's device
+ * after the update (its offloaded share's copies included), before the half copy's refresh. */
+static gt_status gather_shards(gt_model *model, gt_comm *comm) {
+    if (!model->device)
+        return gt_comm_allgather(comm, model->params.block.ptr, model->num_params, sizeof(float));
+    return gt_step_device_gather_shards(model, comm);
+}
+
 static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                             const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
@@ -284,8 +292,8 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
     out->skipped = found_inf || out->outlier;
     if (!out->skipped && cfg->optimizer) {
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
-        if (sharded(cfg))  /* every rank's updated shard to every rank */
-            GT_TRY(gt_comm_allgather(cfg->comm, model->params.block.ptr, model->num_params, sizeof(float)));
+        if (sharded(cfg))
+            GT_TRY(gather_shards(model, cfg->comm));
         GT_TRY(gt_model_refresh_lowp(model));
     }
     if (scaler && !out->outlier)  /* a device model's made the same update there (gt_step_device_unscale) */

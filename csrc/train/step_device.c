@@ -74,6 +74,10 @@ gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out) {
     return GT_OK;
 }
 
+gt_status gt_step_device_gather_shards(gt_model *model, gt_comm *comm) {
+    return gt_comm_device_allgather(comm, model->device, index_of(model), model->params.block.ptr, model->num_params);
+}
+
 gt_status gt_step_device_sum_over_ranks(gt_model *model, gt_comm *comm) {
     return gt_comm_device_allreduce(comm, model->device, index_of(model), model->grads.block.ptr, model->num_params,
                                     &current(model)->loss_sum);

@@ -56,6 +56,12 @@ gt_status gt_step_device_clip(gt_model *model, double max_norm);
  * (gt_comm_device_check). */
 gt_status gt_step_device_sum_over_ranks(gt_model *model, gt_comm *comm);
 
+/* ZeRO-1 (train/zero.h): queues the all-gather of the parameters' shards (each rank updated its
+ * own) over comm's ranks on comm's stream, after the update and before the model's stream goes
+ * on. No host wait: a failure is known at the next wait (the next step's read; the stream's error
+ * is sticky). */
+gt_status gt_step_device_gather_shards(gt_model *model, gt_comm *comm);
+
 /* Reads record `record` back: the host waits for everything queued so far (one sync). */
 gt_status gt_step_device_read(gt_model *model, int record, gt_step_sums *out);
 

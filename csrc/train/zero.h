@@ -4,7 +4,12 @@
  * gradients are reduce-scattered (rank-order sums: data parallelism's bits on the shard), the
  * inf check and the sum of squares run over the shard and are combined over the ranks into the
  * values one process gets from the whole summed buffer, the optimizer updates the shard and the
- * parameters are all-gathered. The result is bit-identical to the unsharded data-parallel step. */
+ * parameters are all-gathered. The result is bit-identical to the unsharded data-parallel step.
+ *
+ * A model on an accelerator keeps the device step's all-reduce of the whole gradient (so its inf
+ * check and norm are the unsharded kernels'), updates its shard (device and pinned host share)
+ * and all-gathers the parameters on the device (gt_step_device_gather_shards): the same bits, the
+ * state's memory divided by the ranks, half again the all-reduce's bytes sent per step. */
 #ifndef GT_TRAIN_ZERO_H
 #define GT_TRAIN_ZERO_H
 

@@ -159,8 +159,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def save_optimizer(directory: str, optimizer: Any) -> None:
-    state = optimizer.state_dict()
+def save_optimizer(directory: str, state: dict[str, Any]) -> None:
+    """Writes an optimizer's state_dict() (taken by the caller: with ZeRO-1 it is a collective)."""
     arrays, steps = {}, {}
     for index, entries in state["state"].items():
         for name, value in entries.items():

@@ -307,7 +307,7 @@ class Trainer:
         if args.optim == "sgd":
             return SGD(groups, lr=args.learning_rate)
         return AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                     weight_decay=args.weight_decay, cpu_offload_fraction=self._offload)
+                     weight_decay=args.weight_decay, cpu_offload_fraction=self._offload, zero_stage=args.zero_stage)
 
     # -- the memory plan ---------------------------------------------------------------------------
     def memory_plan(self) -> mp.MemoryPlan:
@@ -347,7 +347,9 @@ class Trainer:
         args, group = self.args, self._group_rows()
         rows = group // _micro_batches(group, micro_cap or group)
         kind = "sgd" if args.optim == "sgd" else "adamw"
-        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), cpu_offload_fraction=offload)
+        shards = distributed.get_world_size() if args.zero_stage else 1  # ZeRO-1: one rank's share
+        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), cpu_offload_fraction=offload,
+                                     zero_shards=shards)
         return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
                                 checkpointing=args.gradient_checkpointing, optimizer=optimizer,
                                 ema=args.ema_decay is not None, scaler=args.fp16,
@@ -419,6 +421,15 @@ class Trainer:
             self._micro_cap = saved
 
     # -- what users see ---------------------------------------------------------------------------
+    def _zero_note(self) -> str:
+        """The startup block's word on ZeRO-1: which share of the optimizer state this rank keeps."""
+        if not self.args.zero_stage:
+            return ""
+        shard = self.optimizer._shard
+        if shard is None:
+            return "; zero_stage 1 (one process: the whole state)"
+        return f"; zero_stage 1: this rank keeps elements [{shard.first}, {shard.end}) of {shard.n}'s state"
+
     def _startup_block(self) -> str:
         args, step = self.args, self._step
         loader = self.train_dataloader
@@ -433,7 +444,7 @@ class Trainer:
             f"{' with a dynamic loss scaler' if self.scaler is not None else ''}; TF32: {backends.tf32_status()}",
             f"  Optimizer = {type(self.optimizer).__name__} (fused, lr {args.learning_rate:g}, weight decay "
             f"{args.weight_decay:g}{', llrd %g' % args.llrd if args.llrd else ''}); offload fraction "
-            f"{self._offload:g}; schedule {args.lr_scheduler_type} with "
+            f"{self._offload:g}{self._zero_note()}; schedule {args.lr_scheduler_type} with "
             f"{args.get_warmup_steps(self.state.max_steps)} warm-up steps",
             f"  Gradient clipping = {args.max_grad_norm or 'off'}; checkpointing = {args.gradient_checkpointing}; "
             f"set_to_none = {step.set_to_none}; EMA = {args.ema_decay if self.ema is not None else 'off'}",
@@ -721,8 +732,10 @@ class Trainer:
         state = self.state
         if state.best_global_step == state.global_step and self.args.metric_for_best_model is not None:
             state.best_model_checkpoint = self._checkpoint_path()
+        optimizer = self.optimizer.state_dict()  # a collective with zero_stage=1: every rank gathers it
         if distributed.is_main_process():  # the same weights and state on every rank: rank 0 writes them
-            ckpt.write_checkpoint(self.args.output_dir, state.global_step, self._write_checkpoint_files)
+            ckpt.write_checkpoint(self.args.output_dir, state.global_step,
+                                  lambda directory: self._write_checkpoint_files(directory, optimizer))
             ckpt.rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, state.best_model_checkpoint,
                                     self.args.load_best_model_at_end)
         distributed.barrier()  # no rank reads or rotates checkpoints before this one is complete
@@ -730,9 +743,9 @@ class Trainer:
     def _checkpoint_path(self) -> str:
         return os.path.join(self.args.output_dir, f"{ckpt.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
-    def _write_checkpoint_files(self, directory: str) -> None:
+    def _write_checkpoint_files(self, directory: str, optimizer: dict[str, Any]) -> None:
         self._write_model(directory)
-        ckpt.save_optimizer(directory, self.optimizer)
+        ckpt.save_optimizer(directory, optimizer)
         ckpt.save_json(os.path.join(directory, "scheduler.json"), ckpt.to_json_state(self.lr_scheduler.state_dict()))
         if self.scaler is not None:
             ckpt.save_json(os.path.join(directory, "scaler.json"), ckpt.to_json_state(self.scaler.state_dict()))

@@ -223,19 +223,18 @@ class Optimizer:
     def _build_core(self, views: list[tuple[Any, Any]]) -> Any:
         group_of = [g for g, group in enumerate(self.param_groups) for _ in group["params"]]
         compiled = self._device_model()
+        zero = {"zero_size": self._shard.size, "zero_rank": self._shard.rank} if self._shard is not None else {}
         if compiled is not None:
             return _C.ModelOptimizer(self._kind, compiled.model, [slot.index for slot, _ in views], group_of,
                                      [self._hparams(g) for g in self.param_groups],
                                      [trainable for _, trainable in views], numerics=self.numerics,
                                      cpu_offload_fraction=self.cpu_offload_fraction,
-                                     offload_chunk_numel=self.offload_chunk_numel)
+                                     offload_chunk_numel=self.offload_chunk_numel, **zero)
         return _C.Optimizer(self._kind, [data for data, _ in views], group_of,
                             [self._hparams(g) for g in self.param_groups],
                             grads=[grad for _, grad in views], numerics=self.numerics,
                             cpu_offload_fraction=self.cpu_offload_fraction,
-                            offload_chunk_numel=self.offload_chunk_numel,
-                            zero_size=self._shard.size if self._shard is not None else 0,
-                            zero_rank=self._shard.rank if self._shard is not None else 0)
+                            offload_chunk_numel=self.offload_chunk_numel, **zero)
 
     def _rebuild_core(self) -> None:
         """A new C optimizer over the current parameter arrays, keeping every parameter's state

@@ -15,7 +15,11 @@ keeps this rank's shard of it.
 After a sharded step only this rank's shard of the model's gradients holds the summed gradients
 (the rest keep this rank's own); the step's grad_norm is the global one. The update runs inside
 TrainStep only: step(), clip_grad_norm_() and add_param_group() of a sharded optimizer raise.
-A model on an accelerator (cuda, sim) is refused: zero_stage=1 is the cpu backend's for now.
+On an accelerator (sim; cuda compiled, NOT YET RUN ON A GPU) the step all-reduces the gradients
+on the device as unsharded data parallelism does (so the inf check and the norm are its own),
+updates this rank's shard (its offloaded share in pinned host memory included) and all-gathers the
+parameters on the device, with the step's one wait; the reduce-scatter of the gradients is the
+cpu path's only.
 """
 
 from __future__ import annotations
@@ -58,20 +62,19 @@ class Shard:
         if any(p._owner is None for p in params) or len(owners) != 1:
             raise ValueError("params: zero_stage=1 shards the parameters of one compiled model; build the "
                              "optimizer from model.parameters() after the model is built")
-        if any(p.device != "cpu" for p in params):
-            raise ValueError(f"params: zero_stage=1 shards the optimizer of a model on the cpu, these are on "
-                             f"{sorted({p.device for p in params})}; use zero_stage=0 on an accelerator")
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
-        self._flat, self._flat_grads = next(iter(owners.values())).model.parameter_arrays()
-        self.n = int(self._flat.size)
+        self.on_device = params[0]._device is not None  # the C optimizer cuts the shard (ModelOptimizer)
+        model = next(iter(owners.values())).model
+        self._flat, self._flat_grads = (None, None) if self.on_device else model.parameter_arrays()
+        self.n = int(model.num_parameters if self.on_device else self._flat.size)
         self.first, self.end = shard_range(self.n, self.size, self.rank)
-        self._data = [p.data for p in params]  # the arrays the shard was cut from
+        self._placed = [self._placement(p) for p in params]  # what the shard was cut from
         self.offsets: list[int] = []  # each parameter's first element in the arena
         self.bounds: list[tuple[int, int]] = []  # each parameter's [lo, hi) inside this shard
         for index, p in enumerate(params):
-            offset, rem = divmod(_address(p.data) - _address(self._flat), 4)
-            if rem or offset < 0 or offset + p.numel() > self.n:
+            offset = self._offset(p)
+            if offset is None:
                 raise ValueError(f"params[{index}]: not in its model's parameter arena; zero_stage=1 needs the "
                                  "model's own parameters")
             lo = min(max(self.first - offset, 0), p.numel())
@@ -79,8 +82,22 @@ class Shard:
             self.offsets.append(offset)
             self.bounds.append((lo, hi))
 
+    def _placement(self, p: Any) -> Any:
+        """The object whose identity says where p lives: its array, or its DeviceSlot on a device."""
+        return p._device if self.on_device else p.data
+
+    def _offset(self, p: Any) -> int | None:
+        """p's first element in the model's parameter arena; None when it is not in it."""
+        if self.on_device:
+            return int(p._device.offset)
+        offset, rem = divmod(_address(p.data) - _address(self._flat), 4)
+        return None if rem or offset < 0 or offset + p.numel() > self.n else offset
+
     def views(self, params: list[Any]) -> list[tuple[Any, Any]]:
-        """(parameter slice, gradient slice or None) of each parameter's part in this shard."""
+        """(parameter slice, gradient slice or None) of each parameter's part in this shard; on a
+        device (DeviceSlot, requires_grad), which the C optimizer cuts to the shard itself."""
+        if self.on_device:
+            return [(p._device, p.requires_grad) for p in params]
         out = []
         for p, offset, (lo, hi) in zip(params, self.offsets, self.bounds):
             grad = self._flat_grads[offset + lo:offset + hi] if p.requires_grad else None
@@ -89,7 +106,7 @@ class Shard:
 
     def check_unmoved(self, params: list[Any]) -> None:
         """RuntimeError when a parameter moved since the shard was cut (its model was rebuilt)."""
-        if any(p.data is not data for p, data in zip(params, self._data)):
+        if any(self._placement(p) is not placed for p, placed in zip(params, self._placed)):
             raise RuntimeError("zero_stage=1: a parameter moved to another arena after the optimizer was built; "
                                "build the optimizer after the model")
 
