@@ -86,8 +86,8 @@ stage "the test suite under ASan + UBSan"
 # (A sanitizer that halts pytest itself leaves its report in a file: the reports are shown before
 # the run's exit status fails the script.)
 status=0
-env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}" \
-    bounded 2400 "$py" -m pytest -q -ra -p no:cacheprovider tests \
+bounded 2400 env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}" \
+    "$py" -m pytest -q -ra -p no:cacheprovider tests \
     --deselect tests/test_runtime.py::test_import_needs_no_environment_variables || status=$?
 fail_on_reports "ASan/UBSan" "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer"
 [ "$status" -eq 0 ] || exit "$status"
@@ -105,7 +105,7 @@ check_build "$work/tsan" "-fsanitize=thread" "${tsan_env[@]}"
 stage "loader, offload and thread tests under ThreadSanitizer"
 shopt -s nullglob
 tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_recipe_sim.py tests/test_optim_device.py)
-env "${tsan_env[@]}" bounded 1200 "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}" || status=$?
+bounded 1200 env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}" || status=$?
 fail_on_reports "ThreadSanitizer" "ThreadSanitizer"
 [ "$status" -eq 0 ] || exit "$status"
 echo "sanitizers: no reports"
