@@ -45,15 +45,23 @@ def run_ranks(ranks: int, *args: str, timeout: float = 240.0) -> subprocess.Comp
                           text=True, timeout=timeout, env={k: v for k, v in env.items() if v})
 
 
-def distributed_run(tmp_path, kind, steps, *options):
-    """The two ranks' weights and results, and the one-process reference's (in a process of its
-    own too, so that all three run on the same CPU: CI runs pytest itself under qemu)."""
+def distributed_run(tmp_path, kind, steps, *options, device: str | None = None):
+    """The two ranks' weights and results (their models on `device`, None: the CPU), and the
+    one-process CPU reference's (in a process of its own too, so that all three run on the same
+    CPU: CI runs pytest itself under qemu)."""
     out = str(tmp_path / "run")
     args = [kind, out, "--steps", str(steps), *options]
-    done = run_ranks(2, *args)
+    done = run_ranks(2, *args, *(["--device", device] if device else []))
     assert done.returncode == 0, done.stdout + done.stderr
     subprocess.run([sys.executable, WORKER, *args, "--reference", "2"], check=True, timeout=240)
     return [np.load(f"{out}.rank{r}.npz") for r in range(2)], np.load(f"{out}.reference.npz")
+
+
+def assert_ranks_equal(ranks, reference):
+    """Every rank's weights and results (loss, grad norm, skipped, scale) are the reference's bits."""
+    for r, got in enumerate(ranks):
+        for name in reference.files:
+            assert np.array_equal(got[name], reference[name]), (r, name)
 
 
 @pytest.mark.parametrize("precision, clip", [("fp32", None), ("fp16", 0.5), ("bf16", 0.05)],
@@ -66,9 +74,7 @@ def test_two_ranks_give_the_weights_of_one_process_bit_for_bit(tmp_path, precisi
     draws with the micro-batch's global index, and the losses sum in rank order."""
     options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
     ranks, reference = distributed_run(tmp_path, "mlp", 3, *options)
-    for got in ranks:
-        for name in reference.files:  # the weights, and the results: loss, grad norm, skipped, scale
-            assert np.array_equal(got[name], reference[name]), name
+    assert_ranks_equal(ranks, reference)
     if clip:
         assert (reference["results"][:, 1] > clip).all()  # clipping acted in every step
 
@@ -131,22 +137,15 @@ def test_a_deferred_step_of_a_device_model_is_refused():
 @pytest.mark.parametrize("delay_us", ["0", "300"], ids=["no-delay", "sim-delay-300us"])
 @pytest.mark.parametrize("precision, clip", [("fp32", None), ("fp16", 0.5)], ids=["fp32", "fp16-scaler-clip"])
 def test_two_ranks_of_sim_models_give_the_cpu_weights_bit_for_bit(tmp_path, monkeypatch, precision, clip, delay_us):
-    """Models on "sim": the gradients staged through host memory (D2H after the backward, an
-    event wait, the host all-reduce in rank order, H2D before the unscale/clip/update) give the
-    one-process CPU reference's weights and results bit for bit; with the simulator's random
-    delays a copy not ordered by the event would read or write stale gradients."""
+    """Models on "sim": the gradients all-reduced by the device in rank order, on the
+    communicator's stream between an event after the backward and one before the
+    unscale/clip/update, give the one-process CPU reference's weights and results bit for bit;
+    with the simulator's random delays a collective not ordered by the events would read or
+    write stale gradients."""
     monkeypatch.setenv("GPUTRAIN_SIM_DELAY_US", delay_us)
     options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
-    out = str(tmp_path / "run")
-    done = run_ranks(2, "mlp", out, "--steps", "3", "--device", "sim", *options)
-    assert done.returncode == 0, done.stdout + done.stderr
-    subprocess.run([sys.executable, WORKER, "mlp", out, "--steps", "3", *options, "--reference", "2"], check=True,
-                   timeout=240)
-    reference = np.load(f"{out}.reference.npz")
-    for r in range(2):
-        got = np.load(f"{out}.rank{r}.npz")
-        for name in reference.files:
-            assert np.array_equal(got[name], reference[name]), (r, name)
+    ranks, reference = distributed_run(tmp_path, "mlp", 3, *options, device="sim")
+    assert_ranks_equal(ranks, reference)
     if clip:
         assert (reference["results"][:, 1] > clip).all()
 
@@ -179,16 +178,8 @@ def test_two_ranks_on_two_gpus_give_the_cpu_weights_bit_for_bit(tmp_path, precis
     if _C.cuda_device_count() < 2:
         pytest.skip("NCCL needs a GPU per rank: fewer than 2 CUDA devices")
     options = ["--precision", precision] + (["--clip", str(clip)] if clip else [])
-    out = str(tmp_path / "run")
-    done = run_ranks(2, "mlp", out, "--steps", "3", "--device", "cuda-per-rank", *options)
-    assert done.returncode == 0, done.stdout + done.stderr
-    subprocess.run([sys.executable, WORKER, "mlp", out, "--steps", "3", *options, "--reference", "2"], check=True,
-                   timeout=240)
-    reference = np.load(f"{out}.reference.npz")
-    for r in range(2):
-        got = np.load(f"{out}.rank{r}.npz")
-        for name in reference.files:
-            assert np.array_equal(got[name], reference[name]), (r, name)
+    ranks, reference = distributed_run(tmp_path, "mlp", 3, *options, device="cuda-per-rank")
+    assert_ranks_equal(ranks, reference)
 
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])
