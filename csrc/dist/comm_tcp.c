@@ -318,9 +318,9 @@ static gt_status check_waiting(gt_comm *comm, gt_comm_pending *x) {
     for (int p = 0; p < comm->size; p++) {
         tcp_peer *peer = &t->peers[p];
         if (p != comm->rank && peer->closed && waits_on(peer, x))
-            return GT_FAIL(GT_ERR_OS, "rank %d: collective #%llu: the connection with rank %d %s: that rank exited "
-                           "or died", comm->rank, (unsigned long long)x->call, p,
-                           peer->error ? strerror(peer->error) : "was closed");
+            return GT_FAIL(GT_ERR_OS, "rank %d: collective #%llu: the connection with rank %d was closed (%s): "
+                           "that rank exited or died", comm->rank, (unsigned long long)x->call, p,
+                           peer->error ? strerror(peer->error) : "end of stream");
     }
     if (gt_interrupt_pending())
         return GT_FAIL(GT_ERR_INTERRUPTED, "rank %d: collective #%llu abandoned on an interrupt (Ctrl-C); the "
