@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -129,6 +130,71 @@ def test_char_gpt_example_runs_torchrun_style():
                             "--block", "16", "--batch", "4", "--threads", "1")
     assert codes == [0, 0], output
     assert "x 2 ranks" in output and output.count("trained 3 steps") == 1  # rank 0 reports
+
+
+# ---- the launcher: python -m gputrain.distributed.run ----
+
+def launch(nproc: int, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHERS)}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.Popen([sys.executable, "-m", "gputrain.distributed.run", "--nproc-per-node", str(nproc), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+
+
+def test_the_launcher_runs_the_ranks_and_fails_when_one_fails():
+    done = launch(3, WORKER, "mlp", "unused", "--collectives")
+    assert done.wait(timeout=60) == 0 and done.stdout.read().count("collectives OK") == 3
+    started = time.monotonic()
+    failed = launch(2, WORKER, "mlp", "unused", "--raise-on-rank-1", "--timeout", "120")
+    assert failed.wait(timeout=60) == 1  # rank 1's status, not rank 0's 120 s timeout
+    output = failed.stdout.read()
+    assert "rank 1 exited with status 1; stopping the other ranks" in output, output
+    assert time.monotonic() - started < 30
+
+
+def test_ctrl_c_reaches_every_rank_and_abandons_the_step():
+    """SIGINT to the launcher: rank 0, waiting in a step's all-reduce for rank 1 (asleep), and
+    rank 1 both raise KeyboardInterrupt at once; the launcher exits 130."""
+    job = launch(2, WORKER, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "100")
+    output = ""
+    while "rank 0 step 0 done" not in output:  # rank 0 then waits in step 1
+        line = job.stdout.readline()
+        assert line, output
+        output += line
+    time.sleep(0.5)
+    started = time.monotonic()
+    job.send_signal(signal.SIGINT)
+    output += job.communicate(timeout=30)[0]
+    assert job.returncode == 130, output
+    assert output.count("KeyboardInterrupt") == 2 and "_C.train_step" in output, output
+    assert time.monotonic() - started < 10
+
+
+def test_ctrl_c_abandons_a_collective_that_waits_for_a_live_rank():
+    """SIGINT to rank 0 alone, waiting in a step's all-reduce for rank 1 (asleep, alive, its
+    socket open): the transport polls the interrupt and rank 0 raises KeyboardInterrupt at once,
+    not at the 100 s timeout."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, WORKER, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang",
+                               "--timeout", "100"], env=rank_env(r, 2, port), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        output = ""
+        while "rank 0 step 0 done" not in output:
+            line = procs[0].stdout.readline()
+            assert line, output
+            output += line
+        time.sleep(0.5)
+        started = time.monotonic()
+        procs[0].send_signal(signal.SIGINT)
+        output += procs[0].communicate(timeout=20)[0]
+        assert time.monotonic() - started < 5 and procs[1].poll() is None
+        assert "KeyboardInterrupt" in output and "_C.train_step" in output, output
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
 
 
 # ---- in this process: the environment, the store ----

@@ -19,7 +19,8 @@ import sys
 import time
 from typing import Any
 
-from gputrain import _C, _dist_tcp
+from gputrain import _C
+from gputrain.distributed import _tcp
 
 __all__ = ["init", "destroy", "is_initialized", "get_rank", "get_world_size", "is_main_process", "barrier",
            "communicator", "get_local_rank", "all_reduce", "broadcast", "broadcast_parameters", "bytes_sent", "launcher_env",
@@ -124,9 +125,9 @@ def _choose_backend(backend: str | None) -> str:
 
 
 def _init_tcp(timeout: float) -> None:
-    env = _dist_tcp.tcp_env()
+    env = _tcp.tcp_env()
     if env.world_size > 1:
-        _State.comm = _dist_tcp.connect(env, float(timeout))
+        _State.comm = _tcp.connect(env, float(timeout))
     _State.rank, _State.world_size, _State.local_rank = env.rank, env.world_size, env.local_rank
 
 
