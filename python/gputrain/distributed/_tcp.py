@@ -94,9 +94,9 @@ def _recv_json(sock: socket.socket, deadline: float, what: str) -> object:
     return json.loads(_recv_exact(sock, length, deadline, what))
 
 
-def _listen(host: str, port: int, backlog: int) -> socket.socket:
+def _listen(host: str, port: int, backlog: int, family: int = socket.AF_INET) -> socket.socket:
     try:
-        return socket.create_server((host, port), backlog=backlog)
+        return socket.create_server((host, port), family=family, backlog=backlog)
     except OSError as error:
         where = f"MASTER_ADDR:MASTER_PORT={host}:{port}" if port else "an OS-chosen port"
         raise OSError(error.errno, f"gputrain.distributed.init(): cannot listen on {where}: {error.strerror}"
@@ -161,11 +161,13 @@ def _serve(listener: socket.socket, env: TcpEnv, deadline: float,
 def _join(env: TcpEnv, deadline: float) -> list[socket.socket | None]:
     """Rank > 0: joins the store, then connects to the ranks below and accepts those above."""
     peers: list[socket.socket | None] = [None] * env.world_size
-    listener = _listen("", 0, env.world_size) if env.rank < env.world_size - 1 else None
+    listener = None
     try:
         store = _connect(env.master_addr, env.master_port, deadline,
                          f"rank {env.rank}: connecting to rank 0's store at {env.master_addr}:{env.master_port}")
         peers[0] = store
+        if env.rank < env.world_size - 1:  # the ranks above connect to the address the store saw (its family)
+            listener = _listen("", 0, env.world_size, store.family)
         port = listener.getsockname()[1] if listener else 0
         store.sendall(_HELLO.pack(_MAGIC, env.rank, env.world_size, port))
         table = _recv_json(store, deadline, f"rank {env.rank}: the store's table of ranks")
@@ -195,7 +197,8 @@ def connect(env: TcpEnv, timeout: float) -> object:
     """The _C.Communicator of this rank over a TCP mesh; every rank must call it within `timeout`."""
     deadline = time.monotonic() + timeout
     if env.rank == 0:
-        listener = _listen(env.master_addr, env.master_port, env.world_size)
+        family = socket.AF_INET6 if ":" in env.master_addr else socket.AF_INET
+        listener = _listen(env.master_addr, env.master_port, env.world_size, family)
         try:
             peers = _store_serve(listener, env, deadline)
         finally:
