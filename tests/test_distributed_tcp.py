@@ -310,3 +310,44 @@ def test_a_size_mismatch_between_ranks_fails_instead_of_corrupting():
     [t.start() for t in threads], [t.join() for t in threads]
     assert errors and any("the ranks called different collectives" in str(e) for e in errors), errors
     assert comms[0].failed or comms[1].failed
+
+
+def test_messages_that_arrive_before_their_collective_are_kept():
+    """Rank 0 of 3 in this process, the test playing ranks 1 and 2 over socketpairs with the
+    transport's framing (a header of the collective's number and the payload's bytes): while
+    rank 0 waits in collective #1 for rank 2, rank 1 (ahead) sends the header and a part of #2's
+    payload; rank 0 reads them into a buffer of their own, and collective #2 adopts that buffer
+    and reads the rest straight into its array."""
+    import struct
+    import threading
+    pairs = [socket.socketpair() for _ in range(2)]
+    comm = _C.Communicator.over_tcp([-1, pairs[0][0].fileno(), pairs[1][0].fileno()], 0, 3, 3.0)
+    for ours, _ in pairs:
+        ours.detach()
+    one, two = pairs[0][1], pairs[1][1]
+    want_a, want_b = np.arange(1000, dtype=np.float32), np.arange(300_000, dtype=np.float32)
+    a, b, errors = np.zeros_like(want_a), np.zeros_like(want_b), []
+
+    def rank0() -> None:
+        try:
+            comm.broadcast(a, 2)  # collective #1: from rank 2
+            comm.broadcast(b, 1)  # collective #2: from rank 1
+        except Exception as error:  # noqa: BLE001 (recorded for the assertion)
+            errors.append(error)
+
+    def message(call: int, payload: np.ndarray) -> bytes:
+        return struct.pack("=QQ", call, payload.nbytes) + payload.tobytes()
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    early = message(2, want_b)
+    one.sendall(early[:16 + 1000])  # #2's header and 1000 bytes, while rank 0 is in #1
+    time.sleep(0.3)
+    two.sendall(message(1, want_a))
+    time.sleep(0.3)
+    one.sendall(early[16 + 1000:])
+    thread.join(timeout=10)
+    assert not thread.is_alive() and not errors, errors
+    assert np.array_equal(a, want_a) and np.array_equal(b, want_b)
+    comm.close()
+    one.close(), two.close()
