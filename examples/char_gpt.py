@@ -5,6 +5,7 @@ sample generated with the key/value cache. Runs in a few minutes on a 2-core CPU
 
     python examples/char_gpt.py [--steps 600] [--precision fp32|bf16] [--threads N]
     mpiexec -n 2 python examples/char_gpt.py --distributed    # data parallel: 2 ranks share each batch
+    python -m gputrain.distributed.run --nproc-per-node 2 examples/char_gpt.py --distributed  # the same, no MPI
 
 Each optimizer step (forward, backward, AdamW, all in C) is one call. On a machine whose cores
 are busy with other work, --threads 1 can be much faster than more threads waiting for each other.
@@ -64,7 +65,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--distributed", action="store_true",
-                        help="data parallelism over the ranks of mpiexec/srun/torchrun (needs mpi4py + mpich)")
+                        help="data parallelism over the ranks of mpiexec/srun (mpi4py + mpich) or of a "
+                        "torchrun-style launcher such as gputrain.distributed.run (TCP, no MPI)")
     args = parser.parse_args()
     if args.threads:
         gt.set_num_threads(args.threads)

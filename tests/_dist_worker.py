@@ -178,8 +178,9 @@ def main() -> None:
             try:
                 step(x[rank * ROWS:(rank + 1) * ROWS], y[rank * ROWS:(rank + 1) * ROWS])
                 print(f"rank {rank} step {i} done", flush=True)
-            except TimeoutError as error:
-                print(f"rank {rank} TimeoutError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+            except OSError as error:  # TimeoutError, or a closed connection (the TCP transport)
+                print(f"rank {rank} {type(error).__name__} after {time.monotonic() - started:.1f} s: {error}",
+                      flush=True)
                 os._exit(3)
         return
     device = f"cuda:{rank}" if args.device == "cuda-per-rank" else args.device

@@ -45,10 +45,10 @@ def class_members(node: ast.ClassDef) -> dict[str, ast.AST]:
 
 
 def stub_params(node: ast.FunctionDef, method: bool) -> list[str]:
-    """Parameter names of a stub, `self` left out, `*args`/`**kw` written as such."""
+    """Parameter names of a stub, `self` (or a classmethod's `cls`) left out, `*args`/`**kw` written as such."""
     a = node.args
     names = [p.arg for p in a.posonlyargs + a.args]
-    if method and names and names[0] == "self":
+    if method and names and names[0] in ("self", "cls"):
         names = names[1:]
     if a.vararg:
         names.append("*" + a.vararg.arg)

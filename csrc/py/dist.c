@@ -1,8 +1,10 @@
 /* gputrain._C.Communicator: the collectives of csrc/dist/comm.h over an MPI library that mpi4py
- * loaded (gputrain.distributed builds it), on NumPy arrays, without the GIL. */
+ * loaded, or over TCP sockets (Communicator.over_tcp), on NumPy arrays, without the GIL;
+ * gputrain.distributed builds it. */
 #include "py/dist.h"
 
 #include "dist/comm_mpi.h"
+#include "dist/comm_tcp.h"
 #include "dist/params.h"
 #include "py/model.h"
 
@@ -32,6 +34,53 @@ static PyObject *comm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     if (!self)
         return NULL;
     gt_status status = gt_comm_mpi_create(&h, rank, size, timeout, &self->comm);
+    if (status != GT_OK) {
+        Py_DECREF(self);
+        return gtpy_raise(module, status);
+    }
+    return (PyObject *)self;
+}
+
+/* The file descriptors of `fds` (a list of `size` ints); NULL with an exception. */
+static int *fds_arg(PyObject *fds, int size) {
+    if (!PyList_Check(fds) || PyList_GET_SIZE(fds) != size) {
+        PyErr_Format(PyExc_ValueError, "fds must be a list of one socket per rank (%d), got %.100s", size,
+                     Py_TYPE(fds)->tp_name);
+        return NULL;
+    }
+    int *out = PyMem_Calloc((size_t)size, sizeof *out);
+    if (!out)
+        return (int *)PyErr_NoMemory();
+    for (int p = 0; p < size; p++) {
+        long fd = PyLong_AsLong(PyList_GET_ITEM(fds, p));
+        if (fd == -1 && PyErr_Occurred()) {
+            PyMem_Free(out);
+            return NULL;
+        }
+        out[p] = fd < INT_MIN || fd > INT_MAX ? -1 : (int)fd;
+    }
+    return out;
+}
+
+/* Communicator.over_tcp(fds, rank, size, timeout): over connected sockets, owned once it returned. */
+static PyObject *comm_over_tcp(PyObject *type_obj, PyObject *args) {
+    PyTypeObject *type = (PyTypeObject *)type_obj;
+    PyObject *fds_obj;
+    int rank = 0, size = 0;
+    double timeout = 0.0;
+    if (!PyArg_ParseTuple(args, "Oiid:over_tcp", &fds_obj, &rank, &size, &timeout))
+        return NULL;
+    if (size < 1 || rank < 0 || rank >= size)
+        return PyErr_Format(PyExc_ValueError, "rank %d of world size %d: need 0 <= rank < size", rank, size);
+    PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
+    int *fds = module ? fds_arg(fds_obj, size) : NULL;
+    if (!fds)
+        return NULL;
+    CommObject *self = (CommObject *)type->tp_alloc(type, 0);
+    gt_status status = self ? gt_comm_tcp_create(fds, rank, size, timeout, &self->comm) : GT_OK;
+    PyMem_Free(fds);
+    if (!self)
+        return NULL;
     if (status != GT_OK) {
         Py_DECREF(self);
         return gtpy_raise(module, status);
@@ -248,6 +297,10 @@ static PyMethodDef comm_methods[] = {
      "broadcast_parameters(model, root)\n--\n\nThe _C.Model's parameters become rank root's (on its device for a "
      "device model)."},
     {"barrier", comm_barrier, METH_NOARGS, "barrier()\n--\n\nReturns once every rank called it."},
+    {"over_tcp", comm_over_tcp, METH_VARARGS | METH_CLASS,
+     "over_tcp(fds, rank, size, timeout)\n--\n\nCollectives over connected sockets: fds[p] is the file descriptor "
+     "of the socket to rank p (fds[rank] is ignored); once this returned, the communicator owns and closes them (the caller "
+     "detaches its socket objects); when it raises they stay the caller's. Built by gputrain.distributed.init() from its TCP store."},
     {"close", comm_close, METH_NOARGS, "close()\n--\n\nReleases the communicator; later calls raise."},
     {NULL, NULL, 0, NULL},
 };

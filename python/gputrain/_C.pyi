@@ -363,6 +363,8 @@ class ModelOptimizer:
 class Communicator:
     def __init__(self, library: str, comm: int, byte_type: int, handle_bytes: int, status_bytes: int,
                  rank: int, size: int, timeout: float) -> None: ...
+    @classmethod
+    def over_tcp(cls, fds: list[int], rank: int, size: int, timeout: float) -> Communicator: ...
     rank: int
     size: int
     timeout: float

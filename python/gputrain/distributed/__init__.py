@@ -4,7 +4,9 @@
 ``init()`` reads the rank and world size from the launcher's environment. With one process (no
 launcher) it needs nothing and every collective is a no-op. With more, gputrain's collectives
 (csrc/dist) run over the MPI library that ``mpi4py`` loads, the ``mpich`` wheel for a pip-only
-install (``pip install "gputrain[distributed]"``): gputrain itself is built without MPI.
+install (``pip install "gputrain[distributed]"``): gputrain itself is built without MPI. A
+torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) needs no MPI: the
+ranks meet at rank 0's TCP store and the collectives run over TCP sockets (``backend="tcp"``).
 
 After ``init()``, ``TrainStep`` sums the gradients and losses of all ranks in every step (each rank
 passes its share of the global batch), ``DataLoader`` shards its samples by rank, and ``Trainer``
@@ -18,9 +20,10 @@ import time
 from typing import Any
 
 from gputrain import _C
+from gputrain.distributed import _tcp
 
 __all__ = ["init", "destroy", "is_initialized", "get_rank", "get_world_size", "is_main_process", "barrier",
-           "communicator", "all_reduce", "broadcast", "broadcast_parameters", "bytes_sent", "launcher_env",
+           "communicator", "get_local_rank", "all_reduce", "broadcast", "broadcast_parameters", "bytes_sent", "launcher_env",
            "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for the other ranks before it raises TimeoutError
@@ -40,6 +43,8 @@ class _State:
 
     rank = 0
     world_size = 1
+    local_rank = 0
+    backend = ""
     initialized = False
     comm: Any = None       # the _C.Communicator when world_size > 1
     mpi_comm: Any = None   # the mpi4py communicator it runs on (kept alive with it)
@@ -72,6 +77,14 @@ def _mpi_library_path() -> str:
     raise RuntimeError("gputrain.distributed: mpi4py is imported but no libmpi is loaded in this process")
 
 
+def _mpi_local_rank() -> int:
+    """The rank on this machine that the MPI launcher set (Open MPI, hydra, srun, torchrun), or 0."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
 def _import_mpi() -> Any:
     try:
         from mpi4py import MPI
@@ -99,16 +112,45 @@ def _abort_on_uncaught_exception(MPI: Any) -> None:
     sys.excepthook = abort
 
 
-def init(timeout: float = DEFAULT_TIMEOUT) -> None:
+def _choose_backend(backend: str | None) -> str:
+    """"mpi" or "tcp": a torchrun-style launch (MASTER_ADDR/MASTER_PORT, no MPI launcher's
+    variables) is "tcp" unless told otherwise."""
+    if backend not in (None, "mpi", "tcp"):
+        raise ValueError(f"backend must be None, 'mpi' or 'tcp', got {backend!r}")
+    if backend is not None:
+        return backend
+    mpi_launch = any(rank_var in os.environ for rank_var, _ in _LAUNCHERS[:-1])
+    torchrun = "MASTER_ADDR" in os.environ or "MASTER_PORT" in os.environ
+    return "tcp" if torchrun and not mpi_launch else "mpi"
+
+
+def _init_tcp(timeout: float) -> None:
+    env = _tcp.tcp_env()
+    if env.world_size > 1:
+        _State.comm = _tcp.connect(env, float(timeout))
+    _State.rank, _State.world_size, _State.local_rank = env.rank, env.world_size, env.local_rank
+
+
+def init(timeout: float = DEFAULT_TIMEOUT, backend: str | None = None) -> None:
     """Joins the job: rank and world size from mpirun/mpiexec (OMPI_COMM_WORLD_*, PMI_*), srun
     (SLURM_*) or torchrun-style (RANK/WORLD_SIZE) variables; one process without them. Every
     collective then fails with TimeoutError after `timeout` seconds instead of hanging on a rank
     that died, and an uncaught exception on one rank aborts the job (MPI_Abort). Calling it
-    again after init() raises."""
+    again after init() raises.
+
+    backend: "mpi" (mpi4py), "tcp" (no MPI: rank 0's TCP store at MASTER_ADDR:MASTER_PORT, then
+    a socket per pair of ranks; every rank must reach init() within `timeout`; a rank that exits
+    makes the others' next collective raise ConnectionError-like OSError naming it), or None:
+    "tcp" when MASTER_ADDR/MASTER_PORT are set and no MPI launcher's variables are, else "mpi"."""
     if _State.initialized:
         raise RuntimeError("gputrain.distributed.init(): already initialised; call destroy() first")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    chosen = _choose_backend(backend)
+    if chosen == "tcp":
+        _init_tcp(timeout)
+        _State.backend, _State.initialized = "tcp", True
+        return
     found = launcher_env()
     rank, size = found if found is not None else (0, 1)
     if size > 1:
@@ -127,6 +169,7 @@ def init(timeout: float = DEFAULT_TIMEOUT) -> None:
         _State.mpi_comm = mpi_comm
         _abort_on_uncaught_exception(MPI)
     _State.rank, _State.world_size, _State.initialized = rank, size, True
+    _State.local_rank, _State.backend = _mpi_local_rank() if size > 1 else 0, "mpi"
 
 
 def destroy() -> None:
@@ -139,6 +182,7 @@ def destroy() -> None:
         sys.excepthook, _State.excepthook = _State.excepthook, None
     _State.comm = _State.mpi_comm = None
     _State.rank, _State.world_size, _State.initialized = 0, 1, False
+    _State.local_rank, _State.backend = 0, ""
 
 
 def is_initialized() -> bool:
@@ -153,6 +197,11 @@ def get_rank() -> int:
 def get_world_size() -> int:
     """The number of processes (1 without init())."""
     return _State.world_size
+
+
+def get_local_rank() -> int:
+    """This process's rank on its machine (LOCAL_RANK of a torchrun-style launch; 0 without)."""
+    return _State.local_rank
 
 
 def is_main_process() -> bool:
