@@ -190,25 +190,48 @@ struct bucket_args {
     cudaStream_t stream;  // where it is queued
 };
 
+// Elements of the bucket's type at `at`, to send or receive (none when n == 0).
+struct span {
+    char *at;
+    size_t n;
+};
+
+// One NCCL group with every peer r: send `send(r)`, receive into `recv(r)`; `what` names the
+// collective in the failure's message.
+template <class SendOf, class RecvOf>
+gt_status exchange_with_peers(const bucket_args &a, const char *what, SendOf send, RecvOf recv) {
+    GT_NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r_io = ncclSuccess;
+    for (int r = 0; r < a.comm->size; r++) {
+        if (r == a.comm->rank)
+            continue;
+        span out = send(r), in = recv(r);
+        if (out.n && r_io == ncclSuccess)
+            r_io = ncclSend(out.at, out.n, a.type, r, a.s->nccl, a.stream);
+        if (in.n && r_io == ncclSuccess)
+            r_io = ncclRecv(in.at, in.n, a.type, r, a.s->nccl, a.stream);
+    }
+    ncclResult_t r_end = ncclGroupEnd();  // closes the group even after a failed send/recv
+    GT_NCCL_TRY(r_io != ncclSuccess ? r_io : r_end, what);
+    return GT_OK;
+}
+
+// Element range [first, first + count) of the bucket's chunk r.
+span chunk_of(const bucket_args &a, int r) {
+    size_t first, count;
+    gt_comm_chunk(a.count, a.comm->size, r, &first, &count);
+    return {a.buf + first * a.elem, count};
+}
+
 // Grouped send/recv: chunk r of the bucket to rank r, the peers' chunk `rank` into staging.
 gt_status reduce_scatter(const bucket_args &a) {
     size_t mine_first, mine_count, slot = slot_elems(a.comm);
     gt_comm_chunk(a.count, a.comm->size, a.comm->rank, &mine_first, &mine_count);
-    GT_NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
-    ncclResult_t r_io = ncclSuccess;
-    for (int r = 0; r < a.comm->size; r++) {
-        size_t first, count;
-        gt_comm_chunk(a.count, a.comm->size, r, &first, &count);
-        if (r == a.comm->rank)
-            continue;
-        char *into = static_cast<char *>(a.s->staging) + (size_t)(r - (r > a.comm->rank)) * slot * a.elem;
-        if (count && r_io == ncclSuccess)
-            r_io = ncclSend(a.buf + first * a.elem, count, a.type, r, a.s->nccl, a.stream);
-        if (mine_count && r_io == ncclSuccess)
-            r_io = ncclRecv(into, mine_count, a.type, r, a.s->nccl, a.stream);
-    }
-    ncclResult_t r_end = ncclGroupEnd();  // closes the group even after a failed send/recv
-    GT_NCCL_TRY(r_io != ncclSuccess ? r_io : r_end, "ncclSend/ncclRecv (reduce-scatter)");
+    auto staging_of = [&](int r) {  // peers in rank order, this rank left out
+        return span{static_cast<char *>(a.s->staging) + (size_t)(r - (r > a.comm->rank)) * slot * a.elem, mine_count};
+    };
+    GT_TRY(exchange_with_peers(a, "ncclSend/ncclRecv (reduce-scatter)", [&](int r) { return chunk_of(a, r); },
+                               staging_of));
     if (!mine_count)
         return GT_OK;
     unsigned blocks = (unsigned)((mine_count + 255) / 256 < 1024 ? (mine_count + 255) / 256 : 1024);
@@ -224,23 +247,9 @@ gt_status reduce_scatter(const bucket_args &a) {
 
 // Grouped send/recv: this rank's summed chunk to every peer, theirs into place.
 gt_status allgather(const bucket_args &a) {
-    size_t mine_first, mine_count;
-    gt_comm_chunk(a.count, a.comm->size, a.comm->rank, &mine_first, &mine_count);
-    GT_NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
-    ncclResult_t r_io = ncclSuccess;
-    for (int r = 0; r < a.comm->size; r++) {
-        size_t first, count;
-        gt_comm_chunk(a.count, a.comm->size, r, &first, &count);
-        if (r == a.comm->rank)
-            continue;
-        if (mine_count && r_io == ncclSuccess)
-            r_io = ncclSend(a.buf + mine_first * a.elem, mine_count, a.type, r, a.s->nccl, a.stream);
-        if (count && r_io == ncclSuccess)
-            r_io = ncclRecv(a.buf + first * a.elem, count, a.type, r, a.s->nccl, a.stream);
-    }
-    ncclResult_t r_end = ncclGroupEnd();
-    GT_NCCL_TRY(r_io != ncclSuccess ? r_io : r_end, "ncclSend/ncclRecv (all-gather)");
-    return GT_OK;
+    span mine = chunk_of(a, a.comm->rank);
+    return exchange_with_peers(a, "ncclSend/ncclRecv (all-gather)", [&](int) { return mine; },
+                               [&](int r) { return chunk_of(a, r); });
 }
 
 // The watchdog's deadline for the work queued so far on `stream`.
