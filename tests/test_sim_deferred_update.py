@@ -13,7 +13,7 @@ import pytest
 import gputrain as gt
 from gputrain import _C
 from gputrain.nn import Parameter
-from gputrain.optim import SGD, AdamW
+from gputrain.optim import SGD, AdamW, get_cosine_schedule_with_warmup
 
 from _optim_reference import ulp_diff
 
@@ -37,10 +37,10 @@ def data(steps: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def schedule(n: int, base: float) -> np.ndarray:
-    """Warmup then cosine, as LambdaLR gives it: lr of update u."""
-    warm = 3
-    return np.array([base * (u / warm if u < warm else 0.5 * (1 + np.cos(np.pi * (u - warm) / n)))
-                     for u in range(n + RING)])
+    """lr of update u under warmup + cosine, as the scheduler's look-ahead gives it."""
+    opt = SGD([Parameter(np.zeros(1, np.float32))], lr=base)
+    sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=n)
+    return np.array([row[0] for row in sched.lrs_ahead(n + RING)])
 
 
 def reference(kind, numerics, hparams, flags, lrs=None) -> tuple[np.ndarray, int]:
