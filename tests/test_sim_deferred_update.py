@@ -7,6 +7,10 @@ the updates that ran, with the lr of update u = schedule[u], and no wait or allo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -17,7 +21,7 @@ from gputrain.optim import SGD, AdamW, get_cosine_schedule_with_warmup
 
 from _optim_reference import ulp_diff
 
-pytestmark = pytest.mark.sim
+DEVICES = [pytest.param("cuda:0", marks=pytest.mark.cuda), pytest.param("sim:0", marks=pytest.mark.sim)]
 SIZES = [7, 1000, 33, 5001, 16]
 RING = 8  # GT_OPTIM_RING
 FLAGS = [1, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # the first steps overflow, as with a large init_scale
@@ -62,38 +66,49 @@ def reference(kind, numerics, hparams, flags, lrs=None) -> tuple[np.ndarray, int
     return np.concatenate([p.data for p in params]), applied
 
 
-def deferred(kind, numerics, hparams, flags, **options) -> tuple[np.ndarray, int]:
+def deferred(kind, numerics, hparams, flags, device="sim:0", **options) -> tuple[np.ndarray, int]:
     params, grads = data(len(flags))
-    num_steps = _C.optimizer_deferred_on_device(kind, "sim:0", params, SIZES, grads, hparams, flags,
+    num_steps = _C.optimizer_deferred_on_device(kind, device, params, SIZES, grads, hparams, flags,
                                                 numerics=numerics, **options)
     return params, num_steps
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind, numerics, hparams", CASES)
 @pytest.mark.parametrize("lag", [1, 3, RING - 1])
-def test_skips_on_the_device_give_the_cpu_bits(kind, numerics, hparams, lag):
+def test_skips_on_the_device_give_the_cpu_bits(device, kind, numerics, hparams, lag):
     expected, applied = reference(kind, numerics, hparams, FLAGS)
-    result, num_steps = deferred(kind, numerics, hparams, FLAGS, lag=lag)
+    result, num_steps = deferred(kind, numerics, hparams, FLAGS, device, lag=lag)
     assert num_steps == applied
     assert ulp_diff(result, expected) == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind, numerics, hparams", [CASES[0], CASES[3]])
-def test_a_schedule_follows_the_updates_that_ran(kind, numerics, hparams):
+def test_a_schedule_follows_the_updates_that_ran(device, kind, numerics, hparams):
     lrs = schedule(len(FLAGS), hparams["lr"])
     expected, _ = reference(kind, numerics, hparams, FLAGS, lrs)
-    result, _ = deferred(kind, numerics, hparams, FLAGS, lr_schedule=lrs, lag=RING - 1)
+    result, _ = deferred(kind, numerics, hparams, FLAGS, device, lr_schedule=lrs, lag=RING - 1)
     assert ulp_diff(result, expected) == 0
-    shifted, _ = deferred(kind, numerics, hparams, FLAGS, lr_schedule=lrs[1:], lag=RING - 1)
+    shifted, _ = deferred(kind, numerics, hparams, FLAGS, device, lr_schedule=lrs[1:], lag=RING - 1)
     assert ulp_diff(shifted, expected) != 0  # the table's lr does reach the update
 
 
-def test_with_delays_the_bits_are_the_same(monkeypatch):
-    monkeypatch.setenv("GPUTRAIN_SIM_DELAY_US", "300")
-    kind, numerics, hparams = CASES[0]
-    expected, _ = reference(kind, numerics, hparams, FLAGS)
-    result, _ = deferred(kind, numerics, hparams, FLAGS, lag=RING - 1)
-    assert ulp_diff(result, expected) == 0
+@pytest.mark.sim
+def test_with_delays_the_bits_are_the_same():
+    """Stream workers delayed at random (read once per process: a child runs it): the table's copy,
+    the updates and the count keep their stream order whatever the host does meanwhile."""
+    code = ("import test_sim_deferred_update as t\n"
+            "from _optim_reference import ulp_diff\n"
+            "for case in (t.CASES[0], t.CASES[3]):\n"
+            "    lrs = t.schedule(len(t.FLAGS), case[2]['lr'])\n"
+            "    expected, _ = t.reference(*case, t.FLAGS, lrs)\n"
+            "    result, _ = t.deferred(*case, t.FLAGS, lr_schedule=lrs, lag=t.RING - 1)\n"
+            "    assert ulp_diff(result, expected) == 0\n")
+    env = dict(os.environ, GPUTRAIN_SIM_DELAY_US="300")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), *sys.path])
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def counters(steps: int) -> dict:
@@ -103,6 +118,7 @@ def counters(steps: int) -> dict:
     return gt.device_counters("sim", reset=True)
 
 
+@pytest.mark.sim
 def test_no_wait_and_no_allocation_per_step():
     short, long = counters(2), counters(RING - 1)  # lag RING - 1: nothing resolved before the end
     assert long["syncs"] == short["syncs"]
@@ -111,6 +127,7 @@ def test_no_wait_and_no_allocation_per_step():
     assert per_step == 3  # the table's copy, one update kernel (one run), the count
 
 
+@pytest.mark.sim
 def test_bad_arguments():
     params, grads = data(3)
     with pytest.raises(ValueError, match="lag"):

@@ -185,8 +185,9 @@ static PyObject *grad_sumsq_on_device(PyObject *module, PyObject *args) {
 }
 
 /* A run of deferred steps (gt_optimizer_step_deferred): every step's gradients and inf flag are
- * copied to the device first; once `lag` are unresolved the host waits for the device and resolves
- * the oldest step (from the flags it was given, as a step's read would tell it), and gives each call the lrs of
+ * copied to the device first; once `lag` are unresolved the host waits for the oldest step (an
+ * event recorded after it, so later steps' work may still be queued) and resolves it (from the
+ * flags it was given, as a step's read would tell it), and gives each call the lrs of
  * lr_schedule (one per update number) from the resolved updates on. */
 typedef struct deferred_run {
     const int *found_inf;        /* (steps,) host flags: 1 skips that step's update */
@@ -196,6 +197,8 @@ typedef struct deferred_run {
     size_t resolved;             /* steps resolved so far */
     size_t applied;              /* updates among them */
     int64_t num_steps;           /* the optimizer's num_steps at the end */
+    const gt_device_backend *dev;  /* the device's interface */
+    gt_event *done[GT_OPTIM_RING];  /* recorded after step s in done[s % GT_OPTIM_RING] */
 } deferred_run;
 
 static gt_status resolve_oldest(gt_optimizer *opt, deferred_run *d) {
@@ -213,16 +216,18 @@ static gt_status deferred_step(const device_run *run, deferred_run *d, gt_optimi
         GT_TRY(gt_optimizer_set_grad(opt, i, grads + s * run->total + offset));
         offset += run->sizes[i];
     }
-    if (gt_optimizer_pending(opt) >= d->lag)
-        GT_TRY(gt_optimizer_synchronize(opt));  /* a resolved step has run: its table source is free */
-    while (gt_optimizer_pending(opt) >= d->lag)
+    int index = run->config.device.index;
+    while (gt_optimizer_pending(opt) >= d->lag) {  /* a resolved step has run: its table source is free */
+        GT_TRY(d->dev->event_synchronize(index, d->done[d->resolved % GT_OPTIM_RING]));
         GT_TRY(resolve_oldest(opt, d));
+    }
     for (size_t j = 0; d->lr_schedule && j < GT_OPTIM_RING; j++) {
         if (d->applied + j >= d->lr_len)
             return GT_FAIL(GT_ERR_VALUE, "lr_schedule: needs %zu entries", d->applied + j + 1);
         lrs[j] = d->lr_schedule[d->applied + j];
     }
-    return gt_optimizer_step_deferred(opt, flags + s, d->lr_schedule ? lrs : NULL);
+    GT_TRY(gt_optimizer_step_deferred(opt, flags + s, d->lr_schedule ? lrs : NULL));
+    return d->dev->event_record(index, d->done[s % GT_OPTIM_RING], NULL);
 }
 
 static gt_status deferred_steps_on(const device_run *run, deferred_run *d, gt_block *params, gt_block *grads,
@@ -249,7 +254,13 @@ static gt_status deferred_steps_on(const device_run *run, deferred_run *d, gt_bl
 static gt_status run_deferred(const device_run *run, deferred_run *d) {
     gt_block params = {0}, grads = {0}, flags = {0};
     gt_device device = run->config.device;
-    gt_status status = gt_block_alloc(device, run->total * sizeof(float), &params);
+    if (!gt_device_is_accelerator(device))
+        return GT_FAIL(GT_ERR_VALUE, "device: deferred steps run on an accelerator (cuda:N or sim:N)");
+    gt_status status = gt_device_backend_get(device, "device", &d->dev);
+    for (int e = 0; status == GT_OK && e < GT_OPTIM_RING; e++)
+        status = d->dev->event_create(device.index, &d->done[e]);
+    if (status == GT_OK)
+        status = gt_block_alloc(device, run->total * sizeof(float), &params);
     if (status == GT_OK)
         status = gt_block_alloc(device, (run->steps ? run->steps : 1) * run->total * sizeof(float), &grads);
     if (status == GT_OK)
@@ -259,6 +270,8 @@ static gt_status run_deferred(const device_run *run, deferred_run *d) {
     gt_block_free(&flags);
     gt_block_free(&grads);
     gt_block_free(&params);
+    for (int e = 0; d->dev && e < GT_OPTIM_RING; e++)
+        d->dev->event_destroy(device.index, d->done[e]);
     return status;
 }
 
