@@ -313,6 +313,7 @@ static PyObject *optimizer_deferred_on_device(PyObject *module, PyObject *args, 
                                      &device_obj, &params, &sizes_obj, &grads, &PyDict_Type, &hparams, &found_inf,
                                      &numerics, &schedule, &lag))
         return NULL;
+    run.config.deferred_table = 1;
     PyObject *sizes = PySequence_Fast(sizes_obj, "sizes must be a sequence of ints");
     PyArrayObject *flags = NULL, *lrs = NULL;
     int ok = sizes && parse_names(kind, numerics, &run.config) == 0 &&

@@ -177,9 +177,9 @@ static size_t table_bytes(size_t num_groups) {
     return GT_OPTIM_RING * num_groups * scalars;
 }
 
-/* Bytes an accelerator's arena adds for deferred updates: the count, then the table. */
-static size_t table_request(gt_device device, size_t num_groups) {
-    if (!gt_device_is_accelerator(device))
+/* Bytes an accelerator's arena adds for deferred updates (when asked): the count, then the table. */
+static size_t table_request(const gt_optimizer_config *config, size_t num_groups) {
+    if (!config->deferred_table || !gt_device_is_accelerator(config->device))
         return 0;
     return gt_align_up(sizeof(uint64_t)) + gt_align_up(table_bytes(num_groups));
 }
@@ -191,7 +191,7 @@ static size_t chunk_request(const gt_optimizer_config *config) {
 
 /* An accelerator's count of deferred updates (zeroed) and their table, in the device arena. */
 static gt_status create_table(gt_optimizer *opt) {
-    if (!opt->dev)
+    if (!table_request(&opt->config, opt->num_groups))
         return GT_OK;
     GT_TRY(gt_arena_take(&opt->device_arena, sizeof(uint64_t), (void **)&opt->update_count));
     GT_TRY(gt_arena_take(&opt->device_arena, table_bytes(opt->num_groups), &opt->table));
@@ -206,7 +206,7 @@ static gt_status create_device_state(gt_optimizer *opt) {
     size_t bytes = opt->device_numel * sizeof(float);
     GT_TRY(gt_arena_create(&opt->device_arena, opt->config.device,
                            device_arena_request(opt->device_numel, slot_count(opt)) +
-                               table_request(opt->config.device, opt->num_groups)));
+                               table_request(&opt->config, opt->num_groups)));
     for (int s = 0; s < GT_SLOT_COUNT; s++) {
         if (!opt->has_slot[s] || bytes == 0)
             continue;
@@ -290,7 +290,7 @@ gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hp
     out->device_numel = device_numel_of(config->cpu_offload_fraction, total_numel);
     out->host_numel = total_numel - out->device_numel;
     out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)) +
-                                                table_request(config->device, num_groups));
+                                                table_request(config, num_groups));
     if (out->host_numel)
         out->host_bytes = gt_block_reserved_bytes(
             gt_offload_host_bytes(out->host_numel, count_slots(has_slot), chunk_request(config)));
@@ -736,9 +736,12 @@ static gt_status find_group_steps(gt_optimizer *opt) {
 }
 
 static gt_status check_deferred(const gt_optimizer *opt, const double *lrs) {
-    if (!opt->dev || opt->total_numel != opt->device_numel)
-        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step needs the whole state on an accelerator "
-                       "(cpu_offload_fraction=0)");
+    if (!opt->table)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step needs an optimizer on an accelerator built with "
+                       "its update table (deferred_table)");
+    if (opt->total_numel != opt->device_numel)
+        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: a deferred step needs the whole optimizer state on the "
+                       "accelerator (cpu_offload_fraction=0)");
     if (opt->pending >= GT_OPTIM_RING)
         return GT_FAIL(GT_ERR_VALUE, "optimizer: %zu deferred steps are unresolved; resolve one first (at most %d)",
                        opt->pending, GT_OPTIM_RING);

@@ -70,6 +70,8 @@ typedef struct gt_optimizer_config {
     int zero_size;                /* ZeRO-1 (train/zero.h): the params are this rank's shard of a
                                      model's parameters sharded over zero_size ranks; 0: not sharded */
     int zero_rank;                /* ZeRO-1: the rank whose shard they are, in [0, zero_size) */
+    int deferred_table;           /* accelerator: 1 reserves the count and the (GT_OPTIM_RING, groups)
+                                     table of gt_optimizer_step_deferred in the device arena */
 } gt_optimizer_config;
 
 typedef struct gt_optimizer gt_optimizer;
@@ -110,8 +112,9 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
  * corrections, SGD's first step, the lr). Row j of `lrs` ((GT_OPTIM_RING, num_groups), or NULL
  * for each group's lr now) is each group's lr for the update j updates after the resolved ones.
  * The host's step counts do not move until gt_optimizer_resolve; until then gt_optimizer_step and
- * gt_optimizer_set_param_step refuse. Needs the whole state on the device (no offload), one step
- * count per group, and fewer than GT_OPTIM_RING unresolved steps (GT_ERR_VALUE otherwise). */
+ * gt_optimizer_set_param_step refuse. Needs config->deferred_table, the whole state on the device
+ * (no offload), one step count per group, and fewer than GT_OPTIM_RING unresolved steps
+ * (GT_ERR_VALUE otherwise). */
 gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs);
 
 /* Resolves the oldest unresolved deferred step, whose work must have run (the caller read its inf
