@@ -35,6 +35,7 @@ typedef struct optim_segment {
     size_t offset;           /* flat element of param[0] */
     size_t numel;            /* elements */
     size_t work_begin;       /* elements of earlier device segments (thread-share bookkeeping) */
+    size_t group;            /* hyperparameter group of its parameters */
     union {
         gt_adamw_scalars adamw;  /* AdamW constants for this run's step count */
         gt_sgd_scalars sgd;      /* SGD constants for this run */
@@ -57,6 +58,13 @@ struct gt_optimizer {
     optim_segment *segments;          /* (2 * num_params + 2,) scratch: device runs, then host runs */
     gt_offload_span *spans;           /* (num_params + 1,) scratch: host runs for the offload */
     int64_t num_steps;                /* steps that updated at least one parameter */
+    void *table;                      /* accelerator: (GT_OPTIM_RING, num_groups) scalars of deferred updates */
+    uint64_t *update_count;           /* accelerator: deferred updates applied (device) */
+    char *table_host;                 /* (GT_OPTIM_RING,) host sources of the table's copies, one per step in flight */
+    int64_t *group_step;              /* (num_groups,) scratch: the step count of each group's parameters */
+    uint64_t resolved_updates;        /* deferred updates known to have been applied */
+    uint64_t deferred_calls;          /* deferred steps queued so far */
+    size_t pending;                   /* deferred steps not yet resolved */
 };
 
 /* ------------------------------------------------------------ validation ---------- */
@@ -159,16 +167,43 @@ static size_t device_arena_request(size_t device_numel, size_t num_slots) {
     return gt_align_up(device_numel * sizeof(float)) * num_slots;
 }
 
+/* Bytes of one deferred update table: (GT_OPTIM_RING, num_groups) scalars of either kind. */
+static size_t table_bytes(size_t num_groups) {
+    size_t scalars = sizeof(gt_adamw_scalars) > sizeof(gt_sgd_scalars) ? sizeof(gt_adamw_scalars)
+                                                                        : sizeof(gt_sgd_scalars);
+    return GT_OPTIM_RING * num_groups * scalars;
+}
+
+/* Bytes an accelerator's arena adds for deferred updates (when asked): the count, then the table. */
+static size_t table_request(const gt_optimizer_config *config, size_t num_groups) {
+    if (!config->deferred_table || !gt_device_is_accelerator(config->device))
+        return 0;
+    return gt_align_up(sizeof(uint64_t)) + gt_align_up(table_bytes(num_groups));
+}
+
 /* Elements per offload staging chunk that the configuration asks for. */
 static size_t chunk_request(const gt_optimizer_config *config) {
     return config->offload_chunk_numel ? config->offload_chunk_numel : DEFAULT_CHUNK;
 }
 
-/* The device arena (state of [0, device_numel)), zero-filled. */
+/* An accelerator's count of deferred updates (zeroed) and their table, in the device arena. */
+static gt_status create_table(gt_optimizer *opt) {
+    if (!table_request(&opt->config, opt->num_groups))
+        return GT_OK;
+    GT_TRY(gt_arena_take(&opt->device_arena, sizeof(uint64_t), (void **)&opt->update_count));
+    GT_TRY(gt_arena_take(&opt->device_arena, table_bytes(opt->num_groups), &opt->table));
+    opt->table_host = calloc(GT_OPTIM_RING, table_bytes(opt->num_groups));
+    if (!opt->table_host)
+        return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for its update table");
+    return opt->dev->memset(opt->config.device.index, opt->update_count, 0, sizeof(uint64_t));
+}
+
+/* The device arena (state of [0, device_numel), then the deferred updates' table), zero-filled. */
 static gt_status create_device_state(gt_optimizer *opt) {
     size_t bytes = opt->device_numel * sizeof(float);
     GT_TRY(gt_arena_create(&opt->device_arena, opt->config.device,
-                           device_arena_request(opt->device_numel, slot_count(opt))));
+                           device_arena_request(opt->device_numel, slot_count(opt)) +
+                               table_request(&opt->config, opt->num_groups)));
     for (int s = 0; s < GT_SLOT_COUNT; s++) {
         if (!opt->has_slot[s] || bytes == 0)
             continue;
@@ -180,7 +215,7 @@ static gt_status create_device_state(gt_optimizer *opt) {
         else
             memset(piece, 0, bytes);
     }
-    return GT_OK;
+    return create_table(opt);
 }
 
 /* The host share: its arena, copy stream, and the master copy of the offloaded parameters. */
@@ -212,7 +247,8 @@ static gt_status allocate_tables(gt_optimizer *opt, size_t num_groups, size_t nu
     opt->params = calloc(num_params ? num_params : 1, sizeof *opt->params);
     opt->segments = calloc(2 * num_params + 2, sizeof *opt->segments);
     opt->spans = calloc(num_params + 1, sizeof *opt->spans);
-    if (!opt->groups || !opt->params || !opt->segments || !opt->spans)
+    opt->group_step = calloc(num_groups ? num_groups : 1, sizeof *opt->group_step);
+    if (!opt->groups || !opt->params || !opt->segments || !opt->spans || !opt->group_step)
         return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for %zu parameters", num_params);
     opt->num_groups = num_groups;
     opt->num_params = num_params;
@@ -250,7 +286,8 @@ gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hp
     slots_of(config->kind, groups, num_groups, has_slot);
     out->device_numel = device_numel_of(config->cpu_offload_fraction, total_numel);
     out->host_numel = total_numel - out->device_numel;
-    out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)));
+    out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)) +
+                                                table_request(config, num_groups));
     if (out->host_numel)
         out->host_bytes = gt_block_reserved_bytes(
             gt_offload_host_bytes(out->host_numel, count_slots(has_slot), chunk_request(config)));
@@ -288,6 +325,8 @@ void gt_optimizer_destroy(gt_optimizer *opt) {
     free(opt->params);
     free(opt->segments);
     free(opt->spans);
+    free(opt->group_step);
+    free(opt->table_host);
     free(opt);
 }
 
@@ -391,7 +430,7 @@ static size_t build_segments(gt_optimizer *opt, float grad_coef, size_t *num_dev
             continue;
         }
         optim_segment run = {.param = first->param, .grad = first->grad, .offset = first->offset,
-                             .numel = first->numel};
+                             .numel = first->numel, .group = first->group};
         size_t j = i + 1;
         for (; j < opt->num_params && opt->params[j].grad && can_merge(&opt->params[j - 1], &opt->params[j]); j++)
             run.numel += opt->params[j].numel;
@@ -532,7 +571,16 @@ static void advance_steps(gt_optimizer *opt) {
             opt->params[i].step++;
 }
 
+/* The host's step counts lag the device's while deferred steps are unresolved. */
+static gt_status check_resolved(const gt_optimizer *opt, const char *what) {
+    if (opt->pending)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %zu deferred optimizer steps are not resolved yet (read their results "
+                       "first)", what, opt->pending);
+    return GT_OK;
+}
+
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
+    GT_TRY(check_resolved(opt, "optimizer"));
     size_t num_device = 0, num_host = 0;
     size_t total = build_segments(opt, grad_coef, &num_device, &num_host);
     if (total == 0)
@@ -606,6 +654,7 @@ gt_status gt_optimizer_get_param_step(const gt_optimizer *opt, size_t index, int
 
 gt_status gt_optimizer_set_param_step(gt_optimizer *opt, size_t index, int64_t step) {
     GT_TRY(check_index(opt, index));
+    GT_TRY(check_resolved(opt, "step"));
     if (step < 0)
         return GT_FAIL(GT_ERR_VALUE, "step: must be >= 0, got %lld", (long long)step);
     opt->params[index].step = step;
@@ -661,3 +710,118 @@ gt_status gt_optimizer_reload_params(gt_optimizer *opt) {
     }
     return GT_OK;
 }
+
+/* ------------------------------------------------------------ deferred updates ---- */
+
+/* The step count shared by each group's parameters with a gradient (a group's table entry
+ * serves all of them); GT_ERR_VALUE when two of a group differ. */
+static gt_status find_group_steps(gt_optimizer *opt) {
+    for (size_t g = 0; g < opt->num_groups; g++)
+        opt->group_step[g] = -1;
+    for (size_t i = 0; i < opt->num_params; i++) {
+        const optim_param *p = &opt->params[i];
+        int64_t *step = &opt->group_step[p->group];
+        if (!p->grad || p->numel == 0)
+            continue;
+        if (*step >= 0 && *step != p->step)
+            return GT_FAIL(GT_ERR_VALUE, "optimizer: parameters of group %zu have different step counts (%lld and "
+                           "%lld); a deferred step needs one count per group", p->group, (long long)*step,
+                           (long long)p->step);
+        *step = p->step;
+    }
+    return GT_OK;
+}
+
+static gt_status check_deferred(const gt_optimizer *opt, const double *lrs) {
+    if (!opt->table)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step needs an optimizer on an accelerator built with "
+                       "its update table (deferred_table)");
+    if (opt->total_numel != opt->device_numel)
+        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: a deferred step needs the whole optimizer state on the "
+                       "accelerator (cpu_offload_fraction=0)");
+    if (opt->pending >= GT_OPTIM_RING)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: %zu deferred steps are unresolved; resolve one first (at most %d)",
+                       opt->pending, GT_OPTIM_RING);
+    for (size_t k = 0; lrs && k < GT_OPTIM_RING * opt->num_groups; k++)
+        if (!(lrs[k] >= 0.0 && isfinite(lrs[k])))
+            return GT_FAIL(GT_ERR_VALUE, "lrs[%zu][%zu]: invalid learning rate %g (must be finite and >= 0)",
+                           k / opt->num_groups, k % opt->num_groups, lrs[k]);
+    return GT_OK;
+}
+
+/* Group g's constants for the update `ahead` updates after the resolved ones, at `lr`. */
+static void table_scalars(const gt_optimizer *opt, size_t g, int64_t ahead, double lr, void *out) {
+    const gt_optim_hparams *hp = &opt->groups[g];
+    int64_t done = (opt->group_step[g] < 0 ? 0 : opt->group_step[g]) + ahead;  /* updates before it */
+    if (opt->config.kind == GT_OPTIM_ADAMW) {
+        gt_adamw_scalars s = gt_adamw_scalars_make(lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, done + 1,
+                                                   1.0f, hp->maximize, hp->amsgrad);
+        memcpy(out, &s, sizeof s);
+    } else {
+        gt_sgd_scalars s = gt_sgd_scalars_make(lr, hp->momentum, hp->dampening, hp->weight_decay, hp->nesterov,
+                                               hp->maximize, done == 0, 1.0f);
+        memcpy(out, &s, sizeof s);
+    }
+}
+
+/* The table for this call: slot (resolved + j) % ring holds the constants of the update j
+ * updates after the resolved ones, for j < ring (the device's count is one of them). */
+static char *fill_table(gt_optimizer *opt, const double *lrs, size_t scalar_bytes) {
+    char *host = opt->table_host + (opt->deferred_calls % GT_OPTIM_RING) * table_bytes(opt->num_groups);
+    for (size_t j = 0; j < GT_OPTIM_RING; j++) {
+        size_t slot = (size_t)((opt->resolved_updates + j) % GT_OPTIM_RING);
+        for (size_t g = 0; g < opt->num_groups; g++) {
+            double lr = lrs ? lrs[j * opt->num_groups + g] : opt->groups[g].lr;
+            table_scalars(opt, g, (int64_t)j, lr, host + (slot * opt->num_groups + g) * scalar_bytes);
+        }
+    }
+    return host;
+}
+
+static gt_status launch_table_run(gt_optimizer *opt, const optim_segment *seg, const int *found_inf,
+                                  size_t scalar_bytes) {
+    int index = opt->config.device.index;
+    gt_stream *stream = opt->config.compute_stream;
+    float *const *s = opt->slot;
+    gt_update_table t = {(const char *)opt->table + seg->group * scalar_bytes, opt->num_groups, GT_OPTIM_RING,
+                         opt->update_count, found_inf};
+    if (opt->config.kind == GT_OPTIM_ADAMW)
+        return opt->dev->adamw_table(index, stream, opt->config.numerics, &t, seg->param, seg->grad,
+                                     s[GT_SLOT_EXP_AVG] + seg->offset, s[GT_SLOT_EXP_AVG_SQ] + seg->offset,
+                                     s[GT_SLOT_MAX_EXP_AVG_SQ] ? s[GT_SLOT_MAX_EXP_AVG_SQ] + seg->offset : NULL,
+                                     seg->numel);
+    return opt->dev->sgd_table(index, stream, &t, seg->param, seg->grad,
+                               s[GT_SLOT_MOMENTUM] ? s[GT_SLOT_MOMENTUM] + seg->offset : NULL, seg->numel);
+}
+
+gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs) {
+    GT_TRY(check_deferred(opt, lrs));
+    GT_TRY(find_group_steps(opt));
+    size_t num_device = 0, num_host = 0;
+    build_segments(opt, 1.0f, &num_device, &num_host);
+    size_t scalar_bytes = opt->config.kind == GT_OPTIM_ADAMW ? sizeof(gt_adamw_scalars) : sizeof(gt_sgd_scalars);
+    int index = opt->config.device.index;
+    char *host = fill_table(opt, lrs, scalar_bytes);
+    GT_TRY(opt->dev->memcpy_async(index, opt->config.compute_stream, opt->table, host,
+                                  GT_OPTIM_RING * opt->num_groups * scalar_bytes));
+    for (size_t k = 0; k < num_device; k++)
+        GT_TRY(launch_table_run(opt, &opt->segments[k], found_inf, scalar_bytes));
+    GT_TRY(opt->dev->count_update(index, opt->config.compute_stream, opt->update_count, found_inf));
+    opt->deferred_calls++;
+    opt->pending++;
+    return GT_OK;
+}
+
+gt_status gt_optimizer_resolve(gt_optimizer *opt, int applied) {
+    if (opt->pending == 0)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: no deferred step to resolve");
+    opt->pending--;
+    if (!applied)
+        return GT_OK;
+    advance_steps(opt);
+    opt->num_steps++;
+    opt->resolved_updates++;
+    return GT_OK;
+}
+
+size_t gt_optimizer_pending(const gt_optimizer *opt) { return opt->pending; }

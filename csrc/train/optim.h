@@ -70,6 +70,8 @@ typedef struct gt_optimizer_config {
     int zero_size;                /* ZeRO-1 (train/zero.h): the params are this rank's shard of a
                                      model's parameters sharded over zero_size ranks; 0: not sharded */
     int zero_rank;                /* ZeRO-1: the rank whose shard they are, in [0, zero_size) */
+    int deferred_table;           /* accelerator: 1 reserves the count and the (GT_OPTIM_RING, groups)
+                                     table of gt_optimizer_step_deferred in the device arena */
 } gt_optimizer_config;
 
 typedef struct gt_optimizer gt_optimizer;
@@ -99,6 +101,30 @@ gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad);
  * `grad_coef` in fp32 as it is read (the clip coefficient, times any unscale factor; gradients
  * are not written). Synchronous: parameters are updated when it returns. */
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
+
+/* Deferred steps (TrainStep(sync=False) with a loss scaler) unresolved at most. */
+#define GT_OPTIM_RING 8
+
+/* Queues one update of every parameter whose gradient is set (grad_coef 1) on the compute stream
+ * of an accelerator, with nothing decided on the host: the update is skipped when *found_inf
+ * (device memory, set by the work queued before) is nonzero when it runs, and its constants come
+ * from a table copied in with it, indexed by the device's count of updates applied (AdamW's bias
+ * corrections, SGD's first step, the lr). Row j of `lrs` ((GT_OPTIM_RING, num_groups), or NULL
+ * for each group's lr now) is each group's lr for the update j updates after the resolved ones.
+ * The host's step counts do not move until gt_optimizer_resolve; until then gt_optimizer_step and
+ * gt_optimizer_set_param_step refuse. Needs config->deferred_table, the whole state on the device
+ * (no offload), one step count per group, and fewer than GT_OPTIM_RING unresolved steps
+ * (GT_ERR_VALUE otherwise). */
+gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs);
+
+/* Resolves the oldest unresolved deferred step, whose work must have run (the caller read its inf
+ * flag, or waited for an event recorded after it: its table's host source is reused
+ * GT_OPTIM_RING steps later): `applied` is 1 when its update ran (the flag was 0), which advances
+ * the step counts of the parameters with a gradient and num_steps. */
+gt_status gt_optimizer_resolve(gt_optimizer *opt, int applied);
+
+/* Deferred steps queued and not yet resolved. */
+size_t gt_optimizer_pending(const gt_optimizer *opt);
 
 /* Queues the copies of the offloaded share's gradients (its first two staging chunks) on the
  * compute stream, behind the backward that wrote them, for the next gt_optimizer_step; the

@@ -325,6 +325,9 @@ def stream_triad(a: np.ndarray, b: np.ndarray, c: np.ndarray, s: float) -> None:
 def optimizer_on_device(kind: str, device: str, params: np.ndarray, sizes: Any, grads: np.ndarray,
                         hparams: dict[str, Any], *, numerics: str = ..., cpu_offload_fraction: float = ...,
                         grad_coef: float = ..., offload_chunk_numel: int = ...) -> None: ...
+def optimizer_deferred_on_device(kind: str, device: str, params: np.ndarray, sizes: Any, grads: np.ndarray,
+                                 hparams: dict[str, Any], found_inf: Any, *, numerics: str = ...,
+                                 lr_schedule: np.ndarray | None = ..., lag: int = ...) -> int: ...
 def grad_sumsq_on_device(x: np.ndarray, device: str) -> float: ...
 
 # --- ema (csrc/py/ema.c) ---
