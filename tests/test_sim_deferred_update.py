@@ -121,10 +121,10 @@ def counters(steps: int) -> dict:
 @pytest.mark.sim
 def test_no_wait_and_no_allocation_per_step():
     short, long = counters(2), counters(RING - 1)  # lag RING - 1: nothing resolved before the end
-    assert long["syncs"] == short["syncs"]
+    assert long["syncs"] - short["syncs"] == RING - 3  # at the end, one event wait per step to resolve
     assert long["allocs"] == short["allocs"]
     per_step = (long["launches"] - short["launches"]) / (RING - 3)
-    assert per_step == 3  # the table's copy, one update kernel (one run), the count
+    assert per_step == 4  # the table's copy, one update kernel (one run), the count, the result's copy
 
 
 @pytest.mark.sim
@@ -141,3 +141,25 @@ def test_bad_arguments():
                                         lr_schedule=[-1.0] * 20)
     with pytest.raises(ValueError, match="accelerator"):
         _C.optimizer_deferred_on_device("sgd", "cpu", params, SIZES, grads, {}, [0, 0, 0])
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_every_device_optimizer_that_may_defer_plans_its_table_per_group(kind):
+    # The table is part of the device arena of every optimizer that may run deferred steps (whole
+    # state on the device), a row per group: the plan with the real groups is what it allocates.
+    model = gt.nn.Sequential(gt.nn.Linear(6, 5), gt.nn.LayerNorm(5), gt.nn.Linear(5, 2)).to("sim")
+    groups = gt.optim.param_groups_weight_decay(model, 0.1)
+    groups = [groups[0], {"params": groups[1]["params"][:1]}, {"params": groups[1]["params"][1:]}]
+    make = AdamW if kind == "adamw" else SGD
+    built = make(groups, lr=0.01).memory()
+    numels = [p.numel() for group in groups for p in group["params"]]
+    planned = _C.optimizer_plan(kind, numels, [{}] * 3, device="sim:0")
+    assert planned["device_bytes"] == built["device_bytes"]
+    assert planned["pinned_bytes"] == built["host_bytes"] == RING * 64  # the ring of the steps' results
+    one_group = _C.optimizer_plan(kind, numels, [{}], device="sim:0")["device_bytes"]
+    assert one_group < built["device_bytes"]  # three rows of constants need more than one
+    offloaded = _C.optimizer_plan(kind, numels, [{}] * 3, device="sim:0", cpu_offload_fraction=1.0)
+    assert offloaded["device_bytes"] == 0  # an offloaded optimizer cannot defer: no table, no ring
+    assert offloaded["pinned_bytes"] == _C.optimizer_plan(kind, numels, [{}] * 3, cpu_offload_fraction=1.0)[
+        "pinned_bytes"]

@@ -185,10 +185,11 @@ static PyObject *grad_sumsq_on_device(PyObject *module, PyObject *args) {
 }
 
 /* A run of deferred steps (gt_optimizer_step_deferred): every step's gradients and inf flag are
- * copied to the device first; once `lag` are unresolved the host waits for the oldest step (an
- * event recorded after it, so later steps' work may still be queued) and resolves it (from the
- * flags it was given, as a step's read would tell it), and gives each call the lrs of
- * lr_schedule (one per update number) from the resolved updates on. */
+ * copied to the device first; each step hands its flag to the host as its result. Once `lag` are
+ * unresolved the host waits for the oldest step (the optimizer's event recorded after it, so later
+ * steps' work may still be queued), resolves it from the flag it read back, as TrainStep does
+ * from a step's record, and gives each call the lrs of lr_schedule (one per update number) from
+ * the resolved updates on. */
 typedef struct deferred_run {
     const int *found_inf;        /* (steps,) host flags: 1 skips that step's update */
     const double *lr_schedule;   /* (lr_len,) lr of update number u, or NULL: the group's lr */
@@ -197,14 +198,15 @@ typedef struct deferred_run {
     size_t resolved;             /* steps resolved so far */
     size_t applied;              /* updates among them */
     int64_t num_steps;           /* the optimizer's num_steps at the end */
-    const gt_device_backend *dev;  /* the device's interface */
-    gt_event *done[GT_OPTIM_RING];  /* recorded after step s in done[s % GT_OPTIM_RING] */
 } deferred_run;
 
+/* Waits for the oldest step and resolves it from the inf flag the device handed back. */
 static gt_status resolve_oldest(gt_optimizer *opt, deferred_run *d) {
-    int applied = !d->found_inf[d->resolved++];
-    d->applied += (size_t)applied;
-    return gt_optimizer_resolve(opt, applied);
+    int found_inf = 0, done = 0;
+    GT_TRY(gt_optimizer_deferred_result(opt, 1, &found_inf, &done));
+    d->resolved++;
+    d->applied += (size_t)!found_inf;
+    return gt_optimizer_resolve(opt, !found_inf);
 }
 
 /* Step s: its gradients (row s of the device block), the lrs from the resolved updates on. */
@@ -216,18 +218,14 @@ static gt_status deferred_step(const device_run *run, deferred_run *d, gt_optimi
         GT_TRY(gt_optimizer_set_grad(opt, i, grads + s * run->total + offset));
         offset += run->sizes[i];
     }
-    int index = run->config.device.index;
-    while (gt_optimizer_pending(opt) >= d->lag) {  /* a resolved step has run: its table source is free */
-        GT_TRY(d->dev->event_synchronize(index, d->done[d->resolved % GT_OPTIM_RING]));
+    while (gt_optimizer_pending(opt) >= d->lag)  /* a resolved step has run: its table source is free */
         GT_TRY(resolve_oldest(opt, d));
-    }
     for (size_t j = 0; d->lr_schedule && j < GT_OPTIM_RING; j++) {
         if (d->applied + j >= d->lr_len)
             return GT_FAIL(GT_ERR_VALUE, "lr_schedule: needs %zu entries", d->applied + j + 1);
         lrs[j] = d->lr_schedule[d->applied + j];
     }
-    GT_TRY(gt_optimizer_step_deferred(opt, flags + s, d->lr_schedule ? lrs : NULL));
-    return d->dev->event_record(index, d->done[s % GT_OPTIM_RING], NULL);
+    return gt_optimizer_step_deferred(opt, flags + s, d->lr_schedule ? lrs : NULL, flags + s, sizeof *flags);
 }
 
 static gt_status deferred_steps_on(const device_run *run, deferred_run *d, gt_block *params, gt_block *grads,
@@ -241,8 +239,6 @@ static gt_status deferred_steps_on(const device_run *run, deferred_run *d, gt_bl
     gt_status status = GT_OK;
     for (size_t s = 0; status == GT_OK && s < run->steps; s++)
         status = deferred_step(run, d, opt, grads->ptr, flags->ptr, s);
-    if (status == GT_OK)
-        status = gt_optimizer_synchronize(opt);
     while (status == GT_OK && gt_optimizer_pending(opt) > 0)
         status = resolve_oldest(opt, d);
     d->num_steps = gt_optimizer_num_steps(opt);
@@ -256,11 +252,7 @@ static gt_status run_deferred(const device_run *run, deferred_run *d) {
     gt_device device = run->config.device;
     if (!gt_device_is_accelerator(device))
         return GT_FAIL(GT_ERR_VALUE, "device: deferred steps run on an accelerator (cuda:N or sim:N)");
-    gt_status status = gt_device_backend_get(device, "device", &d->dev);
-    for (int e = 0; status == GT_OK && e < GT_OPTIM_RING; e++)
-        status = d->dev->event_create(device.index, &d->done[e]);
-    if (status == GT_OK)
-        status = gt_block_alloc(device, run->total * sizeof(float), &params);
+    gt_status status = gt_block_alloc(device, run->total * sizeof(float), &params);
     if (status == GT_OK)
         status = gt_block_alloc(device, (run->steps ? run->steps : 1) * run->total * sizeof(float), &grads);
     if (status == GT_OK)
@@ -270,8 +262,6 @@ static gt_status run_deferred(const device_run *run, deferred_run *d) {
     gt_block_free(&flags);
     gt_block_free(&grads);
     gt_block_free(&params);
-    for (int e = 0; d->dev && e < GT_OPTIM_RING; e++)
-        d->dev->event_destroy(device.index, d->done[e]);
     return status;
 }
 
@@ -313,7 +303,6 @@ static PyObject *optimizer_deferred_on_device(PyObject *module, PyObject *args, 
                                      &device_obj, &params, &sizes_obj, &grads, &PyDict_Type, &hparams, &found_inf,
                                      &numerics, &schedule, &lag))
         return NULL;
-    run.config.deferred_table = 1;
     PyObject *sizes = PySequence_Fast(sizes_obj, "sizes must be a sequence of ints");
     PyArrayObject *flags = NULL, *lrs = NULL;
     int ok = sizes && parse_names(kind, numerics, &run.config) == 0 &&

@@ -61,6 +61,10 @@ struct gt_optimizer {
     void *table;                      /* accelerator: (GT_OPTIM_RING, num_groups) scalars of deferred updates */
     uint64_t *update_count;           /* accelerator: deferred updates applied (device) */
     char *table_host;                 /* (GT_OPTIM_RING,) host sources of the table's copies, one per step in flight */
+    gt_block results;                 /* pinned (GT_OPTIM_RING, GT_OPTIM_RESULT_BYTES): deferred step s's result
+                                         in row s % GT_OPTIM_RING, once done[s % GT_OPTIM_RING] completed */
+    size_t result_bytes[GT_OPTIM_RING]; /* bytes of each row's result (0: none) */
+    gt_event *done[GT_OPTIM_RING];    /* recorded after deferred step s (its update and its result's copy) */
     int64_t *group_step;              /* (num_groups,) scratch: the step count of each group's parameters */
     uint64_t resolved_updates;        /* deferred updates known to have been applied */
     uint64_t deferred_calls;          /* deferred steps queued so far */
@@ -174,11 +178,22 @@ static size_t table_bytes(size_t num_groups) {
     return GT_OPTIM_RING * num_groups * scalars;
 }
 
-/* Bytes an accelerator's arena adds for deferred updates (when asked): the count, then the table. */
+/* 1 for an optimizer that may run deferred steps: on an accelerator, its whole state on the device
+ * (no offload) and not a ZeRO-1 shard (deferred steps take no collectives). */
+static int may_defer(const gt_optimizer_config *config) {
+    return gt_device_is_accelerator(config->device) && config->cpu_offload_fraction == 0.0 && config->zero_size == 0;
+}
+
+/* Bytes the arena of an optimizer that may defer adds: the update count, then the table. */
 static size_t table_request(const gt_optimizer_config *config, size_t num_groups) {
-    if (!config->deferred_table || !gt_device_is_accelerator(config->device))
+    if (!may_defer(config))
         return 0;
     return gt_align_up(sizeof(uint64_t)) + gt_align_up(table_bytes(num_groups));
+}
+
+/* Pinned bytes of an optimizer that may defer: the ring of its steps' results. */
+static size_t results_request(const gt_optimizer_config *config) {
+    return may_defer(config) ? GT_OPTIM_RING * GT_OPTIM_RESULT_BYTES : 0;
 }
 
 /* Elements per offload staging chunk that the configuration asks for. */
@@ -195,6 +210,9 @@ static gt_status create_table(gt_optimizer *opt) {
     opt->table_host = calloc(GT_OPTIM_RING, table_bytes(opt->num_groups));
     if (!opt->table_host)
         return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for its update table");
+    GT_TRY(gt_block_alloc(gt_pinned_device(), results_request(&opt->config), &opt->results));
+    for (int k = 0; k < GT_OPTIM_RING; k++)
+        GT_TRY(opt->dev->event_create(opt->config.device.index, &opt->done[k]));
     return opt->dev->memset(opt->config.device.index, opt->update_count, 0, sizeof(uint64_t));
 }
 
@@ -291,6 +309,7 @@ gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hp
     if (out->host_numel)
         out->host_bytes = gt_block_reserved_bytes(
             gt_offload_host_bytes(out->host_numel, count_slots(has_slot), chunk_request(config)));
+    out->host_bytes += gt_block_reserved_bytes(results_request(config));
     return GT_OK;
 }
 
@@ -327,6 +346,9 @@ void gt_optimizer_destroy(gt_optimizer *opt) {
     free(opt->spans);
     free(opt->group_step);
     free(opt->table_host);
+    gt_block_free(&opt->results);
+    for (int k = 0; opt->dev && k < GT_OPTIM_RING; k++)
+        opt->dev->event_destroy(opt->config.device.index, opt->done[k]);
     free(opt);
 }
 
@@ -373,7 +395,7 @@ int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot) {
 
 void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out) {
     out->device_bytes = opt->device_arena.block.bytes;
-    out->host_bytes = opt->offload.host.block.bytes;
+    out->host_bytes = opt->offload.host.block.bytes + gt_block_reserved_bytes(opt->results.bytes);
     out->device_numel = opt->device_numel;
     out->host_numel = opt->total_numel - opt->device_numel;
 }
@@ -733,12 +755,14 @@ static gt_status find_group_steps(gt_optimizer *opt) {
 }
 
 static gt_status check_deferred(const gt_optimizer *opt, const double *lrs) {
-    if (!opt->table)
-        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step needs an optimizer on an accelerator built with "
-                       "its update table (deferred_table)");
-    if (opt->total_numel != opt->device_numel)
+    if (opt->config.cpu_offload_fraction != 0.0)
         return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: a deferred step needs the whole optimizer state on the "
                        "accelerator (cpu_offload_fraction=0)");
+    if (opt->config.zero_size)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step takes no collectives; a ZeRO-1 shard cannot defer");
+    if (!opt->table)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step needs an optimizer on an accelerator (cuda:N or "
+                       "sim:N)");
     if (opt->pending >= GT_OPTIM_RING)
         return GT_FAIL(GT_ERR_VALUE, "optimizer: %zu deferred steps are unresolved; resolve one first (at most %d)",
                        opt->pending, GT_OPTIM_RING);
@@ -794,7 +818,22 @@ static gt_status launch_table_run(gt_optimizer *opt, const optim_segment *seg, c
                                s[GT_SLOT_MOMENTUM] ? s[GT_SLOT_MOMENTUM] + seg->offset : NULL, seg->numel);
 }
 
-gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs) {
+/* Queues the copy of the step's result into its pinned row, then the event the host waits for. */
+static gt_status queue_result(gt_optimizer *opt, const void *result, size_t result_bytes) {
+    size_t row = (size_t)(opt->deferred_calls % GT_OPTIM_RING);
+    int index = opt->config.device.index;
+    opt->result_bytes[row] = result_bytes;
+    if (result_bytes)
+        GT_TRY(opt->dev->memcpy_async(index, opt->config.compute_stream,
+                                      (char *)opt->results.ptr + row * GT_OPTIM_RESULT_BYTES, result, result_bytes));
+    return opt->dev->event_record(index, opt->done[row], opt->config.compute_stream);
+}
+
+gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs,
+                                     const void *result, size_t result_bytes) {
+    if (result_bytes > GT_OPTIM_RESULT_BYTES)
+        return GT_FAIL(GT_ERR_VALUE, "result_bytes: at most %d bytes of a deferred step's result, got %zu",
+                       GT_OPTIM_RESULT_BYTES, result_bytes);
     GT_TRY(check_deferred(opt, lrs));
     GT_TRY(find_group_steps(opt));
     size_t num_device = 0, num_host = 0;
@@ -807,6 +846,7 @@ gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, co
     for (size_t k = 0; k < num_device; k++)
         GT_TRY(launch_table_run(opt, &opt->segments[k], found_inf, scalar_bytes));
     GT_TRY(opt->dev->count_update(index, opt->config.compute_stream, opt->update_count, found_inf));
+    GT_TRY(queue_result(opt, result, result_bytes));
     opt->deferred_calls++;
     opt->pending++;
     return GT_OK;
@@ -825,3 +865,20 @@ gt_status gt_optimizer_resolve(gt_optimizer *opt, int applied) {
 }
 
 size_t gt_optimizer_pending(const gt_optimizer *opt) { return opt->pending; }
+
+gt_status gt_optimizer_deferred_result(gt_optimizer *opt, int wait, void *out, int *done) {
+    *done = 0;
+    if (opt->pending == 0)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: no deferred step to read");
+    size_t row = (size_t)((opt->deferred_calls - opt->pending) % GT_OPTIM_RING);
+    int index = opt->config.device.index;
+    if (wait)
+        GT_TRY(opt->dev->event_synchronize(index, opt->done[row]));
+    else
+        GT_TRY(opt->dev->event_query(index, opt->done[row], done));
+    if (wait)
+        *done = 1;
+    if (*done)
+        memcpy(out, (char *)opt->results.ptr + row * GT_OPTIM_RESULT_BYTES, opt->result_bytes[row]);
+    return GT_OK;
+}
