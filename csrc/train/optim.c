@@ -829,6 +829,14 @@ static gt_status queue_result(gt_optimizer *opt, const void *result, size_t resu
     return opt->dev->event_record(index, opt->done[row], opt->config.compute_stream);
 }
 
+gt_status gt_optimizer_check_deferred(gt_optimizer *opt, const double *lrs, size_t lrs_len) {
+    if (lrs && lrs_len != GT_OPTIM_RING * opt->num_groups)
+        return GT_FAIL(GT_ERR_VALUE, "lrs: expected (%d, %zu) learning rates, got %zu", GT_OPTIM_RING, opt->num_groups,
+                       lrs_len);
+    GT_TRY(check_deferred(opt, lrs));
+    return find_group_steps(opt);
+}
+
 gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs,
                                      const void *result, size_t result_bytes) {
     if (result_bytes > GT_OPTIM_RESULT_BYTES)

@@ -121,6 +121,10 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
 gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs,
                                      const void *result, size_t result_bytes);
 
+/* The checks of gt_optimizer_step_deferred, before a step computes anything: GT_ERR_VALUE naming
+ * what stops this optimizer from deferring a step with these lrs (NULL, or lrs_len entries). */
+gt_status gt_optimizer_check_deferred(gt_optimizer *opt, const double *lrs, size_t lrs_len);
+
 /* The oldest unresolved deferred step: `result_bytes` (<= GT_OPTIM_RESULT_BYTES) of device memory
  * at `result` were copied, behind its update, into its row of a pinned ring (allocated with the
  * table and counted by gt_optimizer_plan), and an event recorded after that copy. With `wait`,
