@@ -127,3 +127,15 @@ def test_refusals_name_the_argument_and_change_nothing():
     step.synchronize()
     assert opt._core.pending == 0
     step(*inputs(2))  # after synchronize() the new factor is the one the steps assume
+
+
+def test_an_error_of_the_queued_work_surfaces_at_the_next_read_of_the_device():
+    model, _, _, _, step = recipe("sim", "adamw")
+    X = np.concatenate([batch(i, ROWS)[0] for i in range(2)])
+    Y = np.concatenate([batch(i, ROWS)[1] for i in range(2)])
+    Y[40] = 99  # step 1's targets: out of range
+    loader = iter(gt.DataLoader((X, Y), batch_size=ROWS, device="sim"))
+    outs = [step(*next(loader)) for _ in range(2)]
+    assert [o.skipped for o in outs] == [True, True]  # init_scale 2**24 overflows both
+    with pytest.raises(IndexError, match="targets"):
+        model.compiled.read_parameters()

@@ -30,7 +30,9 @@ returned output reads the record when one of its fields is first read; a step re
 of the step two calls before it only if that output is still alive and unread (the device keeps
 two records).
 An error of the queued work (a target out of range) then surfaces when a record is read, after
-the updates queued behind it have run.
+the updates queued behind it have run. With a GradScaler the records come back behind events, which
+carry no error: it surfaces at the next synchronous read of the device (the parameters, a model
+state_dict(), a sync=True step).
 
 Ctrl-C: a step on the main thread (with Python's default SIGINT handler) notices the interrupt
 between micro-batches and between a micro-batch's forward and backward, abandons the step before
