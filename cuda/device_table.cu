@@ -282,6 +282,26 @@ gt_status pointer_device(const void *ptr, int *index) {
     return GT_OK;
 }
 
+gt_status adamw_table(int index, gt_stream *stream, gt_numerics numerics, const gt_update_table *t, float *p,
+                      const float *g, float *m, float *v, float *v_max, size_t n) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_adamw_table(index, numerics, t, p, g, m, v, v_max, n, st);
+}
+
+gt_status sgd_table(int index, gt_stream *stream, const gt_update_table *t, float *p, const float *g, float *buf,
+                    size_t n) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_sgd_table(index, t, p, g, buf, n, st);
+}
+
+gt_status count_update(int index, gt_stream *stream, uint64_t *count, const int *found_inf) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_count_update(index, count, found_inf, st);
+}
+
 const gt_device_backend cuda_table = {
     "cuda", device_count, device_malloc, device_free, mem_get_info,
     copy, fill, copy_async, poison,
@@ -291,6 +311,7 @@ const gt_device_backend cuda_table = {
     backend_init, gt_cuda_backend_release, GT_CUDA_SCRATCH_BYTES,
     stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate, grad_clip, scaler_update,
     allreduce_sum, broadcast, allgather,
+    adamw_table, sgd_table, count_update,
 };
 
 }  // namespace

@@ -105,6 +105,43 @@ __global__ void grad_clip_kernel(float *grad, size_t n, const double *sumsq, dou
         grad[i] = gt_mul(grad[i], coef);
 }
 
+// The scalars of table t for the device's count (read by every thread: uniform across the grid).
+template <typename Scalars>
+__device__ const Scalars *table_entry(const gt_update_table &t) {
+    return (const Scalars *)t.entries + (size_t)(*t.count % t.ring) * t.stride;
+}
+
+template <gt_numerics kNumerics>
+__global__ void adamw_table_kernel(gt_update_table t, float *p, const float *g, float *m, float *v, float *v_max,
+                                   size_t n) {
+    if (*t.found_inf)
+        return;
+    const gt_adamw_scalars s = *table_entry<gt_adamw_scalars>(t);
+    float unused = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float *vm = s.amsgrad ? &v_max[i] : &unused;
+        if (kNumerics == GT_NUMERICS_EXACT)
+            gt_adamw_exact(&p[i], g[i], &m[i], &v[i], vm, &s);
+        else
+            gt_adamw_fast(&p[i], g[i], &m[i], &v[i], vm, &s);
+    }
+}
+
+__global__ void sgd_table_kernel(gt_update_table t, float *p, const float *g, float *buf, size_t n) {
+    if (*t.found_inf)
+        return;
+    const gt_sgd_scalars s = *table_entry<gt_sgd_scalars>(t);
+    float unused = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        gt_sgd_update(&p[i], g[i], s.use_momentum ? &buf[i] : &unused, &s);
+}
+
+// *count += 1 unless *found_inf (one thread).
+__global__ void count_update_kernel(unsigned long long *count, const int *found_inf) {
+    if (!*found_inf)
+        *count += 1;
+}
+
 __device__ double sumsq_totals[GT_SUMSQ_MAX_CHUNKS];  // per-device chunk totals
 std::mutex sumsq_lock;                                // one sum of squares at a time uses them
 
@@ -220,5 +257,50 @@ extern "C" gt_status gt_cuda_grad_clip(int device, float *grad, size_t n, const 
         return GT_FAIL(GT_ERR_VALUE, "grad_clip: NULL device pointer for %zu elements", n);
     grad_clip_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(grad, n, sumsq, max_norm);
     GT_CUDA_TRY(cudaGetLastError(), "grad_clip_kernel launch");
+    return GT_OK;
+}
+
+static gt_status check_table(const gt_update_table *t, const char *what) {
+    if (!t->entries || !t->count || !t->found_inf || t->ring == 0)
+        return GT_FAIL(GT_ERR_VALUE, "%s: the update table needs entries, a count, an inf flag and ring > 0", what);
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_adamw_table(int device, gt_numerics numerics, const gt_update_table *t, float *p,
+                                         const float *g, float *m, float *v, float *v_max, size_t n, void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    GT_TRY(check_table(t, "adamw"));
+    if (!p || !g || !m || !v)
+        return GT_FAIL(GT_ERR_VALUE, "adamw: NULL device pointer for %zu elements", n);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (numerics == GT_NUMERICS_EXACT)
+        adamw_table_kernel<GT_NUMERICS_EXACT><<<blocks_for(n), kThreads, 0, st>>>(*t, p, g, m, v, v_max, n);
+    else
+        adamw_table_kernel<GT_NUMERICS_FAST><<<blocks_for(n), kThreads, 0, st>>>(*t, p, g, m, v, v_max, n);
+    GT_CUDA_TRY(cudaGetLastError(), "adamw_table_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_sgd_table(int device, const gt_update_table *t, float *p, const float *g, float *buf,
+                                       size_t n, void *stream) {
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    GT_TRY(check_table(t, "sgd"));
+    if (!p || !g)
+        return GT_FAIL(GT_ERR_VALUE, "sgd: NULL device pointer for %zu elements", n);
+    sgd_table_kernel<<<blocks_for(n), kThreads, 0, (cudaStream_t)stream>>>(*t, p, g, buf, n);
+    GT_CUDA_TRY(cudaGetLastError(), "sgd_table_kernel launch");
+    return GT_OK;
+}
+
+extern "C" gt_status gt_cuda_count_update(int device, uint64_t *count, const int *found_inf, void *stream) {
+    GT_TRY(gt_cuda_require_device(device, "device"));
+    if (!count || !found_inf)
+        return GT_FAIL(GT_ERR_VALUE, "count_update: NULL device pointer");
+    count_update_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((unsigned long long *)count, found_inf);
+    GT_CUDA_TRY(cudaGetLastError(), "count_update_kernel launch");
     return GT_OK;
 }

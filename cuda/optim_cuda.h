@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "core/adamw.h"
+#include "core/device_backend.h"
 #include "core/sgd.h"
 #include "core/status.h"
 
@@ -49,6 +50,16 @@ gt_status gt_cuda_loss_accumulate(int device, const float *values, int64_t rows,
  * (core/clip_rules.h), *sumsq a device double; nothing is written when that is 1. */
 gt_status gt_cuda_grad_clip(int device, float *grad, size_t n, const double *sumsq, double max_norm,
                             void *stream);
+
+/* Queue gt_cuda_adamw / gt_cuda_sgd with the scalars of table `t` for the device's count
+ * (core/device_backend.h's gt_update_table); nothing is written when *t->found_inf. */
+gt_status gt_cuda_adamw_table(int device, gt_numerics numerics, const gt_update_table *t, float *p,
+                              const float *g, float *m, float *v, float *v_max, size_t n, void *stream);
+gt_status gt_cuda_sgd_table(int device, const gt_update_table *t, float *p, const float *g, float *buf,
+                            size_t n, void *stream);
+
+/* Queues *count += 1 unless *found_inf (device pointers, one thread). */
+gt_status gt_cuda_count_update(int device, uint64_t *count, const int *found_inf, void *stream);
 
 #ifdef __cplusplus
 }

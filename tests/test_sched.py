@@ -133,3 +133,33 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="Expected 1 lr_lambdas"):
         LambdaLR(_optimizer(), [lambda s: 1.0, lambda s: 2.0])
     assert isinstance(get_scheduler("constant", _optimizer()), LambdaLR)
+
+
+@pytest.mark.parametrize("name", [t.value for t in SchedulerType])
+def test_lrs_ahead_are_what_stepping_sets_and_change_nothing(name):
+    opt = AdamW([Parameter(np.zeros(3, np.float32))], lr=0.5)
+    opt.add_param_group({"params": [Parameter(np.zeros(2, np.float32))], "lr": 0.25})
+    sched = get_scheduler(name, opt, num_warmup_steps=WARMUP, num_training_steps=TOTAL)
+    for _ in range(7):
+        sched.step()
+    before = sched.state_dict()
+    ahead = sched.lrs_ahead(TOTAL)
+    assert sched.state_dict() == before and [g["lr"] for g in opt.param_groups] == ahead[0]
+    for j in range(1, TOTAL):
+        sched.step()
+        assert [g["lr"] for g in opt.param_groups] == ahead[j], j  # exact: the same float operations
+
+
+def test_lrs_ahead_start_from_a_group_lr_set_by_hand():
+    opt = _optimizer()
+    sched = get_scheduler("linear", opt, num_warmup_steps=WARMUP, num_training_steps=TOTAL)
+    opt.param_groups[0]["lr"] = 0.125  # the next update uses it; step() then sets the schedule's
+    assert sched.lrs_ahead(2) == [[0.125], [0.5 * 1 / WARMUP]]
+
+
+def test_lrs_ahead_count_is_checked():
+    sched = get_scheduler("constant", _optimizer())
+    with pytest.raises(ValueError, match="count"):
+        sched.lrs_ahead(0)
+    with pytest.raises(TypeError, match="count"):
+        sched.lrs_ahead(2.0)

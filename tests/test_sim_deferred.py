@@ -1,9 +1,8 @@
 """TrainStep(sync=False) with clipping: max_grad_norm's coefficient is computed on the device from
 the step record's gradient sum of squares and applied to the gradients in place there
 (csrc/train/step_device.c's gt_step_device_clip, core/clip_rules.h), so a deferred step still
-waits for nothing and gives the CPU's bits. A GradScaler and a spike guard are still refused:
-their decisions feed host-side state (AdamW's step count, the scheduler, the EMA's count, the
-guard's next limits)."""
+waits for nothing and gives the CPU's bits. A spike guard is still refused: its next limits are
+made from the step's result on the host (a GradScaler: tests/test_sim_deferred_scaler.py)."""
 
 from __future__ import annotations
 

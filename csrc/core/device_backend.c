@@ -179,6 +179,20 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         add(K, i, LAUNCHES, 1);                                                                              \
         return real[K]->allgather(i, s, comm, buf, n);                                                       \
     }                                                                                                        \
+    static gt_status name##_adamw_table(int i, gt_stream *s, gt_numerics numerics, const gt_update_table *t, \
+                                        float *p, const float *g, float *m, float *v, float *v_max, size_t n) { \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->adamw_table(i, s, numerics, t, p, g, m, v, v_max, n);                                \
+    }                                                                                                        \
+    static gt_status name##_sgd_table(int i, gt_stream *s, const gt_update_table *t, float *p, const float *g, \
+                                      float *buf, size_t n) {                                                \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->sgd_table(i, s, t, p, g, buf, n);                                                    \
+    }                                                                                                        \
+    static gt_status name##_count_update(int i, gt_stream *s, uint64_t *count, const int *found_inf) {      \
+        add(K, i, LAUNCHES, 1);                                                                              \
+        return real[K]->count_update(i, s, count, found_inf);                                                \
+    }                                                                                                        \
     static gt_status name##_backend_init(gt_backend *be, int i, gt_stream *s) {                             \
         return init_counted(K, be, i, s);                                                                    \
     }                                                                                                        \
@@ -207,6 +221,9 @@ static void count_copy(int kind, int index, void *dst, const void *src, size_t b
         t->broadcast = name##_broadcast;                                                                     \
         t->allgather = name##_allgather;                                                                     \
         t->backend_release = name##_backend_release;                                                         \
+        t->adamw_table = name##_adamw_table;                                                                 \
+        t->sgd_table = name##_sgd_table;                                                                     \
+        t->count_update = name##_count_update;                                                               \
     }
 
 

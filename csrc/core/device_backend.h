@@ -11,7 +11,7 @@
  *  - Pointers are device pointers unless the name says host; a copy takes any mix of device
  *    and host memory (the direction follows from the pointers).
  *  - Kernels (adamw ... scaler_unscale_check, grad_sumsq_async, loss_accumulate, grad_clip,
- *    scaler_update) queue their
+ *    scaler_update, adamw_table, sgd_table, count_update) queue their
  *    work on `stream` and return after the launch, except grad_sumsq, whose result is a host
  *    value: it waits for the stream.
  * The backends register their tables at module start-up (gt_device_backend_install), so the
@@ -38,6 +38,19 @@ struct gt_comm;     /* dist/comm.h */
 
 typedef struct gt_stream gt_stream;  /* a backend's stream (layout private to the backend) */
 typedef struct gt_event gt_event;    /* a backend's event (layout private to the backend) */
+
+/* Where a deferred update (train/optim.h's gt_optimizer_step_deferred) finds its constants and
+ * whether it runs, all in device memory, so that nothing of it is decided on the host: the run's
+ * constants for the update applied when the device's count of updates is c are
+ * entries[(c % ring) * stride] (gt_adamw_scalars or gt_sgd_scalars), and *found_inf != 0 (the
+ * step's inf flag) skips the update. */
+typedef struct gt_update_table {
+    const void *entries;    /* this run's constants for count 0 mod ring; (ring, stride) scalars */
+    size_t stride;          /* scalars per ring slot (one per parameter group) */
+    uint32_t ring;          /* ring slots, > 0 */
+    const uint64_t *count;  /* updates applied so far (device) */
+    const int *found_inf;   /* the step's inf flag (device) */
+} gt_update_table;
 
 typedef struct gt_device_backend {
     const char *name;  /* "cuda" or "sim" */
@@ -134,6 +147,16 @@ typedef struct gt_device_backend {
     /* buf (n f32 of device memory) cut into comm->size chunks (gt_comm_chunk): chunk r becomes rank
      * r's on every rank (ZeRO-1's updated shards to every rank), with the same failures. */
     gt_status (*allgather)(int index, gt_stream *stream, struct gt_comm *comm, float *buf, size_t n);
+
+    /* ---- the deferred update: constants and the skip read on the device (nothing waits) ---- */
+    /* adamw / sgd above with the scalars `t` points at for the device's count; nothing is written
+     * when *t->found_inf. */
+    gt_status (*adamw_table)(int index, gt_stream *stream, gt_numerics numerics, const gt_update_table *t,
+                             float *p, const float *g, float *m, float *v, float *v_max, size_t n);
+    gt_status (*sgd_table)(int index, gt_stream *stream, const gt_update_table *t, float *p, const float *g,
+                           float *buf, size_t n);
+    /* *count += 1 unless *found_inf (both device memory): the update count the tables index by. */
+    gt_status (*count_update)(int index, gt_stream *stream, uint64_t *count, const int *found_inf);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table

@@ -360,6 +360,40 @@ static PyObject *model_optimizer_reload_params(PyObject *op, PyObject *Py_UNUSED
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
+/* The oldest deferred step's record (waiting for it with `wait`): a dict, or None when not done. */
+static PyObject *model_optimizer_deferred_result(PyObject *op, PyObject *args) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    int wait = 0, done = 0;
+    if (!PyArg_ParseTuple(args, "p:deferred_result", &wait) || enter(self, 0) < 0)
+        return NULL;
+    gt_step_record head;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS
+    status = gt_optimizer_deferred_result(self->opt, wait, &head, &done);
+    Py_END_ALLOW_THREADS
+    leave(self, 0);
+    if (status != GT_OK)
+        return gtpy_raise(module_of(op), status);
+    if (!done)
+        return Py_NewRef(Py_None);
+    return Py_BuildValue("{s:d,s:d,s:O}", "loss_sum", head.loss_sum, "grad_sumsq", head.grad_sumsq, "found_inf",
+                         head.found_inf ? Py_True : Py_False);
+}
+
+static PyObject *model_optimizer_resolve(PyObject *op, PyObject *args) {
+    ModelOptimizerObject *self = (ModelOptimizerObject *)op;
+    int applied = 0;
+    if (!PyArg_ParseTuple(args, "p:resolve", &applied) || enter(self, 0) < 0)
+        return NULL;
+    gt_status status = gt_optimizer_resolve(self->opt, applied);
+    leave(self, 0);
+    return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
+}
+
+static PyObject *model_optimizer_get_pending(PyObject *op, void *Py_UNUSED(closure)) {
+    return PyLong_FromSize_t(gt_optimizer_pending(((ModelOptimizerObject *)op)->opt));
+}
+
 static PyObject *model_optimizer_memory(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     gt_optimizer_memory m;
     gt_optimizer_get_memory(((ModelOptimizerObject *)op)->opt, &m);
@@ -389,12 +423,18 @@ static PyMethodDef model_optimizer_methods[] = {
      "grad_norm()\n--\n\nDeterministic L2 norm of the parameters' gradients (0.0 while they are not valid)."},
     {"reload_params", model_optimizer_reload_params, METH_NOARGS,
      "reload_params()\n--\n\nRe-read the offloaded parameters into the host master copy."},
+    {"deferred_result", model_optimizer_deferred_result, METH_VARARGS,
+     "deferred_result(wait)\n--\n\nThe oldest unresolved sync=False step's record {'loss_sum', 'grad_sumsq', "
+     "'found_inf'} (wait: blocks until its work has run), or None when it has not run yet."},
+    {"resolve", model_optimizer_resolve, METH_VARARGS,
+     "resolve(applied)\n--\n\nResolves the oldest deferred step: its update ran (applied) or was skipped."},
     {"memory", model_optimizer_memory, METH_NOARGS, "Optimizer bytes and elements on the device and the host."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef model_optimizer_getset[] = {
     {"num_steps", model_optimizer_get_num_steps, NULL, "Steps that updated at least one parameter.", NULL},
+    {"pending", model_optimizer_get_pending, NULL, "Deferred steps queued and not yet resolved.", NULL},
     {"model", model_optimizer_get_model, NULL, "The _C.Model whose arenas this optimizer updates.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -291,21 +291,44 @@ static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_ob
     return result;
 }
 
+static PyObject *train_step_with(PyObject *module, PyObject *model_obj, PyObject *x_obj, PyObject *y_obj,
+                                 PyObject *loss_obj, PyObject *optimizer_obj, PyObject *scaler_obj,
+                                 PyObject *comm_obj, gt_step_config *cfg_in);
+
 static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"model", "x", "y", "loss", "micro_batches", "set_to_none",
                                "max_grad_norm", "want_grad_norm", "optimizer", "scaler", "guard", "guard_loss",
-                               "guard_grad_norm", "sync", "record", "comm", NULL};
+                               "guard_grad_norm", "sync", "record", "comm", "lrs", NULL};
     PyObject *model_obj, *x_obj, *y_obj, *loss_obj, *optimizer_obj = Py_None, *scaler_obj = Py_None;
-    PyObject *comm_obj = Py_None;
+    PyObject *comm_obj = Py_None, *lrs_obj = Py_None;
     gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1, .guard_loss = INFINITY, .guard_grad_norm = INFINITY};
     int sync = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpddpiO:train_step", keywords, &model_obj, &x_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpddpiOO:train_step", keywords, &model_obj, &x_obj,
                                      &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
                                      &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj,
                                      &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm, &sync, &cfg.record,
-                                     &comm_obj))
+                                     &comm_obj, &lrs_obj))
         return NULL;
     cfg.deferred = !sync;
+    PyArrayObject *lrs = lrs_obj == Py_None ? NULL
+                         : (PyArrayObject *)PyArray_FROM_OTF(lrs_obj, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY);
+    if (lrs_obj != Py_None && !lrs)
+        return NULL;
+    if (lrs) {
+        cfg.lrs = PyArray_DATA(lrs);
+        cfg.lrs_len = (size_t)PyArray_SIZE(lrs);
+    }
+    PyObject *result = train_step_with(module, model_obj, x_obj, y_obj, loss_obj, optimizer_obj, scaler_obj,
+                                       comm_obj, &cfg);
+    Py_XDECREF(lrs);
+    return result;
+}
+
+/* train_step once its keywords are parsed. */
+static PyObject *train_step_with(PyObject *module, PyObject *model_obj, PyObject *x_obj, PyObject *y_obj,
+                                 PyObject *loss_obj, PyObject *optimizer_obj, PyObject *scaler_obj,
+                                 PyObject *comm_obj, gt_step_config *cfg_in) {
+    gt_step_config cfg = *cfg_in;
     if (isnan(cfg.guard_loss) || isnan(cfg.guard_grad_norm))
         return PyErr_Format(PyExc_ValueError, "%s must be a number or +inf, not NaN",
                             isnan(cfg.guard_loss) ? "guard_loss" : "guard_grad_norm");
@@ -349,13 +372,14 @@ static PyMethodDef step_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
      "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf, "
-     "sync=True, record=0, comm=None)\n--\n\n"
+     "sync=True, record=0, comm=None, lrs=None)\n--\n\n"
      "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
      "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm. With "
      "sync=False (a device model without scaler or guard; clipping runs on the device) the step waits for "
      "nothing and leaves its result in the model's step record `record` (0 or 1) for step_record. With comm "
      "(a Communicator), x and y are this rank's share of the batch and gradients and loss are summed over "
-     "the ranks (data parallelism)."},
+     "the ranks (data parallelism). With sync=False and a scaler, the update is deferred (the optimizer "
+     "resolves it later, see ModelOptimizer.deferred_result) at lrs ((8, groups) lr of the next updates)."},
     {"step_record", step_record, METH_VARARGS,
      "step_record(model, record, micro_batches, want_norm)\n--\n\n"
      "The result of the sync=False step that wrote record `record` of a device model (waits for it)."},

@@ -178,3 +178,72 @@ gt_status gt_sim_scaler_update(int index, gt_stream *stream, gt_scaler *scaler, 
     scaler_update_job job = {scaler, found_inf};
     return gt_sim_enqueue(index, stream, run_scaler_update, &job, sizeof job);
 }
+
+/* The scalars of table `t` for the device's count now (the job runs in stream order). */
+static const void *table_entry(const gt_update_table *t, size_t scalar_bytes) {
+    return (const char *)t->entries + (size_t)(*t->count % t->ring) * t->stride * scalar_bytes;
+}
+
+typedef struct adamw_table_job {
+    gt_numerics numerics;        /* exact or fast arithmetic */
+    gt_update_table t;           /* where the constants and the skip flag are */
+    float *p;                    /* (n,) parameters */
+    const float *g;              /* (n,) gradients */
+    float *m, *v, *v_max;        /* (n,) moments; v_max only with amsgrad */
+    size_t n;                    /* elements */
+} adamw_table_job;
+
+static gt_status run_adamw_table(void *args) {
+    adamw_table_job *j = args;
+    if (*j->t.found_inf)
+        return GT_OK;
+    const gt_adamw_scalars *s = table_entry(&j->t, sizeof *s);
+    gt_adamw_cpu(j->numerics, s, j->p, j->g, j->m, j->v, j->v_max, j->n);
+    return GT_OK;
+}
+
+gt_status gt_sim_adamw_table(int index, gt_stream *stream, gt_numerics numerics, const gt_update_table *t,
+                             float *p, const float *g, float *m, float *v, float *v_max, size_t n) {
+    adamw_table_job job = {numerics, *t, p, g, m, v, v_max, n};
+    return n ? gt_sim_enqueue(index, stream, run_adamw_table, &job, sizeof job) : GT_OK;
+}
+
+typedef struct sgd_table_job {
+    gt_update_table t;  /* where the constants and the skip flag are */
+    float *p;           /* (n,) parameters */
+    const float *g;     /* (n,) gradients */
+    float *buf;         /* (n,) momentum buffer, or NULL */
+    size_t n;           /* elements */
+} sgd_table_job;
+
+static gt_status run_sgd_table(void *args) {
+    sgd_table_job *j = args;
+    if (*j->t.found_inf)
+        return GT_OK;
+    const gt_sgd_scalars *s = table_entry(&j->t, sizeof *s);
+    gt_sgd_cpu(s, j->p, j->g, j->buf, j->n);
+    return GT_OK;
+}
+
+gt_status gt_sim_sgd_table(int index, gt_stream *stream, const gt_update_table *t, float *p, const float *g,
+                           float *buf, size_t n) {
+    sgd_table_job job = {*t, p, g, buf, n};
+    return n ? gt_sim_enqueue(index, stream, run_sgd_table, &job, sizeof job) : GT_OK;
+}
+
+typedef struct count_job {
+    uint64_t *count;         /* device count of updates applied */
+    const int *found_inf;    /* device flag, read when the job runs */
+} count_job;
+
+static gt_status run_count(void *args) {
+    count_job *j = args;
+    if (!*j->found_inf)
+        ++*j->count;
+    return GT_OK;
+}
+
+gt_status gt_sim_count_update(int index, gt_stream *stream, uint64_t *count, const int *found_inf) {
+    count_job job = {count, found_inf};
+    return gt_sim_enqueue(index, stream, run_count, &job, sizeof job);
+}

@@ -22,5 +22,10 @@ gt_status gt_sim_unscale_check(int index, gt_stream *stream, const gt_scaler *sc
 gt_status gt_sim_grad_clip(int index, gt_stream *stream, float *grad, size_t n, const double *sumsq,
                            double max_norm);
 gt_status gt_sim_scaler_update(int index, gt_stream *stream, gt_scaler *scaler, const int *found_inf);
+gt_status gt_sim_adamw_table(int index, gt_stream *stream, gt_numerics numerics, const gt_update_table *t,
+                             float *p, const float *g, float *m, float *v, float *v_max, size_t n);
+gt_status gt_sim_sgd_table(int index, gt_stream *stream, const gt_update_table *t, float *p, const float *g,
+                           float *buf, size_t n);
+gt_status gt_sim_count_update(int index, gt_stream *stream, uint64_t *count, const int *found_inf);
 
 #endif

@@ -85,6 +85,9 @@ static const gt_device_backend sim_table = {
     .allreduce_sum = gt_sim_allreduce_sum,
     .broadcast = gt_sim_broadcast,
     .allgather = gt_sim_allgather,
+    .adamw_table = gt_sim_adamw_table,
+    .sgd_table = gt_sim_sgd_table,
+    .count_update = gt_sim_count_update,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

@@ -35,6 +35,7 @@ typedef struct optim_segment {
     size_t offset;           /* flat element of param[0] */
     size_t numel;            /* elements */
     size_t work_begin;       /* elements of earlier device segments (thread-share bookkeeping) */
+    size_t group;            /* hyperparameter group of its parameters */
     union {
         gt_adamw_scalars adamw;  /* AdamW constants for this run's step count */
         gt_sgd_scalars sgd;      /* SGD constants for this run */
@@ -57,6 +58,17 @@ struct gt_optimizer {
     optim_segment *segments;          /* (2 * num_params + 2,) scratch: device runs, then host runs */
     gt_offload_span *spans;           /* (num_params + 1,) scratch: host runs for the offload */
     int64_t num_steps;                /* steps that updated at least one parameter */
+    void *table;                      /* accelerator: (GT_OPTIM_RING, num_groups) scalars of deferred updates */
+    uint64_t *update_count;           /* accelerator: deferred updates applied (device) */
+    char *table_host;                 /* (GT_OPTIM_RING,) host sources of the table's copies, one per step in flight */
+    gt_block results;                 /* pinned (GT_OPTIM_RING, GT_OPTIM_RESULT_BYTES): deferred step s's result
+                                         in row s % GT_OPTIM_RING, once done[s % GT_OPTIM_RING] completed */
+    size_t result_bytes[GT_OPTIM_RING]; /* bytes of each row's result (0: none) */
+    gt_event *done[GT_OPTIM_RING];    /* recorded after deferred step s (its update and its result's copy) */
+    int64_t *group_step;              /* (num_groups,) scratch: the step count of each group's parameters */
+    uint64_t resolved_updates;        /* deferred updates known to have been applied */
+    uint64_t deferred_calls;          /* deferred steps queued so far */
+    size_t pending;                   /* deferred steps not yet resolved */
 };
 
 /* ------------------------------------------------------------ validation ---------- */
@@ -159,16 +171,57 @@ static size_t device_arena_request(size_t device_numel, size_t num_slots) {
     return gt_align_up(device_numel * sizeof(float)) * num_slots;
 }
 
+/* Bytes of one deferred update table: (GT_OPTIM_RING, num_groups) scalars of either kind. */
+static size_t table_bytes(size_t num_groups) {
+    size_t scalars = sizeof(gt_adamw_scalars) > sizeof(gt_sgd_scalars) ? sizeof(gt_adamw_scalars)
+                                                                        : sizeof(gt_sgd_scalars);
+    return GT_OPTIM_RING * num_groups * scalars;
+}
+
+/* 1 for an optimizer that may run deferred steps: on an accelerator, its whole state on the device
+ * (no offload) and not a ZeRO-1 shard (deferred steps take no collectives). */
+static int may_defer(const gt_optimizer_config *config) {
+    return gt_device_is_accelerator(config->device) && config->cpu_offload_fraction == 0.0 && config->zero_size == 0;
+}
+
+/* Bytes the arena of an optimizer that may defer adds: the update count, then the table. */
+static size_t table_request(const gt_optimizer_config *config, size_t num_groups) {
+    if (!may_defer(config))
+        return 0;
+    return gt_align_up(sizeof(uint64_t)) + gt_align_up(table_bytes(num_groups));
+}
+
+/* Pinned bytes of an optimizer that may defer: the ring of its steps' results. */
+static size_t results_request(const gt_optimizer_config *config) {
+    return may_defer(config) ? GT_OPTIM_RING * GT_OPTIM_RESULT_BYTES : 0;
+}
+
 /* Elements per offload staging chunk that the configuration asks for. */
 static size_t chunk_request(const gt_optimizer_config *config) {
     return config->offload_chunk_numel ? config->offload_chunk_numel : DEFAULT_CHUNK;
 }
 
-/* The device arena (state of [0, device_numel)), zero-filled. */
+/* An accelerator's count of deferred updates (zeroed) and their table, in the device arena. */
+static gt_status create_table(gt_optimizer *opt) {
+    if (!table_request(&opt->config, opt->num_groups))
+        return GT_OK;
+    GT_TRY(gt_arena_take(&opt->device_arena, sizeof(uint64_t), (void **)&opt->update_count));
+    GT_TRY(gt_arena_take(&opt->device_arena, table_bytes(opt->num_groups), &opt->table));
+    opt->table_host = calloc(GT_OPTIM_RING, table_bytes(opt->num_groups));
+    if (!opt->table_host)
+        return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for its update table");
+    GT_TRY(gt_block_alloc(gt_pinned_device(), results_request(&opt->config), &opt->results));
+    for (int k = 0; k < GT_OPTIM_RING; k++)
+        GT_TRY(opt->dev->event_create(opt->config.device.index, &opt->done[k]));
+    return opt->dev->memset(opt->config.device.index, opt->update_count, 0, sizeof(uint64_t));
+}
+
+/* The device arena (state of [0, device_numel), then the deferred updates' table), zero-filled. */
 static gt_status create_device_state(gt_optimizer *opt) {
     size_t bytes = opt->device_numel * sizeof(float);
     GT_TRY(gt_arena_create(&opt->device_arena, opt->config.device,
-                           device_arena_request(opt->device_numel, slot_count(opt))));
+                           device_arena_request(opt->device_numel, slot_count(opt)) +
+                               table_request(&opt->config, opt->num_groups)));
     for (int s = 0; s < GT_SLOT_COUNT; s++) {
         if (!opt->has_slot[s] || bytes == 0)
             continue;
@@ -180,7 +233,7 @@ static gt_status create_device_state(gt_optimizer *opt) {
         else
             memset(piece, 0, bytes);
     }
-    return GT_OK;
+    return create_table(opt);
 }
 
 /* The host share: its arena, copy stream, and the master copy of the offloaded parameters. */
@@ -212,7 +265,8 @@ static gt_status allocate_tables(gt_optimizer *opt, size_t num_groups, size_t nu
     opt->params = calloc(num_params ? num_params : 1, sizeof *opt->params);
     opt->segments = calloc(2 * num_params + 2, sizeof *opt->segments);
     opt->spans = calloc(num_params + 1, sizeof *opt->spans);
-    if (!opt->groups || !opt->params || !opt->segments || !opt->spans)
+    opt->group_step = calloc(num_groups ? num_groups : 1, sizeof *opt->group_step);
+    if (!opt->groups || !opt->params || !opt->segments || !opt->spans || !opt->group_step)
         return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for %zu parameters", num_params);
     opt->num_groups = num_groups;
     opt->num_params = num_params;
@@ -250,10 +304,12 @@ gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hp
     slots_of(config->kind, groups, num_groups, has_slot);
     out->device_numel = device_numel_of(config->cpu_offload_fraction, total_numel);
     out->host_numel = total_numel - out->device_numel;
-    out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)));
+    out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)) +
+                                                table_request(config, num_groups));
     if (out->host_numel)
         out->host_bytes = gt_block_reserved_bytes(
             gt_offload_host_bytes(out->host_numel, count_slots(has_slot), chunk_request(config)));
+    out->host_bytes += gt_block_reserved_bytes(results_request(config));
     return GT_OK;
 }
 
@@ -288,6 +344,11 @@ void gt_optimizer_destroy(gt_optimizer *opt) {
     free(opt->params);
     free(opt->segments);
     free(opt->spans);
+    free(opt->group_step);
+    free(opt->table_host);
+    gt_block_free(&opt->results);
+    for (int k = 0; opt->dev && k < GT_OPTIM_RING; k++)
+        opt->dev->event_destroy(opt->config.device.index, opt->done[k]);
     free(opt);
 }
 
@@ -334,7 +395,7 @@ int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot) {
 
 void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out) {
     out->device_bytes = opt->device_arena.block.bytes;
-    out->host_bytes = opt->offload.host.block.bytes;
+    out->host_bytes = opt->offload.host.block.bytes + gt_block_reserved_bytes(opt->results.bytes);
     out->device_numel = opt->device_numel;
     out->host_numel = opt->total_numel - opt->device_numel;
 }
@@ -391,7 +452,7 @@ static size_t build_segments(gt_optimizer *opt, float grad_coef, size_t *num_dev
             continue;
         }
         optim_segment run = {.param = first->param, .grad = first->grad, .offset = first->offset,
-                             .numel = first->numel};
+                             .numel = first->numel, .group = first->group};
         size_t j = i + 1;
         for (; j < opt->num_params && opt->params[j].grad && can_merge(&opt->params[j - 1], &opt->params[j]); j++)
             run.numel += opt->params[j].numel;
@@ -532,7 +593,16 @@ static void advance_steps(gt_optimizer *opt) {
             opt->params[i].step++;
 }
 
+/* The host's step counts lag the device's while deferred steps are unresolved. */
+static gt_status check_resolved(const gt_optimizer *opt, const char *what) {
+    if (opt->pending)
+        return GT_FAIL(GT_ERR_VALUE, "%s: %zu deferred optimizer steps are not resolved yet (read their results "
+                       "first)", what, opt->pending);
+    return GT_OK;
+}
+
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
+    GT_TRY(check_resolved(opt, "optimizer"));
     size_t num_device = 0, num_host = 0;
     size_t total = build_segments(opt, grad_coef, &num_device, &num_host);
     if (total == 0)
@@ -606,6 +676,7 @@ gt_status gt_optimizer_get_param_step(const gt_optimizer *opt, size_t index, int
 
 gt_status gt_optimizer_set_param_step(gt_optimizer *opt, size_t index, int64_t step) {
     GT_TRY(check_index(opt, index));
+    GT_TRY(check_resolved(opt, "step"));
     if (step < 0)
         return GT_FAIL(GT_ERR_VALUE, "step: must be >= 0, got %lld", (long long)step);
     opt->params[index].step = step;
@@ -659,5 +730,163 @@ gt_status gt_optimizer_reload_params(gt_optimizer *opt) {
         GT_TRY(gt_offload_fetch_params(&opt->offload, opt->config.device, p->param + skip, p->offset + skip,
                                        p->numel - skip));
     }
+    return GT_OK;
+}
+
+/* ------------------------------------------------------------ deferred updates ---- */
+
+/* The step count shared by each group's parameters with a gradient (a group's table entry
+ * serves all of them); GT_ERR_VALUE when two of a group differ. */
+static gt_status find_group_steps(gt_optimizer *opt) {
+    for (size_t g = 0; g < opt->num_groups; g++)
+        opt->group_step[g] = -1;
+    for (size_t i = 0; i < opt->num_params; i++) {
+        const optim_param *p = &opt->params[i];
+        int64_t *step = &opt->group_step[p->group];
+        if (!p->grad || p->numel == 0)
+            continue;
+        if (*step >= 0 && *step != p->step)
+            return GT_FAIL(GT_ERR_VALUE, "optimizer: parameters of group %zu have different step counts (%lld and "
+                           "%lld); a deferred step needs one count per group", p->group, (long long)*step,
+                           (long long)p->step);
+        *step = p->step;
+    }
+    return GT_OK;
+}
+
+static gt_status check_deferred(const gt_optimizer *opt, const double *lrs) {
+    if (opt->config.cpu_offload_fraction != 0.0)
+        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: a deferred step needs the whole optimizer state on the "
+                       "accelerator (cpu_offload_fraction=0)");
+    if (opt->config.zero_size)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step takes no collectives; a ZeRO-1 shard cannot defer");
+    if (!opt->table)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: a deferred step needs an optimizer on an accelerator (cuda:N or "
+                       "sim:N)");
+    if (opt->pending >= GT_OPTIM_RING)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: %zu deferred steps are unresolved; resolve one first (at most %d)",
+                       opt->pending, GT_OPTIM_RING);
+    for (size_t k = 0; lrs && k < GT_OPTIM_RING * opt->num_groups; k++)
+        if (!(lrs[k] >= 0.0 && isfinite(lrs[k])))
+            return GT_FAIL(GT_ERR_VALUE, "lrs[%zu][%zu]: invalid learning rate %g (must be finite and >= 0)",
+                           k / opt->num_groups, k % opt->num_groups, lrs[k]);
+    return GT_OK;
+}
+
+/* Group g's constants for the update `ahead` updates after the resolved ones, at `lr`. */
+static void table_scalars(const gt_optimizer *opt, size_t g, int64_t ahead, double lr, void *out) {
+    const gt_optim_hparams *hp = &opt->groups[g];
+    int64_t done = (opt->group_step[g] < 0 ? 0 : opt->group_step[g]) + ahead;  /* updates before it */
+    if (opt->config.kind == GT_OPTIM_ADAMW) {
+        gt_adamw_scalars s = gt_adamw_scalars_make(lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, done + 1,
+                                                   1.0f, hp->maximize, hp->amsgrad);
+        memcpy(out, &s, sizeof s);
+    } else {
+        gt_sgd_scalars s = gt_sgd_scalars_make(lr, hp->momentum, hp->dampening, hp->weight_decay, hp->nesterov,
+                                               hp->maximize, done == 0, 1.0f);
+        memcpy(out, &s, sizeof s);
+    }
+}
+
+/* The table for this call: slot (resolved + j) % ring holds the constants of the update j
+ * updates after the resolved ones, for j < ring (the device's count is one of them). */
+static char *fill_table(gt_optimizer *opt, const double *lrs, size_t scalar_bytes) {
+    char *host = opt->table_host + (opt->deferred_calls % GT_OPTIM_RING) * table_bytes(opt->num_groups);
+    for (size_t j = 0; j < GT_OPTIM_RING; j++) {
+        size_t slot = (size_t)((opt->resolved_updates + j) % GT_OPTIM_RING);
+        for (size_t g = 0; g < opt->num_groups; g++) {
+            double lr = lrs ? lrs[j * opt->num_groups + g] : opt->groups[g].lr;
+            table_scalars(opt, g, (int64_t)j, lr, host + (slot * opt->num_groups + g) * scalar_bytes);
+        }
+    }
+    return host;
+}
+
+static gt_status launch_table_run(gt_optimizer *opt, const optim_segment *seg, const int *found_inf,
+                                  size_t scalar_bytes) {
+    int index = opt->config.device.index;
+    gt_stream *stream = opt->config.compute_stream;
+    float *const *s = opt->slot;
+    gt_update_table t = {(const char *)opt->table + seg->group * scalar_bytes, opt->num_groups, GT_OPTIM_RING,
+                         opt->update_count, found_inf};
+    if (opt->config.kind == GT_OPTIM_ADAMW)
+        return opt->dev->adamw_table(index, stream, opt->config.numerics, &t, seg->param, seg->grad,
+                                     s[GT_SLOT_EXP_AVG] + seg->offset, s[GT_SLOT_EXP_AVG_SQ] + seg->offset,
+                                     s[GT_SLOT_MAX_EXP_AVG_SQ] ? s[GT_SLOT_MAX_EXP_AVG_SQ] + seg->offset : NULL,
+                                     seg->numel);
+    return opt->dev->sgd_table(index, stream, &t, seg->param, seg->grad,
+                               s[GT_SLOT_MOMENTUM] ? s[GT_SLOT_MOMENTUM] + seg->offset : NULL, seg->numel);
+}
+
+/* Queues the copy of the step's result into its pinned row, then the event the host waits for. */
+static gt_status queue_result(gt_optimizer *opt, const void *result, size_t result_bytes) {
+    size_t row = (size_t)(opt->deferred_calls % GT_OPTIM_RING);
+    int index = opt->config.device.index;
+    opt->result_bytes[row] = result_bytes;
+    if (result_bytes)
+        GT_TRY(opt->dev->memcpy_async(index, opt->config.compute_stream,
+                                      (char *)opt->results.ptr + row * GT_OPTIM_RESULT_BYTES, result, result_bytes));
+    return opt->dev->event_record(index, opt->done[row], opt->config.compute_stream);
+}
+
+gt_status gt_optimizer_check_deferred(gt_optimizer *opt, const double *lrs, size_t lrs_len) {
+    if (lrs && lrs_len != GT_OPTIM_RING * opt->num_groups)
+        return GT_FAIL(GT_ERR_VALUE, "lrs: expected (%d, %zu) learning rates, got %zu", GT_OPTIM_RING, opt->num_groups,
+                       lrs_len);
+    GT_TRY(check_deferred(opt, lrs));
+    return find_group_steps(opt);
+}
+
+gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs,
+                                     const void *result, size_t result_bytes) {
+    if (result_bytes > GT_OPTIM_RESULT_BYTES)
+        return GT_FAIL(GT_ERR_VALUE, "result_bytes: at most %d bytes of a deferred step's result, got %zu",
+                       GT_OPTIM_RESULT_BYTES, result_bytes);
+    GT_TRY(check_deferred(opt, lrs));
+    GT_TRY(find_group_steps(opt));
+    size_t num_device = 0, num_host = 0;
+    build_segments(opt, 1.0f, &num_device, &num_host);
+    size_t scalar_bytes = opt->config.kind == GT_OPTIM_ADAMW ? sizeof(gt_adamw_scalars) : sizeof(gt_sgd_scalars);
+    int index = opt->config.device.index;
+    char *host = fill_table(opt, lrs, scalar_bytes);
+    GT_TRY(opt->dev->memcpy_async(index, opt->config.compute_stream, opt->table, host,
+                                  GT_OPTIM_RING * opt->num_groups * scalar_bytes));
+    for (size_t k = 0; k < num_device; k++)
+        GT_TRY(launch_table_run(opt, &opt->segments[k], found_inf, scalar_bytes));
+    GT_TRY(opt->dev->count_update(index, opt->config.compute_stream, opt->update_count, found_inf));
+    GT_TRY(queue_result(opt, result, result_bytes));
+    opt->deferred_calls++;
+    opt->pending++;
+    return GT_OK;
+}
+
+gt_status gt_optimizer_resolve(gt_optimizer *opt, int applied) {
+    if (opt->pending == 0)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: no deferred step to resolve");
+    opt->pending--;
+    if (!applied)
+        return GT_OK;
+    advance_steps(opt);
+    opt->num_steps++;
+    opt->resolved_updates++;
+    return GT_OK;
+}
+
+size_t gt_optimizer_pending(const gt_optimizer *opt) { return opt->pending; }
+
+gt_status gt_optimizer_deferred_result(gt_optimizer *opt, int wait, void *out, int *done) {
+    *done = 0;
+    if (opt->pending == 0)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: no deferred step to read");
+    size_t row = (size_t)((opt->deferred_calls - opt->pending) % GT_OPTIM_RING);
+    int index = opt->config.device.index;
+    if (wait)
+        GT_TRY(opt->dev->event_synchronize(index, opt->done[row]));
+    else
+        GT_TRY(opt->dev->event_query(index, opt->done[row], done));
+    if (wait)
+        *done = 1;
+    if (*done)
+        memcpy(out, (char *)opt->results.ptr + row * GT_OPTIM_RESULT_BYTES, opt->result_bytes[row]);
     return GT_OK;
 }

@@ -100,6 +100,47 @@ gt_status gt_optimizer_set_grad(gt_optimizer *opt, size_t index, float *grad);
  * are not written). Synchronous: parameters are updated when it returns. */
 gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef);
 
+/* Deferred steps (TrainStep(sync=False) with a loss scaler) unresolved at most. */
+#define GT_OPTIM_RING 8
+
+/* Bytes of device memory a deferred step may hand the host as its result (the step's record). */
+#define GT_OPTIM_RESULT_BYTES 64
+
+/* Queues one update of every parameter whose gradient is set (grad_coef 1) on the compute stream
+ * of an accelerator, with nothing decided on the host: the update is skipped when *found_inf
+ * (device memory, set by the work queued before) is nonzero when it runs, and its constants come
+ * from a table copied in with it, indexed by the device's count of updates applied (AdamW's bias
+ * corrections, SGD's first step, the lr). Row j of `lrs` ((GT_OPTIM_RING, num_groups), or NULL
+ * for each group's lr now) is each group's lr for the update j updates after the resolved ones.
+ * The host's step counts do not move until gt_optimizer_resolve; until then gt_optimizer_step and
+ * gt_optimizer_set_param_step refuse. Needs an accelerator optimizer that may defer (every one
+ * with its whole state on the device and not sharded reserves the count and the table in its
+ * device arena, gt_optimizer_plan counting them), one step count per group, and fewer than
+ * GT_OPTIM_RING unresolved steps (GT_ERR_VALUE otherwise). `result_bytes` of device memory at
+ * `result` are handed to the host behind the update (gt_optimizer_deferred_result). */
+gt_status gt_optimizer_step_deferred(gt_optimizer *opt, const int *found_inf, const double *lrs,
+                                     const void *result, size_t result_bytes);
+
+/* The checks of gt_optimizer_step_deferred, before a step computes anything: GT_ERR_VALUE naming
+ * what stops this optimizer from deferring a step with these lrs (NULL, or lrs_len entries). */
+gt_status gt_optimizer_check_deferred(gt_optimizer *opt, const double *lrs, size_t lrs_len);
+
+/* The oldest unresolved deferred step: `result_bytes` (<= GT_OPTIM_RESULT_BYTES) of device memory
+ * at `result` were copied, behind its update, into its row of a pinned ring (allocated with the
+ * table and counted by gt_optimizer_plan), and an event recorded after that copy. With `wait`,
+ * waits for that event (one host sync); without, only asks whether it completed (*done). Once
+ * done, copies the row's bytes to `out`. The caller then resolves the step. */
+gt_status gt_optimizer_deferred_result(gt_optimizer *opt, int wait, void *out, int *done);
+
+/* Resolves the oldest unresolved deferred step, whose work must have run (the caller read its inf
+ * flag, or waited for an event recorded after it: its table's host source is reused
+ * GT_OPTIM_RING steps later): `applied` is 1 when its update ran (the flag was 0), which advances
+ * the step counts of the parameters with a gradient and num_steps. */
+gt_status gt_optimizer_resolve(gt_optimizer *opt, int applied);
+
+/* Deferred steps queued and not yet resolved. */
+size_t gt_optimizer_pending(const gt_optimizer *opt);
+
 /* Queues the copies of the offloaded share's gradients (its first two staging chunks) on the
  * compute stream, behind the backward that wrote them, for the next gt_optimizer_step; the
  * caller's next wait for that stream covers them. gt_optimizer_unstage forgets them when no

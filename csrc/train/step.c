@@ -1,6 +1,7 @@
 #include "train/step.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "dist/comm_device.h"
@@ -152,6 +153,11 @@ static gt_status device_sum_over_ranks(gt_model *model, gt_comm *comm) {
     return status;
 }
 
+/* 1 for a deferred step with a scaler while earlier deferred steps are unresolved. */
+static int lagging(const gt_step_config *cfg) {
+    return cfg->deferred && cfg->optimizer && gt_optimizer_pending(cfg->optimizer) > 0;
+}
+
 /* The same sums on an accelerator: everything is queued on the model's stream (the losses
  * summed into the step record, the offloaded share's gradients copied into its staging), then
  * the record is read back, the step's one wait. A failure
@@ -162,7 +168,9 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
     GT_TRY(gt_step_device_begin(model, cfg->record));
     gt_step_record *record = gt_step_device_record(model, cfg->record);
     const float *loss_scale = NULL;
-    if (scaler)
+    if (scaler && lagging(cfg))
+        loss_scale = gt_step_device_own_scale(model);
+    else if (scaler)
         GT_TRY(gt_step_device_scale(model, scaler, &loss_scale));
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, loss_scale, &record->loss_sum));
     if (cfg->comm)
@@ -219,10 +227,11 @@ static gt_status prepare_update(gt_model *model, const gt_tensor *inputs, const 
 }
 
 /* A deferred step leaves every decision of the update to the device, so nothing may need the
- * result on the host. Clipping is decided there (gt_step_device_clip). A scaler's found_inf
- * decides whether the update runs, and the update's host-side constants follow it (AdamW's step
- * count, the scheduler, the EMA's count), so it still needs the record on the host; so does the
- * guard, whose next limits are made from this step's loss and norm. */
+ * result on the host. Clipping is decided there (gt_step_device_clip). With a scaler, found_inf
+ * decides on the device whether the update runs (gt_optimizer_step_deferred: its constants come
+ * from a table indexed by the device's count of updates) and the device updates its scaler; the
+ * host resolves the step later from its record (the optimizer's ring), so the optimizer must be
+ * able to defer. The guard's next limits are made from this step's loss and norm: refused. */
 static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg) {
     if (cfg->record < 0 || cfg->record >= GT_STEP_RECORDS)
         return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d), got %d", GT_STEP_RECORDS, cfg->record);
@@ -230,10 +239,15 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
         return GT_OK;
     if (!model->device)
         return GT_FAIL(GT_ERR_VALUE, "sync: a deferred result needs a model on an accelerator (cuda:N or sim:N)");
-    if ((cfg->scaler && cfg->scaler->enabled) || cfg->guard)
-        return GT_FAIL(GT_ERR_VALUE, "sync=False: a GradScaler and a spike guard decide the update from the step's "
-                       "result on the host; use sync=True (one wait per step) with them");
-    return GT_OK;
+    if (cfg->guard)
+        return GT_FAIL(GT_ERR_VALUE, "sync=False: a spike guard decides the update from the step's result on the "
+                       "host; use sync=True (one wait per step) with it");
+    if (!cfg->scaler || !cfg->scaler->enabled)
+        return GT_OK;
+    if (!cfg->optimizer)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: sync=False with a GradScaler needs the optimizer, whose deferred "
+                       "steps resolve the scaler's updates");
+    return gt_optimizer_check_deferred(cfg->optimizer, cfg->lrs, cfg->lrs_len);
 }
 
 /* A device model's collectives run on its device; whether they succeeded (a rank may have died)
@@ -264,6 +278,20 @@ static gt_status gather_shards(gt_model *model, gt_comm *comm) {
     return gt_step_device_gather_shards(model, comm);
 }
 
+_Static_assert(offsetof(gt_step_record, sumsq_totals) <= GT_OPTIM_RESULT_BYTES,
+               "a step record's head is a deferred step's result");
+
+/* A deferred step with a scaler: the update, skipped on the device by the record's inf flag, and
+ * the record handed to the host through the optimizer's ring. */
+static gt_status deferred_update(gt_model *model, const gt_step_config *cfg) {
+    const gt_step_record *record = gt_step_device_record(model, cfg->record);
+    GT_TRY(gt_optimizer_step_deferred(cfg->optimizer, &record->found_inf, cfg->lrs, record,
+                                      offsetof(gt_step_record, sumsq_totals)));
+    GT_TRY(gt_model_refresh_lowp(model));
+    model->step++;
+    return GT_OK;
+}
+
 static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                             const gt_step_config *cfg, gt_step_result *out) {
     GT_TRY(check_batch(inputs, targets, cfg->micro_batches));
@@ -288,6 +316,8 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
         if (cfg->max_grad_norm > 0.0)
             grad_coef = gt_clip_coef(cfg->max_grad_norm, out->grad_norm);
     }
+    if (cfg->deferred && scaler)  /* the device decides and counts; the host resolves it later */
+        return deferred_update(model, cfg);
     out->outlier = !found_inf && is_outlier(cfg, out);
     out->skipped = found_inf || out->outlier;
     if (!out->skipped && cfg->optimizer) {

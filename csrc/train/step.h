@@ -28,11 +28,17 @@ typedef struct gt_step_config {
                                   norm <= guard_grad_norm (a NaN is not); the norm is computed */
     double guard_loss;         /* the largest loss the guard lets update (DBL_MAX: any finite one) */
     double guard_grad_norm;    /* the largest unscaled gradient L2 norm the guard lets update */
-    int deferred;              /* 1 (a device model, without scaler or guard): the step waits for
-                                  nothing (clipping is decided on the device, which leaves the
-                                  gradients clipped); its loss and norm stay in step record
-                                  `record` (gt_step_read_record), the result's are NaN */
+    int deferred;              /* 1 (a device model, without guard): the step waits for nothing
+                                  (clipping is decided on the device, which leaves the gradients
+                                  clipped); its loss and norm stay in step record `record`
+                                  (gt_step_read_record), the result's are NaN. With a scaler the
+                                  update is gt_optimizer_step_deferred's, the record handed to the
+                                  host through the optimizer's ring, and the host's scaler is not
+                                  updated (the caller resolves the step: gt_optimizer_deferred_result) */
     int record;                /* which of the GT_STEP_RECORDS records a device step writes */
+    const double *lrs;         /* deferred with a scaler: (GT_OPTIM_RING, groups) lr of each group for
+                                  the next updates (gt_optimizer_step_deferred), or NULL: the groups' */
+    size_t lrs_len;            /* entries of lrs */
     gt_comm *comm;             /* data parallelism: the batch is this rank's share of comm->size
                                   equal shares; gradients and losses are summed over the ranks
                                   (rank order) before the inf check, the norm and the update;

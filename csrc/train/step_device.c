@@ -41,6 +41,11 @@ gt_status gt_step_device_scale(gt_model *model, const gt_scaler *scaler, const f
     return GT_OK;
 }
 
+const float *gt_step_device_own_scale(gt_model *model) {
+    model->scaler_mirrored = 0;  /* the host's scaler is not the device's until every step is resolved */
+    return &scratch_of(model)->scaler.scale;
+}
+
 gt_status gt_step_device_unscale(gt_model *model) {
     gt_scaler *state = &scratch_of(model)->scaler;
     gt_step_record *record = current(model);

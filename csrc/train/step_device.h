@@ -31,6 +31,10 @@ gt_status gt_step_device_begin(gt_model *model, int record);
  * update(new_scale), another scaler, a failed step or a guard's outlier). */
 gt_status gt_step_device_scale(gt_model *model, const gt_scaler *scaler, const float **scale);
 
+/* The device's loss scaler for a deferred step while earlier ones are unresolved: the host's
+ * scaler lags the device's (whose updates are the ones to come), so nothing is queued in. */
+const float *gt_step_device_own_scale(gt_model *model);
+
 /* Queues gt_scaler_unscale_check on the (num_params,) gradient arena with the device's scaler
  * (as gt_step_device_scale left it), setting the record's inf flag, then the scaler's
  * growth/backoff from that flag on the device (core/scaler_rules.h). */

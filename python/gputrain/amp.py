@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import numbers
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -121,7 +121,7 @@ class GradScaler(_C.Scaler):
     gradients, and `step()` returning whether the step was skipped.
     """
 
-    __slots__ = ("_arrays_found_inf", "_per_optimizer_states")
+    __slots__ = ("_arrays_found_inf", "_per_optimizer_states", "_resolve_deferred")
 
     def __init__(
         self,
@@ -139,6 +139,7 @@ class GradScaler(_C.Scaler):
                          bool(enabled), min_scale=min_scale)
         self._per_optimizer_states: dict[int, _IterationState] = {}
         self._arrays_found_inf: bool | None = None  # unscale_arrays() results this iteration
+        self._resolve_deferred: Callable[[], None] | None = None  # TrainStep(sync=False): resolves its steps
 
     def scale(self, outputs: Any) -> Any:
         """Multiply a loss (float, NumPy float scalar or array, or a list/tuple of them) by the scale.
@@ -276,7 +277,10 @@ class GradScaler(_C.Scaler):
         return self._enabled
 
     def state_dict(self) -> dict[str, Any]:
-        """PyTorch's five entries (scale, factors, interval, _growth_tracker); {} when disabled."""
+        """PyTorch's five entries (scale, factors, interval, _growth_tracker); {} when disabled.
+        Resolves the sync=False steps in flight first (their updates of the scale)."""
+        if self._resolve_deferred is not None:
+            self._resolve_deferred()
         if not self._enabled:
             return {}
         return {

@@ -16,14 +16,23 @@ add_param_group, state_dict, model(x), scaler.update(), EMA.update(), ...) raise
 "... is in use by another thread" instead of racing with it.
 
 Syncs: on a device model a step waits once, for its small result record (loss, norm, inf flag).
-With ``sync=False`` (no GradScaler or spike guard, which decide the update from that record on
-the host; inputs as DeviceArrays) it waits for nothing: max_grad_norm's clip is decided on the
+With ``sync=False`` (no spike guard, which decides the update from that record on the host;
+inputs as DeviceArrays) it waits for nothing. With a GradScaler (the optimizer's whole state on
+the device, a scheduler that is a pure function of the step such as LambdaLR) the device skips or
+applies each update from its inf flag and updates its own scaler; the host resolves the steps in
+order from their records (its scaler, the optimizer's step counts, scheduler.step() when the
+update ran) once their events completed, waiting only when 7 are unresolved; reading an output,
+step.synchronize(), or the scaler's or optimizer's state_dict() resolves them first, and changing
+the scaler or the optimizer's hyperparameters while steps are in flight is refused. Without a
+scaler: max_grad_norm's clip is decided on the
 device (which leaves the gradients clipped in place, as torch's clip_grad_norm_ does), and the
 returned output reads the record when one of its fields is first read; a step reads the record
 of the step two calls before it only if that output is still alive and unread (the device keeps
 two records).
 An error of the queued work (a target out of range) then surfaces when a record is read, after
-the updates queued behind it have run.
+the updates queued behind it have run. With a GradScaler the records come back behind events, which
+carry no error: it surfaces at the next synchronous read of the device (the parameters, a model
+state_dict(), a sync=True step).
 
 Ctrl-C: a step on the main thread (with Python's default SIGINT handler) notices the interrupt
 between micro-batches and between a micro-batch's forward and backward, abandons the step before
@@ -56,6 +65,28 @@ from gputrain.nn.sequence import pack_for
 from gputrain.optim.optimizer import Optimizer
 
 PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+_RING = 8  # GT_OPTIM_RING: sync=False steps with a scaler in flight at most
+
+
+def _scaler_state(scaler: GradScaler) -> tuple[Any, ...]:
+    """The scaler's state, read without resolving steps in flight."""
+    return (scaler._scale, scaler._growth_tracker, scaler._growth_factor, scaler._backoff_factor,
+            scaler._growth_interval, scaler.min_scale, scaler.skipped_steps, scaler.consecutive_skipped_steps)
+
+
+def _check_deferrable(optimizer: Any, scheduler: Any) -> None:
+    """sync=False with a GradScaler: the device decides each update from its inf flag, with constants
+    the host computed before; refuses what would need the result on the host first."""
+    if optimizer is None:
+        raise ValueError("optimizer: sync=False with a GradScaler needs an optimizer (its deferred steps resolve "
+                         "the scaler's updates)")
+    if getattr(optimizer, "cpu_offload_fraction", 0.0):
+        raise ValueError("cpu_offload_fraction: sync=False with a GradScaler needs the whole optimizer state on the "
+                         "device (cpu_offload_fraction=0); use sync=True with offload")
+    if scheduler is not None and not callable(getattr(scheduler, "lrs_ahead", None)):
+        raise ValueError(f"scheduler: sync=False with a GradScaler needs a schedule that is a pure function of the "
+                         f"step (gputrain.optim.LambdaLR and Hugging Face's schedules: lrs_ahead), not "
+                         f"{type(scheduler).__name__}")
 
 
 @dataclass(frozen=True)
@@ -261,12 +292,14 @@ class TrainStep:
             raise TypeError(f"spike_guard must be a gputrain.SpikeGuard or None, not {type(spike_guard).__name__}")
         if not isinstance(sync, bool):
             raise TypeError(f"sync must be a bool, not {type(sync).__name__}")
-        if not sync and (scaler is not None or spike_guard is not None):
-            raise ValueError("sync=False: a GradScaler and a spike guard decide the update from the step's result "
-                             "on the host; use sync=True (one wait per step) with them")
+        if not sync and spike_guard is not None:
+            raise ValueError("spike_guard: sync=False cannot take a spike guard, which decides the update from the "
+                             "step's result on the host; use sync=True (one wait per step) with it")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"scheduler must have a step() method (e.g. gputrain.optim.LambdaLR) or be None, "
                             f"not {type(scheduler).__name__}")
+        if not sync and scaler is not None and scaler.is_enabled():
+            _check_deferrable(optimizer, scheduler)
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -280,6 +313,8 @@ class TrainStep:
         self.sync = sync
         self._calls = 0  # sync=False steps so far (step k writes device record k % 2)
         self._unread: list[weakref.ref[DeferredStepOutput] | None] = [None, None]  # by record
+        self._in_flight: deque[DeferredStepOutput] = deque()  # sync=False with a scaler: unresolved, oldest first
+        self._expected: tuple[Any, ...] = ()  # the scaler's and optimizer's state the steps in flight assume
         if tf32 is not None:
             backends.set_tf32(tf32)
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
@@ -323,6 +358,8 @@ class TrainStep:
             x = pack_for(self.model, x, attention_mask, token_type_ids)
         self._check_optimizer()
         if not self.sync and self.model.compiled.device != "cpu":
+            if self.scaler is not None and self.scaler.is_enabled():
+                return self._deferred_scaled_step(x, y)
             return self._deferred_step(x, y)
         scale_before = self.scaler.get_scale() if self.scaler is not None else None
         guard = self.spike_guard
@@ -371,10 +408,89 @@ class TrainStep:
         self._unread[record] = weakref.ref(out)
         return out
 
+    # -- sync=False with a GradScaler: the device decides, the host resolves in order ----------
+    def _deferred_scaled_step(self, x: Any, y: Any) -> DeferredStepOutput:
+        """A sync=False step with a scaler: the update is skipped or applied on the device (its inf
+        flag), with the device's scaler and the lrs of the next updates; the host resolves it (its
+        scaler's update, the optimizer's step counts, scheduler.step() when the update ran) once
+        its record is back, waiting only when GT_OPTIM_RING - 1 steps are unresolved."""
+        core = getattr(self.optimizer, "_core", None)
+        if not isinstance(core, _C.ModelOptimizer):
+            raise ValueError("optimizer: sync=False with a GradScaler needs the optimizer of the model's "
+                             "parameters on its device")
+        if self._in_flight and self._state() != self._expected:
+            raise ValueError("scaler: the GradScaler or the optimizer's hyperparameters changed while sync=False "
+                             "steps were in flight; call step.synchronize() before changing them")
+        self._resolve(wait=False)
+        while core.pending >= _RING - 1:
+            self._resolve_oldest(wait=True)
+        lrs = np.asarray(self.scheduler.lrs_ahead(_RING), np.float64) if self.scheduler is not None else None
+        record = self._calls % 2
+        _C.train_step(self.model.compiled, x, y, self.loss_fn._spec(), micro_batches=self.gradient_accumulation_steps,
+                      set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
+                      want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, scaler=self.scaler, sync=False,
+                      record=record, comm=distributed.communicator(), lrs=lrs)
+        self._calls += 1
+        if not self._in_flight:
+            self._expected = self._state()
+            self.scaler._resolve_deferred = self.optimizer._resolve_deferred = self.synchronize
+        out = DeferredStepOutput(lambda: self._read_scaled(out))
+        self._in_flight.append(out)
+        return out
+
+    def _state(self) -> tuple[Any, ...]:
+        """What the steps in flight assume unchanged: the scaler's state and the optimizer's
+        hyperparameters (the lr only without a scheduler, which sets it as steps resolve)."""
+        skip = {"lr"} if self.scheduler is not None else set()
+        groups = [{k: v for k, v in self.optimizer._hparams(g).items() if k not in skip}
+                  for g in self.optimizer.param_groups]
+        return _scaler_state(self.scaler), groups
+
+    def _resolve_oldest(self, wait: bool) -> bool:
+        """Resolves the oldest step in flight once its record is back (wait: waits for it)."""
+        core = self.optimizer._core
+        record = core.deferred_result(wait)
+        if record is None:
+            return False
+        out = self._in_flight.popleft()
+        found_inf = record["found_inf"]
+        scale = self.scaler.get_scale()
+        self.scaler._update(found_inf)
+        self.scaler._warn_if_below_one(scale)
+        core.resolve(not found_inf)
+        if not found_inf and self.scheduler is not None:
+            self.scheduler.step()
+        want_norm = self.log_grad_norm or self.max_grad_norm > 0
+        norm = math.sqrt(record["grad_sumsq"]) if want_norm and not found_inf else math.nan
+        out._out = StepOutput(loss=record["loss_sum"] / self.gradient_accumulation_steps, grad_norm=norm,
+                              skipped=found_inf, scale=scale)
+        out._read = None
+        self._expected = self._state()
+        if not self._in_flight:
+            self.scaler._resolve_deferred = None
+            del self.optimizer._resolve_deferred
+        return True
+
+    def _resolve(self, wait: bool, through: DeferredStepOutput | None = None) -> None:
+        """Resolves the steps whose records are back (wait: all of them, or those up to `through`)."""
+        while self._in_flight and (through is None or through._out is None):
+            if not self._resolve_oldest(wait):
+                return
+
+    def _read_scaled(self, out: DeferredStepOutput) -> dict[str, Any]:
+        self._resolve(wait=True, through=out)
+        assert out._out is not None
+        return dict(out._out.__dict__)
+
+    def synchronize(self) -> None:
+        """Resolves every sync=False step in flight (waits for the last one's record)."""
+        self._resolve(wait=True)
+
     def __getstate__(self) -> dict[str, Any]:
         """copy.deepcopy and pickle: everything but the cache of the last optimizer check and the
-        outputs of deferred steps."""
-        return {**self.__dict__, "_checked": (), "_unread": [None, None]}
+        outputs of deferred steps (resolved first)."""
+        self.synchronize()
+        return {**self.__dict__, "_checked": (), "_unread": [None, None], "_in_flight": deque(), "_expected": ()}
 
     def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
         """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).

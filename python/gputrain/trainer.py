@@ -298,12 +298,16 @@ class Trainer:
         """HF: steps given as a ratio in (0, 1) are that share of max_steps, rounded up."""
         return math.ceil(max_steps * value) if value < 1 else int(value)
 
-    def _make_optimizer(self) -> Any:
+    def _param_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups (lists of Parameters: nothing allocated)."""
         args = self.args
         if args.llrd is not None:
-            groups = param_groups_llrd(self.model, args.learning_rate, args.llrd, args.weight_decay)
-        else:
-            groups = param_groups_weight_decay(self.model, args.weight_decay)
+            return param_groups_llrd(self.model, args.learning_rate, args.llrd, args.weight_decay)
+        return param_groups_weight_decay(self.model, args.weight_decay)
+
+    def _make_optimizer(self) -> Any:
+        args = self.args
+        groups = self._param_groups()
         if args.optim == "sgd":
             return SGD(groups, lr=args.learning_rate)
         return AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
@@ -348,8 +352,9 @@ class Trainer:
         rows = group // _micro_batches(group, micro_cap or group)
         kind = "sgd" if args.optim == "sgd" else "adamw"
         shards = distributed.get_world_size() if args.zero_stage else 1  # ZeRO-1: one rank's share
-        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), cpu_offload_fraction=offload,
-                                     zero_shards=shards)
+        groups = ({},) * len(self._param_groups())  # a device optimizer's update table has a row per group
+        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), groups,
+                                     cpu_offload_fraction=offload, zero_shards=shards)
         return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
                                 checkpointing=args.gradient_checkpointing, optimizer=optimizer,
                                 ema=args.ema_decay is not None, scaler=args.fp16,

@@ -80,6 +80,8 @@ def check_offload_fraction(fraction: Any) -> float:
 class Optimizer:
     """Base class of the fused optimizers (PyTorch's torch.optim.Optimizer interface)."""
 
+    _resolve_deferred: Callable[[], None] | None = None  # TrainStep(sync=False) with a scaler: resolves its steps
+
     _kind: ClassVar[str] = ""
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, numerics: str = "exact",
@@ -366,7 +368,10 @@ class Optimizer:
 
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's layout: {'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}.
-        With zero_stage=1 the whole state, gathered on every rank (every rank calls it)."""
+        With zero_stage=1 the whole state, gathered on every rank (every rank calls it). Resolves
+        the TrainStep(sync=False) steps in flight first (their step counts and schedule)."""
+        if self._resolve_deferred is not None:
+            self._resolve_deferred()
         state = {}
         for index, (raw, p) in enumerate(zip(self._raw_states(), self._params())):
             exported = self._export_state(raw, p.shape)

@@ -74,6 +74,19 @@ class LambdaLR:
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
+    def lrs_ahead(self, count: int) -> list[list[float]]:
+        """The lr of every group for each of the next `count` updates, without stepping: row 0
+        is the groups' lr now (what the next update uses), row j what j step() calls would set,
+        initial_lr * lr_lambda(last_epoch + j). A deferred training step (TrainStep(sync=False)
+        with a GradScaler) hands these to the device, which picks the row of the updates that
+        ran; the lambdas must be pure functions of the step (Hugging Face's schedules are)."""
+        count = integer(count, "count", 1, 2**31 - 1)
+        rows = [[group["lr"] for group in self.optimizer.param_groups]]
+        for j in range(1, count):
+            epoch = self.last_epoch + j
+            rows.append([base * fn(epoch) for base, fn in zip(self.base_lrs, self.lr_lambdas)])
+        return rows
+
     def get_last_lr(self) -> list[float]:
         """The learning rates the last step() set."""
         return list(self._last_lr)
