@@ -63,18 +63,22 @@ static PyObject *optimizer_memory_to_dict(gt_device device, const gt_optimizer_m
 
 static PyObject *optimizer_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"kind", "numels", "hparams", "device", "cpu_offload_fraction",
-                               "offload_chunk_numel", NULL};
+                               "offload_chunk_numel", "zero_shards", NULL};
     const char *kind = NULL;
     PyObject *numels_obj, *hparams_obj, *device_obj = Py_None;
     double fraction = 0.0;
     Py_ssize_t chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOO|$Odn:optimizer_plan", keywords, &kind, &numels_obj,
-                                     &hparams_obj, &device_obj, &fraction, &chunk))
+    int shards = 1;  // ZeRO-1: numels are one rank's shard of this many (a shard never defers its update)
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOO|$Odni:optimizer_plan", keywords, &kind, &numels_obj,
+                                     &hparams_obj, &device_obj, &fraction, &chunk, &shards))
         return NULL;
-    gt_optimizer_config config = {.cpu_offload_fraction = fraction, .offload_chunk_numel = (size_t)chunk};
+    gt_optimizer_config config = {.cpu_offload_fraction = fraction, .offload_chunk_numel = (size_t)chunk,
+                                  .zero_size = shards > 1 ? shards : 0};
     size_t total = 0;
     if (chunk < 0)
         return PyErr_Format(PyExc_ValueError, "offload_chunk_numel must be >= 0, got %zd", chunk);
+    if (shards < 1)
+        return PyErr_Format(PyExc_ValueError, "zero_shards must be >= 1, got %d", shards);
     if (parse_optim_kind(kind, &config.kind) < 0 ||
         gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &config.device) < 0 ||
         sum_numels(module, numels_obj, &total) < 0)
@@ -159,8 +163,10 @@ static PyObject *loader_plan(PyObject *module, PyObject *args, PyObject *kwargs)
 
 static PyMethodDef memory_plan_methods[] = {
     {"optimizer_plan", (PyCFunction)(void (*)(void))optimizer_plan, METH_VARARGS | METH_KEYWORDS,
-     "optimizer_plan(kind, numels, hparams, *, device='cpu', cpu_offload_fraction=0.0, offload_chunk_numel=0)\n--\n\n"
-     "Bytes an Optimizer of these parameter sizes and groups will reserve, on the device and pinned."},
+     "optimizer_plan(kind, numels, hparams, *, device='cpu', cpu_offload_fraction=0.0, offload_chunk_numel=0,\n"
+     "               zero_shards=1)\n--\n\n"
+     "Bytes an Optimizer of these parameter sizes and groups will reserve, on the device and pinned\n"
+     "(zero_shards > 1: numels are one rank's ZeRO-1 shard)."},
     {"ema_plan", (PyCFunction)(void (*)(void))ema_plan, METH_VARARGS | METH_KEYWORDS,
      "ema_plan(numels, *, device='cpu', on_host=False)\n--\n\nThe pool and bytes an EMA's shadow will reserve."},
     {"loader_plan", (PyCFunction)(void (*)(void))loader_plan, METH_VARARGS | METH_KEYWORDS,

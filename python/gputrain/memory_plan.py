@@ -192,7 +192,8 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     if optimizer is not None:
         memory = _C.optimizer_plan(optimizer.kind, optimizer.per_rank_numels(), list(optimizer.hparams), device=device,
                                    cpu_offload_fraction=optimizer.cpu_offload_fraction,
-                                   offload_chunk_numel=optimizer.offload_chunk_numel)
+                                   offload_chunk_numel=optimizer.offload_chunk_numel,
+                                   zero_shards=optimizer.zero_shards)
         _add(regions, device, "optimizer_state", memory["device_bytes"])
         _add(regions, "pinned", "optimizer_offload", memory["pinned_bytes"])
     if ema:
