@@ -8,22 +8,17 @@ and allocate nothing (gt.device_counters); a checkpoint moves between a sim and 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
 import gputrain as gt
 from gputrain.data.transfer import DeviceArray
+from _sim_child import run_with_sim_delays
 from test_sim_knobs import assert_same_bits, make_model
 
 # the CPU run's loader warns that no accelerator pins its memory
 pytestmark = [pytest.mark.sim, pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")]
 nn = gt.nn
-TESTS = os.path.dirname(os.path.abspath(__file__))
 ROWS, BATCH, ACCUMULATION = 1024, 128, 4
 
 
@@ -124,11 +119,7 @@ def test_the_recipe_matches_the_cpu_with_random_stream_delays():
     memory: the next step's forward racing the offload's copies back (copy_stream.c's
     gt_copy_stream_before_compute), or a host EMA averaging its staging before the parameters'
     copy landed (ema.c's wait_staged, when the swap or copy_to right after an update needs the average)."""
-    env = dict(os.environ, GPUTRAIN_SIM_DELAY_US="300")
-    env["PYTHONPATH"] = os.pathsep.join([TESTS, *sys.path])
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(DELAYED)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_with_sim_delays(DELAYED)
 
 
 @pytest.mark.parametrize("ema", ["device", "host"])

@@ -9,14 +9,11 @@ gives the CPU's bits with sync=True, with no wait and no allocation while steps 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import gputrain as gt
+from _sim_child import run_with_sim_delays
 from test_sim_step import batch, make_model
 
 nn = gt.nn
@@ -80,10 +77,7 @@ def test_with_delays_the_bits_are_the_same():
             "cpu, sim = t.run('cpu', 'adamw'), t.run('sim', 'adamw')\n"
             "assert sim[0] == cpu[0] and sim[2] == cpu[2], (sim[0], cpu[0])\n"
             "np.testing.assert_array_equal(sim[1], cpu[1])\n")
-    env = dict(os.environ, GPUTRAIN_SIM_DELAY_US="300")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), *sys.path])
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_with_sim_delays(code)
 
 
 def test_state_dicts_resolve_the_steps_in_flight_first():

@@ -7,10 +7,6 @@ the updates that ran, with the lr of update u = schedule[u], and no wait or allo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -20,6 +16,7 @@ from gputrain.nn import Parameter
 from gputrain.optim import SGD, AdamW, get_cosine_schedule_with_warmup
 
 from _optim_reference import ulp_diff
+from _sim_child import run_with_sim_delays
 
 DEVICES = [pytest.param("cuda:0", marks=pytest.mark.cuda), pytest.param("sim:0", marks=pytest.mark.sim)]
 SIZES = [7, 1000, 33, 5001, 16]
@@ -105,10 +102,7 @@ def test_with_delays_the_bits_are_the_same():
             "    expected, _ = t.reference(*case, t.FLAGS, lrs)\n"
             "    result, _ = t.deferred(*case, t.FLAGS, lr_schedule=lrs, lag=t.RING - 1)\n"
             "    assert ulp_diff(result, expected) == 0\n")
-    env = dict(os.environ, GPUTRAIN_SIM_DELAY_US="300")
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), *sys.path])
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_with_sim_delays(code)
 
 
 def counters(steps: int) -> dict:

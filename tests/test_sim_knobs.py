@@ -8,19 +8,14 @@ and a sim run. Each is compared with the same run on the CPU bit for bit."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
 import gputrain as gt
+from _sim_child import run_with_sim_delays
 
 pytestmark = pytest.mark.sim
 nn = gt.nn
-TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def make_model(seed=11):
@@ -302,11 +297,7 @@ def test_the_recipe_on_sim_matches_the_cpu_with_random_delays():
     gt_copy_stream_after_compute); with the stream workers delayed at random, a copy that did
     not wait would read the gradients before the backward wrote them. Without clipping or a
     scaler nothing else orders them (the norm and the inf check wait for the device)."""
-    env = dict(os.environ, GPUTRAIN_SIM_DELAY_US="300")
-    env["PYTHONPATH"] = os.pathsep.join([TESTS, *sys.path])
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(RECIPE)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_with_sim_delays(RECIPE)
 
 
 def test_the_recipe_counts_its_device_work_per_step():
