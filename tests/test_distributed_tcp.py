@@ -413,6 +413,54 @@ def test_a_world_of_one_needs_no_store(torchrun_env, monkeypatch):
     assert (dist.get_rank(), dist.get_world_size(), dist.communicator()) == (0, 1, None)
 
 
+def test_a_store_that_fails_tells_the_rank_that_joined_why():
+    """Rank 1 joins with WORLD_SIZE=3, rank 0 (a thread here) has 2: both raise at once, and rank
+    1 says what rank 0 refused instead of "the other side closed the connection"."""
+    import threading
+    from gputrain.distributed import _tcp
+    port, errors = free_port(), []
+
+    def rank0() -> None:
+        try:
+            _tcp.connect(_tcp.TcpEnv(0, 2, 0, "127.0.0.1", port), 20.0)
+        except Exception as error:  # noqa: BLE001 (recorded for the assertion)
+            errors.append(error)
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"rank 1: rank 0's store failed: ValueError: WORLD_SIZE/RANK: a rank "
+                                              r"joined as rank 1 of 3; rank 0 has WORLD_SIZE=2"):
+        _tcp.connect(_tcp.TcpEnv(1, 3, 1, "127.0.0.1", port), 20.0)
+    thread.join(timeout=20)
+    assert len(errors) == 1 and isinstance(errors[0], ValueError) and time.monotonic() - started < 10
+
+
+def test_the_launchers_notices_name_the_rank_that_exited():
+    """The pipe that gputrain.distributed.run gives each rank: read only by the launcher's own
+    child (the pid in the variable is its parent), and a notice of an exit fails the wait on a
+    socket at once."""
+    from gputrain.distributed import _tcp
+    read, write = os.pipe()
+    try:
+        assert _tcp._Notices({_tcp.NOTICES_VAR: f"{os.getppid() + 1}:{read}"}).fd is None  # a grandchild
+        assert _tcp._Notices({_tcp.NOTICES_VAR: f"{os.getppid()}:{write + 1000}"}).fd is None  # not open
+        notices = _tcp._Notices({_tcp.NOTICES_VAR: f"{os.getppid()}:{read}"})
+        assert notices.fd == read and not os.get_inheritable(read)
+        notices.check("waiting")  # nothing yet
+        a, b = socket.socketpair()
+        with a, b:
+            os.write(write, b"2 0\n")
+            started = time.monotonic()
+            with pytest.raises(ConnectionError, match=r"waiting: rank 2 exited \(status 0\) before the ranks"):
+                notices.wait(a, time.monotonic() + 30.0, "waiting")
+            assert time.monotonic() - started < 5
+        with pytest.raises(ConnectionError, match="rank 2 exited"):  # remembered
+            notices.check("waiting")
+    finally:
+        os.close(read), os.close(write)
+
+
 def test_backend_is_checked_and_chosen(torchrun_env, monkeypatch):
     with pytest.raises(ValueError, match="backend must be None, 'mpi' or 'tcp'"):
         dist.init(backend="nccl")

@@ -225,6 +225,15 @@ def _connect_peer(host: str, port: int, deadline: float, what: str) -> socket.so
                               "that rank exited or gave up after it joined the store") from None
 
 
+def _refuse(sock: socket.socket, error: BaseException) -> None:
+    """Tells a rank that joined why the rendezvous failed (instead of its table), then closes."""
+    try:
+        _send_json(sock, {"error": f"{type(error).__name__}: {error}"})
+    except OSError:
+        pass
+    sock.close()
+
+
 def _store_serve(listener: socket.socket, env: TcpEnv, deadline: float,
                  notices: _Notices) -> list[socket.socket | None]:
     """Rank 0: the other ranks join; each gets the table of (host, port) of every rank. When the
@@ -235,11 +244,7 @@ def _store_serve(listener: socket.socket, env: TcpEnv, deadline: float,
     except BaseException as error:
         for sock in peers:
             if sock is not None:
-                try:
-                    _send_json(sock, {"error": f"{type(error).__name__}: {error}"})
-                except OSError:
-                    pass
-                sock.close()
+                _refuse(sock, error)
         raise
 
 
@@ -258,10 +263,12 @@ def _serve(listener: socket.socket, env: TcpEnv, deadline: float, peers: list[so
             sock.close()
             raise ConnectionError(f"rank 0: something that is not a gputrain rank connected to MASTER_PORT="
                                   f"{env.master_port}")
-        if size != env.world_size or not 0 < rank < size or peers[rank] is not None:
-            sock.close()
-            raise ValueError(f"WORLD_SIZE/RANK: a rank joined as rank {rank} of {size}; rank 0 has WORLD_SIZE="
-                             f"{env.world_size}" + (" and that rank already joined" if peers[rank] else ""))
+        if size != env.world_size or not 0 < rank < env.world_size or peers[rank] is not None:
+            error = ValueError(f"WORLD_SIZE/RANK: a rank joined as rank {rank} of {size}; rank 0 has WORLD_SIZE="
+                               f"{env.world_size}" + (" and that rank already joined"
+                                                      if 0 < rank < env.world_size and peers[rank] else ""))
+            _refuse(sock, error)
+            raise error
         peers[rank], table[rank] = sock, (sock.getpeername()[0], port)
     notices.check(f"rank 0: all {env.world_size} ranks joining the store")  # one joined, then exited
     for sock in peers[1:]:
