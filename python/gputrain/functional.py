@@ -618,8 +618,10 @@ def cross_entropy(logits: np.ndarray, targets: Any, label_smoothing: float = 0.0
 
     PyTorch semantics: ``loss_r = (1 - e) * nll_r + e * mean_j(-log p_rj)`` with
     ``e = label_smoothing``; rows whose target equals ``ignore_index`` count for nothing (the
-    mean is over the other rows; NaN when there are none). ``dlogits`` (logits' dtype) is
-    ``dloss_scale`` times the gradient of the mean loss. Targets out of range raise IndexError.
+    mean is over the other rows; NaN when there are none, as in PyTorch, with a zero ``dlogits``;
+    a TrainStep reports 0.0 for such a micro-batch instead: see gputrain.step). ``dlogits``
+    (logits' dtype) is ``dloss_scale`` times the gradient of the mean loss. Targets out of range
+    raise IndexError.
     """
     (logits_act,) = _acts(dtype, logits=logits)
     if logits_act.raw.ndim != 2:
