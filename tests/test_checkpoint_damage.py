@@ -204,6 +204,8 @@ DAMAGE = [
     ("optimizer steps a list", "optimizer.json", lambda d: edit_json(d, "optimizer.json", set_key(["steps"], []))),
     ("optimizer step beyond global_step", "optimizer.json",
      lambda d: edit_json(d, "optimizer.json", set_key(["steps", "0"], 99.0))),
+    ("optimizer amsgrad turned on", "optimizer.json",
+     lambda d: edit_json(d, "optimizer.json", set_key(["param_groups", 0, "amsgrad"], True))),
     ("optimizer state of a wrong shape", "optimizer", lambda d: rewrite_arrays(
         d, "optimizer.safetensors", lambda a: a.update({"0.exp_avg": np.zeros((3, 3), np.float32)}))),
     ("scheduler garbage", "scheduler.json", lambda d: replace_json(
@@ -339,13 +341,84 @@ def test_legacy_checkpoint_resumes_exactly_with_a_warning(saved, tmp_path):
         assert np.array_equal(resumed.model.state_dict()[name], value), name
 
 
-def test_checkpoint_error_is_a_value_error_naming_file_and_field(saved, tmp_path, target):
+@pytest.mark.parametrize("damage, file, field", [
+    (lambda d: edit_json(d, "trainer_state.json", set_key(["global_step"], "five")), "trainer_state.json",
+     "global_step"),
+    (lambda d: edit_json(d, "gputrain_state.json", set_key(["loader", "next_batch"], "x")), "gputrain_state.json",
+     "loader.next_batch"),
+    (lambda d: edit_json(d, "scaler.json", set_key(["scale"], 0.0)), "scaler.json", "scale"),
+    (lambda d: edit_json(d, "optimizer.json", set_key(["param_groups", 0, "amsgrad"], True)),
+     "optimizer.json / optimizer.safetensors", "param_groups[0].amsgrad"),
+    (lambda d: edit_header(d, "model.safetensors", retype_f32_as_i32), "model.safetensors", "0.bias"),
+], ids=["trainer_state", "loader", "scaler", "optimizer", "model"])
+def test_checkpoint_error_is_a_value_error_naming_file_and_field(saved, tmp_path, target, damage, file, field):
     directory = copy_of(saved, tmp_path)
-    edit_json(directory, "trainer_state.json", set_key(["global_step"], "five"))
+    damage(directory)
     rewrite_manifest(directory)
     with pytest.raises(ValueError) as caught:
         target.train(resume_from_checkpoint=directory)
     error = caught.value
     assert isinstance(error, gt.CheckpointError)
-    assert (error.file, error.field) == ("trainer_state.json", "global_step")
-    assert str(error) == f"{os.path.join(directory, 'trainer_state.json')}: global_step: must be an int, got 'five'"
+    assert (error.directory, error.file, error.field) == (directory, file, field)
+    assert str(error).startswith(f"{os.path.join(directory, file)}: {field}: ")
+
+
+def json_leaves(value, path=()):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_leaves(item, (*path, key))
+    elif isinstance(value, list) and value:
+        for index, item in enumerate(value):
+            yield from json_leaves(item, (*path, index))
+    else:
+        yield path
+
+
+GARBAGE = ["x", [], {}, None, -1, -1.5, 1e300, float("nan"), True, 0, 10**20, [1, 2], {"a": 1}]
+JSON_FILES = ["optimizer.json", "scheduler.json", "scaler.json", "ema.json", "gputrain_state.json",
+              "trainer_state.json"]
+
+
+def random_damage(directory, rng):
+    """One random field of one JSON file replaced by garbage (manifest rewritten), or one byte of
+    a safetensors header flipped in a checkpoint without a manifest."""
+    if rng.random() < 0.25:
+        make_legacy(directory)
+        path = os.path.join(directory, str(rng.choice(["model.safetensors", "optimizer.safetensors"])))
+        data = bytearray(read_bytes(path))
+        data[8 + int(rng.integers(0, struct.unpack("<Q", data[:8])[0]))] ^= 1 << int(rng.integers(0, 8))
+        write_bytes(path, bytes(data))
+        return
+    name = str(rng.choice(JSON_FILES))
+    with open(os.path.join(directory, name)) as f:
+        value = json.load(f)
+    leaves = [*json_leaves(value), ()]
+    path, garbage = leaves[int(rng.integers(len(leaves)))], GARBAGE[int(rng.integers(len(GARBAGE)))]
+    if path:
+        set_key(list(path), garbage)(value)
+    replace_json(directory, name, value if path else garbage)
+    rewrite_manifest(directory)
+
+
+def test_random_damage_is_refused_whole_or_loads(saved, tmp_path):
+    """The harness's sweep, bounded: a damaged field either is a valid value (the resume goes on)
+    or raises CheckpointError with every state as it was -- never another exception."""
+    rng = np.random.default_rng(27)
+    target = make_trainer(tmp_path / "target", stop_at=2)
+    target.train()
+    refused = 0
+    for trial in range(24):
+        directory = copy_of(saved, tmp_path / str(trial))
+        random_damage(directory, rng)
+        before = fingerprint(target)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ckpt.LegacyCheckpointWarning)
+            try:
+                target._load_checkpoint(directory)  # the resume alone: no training after it
+            except gt.CheckpointError:
+                assert fingerprint(target) == before, trial
+                refused += 1
+                continue
+        target = make_trainer(tmp_path / f"target{trial}", stop_at=2)  # it resumed: a fresh target
+        target.train()
+    assert refused >= 12  # most garbage is refused (the rest: free-form log entries, valid numbers)

@@ -76,15 +76,27 @@ def _object(files: CheckpointFiles, file: str, field: str | None, value: Any,
     return value
 
 
-def _staged(files: CheckpointFiles, file: str, stage: Callable[..., Any], *args: Any) -> Any:
-    """stage(*args) -- a component's _stage_state_dict -- with its refusal as a CheckpointError."""
+def _staged(files: CheckpointFiles, file: str, stage: Callable[..., Any], *args: Any, within: str = "") -> Any:
+    """stage(*args) -- a component's _stage_state_dict -- with its refusal as a CheckpointError
+    (`within`: the field of `file` that holds the component's state)."""
     try:
         return stage(*args)
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
         if isinstance(error, CheckpointError):
             raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-        raise files.error(file, None, str(message)) from None
+        message = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+        field, message = _field_of(message)
+        field = ".".join(part for part in (within, field) if part) or None
+        raise files.error(file, field, message) from None
+
+
+def _field_of(message: str) -> tuple[str | None, str]:
+    """(field, rest) of a component's message naming an entry, e.g. "state_dict['param_groups'][0]['lr']
+    must be ..." -> ("param_groups[0].lr", "must be ..."); (None, message) when it names none."""
+    match = re.match(r"state_dict((?:\[[^\]]*\])+):? (.*)", message, re.DOTALL)
+    if match is None:
+        return None, message
+    return re.sub(r"\['([^']*)'\]", r".\1", match.group(1)).lstrip("."), match.group(2)
 
 
 # -- one check per file kind ------------------------------------------------------------------
@@ -174,7 +186,7 @@ def check_optimizer(files: CheckpointFiles, optimizer: Any, global_step: int) ->
     for index, entries in state["state"].items():
         step = entries.get("step")
         if step is not None and step > global_step:
-            raise files.error("optimizer.json", f"steps[{str(index)!r}]",
+            raise files.error("optimizer.json", f"steps.{index}",
                               f"{step} optimizer steps, more than trainer_state.json's global_step {global_step}")
     return staged, state
 
@@ -197,7 +209,7 @@ def check_scheduler(files: CheckpointFiles, scheduler: Any, global_step: int,
         for key, own in (("base_lrs", "initial_lr"), ("_last_lr", "lr")):
             if own in group and staged[key][g] != group[own]:
                 raise files.error(file, f"{key}[{g}]", f"is {staged[key][g]!r}, but optimizer.json's "
-                                                      f"param_groups[{g}]['{own}'] is {group[own]!r}")
+                                                      f"param_groups[{g}].{own} is {group[own]!r}")
     return staged
 
 
@@ -215,7 +227,7 @@ def check_scaler(files: CheckpointFiles, scaler: Any) -> Any:
 def check_loader(files: CheckpointFiles, loader: Any, state: dict[str, Any]) -> Any:
     """gputrain_state.json's "loader": the loader's checks of the position (as this world size
     reads it)."""
-    return _staged(files, f"{GPUTRAIN_STATE_NAME} (loader)", loader._stage_state_dict, state)
+    return _staged(files, GPUTRAIN_STATE_NAME, loader._stage_state_dict, state, within="loader")
 
 
 def read_and_check(trainer: Any, directory: str) -> ResumePlan:
@@ -228,8 +240,8 @@ def read_and_check(trainer: Any, directory: str) -> ResumePlan:
     optimizer, optimizer_state = check_optimizer(files, trainer.optimizer, state.global_step)
     scheduler = check_scheduler(files, trainer.lr_scheduler, state.global_step, optimizer_state)
     scaler = check_scaler(files, trainer.scaler)
-    loader_state = _staged(files, f"{GPUTRAIN_STATE_NAME} (loader)", trainer._loader_state_for_world,
-                           extra["loader"], extra["world_size"])
+    loader_state = _staged(files, GPUTRAIN_STATE_NAME, trainer._loader_state_for_world, extra["loader"],
+                           extra["world_size"], within="loader")
     loader = check_loader(files, trainer.train_dataloader, loader_state)
     return ResumePlan(state, extra, model, ema, optimizer, scheduler, scaler, loader)
 

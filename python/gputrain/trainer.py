@@ -38,8 +38,8 @@ import numpy as np
 
 from gputrain import _C, _resume, backends, distributed, memory, random
 from gputrain import checkpoint as ckpt
-from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain import memory_plan as mp
+from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain.amp import GradScaler
 from gputrain.data import DataLoader
 from gputrain.metrics import EvalPrediction, PredictionOutput
