@@ -53,7 +53,7 @@ class StopAt(gt.TrainerCallback):
             control.should_training_stop = True
 
 
-def make_trainer(output_dir, stop_at=None):
+def make_trainer(output_dir, stop_at=None, device="cpu"):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((100, 6)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
@@ -62,7 +62,7 @@ def make_trainer(output_dir, stop_at=None):
     args = gt.TrainingArguments(output_dir=str(output_dir), max_steps=MAX_STEPS, per_device_train_batch_size=8,
                                 gradient_accumulation_steps=2, learning_rate=1e-2, warmup_steps=2,
                                 lr_scheduler_type="cosine", save_strategy="steps", save_steps=5, logging_steps=2,
-                                ema_decay=0.9, fp16=True, disable_tqdm=True, seed=7)
+                                ema_decay=0.9, fp16=True, disable_tqdm=True, seed=7, device=device)
     callbacks = [Counter()] + ([StopAt(stop_at)] if stop_at else [])
     return gt.Trainer(model, args, train_dataset=(x, y), callbacks=callbacks)
 
@@ -72,7 +72,7 @@ def canonical(value):
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, dict):
-        return ("dict", tuple((repr(k), canonical(v)) for k, v in value.items()))
+        return ("dict", tuple(sorted((repr(k), canonical(v)) for k, v in value.items())))
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(canonical(v) for v in value))
     if isinstance(value, float):
@@ -80,13 +80,17 @@ def canonical(value):
     return (type(value).__name__, repr(value))
 
 
-def fingerprint(trainer):
-    """Every state a resume restores."""
+def fingerprint(trainer, timings=True):
+    """Every state a resume restores (without the logged timings of train() when asked)."""
+    state = dataclasses.asdict(trainer.state)
+    if not timings:
+        state["log_history"] = [{k: v for k, v in entry.items() if "runtime" not in k and "per_second" not in k}
+                                for entry in state["log_history"]]
     return canonical({
         "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.lr_scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
         "ema": trainer.ema.state_dict(), "loader": trainer.train_dataloader.state_dict(),
-        "trainer_state": dataclasses.asdict(trainer.state), "logging": trainer._logged, "done": trainer._done,
+        "trainer_state": state, "logging": trainer._logged, "done": trainer._done,
         "dropout_step": trainer.model.compiled.step, "micro_cap": trainer._micro_cap,
         "callbacks": [c.state_dict() for c in trainer.callback_handler.callbacks if hasattr(c, "state_dict")]})
 
@@ -422,3 +426,24 @@ def test_random_damage_is_refused_whole_or_loads(saved, tmp_path):
         target = make_trainer(tmp_path / f"target{trial}", stop_at=2)  # it resumed: a fresh target
         target.train()
     assert refused >= 12  # most garbage is refused (the rest: free-form log entries, valid numbers)
+
+
+@pytest.mark.parametrize("name", ["optimizer lr = -1", "scheduler garbage", "callback state refused",
+                                  "global_step = 'five'", "model tensor NaN", "model tensor F32 -> I32"])
+def test_damage_on_the_simulated_device_changes_nothing(tmp_path, name):
+    """A model and optimizer on a device (sim: the device code path on the CPU) keep their state
+    through a refused resume as well; the undamaged checkpoint resumes bit-identically."""
+    make_trainer(tmp_path / "saved", stop_at=5, device="sim").train()
+    directory = copy_of(str(tmp_path / "saved" / "checkpoint-5"), tmp_path)
+    dict((d[0], d[2]) for d in DAMAGE)[name](directory)
+    rewrite_manifest(directory)
+    target = make_trainer(tmp_path / "target", stop_at=2, device="sim")
+    target.train()
+    before = fingerprint(target)
+    with pytest.raises(gt.CheckpointError):
+        target.train(resume_from_checkpoint=directory)
+    assert fingerprint(target) == before
+    target.train(resume_from_checkpoint=str(tmp_path / "saved" / "checkpoint-5"))
+    straight = make_trainer(tmp_path / "straight", device="sim")
+    straight.train()
+    assert fingerprint(target, timings=False) == fingerprint(straight, timings=False)

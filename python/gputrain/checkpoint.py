@@ -126,8 +126,10 @@ def _fsync_path(path: str, directory: bool = False) -> None:
 
 def write_checkpoint(output_dir: str, step: int, write: Callable[[str], None]) -> str:
     """Creates output_dir/checkpoint-<step> atomically: `write(directory)` fills a temporary
-    directory, whose files are fsynced before it is renamed into place; returns the path.
-    An existing checkpoint of the same step is replaced."""
+    directory through save_arrays / save_json / save_text, manifest.json is written last from the
+    hashes they recorded (RuntimeError for a file written by other means), and the files are
+    fsynced before the directory is renamed into place; returns the path. An existing
+    checkpoint of the same step is replaced."""
     os.makedirs(output_dir, exist_ok=True)
     final = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
     temporary = os.path.join(output_dir, f"{_TEMPORARY_PREFIX}{step}")

@@ -19,7 +19,9 @@ labels, each micro-batch's mean over its counted rows is averaged instead.)
 
 The model's dropout stream (its seed and step), the loader's position, the optimizer, scheduler,
 scaler and EMA are all in a checkpoint, so a run stopped (or killed) and resumed ends
-bit-identical to an uninterrupted one. With ema_decay set, evaluate() and predict() run with
+bit-identical to an uninterrupted one. A resume reads and checks every file of the checkpoint
+(against its manifest.json of SHA-256s, then every field: gputrain._resume) before it changes
+anything; a damaged checkpoint raises gputrain.CheckpointError. With ema_decay set, evaluate() and predict() run with
 the averaged weights; the trained weights are what the model holds outside them, and
 save_model() writes both (model.safetensors and model_ema.safetensors).
 """
