@@ -14,6 +14,7 @@ from gputrain import models, nn, random
 from gputrain import optim
 from gputrain.step import DeferredStepOutput, SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
+from gputrain.checkpoint import CheckpointError
 from gputrain.data import DataLoader
 from gputrain._cast import cast
 from gputrain._info import info
@@ -93,6 +94,7 @@ __all__ = [
     "optim",
     "random",
     "Buffer",
+    "CheckpointError",
     "DataLoader",
     "CudaError",
     "OutOfMemoryError",
