@@ -167,7 +167,7 @@ def test_save_then_load_is_bit_exact(tmp_path, shard):
         assert index["metadata"]["total_size"] == sum(v.nbytes for v in model.state_dict().values())
     again = from_pretrained(tmp_path / "out")
     assert again.config == model.config
-    for (name, a), (other, b) in zip(model.state_dict().items(), again.state_dict().items()):
+    for (name, a), (other, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert name == other and np.array_equal(a, b), name
     np.testing.assert_array_equal(again(ref["input_ids"]), model(ref["input_ids"]))
     config = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -193,7 +193,8 @@ def test_state_dict_round_trip_and_trainer_names():
     other.load_state_dict(state)
     assert all(np.array_equal(v, other.state_dict()[k]) for k, v in state.items())
     with pytest.raises(ValueError, match=r"c_attn.weight'\]: expected shape \(64, 192\)"):
-        other.load_state_dict({**state, "transformer.h.0.attn.c_attn.weight": state["transformer.h.0.attn.c_attn.weight"].T})
+        name = "transformer.h.0.attn.c_attn.weight"
+        other.load_state_dict({**state, name: state[name].T})
 
 
 def test_gpt2model_names_and_old_buffers_load(tmp_path):
@@ -394,3 +395,39 @@ def test_rope_parameters_read_in_both_spellings():
     both = HFConfig({"rope_parameters": {"rope_theta": 1e6}, "rope_theta": 1e4}, "c.json")
     with pytest.raises(ValueError, match="rope_parameters.*disagrees"):
         both.rope_parameters()
+
+
+def test_copies_pickles_and_the_sim_device_keep_the_names():
+    import copy
+    import pickle
+
+    ref = reference(TINY)
+    model = from_pretrained(TINY)
+    state = model.state_dict()
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert list(clone.state_dict()) == list(state)
+        assert all(np.array_equal(v, state[k]) for k, v in clone.state_dict().items())
+        np.testing.assert_array_equal(clone(ref["input_ids"]), model(ref["input_ids"]))
+    on_sim = from_pretrained(TINY, device="sim")
+    assert on_sim._compiled.device.startswith("sim")
+    assert all(np.array_equal(v, state[k]) for k, v in on_sim.state_dict().items())
+    assert relative_error(on_sim(ref["input_ids"]), ref["logits"]) <= 1e-5
+    on_sim.load_state_dict({**state, "transformer.ln_f.bias": state["transformer.ln_f.bias"] + 1})
+    np.testing.assert_array_equal(on_sim.state_dict()["transformer.h.1.mlp.c_fc.weight"],
+                                  state["transformer.h.1.mlp.c_fc.weight"])
+    np.testing.assert_array_equal(on_sim.state_dict()["transformer.ln_f.bias"], state["transformer.ln_f.bias"] + 1)
+
+
+@pytest.mark.parametrize("changes", [
+    # the fields of the Hub's gpt2 config.json (transformers 4 era): n_ctx, task_specific_params, no dtype
+    {"n_ctx": 1024, "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+     "dtype": _DELETE, "pad_token_id": _DELETE, "use_cache": _DELETE, "transformers_version": _DELETE},
+    {"model_type": _DELETE},  # architectures alone picks the family
+    {"architectures": ["GPT2Model"], "_name_or_path": "gpt2", "id2label": {"0": "LABEL_0"}, "torch_dtype": "float32",
+     "dtype": _DELETE},
+])
+def test_configs_as_transformers_wrote_them_over_the_years_load(tmp_path, changes):
+    folder = copy_of(TINY, tmp_path)
+    edit_config(folder, **changes)
+    ref = reference(TINY)
+    assert relative_error(from_pretrained(folder)(ref["input_ids"]), ref["logits"]) <= 1e-5

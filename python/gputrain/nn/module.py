@@ -391,7 +391,8 @@ class Module:
         wrong shape or a NaN/infinite value (one beyond float32 included).
         """
         check_mapping(state_dict, "state_dict")
-        own = (self.state_dict() if self._on_device()
+        # Module's state_dict: the arena's layout, whatever a subclass's state_dict shows
+        own = (Module.state_dict(self) if self._on_device()
                else {n: p.data for n, p in self.named_parameters(remove_duplicate=False)})
         root = self._owner or self
         buffer_arrays = root._buffer_arrays()

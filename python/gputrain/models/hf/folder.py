@@ -193,7 +193,8 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
         raise
 
 
-def save_pretrained(model: Module, folder: str | os.PathLike, max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
+def save_pretrained(model: Module, folder: str | os.PathLike,
+                    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
     """Writes `model` as a Hugging Face folder transformers loads: config.json and the state_dict
     (Hugging Face's names and layouts, float32) in model.safetensors, or, above `max_shard_size`
     bytes (int, or '500MB', '2GiB', ...), in shards model-0000k-of-0000n.safetensors (tensors in
@@ -219,18 +220,19 @@ def save_pretrained(model: Module, folder: str | os.PathLike, max_shard_size: in
         shards[-1].append(name)
         size += array.nbytes
     files = [SINGLE] if len(shards) == 1 else shard_names(len(shards))
-    for file, names in zip(files, shards):
+    for file, names in zip(files, shards, strict=True):
         part = {name: state[name] for name in names}
         _atomic_write(os.path.join(folder, file),
                       lambda tmp, part=part: safetensors.numpy.save_file(part, tmp, metadata={"format": "pt"}))
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(a.nbytes for a in state.values())},
-                 "weight_map": {name: file for file, names in zip(files, shards) for name in names}}
+                 "weight_map": {name: file for file, names in zip(files, shards, strict=True) for name in names}}
         _atomic_write(os.path.join(folder, INDEX), lambda tmp: _write_json(tmp, index))
     _atomic_write(os.path.join(folder, "config.json"), lambda tmp: _write_json(tmp, config))
     stale = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
-    for file in os.listdir(folder):
-        if (stale.match(file) or file in (SINGLE, INDEX)) and file not in files and not (file == INDEX and len(files) > 1):
+    written = {*files, "config.json", *([INDEX] if len(files) > 1 else [])}
+    for file in os.listdir(folder):  # weight files of an earlier save
+        if (stale.match(file) or file in (SINGLE, INDEX)) and file not in written:
             os.unlink(os.path.join(folder, file))
 
 

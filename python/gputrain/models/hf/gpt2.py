@@ -148,7 +148,7 @@ class GPT2LMHeadModel(GPT):
 
     # -- the Hugging Face views GPT offers, under these names ----------------------------------
     def _gpt_state(self) -> dict[str, np.ndarray]:
-        own = super(GPT2LMHeadModel, self).state_dict()  # Module's: HF names, Linear layout
+        own = super().state_dict()  # Module's: HF names, Linear layout
         return {name: own[hf] for name, hf, _ in self._hf_names()}
 
     def to_hf_state_dict(self) -> OrderedDict[str, np.ndarray]:
