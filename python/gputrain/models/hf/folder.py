@@ -75,6 +75,8 @@ def _family_of(config: HFConfig) -> Family:
     if architectures is not None and (not isinstance(architectures, list)
                                       or not all(isinstance(a, str) for a in architectures)):
         raise ValueError(f"{config.path}: field 'architectures' must be a list of class names, got {architectures!r}")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ValueError(f"{config.path}: field 'model_type' must be a string, got {model_type!r}")
     if model_type is None:
         matches = [f for f in FAMILIES.values() if set(architectures or ()) & set(f.architectures)]
         if not matches:
