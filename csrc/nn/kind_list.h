@@ -21,6 +21,7 @@
     X(CONV2D, conv2d)         \
     X(BATCHNORM2D, batchnorm2d) \
     X(POOL2D, pool2d)         \
+    X(RMSNORM, rmsnorm)       \
     /* end of the list */
 
 #endif
