@@ -9,8 +9,8 @@
 #include <string.h>
 
 #define GT_ROW_PTR(NAME, name) &gt_layer_type_##name,
-#define GT_ARGS GT_LAYER_ARGS
-/* Arguments in gt_layer fields: sizes in [1, INT64_MAX] (the convolution's in [1, INT_MAX]), ... */
+/* Arguments in gt_layer fields: sizes in [1, INT64_MAX] (the convolution's: INT31, in [low, INT_MAX]),
+ * flags, probabilities in [0, 1], epsilons > 0. */
 #define GT_SIZE(name, field) GT_ARG_SIZE_AT(name, GT_ARG_FIELD(field))
 #define GT_INT31(type, name, field, low) {name, type, GT_ARG_FIELD(field), low, INT_MAX, 0, NULL}
 #define GT_FLAG(name, field) GT_ARG_FLAG_AT(name, GT_ARG_FIELD(field))
@@ -58,7 +58,7 @@ static gt_status linear_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_linear = {
-    "linear", "Linear", GT_ARGS(linear_args), GT_KIND_PARAMS, NULL, describe_linear, linear_params,
+    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS, NULL, describe_linear, linear_params,
     gt_plan_linear, gt_linear_forward, gt_linear_backward};
 
 /* ---- Activation: ("activation", function) ---- */
@@ -69,14 +69,14 @@ static const gt_layer_arg activation_args[] = {
     {"function", GT_ARG_ENUM, GT_ARG_FIELD(activation), 0, 0, 0, activation_names}};
 
 const gt_layer_type gt_layer_type_activation = {
-    "activation", "Activation", GT_ARGS(activation_args), 0, NULL, NULL, NULL,
+    "activation", "Activation", GT_LAYER_ARGS(activation_args), 0, NULL, NULL, NULL,
     gt_plan_elementwise, gt_activation_forward, gt_activation_backward};
 
 /* ---- Dropout: ("dropout", p) ---- */
 static const gt_layer_arg dropout_args[] = {GT_PROBABILITY("p", p)};
 
 const gt_layer_type gt_layer_type_dropout = {
-    "dropout", "Dropout", GT_ARGS(dropout_args), GT_KIND_DROPOUT_ID, NULL, NULL, NULL,
+    "dropout", "Dropout", GT_LAYER_ARGS(dropout_args), GT_KIND_DROPOUT_ID, NULL, NULL, NULL,
     gt_plan_elementwise, gt_dropout_forward, gt_dropout_backward};
 
 /* ---- LayerNorm: ("layernorm", normalized_shape, eps, bias) ---- */
@@ -96,7 +96,7 @@ static gt_status layernorm_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_layernorm = {
-    "layernorm", "LayerNorm", GT_ARGS(layernorm_args), GT_KIND_PARAMS, NULL, describe_layernorm,
+    "layernorm", "LayerNorm", GT_LAYER_ARGS(layernorm_args), GT_KIND_PARAMS, NULL, describe_layernorm,
     layernorm_params, gt_plan_layernorm, gt_layernorm_forward, gt_layernorm_backward};
 
 /* ---- Embedding: ("embedding", num_embeddings, embedding_dim) ---- */
@@ -120,7 +120,7 @@ static gt_status embedding_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_embedding = {
-    "embedding", "Embedding", GT_ARGS(embedding_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, NULL,
+    "embedding", "Embedding", GT_LAYER_ARGS(embedding_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, NULL,
     describe_embedding, embedding_params, gt_plan_embedding, gt_embedding_forward,
     gt_embedding_backward};
 
@@ -138,11 +138,11 @@ static void describe_residual(const gt_layer *layer, char *buf, size_t bytes) {
 }
 
 const gt_layer_type gt_layer_type_sequential = {
-    "sequential", "Sequential", GT_ARGS(sequential_args), GT_KIND_NO_BUFFER | GT_KIND_CONTAINER, NULL,
+    "sequential", "Sequential", GT_LAYER_ARGS(sequential_args), GT_KIND_NO_BUFFER | GT_KIND_CONTAINER, NULL,
     NULL, NULL, gt_plan_sequential, gt_sequential_forward, gt_sequential_backward};
 
 const gt_layer_type gt_layer_type_residual = {
-    "residual", "Residual", GT_ARGS(residual_args), GT_KIND_CONTAINER, NULL, describe_residual, NULL,
+    "residual", "Residual", GT_LAYER_ARGS(residual_args), GT_KIND_CONTAINER, NULL, describe_residual, NULL,
     gt_plan_residual, gt_residual_forward, gt_residual_backward};
 
 /* ---- Attention (of a MultiheadAttention): ("attention", embed_dim, num_heads, dropout, causal) ---- */
@@ -162,7 +162,7 @@ static void describe_attention(const gt_layer *layer, char *buf, size_t bytes) {
 }
 
 const gt_layer_type gt_layer_type_attention = {
-    "attention", "MultiheadAttention", GT_ARGS(attention_args), GT_KIND_DROPOUT_ID, check_attention,
+    "attention", "MultiheadAttention", GT_LAYER_ARGS(attention_args), GT_KIND_DROPOUT_ID, check_attention,
     describe_attention, NULL, gt_plan_attention, gt_attention_layer_forward,
     gt_attention_layer_backward};
 
@@ -184,7 +184,7 @@ static gt_status tokens_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_tokens = {
-    "tokens", "TokenEmbedding", GT_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, NULL,
+    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, NULL,
     describe_tokens, tokens_params, gt_plan_tokens, gt_tokens_forward, gt_tokens_backward};
 
 /* ---- SequencePool: ("pool", mode) ---- */
@@ -192,7 +192,7 @@ static const gt_enum_name pool_names[] = {{"cls", GT_POOL_FIRST}, {"mean", GT_PO
 static const gt_layer_arg pool_args[] = {{"mode", GT_ARG_ENUM, GT_ARG_FIELD(pool), 0, 0, 0, pool_names}};
 
 const gt_layer_type gt_layer_type_pool = {
-    "pool", "SequencePool", GT_ARGS(pool_args), 0, NULL, NULL, NULL, gt_plan_pool, gt_pool_forward,
+    "pool", "SequencePool", GT_LAYER_ARGS(pool_args), 0, NULL, NULL, NULL, gt_plan_pool, gt_pool_forward,
     gt_pool_backward};
 
 /* ---- PositionEmbedding: ("position", num_positions, embedding_dim) ---- */
@@ -205,7 +205,7 @@ static void describe_position(const gt_layer *layer, char *buf, size_t bytes) {
 }
 
 const gt_layer_type gt_layer_type_position = {
-    "position", "PositionEmbedding", GT_ARGS(position_args), GT_KIND_PARAMS, NULL, describe_position,
+    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args), GT_KIND_PARAMS, NULL, describe_position,
     embedding_params, gt_plan_position, gt_position_forward, gt_position_backward};
 
 /* ---- Conv2d: ("conv2d", in, out, kernel_size, stride, padding, dilation, groups, bias) ---- */
@@ -237,7 +237,7 @@ static gt_status conv2d_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_conv2d = {
-    "conv2d", "Conv2d", GT_ARGS(conv2d_args), GT_KIND_PARAMS, check_conv2d, describe_conv2d,
+    "conv2d", "Conv2d", GT_LAYER_ARGS(conv2d_args), GT_KIND_PARAMS, check_conv2d, describe_conv2d,
     conv2d_params, gt_plan_conv2d, gt_conv2d_layer_forward, gt_conv2d_layer_backward};
 
 /* ---- BatchNorm2d: ("batchnorm2d", num_features, eps, momentum (< 0: cumulative average), affine,
@@ -267,7 +267,7 @@ static gt_status batchnorm2d_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_batchnorm2d = {
-    "batchnorm2d", "BatchNorm2d", GT_ARGS(batchnorm2d_args), GT_KIND_PARAMS, check_batchnorm2d,
+    "batchnorm2d", "BatchNorm2d", GT_LAYER_ARGS(batchnorm2d_args), GT_KIND_PARAMS, check_batchnorm2d,
     describe_batchnorm2d, batchnorm2d_params, gt_plan_batchnorm2d, gt_batchnorm2d_forward,
     gt_batchnorm2d_backward};
 
@@ -301,7 +301,7 @@ static void describe_pool2d(const gt_layer *layer, char *buf, size_t bytes) {
 }
 
 const gt_layer_type gt_layer_type_pool2d = {
-    "pool2d", "Pool2d", GT_ARGS(pool2d_args), 0, check_pool2d, describe_pool2d, NULL, gt_plan_pool2d,
+    "pool2d", "Pool2d", GT_LAYER_ARGS(pool2d_args), 0, check_pool2d, describe_pool2d, NULL, gt_plan_pool2d,
     gt_pool2d_layer_forward, gt_pool2d_layer_backward};
 
 /* ---- The table ---- */

@@ -120,7 +120,7 @@ static int arg_error(PyObject *exc, const gt_layer_type *type, const gt_layer_ar
 static int parse_int(PyObject *item, const gt_layer_type *type, const gt_layer_arg *arg, PyObject *spec,
                      int64_t *out) {
     char what[96];
-    if (!PyIndex_Check(item) || PyFloat_Check(item)) {
+    if (!PyIndex_Check(item)) {
         snprintf(what, sizeof what, "must be an int, not %s", Py_TYPE(item)->tp_name);
         return arg_error(PyExc_TypeError, type, arg, spec, what);
     }
