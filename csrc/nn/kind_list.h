@@ -5,23 +5,23 @@
 #ifndef GT_NN_KIND_LIST_H
 #define GT_NN_KIND_LIST_H
 
-#define GT_LAYER_KIND_LIST(X) \
-    X(LINEAR, linear)         \
-    X(ACTIVATION, activation) \
-    X(DROPOUT, dropout)       \
-    X(LAYERNORM, layernorm)   \
-    X(EMBEDDING, embedding)   \
-    X(FLATTEN, flatten)       \
-    X(SEQUENTIAL, sequential) \
-    X(RESIDUAL, residual)     \
-    X(ATTENTION, attention)   \
-    X(TOKENS, tokens)         \
-    X(POOL, pool)             \
-    X(POSITION, position)     \
-    X(CONV2D, conv2d)         \
-    X(BATCHNORM2D, batchnorm2d) \
-    X(POOL2D, pool2d)         \
-    X(RMSNORM, rmsnorm)       \
+#define GT_LAYER_KIND_LIST(X)                                                                       \
+    X(LINEAR, linear)           /* (..., in) -> (..., out): x W^T + b */                            \
+    X(ACTIVATION, activation)   /* elementwise ReLU, GELU, tanh, SiLU */                            \
+    X(DROPOUT, dropout)         /* elementwise, Philox masks */                                     \
+    X(LAYERNORM, layernorm)     /* (..., C) -> same */                                              \
+    X(EMBEDDING, embedding)     /* int64 ids (...) -> (..., dim) */                                 \
+    X(FLATTEN, flatten)         /* (N, ...) -> (N, rest): a view */                                 \
+    X(SEQUENTIAL, sequential)   /* its children, one after another */                               \
+    X(RESIDUAL, residual)       /* x + block(x) */                                                  \
+    X(ATTENTION, attention)     /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */            \
+    X(TOKENS, tokens)           /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */     \
+    X(POOL, pool)               /* (B, T, E) -> (B, E): first token or masked mean */               \
+    X(POSITION, position)       /* (..., T, C) + weight[0:T] (num_positions, C) */                  \
+    X(CONV2D, conv2d)           /* (N, C, H, W) -> (N, O, OH, OW) */                                \
+    X(BATCHNORM2D, batchnorm2d) /* (N, C, H, W) -> same; weight, bias (C,); running statistics */   \
+    X(POOL2D, pool2d)           /* (N, C, H, W) -> (N, C, OH, OW): max, average, adaptive average */ \
+    X(RMSNORM, rmsnorm)         /* (..., C) -> same: x / sqrt(mean(x^2) + eps) * weight */          \
     /* end of the list */
 
 #endif

@@ -1,5 +1,6 @@
-/* Layers: a model is a tree of gt_layer (Sequential and Residual nest). Each layer kind has
- * plan (shapes and bytes for an input shape), init, forward and backward.
+/* Layers: a model is a tree of gt_layer (Sequential and Residual nest). Each layer kind is a row
+ * of the table of kinds (nn/kind.h, nn/kind_list.h): its arguments, parameters and their init,
+ * plan (shapes and bytes for an input shape), forward and backward.
  *
  * Memory (DESIGN.md principle 1): parameters, gradients and activations each live in one
  * arena sized by the plan. Parameters are packed back to back (f32, no padding) so the
