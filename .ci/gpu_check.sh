@@ -68,7 +68,7 @@ phase_build() {
     ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 || { echo "no .whl/ carried (bash .ci/gpu_carry.sh, carry=['.whl'])"; return 1; }
     # --ignore-installed: into the prefix only, never uninstalling the image's own copies
     "$PY" -m pip install --quiet --no-index --no-deps --ignore-installed --prefix "$PREFIX" "$ROOT"/.whl/*.whl || return 1
-    echo "building for sm_$CC with $(nproc) cores: $(ls "$ROOT"/cuda/*.cu | wc -l) .cu files"
+    echo "building for sm_$CC with $(nproc) cores: $(find "$ROOT/cuda" -name '*.cu' | wc -l) .cu files"
     local start=$SECONDS
     (cd "$ROOT" && GPUTRAIN_CUDA=1 GPUTRAIN_CUDA_ARCHS="$CC" "$PY" -m pip install -v --no-index --no-deps --ignore-installed \
         --no-build-isolation --prefix "$PREFIX" .) || return 1
@@ -134,9 +134,10 @@ run_phase() {
 }
 
 if [ "$DRY" = 0 ]; then
-    export PYTHONPATH="$(site_packages)${PYTHONPATH:+:$PYTHONPATH}"
+    site=$(site_packages)
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-CC=$([ "$DRY" = 1 ] && echo "${GPU_CHECK_ARCHS:-}" || compute_capability)
+if [ "$DRY" = 1 ]; then CC=${GPU_CHECK_ARCHS:-}; else CC=$(compute_capability); fi
 echo "gpu_check: phase $PHASE, device $DEVICE, sizes $SIZE, results in $OUT"
 PHASES=$(mktemp)  # "phase exit-status seconds" lines for summary.md (outside $OUT: at most 8 files come back)
 if [ "$PHASE" = all ]; then

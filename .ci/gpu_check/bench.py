@@ -130,13 +130,15 @@ def gputrain_gpt_step(gt: Any, device: str, g: dict[str, int], precision: str) -
 
 
 def torch_gpt_step(torch: Any, transformers: Any, device: str, g: dict[str, int], precision: str) -> Callable[[], None]:
-    """transformers' GPT2LMHeadModel (sdpa, no dropout), fused AdamW, autocast; synchronized."""
+    """transformers' GPT2LMHeadModel (from its config, sdpa attention, no dropout), fused AdamW,
+    autocast (+ GradScaler for fp16); each step synchronized."""
     import bench_gpt
 
     config = transformers.GPT2Config(vocab_size=g["vocab"], n_positions=g["seq"], n_embd=g["n_embd"],
                                      n_layer=g["n_layer"], n_head=g["n_head"], resid_pdrop=0.0, embd_pdrop=0.0,
                                      attn_pdrop=0.0)
-    model = transformers.GPT2LMHeadModel(config, attn_implementation="sdpa").to(device)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    print(f"torch side: {type(model).__name__}, attention {model.config._attn_implementation}", flush=True)
     on_gpu = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = precision == "fp32_tf32"
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=on_gpu)
@@ -146,7 +148,7 @@ def torch_gpt_step(torch: Any, transformers: Any, device: str, g: dict[str, int]
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.split(":")[0], dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(device.split(":")[0], dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             logits = model(x).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
         scaler.scale(loss).backward()
@@ -217,6 +219,12 @@ def case(name: str, ours: Callable[[], Callable[[], None]], theirs: Callable[[],
     return result
 
 
+def release_torch_cache(torch: Any, device: str) -> None:
+    """Gives torch's cached GPU memory back between cases (gputrain's allocator asks the driver)."""
+    if torch is not None and device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def run(device: str, size: dict[str, Any], save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Every case on `device`; `save(report)` after each (a phase cut short keeps what it measured)."""
     import gputrain as gt
@@ -243,6 +251,7 @@ def run(device: str, size: dict[str, Any], save: Callable[[dict[str, Any]], None
         report["gpt"][precision] = case(f"gpt2 {precision}", lambda p=precision: gputrain_gpt_step(gt, device, g, p),
                                         theirs, why, size, g["batch"] * g["seq"], bench_gpt.step_flops(), peak, "tokens")
         save(report)
+        release_torch_cache(torch, torch_device)
     gt.backends.set_tf32(False)
     for precision in CNN_PRECISIONS:
         theirs = (lambda p=precision: torch_cnn_step(torch, torch_device, p)) if torch else None
