@@ -33,7 +33,7 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."
 SIZES = {
     "full": {"gpt": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab": 50257, "seq": 1024, "batch": 8},
              "cnn": {"image": 32, "channels": "32,64,128", "batch": 256},
-             "rounds": 10, "warmup": 2, "seconds_per_case": 12.0, "peak_n": 8192},
+             "rounds": 10, "warmup": 2, "seconds_per_case": 8.0, "peak_n": 8192},
     "tiny": {"gpt": {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab": 97, "seq": 32, "batch": 2},
              "cnn": {"image": 8, "channels": "8,16", "batch": 8},
              "rounds": 2, "warmup": 1, "seconds_per_case": 5.0, "peak_n": 256},
@@ -137,7 +137,8 @@ def torch_gpt_step(torch: Any, transformers: Any, device: str, g: dict[str, int]
     config = transformers.GPT2Config(vocab_size=g["vocab"], n_positions=g["seq"], n_embd=g["n_embd"],
                                      n_layer=g["n_layer"], n_head=g["n_head"], resid_pdrop=0.0, embd_pdrop=0.0,
                                      attn_pdrop=0.0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    with torch.device(device):  # initialised where it trains
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     print(f"torch side: {type(model).__name__}, attention {model.config._attn_implementation}", flush=True)
     on_gpu = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = precision == "fp32_tf32"

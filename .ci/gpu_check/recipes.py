@@ -1,7 +1,7 @@
 """The guides' recipes on a device against the same run on the CPU (.ci/gpu_check.sh recipes).
 
-A GPT (6 layers, 384 wide, T 256 by default) trains 20 optimizer steps per run from the same seed
-on the same batches (a DataLoader with shuffling, 2 workers, pinned, handing the step device
+A GPT (6 layers, 384 wide, T 256; 4 micro-batches of 2 sequences a step) trains 20 optimizer steps
+per run from the same seed on the same batches (a DataLoader with shuffling, 2 workers, pinned, handing the step device
 batches), in two recipes:
 
 - rtx3060: fp16 + GradScaler, accumulation 4, AdamW over no-decay groups with
@@ -33,7 +33,7 @@ import gputrain as gt
 from gputrain import memory_plan as mp
 
 SIZES = {
-    "full": {"n_layer": 6, "n_head": 6, "n_embd": 384, "seq": 256, "vocab": 65, "micro": 4, "steps": 20},
+    "full": {"n_layer": 6, "n_head": 6, "n_embd": 384, "seq": 256, "vocab": 65, "micro": 2, "steps": 20},
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq": 32, "vocab": 65, "micro": 4, "steps": 4},
 }
 RECIPES = {

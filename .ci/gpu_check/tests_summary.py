@@ -42,7 +42,9 @@ def summary(xml_path: str, log_path: str, status: str) -> str:
             tail = log.read()[-4000:]
         return f"pytest exit {status}; no readable JUnit XML ({error}). The log's end:\n{tail}"
     counts = collections.Counter(outcome for outcome, _, _ in cases)
-    lines = [f"cuda tests: {len(cases)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}); pytest exit {status}"]
+    stopped = " (124: stopped at the phase's limit; the tests after it did not run)" if status == "124" else ""
+    lines = [f"cuda tests: {len(cases)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}); "
+             f"pytest exit {status}{stopped}"]
     bad = [c for c in cases if c[0] in ("failed", "error")]
     for outcome, name, message in bad[:MOST_FAILURES]:
         lines.append(f"  {outcome.upper()} {name}\n      {first_lines(message)}")
