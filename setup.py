@@ -21,7 +21,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import shlex
 import shutil
 import subprocess
@@ -38,23 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bu
 import gputrain_cuda  # noqa: E402
 
 VERSION = "0.1.0"
-DEFAULT_CUDA_ARCHS = ["80", "86", "89", "90"]
-
-
-def cuda_archs() -> list[str]:
-    """The sm_XX targets: GPUTRAIN_CUDA_ARCHS ("90", "86,90", "90a") or the default ones."""
-    value = os.environ.get("GPUTRAIN_CUDA_ARCHS", "").strip()
-    if not value:
-        return DEFAULT_CUDA_ARCHS
-    archs = [a.strip() for a in value.replace(";", ",").split(",") if a.strip()]
-    bad = [a for a in archs if not re.fullmatch(r"[0-9]{2,3}[af]?", a)]
-    if not archs or bad:
-        raise RuntimeError(f"GPUTRAIN_CUDA_ARCHS={value!r}: give compute capabilities as digits, "
-                           f"comma-separated, e.g. 90 or 86,90 (not {', '.join(bad) or 'nothing'})")
-    return list(dict.fromkeys(archs))
-
-
-CUDA_ARCHS = cuda_archs()  # sm_XX targets; PTX of the last is embedded for newer GPUs
+CUDA_ARCHS = gputrain_cuda.cuda_archs()  # sm_XX targets; PTX of the last is embedded for newer GPUs
 
 
 class Blas(NamedTuple):
@@ -112,8 +95,8 @@ def find_cuda(source):
         dirs = list(dict.fromkeys([os.path.join(root, lib) for root in (home, cudnn, nccl) for lib in ("lib64", "lib")]))
         dirs = [d for d in dirs if os.path.isdir(d)]
         includes = list(dict.fromkeys([os.path.join(root, "include") for root in (home, cudnn, nccl)]))
-        names = ["cudart", "cublasLt", "cublas", link_name(dirs, "cudnn", "libcudnn.so.9"),
-                 link_name(dirs, "nccl", "libnccl.so.2")]
+        names = ["cudart", "cublasLt", "cublas", gputrain_cuda.link_name(dirs, "cudnn", "libcudnn.so.9"),
+                 gputrain_cuda.link_name(dirs, "nccl", "libnccl.so.2")]
         return Cuda(home, includes, dirs, names, dirs)
     if source.kind == "wheels":
         home, cudnn = gputrain_cuda.wheels_home(), gputrain_cuda.wheels_cudnn_home()
@@ -124,14 +107,6 @@ def find_cuda(source):
         rpaths = ["$ORIGIN/../" + os.path.relpath(d, site) for d in dirs]
         return Cuda(home, [os.path.join(root, "include") for root in (home, cudnn, nccl)], dirs, names, rpaths)
     return None
-
-
-def link_name(dirs: list[str], name: str, soname: str) -> str:
-    """The -l name of a library in `dirs`: `name` when lib<name>.so is there, else ":<soname>"
-    (NVIDIA's wheels, e.g. cuDNN's and NCCL's beside a toolkit, ship only the versioned file)."""
-    if any(os.path.exists(os.path.join(d, f"lib{name}.so")) for d in dirs):
-        return name
-    return f":{soname}" if any(os.path.exists(os.path.join(d, soname)) for d in dirs) else name
 
 
 def nvcc_version(cuda_home):
