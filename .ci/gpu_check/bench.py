@@ -136,7 +136,7 @@ def torch_gpt_step(torch: Any, transformers: Any, device: str, g: dict[str, int]
 
     config = transformers.GPT2Config(vocab_size=g["vocab"], n_positions=g["seq"], n_embd=g["n_embd"],
                                      n_layer=g["n_layer"], n_head=g["n_head"], resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
+                                     attn_pdrop=0.0, use_cache=False)
     with torch.device(device):  # initialised where it trains
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     print(f"torch side: {type(model).__name__}, attention {model.config._attn_implementation}", flush=True)
