@@ -86,8 +86,8 @@ phase_tests() {
     mapfile -t files < <(grep -l "pytest.mark.cuda" "$ROOT"/tests/test_*.py)
     if [ "$DRY" = 1 ]; then  # the same command on two files: every cuda test skips here
         files=("$ROOT/tests/test_cuda_runtime.py" "$ROOT/tests/test_cuda_step.py")
-    elif has_module xdist; then  # one file's tests in one process; 4 CUDA contexts fit any GPU
-        extra+=(-n "$TEST_WORKERS" --dist loadfile)
+    elif has_module xdist; then  # tests spread one by one over the workers; 4 CUDA contexts fit any GPU
+        extra+=(-n "$TEST_WORKERS" --dist load)
     fi
     if has_module pytest_timeout; then
         extra+=(--timeout "$TEST_TIMEOUT")

@@ -42,7 +42,8 @@ def summary(xml_path: str, log_path: str, status: str) -> str:
             tail = log.read()[-4000:]
         return f"pytest exit {status}; no readable JUnit XML ({error}). The log's end:\n{tail}"
     counts = collections.Counter(outcome for outcome, _, _ in cases)
-    stopped = " (124: stopped at the phase's limit; the tests after it did not run)" if status == "124" else ""
+    stopped = {"124": " (stopped at the phase's limit: the tests after it did not run)",
+               "137": " (killed after the phase's limit: the XML may lack the last tests)"}.get(status, "")
     lines = [f"cuda tests: {len(cases)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}); "
              f"pytest exit {status}{stopped}"]
     bad = [c for c in cases if c[0] in ("failed", "error")]
