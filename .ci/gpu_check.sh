@@ -103,8 +103,7 @@ phase_tests() {
     "$PY" "$HERE/tests_summary.py" "$OUT/tests.xml" "$OUT/tests.log" "$rc" > "$OUT/tests.txt"
     rm -f "$OUT/tests.log"
     cat "$OUT/tests.txt"
-    # pytest's 5: nothing collected (a build without CUDA collects and skips, so 0 is expected)
-    [ "$rc" = 0 ]
+    [ "$rc" = 0 ]  # every test passed or skipped (without a GPU all skip, saying why)
 }
 
 phase_recipes() {  # recipes.json is rewritten after each recipe, bench.json after each case
