@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +77,8 @@ def write_checkpoint(output_dir: str, step: int, write: Callable[[str], None]) -
     """Creates output_dir/checkpoint-<step> atomically: `write(directory)` fills a temporary
     directory, whose files are fsynced before it is renamed into place; returns the path.
     An existing checkpoint of the same step is replaced."""
+    import shutil  # here, not at `import gputrain`
+
     os.makedirs(output_dir, exist_ok=True)
     final = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
     temporary = os.path.join(output_dir, f"{_TEMPORARY_PREFIX}{step}")
@@ -133,6 +134,8 @@ def rotate_checkpoints(output_dir: str, save_total_limit: int | None, best_model
             and os.path.normpath(ordered[-1]) == os.path.normpath(best_model_checkpoint):
         limit = 2
     doomed = ordered[:max(len(ordered) - limit, 0)]
+    import shutil
+
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
