@@ -11,9 +11,10 @@ import ctypes
 import importlib.metadata
 import platform
 
-# (distribution, file the extension needs): the CPU GEMM library of this architecture.
-_CPU_LIBRARIES = {
-    "x86_64": [("onednn-cpu-gomp", "libdnnl.so.3")],
+# (distribution, file the extension needs): the CPU GEMM library of this architecture. oneDNN
+# (x86-64) is inside the package (gputrain/lib/, setup.py), where the extension's rpath finds it.
+_CPU_LIBRARIES: dict[str, list[tuple[str, str]]] = {
+    "x86_64": [],
 }
 _OTHER_CPU_LIBRARIES = [("scipy-openblas32", "libscipy_openblas.so")]
 # The CUDA libraries of a CUDA backend built from NVIDIA's wheels (_build/gputrain_cuda.py), in
