@@ -54,3 +54,28 @@ def test_bfloat16_still_comes_from_ml_dtypes_when_asked_for(tmp_path):
         assert done.stdout.split() == ["uint16", "False"]
     else:
         assert done.stdout.split() == ["bfloat16", "True"]
+
+
+def test_a_failed_extension_import_preloads_the_libraries_and_retries(tmp_path):
+    # The first import of gputrain._C fails as it would where the rpath finds no library; then
+    # gputrain/__init__.py loads them by their wheels' file lists (_libs.preload) and tries again.
+    code = """
+import importlib.abc, sys, types
+class FailOnce(importlib.abc.MetaPathFinder):
+    failed = False
+    def find_spec(self, name, path, target=None):
+        if name == "gputrain._C" and not FailOnce.failed:
+            FailOnce.failed = True
+            raise ImportError("libdnnl.so.3: cannot open shared object file (simulated)")
+        return None
+sys.meta_path.insert(0, FailOnce())
+calls = []
+fake = types.ModuleType("gputrain._libs")
+fake.preload = lambda: calls.append("preload") or []
+sys.modules["gputrain._libs"] = fake
+import gputrain
+print(FailOnce.failed, calls, gputrain._C.__name__)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "['preload']", "gputrain._C"]

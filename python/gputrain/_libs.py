@@ -1,8 +1,9 @@
 """Loads the shared libraries that gputrain._C links against from the wheels that ship them.
 
-The extension's rpath finds them in a virtual environment or a system prefix; loading them here
-first, by the file lists of their installed distributions, also covers user installs, --target
-installs and other layouts, so no LD_LIBRARY_PATH is ever needed.
+The extension's rpath finds them in a virtual environment or a system prefix; when it does not
+(user installs, --target installs and other layouts), gputrain/__init__.py calls preload() and
+imports the extension again, so no LD_LIBRARY_PATH is ever needed. It is not imported otherwise:
+importlib.metadata alone costs `import gputrain` tens of milliseconds.
 """
 
 from __future__ import annotations
