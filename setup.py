@@ -12,7 +12,13 @@ Environment:
   CUDA_HOME / CUDA_PATH     the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
 
 The CPU GEMM library is oneDNN (onednn-cpu-gomp) on x86-64 and OpenBLAS (scipy-openblas32)
-elsewhere, both build requirements found through their installed files.
+elsewhere, both build requirements found through their installed files. oneDNN's library is
+copied into the package (gputrain/lib/, found through the rpath $ORIGIN/lib), so an install holds
+one copy of it and needs no oneDNN wheel at run time (that wheel carries three full copies, as a
+wheel cannot hold symlinks); OpenBLAS comes from its wheel at run time.
+
+gputrain builds on Linux x86-64 and aarch64 (on Windows inside WSL2); elsewhere the build stops
+before compiling anything (_build/gputrain_platform.py).
 """
 
 import glob
@@ -34,6 +40,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build"))
+import gputrain_platform  # noqa: E402
+
+gputrain_platform.check()  # before anything is looked for or compiled
+
 import gputrain_cuda  # noqa: E402
 
 VERSION = "0.1.0"
@@ -49,6 +59,7 @@ class Blas(NamedTuple):
     library_dir: str          # its shared library
     library: str              # the -l name
     rpath: str                # where the installed extension finds it, relative to $ORIGIN
+    bundled: list[str]        # files copied into gputrain/lib/: the library by its soname, its licences
 
 
 def installed_file(distribution: str, suffix: str) -> str:
@@ -68,14 +79,17 @@ def find_blas() -> Blas:
     if platform.machine().lower() in ("x86_64", "amd64"):
         header = installed_file("onednn-devel-cpu-gomp", "include/oneapi/dnnl/dnnl.h")
         library = installed_file("onednn-cpu-gomp", "/libdnnl.so")
-        # site-packages/gputrain/_C.so -> <prefix>/lib, where the wheel puts libdnnl.so.3
+        # the extension's DT_NEEDED is the soname, libdnnl.so.3: that one file goes into gputrain/lib/
+        bundled = [installed_file("onednn-cpu-gomp", "/libdnnl.so.3"),
+                   installed_file("onednn-cpu-gomp", "share/doc/onednn/LICENSE"),
+                   installed_file("onednn-cpu-gomp", "share/doc/onednn/THIRD-PARTY-PROGRAMS")]
         return Blas("onednn", "csrc/ops/cpu_blas_onednn.c",
                     os.path.dirname(os.path.dirname(os.path.dirname(header))),
-                    os.path.dirname(library), "dnnl", "$ORIGIN/../../..")
+                    os.path.dirname(library), "dnnl", "$ORIGIN/lib", bundled)
     header = installed_file("scipy-openblas32", "scipy_openblas32/include/cblas.h")
     library = installed_file("scipy-openblas32", "scipy_openblas32/lib/libscipy_openblas.so")
     return Blas("openblas", "csrc/ops/cpu_blas_openblas.c", os.path.dirname(header),
-                os.path.dirname(library), "scipy_openblas", "$ORIGIN/../scipy_openblas32/lib")
+                os.path.dirname(library), "scipy_openblas", "$ORIGIN/../scipy_openblas32/lib", [])
 
 
 class Cuda(NamedTuple):
@@ -194,6 +208,20 @@ class BuildExt(build_ext):
                 add_cuda(ext, cuda)
                 ext.extra_objects += self.compile_cuda(cuda, sorted(glob.glob("cuda/*.cu")))
         super().build_extensions()
+        self.copy_bundled_libraries()
+
+    def copy_bundled_libraries(self):
+        """Copies BLAS.bundled next to the extension (gputrain/lib/), where its rpath looks."""
+        target = os.path.join(os.path.dirname(self.get_ext_fullpath("gputrain._C")), "lib")
+        os.makedirs(target, exist_ok=True)
+        for source in BLAS.bundled:
+            name = os.path.basename(source)
+            if name in ("LICENSE", "THIRD-PARTY-PROGRAMS"):
+                name = f"{BLAS.name}-{name}"
+            destination = os.path.join(target, name)
+            if not os.path.exists(destination) or os.path.getsize(destination) != os.path.getsize(source) \
+                    or os.path.getmtime(destination) < os.path.getmtime(source):
+                shutil.copy2(source, destination)
 
     def rebuild_if_settings_changed(self, cuda):
         os.makedirs(self.build_temp, exist_ok=True)
@@ -248,12 +276,12 @@ extension = Extension(
     extra_link_args=LINK_FLAGS,
 )
 
-# Runtime requirements: NumPy, safetensors, the CPU GEMM library, and the CUDA wheels a wheel-built CUDA
-# backend links (pyproject.toml declares them dynamic).
+# Runtime requirements: NumPy, safetensors, the CPU GEMM library where it is not bundled (oneDNN is,
+# in gputrain/lib/), and the CUDA wheels a wheel-built CUDA backend links (pyproject.toml declares
+# them dynamic).
 INSTALL_REQUIRES = [
     "numpy>=1.25",
     "safetensors>=0.4",  # the Trainer's checkpoint format (gputrain/checkpoint.py)
-    "onednn-cpu-gomp~=2023.2.0; platform_machine == 'x86_64'",
     "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
 ] + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
 

@@ -1,8 +1,9 @@
 """Loads the shared libraries that gputrain._C links against from the wheels that ship them.
 
-The extension's rpath finds them in a virtual environment or a system prefix; loading them here
-first, by the file lists of their installed distributions, also covers user installs, --target
-installs and other layouts, so no LD_LIBRARY_PATH is ever needed.
+The extension's rpath finds them in a virtual environment or a system prefix; when it does not
+(user installs, --target installs and other layouts), gputrain/__init__.py calls preload() and
+imports the extension again, so no LD_LIBRARY_PATH is ever needed. It is not imported otherwise:
+importlib.metadata alone costs `import gputrain` tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import ctypes
 import importlib.metadata
 import platform
 
-# (distribution, file the extension needs): the CPU GEMM library of this architecture.
-_CPU_LIBRARIES = {
-    "x86_64": [("onednn-cpu-gomp", "libdnnl.so.3")],
+# (distribution, file the extension needs): the CPU GEMM library of this architecture. oneDNN
+# (x86-64) is inside the package (gputrain/lib/, setup.py), where the extension's rpath finds it.
+_CPU_LIBRARIES: dict[str, list[tuple[str, str]]] = {
+    "x86_64": [],
 }
 _OTHER_CPU_LIBRARIES = [("scipy-openblas32", "libscipy_openblas.so")]
 # The CUDA libraries of a CUDA backend built from NVIDIA's wheels (_build/gputrain_cuda.py), in
