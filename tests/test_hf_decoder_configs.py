@@ -59,7 +59,8 @@ def test_fixture_configs_are_away_from_the_defaults():
     assert c["llama"].ropes[0].rope_type == "llama3" and not c["llama"].tie_word_embeddings
     inv = c["llama"].ropes[0].inv_freq()
     plain = 1.0 / 5000.0 ** (np.arange(0, 24, 2) / 24)
-    assert np.isclose(inv[0], plain[0]) and np.isclose(inv[-1], plain[-1] / 8) and not np.isclose(inv[6], plain[6])
+    assert np.isclose(inv[0], plain[0]) and np.isclose(inv[-1], plain[-1] / 8)  # all three llama3 bands
+    assert plain[1] / 8 < inv[1] < plain[1] and plain[2] / 8 < inv[2] < plain[2] and np.isclose(inv[3], plain[3] / 8)
     assert c["qwen2"].qkv_bias and not c["qwen2"].o_bias and c["qwen2"].windows == (None, 5)
     assert c["qwen2"].ropes[0].rope_type == "yarn" and c["qwen2"].ropes[0].attention_factor > 1
     assert c["qwen3"].qk_norm and c["qwen3"].head_dim == 24 and c["qwen3"].ropes[0].theta == 1000.0
@@ -85,6 +86,10 @@ REFUSED = [
     ("llama", "rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0, "foo": 1}, "'foo'"),
     ("llama", "rope_parameters", {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0},
      "low_freq_factor"),
+    ("llama", "rope_parameters", {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 4.0,
+                                  "high_freq_factor": 1.0}, "high_freq_factor > low_freq_factor"),
+    ("qwen2", "rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                  "original_max_position_embeddings": 0}, "original_max_position_embeddings"),
     ("llama", "partial_rotary_factor", 0.5, "'partial_rotary_factor'"),
     ("llama", "mlp_bias", "yes", "'mlp_bias'"),
     ("llama", "rms_norm_eps", -1.0, "'rms_norm_eps'"),

@@ -73,6 +73,8 @@ _ROPE_KEYS = {
 }
 # transformers' default theta when a file gives none (PreTrainedConfig.default_theta; Gemma3's two)
 _DEFAULT_THETA = 10000.0
+_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "mistral": 4096 * 32, "gemma": 8192,
+                  "gemma3_text": 131_072}  # transformers' defaults
 _GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 
 
@@ -168,7 +170,7 @@ def _attention_dropout(config: HFConfig) -> None:
     config.float("attention_dropout", 0.0, high=0.0)  # implemented only at 0
 
 
-def _rope_dict(config: HFConfig, rope: dict[str, Any], name: str, head_dim: int) -> Rope:
+def _rope_dict(config: HFConfig, rope: dict[str, Any], name: str, head_dim: int, max_positions: int) -> Rope:
     def error(message: str) -> ValueError:
         return ValueError(f"{config.path}: field {name!r} {message}")
 
@@ -198,7 +200,8 @@ def _rope_dict(config: HFConfig, rope: dict[str, Any], name: str, head_dim: int)
     factor = number("factor")
     if kind == "linear":
         return Rope("linear", theta, head_dim, factor=factor)
-    original = rope.get("original_max_position_embeddings")
+    # transformers fills a missing original_max_position_embeddings with max_position_embeddings
+    original = rope.get("original_max_position_embeddings", max_positions)
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
         raise error(f"'original_max_position_embeddings' must be an integer >= 1, got {original!r}")
     if kind == "llama3":
@@ -228,7 +231,7 @@ def _rope_dict(config: HFConfig, rope: dict[str, Any], name: str, head_dim: int)
                 beta_slow=number("beta_slow") if rope.get("beta_slow") else 1.0)
 
 
-def _single_rope(config: HFConfig, head_dim: int) -> Rope:
+def _single_rope(config: HFConfig, head_dim: int, max_positions: int) -> Rope:
     rope = config.rope_parameters()
     if rope is None:
         rope = {"rope_type": "default"}
@@ -236,10 +239,10 @@ def _single_rope(config: HFConfig, head_dim: int) -> Rope:
     if any(isinstance(v, dict) for v in rope.values()):
         raise ValueError(f"{config.path}: field 'rope_parameters' is nested by layer type, which this family "
                          "does not have")
-    return _rope_dict(config, rope, "rope_parameters", head_dim)
+    return _rope_dict(config, rope, "rope_parameters", head_dim, max_positions)
 
 
-def _gemma3_ropes(config: HFConfig, head_dim: int) -> dict[str, Rope]:
+def _gemma3_ropes(config: HFConfig, head_dim: int, max_positions: int) -> dict[str, Rope]:
     new = config.raw("rope_parameters", None)
     scaling = config.raw("rope_scaling", None)
     theta, local = config.raw("rope_theta", None), config.raw("rope_local_base_freq", None)
@@ -264,7 +267,7 @@ def _gemma3_ropes(config: HFConfig, head_dim: int) -> dict[str, Rope]:
                                  f"{kind}.{key}: {given[key]!r} and {value!r}")
         merged = {**given, **old}
         merged.setdefault("rope_theta", _GEMMA3_THETA[kind])
-        ropes[kind] = _rope_dict(config, merged, f"rope_parameters.{kind}", head_dim)
+        ropes[kind] = _rope_dict(config, merged, f"rope_parameters.{kind}", head_dim, max_positions)
     return ropes
 
 
@@ -347,8 +350,9 @@ def parse_decoder_config(config: HFConfig) -> DecoderConfig:
     else:
         windows = [None] * layers
 
+    max_positions = config.int("max_position_embeddings", _MAX_POSITIONS[family])
     if family == "gemma3_text":
-        by_type = _gemma3_ropes(config, head_dim)
+        by_type = _gemma3_ropes(config, head_dim, max_positions)
         ropes = tuple(by_type[t] for t in types)
         scalar = config.float("query_pre_attn_scalar", 256, low=0.0, low_open=True)
         scale = scalar ** -0.5
@@ -361,7 +365,7 @@ def parse_decoder_config(config: HFConfig) -> DecoderConfig:
         final = config.raw("final_logit_softcapping", None)
         caps = [None, None if final is None else config.float("final_logit_softcapping", None, low_open=True)]
     else:
-        ropes = (_single_rope(config, head_dim),) * layers
+        ropes = (_single_rope(config, head_dim, max_positions),) * layers
         scale, caps = head_dim ** -0.5, [None, None]
 
     num_labels = len(config.raw("id2label", {}) or {}) or config.raw("num_labels", 2)
@@ -382,7 +386,7 @@ def parse_decoder_config(config: HFConfig) -> DecoderConfig:
         qk_norm=family in ("qwen3", "gemma3_text"), sandwich_norms=family == "gemma3_text",
         attention_scale=scale, attn_logit_softcapping=caps[0], final_logit_softcapping=caps[1],
         windows=tuple(windows), ropes=ropes,
-        max_position_embeddings=config.int("max_position_embeddings", 2048), dtype=config.dtype(),
+        max_position_embeddings=max_positions, dtype=config.dtype(),
         pad_token_id=pad, num_labels=num_labels, problem_type=problem)
     config.finish(family)
     return result
