@@ -198,3 +198,31 @@ def test_reference_outputs_hold_the_promised_arrays():
         assert all(k.startswith("right/") or ".self_attn." in k for k in grads)
         assert data["generate/output"].shape == (1, 14) and data["packed/position_ids"][0, 9] == 0
     assert dataclasses.is_dataclass(DecoderConfig)
+
+
+# (family, batch side, parameter): the committed gradients against central differences of the
+# NumPy reference's loss along a random direction (float64, so the check is to ~1e-7)
+GRADIENT_CHECKS = [(name, side, param) for name in FAMILIES for side, param in (
+    ("right", "model.layers.0.self_attn.q_proj.weight"), ("right", "model.embed_tokens.weight"),
+    ("right", "model.layers.0.mlp.down_proj.weight"), ("right", "model.norm.weight"),
+    ("left", "model.layers.0.self_attn.k_proj.weight"))]
+
+
+@pytest.mark.parametrize("name,side,param", GRADIENT_CHECKS)
+def test_committed_gradients_match_the_reference_loss(name, side, param):
+    cfg, w = ref.load(folder(name))
+    expected = np.load(folder(name) + ".npz")
+    ids, mask, labels = (expected[f"{side}/{k}"] for k in ("input_ids", "attention_mask", "labels"))
+    grad = expected[f"{side}/grad/{param}"].astype(np.float64)
+    direction = np.random.default_rng(0).standard_normal(grad.shape)
+    original, step = w[param], 1e-4
+    losses = []
+    for sign in (1.0, -1.0):
+        w[param] = original + sign * step * direction
+        losses.append(ref.causal_lm_loss(ref.causal_lm_logits(cfg, w, ids, mask), labels))
+    w[param] = original
+    numeric = (losses[0] - losses[1]) / (2 * step)
+    analytic = float(np.sum(grad * direction))
+    # sum(grad * direction) has the size of |grad| (direction: standard normal entries); the float32
+    # gradients, summed over their entries, are good to ~1e-6 of that
+    assert abs(numeric - analytic) <= 1e-5 * np.linalg.norm(grad) + 1e-5 * abs(analytic), (numeric, analytic)
