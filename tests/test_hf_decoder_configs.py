@@ -113,12 +113,41 @@ REFUSED = [
 ]
 
 
+REFUSED += [
+    ("llama", "head_dim", 25, "'head_dim'"),
+    ("llama", "tie_word_embeddings", "yes", "'tie_word_embeddings'"),
+    ("llama", "pad_token_id", -1, "'pad_token_id'"),
+    ("llama", "vocab_size", 0, "'vocab_size'"),
+    ("mistral", "sliding_window", 0, "'sliding_window'"),
+    ("qwen3", "max_window_layers", -1, "'max_window_layers'"),
+    ("gemma", "hidden_activation", "gelu_pytorch_tanh", "'hidden_activation'"),
+    ("gemma3", "sliding_window_pattern", 0, "'sliding_window_pattern'"),
+    ("llama-legacy", "rope_scaling", {"type": "dynamic", "factor": 2.0}, "'dynamic'"),
+    ("llama-legacy", "rope_scaling", "llama3", "'rope_scaling'"),
+    ("llama-legacy", "torch_dtype", "float64", "'dtype'"),
+    ("gemma3-legacy", "rope_scaling", {"rope_type": "longrope", "factor": 2.0}, "'longrope'"),
+    ("gemma3-legacy", "rope_local_base_freq", -5.0, "'rope_theta'"),
+]
+
+
 @pytest.mark.parametrize("name,field,value,text", REFUSED)
 def test_unsupported_values_are_refused_by_name(name, field, value, text):
-    values = config_dict(name)
+    family, _, legacy = name.partition("-")  # "<family>-legacy": the older spelling's config
+    values = config_dict(family, "-tiny-legacy" if legacy else "-tiny")
     values[field] = value
+    before = copy.deepcopy(values)
     with pytest.raises(ValueError, match=text.replace("(", r"\(")):
-        parse(values)
+        parse_decoder_config(HFConfig(values, "config.json"))
+    assert values == before  # refusing changes nothing
+
+
+def test_parsing_does_not_change_the_values():
+    for name in FAMILIES:
+        for kind in ("-tiny", "-tiny-legacy"):
+            values = config_dict(name, kind)
+            before = copy.deepcopy(values)
+            parse_decoder_config(HFConfig(values, "config.json"))
+            assert values == before
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -32,7 +32,8 @@ Per family (transformers 5.25's configuration_<family>.py lists every field):
 - gemma: ``head_dim`` (default 256), ``hidden_act`` (``gelu_pytorch_tanh``; ``gelu`` also means the
   tanh approximation, as transformers rewrites it), ``attention_bias``,
   ``use_bidirectional_attention`` (null or false only), (1 + w) RMSNorm and embeddings times
-  sqrt(hidden_size) always; tied head by default.
+  sqrt(hidden_size) always; tied head by default; ``hidden_activation`` (older files) null only,
+  since transformers 5 reads hidden_act alone.
 - gemma3_text: as gemma with ``hidden_activation``, QK-norm with (1 + w), ``query_pre_attn_scalar``
   (attention scale query_pre_attn_scalar**-0.5), ``sliding_window``, ``layer_types`` (or the older
   ``sliding_window_pattern``, default 6; ``_sliding_window_pattern``, written by transformers 5 but
@@ -311,6 +312,7 @@ def parse_decoder_config(config: HFConfig) -> DecoderConfig:
     elif family == "gemma":
         activation = config.choice("hidden_act", "gelu_pytorch_tanh", {"gelu_pytorch_tanh": "gelu_tanh",
                                                                       "gelu": "gelu_tanh"})
+        config.at_default("hidden_activation", None)  # older files' spelling, which transformers 5 ignores
     else:
         activation = config.choice("hidden_act", "silu", {"silu": "silu"})
     if gemma:
