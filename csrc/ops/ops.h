@@ -122,6 +122,32 @@ typedef struct gt_attention_args {
     gt_dtype dt;                   /* f32, f16 or bf16 */
 } gt_attention_args;
 
+/* Rotary position embedding in Hugging Face's `rotate_half` layout (transformers'
+ * apply_rotary_pos_emb): per batch entry b, head h, position t and i < R / 2 (R = rotary_dim),
+ * with x1 = x[i], x2 = x[i + R / 2] of the (b, h, t) row:
+ *   angle = f32(positions[b, t]) * inv_freq[i]                  (f32, one rounding)
+ *   c = dt(f32(cos(angle))), s = dt(f32(sin(angle)))            (cos, sin in double of the f32
+ *                                                                angle, rounded to f32, then to dt)
+ *   forward:  out[i] = dt(dt(x1 c) - dt(x2 s)),  out[i + R / 2] = dt(dt(x2 c) + dt(x1 s))
+ *   backward: out[i] = dt(dt(x1 c) + dt(x2 s)),  out[i + R / 2] = dt(dt(x2 c) - dt(x1 s))
+ * (the backward is the transpose rotation, applied to dout to give din), and out[d] = x[d] for
+ * R <= d < D. dt(.) rounds to the activation dtype (nothing in f32): the roundings of PyTorch's
+ * eager q * cos + rotate_half(q) * sin and of its autograd in bf16/f16, so a half result is
+ * Hugging Face's bits wherever its cos/sin are (ops/rope_hd.h). inv_freq comes from
+ * gt_rope_inv_freq (ops/rope.h). Positions restart per packed document through `positions`. */
+typedef struct gt_rope_args {
+    int64_t batch, heads, seq, head_dim;  /* B, H, T, D */
+    int64_t rotary_dim;            /* R: even, in [2, D]; elements R <= d < D pass through */
+    const void *in;                /* (B, H, T, D) at `strides`; dtype dt (backward: dout) */
+    void *out;                     /* (B, H, T, D) at `strides`, written (backward: din); may be
+                                      `in` (in place), else must not overlap it */
+    gt_attn_strides strides;       /* strides of in and out (d contiguous) */
+    const int64_t *positions;      /* (B, T) int64: entry (b, t) at b * positions_stride + t */
+    int64_t positions_stride;      /* elements between rows of positions; 0: one row for all b */
+    const float *inv_freq;         /* (R / 2,) f32 inverse frequencies */
+    gt_dtype dt;                   /* f32, f16 or bf16 */
+} gt_rope_args;
+
 /* What a pooling op reduces the sequence axis of a (batch, seq, dim) input to. */
 typedef enum gt_pool_mode {
     GT_POOL_FIRST = 0,  /* out[b] = in[b, 0] (the first, [CLS], token) */
@@ -368,6 +394,10 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
+/* Rotary position embedding (gt_rope_args): forward rotates `in` into `out`; backward applies
+ * the transpose rotation (in = dout, out = din). */
+#define GT_PARAMS_ROPE(P, A) A(gt_rope_args, args)
+
 /* Every op: X(kind, name, params, skip), in table order (append a new op above the end marker).
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
@@ -408,6 +438,8 @@ typedef struct gt_pool2d_args {
     X(QUERY, pool2d_workspace_bytes, GT_PARAMS_POOL2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, pool2d_forward, GT_PARAMS_POOL2D, NO_SKIP)                                \
     X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)                               \
+    X(LAUNCH, rope_forward, GT_PARAMS_ROPE, NO_SKIP)                                    \
+    X(LAUNCH, rope_backward, GT_PARAMS_ROPE, NO_SKIP)                                   \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -343,6 +343,14 @@ class EMA:
     def nbytes(self) -> int: ...
 
 # --- cuda ops harness (csrc/py/cuda_ops.c): one op of the 'cpu' or 'cuda' op table on NumPy arrays ---
+def op_rope(
+    out: np.ndarray, x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, dt: str, heads_axis: int,
+    backward: bool = ...,
+) -> None: ...
+def op_rope_inv_freq(
+    head_dim: int, theta: float, partial_rotary_factor: float = ..., rope_type: str = ..., factor: float = ...,
+    low_freq_factor: float = ..., high_freq_factor: float = ..., original_max_position_embeddings: float = ...,
+) -> np.ndarray: ...
 def run_op(backend: str, op: str, arrays: list[np.ndarray | None], args: tuple[Any, ...],
            device: int = ...) -> int | float | None: ...
 
