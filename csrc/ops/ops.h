@@ -394,6 +394,20 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
+/* Gated activation (SwiGLU with act = GT_ACT_SILU, GeGLU-tanh with GT_ACT_GELU_TANH, any
+ * gt_activation): in is (rows, 2 inter), each row [gate | up] (the output of one GEMM by the
+ * stacked [gate_proj; up_proj] weight, or two GEMMs into the halves); out (rows, inter) =
+ * dt(dt(act(gate)) * up), rounded as PyTorch's eager act_fn(gate) * up is in bf16/f16. */
+#define GT_PARAMS_GLU_FORWARD(P, A) \
+    P(void *, out) P(const void *, in) P(int64_t, rows) P(int64_t, inter) P(gt_activation, act) \
+    P(gt_dtype, dt)
+/* din (rows, 2 inter) = [dgate | dup] with dup = dt(dout * dt(act(gate))) and dgate =
+ * dt(act'(gate) * dt(dout * up)) (PyTorch autograd's roundings); din may alias in (each pair is
+ * read before it is written), not dout; NULL din: nothing to do. */
+#define GT_PARAMS_GLU_BACKWARD(P, A) \
+    P(void *, din) P(const void *, dout) P(const void *, in) P(int64_t, rows) P(int64_t, inter) \
+    P(gt_activation, act) P(gt_dtype, dt)
+
 /* Rotary position embedding (gt_rope_args): forward rotates `in` into `out`; backward applies
  * the transpose rotation (in = dout, out = din). */
 #define GT_PARAMS_ROPE(P, A) A(gt_rope_args, args)
@@ -440,6 +454,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)                               \
     X(LAUNCH, rope_forward, GT_PARAMS_ROPE, NO_SKIP)                                    \
     X(LAUNCH, rope_backward, GT_PARAMS_ROPE, NO_SKIP)                                   \
+    X(LAUNCH, glu_forward, GT_PARAMS_GLU_FORWARD, NO_SKIP)                              \
+    X(LAUNCH, glu_backward, GT_PARAMS_GLU_BACKWARD, SKIP_IF_NULL(din))                  \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -25,15 +25,6 @@
 #include "ops/elem_hd.h"
 #include "ops/ops.h"
 
-/* x rounded to dt and widened back (x itself in f32). */
-GT_HD float gt_rope_round(float x, gt_dtype dt) {
-    if (dt == GT_F16)
-        return gt_f16_to_f32(gt_f32_to_f16(x));
-    if (dt == GT_BF16)
-        return gt_bf16_to_f32(gt_f32_to_bf16(x));
-    return x;
-}
-
 /* Columns per (b, t): R / 2 rotated pairs, plus D - R passed-through elements when out is not in. */
 GT_HD size_t gt_rope_columns(const gt_rope_args *a) {
     size_t pairs = (size_t)a->rotary_dim / 2;
@@ -43,15 +34,15 @@ GT_HD size_t gt_rope_columns(const gt_rope_args *a) {
 /* The cos and sin of position `pos` at frequency inv_freq, each rounded to f32 then dt. */
 GT_HD void gt_rope_cos_sin(int64_t pos, float inv_freq, gt_dtype dt, float *c, float *s) {
     float angle = (float)pos * inv_freq;
-    *c = gt_rope_round((float)cos((double)angle), dt);
-    *s = gt_rope_round((float)sin((double)angle), dt);
+    *c = gt_hd_round((float)cos((double)angle), dt);
+    *s = gt_hd_round((float)sin((double)angle), dt);
 }
 
 /* The rotated pair (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), every product rounded to dt (the
  * caller's store rounds the sums); -s rotates the other way (the backward). */
 GT_HD void gt_rope_pair(float x1, float x2, float c, float s, gt_dtype dt, float *o1, float *o2) {
-    *o1 = gt_rope_round(x1 * c, dt) - gt_rope_round(x2 * s, dt);
-    *o2 = gt_rope_round(x2 * c, dt) + gt_rope_round(x1 * s, dt);
+    *o1 = gt_hd_round(x1 * c, dt) - gt_hd_round(x2 * s, dt);
+    *o2 = gt_hd_round(x2 * c, dt) + gt_hd_round(x1 * s, dt);
 }
 
 /* Column i (i < gt_rope_columns(a)) of batch entry b, position t, for every head: forward

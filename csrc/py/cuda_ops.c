@@ -464,6 +464,36 @@ static gt_status run_rope_forward(gt_backend *be, op_call *call) { return run_ro
 
 static gt_status run_rope_backward(gt_backend *be, op_call *call) { return run_rope(be, call, 1); }
 
+/* (rows, inter, act, dt): forward arrays out (rows, inter), in (rows, 2 inter); backward arrays din
+ * (rows, 2 inter), dout (rows, inter), in. */
+static int parse_glu(PyObject *module, PyObject *args, op_call *call, int backward) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLis:glu", &call->size[0], &call->size[1], &call->flag, &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    size_t elem = gt_dtype_size(call->dt[0]);
+    size_t half = bytes_of(call->size[0], call->size[1], elem);
+    size_t full = half == SIZE_MAX ? SIZE_MAX : bytes_of(call->size[0], call->size[1], 2 * elem);
+    call->need[0] = backward ? full : half;
+    call->need[1] = backward ? half : full;
+    call->need[2] = full;
+    return 0;
+}
+
+static int parse_glu_forward(PyObject *module, PyObject *args, op_call *call) { return parse_glu(module, args, call, 0); }
+
+static int parse_glu_backward(PyObject *module, PyObject *args, op_call *call) { return parse_glu(module, args, call, 1); }
+
+static gt_status run_glu_forward(gt_backend *be, op_call *call) {
+    return be->ops->glu_forward(be, call->ptr[0], call->ptr[1], call->size[0], call->size[1],
+                                (gt_activation)call->flag, call->dt[0]);
+}
+
+static gt_status run_glu_backward(gt_backend *be, op_call *call) {
+    return be->ops->glu_backward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
+                                 (gt_activation)call->flag, call->dt[0]);
+}
+
 static const op_spec specs[] = {
     {"gemm", 3, {"a", "b", "c"}, 0, parse_gemm, run_gemm, 0},
     {"bias_add", 2, {"out", "bias"}, 0, parse_bias_add, run_bias_add, 0},
@@ -492,6 +522,8 @@ static const op_spec specs[] = {
      parse_attention_backward, run_attention_backward, 0},
     {"rope_forward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_forward, 0},
     {"rope_backward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_backward, 0},
+    {"glu_forward", 2, {"out", "in"}, 0, parse_glu_forward, run_glu_forward, 0},
+    {"glu_backward", 3, {"din", "dout", "in"}, 1u << 0, parse_glu_backward, run_glu_backward, 0},
 };
 
 /* ------------------------------------------------------------ running ---------------------- */

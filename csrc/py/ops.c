@@ -609,6 +609,48 @@ static PyObject *op_conv2d_backward(PyObject *module, PyObject *args, PyObject *
     return run_conv2d(module, &a, 1);
 }
 
+/* glu_forward (dout None: out (..., inter) from x (..., 2 inter)) or glu_backward (out is din, of
+ * x's shape; dout (..., inter)). */
+static PyObject *op_glu(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "x", "act", "dt", "dout", NULL};
+    PyObject *out_obj, *x_obj, *dout_obj = Py_None;
+    int act;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOis|O:op_glu", keywords, &out_obj, &x_obj, &act, &text,
+                                     &dout_obj))
+        return NULL;
+    gt_dtype dt;
+    int64_t rows, cols;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, "x", typenum, 0), *out, *dout = NULL;
+    if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0)
+        return NULL;
+    if (cols % 2 != 0)
+        return PyErr_Format(PyExc_ValueError, "x: the last dimension must be even ([gate | up] halves), got %lld",
+                            (long long)cols);
+    int64_t half_dims[NPY_MAXDIMS];
+    int ndim = PyArray_NDIM(x);
+    for (int k = 0; k < ndim; k++)
+        half_dims[k] = (int64_t)PyArray_DIM(x, k);
+    half_dims[ndim - 1] = cols / 2;
+    const char *what = "must have x's shape with the last dimension halved";
+    if (dout_obj == Py_None) {
+        if (!(out = gtpy_array_nd(out_obj, "out", typenum, 1, ndim, half_dims, what)))
+            return NULL;
+    } else if (!(out = gtpy_array_like(out_obj, "out", typenum, 1, x, "x")) ||
+               !(dout = gtpy_array_nd(dout_obj, "dout", typenum, 0, ndim, half_dims, what))) {
+        return NULL;
+    }
+    gt_backend be = gtpy_cpu_backend();
+    if (dout)
+        GTPY_RUN_OP(module, be.ops->glu_backward(&be, PyArray_DATA(out), PyArray_DATA(dout), PyArray_DATA(x), rows,
+                                                 cols / 2, (gt_activation)act, dt));
+    else
+        GTPY_RUN_OP(module, be.ops->glu_forward(&be, PyArray_DATA(out), PyArray_DATA(x), rows, cols / 2,
+                                                (gt_activation)act, dt));
+    Py_RETURN_NONE;
+}
+
 /* 1 when the bytes of two arrays overlap. */
 static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
     const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
@@ -727,6 +769,9 @@ static PyMethodDef ops_methods[] = {
     {"op_conv2d_backward", GTPY_KW(op_conv2d_backward),
      "op_conv2d_backward(dx, dweight, dbias, dout, x, weight, dt, stride, padding, dilation, groups, "
      "accumulate=False)\n--\n\nGradients of op_conv2d; dx, dweight and dbias may be None (not wanted)."},
+    {"op_glu", GTPY_KW(op_glu), "op_glu(out, x, act, dt, dout=None)\n--\n\n"
+     "Gated activation of x's [gate | up] halves: out = act(gate) * up, or out = [dgate | dup] when dout "
+     "is given."},
     {"op_rope", GTPY_KW(op_rope),
      "op_rope(out, x, positions, inv_freq, dt, heads_axis, backward=False)\n--\n\n"
      "Rotary position embedding (rotate_half layout) of x into out, or its transpose when backward."},

@@ -343,6 +343,7 @@ class EMA:
     def nbytes(self) -> int: ...
 
 # --- cuda ops harness (csrc/py/cuda_ops.c): one op of the 'cpu' or 'cuda' op table on NumPy arrays ---
+def op_glu(out: np.ndarray, x: np.ndarray, act: int, dt: str, dout: np.ndarray | None = ...) -> None: ...
 def op_rope(
     out: np.ndarray, x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, dt: str, heads_axis: int,
     backward: bool = ...,

@@ -39,6 +39,8 @@ __all__ = [
     "embedding_backward",
     "gelu",
     "gelu_backward",
+    "gated_activation",
+    "gated_activation_backward",
     "gemm",
     "layer_norm",
     "layer_norm_backward",
@@ -609,6 +611,45 @@ def scaled_dot_product_attention_backward(
                     scale, lengths, dropout_p, seed, layer, step, offset, dout=dout_act.raw,
                     dq=dq, dk=dk, dv=dv)
     return q_act.wrap(dq), q_act.wrap(dk), q_act.wrap(dv)
+
+
+def _gated_input(x: Any, name: str, dtype: str | None) -> _Act:
+    (act,) = _acts(dtype, **{name: x})
+    if act.raw.ndim < 1 or act.raw.shape[-1] % 2 != 0:
+        raise ValueError(f"{name} must have an even last dimension ([gate | up] halves), "
+                         f"got shape {act.raw.shape}")
+    return act
+
+
+def gated_activation(x: np.ndarray, kind: str = "silu", dtype: str | None = None) -> np.ndarray:
+    """Gated MLP activation ``act(gate) * up`` of x (..., 2 * inter) -> (..., inter).
+
+    Each row of x is ``[gate | up]``: the output of one GEMM by the stacked weight
+    ``[gate_proj; up_proj]`` (2 * inter, hidden), or of two GEMMs into the halves. ``kind`` is an
+    activation name (``"silu"``: SwiGLU as in Llama/Qwen/Mistral; ``"gelu_tanh"``: GeGLU with
+    ``gelu_pytorch_tanh`` as in Gemma). In bf16/f16 the activation is rounded to the dtype before
+    the product, as Hugging Face's ``act_fn(gate_proj(x)) * up_proj(x)`` is.
+    """
+    x_act = _gated_input(x, "x", dtype)
+    out = x_act.empty(x_act.raw.shape[:-1] + (x_act.raw.shape[-1] // 2,))
+    _C.op_glu(out, x_act.raw, _activation_code(kind), x_act.dt)
+    return x_act.wrap(out)
+
+
+def gated_activation_backward(dout: np.ndarray, x: np.ndarray, kind: str = "silu",
+                              dtype: str | None = None) -> np.ndarray:
+    """Gradient of :func:`gated_activation`: ``[dgate | dup]`` of x's shape, with ``dup = dout *
+    act(gate)`` and ``dgate = act'(gate) * (dout * up)`` (PyTorch autograd's roundings in
+    bf16/f16)."""
+    x_act = _gated_input(x, "x", dtype)
+    (dout_act,) = _acts(x_act.dt, dout=dout)
+    half = x_act.raw.shape[:-1] + (x_act.raw.shape[-1] // 2,)
+    if dout_act.raw.shape != half:
+        raise ValueError(f"dout must have shape {half} (x's with the last dimension halved), "
+                         f"got {dout_act.raw.shape}")
+    din = x_act.empty()
+    _C.op_glu(din, x_act.raw, _activation_code(kind), x_act.dt, dout=dout_act.raw)
+    return x_act.wrap(din)
 
 
 # --- rotary position embedding ----------------------------------------------------------------
