@@ -6,6 +6,9 @@ Environment:
                             CUDA 13+ is present; _build/gputrain_cuda.py)
   GPUTRAIN_SANITIZE=1       build with -fsanitize=address,undefined
   GPUTRAIN_SANITIZE=thread  build with -fsanitize=thread (.ci/sanitizers.sh runs both)
+  GPUTRAIN_CUDA_ARCHS=90    the sm_XX targets, comma-separated (default 80,86,89,90); PTX of the
+                            last is embedded too. One target builds for the GPU at hand only
+                            (.ci/gpu_check.sh passes the device's compute capability)
   CUDA_HOME / CUDA_PATH     the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
 
 The CPU GEMM library is oneDNN (onednn-cpu-gomp) on x86-64 and OpenBLAS (scipy-openblas32)
@@ -22,6 +25,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy
@@ -32,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bu
 import gputrain_cuda  # noqa: E402
 
 VERSION = "0.1.0"
-CUDA_ARCHS = ["80", "86", "89", "90"]  # sm_XX targets; PTX of the last is embedded for newer GPUs
+CUDA_ARCHS = gputrain_cuda.cuda_archs()  # sm_XX targets; PTX of the last is embedded for newer GPUs
 
 
 class Blas(NamedTuple):
@@ -90,7 +95,9 @@ def find_cuda(source):
         dirs = list(dict.fromkeys([os.path.join(root, lib) for root in (home, cudnn, nccl) for lib in ("lib64", "lib")]))
         dirs = [d for d in dirs if os.path.isdir(d)]
         includes = list(dict.fromkeys([os.path.join(root, "include") for root in (home, cudnn, nccl)]))
-        return Cuda(home, includes, dirs, ["cudart", "cublasLt", "cublas", "cudnn", "nccl"], dirs)
+        names = ["cudart", "cublasLt", "cublas", gputrain_cuda.link_name(dirs, "cudnn", "libcudnn.so.9"),
+                 gputrain_cuda.link_name(dirs, "nccl", "libnccl.so.2")]
+        return Cuda(home, includes, dirs, names, dirs)
     if source.kind == "wheels":
         home, cudnn = gputrain_cuda.wheels_home(), gputrain_cuda.wheels_cudnn_home()
         nccl = gputrain_cuda.wheels_nccl_home()
@@ -178,7 +185,8 @@ class BuildExt(build_ext):
         print(f"gputrain: CPU GEMM library {BLAS.name} ({BLAS.library_dir})", flush=True)
         if cuda:
             print(f"gputrain: CUDA backend from the {CUDA_SOURCE.why} ({nvcc_version(cuda.home)}), "
-                  f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX", flush=True)
+                  f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX; libraries {' '.join(cuda.libraries)} from "
+                  f"{' '.join(cuda.library_dirs)}", flush=True)
         else:
             print(f"gputrain: CPU-only build ({CUDA_SOURCE.why})", flush=True)
         for ext in self.extensions:
@@ -201,18 +209,31 @@ class BuildExt(build_ext):
                 f.write(settings)
 
     def compile_cuda(self, cuda, sources):
-        nvcc = os.path.join(cuda.home, "bin", "nvcc")
-        objects = []
-        for source in sources:
-            obj = os.path.join(self.build_temp, source + ".o")
-            os.makedirs(os.path.dirname(obj), exist_ok=True)
-            deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/**/*.h", recursive=True)
-            if self.force or not os.path.exists(obj) or any(os.path.getmtime(d) > os.path.getmtime(obj) for d in deps):
-                cmd = [nvcc, *nvcc_flags(cuda), "-c", source, "-o", obj]
-                print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-                subprocess.check_call(cmd)
-            objects.append(obj)
-        return objects
+        """Compiles the stale .cu files, as many nvcc processes at a time as build_ext's parallel
+        (all cores by default); returns every object."""
+        jobs = [(source, os.path.join(self.build_temp, source + ".o")) for source in sources]
+        stale = [(source, obj) for source, obj in jobs if self.cuda_object_stale(source, obj)]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(stale) or 1))) as pool:
+            failures = [f for f in pool.map(lambda job: run_nvcc(cuda, *job), stale) if f]
+        if failures:
+            raise RuntimeError("nvcc failed:\n" + "\n".join(failures))
+        return [obj for _, obj in jobs]
+
+    def cuda_object_stale(self, source, obj):
+        deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/**/*.h", recursive=True)
+        return self.force or not os.path.exists(obj) or any(os.path.getmtime(d) > os.path.getmtime(obj) for d in deps)
+
+
+def run_nvcc(cuda, source, obj):
+    """Compiles one .cu file; "" on success, else the command and nvcc's output."""
+    os.makedirs(os.path.dirname(obj), exist_ok=True)
+    cmd = [os.path.join(cuda.home, "bin", "nvcc"), *nvcc_flags(cuda), "-c", source, "-o", obj]
+    line = " ".join(shlex.quote(c) for c in cmd)
+    print(line, flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(f"gputrain: nvcc {source}: {time.perf_counter() - start:.1f} s\n{done.stdout}", end="", flush=True)
+    return "" if done.returncode == 0 else f"{line}\n{done.stdout}"
 
 
 extension = Extension(

@@ -394,6 +394,18 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
+/* RMSNorm over the last dim (ops/rmsnorm_hd.h): out = in * rstd * weight (weight NULL: no
+ * affine), rstd = 1 / sqrt(mean(in^2) + eps): (rows,) f32, saved for backward. */
+#define GT_PARAMS_RMSNORM_FORWARD(P, A) \
+    P(void *, out) P(float *, rstd) P(const void *, in) P(const float *, weight) P(int64_t, rows) \
+    P(int64_t, cols) P(float, eps) P(gt_dtype, dt)
+/* din = dRMSNorm/din (written; may alias dout; NULL: not wanted); dweight (+)= per `accumulate`
+ * (NULL, with weight NULL: no affine). */
+#define GT_PARAMS_RMSNORM_BACKWARD(P, A) \
+    P(void *, din) P(float *, dweight) P(const void *, dout) P(const void *, in) \
+    P(const float *, weight) P(const float *, rstd) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt) \
+    P(int, accumulate)
+
 /* Gated activation (SwiGLU with act = GT_ACT_SILU, GeGLU-tanh with GT_ACT_GELU_TANH, any
  * gt_activation): in is (rows, 2 inter), each row [gate | up] (the output of one GEMM by the
  * stacked [gate_proj; up_proj] weight, or two GEMMs into the halves); out (rows, inter) =
@@ -452,6 +464,8 @@ typedef struct gt_pool2d_args {
     X(QUERY, pool2d_workspace_bytes, GT_PARAMS_POOL2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, pool2d_forward, GT_PARAMS_POOL2D, NO_SKIP)                                \
     X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)                               \
+    X(LAUNCH, rmsnorm_forward, GT_PARAMS_RMSNORM_FORWARD, NO_SKIP)                      \
+    X(LAUNCH, rmsnorm_backward, GT_PARAMS_RMSNORM_BACKWARD, NO_SKIP)                    \
     X(LAUNCH, rope_forward, GT_PARAMS_ROPE, NO_SKIP)                                    \
     X(LAUNCH, rope_backward, GT_PARAMS_ROPE, NO_SKIP)                                   \
     X(LAUNCH, glu_forward, GT_PARAMS_GLU_FORWARD, NO_SKIP)                              \
