@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter, whose /proc/self/maps says what was load
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -107,6 +108,15 @@ def test_libraries_are_found_loaded_and_version_checked_without_a_gpu():
     assert out["cudnn"] == out["libraries"]["cudnn"]["version"]
     assert {"cublas", "cublasLt", "cudnn", "nccl"} <= set(out["info"])
     assert not any(re.search(r"/libcudart\.so", p) for p in out["mapped"])  # the runtime is static
+
+
+@needs_cuda_build
+def test_a_cuda_build_requires_cuda_pathfinder():
+    try:
+        requirements = importlib.metadata.requires("gputrain") or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("gputrain is imported from a build tree, not installed")
+    assert any(re.match(r"cuda-pathfinder\b", r) for r in requirements), requirements
 
 
 def test_the_extension_links_no_cuda_library():
