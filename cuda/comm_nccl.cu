@@ -231,7 +231,7 @@ gt_status reduce_scatter(const bucket_args &a) {
     auto staging_of = [&](int r) {  // peers in rank order, this rank left out
         return span{static_cast<char *>(a.s->staging) + (size_t)(r - (r > a.comm->rank)) * slot * a.elem, mine_count};
     };
-    GT_TRY(exchange_with_peers(a, "ncclSend/gt_nccl.ncclRecv (reduce-scatter)", [&](int r) { return chunk_of(a, r); },
+    GT_TRY(exchange_with_peers(a, "ncclSend/ncclRecv (reduce-scatter)", [&](int r) { return chunk_of(a, r); },
                                staging_of));
     if (!mine_count)
         return GT_OK;
@@ -249,7 +249,7 @@ gt_status reduce_scatter(const bucket_args &a) {
 // Grouped send/recv: this rank's summed chunk to every peer, theirs into place.
 gt_status allgather(const bucket_args &a) {
     span mine = chunk_of(a, a.comm->rank);
-    return exchange_with_peers(a, "ncclSend/gt_nccl.ncclRecv (all-gather)", [&](int) { return mine; },
+    return exchange_with_peers(a, "ncclSend/ncclRecv (all-gather)", [&](int) { return mine; },
                                [&](int r) { return chunk_of(a, r); });
 }
 

@@ -162,15 +162,15 @@ gt_status descs_set(conv_descs *d, const gt_conv2d_args *a) {
     cudnnDataType_t t = data_type(a->dt);
     int n = (int)a->batch, oh = (int)gt_conv2d_out_h(a), ow = (int)gt_conv2d_out_w(a);
     GT_CUDNN_TRY(gt_cudnn.cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, t, n, (int)a->in_channels, (int)a->height,
-                                            (int)a->width), "gt_cudnn.cudnnSetTensor4dDescriptor(x)");
+                                                     (int)a->width), "cudnnSetTensor4dDescriptor(x)");
     GT_CUDNN_TRY(gt_cudnn.cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, t, n, (int)a->out_channels, oh, ow),
-                 "gt_cudnn.cudnnSetTensor4dDescriptor(out)");
+                 "cudnnSetTensor4dDescriptor(out)");
     GT_CUDNN_TRY(gt_cudnn.cudnnSetFilter4dDescriptor(d->w, t, CUDNN_TENSOR_NCHW, (int)a->out_channels,
-                                            (int)(a->in_channels / a->groups), (int)a->kernel_h, (int)a->kernel_w),
-                 "gt_cudnn.cudnnSetFilter4dDescriptor(weight)");
+                                                     (int)(a->in_channels / a->groups), (int)a->kernel_h, (int)a->kernel_w),
+                 "cudnnSetFilter4dDescriptor(weight)");
     GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolution2dDescriptor(d->conv, (int)a->pad_h, (int)a->pad_w, (int)a->stride_h,
-                                                 (int)a->stride_w, (int)a->dilation_h, (int)a->dilation_w,
-                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                                                          (int)a->stride_w, (int)a->dilation_h, (int)a->dilation_w,
+                                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                  "cudnnSetConvolution2dDescriptor");
     GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionGroupCount(d->conv, (int)a->groups), "cudnnSetConvolutionGroupCount");
     return GT_OK;
@@ -230,11 +230,11 @@ gt_status choose_forward(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_a
     int count = 0;
     if (globals.benchmark.load())
         GT_CUDNN_TRY(gt_cudnn.cudnnFindConvolutionForwardAlgorithm(h, d->x, d->w, d->conv, d->y,
-                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+                                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
                      "cudnnFindConvolutionForwardAlgorithm");
     else
         GT_CUDNN_TRY(gt_cudnn.cudnnGetConvolutionForwardAlgorithm_v7(h, d->x, d->w, d->conv, d->y,
-                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+                                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
                      "cudnnGetConvolutionForwardAlgorithm_v7");
     int i = first_usable(perf, count, limit);
     if (i < 0)
@@ -251,11 +251,11 @@ gt_status choose_data(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_args
     int count = 0;
     if (globals.benchmark.load())
         GT_CUDNN_TRY(gt_cudnn.cudnnFindConvolutionBackwardDataAlgorithm(h, d->w, d->y, d->conv, d->x,
-                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+                                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
                      "cudnnFindConvolutionBackwardDataAlgorithm");
     else
         GT_CUDNN_TRY(gt_cudnn.cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d->w, d->y, d->conv, d->x,
-                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+                                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
                      "cudnnGetConvolutionBackwardDataAlgorithm_v7");
     int i = first_usable(perf, count, limit);
     if (i < 0)
@@ -272,13 +272,13 @@ gt_status choose_filter(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_ar
     int count = 0;
     if (globals.benchmark.load())
         GT_CUDNN_TRY(gt_cudnn.cudnnFindConvolutionBackwardFilterAlgorithm(h, d->x, d->y, d->conv, d->w,
-                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
-                                                                 perf),
+                                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                                          perf),
                      "cudnnFindConvolutionBackwardFilterAlgorithm");
     else
         GT_CUDNN_TRY(gt_cudnn.cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d->x, d->y, d->conv, d->w,
-                                                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
-                                                                   perf),
+                                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                                            perf),
                      "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     int i = first_usable(perf, count, limit);
     if (i < 0)
@@ -456,8 +456,8 @@ gt_status data_gradient(const conv_call *call, gt_backend *be, const gt_conv2d_a
     const float one = 1.0f, zero = 0.0f;
     GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(call->d->conv, call->c.data_math), "cudnnSetConvolutionMathType");
     GT_CUDNN_TRY(gt_cudnn.cudnnConvolutionBackwardData(call->rt->handle, &one, call->d->w, a->weight, call->d->y, a->dout,
-                                              call->d->conv, call->c.data, be->workspace, call->c.data_bytes, &zero,
-                                              call->d->x, a->dx),
+                                                       call->d->conv, call->c.data, be->workspace, call->c.data_bytes, &zero,
+                                                       call->d->x, a->dx),
                  "cudnnConvolutionBackwardData");
     return GT_OK;
 }
@@ -469,8 +469,8 @@ gt_status filter_gradient(const conv_call *call, gt_backend *be, const gt_conv2d
     void *work = static_cast<char *>(be->workspace) + stage;
     GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(call->d->conv, call->c.filter_math), "cudnnSetConvolutionMathType");
     GT_CUDNN_TRY(gt_cudnn.cudnnConvolutionBackwardFilter(call->rt->handle, &one, call->d->x, a->x, call->d->y, a->dout,
-                                                call->d->conv, call->c.filter, work, call->c.filter_bytes, &beta,
-                                                call->d->w, dw),
+                                                         call->d->conv, call->c.filter, work, call->c.filter_bytes, &beta,
+                                                         call->d->w, dw),
                  "cudnnConvolutionBackwardFilter");
     if (!stage)
         return GT_OK;
@@ -520,8 +520,8 @@ extern "C" gt_status gt_cuda_conv2d_forward(gt_backend *be, const gt_conv2d_args
     const float one = 1.0f, zero = 0.0f;
     GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(call.d->conv, call.c.fwd_math), "cudnnSetConvolutionMathType");
     GT_CUDNN_TRY(gt_cudnn.cudnnConvolutionForward(call.rt->handle, &one, call.d->x, args->x, call.d->w, args->weight,
-                                         call.d->conv, call.c.fwd, be->workspace, call.c.fwd_bytes, &zero, call.d->y,
-                                         args->out),
+                                                  call.d->conv, call.c.fwd, be->workspace, call.c.fwd_bytes, &zero, call.d->y,
+                                                  args->out),
                  "cudnnConvolutionForward");
     return args->bias ? add_bias(&call, args) : GT_OK;
 }

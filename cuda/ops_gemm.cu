@@ -165,10 +165,10 @@ gt_status make_layout(cublasLtMatrixLayout_t *out, cudaDataType_t type, uint64_t
     if (batch == 1)
         return GT_OK;
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch),
-                  "gt_cublaslt.cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+                  "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                   sizeof stride),
-                  "gt_cublaslt.cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+                                                               sizeof stride),
+                  "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
     return GT_OK;
 }
 
@@ -176,8 +176,8 @@ gt_status make_preference(cublasLtMatmulPreference_t *out, const BlasCall &call)
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulPreferenceCreate(out), "cublasLtMatmulPreferenceCreate");
     uint64_t workspace = call.workspace_bytes;
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulPreferenceSetAttribute(*out, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                       sizeof workspace),
-                  "gt_cublaslt.cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+                                                                   sizeof workspace),
+                  "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
     uint32_t align_a = alignment_of(call.a, call.stride_a, type_size(call.a_type), call.batch);
     uint32_t align_b = alignment_of(call.b, call.stride_b, type_size(call.b_type), call.batch);
     uint32_t align_c = alignment_of(call.c, call.stride_c, type_size(call.c_type), call.batch);
@@ -187,7 +187,7 @@ gt_status make_preference(cublasLtMatmulPreference_t *out, const BlasCall &call)
     const uint32_t values[4] = {align_a, align_b, align_c, align_c};
     for (int i = 0; i < 4; i++)
         GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulPreferenceSetAttribute(*out, attrs[i], &values[i], sizeof values[i]),
-                      "gt_cublaslt.cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
+                      "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
     return GT_OK;
 }
 
@@ -198,9 +198,9 @@ gt_status lt_matmul(const gt_cuda_backend_state *state, const BlasCall &call, bo
     LtDescs d;
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulDescCreate(&d.op, call.compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &call.trans_a, sizeof call.trans_a),
-                  "gt_cublaslt.cublasLtMatmulDescSetAttribute(TRANSA)");
+                  "cublasLtMatmulDescSetAttribute(TRANSA)");
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &call.trans_b, sizeof call.trans_b),
-                  "gt_cublaslt.cublasLtMatmulDescSetAttribute(TRANSB)");
+                  "cublasLtMatmulDescSetAttribute(TRANSB)");
     bool ta = call.trans_a == CUBLAS_OP_T, tb = call.trans_b == CUBLAS_OP_T;
     GT_TRY(make_layout(&d.a, call.a_type, ta ? call.k : call.m, ta ? call.m : call.k, call.lda, call.batch,
                        call.stride_a));
@@ -217,7 +217,7 @@ gt_status lt_matmul(const gt_cuda_backend_state *state, const BlasCall &call, bo
     if (status != CUBLAS_STATUS_SUCCESS)
         return cublas_fail(status, "cublasLtMatmulAlgoGetHeuristic", __LINE__);
     GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmul(handle, d.op, &call.alpha, call.a, d.a, call.b, d.b, &call.beta, call.c, d.c, call.c,
-                                 d.c, &result.algo, call.workspace, call.workspace_bytes, stream_of(state)),
+                                             d.c, &result.algo, call.workspace, call.workspace_bytes, stream_of(state)),
                   "cublasLtMatmul");
     *ran = true;
     return GT_OK;
@@ -229,10 +229,10 @@ gt_status legacy_matmul(const gt_cuda_backend_state *state, const BlasCall &call
     std::lock_guard<std::mutex> guard(legacy_lock);
     GT_CUBLAS_TRY(gt_cublas.cublasSetStream(handle, stream_of(state)), "cublasSetStream");
     GT_CUBLAS_TRY(gt_cublas.cublasGemmStridedBatchedEx(handle, call.trans_a, call.trans_b, (int)call.m, (int)call.n,
-                                             (int)call.k, &call.alpha, call.a, call.a_type, (int)call.lda,
-                                             call.stride_a, call.b, call.b_type, (int)call.ldb, call.stride_b,
-                                             &call.beta, call.c, call.c_type, (int)call.ldc, call.stride_c,
-                                             call.batch, call.compute, CUBLAS_GEMM_DEFAULT),
+                                                       (int)call.k, &call.alpha, call.a, call.a_type, (int)call.lda,
+                                                       call.stride_a, call.b, call.b_type, (int)call.ldb, call.stride_b,
+                                                       &call.beta, call.c, call.c_type, (int)call.ldc, call.stride_c,
+                                                       call.batch, call.compute, CUBLAS_GEMM_DEFAULT),
                   "cublasGemmStridedBatchedEx");
     return GT_OK;
 }
