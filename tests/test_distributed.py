@@ -240,7 +240,7 @@ def test_launcher_variables(env, expected):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"RANK": "x", "WORLD_SIZE": "2"}, "not integers"),
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x': not an integer"),
     ({"PMI_RANK": "2", "PMI_SIZE": "2"}, "0 <= rank < world size"),
 ])
 def test_bad_launcher_variables_raise(env, message):

@@ -209,6 +209,110 @@ def test_ctrl_c_abandons_a_collective_that_waits_for_a_live_rank():
             p.communicate()
 
 
+def rank_pids(job: subprocess.Popen, n: int) -> tuple[list[int], str]:
+    """The pids that the ranks of _sleeper() print, and the output read so far."""
+    output, pids = "", []
+    while len(pids) < n:
+        line = job.stdout.readline()
+        assert line, output
+        output += line
+        pids = [int(pid) for pid in re.findall(r"rank \d+ pid (\d+)\n", output)]
+    return pids, output
+
+
+def sleeper(tmp_path: Path) -> str:
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nos.write(1, f\"rank {os.environ['RANK']} pid {os.getpid()}\\n\".encode())\n"
+                      "time.sleep(120)\n")  # one write: the ranks' lines do not interleave
+    return str(script)
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping: not gone, not a zombie nobody reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path):
+    """kill -9 of the launcher (no chance to stop its ranks): every rank is gone within 5 s."""
+    job = launch(2, sleeper(tmp_path))
+    pids: list[int] = []
+    try:
+        pids, output = rank_pids(job, 2)
+        assert all(alive(pid) for pid in pids), output
+        job.kill()
+        job.wait(timeout=10)
+        started = time.monotonic()
+        while any(alive(pid) for pid in pids) and time.monotonic() - started < 5.0:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids), [pid for pid in pids if alive(pid)]
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        job.kill()
+        job.communicate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_whose_launcher_died_while_it_started_exits_before_running():
+    """The race the parent-pid check closes: the death signal was asked for after the parent had
+    died (here: the child's parent is not the pid it expects) -> the child exits, status 1,
+    without running the program."""
+    from gputrain._parent_death import die_with_parent
+    done = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=30,
+                          preexec_fn=die_with_parent(os.getpid() + 1_000_000))
+    assert (done.returncode, done.stdout) == (1, "")
+    done = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=30,
+                          preexec_fn=die_with_parent(os.getpid()))
+    assert (done.returncode, done.stdout) == (0, "ran\n")
+
+
+@pytest.mark.parametrize("exiting", [0, 1])
+def test_a_rank_that_exits_before_init_fails_the_others_init_at_once(tmp_path, exiting):
+    """Under the launcher, one of 3 ranks exits with status 0 before init(): the others, waiting
+    with the default timeout (300 s) as the store (rank 0), for the store (ranks 1, 2) or for
+    its table (rank 2), raise within seconds, naming it; the launcher exits with their status."""
+    script = tmp_path / "early_exit.py"
+    script.write_text(f"""import os, sys, time
+if os.environ["RANK"] == "{exiting}":
+    sys.exit(0)
+from gputrain import distributed as dist
+started = time.monotonic()
+try:
+    dist.init()
+except ConnectionError as error:
+    os.write(1, f"rank {{os.environ['RANK']}} after {{time.monotonic() - started:.1f}} s: {{error}}\\n".encode())
+    sys.exit(3)
+""")
+    started = time.monotonic()
+    job = launch(3, str(script))
+    try:
+        output = job.communicate(timeout=60)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()  # its ranks die with it
+            job.communicate()
+    assert job.returncode == 3, output
+    waited = [float(w) for w in re.findall(r"^rank \d after ([0-9.]+) s: .*rank %d exited \(status 0\)" % exiting,
+                                           output, re.MULTILINE)]
+    assert waited and max(waited) < 5.0, output
+    assert time.monotonic() - started < 30
+
+
+def test_the_launcher_names_an_address_it_cannot_use(tmp_path):
+    job = launch(2, "--master-addr", "no-such-host.invalid", sleeper(tmp_path))
+    output = job.communicate(timeout=30)[0]
+    assert job.returncode == 1 and "--master-addr 'no-such-host.invalid'" in output, output
+    assert "pid" not in output  # no rank started
+
+
 # ---- in this process: the environment, the store ----
 
 @pytest.fixture
@@ -226,17 +330,32 @@ def torchrun_env(monkeypatch):
     dist.destroy()
 
 
+HUGE, MANY_DIGITS = str(2**40), "9" * 5000  # OverflowError / int()'s digit limit, unless checked first
+
+
 @pytest.mark.parametrize("name, value, message", [
-    ("RANK", "x", "RANK='x': not an integer"),
+    ("RANK", "x", "RANK='x': not a decimal integer"),
+    ("RANK", "1.0", "RANK='1.0': not a decimal integer"),
+    ("RANK", "1_0", "RANK='1_0': not a decimal integer"),
     ("RANK", "2", r"RANK=2: need 0 <= RANK < WORLD_SIZE \(2\)"),
+    ("RANK", "-1", r"RANK=-1: need 0 <= RANK < WORLD_SIZE \(2\)"),
+    ("RANK", HUGE, f"RANK={HUGE}: need 0 <= RANK"),
     ("RANK", None, "RANK is not set"),
-    ("WORLD_SIZE", "0", "WORLD_SIZE=0: must be at least 1"),
-    ("WORLD_SIZE", "two", "WORLD_SIZE='two': not an integer"),
-    ("LOCAL_RANK", "-1", "LOCAL_RANK=-1"),
+    ("WORLD_SIZE", "0", "WORLD_SIZE=0: must be in 1..65536"),
+    ("WORLD_SIZE", "-2", "WORLD_SIZE=-2: must be in 1..65536"),
+    ("WORLD_SIZE", HUGE, f"WORLD_SIZE={HUGE}: must be in 1..65536"),
+    ("WORLD_SIZE", MANY_DIGITS, "WORLD_SIZE=9999.*: must be in 1..65536"),
+    ("WORLD_SIZE", "two", "WORLD_SIZE='two': not a decimal integer"),
+    ("LOCAL_RANK", "-1", "LOCAL_RANK=-1: need 0 <= LOCAL_RANK <= RANK"),
+    ("LOCAL_RANK", HUGE, f"LOCAL_RANK={HUGE}: need 0 <= LOCAL_RANK <= RANK"),
+    ("LOCAL_RANK", "zero", "LOCAL_RANK='zero': not a decimal integer"),
     ("MASTER_ADDR", " ", "MASTER_ADDR=' '"),
     ("MASTER_ADDR", None, "MASTER_ADDR=''"),
     ("MASTER_PORT", "70000", "MASTER_PORT=70000: not a TCP port"),
-    ("MASTER_PORT", "", "MASTER_PORT='': not an integer"),
+    ("MASTER_PORT", "-1", "MASTER_PORT=-1: not a TCP port"),
+    ("MASTER_PORT", HUGE, f"MASTER_PORT={HUGE}: not a TCP port"),
+    ("MASTER_PORT", "", "MASTER_PORT='': not a decimal integer"),
+    ("MASTER_PORT", "http", "MASTER_PORT='http': not a decimal integer"),
 ])
 def test_bad_torchrun_variables_raise_naming_the_variable(torchrun_env, monkeypatch, name, value, message):
     if value is None:
@@ -246,6 +365,29 @@ def test_bad_torchrun_variables_raise_naming_the_variable(torchrun_env, monkeypa
     with pytest.raises(ValueError, match=message):
         dist.init(timeout=1.0, backend="tcp")
     assert not dist.is_initialized() and dist.communicator() is None
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_unresolvable_master_addr_raises_naming_it(torchrun_env, monkeypatch, rank):
+    """At once, on the store's rank and on the joining one (not a retry until the timeout)."""
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    with pytest.raises(OSError, match=r"MASTER_ADDR='no-such-host.invalid' \(MASTER_PORT=%d\)" % torchrun_env):
+        dist.init(timeout=60.0, backend="tcp")
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": HUGE, "WORLD_SIZE": "2"}, f"RANK='{HUGE}': not an integer in 0..2147483647"),
+    ({"RANK": "0", "WORLD_SIZE": HUGE}, f"WORLD_SIZE='{HUGE}': not an integer"),
+    ({"RANK": "0", "WORLD_SIZE": MANY_DIGITS}, "WORLD_SIZE='9999"),
+    ({"PMI_RANK": "-1", "PMI_SIZE": "2"}, "PMI_RANK='-1': not an integer"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "four"}, "SLURM_NTASKS='four': not an integer"),
+])
+def test_bad_launcher_variables_of_the_mpi_path_name_the_variable(env, message):
+    with pytest.raises(ValueError, match=message):
+        dist.launcher_env(env)
 
 
 def test_a_port_in_use_raises_naming_master_port(torchrun_env):
@@ -269,6 +411,54 @@ def test_a_world_of_one_needs_no_store(torchrun_env, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     dist.init(backend="tcp")
     assert (dist.get_rank(), dist.get_world_size(), dist.communicator()) == (0, 1, None)
+
+
+def test_a_store_that_fails_tells_the_rank_that_joined_why():
+    """Rank 1 joins with WORLD_SIZE=3, rank 0 (a thread here) has 2: both raise at once, and rank
+    1 says what rank 0 refused instead of "the other side closed the connection"."""
+    import threading
+    from gputrain.distributed import _tcp
+    port, errors = free_port(), []
+
+    def rank0() -> None:
+        try:
+            _tcp.connect(_tcp.TcpEnv(0, 2, 0, "127.0.0.1", port), 20.0)
+        except Exception as error:  # noqa: BLE001 (recorded for the assertion)
+            errors.append(error)
+
+    thread = threading.Thread(target=rank0)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"rank 1: rank 0's store failed: ValueError: WORLD_SIZE/RANK: a rank "
+                                              r"joined as rank 1 of 3; rank 0 has WORLD_SIZE=2"):
+        _tcp.connect(_tcp.TcpEnv(1, 3, 1, "127.0.0.1", port), 20.0)
+    thread.join(timeout=20)
+    assert len(errors) == 1 and isinstance(errors[0], ValueError) and time.monotonic() - started < 10
+
+
+def test_the_launchers_notices_name_the_rank_that_exited():
+    """The pipe that gputrain.distributed.run gives each rank: read only by the launcher's own
+    child (the pid in the variable is its parent), and a notice of an exit fails the wait on a
+    socket at once."""
+    from gputrain.distributed import _tcp
+    read, write = os.pipe()
+    try:
+        assert _tcp._Notices({_tcp.NOTICES_VAR: f"{os.getppid() + 1}:{read}"}).fd is None  # a grandchild
+        assert _tcp._Notices({_tcp.NOTICES_VAR: f"{os.getppid()}:{write + 1000}"}).fd is None  # not open
+        notices = _tcp._Notices({_tcp.NOTICES_VAR: f"{os.getppid()}:{read}"})
+        assert notices.fd == read and not os.get_inheritable(read)
+        notices.check("waiting")  # nothing yet
+        a, b = socket.socketpair()
+        with a, b:
+            os.write(write, b"2 0\n")
+            started = time.monotonic()
+            with pytest.raises(ConnectionError, match=r"waiting: rank 2 exited \(status 0\) before the ranks"):
+                notices.wait(a, time.monotonic() + 30.0, "waiting")
+            assert time.monotonic() - started < 5
+        with pytest.raises(ConnectionError, match="rank 2 exited"):  # remembered
+            notices.check("waiting")
+    finally:
+        os.close(read), os.close(write)
 
 
 def test_backend_is_checked_and_chosen(torchrun_env, monkeypatch):

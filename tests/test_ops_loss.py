@@ -81,6 +81,26 @@ def test_cross_entropy_all_rows_ignored():
     assert math.isnan(loss) and not dlogits.any()
 
 
+def test_an_all_ignored_micro_batch_adds_zero_to_a_train_steps_loss_and_gradient():
+    """The documented difference (gputrain/step.py): the functional gives NaN for a batch with every
+    target ignored (as PyTorch); a TrainStep counts such a micro-batch as loss 0 with no gradient,
+    still in the divisor, and a step with no counted target reports 0.0 and a zero gradient norm."""
+    import gputrain as gt
+    model = gt.nn.Sequential(gt.nn.Linear(4, 3))
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0),
+                        gradient_accumulation_steps=2, max_grad_norm=1.0)
+    x = randn((4, 4), 3)
+    ignored = np.full(4, -100)
+    assert math.isnan(F.cross_entropy(model(x), ignored)[0])
+    out = step(x, ignored)
+    assert (out.loss, out.grad_norm) == (0.0, 0.0)
+    assert all(np.array_equal(v, before[k]) for k, v in model.state_dict().items())  # AdamW: 0 / (0 + eps)
+    half = np.array([2, 0, -100, -100])  # micro-batch 0 counted, micro-batch 1 all ignored
+    expected = F.cross_entropy(model(x[:2]), half[:2])[0] / 2
+    assert step(x, half).loss == pytest.approx(expected, rel=1e-6)
+
+
 def test_cross_entropy_custom_ignore_index_and_int32_targets():
     logits = randn((4, 5), 5)
     targets = np.array([1, 3, 3, 0], dtype=np.int32)

@@ -4,6 +4,7 @@ state, EMA, scheduler and the dropout stream -- with dropout, accumulation and a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -112,6 +113,18 @@ def test_stop_and_resume_is_bit_identical(reference, tmp_path, resumed_options):
         assert [json.loads(line) for line in f] == json.loads(json.dumps(resumed.state.log_history))
 
 
+def rehash(directory, name):
+    """The manifest's entry of an edited file, rewritten to the file's new bytes."""
+    manifest_path = os.path.join(directory, ckpt.MANIFEST_NAME)
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    with open(os.path.join(directory, name), "rb") as f:
+        data = f.read()
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+
+
 def test_resume_without_the_dropout_position_diverges(reference, tmp_path):
     """The regression the exact resume guards against: the dropout stream's position matters."""
     make_trainer(str(tmp_path), callbacks=[StopAt(9)]).train()
@@ -121,6 +134,7 @@ def test_resume_without_the_dropout_position_diverges(reference, tmp_path):
     state["model_step"] = 0
     with open(state_path, "w") as f:
         json.dump(state, f)
+    rehash(os.path.join(str(tmp_path), "checkpoint-9"), "gputrain_state.json")  # else the manifest refuses it
     resumed = make_trainer(str(tmp_path))
     resumed.train(resume_from_checkpoint=os.path.join(str(tmp_path), "checkpoint-9"))
     assert not np.array_equal(resumed.model.state_dict()["0.weight"], reference["model"]["0.weight"])
@@ -193,9 +207,9 @@ def test_checkpoint_files_and_save_total_limit(tmp_path):
     trainer.train()
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-5", "checkpoint-6", "history.jsonl"]
     files = sorted(os.listdir(tmp_path / "checkpoint-6"))
-    assert files == ["ema.json", "gputrain_state.json", "model.safetensors", "model_ema.safetensors",
-                     "optimizer.json", "optimizer.safetensors", "scheduler.json", "trainer_state.json",
-                     "training_args.json"]
+    assert files == ["ema.json", "gputrain_state.json", "manifest.json", "model.safetensors",
+                     "model_ema.safetensors", "optimizer.json", "optimizer.safetensors", "scheduler.json",
+                     "trainer_state.json", "training_args.json"]
     weights = ckpt.load_arrays(str(tmp_path / "checkpoint-6" / "model.safetensors"))
     for name, value in trainer.model.state_dict().items():
         assert np.array_equal(weights[name], value)

@@ -368,6 +368,18 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
+/* RMSNorm over the last dim (ops/rmsnorm_hd.h): out = in * rstd * weight (weight NULL: no
+ * affine), rstd = 1 / sqrt(mean(in^2) + eps): (rows,) f32, saved for backward. */
+#define GT_PARAMS_RMSNORM_FORWARD(P, A) \
+    P(void *, out) P(float *, rstd) P(const void *, in) P(const float *, weight) P(int64_t, rows) \
+    P(int64_t, cols) P(float, eps) P(gt_dtype, dt)
+/* din = dRMSNorm/din (written; may alias dout; NULL: not wanted); dweight (+)= per `accumulate`
+ * (NULL, with weight NULL: no affine). */
+#define GT_PARAMS_RMSNORM_BACKWARD(P, A) \
+    P(void *, din) P(float *, dweight) P(const void *, dout) P(const void *, in) \
+    P(const float *, weight) P(const float *, rstd) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt) \
+    P(int, accumulate)
+
 /* Every op: X(kind, name, params, skip), in table order (append a new op above the end marker).
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
@@ -408,6 +420,8 @@ typedef struct gt_pool2d_args {
     X(QUERY, pool2d_workspace_bytes, GT_PARAMS_POOL2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, pool2d_forward, GT_PARAMS_POOL2D, NO_SKIP)                                \
     X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)                               \
+    X(LAUNCH, rmsnorm_forward, GT_PARAMS_RMSNORM_FORWARD, NO_SKIP)                      \
+    X(LAUNCH, rmsnorm_backward, GT_PARAMS_RMSNORM_BACKWARD, NO_SKIP)                    \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

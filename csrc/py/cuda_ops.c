@@ -242,6 +242,44 @@ static gt_status run_layernorm_backward(gt_backend *be, op_call *call) {
                                        call->size[1], call->dt[0], call->flag);
 }
 
+/* (rows, cols, eps, dt): arrays out, rstd, in, weight */
+static int parse_rmsnorm_forward(PyObject *module, PyObject *args, op_call *call) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLds:rmsnorm_forward", &call->size[0], &call->size[1], &call->real[0], &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    long long rows = call->size[0], cols = call->size[1];
+    call->need[0] = call->need[2] = bytes_of(rows, cols, gt_dtype_size(call->dt[0]));
+    call->need[1] = bytes_of(rows, 1, sizeof(float));
+    call->need[3] = bytes_of(cols, 1, sizeof(float));
+    return 0;
+}
+
+static gt_status run_rmsnorm_forward(gt_backend *be, op_call *call) {
+    void **p = call->ptr;
+    return be->ops->rmsnorm_forward(be, p[0], p[1], p[2], p[3], call->size[0], call->size[1], (float)call->real[0],
+                                    call->dt[0]);
+}
+
+/* (rows, cols, dt, accumulate): arrays din, dweight, dout, in, weight, rstd */
+static int parse_rmsnorm_backward(PyObject *module, PyObject *args, op_call *call) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLsp:rmsnorm_backward", &call->size[0], &call->size[1], &dt, &call->flag) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    long long rows = call->size[0], cols = call->size[1];
+    call->need[0] = call->need[2] = call->need[3] = bytes_of(rows, cols, gt_dtype_size(call->dt[0]));
+    call->need[1] = call->need[4] = bytes_of(cols, 1, sizeof(float));
+    call->need[5] = bytes_of(rows, 1, sizeof(float));
+    return 0;
+}
+
+static gt_status run_rmsnorm_backward(gt_backend *be, op_call *call) {
+    void **p = call->ptr;
+    return be->ops->rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], call->size[0], call->size[1],
+                                     call->dt[0], call->flag);
+}
+
 /* forward (n, num, dim, dt): arrays out, ids, table; backward (n, num, dim, dt, accumulate):
  * arrays dtable, dout, ids */
 static int parse_embedding(PyObject *module, PyObject *args, op_call *call, int backward) {
@@ -440,6 +478,9 @@ static const op_spec specs[] = {
      run_layernorm_forward, 0},
     {"layernorm_backward", 8, {"din", "dweight", "dbias", "dout", "in", "weight", "mean", "rstd"}, 1u << 0 | 1u << 2,
      parse_layernorm_backward, run_layernorm_backward, 0},
+    {"rmsnorm_forward", 4, {"out", "rstd", "in", "weight"}, 1u << 3, parse_rmsnorm_forward, run_rmsnorm_forward, 0},
+    {"rmsnorm_backward", 6, {"din", "dweight", "dout", "in", "weight", "rstd"}, 1u << 0 | 1u << 1 | 1u << 4,
+     parse_rmsnorm_backward, run_rmsnorm_backward, 0},
     {"embedding_forward", 3, {"out", "ids", "table"}, 0, parse_embedding_forward, run_embedding_forward, 0},
     {"embedding_backward", 3, {"dtable", "dout", "ids"}, 0, parse_embedding_backward, run_embedding_backward, 0},
     {"softmax_xent", 4, {"losses", "dlogits", "logits", "targets"}, 1u << 1, parse_softmax_xent, run_softmax_xent,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from gputrain import _libs
+try:  # the extension's rpath finds the libraries it links (in the package or beside it)
+    from gputrain import _C
+except ImportError:  # another layout (--target, a user install): load them by their wheels' file lists
+    from gputrain import _libs
 
-_libs.preload()
-
-from gputrain import _C  # noqa: E402  (after the libraries it links against are loaded)
+    _libs.preload()
+    from gputrain import _C
 from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain import functional
@@ -14,6 +16,7 @@ from gputrain import models, nn, random
 from gputrain import optim
 from gputrain.step import DeferredStepOutput, SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
+from gputrain.checkpoint import CheckpointError
 from gputrain.data import DataLoader
 from gputrain._cast import cast
 from gputrain._info import info
@@ -93,6 +96,7 @@ __all__ = [
     "optim",
     "random",
     "Buffer",
+    "CheckpointError",
     "DataLoader",
     "CudaError",
     "OutOfMemoryError",

@@ -1,8 +1,9 @@
 """Loads the CPU GEMM library that gputrain._C links against from the wheel that ships it.
 
-The extension's rpath finds them in a virtual environment or a system prefix; loading them here
-first, by the file lists of their installed distributions, also covers user installs, --target
-installs and other layouts, so no LD_LIBRARY_PATH is ever needed.
+The extension's rpath finds them in a virtual environment or a system prefix; when it does not
+(user installs, --target installs and other layouts), gputrain/__init__.py calls preload() and
+imports the extension again, so no LD_LIBRARY_PATH is ever needed. It is not imported otherwise:
+importlib.metadata alone costs `import gputrain` tens of milliseconds.
 
 No CUDA library is loaded here: the CUDA runtime is linked statically, and cuBLAS(Lt), cuDNN and
 NCCL are opened when first needed (gputrain/_cuda_libs.py), so `import gputrain` maps none of them.
@@ -14,9 +15,10 @@ import ctypes
 import importlib.metadata
 import platform
 
-# (distribution, file the extension needs): the CPU GEMM library of this architecture.
-_CPU_LIBRARIES = {
-    "x86_64": [("onednn-cpu-gomp", "libdnnl.so.3")],
+# (distribution, file the extension needs): the CPU GEMM library of this architecture. oneDNN
+# (x86-64) is inside the package (gputrain/lib/, setup.py), where the extension's rpath finds it.
+_CPU_LIBRARIES: dict[str, list[tuple[str, str]]] = {
+    "x86_64": [],
 }
 _OTHER_CPU_LIBRARIES = [("scipy-openblas32", "libscipy_openblas.so")]
 

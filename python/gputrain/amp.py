@@ -297,8 +297,18 @@ class GradScaler(_C.Scaler):
         > 0 in float32, `growth_factor` > 1, `backoff_factor` in (0, 1), `growth_interval` >= 1,
         `_growth_tracker` in [0, growth_interval). Everything is checked before anything is
         applied: a failed load leaves the scaler as it was."""
+        self._apply_staged(self._stage_state_dict(state_dict))
+
+    def _apply_staged(self, staged: dict[str, Any] | None) -> None:
+        """Sets what _stage_state_dict checked (nothing when the scaler is disabled)."""
+        if staged is not None:
+            self._configure(**staged)
+
+    def _stage_state_dict(self, state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
+        """load_state_dict's checks, changing nothing: the checked values for _configure (None
+        when the scaler is disabled: nothing to load)."""
         if not self._enabled:
-            return
+            return None
         check_mapping(state_dict, "state_dict")
         if len(state_dict) == 0:
             raise RuntimeError("The source state dict is empty, possibly because it was saved "
@@ -310,7 +320,7 @@ class GradScaler(_C.Scaler):
         if not 0.0 < scale32 < np.inf:
             raise ValueError(f"state_dict['scale'] must be finite and > 0 in float32, got {scale!r}")
         interval = integer(state_dict["growth_interval"], "state_dict['growth_interval']", 1, 2**31 - 1)
-        self._configure(
+        return dict(
             scale=scale,
             growth_factor=real(state_dict["growth_factor"], "state_dict['growth_factor']", 1.0, low_open=True),
             backoff_factor=real(state_dict["backoff_factor"], "state_dict['backoff_factor']", 0.0, 1.0,

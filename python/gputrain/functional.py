@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C
-from gputrain._cast import _BFLOAT16
+from gputrain._cast import bfloat16, is_bfloat16
 
 __all__ = [
     "activation",
@@ -69,8 +69,9 @@ def _wrap(raw: np.ndarray, dt: str, bits: bool) -> np.ndarray:
     bit patterns when the caller passed bits, ml_dtypes.bfloat16 for bf16 when installed."""
     if bits:
         return raw.view(np.uint16)
-    if dt == "bf16" and _BFLOAT16 is not None:
-        return raw.view(_BFLOAT16)
+    bf16 = bfloat16() if dt == "bf16" else None
+    if bf16 is not None:
+        return raw.view(bf16)
     return raw
 
 
@@ -120,7 +121,7 @@ def _array(value: Any, name: str, in_place: bool = False) -> np.ndarray:
 def _act(value: Any, name: str, dtype: str | None) -> _Act:
     """Checks an activation array; dtype (a canonical name or None) must agree with it."""
     array = _array(value, name)
-    if _BFLOAT16 is not None and array.dtype == _BFLOAT16:
+    if is_bfloat16(array.dtype):
         found, raw, bits = "bf16", array.view(np.uint16), False
     elif array.dtype == np.uint16:
         if dtype not in ("bf16", "f16"):
@@ -618,8 +619,10 @@ def cross_entropy(logits: np.ndarray, targets: Any, label_smoothing: float = 0.0
 
     PyTorch semantics: ``loss_r = (1 - e) * nll_r + e * mean_j(-log p_rj)`` with
     ``e = label_smoothing``; rows whose target equals ``ignore_index`` count for nothing (the
-    mean is over the other rows; NaN when there are none). ``dlogits`` (logits' dtype) is
-    ``dloss_scale`` times the gradient of the mean loss. Targets out of range raise IndexError.
+    mean is over the other rows; NaN when there are none, as in PyTorch, with a zero ``dlogits``;
+    a TrainStep reports 0.0 for such a micro-batch instead: see gputrain.step). ``dlogits``
+    (logits' dtype) is ``dloss_scale`` times the gradient of the mean loss. Targets out of range
+    raise IndexError.
     """
     (logits_act,) = _acts(dtype, logits=logits)
     if logits_act.raw.ndim != 2:

@@ -10,6 +10,16 @@
 The batch given to a call is split into `gradient_accumulation_steps` equal micro-batches; each
 one's mean loss is divided by their number, as Hugging Face's Trainer does.
 
+A micro-batch whose targets are all `ignore_index` adds 0 to the loss and nothing to the gradients
+(and still counts in the divisor); a step where every target is ignored reports loss 0.0, its
+gradients are zero, and the optimizer runs as usual (momentum and weight decay still act, as in
+PyTorch, whose backward gives an all-ignored batch a zero gradient). The functional
+`gputrain.functional.cross_entropy` (like `torch.nn.functional.cross_entropy`) returns NaN for
+such a batch instead. They differ on purpose: the step's loss is the objective whose gradient it
+applies, summed over micro-batches and all-reduced over ranks, so a NaN for one empty
+micro-batch would turn the whole step's loss NaN on every rank while its update is well defined
+(Hugging Face's Trainer has to filter such NaNs out of its logs, `logging_nan_inf_filter`).
+
 Threads: a step runs without the GIL and holds its model, optimizer and scaler while it runs; a
 call from another thread that would read or change one of them (another step, optimizer.step(),
 add_param_group, state_dict, model(x), scaler.update(), EMA.update(), ...) raises RuntimeError

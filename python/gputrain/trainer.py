@@ -19,7 +19,9 @@ labels, each micro-batch's mean over its counted rows is averaged instead.)
 
 The model's dropout stream (its seed and step), the loader's position, the optimizer, scheduler,
 scaler and EMA are all in a checkpoint, so a run stopped (or killed) and resumed ends
-bit-identical to an uninterrupted one. With ema_decay set, evaluate() and predict() run with
+bit-identical to an uninterrupted one. A resume reads and checks every file of the checkpoint
+(against its manifest.json of SHA-256s, then every field: gputrain._resume) before it changes
+anything; a damaged checkpoint raises gputrain.CheckpointError. With ema_decay set, evaluate() and predict() run with
 the averaged weights; the trained weights are what the model holds outside them, and
 save_model() writes both (model.safetensors and model_ema.safetensors).
 """
@@ -36,9 +38,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gputrain import _C, backends, distributed, memory, random
+from gputrain import _C, _resume, backends, distributed, memory, random
 from gputrain import checkpoint as ckpt
 from gputrain import memory_plan as mp
+from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain.amp import GradScaler
 from gputrain.data import DataLoader
 from gputrain.metrics import EvalPrediction, PredictionOutput
@@ -61,8 +64,6 @@ __all__ = ["EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer"]
 
 logger = logging.getLogger("gputrain.trainer")
 
-TRAINER_STATE_NAME = "trainer_state.json"
-GPUTRAIN_STATE_NAME = "gputrain_state.json"
 HISTORY_NAME = "history.jsonl"
 
 
@@ -728,7 +729,7 @@ class Trainer:
         ckpt.save_arrays(os.path.join(directory, "model.safetensors"), dict(self.model.state_dict()))
         if self.ema is not None:
             ckpt.save_ema(directory, self.ema, self._param_names())
-        self.args.to_json_file(os.path.join(directory, "training_args.json"))
+        ckpt.save_text(os.path.join(directory, "training_args.json"), self.args.to_json_string())
 
     def _param_names(self) -> list[str]:
         return [name for name, _ in self.model.named_parameters()]
@@ -755,14 +756,14 @@ class Trainer:
         if self.scaler is not None:
             ckpt.save_json(os.path.join(directory, "scaler.json"), ckpt.to_json_state(self.scaler.state_dict()))
         compiled = self.model.compiled
-        extra = {"model_seed": compiled.seed, "model_step": compiled.step, "micro_batch_rows": self._micro_cap,
+        extra = {"checkpoint_format": ckpt.FORMAT_VERSION, "model_seed": compiled.seed, "model_step": compiled.step,
+                 "micro_batch_rows": self._micro_cap,
                  "loader": ckpt.to_json_state(self.train_dataloader.state_dict()),
                  "logging": dict(self._logged), "done": dict(self._done), "world_size": distributed.get_world_size(),
                  "callbacks": {type(c).__name__: c.state_dict() for c in self.callback_handler.callbacks
                                if hasattr(c, "state_dict")}}
         ckpt.save_json(os.path.join(directory, GPUTRAIN_STATE_NAME), extra)
-        with open(os.path.join(directory, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
-            f.write(self.state.to_json_string())
+        ckpt.save_text(os.path.join(directory, TRAINER_STATE_NAME), self.state.to_json_string())
 
     def _loader_state_for_world(self, state: dict[str, Any], saved_world: int) -> dict[str, Any]:
         """The loader position of a checkpoint written by `saved_world` ranks for this world size:
@@ -779,57 +780,76 @@ class Trainer:
         return {**state, "num_batches": num_batches, "next_batch": next_batch, "done": [],
                 "batches_yielded": next_batch}
 
-    def _read_weights(self, directory: str) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
-        weights = ckpt.load_arrays(os.path.join(directory, "model.safetensors"))
-        ema = ckpt.read_ema(directory, self._param_names()) if self.ema is not None else None
-        return weights, ema
+    def _load_weights(self, directory: str) -> None:
+        """The model's weights (and EMA) of a checkpoint, all checked before either changes."""
+        model, ema = _resume.check_weights(self, directory)
+        self._apply_weights(model, ema)
 
-    def _apply_weights(self, weights: dict[str, np.ndarray], ema: dict[str, Any] | None) -> None:
-        self.model.load_state_dict(weights)
+    def _apply_weights(self, model: Any, ema: Any) -> None:
+        self.model._apply_staged(model)
         if ema is not None:
-            self.ema.load_state_dict(ema)
+            self.ema._apply_staged(ema)
         self.optimizer.reload_params()
 
-    def _load_weights(self, directory: str) -> None:
-        self._apply_weights(*self._read_weights(directory))
-
     def _load_checkpoint(self, directory: str) -> None:
-        """Restores everything a checkpoint holds; every file is read before anything changes."""
-        if not os.path.isdir(directory):
-            raise ValueError(f"Can't find a valid checkpoint at {directory}")
-        with open(os.path.join(directory, TRAINER_STATE_NAME), encoding="utf-8") as f:
-            state = TrainerState.from_json_string(f.read())
-        extra = ckpt.load_json(os.path.join(directory, GPUTRAIN_STATE_NAME))
-        scheduler = ckpt.load_json(os.path.join(directory, "scheduler.json"))
-        scaler_path = os.path.join(directory, "scaler.json")
-        if (self.scaler is not None) != os.path.exists(scaler_path):
-            raise ValueError(f"{directory}: saved with fp16={os.path.exists(scaler_path)}, resumed with "
-                             f"fp16={self.args.fp16}")
-        if state.max_steps != self.state.max_steps:
-            logger.warning("resuming a run planned for %d steps with %d steps", state.max_steps, self.state.max_steps)
-        compiled = self.model.compiled
-        if extra["model_seed"] != compiled.seed:
+        """Restores everything a checkpoint holds: every file is read and every field checked
+        (gputrain._resume) before anything changes; a damaged checkpoint raises
+        gputrain.CheckpointError and leaves the Trainer as it was."""
+        plan = _resume.read_and_check(self, directory)
+        if plan.state.max_steps != self.state.max_steps:
+            logger.warning("resuming a run planned for %d steps with %d steps", plan.state.max_steps,
+                           self.state.max_steps)
+        if plan.extra["model_seed"] != self.model.compiled.seed:
             logger.warning("the model's dropout seed (%d) is not the checkpoint's (%d): build the model after the "
-                           "same gt.random.manual_seed to resume exactly", compiled.seed, extra["model_seed"])
-        weights, ema = self._read_weights(directory)
-        optimizer = ckpt.read_optimizer(directory)
-        scaler = ckpt.load_json(scaler_path) if self.scaler is not None else None
-        self._apply_weights(weights, ema)
-        self.optimizer.load_state_dict(optimizer)
-        self.lr_scheduler.load_state_dict(scheduler)
-        if scaler is not None:
-            self.scaler.load_state_dict(scaler)
-        self.train_dataloader.load_state_dict(self._loader_state_for_world(extra["loader"], extra.get("world_size", 1)))
-        compiled.step = extra["model_step"]
-        self._resume_micro_batches(extra.get("micro_batch_rows", self._micro_cap))
+                           "same gt.random.manual_seed to resume exactly", self.model.compiled.seed,
+                           plan.extra["model_seed"])
+        self._apply_resume(plan, directory)
+        logger.info("Continuing training from checkpoint %s, global step %d", directory, self.state.global_step)
+
+    def _apply_resume(self, plan: _resume.ResumePlan, directory: str) -> None:
+        """Applies a checked ResumePlan. The steps that may still refuse come first and are undone
+        when they do: the callbacks' load_state_dict (user code), then the C optimizer's; nothing
+        after them can fail."""
+        undo_callbacks = self._load_callback_states(plan.extra["callbacks"], directory)
+        try:
+            self.optimizer._apply_staged(plan.optimizer)  # restores itself when the C optimizer refuses
+        except Exception as error:
+            undo_callbacks()
+            raise ckpt.CheckpointError(directory, "optimizer.json", None, str(error)) from error
+        self._apply_weights(plan.model, plan.ema)
+        self.lr_scheduler._apply_staged(plan.scheduler)
+        if self.scaler is not None:
+            self.scaler._apply_staged(plan.scaler)
+        self.train_dataloader._apply_staged(plan.loader)
+        extra = plan.extra
+        self.model.compiled.step = extra["model_step"]
+        self._resume_micro_batches(extra["micro_batch_rows"])
         self._logged = dict(extra["logging"])
         self._done = dict(extra["done"])
-        for callback in self.callback_handler.callbacks:
-            saved = extra["callbacks"].get(type(callback).__name__)
-            if saved is not None and hasattr(callback, "load_state_dict"):
-                callback.load_state_dict(saved)
         keep = {"max_steps", "logging_steps", "eval_steps", "save_steps", "num_train_epochs", "train_batch_size"}
-        for key, value in vars(state).items():
+        for key, value in vars(plan.state).items():
             if key not in keep:
                 setattr(self.state, key, value)
-        logger.info("Continuing training from checkpoint %s, global step %d", directory, self.state.global_step)
+
+    def _load_callback_states(self, saved: dict[str, Any], directory: str) -> Callable[[], None]:
+        """Loads the saved state of each callback that has one; returns what undoes it. A callback
+        that refuses its state (CheckpointError) leaves every callback as it was."""
+        loaded: list[tuple[Any, Any]] = []
+
+        def undo() -> None:
+            for callback, before in reversed(loaded):
+                callback.load_state_dict(before)
+
+        for callback in self.callback_handler.callbacks:
+            name = type(callback).__name__
+            if saved.get(name) is None or not hasattr(callback, "load_state_dict"):
+                continue
+            before = callback.state_dict()
+            loaded.append((callback, before))
+            try:
+                callback.load_state_dict(saved[name])
+            except Exception as error:
+                undo()
+                raise ckpt.CheckpointError(directory, GPUTRAIN_STATE_NAME, f"callbacks.{name}",
+                                           f"{type(error).__name__}: {error}") from error
+        return undo

@@ -16,14 +16,12 @@ Result: ("ok", generation, seq, slot id, skeleton, new segment name or None, cap
 from __future__ import annotations
 
 import atexit
-import ctypes
 import multiprocessing
 import os
 import pickle
 import queue
 import random
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -32,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gputrain._parent_death import signal_when_parent_dies
 from gputrain.data import _worker
 from gputrain.data._errors import WorkerError
 from gputrain.data._fetch import Fetcher
@@ -39,7 +38,6 @@ from gputrain.data._shm import Slot, SlotRing, SlotWriter, segment_prefix
 from gputrain.data.dataset import ITERABLE
 
 _PARENT_CHECK_S = 1.0  # an idle worker checks this often whether its parent still lives
-_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _JOIN_S = 2.0  # how long shutdown waits for workers to exit before terminating them
 _ERROR_JOIN_S = 0.1  # the same after an error (a timeout, Ctrl-C, a dead worker)
 
@@ -69,13 +67,7 @@ def _signal_when_parent_dies() -> bool:
     """Linux: asks the kernel for SIGTERM when the parent dies, so that a worker blocked
     anywhere (a full result pipe, a dataset that hangs) ends with it; False elsewhere. (No
     watchdog thread: a thread started in a forked child crashes qemu-user, which CI runs.)"""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return signal_when_parent_dies(signal.SIGTERM)
 
 
 def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,

@@ -38,7 +38,6 @@ from gputrain import _C, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer
 from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatches
 from gputrain.data._errors import WorkerError, raise_delivered_error
-from gputrain.data._procs import resolve_context
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
@@ -316,6 +315,8 @@ class DataLoader:
         self.in_order = bool(in_order)
         self.device = _parse_device(device)
         if self._kind != ARRAYS and num_workers > 0:
+            from gputrain.data._procs import resolve_context  # multiprocessing: only with workers
+
             resolve_context(multiprocessing_context)  # a bad one fails here, not at the first epoch
         self._next_epoch = 0
         self._resume: tuple[int, list[int]] | None = None
@@ -470,6 +471,10 @@ class DataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from `state`: the next iteration yields exactly the batches of that epoch
         that were not yielded yet (without gathering the others), then epochs go on as before."""
+        self._apply_staged(self._stage_state_dict(state))
+
+    def _stage_state_dict(self, state: dict[str, Any]) -> tuple[int, int, tuple[int, list[int]] | None]:
+        """load_state_dict's checks, changing nothing: (seed, next epoch, position in it)."""
         check_mapping(state, "state_dict")
         check_keys(state, "state_dict", ("version", "seed", "epoch", "next_batch", "done", "num_batches"),
                    ("batches_yielded",))
@@ -488,15 +493,19 @@ class DataLoader:
                 state["batches_yielded"], "state_dict['batches_yielded']", 0) != low + len(done)):
             raise ValueError("state_dict: next_batch/done/batches_yielded are inconsistent")
         seed = integer(state["seed"], "state_dict['seed']", 0, 2**64 - 1)
+        if low + len(done) >= num_batches:
+            return seed, epoch + 1, None
+        return seed, epoch, (low, done)
+
+    def _apply_staged(self, staged: tuple[int, int, tuple[int, list[int]] | None]) -> None:
+        """Sets what _stage_state_dict checked."""
+        seed, next_epoch, resume = staged
         order_sampler = self._order_sampler()
         if order_sampler is not None and hasattr(order_sampler, "seed"):
             order_sampler.seed = seed
         object.__setattr__(self, "seed", seed)
         self._progress = None
-        if low + len(done) >= num_batches:
-            self._next_epoch, self._resume = epoch + 1, None
-        else:
-            self._next_epoch, self._resume = epoch, (low, done)
+        self._next_epoch, self._resume = next_epoch, resume
 
     # ---- planning an epoch ---------------------------------------------------------------
 

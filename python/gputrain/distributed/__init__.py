@@ -15,12 +15,12 @@ logs and writes checkpoints on rank 0 only.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from gputrain import _C
-from gputrain.distributed import _tcp
 
 __all__ = ["init", "destroy", "is_initialized", "get_rank", "get_world_size", "is_main_process", "barrier",
            "communicator", "get_local_rank", "all_reduce", "broadcast", "broadcast_parameters", "bytes_sent", "launcher_env",
@@ -51,15 +51,23 @@ class _State:
     excepthook: Any = None  # sys.excepthook before init() replaced it, or None
 
 
-def launcher_env(environ: dict[str, str] | None = None) -> tuple[int, int] | None:
-    """(rank, world_size) from the launcher's environment variables, or None without a launcher."""
+_MAX_RANKS = 2**31 - 1  # the C communicator's ranks are ints
+
+
+def _launcher_int(env: Mapping[str, str], name: str) -> int:
+    text = env[name]
+    if not re.fullmatch(r"\s*[0-9]{1,10}\s*", text) or int(text) > _MAX_RANKS:
+        raise ValueError(f"{name}={text!r}: not an integer in 0..{_MAX_RANKS}")
+    return int(text)
+
+
+def launcher_env(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(rank, world_size) from the launcher's environment variables, or None without a launcher;
+    ValueError naming the variable and its value when one is not a rank or a world size."""
     env = os.environ if environ is None else environ
     for rank_var, size_var in _LAUNCHERS:
         if rank_var in env and size_var in env:
-            try:
-                rank, size = int(env[rank_var]), int(env[size_var])
-            except ValueError:
-                raise ValueError(f"{rank_var}={env[rank_var]!r}, {size_var}={env[size_var]!r}: not integers") from None
+            rank, size = _launcher_int(env, rank_var), _launcher_int(env, size_var)
             if not 0 <= rank < size:
                 raise ValueError(f"{rank_var}={rank}, {size_var}={size}: need 0 <= rank < world size")
             return rank, size
@@ -80,7 +88,7 @@ def _mpi_library_path() -> str:
 def _mpi_local_rank() -> int:
     """The rank on this machine that the MPI launcher set (Open MPI, hydra, srun, torchrun), or 0."""
     for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"):
-        if os.environ.get(name, "").isdigit():
+        if re.fullmatch(r"[0-9]{1,10}", os.environ.get(name, "")):
             return int(os.environ[name])
     return 0
 
@@ -125,6 +133,8 @@ def _choose_backend(backend: str | None) -> str:
 
 
 def _init_tcp(timeout: float) -> None:
+    from gputrain.distributed import _tcp  # socket: imported when a TCP job starts
+
     env = _tcp.tcp_env()
     if env.world_size > 1:
         _State.comm = _tcp.connect(env, float(timeout))
@@ -139,8 +149,10 @@ def init(timeout: float = DEFAULT_TIMEOUT, backend: str | None = None) -> None:
     again after init() raises.
 
     backend: "mpi" (mpi4py), "tcp" (no MPI: rank 0's TCP store at MASTER_ADDR:MASTER_PORT, then
-    a socket per pair of ranks; every rank must reach init() within `timeout`; a rank that exits
-    makes the others' next collective raise ConnectionError-like OSError naming it), or None:
+    a socket per pair of ranks; every rank must reach init() within `timeout`, and under
+    gputrain.distributed.run a rank that exits first fails the others' init() at once with
+    ConnectionError naming it; a rank that exits later makes the others' next collective raise
+    ConnectionError-like OSError naming it), or None:
     "tcp" when MASTER_ADDR/MASTER_PORT are set and no MPI launcher's variables are, else "mpi"."""
     if _State.initialized:
         raise RuntimeError("gputrain.distributed.init(): already initialised; call destroy() first")

@@ -7,7 +7,9 @@ import numpy as np
 
 class CrossEntropyLoss:
     """Softmax + negative log-likelihood over the last dimension, mean over counted rows, with
-    PyTorch's `label_smoothing` and `ignore_index`."""
+    PyTorch's `label_smoothing` and `ignore_index`. Called on arrays, a batch whose targets are
+    all ignored gives NaN (PyTorch's answer); in a TrainStep, 0.0 and no gradient (gputrain.step
+    says why)."""
 
     def __init__(self, label_smoothing: float = 0.0, ignore_index: int = -100) -> None:
         if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):

@@ -390,8 +390,14 @@ class Module:
         missing/unexpected names (strict), TypeError for a non-numeric value, ValueError for a
         wrong shape or a NaN/infinite value (one beyond float32 included).
         """
+        self._apply_staged(self._stage_state_dict(state_dict, strict))
+
+    def _stage_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> tuple[Any, ...]:
+        """load_state_dict's checks, changing nothing: the checked copies that _apply_staged
+        (called next, with nothing changing the model in between) writes."""
         check_mapping(state_dict, "state_dict")
-        own = (self.state_dict() if self._on_device()
+        # Module's state_dict: the arena's layout, whatever a subclass's state_dict shows
+        own = (Module.state_dict(self) if self._on_device()
                else {n: p.data for n, p in self.named_parameters(remove_duplicate=False)})
         root = self._owner or self
         buffer_arrays = root._buffer_arrays()
@@ -402,6 +408,12 @@ class Module:
                   for name, value in state_dict.items() if name in own and name not in buffers}
         staged_buffers = {name: _buffer_value(value, f"state_dict[{name!r}]", buffers[name])
                           for name, value in state_dict.items() if name in buffers}
+        return own, buffers, staged, staged_buffers
+
+    def _apply_staged(self, staged_state: tuple[Any, ...]) -> None:
+        """Writes what _stage_state_dict checked (nothing here can refuse)."""
+        own, buffers, staged, staged_buffers = staged_state
+        root = self._owner or self
         for name, array in staged.items():
             own[name][...] = array
         self._write_buffers(staged_buffers, buffers)

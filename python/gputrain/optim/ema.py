@@ -177,6 +177,10 @@ class EMA:
         """Restore a state_dict(): its four keys (KeyError otherwise), decay in [0, 1],
         num_updates >= 0, use_warmup a bool, one finite float32-compatible shadow array of each
         parameter's shape. Everything is checked before anything is applied."""
+        self._apply_staged(self._stage_state_dict(state_dict))
+
+    def _stage_state_dict(self, state_dict: dict[str, Any]) -> tuple[float, int, bool, list[np.ndarray]]:
+        """load_state_dict's checks, changing nothing: (decay, num_updates, use_warmup, arrays)."""
         check_mapping(state_dict, "state_dict")
         check_keys(state_dict, "state_dict", ("decay", "num_updates", "use_warmup", "shadow"))
         decay = real(state_dict["decay"], "state_dict['decay']", 0.0, 1.0)
@@ -191,9 +195,14 @@ class EMA:
             raise ValueError(f"state_dict has {len(shadow)} shadow arrays, expected {len(self.params)}")
         arrays = [float32_array(value, f"state_dict['shadow'][{index}]", shape=p.shape)
                   for index, (value, p) in enumerate(zip(shadow, self.params))]
+        return decay, num_updates, bool(use_warmup), arrays
+
+    def _apply_staged(self, staged: tuple[float, int, bool, list[np.ndarray]]) -> None:
+        """Writes what _stage_state_dict checked."""
+        decay, num_updates, use_warmup, arrays = staged
         for index, array in enumerate(arrays):
             self._core.set(index, array)
-        self.decay, self.num_updates, self.use_warmup = decay, num_updates, bool(use_warmup)
+        self.decay, self.num_updates, self.use_warmup = decay, num_updates, use_warmup
 
     # -- copy.deepcopy and pickle -----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -478,8 +478,24 @@ class Optimizer:
         in a group of an optimizer built without it) restores the previous groups and state:
         a failed load leaves the optimizer exactly as it was.
         """
+        self._apply_staged(self._stage_state_dict(state_dict))
+
+    def _stage_state_dict(self, state_dict: dict[str, Any]) -> tuple[Any, ...]:
+        """load_state_dict's checks, changing nothing: (groups, per-parameter states) for
+        _apply_staged. Also refuses a flag the C optimizer cannot turn on after it was built."""
         new_groups, index_of = self._saved_groups(state_dict)
-        prepared = self._saved_states(state_dict, new_groups, index_of)
+        slots = set(self._core.get_state(0)) if self._params() else set()
+        for g, group in enumerate(new_groups):
+            for flag, slot in (("amsgrad", "max_exp_avg_sq"), ("momentum", "momentum_buffer")):
+                if group.get(flag) and slot not in slots:  # AdamW's groups have no momentum, SGD's no amsgrad
+                    raise ValueError(f"state_dict['param_groups'][{g}][{flag!r}]: cannot be turned on after the "
+                                     "optimizer was created without it")
+        return new_groups, self._saved_states(state_dict, new_groups, index_of)
+
+    def _apply_staged(self, staged: tuple[Any, ...]) -> None:
+        """Applies what _stage_state_dict checked; a refusal by the C optimizer restores the
+        previous groups and state before it propagates."""
+        new_groups, prepared = staged
         old_groups = self.param_groups
         old_states = [self._core.get_state(i) for i in range(len(self._params()))]
         try:

@@ -103,6 +103,14 @@ class LambdaLR:
         The keys are state_dict()'s (KeyError otherwise); every value is checked (TypeError,
         ValueError: one finite lr >= 0 per group, last_epoch >= -1) before any is applied.
         """
+        self._apply_staged(self._stage_state_dict(state_dict))
+
+    def _apply_staged(self, staged: dict[str, Any]) -> None:
+        """Sets what _stage_state_dict checked."""
+        self.__dict__.update(staged)
+
+    def _stage_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """load_state_dict's checks, changing nothing: the checked attributes to set."""
         check_mapping(state_dict, "state_dict")
         check_keys(state_dict, "state_dict", self.state_dict(), _TORCH_ONLY_KEYS)
         groups = len(self.lr_lambdas)
@@ -120,7 +128,7 @@ class LambdaLR:
         lambdas = state_dict["lr_lambdas"]
         if not isinstance(lambdas, (list, tuple)) or len(lambdas) != groups:
             raise ValueError(f"state_dict['lr_lambdas'] must be a list of {groups} entries")
-        self.__dict__.update(staged)
+        return staged
 
 
 def _warmup(step: int, num_warmup_steps: int) -> float:
