@@ -98,8 +98,11 @@ class Cuda(NamedTuple):
     home: str                 # directory with bin/nvcc, include and the CUDA libraries
     include_dirs: list[str]   # the CUDA headers, then cuDNN's and NCCL's
     library_dirs: list[str]   # the CUDA libraries, then cuDNN's and NCCL's
-    libraries: list[str]      # -l names of cudart, cuBLASLt, cuBLAS, cuDNN, NCCL
-    rpaths: list[str]         # where the installed extension finds them
+    libraries: list[str]      # -l names: the static CUDA runtime and what it needs (cuBLAS(Lt), cuDNN
+                              # and NCCL are not linked: cuda/cuda_libs.cu opens them when first needed)
+
+
+CUDART_STATIC = [":" + gputrain_cuda.STATIC_CUDART, "rt", "pthread", "dl"]
 
 
 def find_cuda(source):
@@ -109,17 +112,13 @@ def find_cuda(source):
         dirs = list(dict.fromkeys([os.path.join(root, lib) for root in (home, cudnn, nccl) for lib in ("lib64", "lib")]))
         dirs = [d for d in dirs if os.path.isdir(d)]
         includes = list(dict.fromkeys([os.path.join(root, "include") for root in (home, cudnn, nccl)]))
-        names = ["cudart", "cublasLt", "cublas", gputrain_cuda.link_name(dirs, "cudnn", "libcudnn.so.9"),
-                 gputrain_cuda.link_name(dirs, "nccl", "libnccl.so.2")]
-        return Cuda(home, includes, dirs, names, dirs)
+        return Cuda(home, includes, dirs, CUDART_STATIC)
     if source.kind == "wheels":
         home, cudnn = gputrain_cuda.wheels_home(), gputrain_cuda.wheels_cudnn_home()
         nccl = gputrain_cuda.wheels_nccl_home()
-        names = [f":{name}" for _, name in gputrain_cuda.WHEEL_LIBRARIES]
-        site = os.path.dirname(os.path.dirname(home))  # site-packages (home is nvidia/cu13)
-        dirs = [os.path.join(root, "lib") for root in (home, cudnn, nccl)]
-        rpaths = ["$ORIGIN/../" + os.path.relpath(d, site) for d in dirs]
-        return Cuda(home, [os.path.join(root, "include") for root in (home, cudnn, nccl)], dirs, names, rpaths)
+        # nvidia-cuda-runtime ships libcudart_static.a in nvidia/cu13/lib beside libcudart.so
+        return Cuda(home, [os.path.join(root, "include") for root in (home, cudnn, nccl)],
+                    [os.path.join(home, "lib")], CUDART_STATIC)
     return None
 
 
@@ -164,7 +163,8 @@ def add_cuda(ext, cuda):
     ext.libraries += cuda.libraries + ["stdc++"]
     ext.library_dirs += cuda.library_dirs
     ext.include_dirs += cuda.include_dirs
-    ext.extra_link_args += [f"-Wl,-rpath,{rpath}" for rpath in cuda.rpaths]
+    # the static runtime's symbols stay inside _C (PyTorch's own runtime is not interposed)
+    ext.extra_link_args += [f"-Wl,--exclude-libs,{gputrain_cuda.STATIC_CUDART}"]
 
 
 def nvcc_flags(cuda):
@@ -277,12 +277,14 @@ extension = Extension(
 )
 
 # Runtime requirements: NumPy, safetensors, the CPU GEMM library where it is not bundled (oneDNN is,
-# in gputrain/lib/), and the CUDA wheels a wheel-built CUDA backend links (pyproject.toml declares
+# in gputrain/lib/); for a CUDA build, cuda-pathfinder (finds the CUDA libraries opened when first
+# needed) and, when built from the wheels, the wheels of those libraries (pyproject.toml declares
 # them dynamic).
 INSTALL_REQUIRES = [
     "numpy>=1.25",
     "safetensors>=0.4",  # the Trainer's checkpoint format (gputrain/checkpoint.py)
     "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
-] + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
+] + ([gputrain_cuda.PATHFINDER_REQUIREMENT] if CUDA_SOURCE.kind != "none" else []) \
+  + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
 
 setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt}, install_requires=INSTALL_REQUIRES)

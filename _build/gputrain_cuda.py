@@ -24,10 +24,17 @@ WHEELS_FOR_BUILD = [f"nvidia-cuda-nvcc>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cublas>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10",
                     f"nvidia-nccl-cu{CUDA_MAJOR}>=2.27,<3"]
-WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[1:]
-# (distribution, library) for each CUDA library the extension links, in load order
-WHEEL_LIBRARIES = [("nvidia-cuda-runtime", f"libcudart.so.{CUDA_MAJOR}"),
-                   ("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
+# The CUDA runtime is linked statically (libcudart_static.a, in the toolkit and in the
+# nvidia-cuda-runtime wheel); cuBLAS(Lt), cuDNN and NCCL are opened with dlopen when first needed
+# (cuda/cuda_libs.cu), found by NVIDIA's cuda.pathfinder (gputrain/_cuda_libs.py): wherever they
+# are, wheels, conda or a toolkit. Every CUDA build therefore needs cuda-pathfinder at run time
+# (1.8 is the newest that still installs on Python 3.10, which gputrain supports), and one built
+# from the wheels needs the wheels of the libraries it opens.
+PATHFINDER_REQUIREMENT = "cuda-pathfinder>=1.8,<2"
+WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[2:]
+STATIC_CUDART = "libcudart_static.a"
+# (distribution, library) for each CUDA library opened at run time, in load order
+WHEEL_LIBRARIES = [("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
                    ("nvidia-cublas", f"libcublas.so.{CUDA_MAJOR}"),
                    (f"nvidia-cudnn-cu{CUDA_MAJOR}", "libcudnn.so.9"),
                    (f"nvidia-nccl-cu{CUDA_MAJOR}", "libnccl.so.2")]

@@ -14,7 +14,8 @@ from gputrain import _C
 # copies are not gputrain's). Patterns are searched in the whole path.
 _LIBRARIES = {r"/libdnnl\.so": "onednn", r"/libscipy_openblas\.so$": "openblas",
               r"/libgomp\.so|/gputrain\.libs/libgomp-[0-9a-f]+\.so": "openmp", r"/libcudart\.so": "cudart",
-              r"/libcublasLt\.so": "cublasLt", r"/libcublas\.so": "cublas"}
+              r"/libcublasLt\.so": "cublasLt", r"/libcublas\.so": "cublas",
+              r"/libcudnn\.so": "cudnn", r"/libnccl\.so": "nccl"}
 
 
 def cpu_model() -> str:
@@ -31,7 +32,8 @@ def cpu_model() -> str:
 
 
 def loaded_libraries() -> dict[str, str]:
-    """Where each shared library gputrain uses was loaded from, in this process."""
+    """Where each shared library gputrain uses was loaded from, in this process (the CUDA
+    libraries appear once used: they are opened when first needed, the runtime is static)."""
     found: dict[str, str] = {}
     try:
         with open("/proc/self/maps") as f:
