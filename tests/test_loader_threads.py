@@ -3,11 +3,14 @@ another thread started is in progress (RuntimeError "the DataLoader is in use by
 thread"), whatever num_workers and persistent_workers are. Before, two threads iterating one
 persistent loader each restarted the shared epoch under the other and silently lost and
 duplicated rows. Threads that share one iterator still take turns (tests/test_threads.py).
-Also run under ThreadSanitizer by .ci/sanitizers.sh (tests/test_loader*.py)."""
+Also: a worker detached while stuck in a hook frees the loader itself once the hook returns.
+Run under ThreadSanitizer (and ASan) by .ci/sanitizers.sh (tests/test_loader*.py)."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -157,3 +160,32 @@ def test_threads_sharing_one_iterator_are_not_refused():
     for t in threads:
         t.join(60)
     assert full_epoch(rows_of(taken))
+
+
+def test_a_worker_detached_in_a_hook_frees_the_loader_when_the_hook_returns():
+    """Dropping the iterator waits 0.25 s, then detaches the workers still in the transform; the
+    loader's memory (slots, index buffers, the hooks' objects) stays alive for them and goes
+    when the last one returns and exits."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(batch):
+        entered.set()
+        release.wait(20)
+        return batch
+
+    loader = gt.DataLoader(np.arange(ROWS), batch_size=BATCH, num_workers=2, transform=slow,
+                           transform_in_workers=True)
+    gc.collect()
+    before = gt.memory_stats("cpu")["allocated_bytes"]
+    it = iter(loader)
+    assert entered.wait(20)
+    started = time.monotonic()
+    del it
+    gc.collect()
+    assert time.monotonic() - started < 5  # not joined: the hook has not returned
+    assert gt.memory_stats("cpu")["allocated_bytes"] > before  # still the workers'
+    release.set()
+    deadline = time.monotonic() + 20
+    while gt.memory_stats("cpu")["allocated_bytes"] != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gt.memory_stats("cpu")["allocated_bytes"] == before
