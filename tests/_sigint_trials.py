@@ -25,6 +25,7 @@ import gc
 import json
 import os
 import random
+import select
 import signal
 import sys
 import tempfile
@@ -144,7 +145,7 @@ def trial(scenario: str, index: int, rng: random.Random) -> dict:
     os.close(write)
     delay = rng.uniform(0.0, 0.05)
     result = {"trial": index, "delay": round(delay, 4), "pid": pid}
-    got = os.read(read, 1) if __import__("select").select([read], [], [], 10.0)[0] else b""
+    got = os.read(read, 1) if select.select([read], [], [], 10.0)[0] else b""
     os.close(read)
     time.sleep(delay if got else 0.0)
     sent = time.monotonic()
