@@ -81,13 +81,14 @@ asan_env=(PYTHONPATH="$work/asan/lib" LD_PRELOAD="$(gcc -print-file-name=libasan
           UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan")
 check_build "$work/asan" "-fsanitize=address,undefined" "${asan_env[@]}"
 stage "the test suite under ASan + UBSan"
-# Left out: the one test that starts Python with an emptied environment (no LD_PRELOAD, so the
+# Left out: the native_only stress loops (timing-bound: run once, natively, by .ci/run), and
+# the one test that starts Python with an emptied environment (no LD_PRELOAD, so the
 # instrumented extension cannot load); it checks the import, not memory.
 # (A sanitizer that halts pytest itself leaves its report in a file: the reports are shown before
 # the run's exit status fails the script.)
 status=0
 bounded 2400 env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}" \
-    "$py" -m pytest -q -ra -p no:cacheprovider tests \
+    "$py" -m pytest -q -ra -p no:cacheprovider -m "not slow and not native_only" tests \
     --deselect tests/test_runtime.py::test_import_needs_no_environment_variables || status=$?
 fail_on_reports "ASan/UBSan" "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer"
 [ "$status" -eq 0 ] || exit "$status"
@@ -105,7 +106,8 @@ check_build "$work/tsan" "-fsanitize=thread" "${tsan_env[@]}"
 stage "loader, offload and thread tests under ThreadSanitizer"
 shopt -s nullglob
 tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_recipe_sim.py tests/test_optim_device.py)
-bounded 1200 env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider "${tsan_tests[@]}" || status=$?
+bounded 1200 env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider -m "not slow and not native_only" \
+    "${tsan_tests[@]}" || status=$?
 fail_on_reports "ThreadSanitizer" "ThreadSanitizer"
 [ "$status" -eq 0 ] || exit "$status"
 echo "sanitizers: no reports"

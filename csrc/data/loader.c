@@ -16,6 +16,9 @@ typedef struct gt_worker {
     int64_t *rows;       /* (max_batch_rows,) row indices of the batch being gathered */
     pthread_t thread;    /* the thread, valid when started */
     int started;         /* 1 once pthread_create succeeded */
+    int exited;          /* 1 once the thread is past its last use of the loader but its
+                            reference (lock held) */
+    int detached;        /* 1 when shutdown detached it instead of joining (it was in a hook) */
 } gt_worker;
 
 struct gt_loader {
@@ -58,7 +61,8 @@ struct gt_loader {
 
     int stop;                     /* 1 once the workers were asked to stop */
     int joining;                  /* 1 once a thread began joining them */
-    int joined;                   /* 1 once the workers are joined */
+    int joined;                   /* 1 once the workers are joined or detached */
+    size_t live_workers;          /* worker threads started and not exited; each holds a ref */
     int released;                 /* 1 once the owner dropped its reference */
     gt_worker *workers;           /* (num_workers,) */
     gt_block rows_block;          /* the row-index buffers below: caller's, then each worker's */
@@ -66,10 +70,14 @@ struct gt_loader {
     int caller_gathering;         /* 1 while a caller gathers into caller_rows: callers of
                                      gt_loader_next in other threads wait their turn */
 
-    size_t refs;                  /* the owner's (until released) + caller slot references */
+    size_t refs;                  /* the owner's (until released) + caller slot references +
+                                     running worker threads */
     size_t batches_gathered;      /* statistics since creation */
     size_t bytes_gathered;        /* bytes copied into slots since creation */
 };
+
+static void destroy(gt_loader *l);
+static struct timespec deadline_after(double seconds);
 
 /* ---- slots ------------------------------------------------------------------------------ */
 
@@ -190,11 +198,13 @@ static void discard(gt_loader *l, gt_slot *slot) {
     slot_unref_locked(l, slot);
 }
 
-/* Ends the epoch in progress: waits for in-flight gathers, drops undelivered batches. */
+/* Ends the epoch in progress: waits for in-flight gathers, drops undelivered batches. Once the
+ * workers are joined or detached, a detached worker's gather (at most one each) is not waited
+ * for: it is dropped when its hook returns, as its generation is stale. */
 static void cancel_locked(gt_loader *l) {
     l->generation++;
     l->running = 0;
-    while (l->filling > 0)
+    while (l->filling > (l->joined ? l->live_workers : 0))
         pthread_cond_wait(&l->ready_cv, &l->lock);
     for (;;) {
         gt_slot *ready = NULL;
@@ -256,10 +266,19 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&l->lock);
     if (l->hooks.worker_stop)
         l->hooks.worker_stop(l->hooks.ctx, w->id);
+    pthread_mutex_lock(&l->lock);
+    w->exited = 1;
+    l->live_workers--;
+    pthread_cond_broadcast(&l->ready_cv);
+    int last = --l->refs == 0;  /* detached, and the owner and the slots are gone */
+    pthread_mutex_unlock(&l->lock);
+    if (last)
+        destroy(l);
     return NULL;
 }
 
-/* Starts the workers with every signal blocked, so signals reach the Python main thread. */
+/* Starts the workers with every signal blocked, so signals reach the Python main thread.
+ * Each running worker holds a reference to the loader (taken here, dropped as it exits). */
 static gt_status start_workers(gt_loader *l) {
     sigset_t all, previous;
     sigfillset(&all);
@@ -267,12 +286,21 @@ static gt_status start_workers(gt_loader *l) {
     gt_status status = GT_OK;
     for (size_t i = 0; i < l->num_workers && status == GT_OK; i++) {
         gt_worker *w = &l->workers[i];
+        pthread_mutex_lock(&l->lock);
+        l->refs++;
+        l->live_workers++;
+        pthread_mutex_unlock(&l->lock);
         int rc = pthread_create(&w->thread, NULL, worker_main, w);
-        if (rc != 0)
+        if (rc != 0) {
+            pthread_mutex_lock(&l->lock);
+            l->refs--;
+            l->live_workers--;
+            pthread_mutex_unlock(&l->lock);
             status = GT_FAIL(GT_ERR_OS, "num_workers: starting worker thread %zu failed: %s", i,
                              strerror(rc));
-        else
+        } else {
             w->started = 1;
+        }
     }
     pthread_sigmask(SIG_SETMASK, &previous, NULL);
     return status;
@@ -296,7 +324,10 @@ static void destroy(gt_loader *l) {
     pthread_cond_destroy(&l->work_cv);
     pthread_cond_destroy(&l->ready_cv);
     pthread_mutex_destroy(&l->lock);
+    gt_loader_hooks hooks = l->hooks;
     free(l);
+    if (hooks.release)
+        hooks.release(hooks.ctx);
 }
 
 static gt_status init_sync(gt_loader *l) {
@@ -377,10 +408,15 @@ gt_status gt_loader_plan(const gt_loader_config *c, gt_loader_memory *out) {
 }
 
 gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
-    GT_TRY(check_config(c));
-    gt_loader *l = calloc(1, sizeof *l);
-    if (!l)
-        return GT_FAIL(GT_ERR_OOM, "loader: no memory for its state");
+    gt_status status = check_config(c);
+    gt_loader *l = status == GT_OK ? calloc(1, sizeof *l) : NULL;
+    if (status == GT_OK && !l)
+        status = GT_FAIL(GT_ERR_OOM, "loader: no memory for its state");
+    if (status != GT_OK) {
+        if (c->hooks.release)
+            c->hooks.release(c->hooks.ctx);
+        return status;
+    }
     l->num_fields = c->num_fields;
     l->max_batch_rows = c->max_batch_rows;
     l->num_workers = c->num_workers;
@@ -390,9 +426,11 @@ gt_status gt_loader_create(const gt_loader_config *c, gt_loader **out) {
     l->hooks = c->hooks;
     l->initial_slots = initial_slots_of(c);
     l->refs = 1;
-    gt_status status = init_sync(l);
+    status = init_sync(l);
     if (status != GT_OK) {
         free(l);
+        if (c->hooks.release)
+            c->hooks.release(c->hooks.ctx);
         return status;
     }
     status = init_tables(l, c);
@@ -414,28 +452,70 @@ void gt_loader_request_stop(gt_loader *l) {
     pthread_mutex_unlock(&l->lock);
 }
 
-void gt_loader_shutdown(gt_loader *l) {
+/* Waits until no worker thread runs, for at most `seconds` (< 0: without limit), lock held.
+ * Returns 1 when none runs. */
+static int wait_stopped_locked(gt_loader *l, double seconds) {
+    struct timespec deadline = deadline_after(seconds > 0 ? seconds : 0);
+    while (l->live_workers > 0) {
+        if (seconds < 0)
+            pthread_cond_wait(&l->ready_cv, &l->lock);
+        else if (pthread_cond_timedwait(&l->ready_cv, &l->lock, &deadline) == ETIMEDOUT)
+            break;
+    }
+    return l->live_workers == 0;
+}
+
+int gt_loader_wait_stopped(gt_loader *l, double seconds) {
+    pthread_mutex_lock(&l->lock);
+    int stopped = wait_stopped_locked(l, seconds);
+    pthread_mutex_unlock(&l->lock);
+    return stopped;
+}
+
+/* Marks the workers still running as detached (lock held); returns how many. */
+static size_t mark_detached_locked(gt_loader *l) {
+    size_t count = 0;
+    for (size_t i = 0; l->workers && i < l->num_workers; i++) {
+        gt_worker *w = &l->workers[i];
+        w->detached = w->started && !w->exited;
+        count += (size_t)w->detached;
+    }
+    return count;
+}
+
+size_t gt_loader_shutdown_within(gt_loader *l, double seconds) {
     pthread_mutex_lock(&l->lock);
     if (l->joining) {  /* another thread is joining, or did */
         while (!l->joined)
             pthread_cond_wait(&l->ready_cv, &l->lock);
         pthread_mutex_unlock(&l->lock);
-        return;
+        return 0;
     }
     l->joining = 1;
     l->stop = 1;
     pthread_cond_broadcast(&l->work_cv);
     pthread_cond_broadcast(&l->ready_cv);
+    wait_stopped_locked(l, seconds);
+    size_t detached = mark_detached_locked(l);
     pthread_mutex_unlock(&l->lock);
-    for (size_t i = 0; l->workers && i < l->num_workers; i++)
-        if (l->workers[i].started)
-            pthread_join(l->workers[i].thread, NULL);
+    /* The owner's reference is held until this returns, so a detached worker that exits now
+     * cannot free l->workers under this loop. */
+    for (size_t i = 0; l->workers && i < l->num_workers; i++) {
+        gt_worker *w = &l->workers[i];
+        if (w->started && w->detached)
+            pthread_detach(w->thread);
+        else if (w->started)
+            pthread_join(w->thread, NULL);
+    }
     pthread_mutex_lock(&l->lock);
     l->joined = 1;
     cancel_locked(l);
     pthread_cond_broadcast(&l->ready_cv);
     pthread_mutex_unlock(&l->lock);
+    return detached;
 }
+
+void gt_loader_shutdown(gt_loader *l) { gt_loader_shutdown_within(l, -1.0); }
 
 void gt_loader_release(gt_loader *l) {
     gt_loader_shutdown(l);

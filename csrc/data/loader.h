@@ -7,8 +7,12 @@
  * or DELIVERED (referenced by the caller's views). It becomes FREE when its last reference
  * is released, so a batch the caller holds is never overwritten.
  *
- * Lifetime: the loader counts one reference for its owner and one per slot reference held by
- * the caller; gt_loader_release() drops the owner's and the memory goes with the last one.
+ * Lifetime: the loader counts one reference for its owner, one per slot reference held by the
+ * caller and one per worker thread still running; gt_loader_release() drops the owner's and the
+ * memory (and the hooks' context, through hooks.release) goes with the last one. A worker that
+ * does not stop within gt_loader_shutdown_within()'s bound (stuck in a hook) is detached: it
+ * keeps the loader alive, drops its batch when the hook returns, and frees what is left if it
+ * is the last holder.
  *
  * Threads: all waits are on one mutex and two condition variables; no lock is held while
  * gathering or inside a hook. With num_workers == 0 the caller gathers in gt_loader_next(). */
@@ -58,6 +62,9 @@ typedef struct gt_loader_hooks {
     gt_status (*batch_gathered)(void *ctx, gt_loader *loader, gt_slot *slot);
     /* Drops a slot->user that will never be delivered (epoch cancelled or loader released). */
     void (*release_user)(void *ctx, void *user);
+    /* Frees ctx when the loader is destroyed (the last reference, possibly a detached worker's),
+     * or when gt_loader_create fails: the loader owns ctx from gt_loader_create on. */
+    void (*release)(void *ctx);
 } gt_loader_hooks;
 
 typedef struct gt_loader_config {
@@ -81,7 +88,8 @@ typedef struct gt_loader_stats {
     size_t num_workers;        /* worker threads running */
 } gt_loader_stats;
 
-/* Copies the field table, allocates the initial slots and starts the worker threads. */
+/* Copies the field table, allocates the initial slots and starts the worker threads. Takes
+ * ownership of config->hooks.ctx (released through hooks.release, also when it fails). */
 gt_status gt_loader_create(const gt_loader_config *config, gt_loader **out);
 
 /* The slots gt_loader_create(config) allocates, before it runs. */
@@ -131,6 +139,15 @@ void gt_loader_request_stop(gt_loader *loader);
 
 /* Stops and joins the worker threads, dropping undelivered batches (idempotent). */
 void gt_loader_shutdown(gt_loader *loader);
+
+/* As gt_loader_shutdown, but waits at most `seconds` (< 0: without limit) for the workers to
+ * stop; those still running then (inside a hook) are detached instead of joined. Returns the
+ * number detached. Later shutdowns and the release return at once. */
+size_t gt_loader_shutdown_within(gt_loader *loader, double seconds);
+
+/* Waits up to `seconds` for every worker thread to have exited (after a stop request);
+ * returns 1 when none is running. For a caller that waits in slices (to handle signals). */
+int gt_loader_wait_stopped(gt_loader *loader, double seconds);
 
 /* Shuts down and drops the owner's reference; memory goes when no slot is referenced. */
 void gt_loader_release(gt_loader *loader);

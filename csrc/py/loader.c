@@ -1,27 +1,52 @@
 /* gputrain._C.LoaderEngine: the C loader (csrc/data/loader.h) behind gputrain.DataLoader.
  * It keeps the dataset arrays alive for the worker threads, runs the optional worker hooks
- * with the GIL, and hands out each batch as NumPy views of its slot (zero-copy). */
+ * with the GIL, and hands out each batch as NumPy views of its slot (zero-copy).
+ *
+ * Shutdown never waits without end for a worker stuck in a Python hook (a transform that does
+ * not return): dropping the engine waits GTPY_LOADER_DETACH_S, shutdown() until Ctrl-C, then the
+ * worker is detached. What the hooks use (engine_hooks) belongs to the C loader, which a
+ * detached worker keeps alive; the engine then hands its references to it. */
 #include "py/loader.h"
 
 #include <math.h>
 #include <time.h>
 
+/* Seconds a dropped engine waits for its workers to stop before detaching those still running. */
+#define GTPY_LOADER_DETACH_S 0.25
+
+/* What the worker hooks read: the loader's hooks context, freed with the loader (by
+ * hooks_release, possibly in the last detached worker, after the engine object is gone). */
+typedef struct engine_hooks {
+    PyObject *arrays;           /* tuple of the dataset's arrays (the engine's; see owns_refs) */
+    PyObject *slot_type;        /* gputrain._C._LoaderSlot (likewise) */
+    PyObject *worker_start;     /* callable(worker_id) -> None or an error object, or NULL */
+    PyObject *worker_transform; /* callable(batch_id, arrays) -> result, or NULL */
+    int owns_refs;              /* 0: the four above are borrowed from the engine object (its
+                                   GC sees them); 1: references of their own, taken when the
+                                   engine detached a worker that may still call them */
+    PyObject *worker_error;     /* error object of a failed worker_start (owned), or NULL */
+    int python_in_workers;      /* 1 when a hook calls Python from the worker threads */
+    PyGILState_STATE *worker_gil;    /* (num_workers,) GIL state each worker keeps while alive */
+    PyThreadState **worker_tstate;   /* (num_workers,) thread state each worker keeps while alive */
+} engine_hooks;
+
 typedef struct {
     PyObject_HEAD
     gt_loader *loader;          /* the engine; NULL once released */
+    engine_hooks *hooks;        /* the loader's hooks context; NULL once released */
     PyObject *arrays;           /* tuple of the dataset's arrays, one per field */
     PyObject *slot_type;        /* gputrain._C._LoaderSlot */
     PyObject *worker_start;     /* callable(worker_id) -> None or an error object, or NULL */
     PyObject *worker_transform; /* callable(batch_id, arrays) -> result, or NULL */
-    PyObject *worker_error;     /* error object of a failed worker_start, or NULL */
     uint64_t num_rows;          /* samples in the dataset (first dimension of every array) */
     gt_loader_stats last_stats; /* the engine's counters when it was released */
-    int python_in_workers;      /* 1 when a hook calls Python from the worker threads */
-    PyGILState_STATE *worker_gil;    /* (num_workers,) GIL state each worker keeps while alive */
-    PyThreadState **worker_tstate;   /* (num_workers,) thread state each worker keeps while alive */
 } EngineObject;
 
 /* ---- hooks, called from worker threads without the GIL ----------------------------- */
+
+/* 1 once the interpreter is finalizing or gone: a detached worker must not touch Python then
+ * (its thread state may be freed); what it holds is left to the process's exit. */
+static int python_gone(void) { return !Py_IsInitialized(); }
 
 /* The exception being raised, normalised, as an object to hand to the caller. */
 static PyObject *fetch_exception(void) {
@@ -38,7 +63,7 @@ static PyObject *fetch_exception(void) {
 /* Gives the worker a Python thread state for its whole life (so threading.local values set by
  * worker_init_fn persist), runs worker_start in it, then releases the GIL. */
 static gt_status hook_worker_start(void *ctx, size_t worker) {
-    EngineObject *self = ctx;
+    engine_hooks *self = ctx;
     if (!self->python_in_workers)
         return GT_OK;
     PyGILState_STATE gil = PyGILState_Ensure();
@@ -61,8 +86,8 @@ static gt_status hook_worker_start(void *ctx, size_t worker) {
 
 /* Drops the thread state worker_start gave the worker. */
 static void hook_worker_stop(void *ctx, size_t worker) {
-    EngineObject *self = ctx;
-    if (!self->python_in_workers)
+    engine_hooks *self = ctx;
+    if (!self->python_in_workers || python_gone())
         return;
     PyEval_RestoreThread(self->worker_tstate[worker]);
     PyGILState_Release(self->worker_gil[worker]);
@@ -70,9 +95,11 @@ static void hook_worker_stop(void *ctx, size_t worker) {
 
 /* Runs worker_transform on the gathered batch; its result is delivered instead of the views. */
 static gt_status hook_batch_gathered(void *ctx, gt_loader *loader, gt_slot *slot) {
-    EngineObject *self = ctx;
+    engine_hooks *self = ctx;
     if (!self->worker_transform)
         return GT_OK;
+    if (python_gone())
+        return GT_FAIL(GT_ERR_RUNTIME, "DataLoader: the interpreter is shutting down");
     PyGILState_STATE gil = PyGILState_Ensure();
     gt_loader_slot_retain(loader, slot);
     PyObject *owner = gtpy_loader_slot_new((PyTypeObject *)self->slot_type, loader, slot);
@@ -88,9 +115,47 @@ static gt_status hook_batch_gathered(void *ctx, gt_loader *loader, gt_slot *slot
 }
 
 static void hook_release_user(void *ctx, void *user) {
+    (void)ctx;
+    if (python_gone())
+        return;
     PyGILState_STATE gil = PyGILState_Ensure();
     Py_DECREF((PyObject *)user);
     PyGILState_Release(gil);
+}
+
+static void hooks_free(engine_hooks *hooks) {
+    PyMem_RawFree(hooks->worker_gil);
+    PyMem_RawFree(hooks->worker_tstate);
+    PyMem_RawFree(hooks);
+}
+
+/* The loader is destroyed: drops what the hooks context holds (any thread, GIL or not). */
+static void hooks_release(void *ctx) {
+    engine_hooks *hooks = ctx;
+    if (python_gone()) {
+        hooks_free(hooks);
+        return;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (hooks->owns_refs) {
+        Py_XDECREF(hooks->arrays);
+        Py_XDECREF(hooks->slot_type);
+        Py_XDECREF(hooks->worker_start);
+        Py_XDECREF(hooks->worker_transform);
+    }
+    Py_CLEAR(hooks->worker_error);
+    PyGILState_Release(gil);
+    hooks_free(hooks);
+}
+
+/* The engine object lets go of the loader while a detached worker may still call the hooks:
+ * they keep the objects they call alive from now on (GIL held). */
+static void hooks_take_refs(engine_hooks *hooks) {
+    Py_XINCREF(hooks->arrays);
+    Py_XINCREF(hooks->slot_type);
+    Py_XINCREF(hooks->worker_start);
+    Py_XINCREF(hooks->worker_transform);
+    hooks->owns_refs = 1;
 }
 
 /* ---- construction ------------------------------------------------------------------ */
@@ -137,35 +202,52 @@ static int check_counts(const engine_args *a) {
     return 0;
 }
 
-/* Per-worker thread-state slots, needed when a hook calls Python in the workers. */
-static int alloc_worker_states(EngineObject *self, const engine_args *a) {
-    self->python_in_workers = self->worker_start || self->worker_transform;
+/* The hooks context for the engine's members, with per-worker thread-state slots (needed
+ * when a hook calls Python in the workers); NULL with an exception set. */
+static engine_hooks *new_hooks(EngineObject *self, const engine_args *a) {
     size_t n = a->num_workers > 0 ? (size_t)a->num_workers : 1;
-    self->worker_gil = PyMem_Calloc(n, sizeof *self->worker_gil);
-    self->worker_tstate = PyMem_Calloc(n, sizeof *self->worker_tstate);
-    if (!self->worker_gil || !self->worker_tstate) {
-        PyErr_NoMemory();
-        return -1;
+    engine_hooks *hooks = PyMem_RawCalloc(1, sizeof *hooks);
+    if (hooks) {
+        hooks->worker_gil = PyMem_RawCalloc(n, sizeof *hooks->worker_gil);
+        hooks->worker_tstate = PyMem_RawCalloc(n, sizeof *hooks->worker_tstate);
     }
-    return 0;
+    if (!hooks || !hooks->worker_gil || !hooks->worker_tstate) {
+        if (hooks)
+            hooks_free(hooks);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    hooks->arrays = self->arrays;
+    hooks->slot_type = self->slot_type;
+    hooks->worker_start = self->worker_start;
+    hooks->worker_transform = self->worker_transform;
+    hooks->python_in_workers = self->worker_start || self->worker_transform;
+    return hooks;
 }
 
 /* Creates the C loader once the Python members are in place (hooks read them). */
 static int create_loader(EngineObject *self, PyObject *module, const engine_args *a,
                          const gt_field *fields) {
+    engine_hooks *hooks = new_hooks(self, a);
+    if (!hooks)
+        return -1;
     gt_loader_config config = {
         .fields = fields, .num_fields = (size_t)PyTuple_GET_SIZE(self->arrays),
         .max_batch_rows = (size_t)a->max_batch_rows, .num_workers = (size_t)a->num_workers,
         .prefetch_factor = (size_t)a->prefetch_factor, .in_order = a->in_order,
         .pin_memory = a->pin_memory,
-        .hooks = {.ctx = self, .worker_start = hook_worker_start, .worker_stop = hook_worker_stop,
-                  .batch_gathered = hook_batch_gathered, .release_user = hook_release_user},
+        .hooks = {.ctx = hooks, .worker_start = hook_worker_start, .worker_stop = hook_worker_stop,
+                  .batch_gathered = hook_batch_gathered, .release_user = hook_release_user,
+                  .release = hooks_release},
     };
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
-    status = gt_loader_create(&config, &self->loader);
+    status = gt_loader_create(&config, &self->loader);  /* owns hooks from here, even failing */
     Py_END_ALLOW_THREADS
-    return status == GT_OK ? 0 : gtpy_raise_int(module, status);
+    if (status != GT_OK)
+        return gtpy_raise_int(module, status);
+    self->hooks = hooks;
+    return 0;
 }
 
 static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -188,7 +270,7 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->slot_type = self->arrays ? PyObject_GetAttrString(module, "_LoaderSlot") : NULL;
     if (!self->slot_type || optional_callable(a.worker_start, "worker_start", &self->worker_start) < 0 ||
         optional_callable(a.worker_transform, "worker_transform", &self->worker_transform) < 0 ||
-        !(fields = gtpy_loader_describe_fields(self->arrays, &self->num_rows)) || alloc_worker_states(self, &a) < 0 ||
+        !(fields = gtpy_loader_describe_fields(self->arrays, &self->num_rows)) ||
         create_loader(self, module, &a, fields) < 0) {
         PyMem_Free(fields);
         Py_DECREF(self);
@@ -198,16 +280,24 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     return (PyObject *)self;
 }
 
-/* Stops the workers (the GIL released: they may be waiting for it) and drops the engine. */
-static void engine_release(EngineObject *self) {
+/* Stops the workers (the GIL released: they may be waiting for it), waiting `seconds` at most
+ * (< 0: without limit) before detaching those still in a hook, and drops the engine. */
+static void engine_release(EngineObject *self, double seconds) {
     gt_loader *loader = self->loader;
+    engine_hooks *hooks = self->hooks;
     if (!loader)
         return;
     self->loader = NULL;
+    self->hooks = NULL;
     gt_loader_stats last;
+    size_t detached;
     Py_BEGIN_ALLOW_THREADS
-    gt_loader_shutdown(loader);
+    detached = gt_loader_shutdown_within(loader, seconds);
     gt_loader_get_stats(loader, &last);
+    Py_END_ALLOW_THREADS
+    if (detached > 0)  /* they may still call the hooks after this object is gone */
+        hooks_take_refs(hooks);
+    Py_BEGIN_ALLOW_THREADS
     gt_loader_release(loader);
     Py_END_ALLOW_THREADS
     self->last_stats = last;
@@ -220,18 +310,19 @@ static int engine_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->slot_type);
     Py_VISIT(self->worker_start);
     Py_VISIT(self->worker_transform);
-    Py_VISIT(self->worker_error);
+    if (self->hooks)  /* owned by the loader, which this object owns until released */
+        Py_VISIT(self->hooks->worker_error);
     return 0;
 }
 
 static int engine_clear(PyObject *op) {
     EngineObject *self = (EngineObject *)op;
-    engine_release(self);  /* workers use the members below until joined */
+    engine_release(self, GTPY_LOADER_DETACH_S);  /* workers use the members below until joined,
+                                                     detached ones hold their own references */
     Py_CLEAR(self->arrays);
     Py_CLEAR(self->slot_type);
     Py_CLEAR(self->worker_start);
     Py_CLEAR(self->worker_transform);
-    Py_CLEAR(self->worker_error);
     return 0;
 }
 
@@ -240,8 +331,6 @@ static void engine_dealloc(PyObject *op) {
     EngineObject *self = (EngineObject *)op;
     PyObject_GC_UnTrack(op);
     engine_clear(op);
-    PyMem_Free(self->worker_gil);
-    PyMem_Free(self->worker_tstate);
     type->tp_free(op);
     Py_DECREF(type);
 }
@@ -400,15 +489,16 @@ static PyObject *engine_next(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (!module || check_open(self) < 0)
         return NULL;
     gt_loader *loader = self->loader;  /* kept alive while another thread may shut down */
+    engine_hooks *hooks = self->hooks; /* lives as long as the loader */
     gt_loader_retain(loader);
     gt_slot *slot = NULL;
     gt_status status = wait_next(loader, timeout, &slot);
     PyObject *result;
     if (status != GT_OK && PyErr_Occurred()) {
         result = NULL;
-    } else if (status != GT_OK && self->worker_error) {  /* worker_start's error, for the caller */
+    } else if (status != GT_OK && hooks->worker_error) {  /* worker_start's error, for the caller */
         gt_clear_error();
-        result = Py_BuildValue("(nO)", (Py_ssize_t)-1, self->worker_error);
+        result = Py_BuildValue("(nO)", (Py_ssize_t)-1, hooks->worker_error);
     } else if (status != GT_OK) {
         result = gtpy_raise(module, status);
     } else {
@@ -425,8 +515,41 @@ static PyObject *engine_stop(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     return Py_NewRef(Py_None);
 }
 
-static PyObject *engine_shutdown(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    engine_release((EngineObject *)op);
+/* shutdown(timeout=None): waits for the workers in slices of 0.1 s, so that Ctrl-C ends the
+ * wait (the workers still running are then detached and KeyboardInterrupt raised). */
+static PyObject *engine_shutdown(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"timeout", NULL};
+    EngineObject *self = (EngineObject *)op;
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:shutdown", keywords, &timeout_obj))
+        return NULL;
+    double timeout = -1.0;
+    if (timeout_obj != Py_None) {
+        timeout = PyFloat_AsDouble(timeout_obj);
+        if (timeout == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(timeout >= 0.0))
+            return PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0, got %R", timeout_obj);
+    }
+    gt_loader *loader = self->loader;
+    if (loader && timeout < 0) {
+        gt_loader_request_stop(loader);
+        gt_loader_retain(loader);  /* another thread may release it while this one waits */
+        int stopped = 0, interrupted = 0;
+        while (!stopped && !interrupted) {
+            Py_BEGIN_ALLOW_THREADS
+            stopped = gt_loader_wait_stopped(loader, 0.1);
+            Py_END_ALLOW_THREADS
+            interrupted = !stopped && PyErr_CheckSignals() < 0;
+        }
+        gt_loader_unref(loader);
+        if (interrupted) {
+            engine_release(self, 0.0);
+            return NULL;
+        }
+        timeout = 0.0;  /* none runs: joined at once */
+    }
+    engine_release(self, timeout);
     return Py_NewRef(Py_None);
 }
 
@@ -460,7 +583,9 @@ static PyMethodDef engine_methods[] = {
     {"next", (PyCFunction)(void (*)(void))engine_next, METH_VARARGS | METH_KEYWORDS,
      "next(timeout=0.0)\n--\n\n(batch, arrays or worker result), or None at the end of the epoch."},
     {"stop", engine_stop, METH_NOARGS, "Asks the workers to stop after their current batch; does not wait."},
-    {"shutdown", engine_shutdown, METH_NOARGS, "Stops and joins the workers; frees unheld slots."},
+    {"shutdown", (PyCFunction)(void (*)(void))engine_shutdown, METH_VARARGS | METH_KEYWORDS,
+     "shutdown(timeout=None)\n--\n\nStops the workers and frees unheld slots. Waits for them until\n"
+     "Ctrl-C (timeout=None) or `timeout` seconds; those still in a hook then are detached."},
     {"stats", engine_stats, METH_NOARGS, "Slot and gather counters (final ones once shut down)."},
     {NULL, NULL, 0, NULL},
 };

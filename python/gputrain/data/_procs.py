@@ -16,7 +16,9 @@ Result: ("ok", generation, seq, slot id, skeleton, new segment name or None, cap
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
+import multiprocessing.queues
 import os
 import pickle
 import queue
@@ -26,7 +28,7 @@ import threading
 import time
 import weakref
 from multiprocessing import connection, resource_tracker, shared_memory
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -77,6 +79,7 @@ def worker_loop(fetcher: Fetcher, worker_id: int, num_workers: int, seed: int,
     `main`: the loader's process; `death_signal`: whether the worker's parent is the thread
     that will live as long as the loader (then its death signals the worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent around the fork
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # shutdown: clean up (below), then exit
     parent = os.getppid()  # the main process, or a forkserver
     if death_signal and _signal_when_parent_dies() and os.getppid() != main:
@@ -127,6 +130,33 @@ def _run_task(fetcher: Fetcher, writer: SlotWriter, where: str, task: tuple[Any,
         return ("error", gen, seq, slot, _picklable_error(where), None, 0)
 
 
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Holds Ctrl-C back while worker processes are forked or spawned, then delivers it.
+
+    A KeyboardInterrupt raised inside CPython's at-fork hooks is swallowed there (printed as
+    unraisable), and one raised in logging's hook leaves its module lock held, so that any later
+    logging.getLogger() blocks for good. SIGINT is blocked in this thread (signal.pthread_sigmask)
+    so it stays pending; on the main thread, where Python runs signal handlers, a SIGINT that
+    another thread received meanwhile is recorded by a stand-in handler instead of raising. Both
+    are delivered when the block ends, through the handler that was installed before."""
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if on_main else None
+    deferred: list[int] = []
+    swap = callable(previous)  # a Python-level handler (Python's default one included)
+    if swap:
+        signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if swap:
+            signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGINT is delivered here
+        if deferred:
+            signal.raise_signal(signal.SIGINT)
+
+
 class WorkerDied(RuntimeError):
     """A worker process exited while the main process still expected batches from it."""
 
@@ -145,7 +175,8 @@ class WorkerPool:
     """The worker processes of one loader (for one epoch, or for good with persistent_workers)."""
 
     def __init__(self, fetcher: Fetcher, num_workers: int, seed: int, worker_init_fn: Any, context: Any) -> None:
-        resource_tracker.ensure_running()  # one tracker for all: workers' segments outlive workers
+        with sigint_held():
+            resource_tracker.ensure_running()  # one tracker for all: workers' segments outlive workers
         ctx = resolve_context(context)
         # A worker's death signal follows the thread that forked it: only the main thread
         # lives as long as the loader may; forkserver workers are the forkserver's children.
@@ -156,6 +187,7 @@ class WorkerPool:
         self.tasks: list[Any] = []
         self.results: list[connection.Connection] = []
         self.closed = False
+        _LIVE_POOLS.add(self)  # from the first fork on: stopped at exit whatever happens below
         try:
             for worker_id in range(num_workers):
                 tasks = ctx.Queue()
@@ -163,15 +195,15 @@ class WorkerPool:
                 process = ctx.Process(target=worker_loop, daemon=True, name=f"gputrain-loader-{worker_id}",
                                       args=(fetcher, worker_id, num_workers, (seed + worker_id) % (1 << 64),
                                             worker_init_fn, tasks, writer, os.getpid(), death_signal))
-                process.start()
-                writer.close()
-                self.processes.append(process)
-                self.tasks.append(tasks)
-                self.results.append(reader)
-        except BaseException:
-            self.shutdown()
+                with sigint_held():  # Ctrl-C lands after the fork (not inside its hooks) and
+                    process.start()  # after the worker is recorded (shutdown below stops it)
+                    writer.close()
+                    self.processes.append(process)
+                    self.tasks.append(tasks)
+                    self.results.append(reader)
+        except BaseException:  # Ctrl-C included: the workers started are stopped, not waited for
+            self.shutdown(_ERROR_JOIN_S)
             raise
-        _LIVE_POOLS.add(self)
 
     def submit(self, worker: int, generation: int, seq: int, slot: Slot, indices: np.ndarray | None) -> None:
         payload = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
@@ -206,6 +238,15 @@ class WorkerPool:
             return
         self.closed = True
         _LIVE_POOLS.discard(self)
+        try:
+            self._stop(grace)
+        except KeyboardInterrupt:  # Ctrl-C while waiting: the rest at once (terminating), then raised
+            with sigint_held():
+                self._stop(0.0)
+            raise
+
+    def _stop(self, grace: float) -> None:
+        """The body of shutdown(); may run again after a Ctrl-C interrupted it."""
         for tasks in self.tasks:
             try:
                 tasks.put(None)
@@ -227,6 +268,7 @@ class WorkerPool:
         for tasks in self.tasks:
             tasks.cancel_join_thread()
             tasks.close()
+            _stop_feeder(tasks)
             _join_feeder(tasks, _JOIN_S)
         self.ring.close()
         for process in self.processes:
@@ -248,6 +290,20 @@ class WorkerPool:
                     continue
                 if created is not None:
                     _unlink(created)
+
+
+def _stop_feeder(tasks: Any) -> None:
+    """Makes sure a closed task queue's feeder thread is told to end: close() tells it only if
+    the queue's first put() got as far as registering how, and a Ctrl-C inside that put() can
+    land after the feeder started and before (the feeder then waits for good, and joining it
+    takes _JOIN_S). A second end marker is harmless: the feeder stops at the first."""
+    feeder = getattr(tasks, "_thread", None)  # multiprocessing's internals, as in _join_feeder
+    notempty, buffer = getattr(tasks, "_notempty", None), getattr(tasks, "_buffer", None)
+    if feeder is None or not feeder.is_alive() or notempty is None or buffer is None:
+        return
+    with notempty:
+        buffer.append(multiprocessing.queues._sentinel)  # type: ignore[attr-defined]
+        notempty.notify()
 
 
 def _join_feeder(tasks: Any, timeout: float) -> None:

@@ -59,6 +59,7 @@ from gputrain.data.sampler import (
 _STATE_VERSION = 1
 MAX_NUM_WORKERS = 256  # worker threads per loader: far past the point where gathering is memory-bound
 _SLOT_ALIGN = 64  # bytes; each field of a slot starts on this boundary (GT_ALIGN in csrc/core/alloc.h)
+_DETACH_S = 0.25  # seconds a stopped engine's shutdown waits before detaching a worker stuck in a hook
 _FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers",
                       "columns")
 
@@ -76,13 +77,18 @@ class _Engine:
         _LIVE_ENGINES.add(self)
 
     def stop(self) -> None:
-        """Asks the workers to stop without waiting (a stuck one is joined at shutdown)."""
+        """Asks the workers to stop without waiting (after an error or Ctrl-C: a worker stuck in
+        a hook is detached at shutdown, or when the engine is dropped, instead of joined)."""
         self.stopped = True
         self.engine.stop()
 
     def shutdown(self) -> None:
+        """Stops and joins the workers: until they stop or Ctrl-C (KeyboardInterrupt, the rest
+        detached), or _DETACH_S once stopped after an error or Ctrl-C (one stuck in a hook may
+        never return)."""
+        timeout = _DETACH_S if self.stopped else None
         self.stopped = True
-        self.engine.shutdown()
+        self.engine.shutdown(timeout)
 
 
 _LIVE_ENGINES: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
@@ -93,8 +99,15 @@ _EXITING = [False]  # set once the interpreter exits: no new worker threads afte
 def _shutdown_all_engines() -> None:
     """Joins every worker thread before the interpreter tears down the arrays they read."""
     _EXITING[0] = True
-    for engine in list(_LIVE_ENGINES):
-        engine.shutdown()
+    engines = list(_LIVE_ENGINES)
+    try:
+        for engine in engines:
+            engine.shutdown()
+    except KeyboardInterrupt:  # Ctrl-C while a worker is stuck in a hook: exit without waiting
+        for engine in engines:
+            engine.stopped = True
+            engine.engine.shutdown(0.0)
+        raise
 
 
 def _park_daemon_thread_at_exit() -> None:
@@ -324,6 +337,9 @@ class DataLoader:
         self._iterator: _DataLoaderIter | DatasetIter | None = None
         self._spare_engine: _Engine | None = None  # num_workers=0: slots kept between epochs
         self._pin_warned = False
+        self._iter_lock = threading.Lock()  # iter() from one thread at a time
+        self._epoch_owner: tuple[threading.Thread, weakref.ref[Any]] | None = None  # the thread and
+        # the iterator of the epoch in progress
         if self._kind != ARRAYS:
             self._check_dataset_device()
         elif batch_sampler is None or isinstance(batch_sampler, BatchSampler):  # the batch size is known now
@@ -639,8 +655,34 @@ class DataLoader:
             iterator.reset(batches, self._progress, 0)
         return iterator
 
+    def _in_use_by(self) -> threading.Thread | None:
+        """The other thread whose epoch of this loader is in progress, or None. An epoch belongs
+        to the thread that started it (iter()) until it is exhausted or fails, its iterator is
+        dropped (persistent workers keep it), or that thread ends."""
+        if self._epoch_owner is None:
+            return None
+        thread, iterator_ref = self._epoch_owner
+        iterator = iterator_ref()
+        if (thread is threading.current_thread() or not thread.is_alive() or iterator is None
+                or getattr(iterator, "_finished", True)):
+            return None
+        return thread
+
     def __iter__(self) -> "_DataLoaderIter | DatasetIter":
+        _park_daemon_thread_at_exit()
         self._warn_pin_memory()
+        with self._iter_lock:
+            other = self._in_use_by()
+            if other is not None:
+                raise RuntimeError(
+                    f"the DataLoader is in use by another thread: an epoch that thread {other.name!r} started is in "
+                    "progress (one epoch at a time: iterate a DataLoader from one thread, share its iterator, or "
+                    "give each thread its own DataLoader)")
+            iterator = self._start_epoch()
+            self._epoch_owner = (threading.current_thread(), weakref.ref(iterator))
+            return iterator
+
+    def _start_epoch(self) -> "_DataLoaderIter | DatasetIter":
         if self._kind != ARRAYS:
             return self._iter_dataset()
         epoch, start, done = self._take_start()
@@ -663,7 +705,8 @@ class DataLoader:
     def __getstate__(self) -> dict[str, Any]:
         """The options, dataset and samplers, and the position as state_dict(); not the
         threads and slots of a running iteration (a copy starts its own where this one is)."""
-        transient = ("_arrays", "_rebuild", "_iterator", "_spare_engine", "_progress", "_resume", "_next_epoch")
+        transient = ("_arrays", "_rebuild", "_iterator", "_spare_engine", "_progress", "_resume", "_next_epoch",
+                     "_iter_lock", "_epoch_owner")
         state = {k: v for k, v in self.__dict__.items() if k not in transient}
         state["_position"] = self.state_dict()
         return state
@@ -674,7 +717,7 @@ class DataLoader:
         dataset = _from_arrow(self.dataset, self.__dict__.get("columns"))
         arrays, rebuild = classify(dataset)[1] or ([], None)  # Dataset objects: no arrays
         self.__dict__.update(_arrays=arrays, _rebuild=rebuild, _iterator=None, _spare_engine=None, _progress=None,
-                             _resume=None, _next_epoch=0)
+                             _resume=None, _next_epoch=0, _iter_lock=threading.Lock(), _epoch_owner=None)
         self.load_state_dict(position)
 
     def to(self, device: Any) -> "DataLoader":
@@ -773,7 +816,7 @@ class _DataLoaderIter(Iterator[Any]):
         except BaseException as error:  # a timeout, Ctrl-C, a C failure: end the epoch at once
             _park_daemon_thread_at_exit()
             self._finished = True
-            self.engine.stop()  # a worker busy in a hook is joined when the engine is dropped
+            self.engine.stop()  # a worker stuck in a hook is detached, not joined, at shutdown
             if isinstance(error, TimeoutError):
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
             raise
