@@ -158,5 +158,5 @@ def test_a_move_out_of_memory_leaves_the_model_where_it_was(memory_limit, simula
     assert_unchanged(model, x, before)
     memory_limit(None)
     model.to("sim")
-    assert model._compiled.device == "sim" and model.compiled.precision == "bf16"
+    assert model._compiled.device == "sim:0" and model.compiled.precision == "bf16"
     np.testing.assert_array_equal(model(x), before["out"])
