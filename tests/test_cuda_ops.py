@@ -454,8 +454,8 @@ def test_model_step_on_cuda_matches_the_cpu_model(precision, tol):
     for name, value in cpu_model.state_dict().items():  # the same host initialisation
         assert same_bits(gpu_model.state_dict()[name], value), name
     x, y = batch()
-    loss_cpu, grads_cpu = gradients_after_step(cpu_model, x, y, precision, gradient_accumulation_steps=2)
-    loss_gpu, grads_gpu = gradients_after_step(gpu_model, x, y, precision, gradient_accumulation_steps=2)
+    loss_cpu, grads_cpu = gradients_after_step(cpu_model, x, y, precision, micro_batches=2)
+    loss_gpu, grads_gpu = gradients_after_step(gpu_model, x, y, precision, micro_batches=2)
     assert loss_gpu == pytest.approx(loss_cpu, rel=tol)
     assert np.max(np.abs(grads_gpu - grads_cpu)) <= tol * np.max(np.abs(grads_cpu))
     cpu_model.eval()
