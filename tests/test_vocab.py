@@ -26,6 +26,8 @@ class FakeTorchDtype:
     def __str__(self) -> str:
         return f"torch.{self.name}"
 
+    __repr__ = __str__
+
 
 FakeTorchDtype.__module__ = "torch"
 FakeTorchDtype.__name__ = "dtype"
@@ -182,6 +184,10 @@ def test_module_to_takes_torch_s_signature_and_spellings():
     model.to(FakeTorchDevice("sim", 0))
     assert model._compiled is compiled and model._compiled.device == "sim:0"
     model.to(dtype=np.float32)  # float32 master weights: a no-op
+    assert model.to(np.float32) is model and model.to(FakeTorchDtype("float32")) is model  # to(dtype), as torch
+    assert model._compiled is compiled
+    with pytest.raises(ValueError, match="dtype=torch.float16: gputrain keeps parameters as float32"):
+        model.to(FakeTorchDtype("float16"))
     model.to("cpu", non_blocking=False)
     np.testing.assert_array_equal(model(x), expected)
     with pytest.raises(TypeError, match="non_blocking must be a bool, not str"):

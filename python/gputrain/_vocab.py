@@ -55,6 +55,13 @@ def parse_precision(value: Any, arg_name: str = "precision") -> str:
     raise TypeError(f"{arg_name} must be a str such as 'bf16' or a dtype, not {type(value).__name__}")
 
 
+def is_dtype(value: Any) -> bool:
+    """True for a NumPy dtype or scalar type and a torch dtype (what `Module.to(dtype)` may get)."""
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return True
+    return type(value).__module__ == "torch" and type(value).__name__ == "dtype"
+
+
 def c_dtype(value: Any, arg_name: str = "precision") -> str:
     """The C core's dtype name ("f32", "bf16" or "f16") of any accepted precision."""
     return _C_DTYPES[parse_precision(value, arg_name)]

@@ -34,7 +34,7 @@ import numpy as np
 
 from gputrain import _C, random
 from gputrain._state_checks import check_keys, check_mapping, float32_array
-from gputrain._vocab import c_dtype, parse_device, parse_precision
+from gputrain._vocab import c_dtype, is_dtype, parse_device, parse_precision
 from gputrain.nn.parameter import DeviceSlot, Parameter
 
 
@@ -474,7 +474,7 @@ class Module:
 
     def to(self, device: Any = None, dtype: Any = None, non_blocking: bool = False) -> Module:
         """Move the model to `device` ('cpu', 'cuda[:N]', 'sim[:N]' or a torch.device), keeping its
-        parameter values; torch.nn.Module.to's signature.
+        parameter values; torch.nn.Module.to's signature (``to(dtype)`` alone too).
 
         non_blocking: accepted as in PyTorch, where it is a permission, not a promise: gputrain
         rebuilds the model's arenas on the new device, and the move is complete when this returns.
@@ -482,6 +482,8 @@ class Module:
         float32 dtype (a no-op) is accepted; train in half precision with
         ``TrainStep(precision="bf16")`` or ``TrainingArguments(bf16=True)`` instead.
         """
+        if dtype is None and is_dtype(device):  # model.to(torch.float32), as torch takes it
+            device, dtype = None, device
         if not isinstance(non_blocking, bool):
             raise TypeError(f"non_blocking must be a bool, not {type(non_blocking).__name__}")
         if dtype is not None and parse_precision(dtype, "dtype") != "fp32":
