@@ -71,7 +71,7 @@ def hand_loop(x: np.ndarray, y: np.ndarray, args: gt.TrainingArguments):
     def run() -> None:
         for _ in range(EPOCHS):
             for xb, yb in loader:
-                step.gradient_accumulation_steps = -(-len(xb) // BATCH)  # the last, short group: 1
+                step.micro_batches = -(-len(xb) // BATCH)  # the last, short group: 1
                 if not step(xb, yb).skipped:
                     ema.update()
 

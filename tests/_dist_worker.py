@@ -39,7 +39,7 @@ def train(kind: str, world: int, rank: int | None, steps: int, precision: str, c
     model.to(device)
     scaler = gt.amp.GradScaler(init_scale=2.0**12) if precision == "fp16" else None
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
-                        gradient_accumulation_steps=world if rank is None else 1, precision=precision,
+                        micro_batches=world if rank is None else 1, precision=precision,
                         max_grad_norm=clip, scaler=scaler, log_grad_norm=True)
     results = []
     for x, y in batches:

@@ -67,7 +67,7 @@ def train(config, world: int, rank: int | None, steps: int, zero: int, saved=Non
         if scaler is not None:
             scaler.load_state_dict(saved[2])
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer,
-                        gradient_accumulation_steps=world if rank is None else 1, precision=precision,
+                        micro_batches=world if rank is None else 1, precision=precision,
                         max_grad_norm=clip, scaler=scaler, log_grad_norm=True)
     results = []
     rows = slice(None) if rank is None else slice(rank * ROWS, (rank + 1) * ROWS)

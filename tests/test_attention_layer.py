@@ -223,7 +223,7 @@ def test_a_transformer_block_on_cuda_steps_as_on_the_cpu(precision, tol):
         gt.random.manual_seed(5)
         model = nn.Sequential(lin(), pre_ln_block(causal=True, dropout=0.1), lin(EMBED, CLASSES)).to(device)
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), None, precision=precision,
-                            gradient_accumulation_steps=3)
+                            micro_batches=3)
         results.append((step(x, y).loss, model.compiled.read_gradients()))
     (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = results
     assert gpu_loss == pytest.approx(cpu_loss, rel=tol)
@@ -246,7 +246,7 @@ def test_micro_batches_draw_the_full_batchs_dropout_masks():
     for steps in (1, 2):
         gt.random.manual_seed(0)
         model = POSITIONS["block"](dropout=0.4, causal=True)
-        gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=steps)(x, y)
+        gt.TrainStep(model, nn.CrossEntropyLoss(), micro_batches=steps)(x, y)
         grads.append([p.grad.copy() for p in model.parameters()])
     for whole, split in zip(*grads):
         np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-6)
@@ -261,7 +261,7 @@ def test_a_transformer_block_on_the_simulated_device_trains_as_on_the_cpu(precis
         model = nn.Sequential(lin(), pre_ln_block(causal=True, dropout=0.1), lin(EMBED, CLASSES)).to(device)
         optimizer = AdamW.for_model(model, lr=1e-2)
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision,
-                            gradient_accumulation_steps=3)
+                            micro_batches=3)
         losses = [step(*batch(seed)).loss for seed in range(3)]
         return losses, model.compiled.read_parameters()
 

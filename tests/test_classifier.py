@@ -66,7 +66,7 @@ def test_classifier_learns_through_train_step(pooling):
                                             dropout=0.0, pooling=pooling, type_vocab_size=0)
     enc, labels = contains_task(512, 0)
     step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=3e-3),
-                        gradient_accumulation_steps=2)
+                        micro_batches=2)
     for epoch in range(8):
         for i in range(0, 512, 32):
             step(enc["input_ids"][i:i + 32], labels[i:i + 32], attention_mask=enc["attention_mask"][i:i + 32])

@@ -178,7 +178,7 @@ def test_running_statistics_follow_numpy_over_steps_and_micro_batches(momentum, 
     model = nn.Sequential(nn.Residual(nn.BatchNorm2d(C, momentum=momentum), nn.Tanh()), nn.Flatten(),
                           nn.Linear(C * H * W, CLASSES))
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), SGD(model.parameters(), lr=0.1),
-                        gradient_accumulation_steps=2, gradient_checkpointing=checkpointing)
+                        micro_batches=2, gradient_checkpointing=checkpointing)
     mean, var, count = np.zeros(C), np.ones(C), 0
     rng = np.random.default_rng(5)
     for _ in range(3):
@@ -297,7 +297,7 @@ def cnn(seed=0):
 
 def train(model, precision, checkpointing=False, steps=3):
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), SGD.for_model(model, lr=0.1),
-                        gradient_accumulation_steps=2, precision=precision, gradient_checkpointing=checkpointing)
+                        micro_batches=2, precision=precision, gradient_checkpointing=checkpointing)
     rng = np.random.default_rng(9)
     losses = []
     for _ in range(steps):
@@ -413,7 +413,7 @@ def test_a_failed_step_leaves_the_running_statistics_as_they_were(device):
     """The second micro-batch's labels are out of range: its loss fails after both forwards updated
     the running statistics; the step restores them (and changes nothing else)."""
     model = cnn().to(device)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), SGD.for_model(model, lr=0.1), gradient_accumulation_steps=2)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), SGD.for_model(model, lr=0.1), micro_batches=2)
     x = np.random.default_rng(0).standard_normal((4, C, H, W)).astype(np.float32)
     step(x, np.array([0, 1, 2, 3]))
     before = model.state_dict()

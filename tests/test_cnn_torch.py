@@ -120,7 +120,7 @@ def models(momentum):
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_training_with_accumulation_matches_torch(momentum):
     ours, theirs = models(momentum)
-    step = gt.TrainStep(ours, nn.CrossEntropyLoss(), SGD(ours.parameters(), lr=0.1), gradient_accumulation_steps=2)
+    step = gt.TrainStep(ours, nn.CrossEntropyLoss(), SGD(ours.parameters(), lr=0.1), micro_batches=2)
     topt = torch.optim.SGD(theirs.parameters(), lr=0.1)
     rng = np.random.default_rng(3)
     for _ in range(4):

@@ -185,7 +185,7 @@ def test_micro_batches_accumulate_the_whole_batchs_gradients():
         gt.random.manual_seed(0)
         model = POSITIONS["in_residual"]()
         x, y = batch(model, n=6)
-        gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=steps)(x, y)
+        gt.TrainStep(model, nn.CrossEntropyLoss(), micro_batches=steps)(x, y)
         grads.append([p.grad.copy() for p in model.parameters()])
     for whole, split in zip(*grads):
         np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-6)
@@ -221,7 +221,7 @@ def test_a_cnn_on_the_simulated_device_trains_as_on_the_cpu(precision):
         model = POSITIONS["two_blocks"]().to(device)
         optimizer = AdamW.for_model(model, lr=1e-2)
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision,
-                            gradient_accumulation_steps=2, gradient_checkpointing=True)
+                            micro_batches=2, gradient_checkpointing=True)
         x, y = batch(POSITIONS["two_blocks"](), n=8)
         losses = [step(x * (seed + 1), y).loss for seed in range(3)]
         return losses, model.compiled.read_parameters()

@@ -42,7 +42,7 @@ def build(precision="fp32", ema=False, scaler=False, offload=0.0, checkpointing=
     grad_scaler = gt.amp.GradScaler(init_scale=2.0**10) if scaler else None
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, precision=precision, max_grad_norm=1.0,
                         scaler=grad_scaler, scheduler=sched, gradient_checkpointing=checkpointing,
-                        gradient_accumulation_steps=2)
+                        micro_batches=2)
     run = {"model": model, "opt": opt, "sched": sched, "step": step, "scaler": grad_scaler}
     if ema:
         run["ema"] = gt.optim.EMA(model, decay=0.9)

@@ -38,7 +38,7 @@ def steps(make, device, precision, inputs, count=2, accumulation=1, **columns):
     gt.random.manual_seed(7)
     model = make().to(device)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.05),
-                        precision=precision, gradient_accumulation_steps=accumulation)
+                        precision=precision, micro_batches=accumulation)
     losses = [step(*inputs, **columns).loss for _ in range(count)]
     return losses, model.compiled.read_gradients(), model.state_dict()
 

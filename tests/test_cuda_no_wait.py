@@ -52,7 +52,7 @@ def test_a_cuda_gpt_step_waits_once(precision, accumulation):
     model = gt.models.GPT(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).to("cuda")
     optimizer = gt.optim.AdamW(gt.optim.param_groups_weight_decay(model, 0.1), lr=1e-3)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision, max_grad_norm=1.0,
-                        gradient_accumulation_steps=accumulation,
+                        micro_batches=accumulation,
                         scaler=gt.amp.GradScaler() if precision == "fp16" else None)
     rng = np.random.default_rng(0)
     ids = [(rng.integers(0, 65, (8, 32)), rng.integers(0, 65, (8, 32))) for _ in range(4)]
@@ -66,7 +66,7 @@ def embedding_run(device, bad_id_at=None, bad_target_at=None):
     gt.random.manual_seed(5)
     model = nn.Sequential(nn.Embedding(50, 16), nn.LayerNorm(16), nn.Linear(16, 7)).to(device)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=1e-2),
-                        gradient_accumulation_steps=2)
+                        micro_batches=2)
     outputs, params, counts = [], [], []
     for i in range(4):
         ids = np.random.default_rng(i).integers(0, 50, 32).astype(np.int64)
@@ -103,7 +103,7 @@ def test_a_bad_id_or_target_fails_at_the_steps_one_wait_with_the_cpu_message(bad
 def test_an_mse_step_waits_once_on_cuda():
     model = make_model().to("cuda")
     step = gt.TrainStep(model, nn.MSELoss(), gt.optim.AdamW.for_model(model, lr=3e-3),
-                        gradient_accumulation_steps=2)
+                        micro_batches=2)
 
     def inputs(i):
         x, _ = batch(i, 32)

@@ -123,7 +123,7 @@ def images(seed=7):
 
 def step_result(model, precision="fp32"):
     x, y = images()
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), None, precision=precision, gradient_accumulation_steps=2)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), None, precision=precision, micro_batches=2)
     out = step(x, y)
     model.eval()
     return out.loss, model.compiled.read_gradients(), model(x)

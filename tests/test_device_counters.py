@@ -54,8 +54,8 @@ FP16_CLIP = {"max_grad_norm": 0.5, "precision": "fp16", "scaler": True}
     ({}, 37),                                                 # 35 per micro-batch (2 of them copies), reset, adamw
     ({"max_grad_norm": 0.5}, 38),                             # + the sum of squares
     (FP16_CLIP, 42),                                          # + 2 casts, unscale, scaler update (no state copy)
-    ({"gradient_accumulation_steps": 2}, 72),
-    (dict(FP16_CLIP, gradient_accumulation_steps=4), 150),
+    ({"micro_batches": 2}, 72),
+    (dict(FP16_CLIP, micro_batches=4), 150),
 ])
 def test_a_step_from_numpy_waits_once_and_allocates_nothing(options, launches):
     x, y = batch(0, ROWS)
@@ -69,7 +69,7 @@ def test_a_step_from_numpy_waits_once_and_allocates_nothing(options, launches):
 
 @pytest.mark.parametrize("options, launches", [
     ({}, 35), ({"max_grad_norm": 0.5}, 36), (FP16_CLIP, 40),
-    ({"gradient_accumulation_steps": 2}, 68), (dict(FP16_CLIP, gradient_accumulation_steps=4), 142),
+    ({"micro_batches": 2}, 68), (dict(FP16_CLIP, micro_batches=4), 142),
 ])
 def test_device_batches_move_no_batch_bytes_in_the_step(options, launches):
     for c in counts_per_step(make_step(**options), device_inputs()):
@@ -79,7 +79,7 @@ def test_device_batches_move_no_batch_bytes_in_the_step(options, launches):
 
 
 def test_every_op_of_the_op_table_counts_as_a_launch():
-    step = make_step(gradient_accumulation_steps=2)
+    step = make_step(micro_batches=2)
     one, = counts_per_step(make_step(), lambda i: batch(i, ROWS), steps=1)
     two, = counts_per_step(step, lambda i: batch(i, ROWS), steps=1)
     per_micro_batch = two["launches"] - one["launches"]
@@ -118,7 +118,7 @@ def test_a_gpt_step_waits_once_and_allocates_nothing(precision, accumulation):
     model = gt.models.GPT(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32).to("sim")
     optimizer = gt.optim.AdamW(gt.optim.param_groups_weight_decay(model, 0.1), lr=1e-3)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision, max_grad_norm=1.0,
-                        gradient_accumulation_steps=accumulation,
+                        micro_batches=accumulation,
                         scaler=gt.amp.GradScaler() if precision == "fp16" else None)
     rng = np.random.default_rng(0)
     ids = [(rng.integers(0, 65, (8, 32)), rng.integers(0, 65, (8, 32))) for _ in range(4)]

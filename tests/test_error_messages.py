@@ -36,7 +36,7 @@ FAILURES = {
     "inner sizes": lambda: nn.Sequential(nn.Linear(8, 16), nn.Linear(12, 4))(np.ones((2, 8), np.float32)),
     "residual": lambda: nn.Sequential(nn.Residual(nn.Linear(8, 4)))(np.ones((2, 8), np.float32)),
     "embedding": lambda: nn.Sequential(nn.Linear(8, 4), nn.Embedding(3, 4))(np.ones((2, 8), np.float32)),
-    "split": lambda: gt.TrainStep(model_64(), nn.CrossEntropyLoss(), gradient_accumulation_steps=3)(
+    "split": lambda: gt.TrainStep(model_64(), nn.CrossEntropyLoss(), micro_batches=3)(
         np.ones((4, 64), np.float32), np.zeros(4, np.int64)),
     "targets": lambda: gt.TrainStep(model_64(), nn.CrossEntropyLoss())(np.ones((4, 64), np.float32),
                                                                         np.zeros(5, np.int64)),
@@ -98,7 +98,7 @@ def test_the_environment_variable_turns_debug_mode_on():
                  r"dimension 8 -> 4\); a Residual's block must keep its input's shape$"),
     ("embedding", r"^model: layer '1' \(Embedding\(3, 4\)\) reads int64 ids, .* must be the model's first layer$"),
     ("split", r"^x: a batch of 4 rows does not split into 3 equal micro-batches "
-              r"\(gradient_accumulation_steps\); use a batch size divisible by it$"),
+              r"\(micro_batches\); use a batch size divisible by it$"),
     ("targets", r"^y: expected 4 rows of targets to match x, got 5$"),
     ("overflow", r"^parameters of Embedding\(4294967296, 1073741824\): the size overflows .*; use smaller sizes$"),
 ])
@@ -140,8 +140,8 @@ def test_model_and_step_accept_any_layout(layout):
     y_view = np.stack([y, y], 1)[:, 0]
     model, twin = model_64(), model_64()
     np.testing.assert_array_equal(model(view), twin(x))
-    a = gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=2)(view, y_view)
-    b = gt.TrainStep(twin, nn.CrossEntropyLoss(), gradient_accumulation_steps=2)(x, y)
+    a = gt.TrainStep(model, nn.CrossEntropyLoss(), micro_batches=2)(view, y_view)
+    b = gt.TrainStep(twin, nn.CrossEntropyLoss(), micro_batches=2)(x, y)
     assert (a.loss, a.skipped) == (b.loss, b.skipped)
     for p, q in zip(model.parameters(), twin.parameters()):
         np.testing.assert_array_equal(p.grad, q.grad)
@@ -175,7 +175,7 @@ def test_embedding_models_accept_strided_ids():
     ((7, 64), ValueError, r"batch_shape \(7, 64\) does not split into 2 equal micro-batches"),
 ])
 def test_memory_plan_checks_its_argument(batch_shape, error, match):
-    step = gt.TrainStep(model_64(), nn.CrossEntropyLoss(), gradient_accumulation_steps=2)
+    step = gt.TrainStep(model_64(), nn.CrossEntropyLoss(), micro_batches=2)
     with pytest.raises(error, match=match):
         step.memory_plan(batch_shape)
     assert step.memory_plan((np.int64(8), 64))["total"] > 0

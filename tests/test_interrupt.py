@@ -33,7 +33,7 @@ SETUP = textwrap.dedent("""
                               nn.Linear(512, 10))
         opt = gt.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = gt.amp.GradScaler(init_scale=1024.0, growth_interval=1)
-        step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION,
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION,
                             scaler=scaler, max_grad_norm=1.0, set_to_none=SET_TO_NONE)
         return model, opt, scaler, step
 
@@ -155,7 +155,7 @@ def test_signals_during_gemms_leave_memory_and_results_alone(precision):
             gt.random.manual_seed(0)
             model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
             step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters()),
-                                gradient_accumulation_steps=8, precision="{precision}")
+                                micro_batches=8, precision="{precision}")
             losses = []
             if timer:
                 signal.setitimer(signal.ITIMER_REAL, 1e-4, 1e-4)

@@ -150,7 +150,7 @@ def test_a_train_steps_plan_is_its_peak_with_optimizer_scaler_and_ema(ema_locati
         m = model()
         reset_peaks()
         optimizer = gt.optim.AdamW(m.parameters(), amsgrad=True, cpu_offload_fraction=0.3, offload_chunk_numel=100)
-        step = gt.TrainStep(m, nn.CrossEntropyLoss(), optimizer, gradient_accumulation_steps=2, precision="fp16",
+        step = gt.TrainStep(m, nn.CrossEntropyLoss(), optimizer, micro_batches=2, precision="fp16",
                             gradient_checkpointing=True, scaler=gt.amp.GradScaler())
         ema = gt.optim.EMA(m, location=ema_location)
         plan = mp.plan_step(step, x, ema=ema)

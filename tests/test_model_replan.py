@@ -138,9 +138,9 @@ def simulated_device(monkeypatch):
     original = nn_module._Compiled.__init__
 
     def compile_for(self, spec, seed, device, precision="f32"):
-        original(self, spec, seed, "cpu" if device == "sim" else device, precision)
-        if device == "sim":
-            self.device, self.on_host, self.params_flat, self.grads_flat = "sim", False, None, None
+        original(self, spec, seed, "cpu" if device == "sim:0" else device, precision)
+        if device == "sim:0":  # Module.to passes the canonical name
+            self.device, self.on_host, self.params_flat, self.grads_flat = "sim:0", False, None, None
 
     monkeypatch.setattr(nn_module._Compiled, "__init__", compile_for)
 
@@ -158,5 +158,5 @@ def test_a_move_out_of_memory_leaves_the_model_where_it_was(memory_limit, simula
     assert_unchanged(model, x, before)
     memory_limit(None)
     model.to("sim")
-    assert model._compiled.device == "sim" and model.compiled.precision == "bf16"
+    assert model._compiled.device == "sim:0" and model.compiled.precision == "bf16"
     np.testing.assert_array_equal(model(x), before["out"])

@@ -67,7 +67,7 @@ def test_huge_layers_raise_before_allocating_anything(make, error, match):
 def small_step(model=None, steps=1):
     gt.random.manual_seed(0)
     model = model or nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    return gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=steps)
+    return gt.TrainStep(model, nn.CrossEntropyLoss(), micro_batches=steps)
 
 
 @pytest.mark.parametrize("shape, error, match", [
@@ -75,7 +75,7 @@ def small_step(model=None, steps=1):
     ((2**61, 4), OOM, "overflows"),
     ((2**40, 4), ValueError, r"shape: 1099511627776 rows per micro-batch are more than the GEMMs of layer '0' "
                              r"\(Linear\(4, 8\)\) can take \(2147483647\); use a smaller batch or more "
-                             "gradient_accumulation_steps"),
+                             "micro_batches"),
     ((2**70, 4), OOM, r"shape\[0\]: .* too large"),
     ((4, 2**62), OOM, "overflows"),
 ])

@@ -89,7 +89,7 @@ def test_an_all_ignored_micro_batch_adds_zero_to_a_train_steps_loss_and_gradient
     model = gt.nn.Sequential(gt.nn.Linear(4, 3))
     before = {k: v.copy() for k, v in model.state_dict().items()}
     step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0),
-                        gradient_accumulation_steps=2, max_grad_norm=1.0)
+                        micro_batches=2, max_grad_norm=1.0)
     x = randn((4, 4), 3)
     ignored = np.full(4, -100)
     assert math.isnan(F.cross_entropy(model(x), ignored)[0])

@@ -264,7 +264,7 @@ def test_shared_gradients_are_the_sum_over_uses(micro_batches, checkpointing, se
     untied.load_state_dict({f"{layer}.{kind}": values[f"{source[layer]}.{kind}"]
                             for layer in source for kind in ("weight", "bias")})
     x, y = batch(rows=8)
-    options = {"gradient_accumulation_steps": micro_batches, "gradient_checkpointing": checkpointing,
+    options = {"micro_batches": micro_batches, "gradient_checkpointing": checkpointing,
                "set_to_none": set_to_none}
     loss_tied = gt.TrainStep(tied, nn.CrossEntropyLoss(), **options)(x, y).loss
     loss_untied = gt.TrainStep(untied, nn.CrossEntropyLoss(), **options)(x, y).loss

@@ -38,7 +38,7 @@ class Recipe:
         self.scaler = gt.amp.GradScaler(init_scale=2.0**12, growth_interval=2)
         self.ema = gt.optim.EMA(self.model, decay=0.9, location=ema, use_warmup=True)
         self.step = gt.TrainStep(self.model, nn.CrossEntropyLoss(label_smoothing=0.1), self.optimizer,
-                                 gradient_accumulation_steps=ACCUMULATION, precision="fp16", max_grad_norm=1.0,
+                                 micro_batches=ACCUMULATION, precision="fp16", max_grad_norm=1.0,
                                  scaler=self.scaler)
         self.loader = gt.DataLoader(dataset(), batch_size=BATCH, shuffle=True, pin_memory=True, num_workers=2,
                                     seed=3, device=None if device == "cpu" else device)

@@ -254,7 +254,7 @@ def test_gradient_accumulation_splits_the_mask_with_the_rows():
     grads = []
     for steps in (1, 2, 4):
         model = make_model("mean")
-        step = gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=steps)
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), micro_batches=steps)
         step(ids, y, attention_mask=mask, token_type_ids=types)
         grads.append(np.concatenate([p.grad.reshape(-1) for p in model.parameters()]))
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-7)
@@ -268,7 +268,7 @@ def test_sim_device_is_bit_identical(precision):
         model = make_model("mean").to(device)
         optimizer = gt.optim.AdamW.for_model(model, lr=1e-2)
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision=precision,
-                            gradient_accumulation_steps=2)
+                            micro_batches=2)
         losses = []
         for i in range(3):
             ids, mask, types, y = make_batch(lengths=np.array([7, 2, 4, 1]), seed=10 + i, pad_id=None)

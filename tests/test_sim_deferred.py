@@ -31,7 +31,7 @@ def clipped_run(device, kind, steps=5, max_grad_norm=MAX_NORM):
     """Steps on `device` (sync=False with device batches on sim); the last output's (loss, norm),
     the parameters and each step's sim counters (the outputs of earlier steps are dropped unread)."""
     model = make_model().to(device)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer_for(model, kind), gradient_accumulation_steps=4,
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer_for(model, kind), micro_batches=4,
                         max_grad_norm=max_grad_norm, sync=device == "cpu")
     inputs = device_inputs() if device == "sim" else (lambda i: batch(i, 32))
     counts = []
@@ -73,7 +73,7 @@ class DeferredRecipe(Recipe):
         groups = gt.optim.param_groups_weight_decay(self.model, weight_decay=0.05)
         self.optimizer = gt.optim.AdamW(groups, lr=3e-3, betas=(0.8, 0.95), cpu_offload_fraction=offload)
         self.step = gt.TrainStep(self.model, nn.CrossEntropyLoss(label_smoothing=0.1), self.optimizer,
-                                 gradient_accumulation_steps=ACCUMULATION, precision="bf16", max_grad_norm=1.0,
+                                 micro_batches=ACCUMULATION, precision="bf16", max_grad_norm=1.0,
                                  sync=device == "cpu")
 
     def run(self, steps):

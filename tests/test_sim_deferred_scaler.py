@@ -38,7 +38,7 @@ def recipe(device, kind, **options):
         opt = gt.optim.SGD(groups, lr=0.05, momentum=0.9, nesterov=True, **options)
     sched = gt.optim.get_cosine_schedule_with_warmup(opt, num_warmup_steps=3, num_training_steps=STEPS)
     scaler = gt.amp.GradScaler(init_scale=2.0**24, growth_interval=2)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=4, precision="fp16",
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=4, precision="fp16",
                         max_grad_norm=0.5, scaler=scaler, scheduler=sched, sync=device == "cpu")
     return model, opt, sched, scaler, step
 
@@ -108,7 +108,7 @@ def test_refusals_name_the_argument_and_change_nothing():
 
     with pytest.raises(ValueError, match="scheduler"):
         gt.TrainStep(model, nn.CrossEntropyLoss(), opt, scaler=scaler, scheduler=Plateau(), sync=False)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=4, precision="fp16",
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=4, precision="fp16",
                         scaler=scaler, scheduler=sched, sync=False)
     inputs = sim_inputs(3)
     step(*inputs(0))

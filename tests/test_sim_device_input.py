@@ -28,7 +28,7 @@ Y = rng.integers(0, 7, 256).astype(np.int64)
 def train(device, accumulation, precision):
     model = make_model().to("sim")
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=3e-3),
-                        gradient_accumulation_steps=accumulation, precision=precision)
+                        micro_batches=accumulation, precision=precision)
     loader = gt.DataLoader((X, Y), batch_size=32, shuffle=True, seed=1, device=device, num_workers=1)
     losses = [step(xb, yb).loss for epoch in range(3) for xb, yb in loader]
     return losses, model.compiled.read_parameters()

@@ -26,7 +26,7 @@ def run(device, changes, steps=7, overflow_at=2, guard=None):
     optimizer = gt.optim.AdamW.for_model(model, lr=3e-3)
     scaler = gt.amp.GradScaler(init_scale=2.0**12, growth_interval=2)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer, precision="fp16", scaler=scaler,
-                        gradient_accumulation_steps=2, spike_guard=guard)
+                        micro_batches=2, spike_guard=guard)
     outputs, copied = [], []
     for i in range(steps):
         x, y = batch(i)

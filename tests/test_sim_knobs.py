@@ -49,7 +49,7 @@ class Run:
         self.scaler = gt.amp.GradScaler(init_scale=2.0**12, growth_interval=2) if precision == "fp16" else None
         self.ema = gt.optim.EMA(self.model, decay=0.9, location=ema, use_warmup=True) if ema else None
         self.step = gt.TrainStep(self.model, nn.CrossEntropyLoss(label_smoothing=0.1), self.optimizer,
-                                 gradient_accumulation_steps=accumulation, precision=precision, max_grad_norm=clip,
+                                 micro_batches=accumulation, precision=precision, max_grad_norm=clip,
                                  scaler=self.scaler, scheduler=self.schedule)
 
     def train(self, steps, first=0, overflow_at=None):

@@ -30,7 +30,7 @@ def run(device, loss_fn, make_batch, steps=5):
     model = make_model().to(device)
     optimizer = gt.optim.AdamW.for_model(model, lr=3e-3, weight_decay=0.05)
     scaler = gt.amp.GradScaler(init_scale=700.0, growth_interval=2)
-    step = gt.TrainStep(model, loss_fn, optimizer, precision="fp16", scaler=scaler, gradient_accumulation_steps=3)
+    step = gt.TrainStep(model, loss_fn, optimizer, precision="fp16", scaler=scaler, micro_batches=3)
     outputs = []
     for i in range(steps):
         x, y = make_batch(i)

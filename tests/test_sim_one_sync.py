@@ -52,7 +52,7 @@ def assert_same(cpu, sim):
 
 
 def test_fp16_accumulation_4_with_an_overflow_waits_once_per_step_and_matches_the_cpu():
-    options = dict(precision="fp16", max_grad_norm=0.5, gradient_accumulation_steps=4, overflow_at=2)
+    options = dict(precision="fp16", max_grad_norm=0.5, micro_batches=4, overflow_at=2)
     xent = nn.CrossEntropyLoss(label_smoothing=0.1)
     cpu, sim = (train(d, 5, xent, lambda i: batch(i, 64), **options) for d in ("cpu", "sim"))
     assert_same(cpu, sim)
@@ -66,13 +66,13 @@ def test_an_mse_loss_is_summed_on_the_device_with_the_cpu_bits():
     def regression_batch(i):
         x, _ = batch(i)
         return x, np.random.default_rng(i).standard_normal((32, 7)).astype(np.float32)
-    cpu, sim = (train(d, 4, nn.MSELoss(), regression_batch, gradient_accumulation_steps=2) for d in ("cpu", "sim"))
+    cpu, sim = (train(d, 4, nn.MSELoss(), regression_batch, micro_batches=2) for d in ("cpu", "sim"))
     assert_same(cpu, sim)
     assert all(c["syncs"] == 1 for c in sim[3][1:])
 
 
 def test_a_target_out_of_range_fails_at_the_read_before_the_update():
-    options = dict(precision="fp16", max_grad_norm=0.5, gradient_accumulation_steps=2, bad_target_at=1)
+    options = dict(precision="fp16", max_grad_norm=0.5, micro_batches=2, bad_target_at=1)
     xent = nn.CrossEntropyLoss()
     cpu, sim = (train(d, 3, xent, batch, **options) for d in ("cpu", "sim"))
     assert sim[0][1] is IndexError
@@ -81,7 +81,7 @@ def test_a_target_out_of_range_fails_at_the_read_before_the_update():
 
 ACCUMULATION = """
 from test_sim_one_sync import train, assert_same, batch
-options = dict(precision="fp16", max_grad_norm=0.5, gradient_accumulation_steps=4, overflow_at=1)
+options = dict(precision="fp16", max_grad_norm=0.5, micro_batches=4, overflow_at=1)
 xent = nn.CrossEntropyLoss()
 assert_same(*(train(d, 3, xent, lambda i: batch(i, 64), **options) for d in ("cpu", "sim")))
 """
@@ -97,7 +97,7 @@ def deferred_run(device, steps, keep, precision="fp32"):
     from test_device_counters import device_inputs
     model = make_model().to(device)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=3e-3), precision=precision,
-                        gradient_accumulation_steps=4, log_grad_norm=True, sync=False)
+                        micro_batches=4, log_grad_norm=True, sync=False)
     inputs = device_inputs() if device == "sim" else (lambda i: batch(i, 32))
     kept, counts = {}, []
     for i in range(steps):
@@ -143,7 +143,7 @@ def embedding_run(device, bad_id_at=None):
     gt.random.manual_seed(5)
     model = nn.Sequential(nn.Embedding(50, 16), nn.LayerNorm(16), nn.Linear(16, 7)).to(device)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW.for_model(model, lr=1e-2),
-                        gradient_accumulation_steps=2)
+                        micro_batches=2)
     outputs, syncs = [], []
     for i in range(4):
         ids = np.random.default_rng(i).integers(0, 50, 32).astype(np.int64)

@@ -44,7 +44,7 @@ for settings in (dict(num_workers=0), dict(num_workers=2, pin_memory=True)):
 TRAINING = """
 from test_sim_step import run, assert_same_run
 for precision in ("fp32", "fp16"):
-    options = dict(steps=4, precision=precision, max_grad_norm=0.5, gradient_accumulation_steps=2, overflow_at=2)
+    options = dict(steps=4, precision=precision, max_grad_norm=0.5, micro_batches=2, overflow_at=2)
     assert_same_run(run("cpu", **options), run("sim", **options))
 """
 

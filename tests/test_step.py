@@ -42,7 +42,7 @@ def test_accumulation_equals_the_full_batch_gradient():
     x, y = batch(32)
     a, b = block_model(dropout=0.0), block_model(dropout=0.0)
     full = gt.TrainStep(a, nn.CrossEntropyLoss())(x, y)
-    accumulated = gt.TrainStep(b, nn.CrossEntropyLoss(), gradient_accumulation_steps=4)(x, y)
+    accumulated = gt.TrainStep(b, nn.CrossEntropyLoss(), micro_batches=4)(x, y)
     assert accumulated.loss == pytest.approx(full.loss, rel=1e-6)
     for ga, gb in zip(grads_of(a), grads_of(b)):
         np.testing.assert_allclose(gb, ga, rtol=1e-4, atol=1e-7)
@@ -50,8 +50,8 @@ def test_accumulation_equals_the_full_batch_gradient():
 
 def test_set_to_none_is_bit_identical_to_zeroing():
     a, b = block_model(), block_model()
-    losses_a = train(a, 6, set_to_none=True, gradient_accumulation_steps=2)
-    losses_b = train(b, 6, set_to_none=False, gradient_accumulation_steps=2)
+    losses_a = train(a, 6, set_to_none=True, micro_batches=2)
+    losses_b = train(b, 6, set_to_none=False, micro_batches=2)
     assert losses_a == losses_b
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert np.array_equal(pa.data, pb.data)
@@ -75,7 +75,7 @@ def test_checkpointing_is_bit_identical_and_shrinks_activations():
 
 def test_plan_is_exact_and_allocated_once():
     model = block_model()
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), gradient_accumulation_steps=2)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), micro_batches=2)
     plan = step.memory_plan((32, 20))
     before = gt.memory_stats("cpu")["num_allocs"]
     x, y = batch(32)
@@ -101,12 +101,12 @@ def test_clipping_caps_the_update_and_reports_the_norm():
 
 
 def test_step_rejects_bad_batches():
-    step = gt.TrainStep(block_model(), nn.CrossEntropyLoss(), gradient_accumulation_steps=3)
+    step = gt.TrainStep(block_model(), nn.CrossEntropyLoss(), micro_batches=3)
     x, y = batch(32)
     with pytest.raises(ValueError, match="micro-batches"):
         step(x, y)
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        gt.TrainStep(block_model(), nn.CrossEntropyLoss(), gradient_accumulation_steps=0)
+    with pytest.raises(ValueError, match="micro_batches"):
+        gt.TrainStep(block_model(), nn.CrossEntropyLoss(), micro_batches=0)
     with pytest.raises(ValueError, match="precision"):
         gt.TrainStep(block_model(), nn.CrossEntropyLoss(), precision="fp8")
     with pytest.raises(TypeError, match="model"):

@@ -111,7 +111,7 @@ def not_refused(calls, message="in use by another thread"):
 
 def serial_weights(steps, seed=0, optimizer="adamw", scaler=None):
     model, opt = make_setup(seed, optimizer)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION,
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION,
                         scaler=scaler)
     x, y = make_batch()
     for _ in range(steps):
@@ -128,7 +128,7 @@ def test_add_param_group_during_a_step_raises_and_changes_nothing():
         import numpy as np, gputrain as gt
         from test_threads import make_setup, make_batch, during_step, ACCUMULATION
         model, opt = make_setup()
-        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION)
+        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION)
         x, y = make_batch()
         extra = gt.nn.Parameter(np.ones(8, np.float32))
         raised, _ = during_step(step, x, y, lambda: opt.add_param_group({{"params": [extra]}}))
@@ -148,7 +148,7 @@ def test_add_param_group_during_a_step_raises_and_changes_nothing():
 def test_the_same_train_step_from_two_threads_equals_serial_steps():
     # Before: both steps ran at once on one model and optimizer (max weight diff 0.27 vs serial).
     model, opt = make_setup()
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION)
     x, y = make_batch()
     barrier = threading.Barrier(2)
     outcomes = []
@@ -173,7 +173,7 @@ def test_the_same_train_step_from_two_threads_equals_serial_steps():
 @pytest.mark.parametrize("optimizer", ["adamw", "sim"])
 def test_a_second_call_during_a_step_raises_and_the_step_is_exact(optimizer):
     model, opt = make_setup(optimizer=optimizer)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION)
     x, y = make_batch()
     calls = {"step": lambda: step(x, y), "push_hyperparameters": opt.push_hyperparameters}
     if optimizer == "sim":
@@ -187,7 +187,7 @@ def test_a_second_call_during_a_step_raises_and_the_step_is_exact(optimizer):
 
 def test_optimizer_step_during_a_train_step_raises():
     model, opt = make_setup(optimizer="sgd")
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION)
     x, y = make_batch()
     raised, _ = during_step(step, x, y, opt.step)
     assert raised is not None and "in use by another thread" in str(raised)
@@ -224,7 +224,7 @@ def test_a_train_step_during_an_optimizer_step_raises():
 def test_model_and_ema_calls_during_a_step_raise():
     model, opt = make_setup()
     ema = gt.optim.EMA(model, decay=0.9)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION)
     x, y = make_batch()
     calls = {
         "forward": lambda: model(x[:4]),
@@ -245,7 +245,7 @@ def test_model_and_ema_calls_during_a_step_raise():
 def test_scaler_changes_during_a_step_raise():
     model, opt = make_setup()
     scaler = gt.amp.GradScaler(init_scale=256.0)
-    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, gradient_accumulation_steps=ACCUMULATION,
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION,
                         scaler=scaler)
     x, y = make_batch()
     calls = {"update": lambda: scaler.update(8.0), "set_growth_factor": lambda: scaler.set_growth_factor(4.0),

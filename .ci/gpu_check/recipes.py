@@ -69,7 +69,7 @@ class Run:
         self.scaler = gt.amp.GradScaler(init_scale=2.0**12, growth_interval=5) if recipe["scaler"] else None
         self.ema = gt.optim.EMA(self.model, decay=0.95, location="device", use_warmup=True)
         self.step = gt.TrainStep(self.model, gt.nn.CrossEntropyLoss(), self.optimizer, precision=recipe["precision"],
-                                 gradient_accumulation_steps=ACCUMULATION, max_grad_norm=1.0, scaler=self.scaler)
+                                 micro_batches=ACCUMULATION, max_grad_norm=1.0, scaler=self.scaler)
         on_device = device != "cpu"
         self.loader = gt.DataLoader(dataset(size), batch_size=size["micro"] * ACCUMULATION, shuffle=True,
                                     pin_memory=on_device, num_workers=2, seed=3, device=device if on_device else None)

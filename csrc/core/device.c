@@ -15,7 +15,9 @@ static gt_status parse_cuda_index(const char *digits, const char *text, const ch
                                   int *out) {
     char *end = NULL;
     long index = strtol(digits, &end, 10);
-    if (*digits == '\0' || *end != '\0' || index < 0 || index >= GT_MAX_CUDA_DEVICES)
+    /* the spelling Python's gputrain._vocab.parse_device accepts: ASCII digits, no sign, space or leading 0 */
+    int canonical = *digits >= '0' && *digits <= '9' && (digits[0] != '0' || digits[1] == '\0');
+    if (!canonical || *end != '\0' || index < 0 || index >= GT_MAX_CUDA_DEVICES)
         return GT_FAIL(GT_ERR_VALUE, "%s: invalid device '%s' (expected 'cpu', 'cuda:N' or 'sim:N')",
                        arg_name, text);
     *out = (int)index;

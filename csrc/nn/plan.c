@@ -68,7 +68,7 @@ gt_status gt_plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
     if (rows > INT_MAX) {
         char name[GT_LAYER_PATH_BYTES + 64];
         return GT_FAIL(GT_ERR_VALUE, "%s: %lld rows per micro-batch are more than the GEMMs of %s can "
-                       "take (%d); use a smaller batch or more gradient_accumulation_steps",
+                       "take (%d); use a smaller batch or more micro_batches",
                        w->input_name, (long long)rows, gt_layer_describe(name, sizeof name, layer, path), INT_MAX);
     }
     GT_TRY(gt_plan_gemm_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, 0));

@@ -19,6 +19,7 @@
 #include "py/gtpy.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -743,10 +744,17 @@ static PyObject *run_op(PyObject *module, PyObject *args, PyObject *kwargs) {
                                      &PyTuple_Type, &op_args, &device_index))
         return NULL;
     gt_device device = gt_cpu_device();
-    if (strcmp(backend, "cuda") == 0 || strcmp(backend, "sim") == 0)
-        device = (gt_device){strcmp(backend, "cuda") == 0 ? GT_DEVICE_CUDA : GT_DEVICE_SIM, device_index};
-    else if (strcmp(backend, "cpu") != 0)
+    if (strcmp(backend, "cuda") == 0 || strcmp(backend, "sim") == 0) {
+        char name[32];  /* "cuda:N" or "sim:N", parsed by the one device parser */
+        if (device_index < 0)
+            return PyErr_Format(PyExc_ValueError, "device must be >= 0, got %d", device_index);
+        snprintf(name, sizeof name, "%s:%d", backend, device_index);
+        gt_status status = gt_device_parse(name, "device", &device);
+        if (status != GT_OK)
+            return gtpy_raise(module, status);
+    } else if (strcmp(backend, "cpu") != 0) {
         return PyErr_Format(PyExc_ValueError, "backend must be 'cpu', 'cuda' or 'sim', got '%s'", backend);
+    }
     const op_spec *spec = find_spec(name);
     if (!spec)
         return PyErr_Format(PyExc_ValueError, "op: unknown op '%s'", name);

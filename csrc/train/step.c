@@ -20,7 +20,7 @@ static gt_tensor micro_slice(const gt_tensor *batch, int64_t first, int64_t coun
 
 static gt_status check_batch(const gt_tensor *inputs, const gt_tensor *targets, int micro_batches) {
     if (micro_batches < 1)
-        return GT_FAIL(GT_ERR_VALUE, "gradient_accumulation_steps must be >= 1, got %d", micro_batches);
+        return GT_FAIL(GT_ERR_VALUE, "micro_batches must be >= 1, got %d", micro_batches);
     if (inputs->ndim < 1 || targets->ndim < 1 || inputs->shape[0] != targets->shape[0])
         return GT_FAIL(GT_ERR_VALUE, "y: expected %lld rows of targets to match x, got %lld",
                        inputs->ndim ? (long long)inputs->shape[0] : 0LL,
@@ -28,7 +28,7 @@ static gt_status check_batch(const gt_tensor *inputs, const gt_tensor *targets, 
     if (inputs->shape[0] == 0 || inputs->shape[0] % micro_batches != 0)
         return GT_FAIL(GT_ERR_VALUE,
                        "x: a batch of %lld rows does not split into %d equal micro-batches "
-                       "(gradient_accumulation_steps); use a batch size divisible by it",
+                       "(micro_batches); use a batch size divisible by it",
                        (long long)inputs->shape[0], micro_batches);
     return GT_OK;
 }

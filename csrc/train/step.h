@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 typedef struct gt_step_config {
-    int micro_batches;         /* gradient_accumulation_steps: the batch splits into this many */
+    int micro_batches;         /* TrainStep(micro_batches=): the batch splits into this many */
     gt_loss loss;              /* loss function */
     int set_to_none;           /* 1: zero_grad(set_to_none=True) (first backward writes);
                                   0: gradients are zeroed, then every backward accumulates */

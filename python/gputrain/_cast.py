@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C
+from gputrain._vocab import c_dtype
 
 _UNKNOWN = object()
 # ml_dtypes' bfloat16 dtype, None without ml_dtypes; looked up on first use (bfloat16()), not at
@@ -34,22 +35,9 @@ def is_bfloat16(dtype: np.dtype) -> bool:
     imported, so this never imports it for another dtype."""
     return dtype.name == "bfloat16" and "ml_dtypes" in sys.modules and dtype == bfloat16()
 
-_NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-
-
 def _dtype_name(dtype: Any, arg_name: str) -> str:
-    """'f32', 'f16' or 'bf16' for a string or a NumPy/ml_dtypes dtype."""
-    if isinstance(dtype, str):
-        name = _NAMES.get(dtype, dtype)
-        if name in ("f32", "f16", "bf16"):
-            return name
-        raise ValueError(f"{arg_name} must be 'f32', 'f16' or 'bf16', got {dtype!r}")
-    if not isinstance(dtype, (np.dtype, type)):
-        raise TypeError(f"{arg_name} must be a str or a dtype, not {type(dtype).__name__}")
-    numpy_dtype = np.dtype(dtype)
-    if numpy_dtype.name not in _NAMES:
-        raise ValueError(f"{arg_name} must be float32, float16 or bfloat16, got {numpy_dtype}")
-    return _NAMES[numpy_dtype.name]
+    """'f32', 'f16' or 'bf16' (the C core's names) for any precision gputrain accepts."""
+    return c_dtype(dtype, arg_name)
 
 
 def _is_bfloat16(array: np.ndarray) -> bool:
@@ -72,8 +60,8 @@ def cast(
         array: float32, float16 or ``ml_dtypes.bfloat16`` values, or uint16 bit patterns
             together with ``src_dtype``. Other dtypes (float64, integers) raise ``TypeError``:
             convert them to float32 first, so no value is rounded twice without you seeing it.
-        dtype: the result's type: ``"f32"``, ``"f16"`` or ``"bf16"`` (long names and NumPy
-            dtypes such as ``np.float16`` are accepted too).
+        dtype: the result's type: ``"fp32"``, ``"fp16"`` or ``"bf16"`` (the aliases ``"f32"``,
+            ``"float16"``, ... and NumPy/ml_dtypes/torch dtypes such as ``np.float16`` too).
         src_dtype: what a uint16 ``array`` holds: ``"bf16"`` or ``"f16"`` bit patterns.
         out: a C-contiguous array of the input's shape to write into (for ``"bf16"``: a
             bfloat16 or uint16 array); it must not share memory with ``array``.
@@ -85,7 +73,7 @@ def cast(
     target = _dtype_name(dtype, "dtype")
     source = np.asarray(array)
     if _is_bfloat16(source):
-        if src_dtype not in (None, "bf16", "bfloat16"):
+        if src_dtype is not None and _dtype_name(src_dtype, "src_dtype") != "bf16":
             raise ValueError(f"src_dtype {src_dtype!r} does not describe a bfloat16 array")
         source, src_dtype = source.view(np.uint16), "bf16"
     if src_dtype is not None:

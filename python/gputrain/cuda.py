@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gputrain import _C
 from gputrain import memory as _memory
+from gputrain._vocab import parse_device
 
 Stream = _C.CudaStream
 """A non-blocking CUDA stream: `Stream(device=0)`, `.synchronize()`, `.query()`, `.wait_event(e)`."""
@@ -87,16 +88,7 @@ def _device_index(device: int | str | None) -> int:
     """The ordinal of a device argument (see the module docstring)."""
     if device is None:
         return _C.cuda_current_device()
-    if isinstance(device, bool) or not isinstance(device, (int, str)):
-        raise TypeError(f"device must be an int, 'cuda', 'cuda:N' or None, not {type(device).__name__}")
-    if isinstance(device, int):
-        return device
-    if device == "cuda":
-        return 0
-    prefix, _, digits = device.partition(":")
-    if prefix != "cuda" or not digits.isdigit():
-        raise ValueError(f"device must be 'cuda' or 'cuda:N', got {device!r}")
-    return int(digits)
+    return int(parse_device(device, kinds=("cuda",), allow_int=True)[len("cuda:"):])
 
 
 def current_device() -> int:

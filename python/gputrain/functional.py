@@ -6,7 +6,9 @@ buffer, which is accumulated into in place as the training step does).
 
 Activation precision: activation arrays (inputs, outputs, their gradients) may be float32,
 float16 or ``ml_dtypes.bfloat16``; the dtype is taken from the array (uint16 arrays hold bf16 or
-f16 bit patterns and need ``dtype="bf16"`` or ``"f16"``). Ops load half values into float32,
+f16 bit patterns and need ``dtype="bf16"`` or ``"fp16"``; every ``dtype=`` takes gputrain's one
+precision vocabulary: ``"fp32"``/``"bf16"``/``"fp16"``, the aliases ``"f32"``, ``"f16"``,
+``"float16"``, ``"bfloat16"``, ... and NumPy/torch dtypes). Ops load half values into float32,
 compute in float32 and round the result once. Parameters (weights, biases, tables) and their
 gradients are always float32. Dtypes must be exact: nothing is converted silently (use
 :func:`gputrain.cast`). Inputs may have any memory layout (a strided view such as ``x[:, ::2]``
@@ -23,6 +25,7 @@ import numpy as np
 
 from gputrain import _C
 from gputrain._cast import bfloat16, is_bfloat16
+from gputrain._vocab import c_dtype
 
 __all__ = [
     "activation",
@@ -64,8 +67,6 @@ __all__ = [
 #: Activation names and their codes in ops.h (gt_activation).
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "tanh": 3, "silu": 4}
 
-_DTYPE_NAMES = {"f32": "f32", "float32": "f32", "f16": "f16", "float16": "f16",
-                "bf16": "bf16", "bfloat16": "bf16"}
 _NUMPY_DT = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 
@@ -102,12 +103,9 @@ class _Act:
 _RAW_TYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 
 
-def _dtype_name(dtype: str | None, arg_name: str = "dtype") -> str | None:
-    if dtype is None:
-        return None
-    if not isinstance(dtype, str) or dtype not in _DTYPE_NAMES:
-        raise ValueError(f"{arg_name} must be 'f32', 'f16', 'bf16' or None, got {dtype!r}")
-    return _DTYPE_NAMES[dtype]
+def _dtype_name(dtype: Any, arg_name: str = "dtype") -> str | None:
+    """The C core's name ('f32', 'f16', 'bf16') of a precision (gputrain._vocab), or None."""
+    return None if dtype is None else c_dtype(dtype, arg_name)
 
 
 def _array(value: Any, name: str, in_place: bool = False) -> np.ndarray:

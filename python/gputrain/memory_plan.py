@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C
+from gputrain._vocab import c_dtype, parse_precision
 from gputrain.memory import format_bytes
 from gputrain.nn.module import Module
 from gputrain.optim.optimizer import Optimizer
-from gputrain.step import PRECISIONS, TrainStep
+from gputrain.step import TrainStep
 
 __all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit",
            "micro_batch_sizes", "plan_step", "plan_training"]
@@ -167,25 +168,22 @@ def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tup
     return arenas["activations"]
 
 
-def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision: str = "fp32",
+def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision: Any = "fp32",
                   checkpointing: bool = False, optimizer: OptimizerSpec | None = None, ema: bool = False,
                   ema_on_host: bool = False, scaler: bool = False, loader: LoaderSpec | None = None) -> MemoryPlan:
     """The plan of a run of TrainStep over `model` with micro-batches of `micro_batch_shape`.
 
-    precision: "fp32", "bf16" or "fp16"; checkpointing: gradient checkpointing; optimizer: the
-    optimizer's spec (None: no optimizer state); ema: an EMA of every parameter (on the device,
-    or in pinned memory with ema_on_host); scaler: a dynamic loss scaler (fp16); loader: the
+    precision: "fp32", "bf16" or "fp16" (or an alias such as "f16" or np.float16); checkpointing:
+    gradient checkpointing; optimizer: the optimizer's spec (None: no optimizer state); ema: an EMA
+    of every parameter (on the device, or in pinned memory with ema_on_host); scaler: a dynamic loss scaler (fp16); loader: the
     training DataLoader's spec. Shapes the model cannot take raise ValueError; sizes beyond any
     memory, gputrain.OutOfMemoryError.
     """
     if not isinstance(model, Module):
         raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
-    if not isinstance(precision, str):
-        raise TypeError(f"precision must be a str such as 'bf16', not {type(precision).__name__}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    precision = parse_precision(precision)
     compiled = model.compiled
-    device, shape, dt = compiled.device, tuple(micro_batch_shape), PRECISIONS[precision]
+    device, shape, dt = compiled.device, tuple(micro_batch_shape), c_dtype(precision)
     regions: dict[str, dict[str, int]] = {device: {}}
     activation_arena = _model_regions(regions, compiled, shape, dt, checkpointing)
     numels = [compiled.num_parameters]  # every parameter once, as EMA(model) averages them
@@ -264,16 +262,16 @@ def fit(make_plan: Callable[[int, float], MemoryPlan], available: Mapping[str, i
 def plan_step(step: TrainStep, batch_shape: Sequence[int] | np.ndarray, *, ema: Any = None,
               loader: LoaderSpec | None = None) -> MemoryPlan:
     """The complete plan of `step` for batches of `batch_shape` (or of a batch array's shape),
-    split into its gradient_accumulation_steps micro-batches: its model in its precision and
+    split into its micro_batches micro-batches: its model in its precision and
     checkpointing mode, its optimizer, its loss scaler, and `ema` (a gputrain.optim.EMA of the
     model) and the loader when given. TrainStep.memory_plan is the model's part of it."""
     if not isinstance(step, TrainStep):
         raise TypeError(f"step must be a gputrain.TrainStep, not {type(step).__name__}")
     step.memory_plan(batch_shape)  # the batch's checks: it splits into the micro-batches
     shape = tuple(batch_shape.shape if isinstance(batch_shape, np.ndarray) else batch_shape)
-    micro = (shape[0] // step.gradient_accumulation_steps, *shape[1:])
+    micro = (shape[0] // step.micro_batches, *shape[1:])
     compiled = step.model.compiled
-    precision = {dt: name for name, dt in PRECISIONS.items()}[compiled.precision]
+    precision = parse_precision(compiled.precision)
     optimizer = OptimizerSpec.of(step.optimizer, step.model) if step.optimizer is not None else None
     scaler = step.scaler is not None and step.scaler.is_enabled()
     return plan_training(step.model, micro, precision=precision, checkpointing=compiled.checkpointing,

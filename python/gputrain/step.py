@@ -2,13 +2,16 @@
 
     model = gt.nn.Sequential(gt.nn.Linear(64, 256), gt.nn.GELU(), gt.nn.Linear(256, 10))
     optimizer = gt.optim.AdamW(model.parameters(), lr=3e-3)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, gradient_accumulation_steps=4)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, micro_batches=4)
     for x, y in loader:
         out = step(x, y)          # every micro-batch, clipping, the update: one C call
         print(out.loss)
 
-The batch given to a call is split into `gradient_accumulation_steps` equal micro-batches; each
-one's mean loss is divided by their number, as Hugging Face's Trainer does.
+The batch given to a call is split into `micro_batches` equal micro-batches; each one's mean loss
+is divided by their number, as Hugging Face's Trainer does. (`gradient_accumulation_steps` has
+Hugging Face's meaning everywhere: loader batches per optimizer step, a TrainingArguments knob. The
+TrainStep keyword of that name, which meant micro_batches, still works for one release with a
+DeprecationWarning.)
 
 A micro-batch whose targets are all `ignore_index` adds 0 to the loss and nothing to the gradients
 (and still counts in the divisor); a step where every target is ignored reports loss 0.0, its
@@ -56,6 +59,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -67,6 +71,7 @@ import numpy as np
 
 from gputrain import _C, backends, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer, real
+from gputrain._vocab import c_dtype
 from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
@@ -74,7 +79,6 @@ from gputrain.nn.parameter import Parameter
 from gputrain.nn.sequence import pack_for
 from gputrain.optim.optimizer import Optimizer
 
-PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 _RING = 8  # GT_OPTIM_RING: sync=False steps with a scaler in flight at most
 
 
@@ -262,6 +266,12 @@ class SpikeGuard:
         self._windows = (windows[0], windows[1])
 
 
+_OLD_ACCUMULATION_NAME = (
+    "TrainStep's gradient_accumulation_steps is deprecated: use micro_batches (the same meaning: equal "
+    "parts each call's batch is split into). gradient_accumulation_steps keeps Hugging Face's meaning, "
+    "loader batches per optimizer step, in TrainingArguments.")
+
+
 class TrainStep:
     """A compiled training step for one model, loss and optimizer."""
 
@@ -271,8 +281,9 @@ class TrainStep:
         loss_fn: CrossEntropyLoss | MSELoss,
         optimizer: Any = None,
         *,
-        gradient_accumulation_steps: int = 1,
-        precision: str = "fp32",
+        micro_batches: int = 1,
+        gradient_accumulation_steps: int | None = None,
+        precision: Any = "fp32",
         gradient_checkpointing: bool = False,
         max_grad_norm: float | None = None,
         scaler: Any = None,
@@ -287,12 +298,17 @@ class TrainStep:
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
         if not isinstance(loss_fn, (CrossEntropyLoss, MSELoss)):
             raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
-        if isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int):
-            raise TypeError("gradient_accumulation_steps must be an int")
-        if not 1 <= gradient_accumulation_steps < 2**31:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1 and < 2**31, got {gradient_accumulation_steps}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        if gradient_accumulation_steps is not None:
+            warnings.warn(_OLD_ACCUMULATION_NAME, DeprecationWarning, stacklevel=2)
+            if micro_batches != 1:
+                raise TypeError("TrainStep got both micro_batches and its deprecated name "
+                                "gradient_accumulation_steps; give micro_batches only")
+            micro_batches = gradient_accumulation_steps
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+            raise TypeError(f"micro_batches must be an int, not {type(micro_batches).__name__}")
+        if not 1 <= micro_batches < 2**31:
+            raise ValueError(f"micro_batches must be >= 1 and < 2**31, got {micro_batches}")
+        c_precision = c_dtype(precision)
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
                                               and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a positive finite number or None, got {max_grad_norm!r}")
@@ -315,7 +331,7 @@ class TrainStep:
         self.optimizer = optimizer
         self.scaler = scaler
         self.scheduler = scheduler
-        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.micro_batches = micro_batches  # equal parts each call's batch is split into
         self.max_grad_norm = float(max_grad_norm) if max_grad_norm is not None else 0.0
         self.set_to_none = bool(set_to_none)
         self.log_grad_norm = bool(log_grad_norm)
@@ -331,7 +347,7 @@ class TrainStep:
         compiled = model.compiled
         self._checked: tuple[Any, ...] = ()  # (optimizer core, model, Parameter.generation) last checked
         self._check_optimizer()
-        compiled.precision = PRECISIONS[precision]
+        compiled.precision = c_precision
         compiled.checkpointing = bool(gradient_checkpointing)
 
     def _check_optimizer(self) -> None:
@@ -379,7 +395,7 @@ class TrainStep:
             limits = {"guard": True, "guard_loss": loss_limit, "guard_grad_norm": norm_limit}
         result = _C.train_step(
             self.model.compiled, x, y, self.loss_fn._spec(),
-            micro_batches=self.gradient_accumulation_steps,
+            micro_batches=self.micro_batches,
             set_to_none=self.set_to_none,
             max_grad_norm=self.max_grad_norm,
             want_grad_norm=self.log_grad_norm,
@@ -405,7 +421,7 @@ class TrainStep:
         if earlier is not None:
             earlier.result()  # its record is about to be reused: read it now (a wait)
         compiled = self.model.compiled
-        _C.train_step(compiled, x, y, self.loss_fn._spec(), micro_batches=self.gradient_accumulation_steps,
+        _C.train_step(compiled, x, y, self.loss_fn._spec(), micro_batches=self.micro_batches,
                       set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
                       want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, sync=False, record=record,
                       comm=distributed.communicator())
@@ -413,7 +429,7 @@ class TrainStep:
         if self.scheduler is not None and self.optimizer is not None:
             self.scheduler.step()  # nothing can skip the update without a scaler or guard
         want_norm = self.log_grad_norm or self.max_grad_norm > 0  # as a synchronous step reports it
-        out = DeferredStepOutput(functools.partial(_C.step_record, compiled, record, self.gradient_accumulation_steps,
+        out = DeferredStepOutput(functools.partial(_C.step_record, compiled, record, self.micro_batches,
                                                    want_norm))
         self._unread[record] = weakref.ref(out)
         return out
@@ -436,7 +452,7 @@ class TrainStep:
             self._resolve_oldest(wait=True)
         lrs = np.asarray(self.scheduler.lrs_ahead(_RING), np.float64) if self.scheduler is not None else None
         record = self._calls % 2
-        _C.train_step(self.model.compiled, x, y, self.loss_fn._spec(), micro_batches=self.gradient_accumulation_steps,
+        _C.train_step(self.model.compiled, x, y, self.loss_fn._spec(), micro_batches=self.micro_batches,
                       set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
                       want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, scaler=self.scaler, sync=False,
                       record=record, comm=distributed.communicator(), lrs=lrs)
@@ -472,7 +488,7 @@ class TrainStep:
             self.scheduler.step()
         want_norm = self.log_grad_norm or self.max_grad_norm > 0
         norm = math.sqrt(record["grad_sumsq"]) if want_norm and not found_inf else math.nan
-        out._out = StepOutput(loss=record["loss_sum"] / self.gradient_accumulation_steps, grad_norm=norm,
+        out._out = StepOutput(loss=record["loss_sum"] / self.micro_batches, grad_norm=norm,
                               skipped=found_inf, scale=scale)
         out._read = None
         self._expected = self._state()
@@ -502,6 +518,23 @@ class TrainStep:
         self.synchronize()
         return {**self.__dict__, "_checked": (), "_unread": [None, None], "_in_flight": deque(), "_expected": ()}
 
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Deprecated name of `micro_batches` (warns); `gradient_accumulation_steps` is a
+        TrainingArguments knob with Hugging Face's meaning (loader batches per optimizer step)."""
+        warnings.warn(_OLD_ACCUMULATION_NAME, DeprecationWarning, stacklevel=2)
+        return self.micro_batches
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        warnings.warn(_OLD_ACCUMULATION_NAME, DeprecationWarning, stacklevel=2)
+        self.micro_batches = value
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "gradient_accumulation_steps" in state:  # pickled before the rename
+            state["micro_batches"] = state.pop("gradient_accumulation_steps")
+        self.__dict__.update(state)
+
     def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
         """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).
 
@@ -521,10 +554,10 @@ class TrainStep:
             if size < 0:
                 raise ValueError(f"batch_shape[{i}] must be >= 0, got {size}")
             shape.append(int(size))
-        steps = self.gradient_accumulation_steps
+        steps = self.micro_batches
         if not shape or shape[0] == 0 or shape[0] % steps:
             raise ValueError(f"batch_shape {tuple(shape)} does not split into {steps} equal micro-batches "
-                             f"(gradient_accumulation_steps); use a batch size divisible by {steps}")
+                             f"(micro_batches); use a batch size divisible by {steps}")
         micro = (shape[0] // steps, *shape[1:])
         compiled = self.model.compiled
         return compiled.plan(micro, checkpointing=compiled.checkpointing, precision=compiled.precision)

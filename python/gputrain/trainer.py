@@ -42,6 +42,7 @@ from gputrain import _C, _resume, backends, distributed, memory, random
 from gputrain import checkpoint as ckpt
 from gputrain import memory_plan as mp
 from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
+from gputrain._vocab import parse_device
 from gputrain.amp import GradScaler
 from gputrain.data import DataLoader
 from gputrain.metrics import EvalPrediction, PredictionOutput
@@ -134,8 +135,8 @@ def _train_batches(args: TrainingArguments, dataset: Any) -> int:
 
 def _resolve_device(device: str) -> str:
     if device == "auto":
-        return "cuda" if _C.cuda_device_count() > 0 else "cpu"
-    return device
+        return "cuda:0" if _C.cuda_device_count() > 0 else "cpu"
+    return parse_device(device)  # canonical: "cpu", "cuda:N" or "sim:N"
 
 
 class Trainer:
@@ -237,7 +238,7 @@ class Trainer:
             memory.set_memory_fraction(self.args.memory_fraction, device=self._memory_device())
 
     def _memory_device(self) -> str:
-        return "cuda:0" if self.device == "cuda" else self.device
+        return self.device
 
     def _progress_bar(self) -> bool:
         disable = self.args.disable_tqdm or not distributed.is_main_process()
@@ -515,14 +516,14 @@ class Trainer:
 
     def _training_step(self, x: np.ndarray, y: np.ndarray) -> Any:
         step = self._step
-        step.gradient_accumulation_steps = _micro_batches(len(x), self._micro_rows(len(x)))
+        step.micro_batches = _micro_batches(len(x), self._micro_rows(len(x)))
         try:
             out = step(x, y)
         except _C.OutOfMemoryError as error:  # the step was abandoned before its update
             if not self.args.auto_find_batch_size:
                 raise
             self._refit_after_oom(error)
-            step.gradient_accumulation_steps = _micro_batches(len(x), self._micro_rows(len(x)))
+            step.micro_batches = _micro_batches(len(x), self._micro_rows(len(x)))
             out = step(x, y)  # once: a second OutOfMemoryError propagates
         if self.ema is not None and not out.skipped:
             self.ema.update()

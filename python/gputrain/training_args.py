@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputrain._vocab import parse_device
 from gputrain.optim.schedule import SchedulerType
 from gputrain.optim.zero import check_zero_stage
 
@@ -302,9 +303,7 @@ class TrainingArguments:
             raise ValueError("--dataloader_persistent_workers requires --dataloader_num_workers > 0")
 
     def _check_gputrain(self) -> None:
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu")
-                                                    or self.device.startswith(("cuda", "sim"))):
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda[:N]' or 'sim[:N]', got {self.device!r}")
+        parse_device(self.device, kinds=("auto", "cpu", "cuda", "sim"))  # the syntax; the Trainer checks it exists
         _check_float("cpu_offload_fraction", self.cpu_offload_fraction, 0.0, 1.0)
         if self.cpu_offload_fraction > 0 and self.optim == "sgd":
             raise ValueError("cpu_offload_fraction > 0 needs an AdamW optimizer (optim='adamw_torch'); "

@@ -411,7 +411,7 @@ def _(f, mode, set_to_none):
 # ---- TrainStep ------------------------------------------------------------------------------
 
 @target("TrainStep", ARRAYS, setup=mlp, optimizer=st.sampled_from(["adamw", "sgd", "none", "other"]).map(lit),
-        gradient_accumulation_steps=num(1, 2), precision=choice("fp32", "bf16", "fp16"),
+        micro_batches=num(1, 2), precision=choice("fp32", "bf16", "fp16"),
         gradient_checkpointing=num(False, True), max_grad_norm=num(None, 1.0), scaler=num(None), scheduler=num(None),
         set_to_none=num(True, False), log_grad_norm=num(False, True), tf32=num(None, True))
 def _(model, optimizer, **a):

@@ -73,12 +73,12 @@ def test_schedule_step_counts_are_checked_when_the_schedule_is_made(make):
             schedule.step()
 
 
-def test_train_step_with_gradient_accumulation_steps_beyond_c_int_is_refused_when_made():
+def test_train_step_with_micro_batches_beyond_c_int_is_refused_when_made():
     # accepted, then every call raised OverflowError "signed integer is greater than maximum"
     model = gt.nn.Sequential(gt.nn.Linear(4, 3))
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+    with pytest.raises(ValueError, match="micro_batches"):
         gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters()),
-                     gradient_accumulation_steps=2**32)
+                     micro_batches=2**32)
 
 
 def test_ignore_index_beyond_int64_is_a_value_error():

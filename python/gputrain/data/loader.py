@@ -36,6 +36,7 @@ import numpy as np
 
 from gputrain import _C, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer
+from gputrain._vocab import parse_device
 from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatches
 from gputrain.data._errors import WorkerError, raise_delivered_error
 from gputrain.data._ragged import RaggedArray
@@ -202,25 +203,8 @@ def _cpu_count() -> int:
 
 def _parse_device(device: Any) -> str | None:
     """None for the CPU (zero-copy batches), "cuda:N", or "sim:N" (the simulated device)."""
-    if device is None:
-        return None
-    text = str(device)
-    if text == "cpu":
-        return None
-    if text in ("cuda", "sim"):
-        text += ":0"
-    prefix, _, digits = text.partition(":")
-    if prefix not in ("cuda", "sim") or not digits.isdigit():
-        raise ValueError(f"device must be None, 'cpu', 'cuda', 'cuda:N', 'sim' or 'sim:N', got {device!r}")
-    if prefix == "sim":
-        _C.memory_stats(device=text)  # ValueError naming the device unless sim:N exists
-        return text
-    if int(digits) >= _C.cuda_device_count():
-        from gputrain.cuda import unavailable_reason
-
-        reason = unavailable_reason() or f"{_C.cuda_device_count()} device(s)"
-        raise _C.CudaError(f"device={device!r}: CUDA device {digits} is not available ({reason})")
-    return text
+    text = parse_device(device, none_ok=True, check=True)
+    return None if text == "cpu" else text
 
 
 def _from_arrow(dataset: Any, columns: list[str] | None) -> Any:

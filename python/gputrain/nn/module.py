@@ -34,6 +34,7 @@ import numpy as np
 
 from gputrain import _C, random
 from gputrain._state_checks import check_keys, check_mapping, float32_array
+from gputrain._vocab import c_dtype, is_dtype, parse_device, parse_precision
 from gputrain.nn.parameter import DeviceSlot, Parameter
 
 
@@ -471,11 +472,27 @@ class Module:
     def eval(self) -> Module:
         return self.train(False)
 
-    def to(self, device: str) -> Module:
-        """Move the model to `device` ('cpu', 'cuda[:N]' or 'sim[:N]'), keeping its parameter values."""
-        if not isinstance(device, str):
-            raise TypeError(f"device must be a str, not {type(device).__name__}")
-        current = self._compiled.device if self._compiled is not None else None
+    def to(self, device: Any = None, dtype: Any = None, non_blocking: bool = False) -> Module:
+        """Move the model to `device` ('cpu', 'cuda[:N]', 'sim[:N]' or a torch.device), keeping its
+        parameter values; torch.nn.Module.to's signature (``to(dtype)`` alone too).
+
+        non_blocking: accepted as in PyTorch, where it is a permission, not a promise: gputrain
+        rebuilds the model's arenas on the new device, and the move is complete when this returns.
+        dtype: parameters stay float32 master weights whatever the compute precision, so only a
+        float32 dtype (a no-op) is accepted; train in half precision with
+        ``TrainStep(precision="bf16")`` or ``TrainingArguments(bf16=True)`` instead.
+        """
+        if dtype is None and is_dtype(device):  # model.to(torch.float32), as torch takes it
+            device, dtype = None, device
+        if not isinstance(non_blocking, bool):
+            raise TypeError(f"non_blocking must be a bool, not {type(non_blocking).__name__}")
+        if dtype is not None and parse_precision(dtype, "dtype") != "fp32":
+            raise ValueError(f"dtype={dtype!r}: gputrain keeps parameters as float32 master weights; train in "
+                             "half precision with TrainStep(precision='bf16'/'fp16') or TrainingArguments(bf16=True)")
+        if device is None:
+            return self
+        device = parse_device(device)
+        current = parse_device(self._compiled.device) if self._compiled is not None else None
         if device == current:
             return self
         old = self._compiled.model if self._compiled is not None else None
@@ -541,10 +558,11 @@ class Module:
             x = pack_for(self, x, attention_mask, token_type_ids)
         return self.compiled.forward(x)
 
-    def summary(self, input_shape: tuple[int, ...] | None = None, *, precision: str | None = None,
+    def summary(self, input_shape: tuple[int, ...] | None = None, *, precision: Any = None,
                 checkpointing: bool | None = None) -> str:
         """A table of layers and parameter counts; with `input_shape`, the exact memory plan of
-        every region for that (micro-)batch shape in `precision` ('f32', 'f16', 'bf16')."""
+        every region for that (micro-)batch shape in `precision` ('fp32', 'bf16', 'fp16' or an alias
+        such as 'f16' or np.float16; default: the model's)."""
         from gputrain.memory import format_bytes
 
         compiled = self.compiled
@@ -555,10 +573,11 @@ class Module:
         total = compiled.num_parameters
         rows.append(f"{'total':<28} {'':<12} {total:>12,} {format_bytes(4 * total):>12}")
         if input_shape is not None:
-            plan = compiled.plan(tuple(input_shape), precision=precision or compiled.precision,
+            precision = parse_precision(compiled.precision if precision is None else precision)
+            plan = compiled.plan(tuple(input_shape), precision=c_dtype(precision),
                                  checkpointing=compiled.checkpointing if checkpointing is None else checkpointing)
             rows.append("")
-            rows.append(f"memory plan for input {tuple(input_shape)} in {precision or compiled.precision}:")
+            rows.append(f"memory plan for input {tuple(input_shape)} in {precision}:")
             rows.extend(f"  {key:<18} {format_bytes(value):>12} ({value:,} bytes)" for key, value in plan.items())
         return "\n".join(rows)
 

@@ -151,7 +151,43 @@ class Parameter:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape as a tuple of ints (torch.Tensor.shape; `size()` gives the same)."""
         return self._device.shape if self._device is not None else self._data.shape
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions, as torch.Tensor.ndim (``p.ndim < 2`` picks biases and norms)."""
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The values' dtype: always float32 (fp32 master weights, whatever the compute precision)."""
+        return np.dtype(np.float32)
+
+    def dim(self) -> int:
+        """The number of dimensions, as torch.Tensor.dim()."""
+        return len(self.shape)
+
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        """The shape as a tuple, or with `dim` the size of that dimension (negative counts from
+        the end), as torch.Tensor.size(); IndexError outside [-ndim, ndim - 1]."""
+        shape = self.shape
+        if dim is None:
+            return tuple(shape)
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"size(): dim must be an int or None, not {type(dim).__name__}")
+        if not -len(shape) <= dim < len(shape):
+            raise IndexError(f"size(): dim {dim} is out of range for a parameter of {len(shape)} dimension(s) "
+                             f"(expected to be in [{-len(shape)}, {len(shape) - 1}])")
+        return int(shape[dim])
+
+    def requires_grad_(self, requires_grad: bool = True) -> Parameter:
+        """Set `requires_grad` in place and return this parameter, as torch.Tensor.requires_grad_()
+        (``p.requires_grad_(False)`` freezes it: no gradient and no optimizer update)."""
+        if not isinstance(requires_grad, (bool, np.bool_)):
+            raise TypeError(f"requires_grad_(): requires_grad must be a bool, not {type(requires_grad).__name__}")
+        self.requires_grad = bool(requires_grad)
+        return self
 
     @property
     def grad(self) -> np.ndarray | None:
@@ -189,6 +225,7 @@ class Parameter:
             self._grad_storage[...] = array
 
     def numel(self) -> int:
+        """The number of elements, as torch.Tensor.numel()."""
         return int(np.prod(self.shape))
 
     # -- copy.deepcopy and pickle ---------------------------------------------------------

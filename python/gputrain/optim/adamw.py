@@ -29,19 +29,28 @@ class AdamW(Optimizer):
     of the model's parameters, and TrainStep reduce-scatters the gradients, updates the shard
     and all-gathers the parameters, bit-identical to zero_stage=0. With one process it is
     zero_stage=0. See gputrain.optim.zero.
+
+    PyTorch's implementation flags are taken as torch.optim.AdamW takes them: fused (None, True,
+    False) and foreach: accepted, the update is always gputrain's one fused C pass; capturable:
+    accepted, nothing to change (no CUDA-graph capture here; see TrainStep(sync=False));
+    differentiable=True: refused (no autograd through the step). state_dict(format="torch") gives
+    a dict torch.optim.AdamW.load_state_dict takes, and load_state_dict takes torch's.
     """
 
     _kind = "adamw"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-                 numerics: str = "exact", cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0,
-                 zero_stage: int = 0) -> None:
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, numerics: str = "exact", cpu_offload_fraction: float = 0.0,
+                 offload_chunk_numel: int = 0, zero_stage: int = 0) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "amsgrad": bool(amsgrad), "maximize": bool(maximize)}
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults, numerics=numerics, cpu_offload_fraction=cpu_offload_fraction,
-                         offload_chunk_numel=offload_chunk_numel, zero_stage=zero_stage)
+                         offload_chunk_numel=offload_chunk_numel, zero_stage=zero_stage,
+                         torch_flags={"foreach": foreach, "capturable": capturable,
+                                      "differentiable": differentiable, "fused": fused})
 
     @staticmethod
     def _check_hyperparameters(group: dict[str, Any]) -> None:

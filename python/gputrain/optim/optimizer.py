@@ -35,6 +35,8 @@ import numpy as np
 from gputrain import _C
 from gputrain._state_checks import check_keys, check_mapping, float32_array, integer, real
 from gputrain.nn.parameter import Parameter
+from gputrain.optim._torch_interop import (FLAG_DEFAULTS, check_flags, host_value, split_group,
+                                           to_torch_state_dict)
 from gputrain.optim.clip import clip_coefficient, total_norm
 from gputrain.optim.zero import Shard, check_zero_stage
 
@@ -85,7 +87,8 @@ class Optimizer:
     _kind: ClassVar[str] = ""
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], *, numerics: str = "exact",
-                 cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0, zero_stage: int = 0) -> None:
+                 cpu_offload_fraction: float = 0.0, offload_chunk_numel: int = 0, zero_stage: int = 0,
+                 torch_flags: dict[str, Any] | None = None) -> None:
         if isinstance(params, (Parameter, np.ndarray)):
             raise TypeError("params argument given to the optimizer should be an iterable of "
                             f"Parameters or dicts, but got {type(params).__name__}")
@@ -94,6 +97,8 @@ class Optimizer:
                             "the ordering of tensors in sets will change between runs. Please use a list instead.")
         if numerics not in NUMERICS:
             raise ValueError(f"numerics must be 'exact' or 'fast', got {numerics!r}")
+        # torch's implementation flags (fused, foreach, capturable, differentiable): see _torch_interop
+        self._torch_flags = check_flags(self._kind, torch_flags or {})
         self.defaults = dict(defaults)
         self.numerics = numerics
         self.cpu_offload_fraction = check_offload_fraction(cpu_offload_fraction)
@@ -366,10 +371,18 @@ class Optimizer:
                 result[p] = exported
         return result
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, format: str = "gputrain") -> dict[str, Any]:
         """PyTorch's layout: {'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}.
         With zero_stage=1 the whole state, gathered on every rank (every rank calls it). Resolves
-        the TrainStep(sync=False) steps in flight first (their step counts and schedule)."""
+        the TrainStep(sync=False) steps in flight first (their step counts and schedule).
+
+        format="gputrain": NumPy arrays (a float32 0-d array for ``step``) and gputrain's group
+        keys. format="torch": what ``torch.optim.AdamW/SGD.load_state_dict`` takes: torch tensors
+        (torch is imported by this call only; NumPy arrays when torch is not installed) and
+        torch's implementation flags (fused, foreach, ...) in every group.
+        """
+        if format not in ("gputrain", "torch"):
+            raise ValueError(f"format must be 'gputrain' or 'torch', got {format!r}")
         if self._resolve_deferred is not None:
             self._resolve_deferred()
         state = {}
@@ -382,6 +395,9 @@ class Optimizer:
             count = len(group["params"])
             groups.append({**self._hparams(group), "params": list(range(start, start + count))})
             start += count
+        if format == "torch":
+            return to_torch_state_dict(self._kind, {"state": state, "param_groups": groups},
+                                       getattr(self, "_torch_flags", FLAG_DEFAULTS.get(self._kind, {})))
         return {"state": state, "param_groups": groups}
 
     def _state_keys(self, group: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -397,8 +413,8 @@ class Optimizer:
         required, optional = self._state_keys(group)
         check_keys(saved, name, required, optional)
         step = 0
-        if saved.get("step") is not None:
-            value = real(saved["step"], f"{name}['step']", 0.0, 2.0**53)
+        if saved.get("step") is not None:  # torch's is a 0-d tensor
+            value = real(host_value(saved["step"]), f"{name}['step']", 0.0, 2.0**53)
             if not value.is_integer():
                 raise ValueError(f"{name}['step'] must be a whole number of steps, got {value}")
             step = int(value)
@@ -410,7 +426,7 @@ class Optimizer:
                 if key in required:
                     raise TypeError(f"{name}[{key!r}] must be an array, not None")
                 continue
-            arrays[key] = float32_array(value, f"{name}[{key!r}]", shape=p.shape,
+            arrays[key] = float32_array(host_value(value), f"{name}[{key!r}]", shape=p.shape,
                                         nonnegative=key in _NONNEGATIVE_STATE).reshape(-1)
         return self._imported_step(step, arrays), arrays
 
@@ -446,7 +462,7 @@ class Optimizer:
                 if saved_index in index_of:
                     raise ValueError(f"{name}['params']: parameter index {saved_index} appears twice")
                 index_of[saved_index] = position[id(p)]
-            group = {**self._hparams(saved), "params": own["params"]}
+            group = {**split_group(self._kind, self._hparams(saved), name), "params": own["params"]}
             try:
                 self._check_hyperparameters(group)
             except (KeyError, TypeError, ValueError) as error:
@@ -470,7 +486,10 @@ class Optimizer:
         return prepared
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state_dict of PyTorch's layout (arrays may be NumPy or anything np.asarray takes).
+        """Load a state_dict of PyTorch's layout: gputrain's own, or torch.optim's
+        (``torch_optimizer.state_dict()``: tensor steps and states, on any device, and torch's
+        implementation flags in the groups, checked as the constructor checks them). Arrays may
+        be NumPy, torch tensors, or anything np.asarray takes.
 
         Everything is checked before anything is applied (KeyError: a wrong key set; TypeError:
         a wrong type; ValueError: a wrong size, a NaN/infinite or negative second moment, a

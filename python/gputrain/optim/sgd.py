@@ -13,16 +13,24 @@ __all__ = ["SGD"]
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with PyTorch's semantics and state ('momentum_buffer')."""
+    """Stochastic gradient descent with PyTorch's semantics and state ('momentum_buffer').
+
+    PyTorch's implementation flags as torch.optim.SGD takes them: fused and foreach (None, True,
+    False): accepted, the update is always gputrain's one fused C pass; differentiable=True:
+    refused (no autograd through the step). state_dict(format="torch") gives a dict
+    torch.optim.SGD.load_state_dict takes, and load_state_dict takes torch's.
+    """
 
     _kind = "sgd"
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False) -> None:
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None) -> None:
         defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
                     "nesterov": bool(nesterov), "maximize": bool(maximize)}
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults,
+                         torch_flags={"foreach": foreach, "differentiable": differentiable, "fused": fused})
 
     @staticmethod
     def _check_hyperparameters(group: dict[str, Any]) -> None:

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from gputrain.models.hf.config import DTYPES, HFConfig
+from gputrain._vocab import c_dtype, parse_precision
+from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import FLOAT_DTYPES, INDEX, SINGLE, checkpoint_tensors, read_tensor, shard_names
 from gputrain.nn.module import Module
 
@@ -96,16 +97,14 @@ def _family_of(config: HFConfig) -> Family:
     return family
 
 
-def _precision(dtype: str | None, config: HFConfig) -> str:
+def _precision(dtype: Any, config: HFConfig) -> str:
+    """The canonical precision ('fp32', 'bf16', 'fp16') of from_pretrained's dtype."""
     saved = config.dtype()
     if dtype is None:
         return "fp32"
-    if dtype == "auto":
+    if isinstance(dtype, str) and dtype == "auto":
         return saved or "fp32"
-    names = {**DTYPES, **{v: v for v in DTYPES.values()}}
-    if not isinstance(dtype, str) or dtype not in names:
-        raise ValueError(f"dtype must be None, 'auto' or one of {', '.join(names)}, got {dtype!r}")
-    return names[dtype]
+    return parse_precision(dtype, "dtype")  # gputrain's one vocabulary: names, NumPy or torch dtypes
 
 
 def _match(family: Family, spec: Any, stored: dict[str, Any], folder: str) -> dict[str, Any]:
@@ -162,8 +161,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
             raise ValueError(f"{ref.path}: tensor {ref.name!r} holds NaN or infinite values")
         model._hf_load_tensor(name, array)
     model._hf_loaded()
-    from gputrain.step import PRECISIONS
-    model.compiled.precision = PRECISIONS[precision]
+    model.compiled.precision = c_dtype(precision)
     model.eval()
     if device is not None and device != "cpu":
         model.to(device)
