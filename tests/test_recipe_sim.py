@@ -8,10 +8,13 @@ and allocate nothing (gt.device_counters); a checkpoint moves between a sim and 
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
 import gputrain as gt
+from gputrain import memory_plan as mp
 from gputrain.data.transfer import DeviceArray
 from _sim_child import run_with_sim_delays
 from test_sim_knobs import assert_same_bits, make_model
@@ -30,7 +33,7 @@ def dataset():
 class Recipe:
     """The recipe's objects for a model on `device` ("cpu" or "sim"), its EMA at `ema`."""
 
-    def __init__(self, device, ema="device"):
+    def __init__(self, device, ema="device", prefetch_factor=None):
         self.device = device
         self.model = make_model().to(device)
         groups = gt.optim.param_groups_weight_decay(self.model, weight_decay=0.05)
@@ -41,7 +44,7 @@ class Recipe:
                                  micro_batches=ACCUMULATION, precision="fp16", max_grad_norm=1.0,
                                  scaler=self.scaler)
         self.loader = gt.DataLoader(dataset(), batch_size=BATCH, shuffle=True, pin_memory=True, num_workers=2,
-                                    seed=3, device=None if device == "cpu" else device)
+                                    seed=3, device=None if device == "cpu" else device, prefetch_factor=prefetch_factor)
 
     def batches(self, epoch, skip=0):
         """The loader's batches of `epoch` after the first `skip`."""
@@ -134,6 +137,40 @@ def test_each_recipe_step_after_the_first_waits_once_and_allocates_nothing(ema):
         # before (its average is done at the next update); the copies back wait on an event
         assert c["syncs"] == 1, c
         assert c["allocs"] == 0 and c["frees"] == 0, c
+
+
+@pytest.mark.parametrize("prefetch_factor", [None, 4], ids=["prefetch 2", "prefetch 4"])
+def test_the_recipe_peaks_at_its_plan_the_device_batches_included(prefetch_factor):
+    """The plan of the step, its EMA and its device loader is each pool's peak to the byte: the
+    pinned slots (num_workers * prefetch_factor + 2) and, on sim, the three device batches of a
+    `for` loop (the batch in hand, the one copied ahead, and the previous one still bound while
+    the next copy is queued, which happens from the second batch on)."""
+    kinds = ("sim:0", "pinned")
+    gc.collect()
+    gc.disable()  # an unrelated object freed meanwhile would lower the baseline
+    try:
+        base = {k: gt.memory_stats(k)["reserved_bytes"] for k in kinds}
+        run = Recipe("sim", prefetch_factor=prefetch_factor)
+        for k in kinds:
+            gt.reset_peak_memory_stats(k)
+        plan = mp.plan_step(run.step, (BATCH, 12), ema=run.ema, loader=mp.LoaderSpec.of(run.loader))
+        run.train(0, 6)
+        growth = {k: gt.memory_stats(k)["peak_reserved_bytes"] - base[k] for k in kinds}
+    finally:
+        gc.enable()
+    batch = gt._C.loader_plan(dataset(), BATCH, 2, prefetch_factor or 2, True, device="sim")
+    assert plan["sim:0"]["loader_device_batches"] == 3 * batch["device_batch_bytes"] == batch["device_bytes"]
+    assert plan["pinned"]["loader_slots"] == (2 * (prefetch_factor or 2) + 2) * batch["slot_bytes"]
+    assert growth == {k: plan.total(k) for k in kinds}, str(plan)
+
+
+def test_a_host_loader_plans_no_device_batches():
+    spec = mp.LoaderSpec.of(gt.DataLoader(dataset(), batch_size=BATCH, num_workers=2, pin_memory=True))
+    assert spec.device is None
+    planned = gt._C.loader_plan(dataset(), BATCH, 2, 2, True)
+    assert (planned["device_pool"], planned["device_batches"], planned["device_bytes"]) == (None, 0, 0)
+    with pytest.raises(ValueError, match="device"):
+        gt._C.loader_plan(dataset(), BATCH, 2, 2, True, device="nowhere:7")
 
 
 # ------------------------------------------------------------------ checkpoints between sim and CPU

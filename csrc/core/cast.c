@@ -123,7 +123,16 @@ gt_status gt_cast(const void *src, gt_dtype src_dtype, void *dst, gt_dtype dst_d
     const char *in = (const char *)src;
     char *out = (char *)dst;
     size_t chunks = (n + CAST_CHUNK - 1) / CAST_CHUNK;
-#pragma omp parallel for schedule(static) if (chunks >= CAST_PARALLEL_CHUNKS)
+    if (chunks < CAST_PARALLEL_CHUNKS) {  /* outside any OpenMP construct: the staged f16 kernels
+                                             (ops/cpu_kernels.h) call this per block, often inside
+                                             a parallel loop, and an `if (0)` region still costs
+                                             a (nested) team each time */
+        for (size_t c = 0; c < chunks; c++)
+            run_plan(&plan, in + c * CAST_CHUNK * plan.src_size, out + c * CAST_CHUNK * plan.dst_size,
+                     n - c * CAST_CHUNK < CAST_CHUNK ? n - c * CAST_CHUNK : CAST_CHUNK);
+        return GT_OK;
+    }
+#pragma omp parallel for schedule(static)
     for (size_t c = 0; c < chunks; c++) {
         size_t begin = c * CAST_CHUNK;
         size_t count = n - begin < CAST_CHUNK ? n - begin : CAST_CHUNK;

@@ -15,6 +15,16 @@ struct gt_transfer {
     size_t capacity;            /* entries of `batches` */
 };
 
+static size_t batch_request(size_t slot_bytes) { return slot_bytes ? slot_bytes : 1; }
+
+gt_status gt_transfer_plan(gt_device device, size_t slot_bytes, size_t *batch_bytes, size_t *bytes) {
+    *batch_bytes = *bytes = 0;
+    if (!gt_device_is_accelerator(device))
+        return GT_OK;
+    *batch_bytes = batch_request(slot_bytes);
+    return gt_size_mul(GT_TRANSFER_PLANNED_BATCHES, gt_block_reserved_bytes(*batch_bytes), "device batches", bytes);
+}
+
 gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_bytes, gt_transfer **out) {
     const gt_device_backend *dev = NULL;
     GT_TRY(gt_device_backend_get(device, "device", &dev));
@@ -29,7 +39,7 @@ gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_by
     }
     t->loader = loader;
     t->device = device;
-    t->slot_bytes = slot_bytes ? slot_bytes : 1;
+    t->slot_bytes = batch_request(slot_bytes);
     gt_loader_retain(loader);
     *out = t;
     return GT_OK;

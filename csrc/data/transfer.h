@@ -30,6 +30,15 @@ typedef struct gt_device_batch {
     int in_use;          /* 1 while the caller holds the batch */
 } gt_device_batch;
 
+/* Device batches a transfer allocates for a caller that holds one batch at a time, as a `for`
+ * loop over the loader does: the batch handed out, the one copied ahead of it, and the caller's
+ * previous batch, still bound while the next copy is queued (python/gputrain/data/transfer.py). */
+enum { GT_TRANSFER_PLANNED_BATCHES = 3 };
+
+/* What a transfer of slots of `slot_bytes` to `device` reserves in the device's pool: its
+ * GT_TRANSFER_PLANNED_BATCHES batches of *batch_bytes each, *bytes in all (0 off an accelerator). */
+gt_status gt_transfer_plan(gt_device device, size_t slot_bytes, size_t *batch_bytes, size_t *bytes);
+
 /* A transfer of `loader`'s slots (slot_bytes each) to accelerator `device`, with its own copy
  * stream. Keeps a reference on the loader. */
 gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_bytes, gt_transfer **out);

@@ -4,6 +4,7 @@
 #include "py/gtpy.h"
 
 #include "data/loader.h"
+#include "data/transfer.h"
 #include "py/loader.h"
 #include "py/optim_py.h"
 #include "train/ema.h"
@@ -124,26 +125,37 @@ static PyObject *ema_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
     return status == GT_OK ? pool_and_bytes(pool, bytes) : gtpy_raise(module, status);
 }
 
-static PyObject *loader_memory_to_dict(const gt_loader_memory *m) {
+static PyObject *loader_memory_to_dict(const gt_loader_memory *m, gt_device device, size_t batch_bytes,
+                                       size_t device_bytes) {
     PyObject *d = pool_and_bytes(m->pool, m->bytes);
     if (d && (gtpy_dict_put_size(d, "num_slots", m->num_slots) < 0 ||
               gtpy_dict_put_size(d, "slot_bytes", m->slot_bytes) < 0 ||
-              gtpy_dict_put_size(d, "index_bytes", m->index_bytes) < 0))
+              gtpy_dict_put_size(d, "index_bytes", m->index_bytes) < 0 ||
+              gtpy_dict_put(d, "device_pool", device_bytes ? device_name(device) : Py_NewRef(Py_None)) < 0 ||
+              gtpy_dict_put_size(d, "device_batches", device_bytes ? GT_TRANSFER_PLANNED_BATCHES : 0) < 0 ||
+              gtpy_dict_put_size(d, "device_batch_bytes", batch_bytes) < 0 ||
+              gtpy_dict_put_size(d, "device_bytes", device_bytes) < 0))
         Py_CLEAR(d);
     return d;
 }
 
+/* loader_plan(...): the host slots and, with `device` an accelerator (the loader's device=),
+ * the device batches its transfer keeps in flight (csrc/data/transfer.h). */
 static PyObject *loader_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"arrays", "max_batch_rows", "num_workers", "prefetch_factor", "pin_memory", NULL};
-    PyObject *arrays_obj;
+    static char *keywords[] = {"arrays", "max_batch_rows", "num_workers", "prefetch_factor", "pin_memory",
+                               "device", NULL};
+    PyObject *arrays_obj, *device_obj = Py_None;
     Py_ssize_t max_rows, workers, prefetch;
     int pin_memory = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Onnn|p:loader_plan", keywords, &arrays_obj, &max_rows,
-                                     &workers, &prefetch, &pin_memory))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Onnn|p$O:loader_plan", keywords, &arrays_obj, &max_rows,
+                                     &workers, &prefetch, &pin_memory, &device_obj))
         return NULL;
     if (max_rows < 1 || workers < 0 || prefetch < 0)
         return PyErr_Format(PyExc_ValueError, "loader_plan: max_batch_rows must be >= 1 and num_workers, "
                             "prefetch_factor >= 0, got %zd, %zd, %zd", max_rows, workers, prefetch);
+    gt_device device;
+    if (gtpy_parse_device(module, device_obj, "device", gt_cpu_device(), &device) < 0)
+        return NULL;
     PyObject *arrays = PySequence_Tuple(arrays_obj);
     uint64_t rows = 0;
     gt_field *fields = arrays ? gtpy_loader_describe_fields(arrays, &rows) : NULL;
@@ -153,8 +165,12 @@ static PyObject *loader_plan(PyObject *module, PyObject *args, PyObject *kwargs)
                                    .max_batch_rows = (size_t)max_rows, .num_workers = (size_t)workers,
                                    .prefetch_factor = (size_t)prefetch, .pin_memory = pin_memory};
         gt_loader_memory memory;
+        size_t batch_bytes = 0, device_bytes = 0;
         gt_status status = gt_loader_plan(&config, &memory);
-        result = status == GT_OK ? loader_memory_to_dict(&memory) : gtpy_raise(module, status);
+        if (status == GT_OK)
+            status = gt_transfer_plan(device, memory.slot_bytes, &batch_bytes, &device_bytes);
+        result = status == GT_OK ? loader_memory_to_dict(&memory, device, batch_bytes, device_bytes)
+                                 : gtpy_raise(module, status);
     }
     PyMem_Free(fields);
     Py_XDECREF(arrays);
@@ -170,8 +186,9 @@ static PyMethodDef memory_plan_methods[] = {
     {"ema_plan", (PyCFunction)(void (*)(void))ema_plan, METH_VARARGS | METH_KEYWORDS,
      "ema_plan(numels, *, device='cpu', on_host=False)\n--\n\nThe pool and bytes an EMA's shadow will reserve."},
     {"loader_plan", (PyCFunction)(void (*)(void))loader_plan, METH_VARARGS | METH_KEYWORDS,
-     "loader_plan(arrays, max_batch_rows, num_workers, prefetch_factor, pin_memory=False)\n--\n\n"
-     "The pool, slots and bytes a LoaderEngine of these arguments will reserve."},
+     "loader_plan(arrays, max_batch_rows, num_workers, prefetch_factor, pin_memory=False, *, device=None)\n--\n\n"
+     "The pool, slots and bytes a LoaderEngine of these arguments will reserve, and with device an\n"
+     "accelerator, the device batches its transfer (DataLoader(device=...)) keeps in flight."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,7 +8,7 @@
 
 Every number comes from the C planner of the code that later allocates it (the model's arenas,
 the step scratch of a model on an accelerator, the optimizer's device and pinned arenas, the EMA
-shadow, the loader's slots), as the allocator reserves it (whole GT_ALIGN blocks); Python only
+shadow, the loader's slots and, with its device=, its device batches), as the allocator reserves it (whole GT_ALIGN blocks); Python only
 adds them up per memory kind: "cpu", "pinned", "cuda:N" and "sim:N", the pools of
 gputrain.memory_stats.
 """
@@ -71,13 +71,17 @@ class OptimizerSpec:
 @dataclass(frozen=True)
 class LoaderSpec:
     """A gputrain.DataLoader's C engine before it is built: the dataset's arrays, the rows of its
-    largest batch and its workers, prefetch and pinning."""
+    largest batch and its workers, prefetch and pinning; and `device` (its device=, "cuda:N" or
+    "sim:N"; None: host batches), where its transfer keeps device batches of a slot's layout in
+    flight: the one handed out, the one copied ahead and the caller's previous one (still bound
+    in a `for` loop while the next copy is queued), whatever prefetch_factor is."""
 
     arrays: tuple[Any, ...]
     max_rows: int
     num_workers: int = 0
     prefetch_factor: int | None = None
     pin_memory: bool = False
+    device: str | None = None
 
     @classmethod
     def of(cls, loader: Any, max_rows: int | None = None) -> LoaderSpec:
@@ -86,7 +90,8 @@ class LoaderSpec:
 
         arrays = tuple(a.field() if isinstance(a, RaggedArray) else a for a in loader._arrays)
         rows = max_rows if max_rows is not None else (loader.batch_size or 1)
-        return cls(arrays, rows, loader.num_workers, loader.prefetch_factor, loader.pin_memory)
+        return cls(arrays, rows, loader.num_workers, loader.prefetch_factor, loader.pin_memory,
+                   getattr(loader, "device", None))
 
 
 class MemoryPlan(dict):
@@ -175,9 +180,10 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
 
     precision: "fp32", "bf16" or "fp16" (or an alias such as "f16" or np.float16); checkpointing:
     gradient checkpointing; optimizer: the optimizer's spec (None: no optimizer state); ema: an EMA
-    of every parameter (on the device, or in pinned memory with ema_on_host); scaler: a dynamic loss scaler (fp16); loader: the
-    training DataLoader's spec. Shapes the model cannot take raise ValueError; sizes beyond any
-    memory, gputrain.OutOfMemoryError.
+    of every parameter (on the device, or in pinned memory with ema_on_host); scaler: a dynamic
+    loss scaler (fp16); loader: the training DataLoader's spec (with its device=, its device
+    batches too). Shapes the model cannot take raise ValueError; sizes beyond any memory,
+    gputrain.OutOfMemoryError.
     """
     if not isinstance(model, Module):
         raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -199,8 +205,10 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         _add(regions, shadow["pool"], "ema", shadow["bytes"])
     if loader is not None:
         slots = _C.loader_plan(loader.arrays, loader.max_rows, loader.num_workers,
-                               max(loader.prefetch_factor or 0, 1), loader.pin_memory)
+                               max(loader.prefetch_factor or 0, 1), loader.pin_memory, device=loader.device)
         _add(regions, slots["pool"], "loader_slots", slots["bytes"])
+        if slots["device_bytes"]:
+            _add(regions, slots["device_pool"], "loader_device_batches", slots["device_bytes"])
         _add(regions, "cpu", "loader_indices", slots["index_bytes"])
     other = compiled.arena_plan(shape, checkpointing=not checkpointing, precision=dt)["activations"]
     settings = {"precision": precision, "gradient_checkpointing": checkpointing,
