@@ -551,11 +551,13 @@ class Trainer:
         return self._plan_for(self._micro_cap, self._offload)
 
     def _sample_shape(self) -> tuple[int, ...] | None:
-        """The shape of one input row: None without a train_dataset, for ragged rows, or when a
-        transform or collate_fn may change what the model receives."""
+        """The shape of one input row: None without a train_dataset, for ragged rows, for dict
+        batches, or when a transform or collate_fn may change what the model receives."""
         loader = self.train_dataloader
         if loader is None or loader.transform is not None or loader.collate_fn is not None:
             return None
+        if not (isinstance(loader.dataset, (tuple, list)) and len(loader.dataset) == 2):
+            return None  # dict batches (columns packed per batch) or a Dataset object
         first = (getattr(loader, "_arrays", None) or [None])[0]  # none over Dataset objects
         return tuple(first.shape[1:]) if isinstance(first, np.ndarray) else None
 
