@@ -836,9 +836,7 @@ class Trainer:
     def _batches_done(self, groups_done: int) -> int:
         """Loader batches of per_device_train_batch_size rows behind `groups_done` optimizer steps
         of the current epoch."""
-        if self._grouped:
-            return min(groups_done * self.args.gradient_accumulation_steps, self._batches_per_epoch)
-        if isinstance(self._train_source, DataLoader):
+        if isinstance(self._train_source, DataLoader) and not self._grouped:
             return groups_done
         return min(groups_done * self.args.gradient_accumulation_steps, self._batches_per_epoch)
 

@@ -88,7 +88,8 @@ class TrainingArguments:
             weight_decay is not applied to biases and 1-D parameters (LayerNorm weights).
         max_grad_norm: gradient clipping (0 or None: none).
         lr_scheduler_type, lr_scheduler_kwargs: a schedule of gt.optim.get_scheduler.
-        warmup_ratio, warmup_steps: linear warm-up; warmup_steps > 0 overrides warmup_ratio.
+        warmup_steps, warmup_ratio: linear warm-up; warmup_steps >= 1 is a number of steps, in (0, 1)
+            a share of the steps (transformers 5); warmup_ratio is transformers 4's share.
         logging_strategy, logging_steps, logging_first_step: when the training loss is logged.
         eval_strategy, eval_steps: when evaluate() runs during training ("no", "steps", "epoch");
             eval_steps defaults to logging_steps.
@@ -114,8 +115,13 @@ class TrainingArguments:
             AdamW) or "sgd" (SGD with learning_rate only, as HF's).
         dataloader_num_workers, dataloader_prefetch_factor, dataloader_pin_memory,
         dataloader_persistent_workers, dataloader_drop_last: gputrain.DataLoader's options.
-        disable_tqdm: no progress bar (default: on when tqdm is installed and the
-            gputrain.trainer logger shows INFO or WARNING).
+        disable_tqdm: no progress bar (the log lines are printed anyway, as HF's PrinterCallback).
+        log_level / log_level_replica: the gputrain.trainer logger's level on the main process / the
+            other ranks ("passive": INFO on the main process unless a level was set), as HF's.
+        ... and every other field of transformers 5's TrainingArguments (and transformers 4's
+        names still in scripts): FIELD_TABLE below says, for each, whether it is supported,
+        not applicable here (accepted; listed in the Trainer's start-up block when set) or refused
+        (with the alternative); fields_markdown() renders it as a table.
 
     gputrain arguments:
         device: "auto" (a CUDA device when there is one, else "cpu"), "cpu", "cuda[:N]" or "sim[:N]"
