@@ -267,3 +267,17 @@ def test_console_output_without_configuring_logging(tmp_path, level):
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
     assert [line.startswith("{'loss': '") for line in lines] == [True, True, False]
     assert "'grad_norm': '" in lines[0] and "'learning_rate': '" in lines[0]
+
+
+def test_eval_on_start_eval_delay_prediction_loss_only_and_nan_filter(tmp_path):
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=8,
+                             eval_strategy="steps", eval_steps=2, eval_delay=5, eval_on_start=True,
+                             prediction_loss_only=True, disable_tqdm=True, save_strategy="no", use_cpu=True)
+    trainer = Trainer(model=gt.nn.Sequential(gt.nn.Linear(4, 2)), args=args, train_dataset=(x, y),
+                      eval_dataset=(x, y), compute_metrics=lambda p: {"never": 1.0})
+    trainer.train()
+    evals = [e for e in trainer.state.log_history if "eval_loss" in e]
+    assert [e["step"] for e in evals] == [0, 6, 8]  # on start, then from step eval_delay=5 on
+    assert not any("eval_never" in e for e in evals)
