@@ -281,3 +281,21 @@ def test_eval_on_start_eval_delay_prediction_loss_only_and_nan_filter(tmp_path):
     evals = [e for e in trainer.state.log_history if "eval_loss" in e]
     assert [e["step"] for e in evals] == [0, 6, 8]  # on start, then from step eval_delay=5 on
     assert not any("eval_never" in e for e in evals)
+
+
+def test_a_torch_dataset_of_tensors_trains(tmp_path):
+    """A torch.utils.data.Dataset subclass returning tensors (skipped without PyTorch): its
+    samples are converted by duck typing; gputrain never imports torch itself."""
+    torch = pytest.importorskip("torch")
+
+    class Tensors(torch.utils.data.Dataset):
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return torch.full((4,), float(i % 2)), torch.tensor(i % 2)
+
+    trainer = Trainer(model=gt.nn.Sequential(gt.nn.Linear(4, 2)),
+                      args=TrainingArguments(output_dir=str(tmp_path), max_steps=3, disable_tqdm=True,
+                                             save_strategy="no"), train_dataset=Tensors())
+    assert trainer.train().global_step == 3
