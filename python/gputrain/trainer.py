@@ -789,12 +789,17 @@ class Trainer:
     def _micro_rows(self, rows: int) -> int:
         return self._micro_cap or rows
 
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Runs the training loop to max_steps (or until a callback stops it).
 
         resume_from_checkpoint: a checkpoint directory, or True for the last one in output_dir;
-        training then continues exactly where that checkpoint was written.
+        training then continues exactly where that checkpoint was written. trial: refused (no
+        hyperparameter_search); ignore_keys_for_eval: accepted, as evaluate()'s ignore_keys.
         """
+        if trial is not None:
+            raise ValueError("Trainer.train(trial=...) is not supported by gputrain: there is no "
+                             "hyperparameter_search; build a Trainer per trial")
         if self._step is None:
             raise ValueError("Trainer: training requires a train_dataset")
         if resume_from_checkpoint is True:
