@@ -6,10 +6,19 @@ Environment:
                             CUDA 13+ is present; _build/gputrain_cuda.py)
   GPUTRAIN_SANITIZE=1       build with -fsanitize=address,undefined
   GPUTRAIN_SANITIZE=thread  build with -fsanitize=thread (.ci/sanitizers.sh runs both)
+  GPUTRAIN_CUDA_ARCHS=90    the sm_XX targets, comma-separated (default 80,86,89,90); PTX of the
+                            last is embedded too. One target builds for the GPU at hand only
+                            (.ci/gpu_check.sh passes the device's compute capability)
   CUDA_HOME / CUDA_PATH     the toolkit (default: the directory of nvcc on PATH, /usr/local/cuda)
 
 The CPU GEMM library is oneDNN (onednn-cpu-gomp) on x86-64 and OpenBLAS (scipy-openblas32)
-elsewhere, both build requirements found through their installed files.
+elsewhere, both build requirements found through their installed files. oneDNN's library is
+copied into the package (gputrain/lib/, found through the rpath $ORIGIN/lib), so an install holds
+one copy of it and needs no oneDNN wheel at run time (that wheel carries three full copies, as a
+wheel cannot hold symlinks); OpenBLAS comes from its wheel at run time.
+
+gputrain builds on Linux x86-64 and aarch64 (on Windows inside WSL2); elsewhere the build stops
+before compiling anything (_build/gputrain_platform.py).
 """
 
 import glob
@@ -22,6 +31,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy
@@ -29,10 +40,14 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build"))
+import gputrain_platform  # noqa: E402
+
+gputrain_platform.check()  # before anything is looked for or compiled
+
 import gputrain_cuda  # noqa: E402
 
 VERSION = "0.1.0"
-CUDA_ARCHS = ["80", "86", "89", "90"]  # sm_XX targets; PTX of the last is embedded for newer GPUs
+CUDA_ARCHS = gputrain_cuda.cuda_archs()  # sm_XX targets; PTX of the last is embedded for newer GPUs
 
 
 class Blas(NamedTuple):
@@ -44,6 +59,7 @@ class Blas(NamedTuple):
     library_dir: str          # its shared library
     library: str              # the -l name
     rpath: str                # where the installed extension finds it, relative to $ORIGIN
+    bundled: list[str]        # files copied into gputrain/lib/: the library by its soname, its licences
 
 
 def installed_file(distribution: str, suffix: str) -> str:
@@ -63,14 +79,17 @@ def find_blas() -> Blas:
     if platform.machine().lower() in ("x86_64", "amd64"):
         header = installed_file("onednn-devel-cpu-gomp", "include/oneapi/dnnl/dnnl.h")
         library = installed_file("onednn-cpu-gomp", "/libdnnl.so")
-        # site-packages/gputrain/_C.so -> <prefix>/lib, where the wheel puts libdnnl.so.3
+        # the extension's DT_NEEDED is the soname, libdnnl.so.3: that one file goes into gputrain/lib/
+        bundled = [installed_file("onednn-cpu-gomp", "/libdnnl.so.3"),
+                   installed_file("onednn-cpu-gomp", "share/doc/onednn/LICENSE"),
+                   installed_file("onednn-cpu-gomp", "share/doc/onednn/THIRD-PARTY-PROGRAMS")]
         return Blas("onednn", "csrc/ops/cpu_blas_onednn.c",
                     os.path.dirname(os.path.dirname(os.path.dirname(header))),
-                    os.path.dirname(library), "dnnl", "$ORIGIN/../../..")
+                    os.path.dirname(library), "dnnl", "$ORIGIN/lib", bundled)
     header = installed_file("scipy-openblas32", "scipy_openblas32/include/cblas.h")
     library = installed_file("scipy-openblas32", "scipy_openblas32/lib/libscipy_openblas.so")
     return Blas("openblas", "csrc/ops/cpu_blas_openblas.c", os.path.dirname(header),
-                os.path.dirname(library), "scipy_openblas", "$ORIGIN/../scipy_openblas32/lib")
+                os.path.dirname(library), "scipy_openblas", "$ORIGIN/../scipy_openblas32/lib", [])
 
 
 class Cuda(NamedTuple):
@@ -79,8 +98,11 @@ class Cuda(NamedTuple):
     home: str                 # directory with bin/nvcc, include and the CUDA libraries
     include_dirs: list[str]   # the CUDA headers, then cuDNN's and NCCL's
     library_dirs: list[str]   # the CUDA libraries, then cuDNN's and NCCL's
-    libraries: list[str]      # -l names of cudart, cuBLASLt, cuBLAS, cuDNN, NCCL
-    rpaths: list[str]         # where the installed extension finds them
+    libraries: list[str]      # -l names: the static CUDA runtime and what it needs (cuBLAS(Lt), cuDNN
+                              # and NCCL are not linked: cuda/cuda_libs.cu opens them when first needed)
+
+
+CUDART_STATIC = [":" + gputrain_cuda.STATIC_CUDART, "rt", "pthread", "dl"]
 
 
 def find_cuda(source):
@@ -90,15 +112,13 @@ def find_cuda(source):
         dirs = list(dict.fromkeys([os.path.join(root, lib) for root in (home, cudnn, nccl) for lib in ("lib64", "lib")]))
         dirs = [d for d in dirs if os.path.isdir(d)]
         includes = list(dict.fromkeys([os.path.join(root, "include") for root in (home, cudnn, nccl)]))
-        return Cuda(home, includes, dirs, ["cudart", "cublasLt", "cublas", "cudnn", "nccl"], dirs)
+        return Cuda(home, includes, dirs, CUDART_STATIC)
     if source.kind == "wheels":
         home, cudnn = gputrain_cuda.wheels_home(), gputrain_cuda.wheels_cudnn_home()
         nccl = gputrain_cuda.wheels_nccl_home()
-        names = [f":{name}" for _, name in gputrain_cuda.WHEEL_LIBRARIES]
-        site = os.path.dirname(os.path.dirname(home))  # site-packages (home is nvidia/cu13)
-        dirs = [os.path.join(root, "lib") for root in (home, cudnn, nccl)]
-        rpaths = ["$ORIGIN/../" + os.path.relpath(d, site) for d in dirs]
-        return Cuda(home, [os.path.join(root, "include") for root in (home, cudnn, nccl)], dirs, names, rpaths)
+        # nvidia-cuda-runtime ships libcudart_static.a in nvidia/cu13/lib beside libcudart.so
+        return Cuda(home, [os.path.join(root, "include") for root in (home, cudnn, nccl)],
+                    [os.path.join(home, "lib")], CUDART_STATIC)
     return None
 
 
@@ -143,7 +163,8 @@ def add_cuda(ext, cuda):
     ext.libraries += cuda.libraries + ["stdc++"]
     ext.library_dirs += cuda.library_dirs
     ext.include_dirs += cuda.include_dirs
-    ext.extra_link_args += [f"-Wl,-rpath,{rpath}" for rpath in cuda.rpaths]
+    # the static runtime's symbols stay inside _C (PyTorch's own runtime is not interposed)
+    ext.extra_link_args += [f"-Wl,--exclude-libs,{gputrain_cuda.STATIC_CUDART}"]
 
 
 def nvcc_flags(cuda):
@@ -178,7 +199,8 @@ class BuildExt(build_ext):
         print(f"gputrain: CPU GEMM library {BLAS.name} ({BLAS.library_dir})", flush=True)
         if cuda:
             print(f"gputrain: CUDA backend from the {CUDA_SOURCE.why} ({nvcc_version(cuda.home)}), "
-                  f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX", flush=True)
+                  f"sm_{', sm_'.join(CUDA_ARCHS)} + PTX; libraries {' '.join(cuda.libraries)} from "
+                  f"{' '.join(cuda.library_dirs)}", flush=True)
         else:
             print(f"gputrain: CPU-only build ({CUDA_SOURCE.why})", flush=True)
         for ext in self.extensions:
@@ -186,6 +208,20 @@ class BuildExt(build_ext):
                 add_cuda(ext, cuda)
                 ext.extra_objects += self.compile_cuda(cuda, sorted(glob.glob("cuda/*.cu")))
         super().build_extensions()
+        self.copy_bundled_libraries()
+
+    def copy_bundled_libraries(self):
+        """Copies BLAS.bundled next to the extension (gputrain/lib/), where its rpath looks."""
+        target = os.path.join(os.path.dirname(self.get_ext_fullpath("gputrain._C")), "lib")
+        os.makedirs(target, exist_ok=True)
+        for source in BLAS.bundled:
+            name = os.path.basename(source)
+            if name in ("LICENSE", "THIRD-PARTY-PROGRAMS"):
+                name = f"{BLAS.name}-{name}"
+            destination = os.path.join(target, name)
+            if not os.path.exists(destination) or os.path.getsize(destination) != os.path.getsize(source) \
+                    or os.path.getmtime(destination) < os.path.getmtime(source):
+                shutil.copy2(source, destination)
 
     def rebuild_if_settings_changed(self, cuda):
         os.makedirs(self.build_temp, exist_ok=True)
@@ -201,18 +237,31 @@ class BuildExt(build_ext):
                 f.write(settings)
 
     def compile_cuda(self, cuda, sources):
-        nvcc = os.path.join(cuda.home, "bin", "nvcc")
-        objects = []
-        for source in sources:
-            obj = os.path.join(self.build_temp, source + ".o")
-            os.makedirs(os.path.dirname(obj), exist_ok=True)
-            deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/**/*.h", recursive=True)
-            if self.force or not os.path.exists(obj) or any(os.path.getmtime(d) > os.path.getmtime(obj) for d in deps):
-                cmd = [nvcc, *nvcc_flags(cuda), "-c", source, "-o", obj]
-                print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-                subprocess.check_call(cmd)
-            objects.append(obj)
-        return objects
+        """Compiles the stale .cu files, as many nvcc processes at a time as build_ext's parallel
+        (all cores by default); returns every object."""
+        jobs = [(source, os.path.join(self.build_temp, source + ".o")) for source in sources]
+        stale = [(source, obj) for source, obj in jobs if self.cuda_object_stale(source, obj)]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(stale) or 1))) as pool:
+            failures = [f for f in pool.map(lambda job: run_nvcc(cuda, *job), stale) if f]
+        if failures:
+            raise RuntimeError("nvcc failed:\n" + "\n".join(failures))
+        return [obj for _, obj in jobs]
+
+    def cuda_object_stale(self, source, obj):
+        deps = [source] + glob.glob("cuda/*.h") + glob.glob("cuda/*.cuh") + glob.glob("csrc/**/*.h", recursive=True)
+        return self.force or not os.path.exists(obj) or any(os.path.getmtime(d) > os.path.getmtime(obj) for d in deps)
+
+
+def run_nvcc(cuda, source, obj):
+    """Compiles one .cu file; "" on success, else the command and nvcc's output."""
+    os.makedirs(os.path.dirname(obj), exist_ok=True)
+    cmd = [os.path.join(cuda.home, "bin", "nvcc"), *nvcc_flags(cuda), "-c", source, "-o", obj]
+    line = " ".join(shlex.quote(c) for c in cmd)
+    print(line, flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(f"gputrain: nvcc {source}: {time.perf_counter() - start:.1f} s\n{done.stdout}", end="", flush=True)
+    return "" if done.returncode == 0 else f"{line}\n{done.stdout}"
 
 
 extension = Extension(
@@ -227,14 +276,16 @@ extension = Extension(
     extra_link_args=LINK_FLAGS,
 )
 
-# Runtime requirements: NumPy, safetensors, the CPU GEMM library, and the CUDA wheels a wheel-built CUDA
-# backend links (pyproject.toml declares them dynamic).
+# Runtime requirements: NumPy, safetensors, the CPU GEMM library where it is not bundled (oneDNN is,
+# in gputrain/lib/); for a CUDA build, cuda-pathfinder (finds the CUDA libraries opened when first
+# needed) and, when built from the wheels, the wheels of those libraries (pyproject.toml declares
+# them dynamic).
 INSTALL_REQUIRES = [
     "numpy>=1.25",
     "safetensors>=0.4",  # the Trainer's checkpoint format (gputrain/checkpoint.py)
     "tqdm>=4.62",  # the Trainer's progress bars (imported lazily, by ProgressCallback)
-    "onednn-cpu-gomp~=2023.2.0; platform_machine == 'x86_64'",
     "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
-] + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
+] + ([gputrain_cuda.PATHFINDER_REQUIREMENT] if CUDA_SOURCE.kind != "none" else []) \
+  + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
 
 setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt}, install_requires=INSTALL_REQUIRES)

@@ -6,6 +6,7 @@ Used by setup.py (paths) and by backend.py (build requirements). GPUTRAIN_CUDA:
   wheels  CUDA build from the nvidia-* wheels (installed as build requirements)
   unset   the toolkit if one is found; else the wheels when an NVIDIA driver for CUDA 13 or
           newer is present; else CPU-only
+GPUTRAIN_CUDA_ARCHS ("90", "86,90") replaces the default sm_XX targets (cuda_archs).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import os
+import re
 import shutil
 from typing import NamedTuple
 
@@ -22,15 +24,46 @@ WHEELS_FOR_BUILD = [f"nvidia-cuda-nvcc>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cublas>={CUDA_MAJOR},<{CUDA_MAJOR + 1}",
                     f"nvidia-cudnn-cu{CUDA_MAJOR}>=9,<10",
                     f"nvidia-nccl-cu{CUDA_MAJOR}>=2.27,<3"]
-WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[1:]
-# (distribution, library) for each CUDA library the extension links, in load order
-WHEEL_LIBRARIES = [("nvidia-cuda-runtime", f"libcudart.so.{CUDA_MAJOR}"),
-                   ("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
+# The CUDA runtime is linked statically (libcudart_static.a, in the toolkit and in the
+# nvidia-cuda-runtime wheel); cuBLAS(Lt), cuDNN and NCCL are opened with dlopen when first needed
+# (cuda/cuda_libs.cu), found by NVIDIA's cuda.pathfinder (gputrain/_cuda_libs.py): wherever they
+# are, wheels, conda or a toolkit. Every CUDA build therefore needs cuda-pathfinder at run time
+# (1.8 is the newest that still installs on Python 3.10, which gputrain supports), and one built
+# from the wheels needs the wheels of the libraries it opens.
+PATHFINDER_REQUIREMENT = "cuda-pathfinder>=1.8,<2"
+WHEELS_AT_RUN_TIME = WHEELS_FOR_BUILD[2:]
+STATIC_CUDART = "libcudart_static.a"
+# (distribution, library) for each CUDA library opened at run time, in load order
+WHEEL_LIBRARIES = [("nvidia-cublas", f"libcublasLt.so.{CUDA_MAJOR}"),
                    ("nvidia-cublas", f"libcublas.so.{CUDA_MAJOR}"),
                    (f"nvidia-cudnn-cu{CUDA_MAJOR}", "libcudnn.so.9"),
                    (f"nvidia-nccl-cu{CUDA_MAJOR}", "libnccl.so.2")]
 CUDNN_HEADER = "include/cudnn.h"
 NCCL_HEADER = "include/nccl.h"
+
+
+DEFAULT_CUDA_ARCHS = ["80", "86", "89", "90"]
+
+
+def cuda_archs() -> list[str]:
+    """The sm_XX targets: GPUTRAIN_CUDA_ARCHS ("90", "86,90", "90a") or the default ones."""
+    value = os.environ.get("GPUTRAIN_CUDA_ARCHS", "").strip()
+    if not value:
+        return list(DEFAULT_CUDA_ARCHS)
+    archs = [a.strip() for a in value.replace(";", ",").split(",") if a.strip()]
+    bad = [a for a in archs if not re.fullmatch(r"[0-9]{2,3}[af]?", a)]
+    if not archs or bad:
+        raise RuntimeError(f"GPUTRAIN_CUDA_ARCHS={value!r}: give compute capabilities as digits, "
+                           f"comma-separated, e.g. 90 or 86,90 (not {', '.join(bad) or 'nothing'})")
+    return list(dict.fromkeys(archs))
+
+
+def link_name(dirs: list[str], name: str, soname: str) -> str:
+    """The -l name of a library in `dirs`: `name` when lib<name>.so is there, else ":<soname>"
+    (NVIDIA's wheels, e.g. cuDNN's and NCCL's beside a toolkit, ship only the versioned file)."""
+    if any(os.path.exists(os.path.join(d, f"lib{name}.so")) for d in dirs):
+        return name
+    return f":{soname}" if any(os.path.exists(os.path.join(d, soname)) for d in dirs) else name
 
 
 class CudaSource(NamedTuple):

@@ -1,6 +1,5 @@
 // cuda/comm_nccl.h: rank-order collectives over NCCL. NOT YET RUN ON A GPU.
 #include <cuda_runtime.h>
-#include <nccl.h>
 #include <time.h>
 
 #include <atomic>
@@ -10,6 +9,7 @@
 
 #include "comm_nccl.h"
 #include "cuda_internal.cuh"
+#include "cuda_libs.cuh"
 #include "dist/comm.h"
 #include "dist/comm_device.h"
 
@@ -37,7 +37,7 @@ double now_s() {
 
 gt_status nccl_error(ncclResult_t r, const char *what, const char *file, int line) {
     return gt_set_error(r == ncclSystemError || r == ncclRemoteError ? GT_ERR_RUNTIME : GT_ERR_CUDA, file, line,
-                        "%s failed: %s", what, ncclGetErrorString(r));
+                        "%s failed: %s", what, gt_nccl.ncclGetErrorString(r));
 }
 
 #define GT_NCCL_TRY(call, what)                                          \
@@ -52,11 +52,11 @@ size_t slot_elems(const gt_comm *comm) { return GT_COMM_BUCKET / (size_t)comm->s
 // The deadline passed (or NCCL reported an asynchronous error): keep the failure in comm, then abort.
 void fail_and_abort(gt_comm *comm, nccl_state *s, ncclResult_t async) {
     gt_status status = async != ncclSuccess
-        ? GT_FAIL(GT_ERR_RUNTIME, "NCCL collective on rank %d failed: %s", comm->rank, ncclGetErrorString(async))
+        ? GT_FAIL(GT_ERR_RUNTIME, "NCCL collective on rank %d failed: %s", comm->rank, gt_nccl.ncclGetErrorString(async))
         : GT_FAIL(GT_ERR_TIMEOUT, "rank %d: an NCCL collective did not complete within %g s (distributed "
                   "timeout): a rank died or stopped calling the same collectives", comm->rank, comm->timeout_s);
     gt_comm_device_failed(comm, status);  // before the abort lets the queued work (and the step's read) end
-    ncclCommAbort(s->nccl);
+    gt_nccl.ncclCommAbort(s->nccl);
     s->aborted = true;
     gt_clear_error();
 }
@@ -64,7 +64,7 @@ void fail_and_abort(gt_comm *comm, nccl_state *s, ncclResult_t async) {
 // One poll of the collective in flight: true when it is over (done, failed or aborted).
 bool poll_once(gt_comm *comm, nccl_state *s) {
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(s->nccl, &async);
+    gt_nccl.ncclCommGetAsyncError(s->nccl, &async);
     cudaError_t q = cudaEventQuery(s->done);
     if (q == cudaSuccess && async == ncclSuccess)
         return true;
@@ -106,7 +106,7 @@ void state_free(void *impl) {
     s->watchdog.join();
     cudaSetDevice(s->device);
     if (!s->aborted)
-        ncclCommDestroy(s->nccl);
+        gt_nccl.ncclCommDestroy(s->nccl);
     cudaFree(s->staging);
     cudaEventDestroy(s->done);
     delete s;
@@ -114,11 +114,12 @@ void state_free(void *impl) {
 
 // ncclCommInitRank from rank 0's id, broadcast over comm's host transport (its deadline holds).
 gt_status make_nccl(gt_comm *comm, ncclComm_t *out) {
+    GT_TRY(gt_cuda_lib_load(GT_CUDA_LIB_NCCL));  // NCCL is opened only when a communicator is made
     ncclUniqueId id = {};
     if (comm->rank == 0)
-        GT_NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        GT_NCCL_TRY(gt_nccl.ncclGetUniqueId(&id), "ncclGetUniqueId");
     GT_TRY(gt_comm_broadcast(comm, &id, sizeof id, 0));
-    GT_NCCL_TRY(ncclCommInitRank(out, comm->size, id, comm->rank), "ncclCommInitRank");
+    GT_NCCL_TRY(gt_nccl.ncclCommInitRank(out, comm->size, id, comm->rank), "ncclCommInitRank");
     return GT_OK;
 }
 
@@ -200,18 +201,18 @@ struct span {
 // collective in the failure's message.
 template <class SendOf, class RecvOf>
 gt_status exchange_with_peers(const bucket_args &a, const char *what, SendOf send, RecvOf recv) {
-    GT_NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    GT_NCCL_TRY(gt_nccl.ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r_io = ncclSuccess;
     for (int r = 0; r < a.comm->size; r++) {
         if (r == a.comm->rank)
             continue;
         span out = send(r), in = recv(r);
         if (out.n && r_io == ncclSuccess)
-            r_io = ncclSend(out.at, out.n, a.type, r, a.s->nccl, a.stream);
+            r_io = gt_nccl.ncclSend(out.at, out.n, a.type, r, a.s->nccl, a.stream);
         if (in.n && r_io == ncclSuccess)
-            r_io = ncclRecv(in.at, in.n, a.type, r, a.s->nccl, a.stream);
+            r_io = gt_nccl.ncclRecv(in.at, in.n, a.type, r, a.s->nccl, a.stream);
     }
-    ncclResult_t r_end = ncclGroupEnd();  // closes the group even after a failed send/recv
+    ncclResult_t r_end = gt_nccl.ncclGroupEnd();  // closes the group even after a failed send/recv
     GT_NCCL_TRY(r_io != ncclSuccess ? r_io : r_end, what);
     return GT_OK;
 }
@@ -303,7 +304,7 @@ extern "C" gt_status gt_cuda_nccl_broadcast(int index, gt_comm *comm, void *buf,
         return GT_OK;
     nccl_state *s = nullptr;
     GT_TRY(state_of(comm, index, &s));
-    GT_NCCL_TRY(ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nccl, static_cast<cudaStream_t>(stream)),
+    GT_NCCL_TRY(gt_nccl.ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nccl, static_cast<cudaStream_t>(stream)),
                 "ncclBroadcast");
     comm->bytes_sent += comm->rank == root ? bytes : 0;
     return arm_watchdog(comm, s, static_cast<cudaStream_t>(stream));

@@ -1,10 +1,7 @@
-// The per-device library context (cuBLAS and cuBLASLt handles), the table of shared
+// The per-device library context (cuBLAS and cuBLASLt handles, the libraries loaded first), the table of shared
 // contexts, and the TF32 switch. The table is the only process-wide state; its mutex
 // guards the contexts and the TF32 choice.
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -12,6 +9,7 @@
 #include "core/device.h"
 #include "cuda_backend.h"
 #include "cuda_internal.cuh"
+#include "cuda_libs.cuh"
 
 namespace {
 
@@ -25,14 +23,14 @@ context_table table;
 
 gt_status cublas_error(cublasStatus_t status, const char *what, int line) {
     return gt_set_error(GT_ERR_CUDA, __FILE__, line, "%s failed: %s (%s)", what,
-                        cublasGetStatusString(status), cublasGetStatusName(status));
+                        gt_cublas.cublasGetStatusString(status), gt_cublas.cublasGetStatusName(status));
 }
 
 gt_status create_handles(gt_cuda_context *context) {
-    cublasStatus_t blas = cublasCreate(&context->cublas);
+    cublasStatus_t blas = gt_cublas.cublasCreate(&context->cublas);
     if (blas != CUBLAS_STATUS_SUCCESS)
         return cublas_error(blas, "cublasCreate", __LINE__);
-    blas = cublasLtCreate(&context->cublaslt);
+    blas = gt_cublaslt.cublasLtCreate(&context->cublaslt);
     if (blas != CUBLAS_STATUS_SUCCESS)
         return cublas_error(blas, "cublasLtCreate", __LINE__);
     return GT_OK;
@@ -42,6 +40,7 @@ gt_status create_handles(gt_cuda_context *context) {
 gt_status create_context(int device, int tf32, gt_cuda_context **out) {
     *out = NULL;
     GT_TRY(gt_cuda_require_device(device, "device"));
+    GT_TRY(gt_cuda_lib_load(GT_CUDA_LIB_CUBLAS));  // and cuBLASLt; at once when already loaded
     gt_cuda_context *context = (gt_cuda_context *)calloc(1, sizeof *context);
     if (!context)
         return GT_FAIL(GT_ERR_OOM, "out of host memory for a CUDA context");
@@ -69,11 +68,11 @@ extern "C" void gt_cuda_context_free(gt_cuda_context *context) {
         return;
     cudaSetDevice(context->device);
     if (context->cublaslt)
-        cublasLtDestroy(context->cublaslt);
+        gt_cublaslt.cublasLtDestroy(context->cublaslt);
     if (context->cublas)
-        cublasDestroy(context->cublas);
+        gt_cublas.cublasDestroy(context->cublas);
     if (context->cudnn)
-        cudnnDestroy(context->cudnn);
+        gt_cudnn.cudnnDestroy(context->cudnn);
     cudaGetLastError();
     free(context);
 }
@@ -81,6 +80,8 @@ extern "C" void gt_cuda_context_free(gt_cuda_context *context) {
 extern "C" gt_status gt_cuda_context_get(int device, gt_cuda_context **out) {
     *out = NULL;
     GT_TRY(gt_cuda_require_device(device, "device"));
+    // Loaded before the lock: the loader may wait for the Python layer (the GIL) to find it.
+    GT_TRY(gt_cuda_lib_load(GT_CUDA_LIB_CUBLAS));
     std::lock_guard<std::mutex> guard(table.lock);
     if (!table.contexts[device])
         GT_TRY(create_context(device, table.tf32, &table.contexts[device]));
@@ -117,7 +118,7 @@ extern "C" gt_status gt_cuda_context_set_tf32(gt_cuda_context *context, int enab
         return GT_FAIL(GT_ERR_VALUE, "context: must not be NULL");
     if (enabled != 0 && enabled != 1)
         return GT_FAIL(GT_ERR_VALUE, "enabled: must be 0 or 1, got %d", enabled);
-    cublasStatus_t status = cublasSetMathMode(
+    cublasStatus_t status = gt_cublas.cublasSetMathMode(
         context->cublas, enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     if (status != CUBLAS_STATUS_SUCCESS)
         return cublas_error(status, "cublasSetMathMode", __LINE__);
@@ -129,7 +130,7 @@ extern "C" gt_status gt_cuda_context_cublas_tf32(gt_cuda_context *context, int *
     if (!context)
         return GT_FAIL(GT_ERR_VALUE, "context: must not be NULL");
     cublasMath_t mode = CUBLAS_DEFAULT_MATH;
-    cublasStatus_t status = cublasGetMathMode(context->cublas, &mode);
+    cublasStatus_t status = gt_cublas.cublasGetMathMode(context->cublas, &mode);
     if (status != CUBLAS_STATUS_SUCCESS)
         return cublas_error(status, "cublasGetMathMode", __LINE__);
     int base = (int)mode & ~(int)CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;

@@ -4,7 +4,7 @@
  * Conventions for every function below that returns a gt_status:
  *  - Arguments are checked first (GT_ERR_VALUE naming the argument).
  *  - Without a driver or device the function fails with GT_ERR_CUDA
- *    "CUDA is not available: <reason>" and calls nothing in cuBLAS.
+ *    "CUDA is not available: <reason>" and calls nothing in cuBLAS (nor loads it).
  *  - A failing CUDA call gives "<call> failed: <cudaGetErrorString> (<cudaGetErrorName>)"
  *    as GT_ERR_CUDA, or GT_ERR_OOM when the runtime ran out of memory.
  *  - Device indices are CUDA ordinals; functions that take one make it current on the
@@ -141,6 +141,47 @@ gt_status gt_cuda_memset(void *dst, int value, size_t bytes, int device);
 
 /* Queues the fill on `stream` and returns at once. */
 gt_status gt_cuda_memset_async(void *dst, int value, size_t bytes, gt_cuda_stream *stream);
+
+/* ---- cuda_libs.cu: cuBLAS(Lt), cuDNN and NCCL, opened with dlopen when first needed ---- */
+
+/* The libraries the backend opens at run time (none is linked: importing gputrain loads none). */
+typedef enum gt_cuda_lib {
+    GT_CUDA_LIB_CUBLASLT,  /* libcublasLt.so.<CUDA major>: at the first device context */
+    GT_CUDA_LIB_CUBLAS,    /* libcublas.so.<CUDA major>: at the first device context */
+    GT_CUDA_LIB_CUDNN,     /* libcudnn.so.9: at the first Conv2d (or cudnn version query) */
+    GT_CUDA_LIB_NCCL,      /* libnccl.so.2: when the first NCCL communicator is made */
+    GT_CUDA_LIB_COUNT
+} gt_cuda_lib;
+
+/* Finds the copy of library `name` (cuda.pathfinder's short name, e.g. "cublasLt") with file
+ * name `soname` to open: writes its absolute path to `path` (or "" to let dlopen search by
+ * soname) and returns 0; or returns -1 with why it found none in `why`. Called with no lock of
+ * the loader held, from any thread, at most once per library load attempt. */
+typedef int (*gt_cuda_lib_resolver)(const char *name, const char *soname, char *path, size_t path_size,
+                                    char *why, size_t why_size);
+
+/* Installs the resolver (the Python layer's, csrc/py/cuda_libs.c); NULL: dlopen by soname only. */
+void gt_cuda_set_lib_resolver(gt_cuda_lib_resolver resolver);
+
+/* Opens `lib` once per process: a copy already loaded (RTLD_NOLOAD by soname) first, else the
+ * resolver's path, else the soname through the system's search; then reads every function the
+ * backend calls and checks the version. GT_ERR_CUDA names the library, what was tried and, for a
+ * version out of range, the version found and the range gputrain needs. Needs no GPU. */
+gt_status gt_cuda_lib_load(gt_cuda_lib lib);
+
+/* What is known about `lib`, loaded or not. */
+typedef struct gt_cuda_lib_info {
+    const char *name;       /* cuda.pathfinder's short name: "cublasLt", "cublas", "cudnn", "nccl" */
+    const char *soname;     /* the file name opened, e.g. "libcudnn.so.9" */
+    int loaded;             /* 1 once gt_cuda_lib_load succeeded */
+    const char *path;       /* the file the dynamic loader mapped ("" until loaded) */
+    long version;           /* the library's own version number (0 until loaded), e.g. 91900 */
+    long min_version;       /* the oldest version gputrain accepts, same encoding */
+    long built_with;        /* the version of the headers gputrain was compiled with */
+} gt_cuda_lib_info;
+
+/* Fills *out for `lib` (GT_ERR_VALUE for an unknown lib); loads nothing. */
+gt_status gt_cuda_lib_get_info(gt_cuda_lib lib, gt_cuda_lib_info *out);
 
 /* ---- context.cu: cuBLAS and cuBLASLt handles per device ---- */
 

@@ -20,7 +20,6 @@
 // fixed-order double sum per channel (no atomics). dweight: f32 straight from cuDNN with
 // beta = accumulate; for f16/bf16 cuDNN writes it in dt to the workspace and a kernel widens and
 // adds it (PyTorch's autocast also rounds the weight gradient to the half type once).
-#include <cudnn.h>
 
 #include <array>
 #include <atomic>
@@ -30,6 +29,7 @@
 #include <new>
 
 #include "core/tensor.h"
+#include "cuda_libs.cuh"
 #include "ops_kernels.cuh"
 
 namespace {
@@ -78,7 +78,7 @@ conv_globals globals;
 
 gt_status cudnn_error(cudnnStatus_t status, const char *what, int line) {
     return gt_set_error(status == CUDNN_STATUS_ALLOC_FAILED ? GT_ERR_OOM : GT_ERR_CUDA, __FILE__, line,
-                        "%s failed: %s", what, cudnnGetErrorString(status));
+                        "%s failed: %s", what, gt_cudnn.cudnnGetErrorString(status));
 }
 
 #define GT_CUDNN_TRY(call, what)                                  \
@@ -139,40 +139,40 @@ cudnnMathType_t math_for(const gt_conv2d_args *a, cudnnMathType_t reported, int 
 }
 
 gt_status descs_create(conv_descs *d) {
-    GT_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->x), "cudnnCreateTensorDescriptor");
-    GT_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->y), "cudnnCreateTensorDescriptor");
-    GT_CUDNN_TRY(cudnnCreateFilterDescriptor(&d->w), "cudnnCreateFilterDescriptor");
-    GT_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&d->conv), "cudnnCreateConvolutionDescriptor");
+    GT_CUDNN_TRY(gt_cudnn.cudnnCreateTensorDescriptor(&d->x), "cudnnCreateTensorDescriptor");
+    GT_CUDNN_TRY(gt_cudnn.cudnnCreateTensorDescriptor(&d->y), "cudnnCreateTensorDescriptor");
+    GT_CUDNN_TRY(gt_cudnn.cudnnCreateFilterDescriptor(&d->w), "cudnnCreateFilterDescriptor");
+    GT_CUDNN_TRY(gt_cudnn.cudnnCreateConvolutionDescriptor(&d->conv), "cudnnCreateConvolutionDescriptor");
     return GT_OK;
 }
 
 void descs_destroy(conv_descs *d) {
     if (d->conv)
-        cudnnDestroyConvolutionDescriptor(d->conv);
+        gt_cudnn.cudnnDestroyConvolutionDescriptor(d->conv);
     if (d->w)
-        cudnnDestroyFilterDescriptor(d->w);
+        gt_cudnn.cudnnDestroyFilterDescriptor(d->w);
     if (d->y)
-        cudnnDestroyTensorDescriptor(d->y);
+        gt_cudnn.cudnnDestroyTensorDescriptor(d->y);
     if (d->x)
-        cudnnDestroyTensorDescriptor(d->x);
+        gt_cudnn.cudnnDestroyTensorDescriptor(d->x);
     *d = conv_descs{};
 }
 
 gt_status descs_set(conv_descs *d, const gt_conv2d_args *a) {
     cudnnDataType_t t = data_type(a->dt);
     int n = (int)a->batch, oh = (int)gt_conv2d_out_h(a), ow = (int)gt_conv2d_out_w(a);
-    GT_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, t, n, (int)a->in_channels, (int)a->height,
-                                            (int)a->width), "cudnnSetTensor4dDescriptor(x)");
-    GT_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, t, n, (int)a->out_channels, oh, ow),
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, t, n, (int)a->in_channels, (int)a->height,
+                                                     (int)a->width), "cudnnSetTensor4dDescriptor(x)");
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, t, n, (int)a->out_channels, oh, ow),
                  "cudnnSetTensor4dDescriptor(out)");
-    GT_CUDNN_TRY(cudnnSetFilter4dDescriptor(d->w, t, CUDNN_TENSOR_NCHW, (int)a->out_channels,
-                                            (int)(a->in_channels / a->groups), (int)a->kernel_h, (int)a->kernel_w),
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetFilter4dDescriptor(d->w, t, CUDNN_TENSOR_NCHW, (int)a->out_channels,
+                                                     (int)(a->in_channels / a->groups), (int)a->kernel_h, (int)a->kernel_w),
                  "cudnnSetFilter4dDescriptor(weight)");
-    GT_CUDNN_TRY(cudnnSetConvolution2dDescriptor(d->conv, (int)a->pad_h, (int)a->pad_w, (int)a->stride_h,
-                                                 (int)a->stride_w, (int)a->dilation_h, (int)a->dilation_w,
-                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolution2dDescriptor(d->conv, (int)a->pad_h, (int)a->pad_w, (int)a->stride_h,
+                                                          (int)a->stride_w, (int)a->dilation_h, (int)a->dilation_w,
+                                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
                  "cudnnSetConvolution2dDescriptor");
-    GT_CUDNN_TRY(cudnnSetConvolutionGroupCount(d->conv, (int)a->groups), "cudnnSetConvolutionGroupCount");
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionGroupCount(d->conv, (int)a->groups), "cudnnSetConvolutionGroupCount");
     return GT_OK;
 }
 
@@ -229,12 +229,12 @@ gt_status choose_forward(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_a
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int count = 0;
     if (globals.benchmark.load())
-        GT_CUDNN_TRY(cudnnFindConvolutionForwardAlgorithm(h, d->x, d->w, d->conv, d->y,
-                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+        GT_CUDNN_TRY(gt_cudnn.cudnnFindConvolutionForwardAlgorithm(h, d->x, d->w, d->conv, d->y,
+                                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
                      "cudnnFindConvolutionForwardAlgorithm");
     else
-        GT_CUDNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(h, d->x, d->w, d->conv, d->y,
-                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
+        GT_CUDNN_TRY(gt_cudnn.cudnnGetConvolutionForwardAlgorithm_v7(h, d->x, d->w, d->conv, d->y,
+                                                                     CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf),
                      "cudnnGetConvolutionForwardAlgorithm_v7");
     int i = first_usable(perf, count, limit);
     if (i < 0)
@@ -250,12 +250,12 @@ gt_status choose_data(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_args
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int count = 0;
     if (globals.benchmark.load())
-        GT_CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithm(h, d->w, d->y, d->conv, d->x,
-                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+        GT_CUDNN_TRY(gt_cudnn.cudnnFindConvolutionBackwardDataAlgorithm(h, d->w, d->y, d->conv, d->x,
+                                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
                      "cudnnFindConvolutionBackwardDataAlgorithm");
     else
-        GT_CUDNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d->w, d->y, d->conv, d->x,
-                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
+        GT_CUDNN_TRY(gt_cudnn.cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d->w, d->y, d->conv, d->x,
+                                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf),
                      "cudnnGetConvolutionBackwardDataAlgorithm_v7");
     int i = first_usable(perf, count, limit);
     if (i < 0)
@@ -271,14 +271,14 @@ gt_status choose_filter(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_ar
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int count = 0;
     if (globals.benchmark.load())
-        GT_CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithm(h, d->x, d->y, d->conv, d->w,
-                                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
-                                                                 perf),
+        GT_CUDNN_TRY(gt_cudnn.cudnnFindConvolutionBackwardFilterAlgorithm(h, d->x, d->y, d->conv, d->w,
+                                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                                          perf),
                      "cudnnFindConvolutionBackwardFilterAlgorithm");
     else
-        GT_CUDNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d->x, d->y, d->conv, d->w,
-                                                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
-                                                                   perf),
+        GT_CUDNN_TRY(gt_cudnn.cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d->x, d->y, d->conv, d->w,
+                                                                            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                                            perf),
                      "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     int i = first_usable(perf, count, limit);
     if (i < 0)
@@ -317,7 +317,7 @@ gt_status choice_for(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_args 
     conv_choice c{};
     int tf32 = (int)key[16];
     size_t stage = stage_bytes(a);
-    GT_CUDNN_TRY(cudnnSetConvolutionMathType(d->conv, search_math(a, tf32)), "cudnnSetConvolutionMathType");
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(d->conv, search_math(a, tf32)), "cudnnSetConvolutionMathType");
     GT_TRY(choose_forward(h, d, a, limit, tf32, &c));
     GT_TRY(choose_data(h, d, a, limit, tf32, &c));
     GT_TRY(choose_filter(h, d, a, limit > stage ? limit - stage : 0, tf32, &c));
@@ -330,9 +330,10 @@ gt_status choice_for(cudnnHandle_t h, const conv_descs *d, const gt_conv2d_args 
 gt_status selector_of(int device, cudnnHandle_t *out) {
     gt_cuda_context *context = NULL;
     GT_TRY(gt_cuda_context_get(device, &context));
+    GT_TRY(gt_cuda_lib_load(GT_CUDA_LIB_CUDNN));  // before the lock (the loader may wait for the GIL)
     std::lock_guard<std::mutex> guard(globals.lock);
     if (!context->cudnn)
-        GT_CUDNN_TRY(cudnnCreate(&context->cudnn), "cudnnCreate");
+        GT_CUDNN_TRY(gt_cudnn.cudnnCreate(&context->cudnn), "cudnnCreate");
     *out = context->cudnn;
     return GT_OK;
 }
@@ -356,16 +357,17 @@ gt_status plan_choice(const gt_conv2d_args *a, size_t *bytes) {
 // The runtime of a state: its handle (bound to the state's stream) made on first use.
 gt_status runtime_of(gt_cuda_backend_state *state, conv_runtime **out) {
     if (!state->conv) {
+        GT_TRY(gt_cuda_lib_load(GT_CUDA_LIB_CUDNN));
         cudnnHandle_t h = NULL;
-        GT_CUDNN_TRY(cudnnCreate(&h), "cudnnCreate");
-        cudnnStatus_t st = cudnnSetStream(h, stream_of(state));
+        GT_CUDNN_TRY(gt_cudnn.cudnnCreate(&h), "cudnnCreate");
+        cudnnStatus_t st = gt_cudnn.cudnnSetStream(h, stream_of(state));
         if (st != CUDNN_STATUS_SUCCESS) {
-            cudnnDestroy(h);
+            gt_cudnn.cudnnDestroy(h);
             return cudnn_error(st, "cudnnSetStream", __LINE__);
         }
         conv_runtime *rt = new (std::nothrow) conv_runtime;
         if (!rt) {
-            cudnnDestroy(h);
+            gt_cudnn.cudnnDestroy(h);
             return GT_FAIL(GT_ERR_OOM, "out of host memory for the cuDNN state");
         }
         rt->handle = h;
@@ -452,10 +454,10 @@ gt_status bias_gradient(const conv_call *call, const gt_conv2d_args *a) {
 
 gt_status data_gradient(const conv_call *call, gt_backend *be, const gt_conv2d_args *a) {
     const float one = 1.0f, zero = 0.0f;
-    GT_CUDNN_TRY(cudnnSetConvolutionMathType(call->d->conv, call->c.data_math), "cudnnSetConvolutionMathType");
-    GT_CUDNN_TRY(cudnnConvolutionBackwardData(call->rt->handle, &one, call->d->w, a->weight, call->d->y, a->dout,
-                                              call->d->conv, call->c.data, be->workspace, call->c.data_bytes, &zero,
-                                              call->d->x, a->dx),
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(call->d->conv, call->c.data_math), "cudnnSetConvolutionMathType");
+    GT_CUDNN_TRY(gt_cudnn.cudnnConvolutionBackwardData(call->rt->handle, &one, call->d->w, a->weight, call->d->y, a->dout,
+                                                       call->d->conv, call->c.data, be->workspace, call->c.data_bytes, &zero,
+                                                       call->d->x, a->dx),
                  "cudnnConvolutionBackwardData");
     return GT_OK;
 }
@@ -465,10 +467,10 @@ gt_status filter_gradient(const conv_call *call, gt_backend *be, const gt_conv2d
     size_t stage = stage_bytes(a);
     void *dw = stage ? be->workspace : static_cast<void *>(a->dweight);
     void *work = static_cast<char *>(be->workspace) + stage;
-    GT_CUDNN_TRY(cudnnSetConvolutionMathType(call->d->conv, call->c.filter_math), "cudnnSetConvolutionMathType");
-    GT_CUDNN_TRY(cudnnConvolutionBackwardFilter(call->rt->handle, &one, call->d->x, a->x, call->d->y, a->dout,
-                                                call->d->conv, call->c.filter, work, call->c.filter_bytes, &beta,
-                                                call->d->w, dw),
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(call->d->conv, call->c.filter_math), "cudnnSetConvolutionMathType");
+    GT_CUDNN_TRY(gt_cudnn.cudnnConvolutionBackwardFilter(call->rt->handle, &one, call->d->x, a->x, call->d->y, a->dout,
+                                                         call->d->conv, call->c.filter, work, call->c.filter_bytes, &beta,
+                                                         call->d->w, dw),
                  "cudnnConvolutionBackwardFilter");
     if (!stage)
         return GT_OK;
@@ -516,10 +518,10 @@ extern "C" gt_status gt_cuda_conv2d_forward(gt_backend *be, const gt_conv2d_args
         return gt_cuda_op_begin(be, &call.state);
     GT_TRY(conv_begin(be, args, &call));
     const float one = 1.0f, zero = 0.0f;
-    GT_CUDNN_TRY(cudnnSetConvolutionMathType(call.d->conv, call.c.fwd_math), "cudnnSetConvolutionMathType");
-    GT_CUDNN_TRY(cudnnConvolutionForward(call.rt->handle, &one, call.d->x, args->x, call.d->w, args->weight,
-                                         call.d->conv, call.c.fwd, be->workspace, call.c.fwd_bytes, &zero, call.d->y,
-                                         args->out),
+    GT_CUDNN_TRY(gt_cudnn.cudnnSetConvolutionMathType(call.d->conv, call.c.fwd_math), "cudnnSetConvolutionMathType");
+    GT_CUDNN_TRY(gt_cudnn.cudnnConvolutionForward(call.rt->handle, &one, call.d->x, args->x, call.d->w, args->weight,
+                                                  call.d->conv, call.c.fwd, be->workspace, call.c.fwd_bytes, &zero, call.d->y,
+                                                  args->out),
                  "cudnnConvolutionForward");
     return args->bias ? add_bias(&call, args) : GT_OK;
 }
@@ -548,7 +550,7 @@ extern "C" void gt_cuda_conv_release(gt_cuda_backend_state *state) {
         return;
     for (auto &entry : rt->shapes)
         descs_destroy(&entry.second);
-    cudnnDestroy(rt->handle);
+    gt_cudnn.cudnnDestroy(rt->handle);
     delete rt;
     state->conv = NULL;
 }
@@ -568,7 +570,12 @@ extern "C" void gt_cuda_cudnn_flags(int *benchmark, int *deterministic) {
     *deterministic = globals.deterministic.load();
 }
 
-extern "C" size_t gt_cuda_cudnn_version(void) { return cudnnGetVersion(); }
+extern "C" gt_status gt_cuda_cudnn_version(size_t *out) {
+    *out = 0;
+    GT_TRY(gt_cuda_lib_load(GT_CUDA_LIB_CUDNN));
+    *out = gt_cudnn.cudnnGetVersion();
+    return GT_OK;
+}
 
 extern "C" size_t gt_cuda_cudnn_cached_choices(void) {
     std::lock_guard<std::mutex> guard(globals.lock);

@@ -117,8 +117,9 @@ void gt_cuda_conv_release(gt_cuda_backend_state *state);
 gt_status gt_cuda_cudnn_set_flags(int benchmark, int deterministic);
 void gt_cuda_cudnn_flags(int *benchmark, int *deterministic);
 
-/* cuDNN's version as cudnnGetVersion() gives it (e.g. 91900 for 9.19.0); no device needed. */
-size_t gt_cuda_cudnn_version(void);
+/* cuDNN's version as cudnnGetVersion() gives it (e.g. 91900 for 9.19.0), loading cuDNN if it is
+ * not yet (gt_cuda_lib_load's errors); no device needed. */
+gt_status gt_cuda_cudnn_version(size_t *out);
 
 /* How many algorithm choices the process-wide cache holds. */
 size_t gt_cuda_cudnn_cached_choices(void);

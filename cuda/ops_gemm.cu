@@ -13,12 +13,11 @@
 // bytes; parameter slices of a model are often only 2- or 4-byte aligned). When cuBLASLt offers no algorithm,
 // the GEMM falls back to cublasGemmStridedBatchedEx on the context's cuBLAS handle, whose
 // stream is set under a lock (the handle is shared by every backend of the device).
-#include <cublasLt.h>
-#include <cublas_v2.h>
 
 #include <mutex>
 
 #include "core/alloc.h"
+#include "cuda_libs.cuh"
 #include "ops_kernels.cuh"
 
 namespace {
@@ -52,8 +51,8 @@ size_t staging_bytes(const gt_gemm_args *g) {
 }
 
 gt_status cublas_fail(cublasStatus_t status, const char *what, int line) {
-    return gt_set_error(GT_ERR_CUDA, __FILE__, line, "%s failed: %s (%s)", what, cublasGetStatusString(status),
-                        cublasGetStatusName(status));
+    return gt_set_error(GT_ERR_CUDA, __FILE__, line, "%s failed: %s (%s)", what, gt_cublas.cublasGetStatusString(status),
+                        gt_cublas.cublasGetStatusName(status));
 }
 
 #define GT_CUBLAS_TRY(call, what)                                \
@@ -148,36 +147,36 @@ struct LtDescs {
     cublasLtMatmulPreference_t pref = nullptr;
     ~LtDescs() {
         if (pref)
-            cublasLtMatmulPreferenceDestroy(pref);
+            gt_cublaslt.cublasLtMatmulPreferenceDestroy(pref);
         if (c)
-            cublasLtMatrixLayoutDestroy(c);
+            gt_cublaslt.cublasLtMatrixLayoutDestroy(c);
         if (b)
-            cublasLtMatrixLayoutDestroy(b);
+            gt_cublaslt.cublasLtMatrixLayoutDestroy(b);
         if (a)
-            cublasLtMatrixLayoutDestroy(a);
+            gt_cublaslt.cublasLtMatrixLayoutDestroy(a);
         if (op)
-            cublasLtMatmulDescDestroy(op);
+            gt_cublaslt.cublasLtMatmulDescDestroy(op);
     }
 };
 
 gt_status make_layout(cublasLtMatrixLayout_t *out, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
                       int32_t batch, int64_t stride) {
-    GT_CUBLAS_TRY(cublasLtMatrixLayoutCreate(out, type, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatrixLayoutCreate(out, type, rows, cols, ld), "cublasLtMatrixLayoutCreate");
     if (batch == 1)
         return GT_OK;
-    GT_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch),
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch),
                   "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
-    GT_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                   sizeof stride),
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                               sizeof stride),
                   "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
     return GT_OK;
 }
 
 gt_status make_preference(cublasLtMatmulPreference_t *out, const BlasCall &call) {
-    GT_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(out), "cublasLtMatmulPreferenceCreate");
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulPreferenceCreate(out), "cublasLtMatmulPreferenceCreate");
     uint64_t workspace = call.workspace_bytes;
-    GT_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(*out, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                       sizeof workspace),
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulPreferenceSetAttribute(*out, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                                   sizeof workspace),
                   "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
     uint32_t align_a = alignment_of(call.a, call.stride_a, type_size(call.a_type), call.batch);
     uint32_t align_b = alignment_of(call.b, call.stride_b, type_size(call.b_type), call.batch);
@@ -187,7 +186,7 @@ gt_status make_preference(cublasLtMatmulPreference_t *out, const BlasCall &call)
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     const uint32_t values[4] = {align_a, align_b, align_c, align_c};
     for (int i = 0; i < 4; i++)
-        GT_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(*out, attrs[i], &values[i], sizeof values[i]),
+        GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulPreferenceSetAttribute(*out, attrs[i], &values[i], sizeof values[i]),
                       "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
     return GT_OK;
 }
@@ -197,10 +196,10 @@ gt_status lt_matmul(const gt_cuda_backend_state *state, const BlasCall &call, bo
     *ran = false;
     cublasLtHandle_t handle = reinterpret_cast<cublasLtHandle_t>(state->context->cublaslt);
     LtDescs d;
-    GT_CUBLAS_TRY(cublasLtMatmulDescCreate(&d.op, call.compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    GT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &call.trans_a, sizeof call.trans_a),
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulDescCreate(&d.op, call.compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &call.trans_a, sizeof call.trans_a),
                   "cublasLtMatmulDescSetAttribute(TRANSA)");
-    GT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &call.trans_b, sizeof call.trans_b),
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &call.trans_b, sizeof call.trans_b),
                   "cublasLtMatmulDescSetAttribute(TRANSB)");
     bool ta = call.trans_a == CUBLAS_OP_T, tb = call.trans_b == CUBLAS_OP_T;
     GT_TRY(make_layout(&d.a, call.a_type, ta ? call.k : call.m, ta ? call.m : call.k, call.lda, call.batch,
@@ -212,13 +211,13 @@ gt_status lt_matmul(const gt_cuda_backend_state *state, const BlasCall &call, bo
     cublasLtMatmulHeuristicResult_t result = {};
     int found = 0;
     cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
+        gt_cublaslt.cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
         return GT_OK;
     if (status != CUBLAS_STATUS_SUCCESS)
         return cublas_fail(status, "cublasLtMatmulAlgoGetHeuristic", __LINE__);
-    GT_CUBLAS_TRY(cublasLtMatmul(handle, d.op, &call.alpha, call.a, d.a, call.b, d.b, &call.beta, call.c, d.c, call.c,
-                                 d.c, &result.algo, call.workspace, call.workspace_bytes, stream_of(state)),
+    GT_CUBLAS_TRY(gt_cublaslt.cublasLtMatmul(handle, d.op, &call.alpha, call.a, d.a, call.b, d.b, &call.beta, call.c, d.c, call.c,
+                                             d.c, &result.algo, call.workspace, call.workspace_bytes, stream_of(state)),
                   "cublasLtMatmul");
     *ran = true;
     return GT_OK;
@@ -228,12 +227,12 @@ gt_status lt_matmul(const gt_cuda_backend_state *state, const BlasCall &call, bo
 gt_status legacy_matmul(const gt_cuda_backend_state *state, const BlasCall &call) {
     cublasHandle_t handle = reinterpret_cast<cublasHandle_t>(state->context->cublas);
     std::lock_guard<std::mutex> guard(legacy_lock);
-    GT_CUBLAS_TRY(cublasSetStream(handle, stream_of(state)), "cublasSetStream");
-    GT_CUBLAS_TRY(cublasGemmStridedBatchedEx(handle, call.trans_a, call.trans_b, (int)call.m, (int)call.n,
-                                             (int)call.k, &call.alpha, call.a, call.a_type, (int)call.lda,
-                                             call.stride_a, call.b, call.b_type, (int)call.ldb, call.stride_b,
-                                             &call.beta, call.c, call.c_type, (int)call.ldc, call.stride_c,
-                                             call.batch, call.compute, CUBLAS_GEMM_DEFAULT),
+    GT_CUBLAS_TRY(gt_cublas.cublasSetStream(handle, stream_of(state)), "cublasSetStream");
+    GT_CUBLAS_TRY(gt_cublas.cublasGemmStridedBatchedEx(handle, call.trans_a, call.trans_b, (int)call.m, (int)call.n,
+                                                       (int)call.k, &call.alpha, call.a, call.a_type, (int)call.lda,
+                                                       call.stride_a, call.b, call.b_type, (int)call.ldb, call.stride_b,
+                                                       &call.beta, call.c, call.c_type, (int)call.ldc, call.stride_c,
+                                                       call.batch, call.compute, CUBLAS_GEMM_DEFAULT),
                   "cublasGemmStridedBatchedEx");
     return GT_OK;
 }

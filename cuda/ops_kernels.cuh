@@ -203,6 +203,12 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(conv2d_workspace_bytes)    \
     X(conv2d_forward)            \
     X(conv2d_backward)           \
+    X(rmsnorm_forward)           \
+    X(rmsnorm_backward)          \
+    X(rope_forward)              \
+    X(rope_backward)             \
+    X(glu_forward)               \
+    X(glu_backward)              \
     /* end of the list */
 
 #define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;

@@ -64,6 +64,10 @@ def layer_forward(layer, x, params, dropout=None):
         xhat = (x - mean) * rstd
         p = params[id(layer)]
         return xhat * p["weight"] + p.get("bias", 0), (xhat, rstd)
+    if isinstance(layer, gt.nn.RMSNorm):
+        rstd = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + layer.eps)
+        weight = params[id(layer)]["weight"] if layer.elementwise_affine else 1.0
+        return x * rstd * weight, (x * rstd, rstd)
     if isinstance(layer, gt.nn.MultiheadAttention):
         return attention_forward(layer, x, params, dropout)
     if isinstance(layer, gt.nn.Conv2d):
@@ -122,6 +126,13 @@ def layer_backward(layer, dy, cache, params, grads):
         dxhat = dy * p["weight"]
         n = xhat.shape[-1]
         return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    if isinstance(layer, gt.nn.RMSNorm):  # din = rstd (g - xhat mean(g xhat)), g = dy * weight
+        xhat, rstd = cache
+        g = dy
+        if layer.elementwise_affine:
+            grads.setdefault(id(layer), {})["weight"] = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(0)
+            g = dy * params[id(layer)]["weight"]
+        return rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))
     if isinstance(layer, gt.nn.MultiheadAttention):
         return attention_backward(layer, dy, cache, params, grads)
     if isinstance(layer, gt.nn.Conv2d):

@@ -1,4 +1,5 @@
-"""The build's choice of CUDA source (_build/gputrain_cuda.py) and info()'s warnings."""
+"""The build's choice of CUDA source, targets and library names (_build/gputrain_cuda.py) and
+info()'s warnings."""
 
 from __future__ import annotations
 
@@ -18,6 +19,33 @@ def load_choice_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize("value, archs", [
+    ("", ["80", "86", "89", "90"]), ("90", ["90"]), ("86,90", ["86", "90"]), (" 80 ; 90a,80", ["80", "90a"]),
+    ("100", ["100"]),
+])
+def test_cuda_archs_from_the_environment(monkeypatch, value, archs):
+    monkeypatch.setenv("GPUTRAIN_CUDA_ARCHS", value)
+    assert load_choice_module().cuda_archs() == archs
+
+
+@pytest.mark.parametrize("value", ["9.0", "sm_90", ",", "9", "compute_90"])
+def test_cuda_archs_that_are_not_compute_capabilities_are_refused(monkeypatch, value):
+    monkeypatch.setenv("GPUTRAIN_CUDA_ARCHS", value)
+    with pytest.raises(RuntimeError, match="GPUTRAIN_CUDA_ARCHS=.*e.g. 90 or 86,90"):
+        load_choice_module().cuda_archs()
+
+
+def test_a_library_with_only_its_versioned_file_links_by_that_name(tmp_path):
+    toolkit, wheel = tmp_path / "toolkit", tmp_path / "wheel"
+    toolkit.mkdir(), wheel.mkdir()
+    (wheel / "libcudnn.so.9").touch()
+    module = load_choice_module()
+    assert module.link_name([str(toolkit), str(wheel)], "cudnn", "libcudnn.so.9") == ":libcudnn.so.9"
+    (toolkit / "libcudnn.so").touch()
+    assert module.link_name([str(toolkit), str(wheel)], "cudnn", "libcudnn.so.9") == "cudnn"
+    assert module.link_name([str(tmp_path / "none")], "nccl", "libnccl.so.2") == "nccl"  # the linker says what is missing
 
 
 @pytest.mark.parametrize("switch, toolkit, driver, kind", [

@@ -2,7 +2,8 @@
 `gputrain.backends.cudnn` (benchmark, deterministic, is_available(), version()).
 
 Unmarked tests run everywhere: the knobs' Python API and argument errors, the C setter's, and on a
-CUDA build (CI's) that the extension links cuDNN and reports its version without a GPU. Tests marked
+CUDA build (CI's) that the extension does not link cuDNN but opens it on first use and reports its
+version without a GPU (tests/test_cuda_lazy_libraries.py checks when it is opened). Tests marked
 `cuda` need a GPU: a model of strided, dilated, grouped and bias-free convolutions trained one step
 (with gradient accumulation, so dweight/dbias accumulate) on CUDA against the same model on the CPU,
 within 1e-3 of the largest gradient in fp32 (TF32 off; cuDNN's Winograd/FFT algorithms round
@@ -86,10 +87,12 @@ def test_knobs_reach_the_cuda_backend():
 
 @needs_cuda_build
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ldd is Linux's")
-def test_the_cuda_build_links_cudnn():
+def test_the_cuda_build_opens_cudnn_on_first_use():
     linked = subprocess.run(["ldd", _C.__file__], capture_output=True, text=True, check=True).stdout
-    cudnn_lines = [line for line in linked.splitlines() if "libcudnn.so.9" in line]
-    assert cudnn_lines and "not found" not in cudnn_lines[0], linked
+    assert "libcudnn" not in linked, linked
+    version = cudnn.version()  # opens cuDNN (no GPU needed)
+    assert 90000 <= version < 100000
+    assert gt.cuda._libraries(load=False)["cudnn"]["version"] == version
 
 
 @pytest.mark.skipif(CUDA_COMPILED, reason="the CPU-only build's errors")

@@ -184,7 +184,9 @@ def test_hf_errors_name_the_key_and_change_nothing():
     with pytest.raises(ValueError, match="NaN"):
         model.load_hf_state_dict({**hf, "transformer.ln_f.bias": np.full(16, np.nan)})
     with pytest.raises(KeyError, match="missing key 'transformer.wte.weight'"):
-        GPT.from_hf_state_dict({})
+        GPT.from_hf_state_dict({}, n_head=2)
+    with pytest.raises(ValueError, match="n_head: required"):  # never guessed from n_embd
+        GPT.from_hf_state_dict(hf)
     after = model.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)
 

@@ -41,6 +41,8 @@ KINDS = {
     "dropout": lambda: nn.Dropout(0.3),
     "layernorm": lambda: nn.LayerNorm(WIDTH),
     "layernorm_no_bias": lambda: nn.LayerNorm(WIDTH, bias=False),
+    "rmsnorm": lambda: nn.RMSNorm(WIDTH),
+    "rmsnorm_no_weight": lambda: nn.RMSNorm(WIDTH, eps=1e-3, elementwise_affine=False),
     "flatten": nn.Flatten,
     "residual": lambda: nn.Residual(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.GELU()),
     "sequential": lambda: nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.Tanh()),

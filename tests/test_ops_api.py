@@ -27,6 +27,7 @@ def calls():
     q, k, a = randn((2, 2, 3, 4), 8), randn((2, 2, 3, 4), 9), randn((2, 2, 3, 4), 10)
     out, lse = F.scaled_dot_product_attention(q, k, a, causal=True)
     image, kernel = randn((2, 4, 5, 6), 11), randn((6, 2, 3, 2), 12)
+    inv_freq, positions = F.rope_inv_freq(4, 10000.0), np.array([[0, 1, 2], [0, 1, 0]])
     return [
         ("gemm", F.gemm, (x, w), dict(trans_b=True)),
         ("linear", F.linear, (x, w, b), {}),
@@ -60,6 +61,11 @@ def calls():
         ("conv2d", F.conv2d, (image, kernel, randn(6, 13)), dict(stride=(2, 1), padding=1, groups=2)),
         ("conv2d_backward", F.conv2d_backward, (randn((2, 6, 3, 7), 14), image, kernel),
          dict(stride=(2, 1), padding=1, groups=2)),
+        ("gated_activation", F.gated_activation, (x, "gelu_tanh"), {}),
+        ("gated_activation_backward", F.gated_activation_backward, (randn((6, 4), 15), x), {}),
+        ("rope_inv_freq", F.rope_inv_freq, (8, 10000.0), dict(partial_rotary_factor=0.5)),
+        ("rotary_embedding", F.rotary_embedding, (q, positions, inv_freq), {}),
+        ("rotary_embedding_backward", F.rotary_embedding_backward, (a, positions, inv_freq), {}),
     ]
 
 
@@ -102,7 +108,8 @@ RAW_CALLS = [
     (_C.op_gemm, 10), (_C.op_bias, 3), (_C.op_activation, 4), (_C.op_dropout, 8), (_C.op_add, 4),
     (_C.op_layernorm_forward, 8), (_C.op_layernorm_backward, 9), (_C.op_embedding, 4),
     (_C.op_softmax_xent, 8), (_C.op_mse, 5), (_C.op_cast, 4), (_C.op_copy, 2),
-    (_C.op_attention, 14), (_C.op_conv2d, 9), (_C.op_conv2d_backward, 11),
+    (_C.op_attention, 14), (_C.op_conv2d, 9), (_C.op_conv2d_backward, 11), (_C.op_rope, 6),
+    (_C.op_rope_inv_freq, 2), (_C.op_glu, 4),
 ]
 JUNK = [None, 1.5, "f32", [1.0, 2.0], np.zeros((2, 2), np.float64), np.zeros((2, 2), np.float32)[:, ::2],
         np.zeros(3, np.int64)]

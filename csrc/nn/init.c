@@ -1,8 +1,9 @@
 /* Deterministic parameter initialisation with PyTorch's default distributions, drawn from
- * Philox(seed; stream_a = parameter index, stream_b = GT_INIT_STREAM; element / 4):
- * Linear and Conv2d weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with
- * a = sqrt(5); fan_in = in_features, or in_channels / groups * kh * kw),
- * LayerNorm and BatchNorm2d weight = 1 and bias = 0, Embedding (and token, position tables) weight ~ N(0, 1). */
+ * Philox(seed; stream_a = parameter index, stream_b = GT_INIT_STREAM; element / 4), each
+ * parameter by the rule its kind's params hook gave it (nn/kind.h): e.g. Linear and Conv2d weight
+ * and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5); fan_in =
+ * in_features, or in_channels / groups * kh * kw), LayerNorm and BatchNorm2d weight = 1 and
+ * bias = 0, Embedding (and token, position tables) weight ~ N(0, 1). */
 #include "nn/init.h"
 
 #include <math.h>
@@ -37,42 +38,29 @@ static void fill_constant(float *x, size_t n, float value) {
         x[i] = value;
 }
 
+/* One parameter by its rule (layer.h, gt_init_rule), from Philox stream `id`. */
+static void init_param(gt_param *param, const gt_layer *layer, uint64_t seed, uint32_t id) {
+    switch (param->init) {
+    case GT_INIT_FAN_IN_UNIFORM: {  /* fan_in: in_features, or in_channels / groups * kh * kw */
+        float bound = 1.0f / sqrtf((float)(layer->weight.numel / (size_t)layer->weight.shape[0]));
+        fill_uniform(param->data, param->numel, -bound, bound, seed, id);
+        break;
+    }
+    case GT_INIT_NORMAL: fill_normal(param->data, param->numel, seed, id); break;
+    case GT_INIT_CONSTANT: fill_constant(param->data, param->numel, param->init_value); break;
+    }
+}
+
+/* The parameters of the tree in state_dict order, each with the next stream id. */
 static void init_layer(gt_layer *layer, uint64_t seed, uint32_t *next_id) {
     if (layer->tied)  /* initialised at its first use */
         return;
-    switch (layer->kind) {
-    case GT_LAYER_LINEAR:
-    case GT_LAYER_CONV2D: {  /* fan_in: in_features, or in_channels / groups * kh * kw */
-        float bound = 1.0f / sqrtf((float)(layer->weight.numel / (size_t)layer->out_features));
-        fill_uniform(layer->weight.data, layer->weight.numel, -bound, bound, seed, (*next_id)++);
-        if (layer->has_bias)
-            fill_uniform(layer->bias.data, layer->bias.numel, -bound, bound, seed, (*next_id)++);
-        break;
-    }
-    case GT_LAYER_BATCHNORM2D:
-        if (!layer->has_bias)
-            break;
-        fill_constant(layer->weight.data, layer->weight.numel, 1.0f);
-        fill_constant(layer->bias.data, layer->bias.numel, 0.0f);
-        *next_id += 2;
-        break;
-    case GT_LAYER_LAYERNORM:
-        fill_constant(layer->weight.data, layer->weight.numel, 1.0f);
-        (*next_id)++;
-        if (layer->has_bias) {
-            fill_constant(layer->bias.data, layer->bias.numel, 0.0f);
-            (*next_id)++;
-        }
-        break;
-    case GT_LAYER_EMBEDDING:
-    case GT_LAYER_TOKENS:
-    case GT_LAYER_POSITION:
-        fill_normal(layer->weight.data, layer->weight.numel, seed, (*next_id)++);
-        break;
-    default:
-        for (size_t i = 0; i < layer->num_children; i++)
-            init_layer(&layer->children[i], seed, next_id);
-    }
+    if (layer->weight.numel)
+        init_param(&layer->weight, layer, seed, (*next_id)++);
+    if (layer->bias.numel)
+        init_param(&layer->bias, layer, seed, (*next_id)++);
+    for (size_t i = 0; i < layer->num_children; i++)
+        init_layer(&layer->children[i], seed, next_id);
 }
 
 void gt_init_layer_tree(gt_layer *root, uint64_t seed) {

@@ -1,5 +1,6 @@
-/* Layers: a model is a tree of gt_layer (Sequential and Residual nest). Each layer kind has
- * plan (shapes and bytes for an input shape), init, forward and backward.
+/* Layers: a model is a tree of gt_layer (Sequential and Residual nest). Each layer kind is a row
+ * of the table of kinds (nn/kind.h, nn/kind_list.h): its arguments, parameters and their init,
+ * plan (shapes and bytes for an input shape), forward and backward.
  *
  * Memory (DESIGN.md principle 1): parameters, gradients and activations each live in one
  * arena sized by the plan. Parameters are packed back to back (f32, no padding) so the
@@ -22,6 +23,7 @@
 #include <stdint.h>
 
 #include "core/tensor.h"
+#include "nn/kind_list.h"
 #include "ops/ops.h"
 
 #ifdef __cplusplus
@@ -30,23 +32,21 @@ extern "C" {
 
 enum { GT_MAX_NESTING = 16 };
 
-typedef enum gt_layer_kind {
-    GT_LAYER_LINEAR = 0,
-    GT_LAYER_ACTIVATION = 1,
-    GT_LAYER_DROPOUT = 2,
-    GT_LAYER_LAYERNORM = 3,
-    GT_LAYER_EMBEDDING = 4,
-    GT_LAYER_FLATTEN = 5,
-    GT_LAYER_SEQUENTIAL = 6,
-    GT_LAYER_RESIDUAL = 7,
-    GT_LAYER_ATTENTION = 8,  /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */
-    GT_LAYER_TOKENS = 9,     /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */
-    GT_LAYER_POOL = 10,      /* (B, T, E) -> (B, E): first token or masked mean */
-    GT_LAYER_POSITION = 11,  /* (..., T, C) + weight[0:T] (num_positions, C): learned positions */
-    GT_LAYER_CONV2D = 12,    /* (N, C, H, W) -> (N, O, OH, OW) */
-    GT_LAYER_BATCHNORM2D = 13,/* (N, C, H, W) -> same; weight, bias (C,); running statistics */
-    GT_LAYER_POOL2D = 14,     /* (N, C, H, W) -> (N, C, OH, OW): max, average or adaptive average */
-} gt_layer_kind;
+/* GT_LAYER_LINEAR, ...: one value per row of GT_LAYER_KIND_LIST (nn/kind_list.h), whose rows
+ * (nn/kind.h) say what each kind takes and computes. */
+#define GT_LAYER_KIND_ENUM(NAME, name) GT_LAYER_##NAME,
+typedef enum gt_layer_kind { GT_LAYER_KIND_LIST(GT_LAYER_KIND_ENUM) GT_LAYER_KIND_COUNT } gt_layer_kind;
+#undef GT_LAYER_KIND_ENUM
+
+/* How a parameter starts (nn/init.c): one Philox stream per parameter, in state_dict order. */
+typedef enum gt_init_rule {
+    GT_INIT_FAN_IN_UNIFORM = 0,  /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = the layer's
+                                    weight.numel / weight.shape[0] (PyTorch's Linear/Conv) */
+    GT_INIT_NORMAL = 1,          /* N(0, 1) (PyTorch's Embedding) */
+    GT_INIT_CONSTANT = 2,        /* every element = init_value */
+} gt_init_rule;
+
+enum { GT_LAYER_CONFIG_BYTES = 64 };  /* room for a kind's own hyper-parameters */
 
 typedef struct gt_layer gt_layer;
 
@@ -60,6 +60,8 @@ typedef struct gt_param {
     int ndim;             /* 1, 2 or 4 */
     int64_t shape[4];     /* (out, in) for weights, (out, in / groups, kh, kw) for convolution
                              weights, (n,) for vectors */
+    gt_init_rule init;    /* how it starts */
+    float init_value;     /* GT_INIT_CONSTANT: the value */
 } gt_param;
 
 struct gt_layer {
@@ -90,10 +92,13 @@ struct gt_layer {
     int64_t groups;            /* Conv2d: channel groups (in and out channels divisible by it) */
     double momentum;           /* BatchNorm2d: weight of a batch in the running statistics; < 0:
                                   cumulative average (PyTorch's momentum=None) */
-    int track_running_stats;   /* BatchNorm2d: 1 when it keeps running statistics */
+    int track_running_stats;   /* 1 when it keeps running statistics: BatchNorm2d's buffers (only
+                                  BatchNorm2d sets it; the buffer code reads it alone) */
     gt_pool2d_args pool2d;     /* Pool2d: kind, kernel, stride, padding, dilation, count_include_pad
                                   (ceil_mode only shapes out_h/out_w); sizes set by the plan */
     int ceil_mode;             /* Pool2d MAX/AVG: 1 rounds the output size up */
+    unsigned char config[GT_LAYER_CONFIG_BYTES]; /* a kind's own hyper-parameters: its struct,
+                                  copied in and out with memcpy (GT_ARG_CONFIG, nn/kind.h) */
     gt_layer *children;        /* Sequential: its layers; Residual: one child, the block */
     size_t num_children;       /* length of children */
     /* parameters (Linear: weight (out, in), bias (out,); LayerNorm: weight, bias (dim,);
@@ -151,7 +156,16 @@ gt_status gt_layer_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                             gt_run *run);
 
-/* Per-kind functions (csrc/nn/<kind>.c). */
+/* Per-kind functions of the kinds that predate the table (rows in nn/kinds.c). */
+gt_status gt_activation_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_activation_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                 gt_run *run);
+gt_status gt_dropout_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_dropout_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                              gt_run *run);
+gt_status gt_flatten_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_flatten_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                              gt_run *run);
 gt_status gt_linear_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                              gt_run *run);
@@ -159,18 +173,22 @@ gt_status gt_layernorm_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_layernorm_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                 gt_run *run);
 gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run);
-gt_status gt_embedding_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run);
+gt_status gt_embedding_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                gt_run *run);
 gt_status gt_attention_layer_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                       gt_run *run);
 /* The attention op's arguments for the layer's planned shape (pointers unset). */
 gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
-gt_status gt_tokens_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run);
+gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                             gt_run *run);
 gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run);
-gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
+/* din may be NULL: nothing to do */
+gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run);
 gt_status gt_position_forward(gt_layer *layer, const void *in, gt_run *run);
-gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, gt_run *run);
+gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                               gt_run *run);
 gt_status gt_conv2d_layer_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_conv2d_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                    gt_run *run);

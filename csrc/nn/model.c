@@ -18,6 +18,7 @@
 #include "core/cast.h"
 #include "core/loss_mean.h"
 #include "nn/init.h"
+#include "nn/kind.h"
 #include "nn/plan.h"
 
 static int on_device(const gt_model *model) { return model->device != NULL; }
@@ -41,99 +42,48 @@ static gt_status model_copy_in(gt_model *model, void *dst, const void *src, size
     return GT_OK;
 }
 
-/* Gives `param` its offset in the arenas (pass 1) and its shape dims[0:ndim] (ndim <= 4). The
- * element count, the running offset and their f32 bytes are checked (`layer` names the layer). */
-static gt_status set_param(gt_param *param, size_t *offset, int ndim, const int64_t *dims,
-                           const char *layer) {
+/* Gives `param` (its shape set by its kind's params hook) its element count and its offset in
+ * the arenas (pass 1). The count, the running offset and their f32 bytes are checked (`layer`
+ * names the layer). */
+static gt_status set_param(gt_param *param, size_t *offset, const char *layer) {
     char what[160];
     snprintf(what, sizeof what, "parameters of %s", layer);
     size_t numel = 1, end = 0, bytes = 0;
-    for (int i = 0; i < ndim; i++)
-        GT_TRY(gt_size_mul(numel, (size_t)dims[i], what, &numel));
+    for (int i = 0; i < param->ndim; i++)
+        GT_TRY(gt_size_mul(numel, (size_t)param->shape[i], what, &numel));
     GT_TRY(gt_size_add(*offset, numel, what, &end));
     GT_TRY(gt_size_mul(end, sizeof(float), what, &bytes));
     GT_TRY(gt_size_align(bytes, what, &bytes));
     param->offset = *offset;
-    param->ndim = ndim;
-    memset(param->shape, 0, sizeof param->shape);
-    memcpy(param->shape, dims, (size_t)ndim * sizeof *dims);
     param->numel = numel;
     *offset = end;
     return GT_OK;
 }
 
-/* A Linear's GEMMs take its sizes as BLAS int dimensions. */
-static gt_status check_gemm_dim(int64_t value, const char *arg_name, const char *layer) {
-    if (value > INT_MAX)
-        return GT_FAIL(GT_ERR_VALUE, "%s: %lld is more than %d, the largest matrix dimension the GEMMs "
-                       "of %s can take", arg_name, (long long)value, INT_MAX, layer);
-    return GT_OK;
-}
-
-/* The (rows, embedding_dim) table of an embedding layer named "<kind>(num_embeddings, dim)". */
-static gt_status layout_table(gt_layer *layer, size_t *offset, const char *kind, int64_t rows) {
-    char name[128];
-    snprintf(name, sizeof name, "%s(%lld, %lld)", kind, (long long)layer->num_embeddings,
-             (long long)layer->embedding_dim);
-    const int64_t table[2] = {rows, layer->embedding_dim};
-    return set_param(&layer->weight, offset, 2, table, name);
-}
-
-/* Gives every parameter its offset (pass 1) in state_dict order; a later use of a module takes
- * its first use's (laid out before it, in this same pre-order walk). */
+/* Gives every parameter its shape (the kind's params hook) and offset (pass 1) in state_dict
+ * order; a later use of a module takes its first use's (laid out before it, in this same
+ * pre-order walk). */
 static gt_status layout_layer(gt_layer *layer, size_t *offset) {
-    char name[128];
     if (layer->tied) {
         layer->weight = layer->tied->weight;
         layer->bias = layer->tied->bias;
         return GT_OK;
     }
-    switch (layer->kind) {
-    case GT_LAYER_LINEAR: {
-        snprintf(name, sizeof name, "Linear(%lld, %lld)", (long long)layer->in_features,
-                 (long long)layer->out_features);
-        GT_TRY(check_gemm_dim(layer->in_features, "in_features", name));
-        GT_TRY(check_gemm_dim(layer->out_features, "out_features", name));
-        const int64_t weight[2] = {layer->out_features, layer->in_features};
-        GT_TRY(set_param(&layer->weight, offset, 2, weight, name));
-        if (layer->has_bias)
-            GT_TRY(set_param(&layer->bias, offset, 1, &layer->out_features, name));
-        return GT_OK;
+    const gt_layer_type *type = gt_layer_type_of(layer->kind);
+    if (type->params) {
+        char name[128];
+        snprintf(name, sizeof name, "%s", type->title);
+        if (type->describe)
+            type->describe(layer, name, sizeof name);
+        GT_TRY(type->params(layer));
+        if (layer->weight.ndim)
+            GT_TRY(set_param(&layer->weight, offset, name));
+        if (layer->bias.ndim)
+            GT_TRY(set_param(&layer->bias, offset, name));
     }
-    case GT_LAYER_LAYERNORM:
-        snprintf(name, sizeof name, "LayerNorm(%lld)", (long long)layer->in_features);
-        GT_TRY(set_param(&layer->weight, offset, 1, &layer->in_features, name));
-        if (layer->has_bias)
-            GT_TRY(set_param(&layer->bias, offset, 1, &layer->in_features, name));
-        return GT_OK;
-    case GT_LAYER_BATCHNORM2D:
-        snprintf(name, sizeof name, "BatchNorm2d(%lld)", (long long)layer->in_features);
-        if (layer->has_bias) {
-            GT_TRY(set_param(&layer->weight, offset, 1, &layer->in_features, name));
-            GT_TRY(set_param(&layer->bias, offset, 1, &layer->in_features, name));
-        }
-        return GT_OK;
-    case GT_LAYER_EMBEDDING:
-        return layout_table(layer, offset, "Embedding", layer->num_embeddings);
-    case GT_LAYER_TOKENS:  /* the token rows, then the token-type rows */
-        return layout_table(layer, offset, "TokenEmbedding", layer->num_embeddings + layer->type_vocab);
-    case GT_LAYER_POSITION:
-        return layout_table(layer, offset, "PositionEmbedding", layer->num_embeddings);
-    case GT_LAYER_CONV2D: {
-        snprintf(name, sizeof name, "Conv2d(%lld, %lld)", (long long)layer->in_features,
-                 (long long)layer->out_features);
-        const int64_t weight[4] = {layer->out_features, layer->in_features / layer->groups,
-                                   layer->kernel[0], layer->kernel[1]};
-        GT_TRY(set_param(&layer->weight, offset, 4, weight, name));
-        if (layer->has_bias)
-            GT_TRY(set_param(&layer->bias, offset, 1, &layer->out_features, name));
-        return GT_OK;
-    }
-    default:
-        for (size_t i = 0; i < layer->num_children; i++)
-            GT_TRY(layout_layer(&layer->children[i], offset));
-        return GT_OK;
-    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        GT_TRY(layout_layer(&layer->children[i], offset));
+    return GT_OK;
 }
 
 /* Bytes from the start of the buffer arena to a BatchNorm2d's num_batches_tracked: after its
@@ -153,7 +103,7 @@ static gt_status layout_buffers(gt_layer *layer, size_t *offset) {
     }
     for (size_t i = 0; i < layer->num_children; i++)
         GT_TRY(layout_buffers(&layer->children[i], offset));
-    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats)
+    if (!layer->track_running_stats)
         return GT_OK;
     const char *what = "the running statistics of a BatchNorm2d";
     size_t stats = 0, end = 0;  /* end: the bytes with room for the count's alignment */
@@ -168,7 +118,7 @@ static gt_status layout_buffers(gt_layer *layer, size_t *offset) {
 static void point_buffers(gt_layer *layer, char *base) {
     for (size_t i = 0; i < layer->num_children; i++)
         point_buffers(&layer->children[i], base);
-    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats)
+    if (!layer->track_running_stats)
         return;
     layer->running_mean = (float *)(base + layer->buffer_offset);
     layer->running_var = layer->running_mean + layer->in_features;
@@ -179,7 +129,7 @@ static void point_buffers(gt_layer *layer, char *base) {
 static void reset_buffers(const gt_layer *layer, char *host, const char *base) {
     for (size_t i = 0; i < layer->num_children; i++)
         reset_buffers(&layer->children[i], host, base);
-    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats || layer->tied)
+    if (!layer->track_running_stats || layer->tied)
         return;
     size_t c = (size_t)layer->in_features;
     float *mean = (float *)(host + ((const char *)layer->running_mean - base));

@@ -23,7 +23,8 @@ gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run) {
         run->dt);
 }
 
-gt_status gt_embedding_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run) {
+gt_status gt_embedding_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                                gt_run *run) {  /* ids have no gradient: din unused */
     return run->backend->ops->embedding_backward(
         run->backend, layer->weight.grad, dout, (const int64_t *)in,
         (int64_t)gt_tensor_numel(&layer->in_shape), layer->num_embeddings, layer->embedding_dim,

@@ -2,8 +2,11 @@
  * activation region. The same walk runs twice: once counting (base NULL), once assigning
  * pointers into the allocated arena, so the plan and the allocation cannot disagree. Every size
  * is checked (gt_size_*), so a shape too large for any memory fails with GT_ERR_OOM instead of
- * wrapping around; errors name the layer by its state_dict path, or the model's input. */
+ * wrapping around; errors name the layer by its state_dict path, or the model's input. Each
+ * layer is planned by its kind's row (nn/kind.h); the plans of the kinds that predate the table
+ * are here, with the helpers every kind's plan may use (nn/plan.h). */
 #include "nn/plan.h"
+#include "nn/kind.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -12,7 +15,7 @@
 #include "core/threads.h"
 #include "ops/checks.h"
 
-static gt_status cursor_take(gt_plan_cursor *cursor, size_t bytes, const char *what, void **out) {
+gt_status gt_plan_take(gt_plan_cursor *cursor, size_t bytes, const char *what, void **out) {
     size_t aligned = 0, used = 0;
     GT_TRY(gt_size_align(bytes, what, &aligned));
     GT_TRY(gt_size_add(cursor->used, aligned, what, &used));
@@ -21,54 +24,9 @@ static gt_status cursor_take(gt_plan_cursor *cursor, size_t bytes, const char *w
     return GT_OK;
 }
 
-/* "layer '1.block.0' (Linear(16, 8))" into buf. */
-static const char *describe(char *buf, size_t bytes, const gt_layer *layer, const char *path) {
-    switch (layer->kind) {
-    case GT_LAYER_LINEAR:
-        snprintf(buf, bytes, "layer '%s' (Linear(%lld, %lld))", path, (long long)layer->in_features,
-                 (long long)layer->out_features);
-        break;
-    case GT_LAYER_LAYERNORM:
-        snprintf(buf, bytes, "layer '%s' (LayerNorm(%lld))", path, (long long)layer->in_features);
-        break;
-    case GT_LAYER_EMBEDDING:
-        snprintf(buf, bytes, "layer '%s' (Embedding(%lld, %lld))", path,
-                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
-        break;
-    case GT_LAYER_POSITION:
-        snprintf(buf, bytes, "layer '%s' (PositionEmbedding(%lld, %lld))", path,
-                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
-        break;
-    case GT_LAYER_RESIDUAL: snprintf(buf, bytes, "layer '%s' (Residual)", path); break;
-    case GT_LAYER_ATTENTION:
-        snprintf(buf, bytes, "layer '%s' (the attention of MultiheadAttention(%lld, %lld))", path,
-                 (long long)layer->in_features, (long long)layer->num_heads);
-        break;
-    case GT_LAYER_TOKENS:
-        snprintf(buf, bytes, "layer '%s' (TokenEmbedding(%lld, %lld))", path,
-                 (long long)layer->num_embeddings, (long long)layer->embedding_dim);
-        break;
-    case GT_LAYER_CONV2D:
-        snprintf(buf, bytes, "layer '%s' (Conv2d(%lld, %lld, kernel_size=(%lld, %lld)))", path,
-                 (long long)layer->in_features, (long long)layer->out_features,
-                 (long long)layer->kernel[0], (long long)layer->kernel[1]);
-        break;
-    case GT_LAYER_BATCHNORM2D:
-        snprintf(buf, bytes, "layer '%s' (BatchNorm2d(%lld))", path, (long long)layer->in_features);
-        break;
-    case GT_LAYER_POOL2D: {
-        static const char *names[] = {"MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"};
-        snprintf(buf, bytes, "layer '%s' (%s)", path, names[layer->pool2d.kind]);
-        break;
-    }
-    default: snprintf(buf, bytes, "layer '%s'", path); break;
-    }
-    return buf;
-}
-
 /* Notes the workspace of a GEMM as the layers run it: alpha 1, compact leading dimensions, and
  * beta 0, or both 0 and 1 when it may accumulate (native half GEMMs plan beta in their scratch). */
-static gt_status note_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
+gt_status gt_plan_gemm_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
                                 int64_t k, gt_dtype c_dt, int may_accumulate) {
     gt_gemm_args args = {.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k,
                          .alpha = 1.0f, .a_dt = w->dt, .lda = trans_a ? m : k, .b_dt = w->dt,
@@ -83,10 +41,10 @@ static gt_status note_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64
     return GT_OK;
 }
 
-static gt_status check_features(gt_plan_walk *w, const gt_tensor *in, int64_t expected,
+gt_status gt_plan_check_features(gt_plan_walk *w, const gt_tensor *in, int64_t expected,
                                 const gt_layer *layer, const char *path) {
     char name[GT_LAYER_PATH_BYTES + 64];
-    describe(name, sizeof name, layer, path);
+    gt_layer_describe(name, sizeof name, layer, path);
     if (in->dtype == GT_I64)
         return GT_FAIL(GT_ERR_TYPE, "model: %s takes floating-point features, but gets int64 ids; "
                        "only an Embedding can read ids", name);
@@ -101,41 +59,46 @@ static gt_status check_features(gt_plan_walk *w, const gt_tensor *in, int64_t ex
                    (long long)got);
 }
 
-static gt_status plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path) {
-    GT_TRY(check_features(w, in, layer->in_features, layer, path));
+gt_status gt_plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
+    GT_TRY(gt_plan_check_features(w, in, layer->in_features, layer, path));
     layer->out.shape[in->ndim - 1] = layer->out_features;
     int64_t rows = gt_rows_of(in);
     if (rows > INT_MAX) {
         char name[GT_LAYER_PATH_BYTES + 64];
         return GT_FAIL(GT_ERR_VALUE, "%s: %lld rows per micro-batch are more than the GEMMs of %s can "
                        "take (%d); use a smaller batch or more gradient_accumulation_steps",
-                       w->input_name, (long long)rows, describe(name, sizeof name, layer, path), INT_MAX);
+                       w->input_name, (long long)rows, gt_layer_describe(name, sizeof name, layer, path), INT_MAX);
     }
-    GT_TRY(note_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, 0));
-    GT_TRY(note_workspace(w, 1, 0, layer->out_features, layer->in_features, rows, GT_F32, 1));
-    return note_workspace(w, 0, 0, rows, layer->in_features, layer->out_features, w->dt, 0);
+    GT_TRY(gt_plan_gemm_workspace(w, 0, 1, rows, layer->out_features, layer->in_features, w->dt, 0));
+    GT_TRY(gt_plan_gemm_workspace(w, 1, 0, layer->out_features, layer->in_features, rows, GT_F32, 1));
+    return gt_plan_gemm_workspace(w, 0, 0, rows, layer->in_features, layer->out_features, w->dt, 0);
 }
 
-static gt_status plan_layernorm(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                const char *path, gt_plan_cursor *region) {
-    GT_TRY(check_features(w, in, layer->in_features, layer, path));
+gt_status gt_plan_layernorm(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
+    gt_plan_cursor *region = site->region;
+    GT_TRY(gt_plan_check_features(w, in, layer->in_features, layer, path));
     const char *what = "LayerNorm statistics";
     size_t stat_bytes = 0;
     GT_TRY(gt_size_mul((size_t)gt_rows_of(in), sizeof(float), what, &stat_bytes));
     void *mean = NULL, *rstd = NULL;
-    GT_TRY(cursor_take(region, stat_bytes, what, &mean));
-    GT_TRY(cursor_take(region, stat_bytes, what, &rstd));
+    GT_TRY(gt_plan_take(region, stat_bytes, what, &mean));
+    GT_TRY(gt_plan_take(region, stat_bytes, what, &rstd));
     layer->mean = mean;
     layer->rstd = rstd;
     return GT_OK;
 }
 
-static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                const char *path) {
+gt_status gt_plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
     char name[GT_LAYER_PATH_BYTES + 64];
     if (in->dtype != GT_I64)
         return GT_FAIL(GT_ERR_TYPE, "model: %s reads int64 ids, but gets %s activations; an Embedding "
-                       "must be the model's first layer", describe(name, sizeof name, layer, path),
+                       "must be the model's first layer", gt_layer_describe(name, sizeof name, layer, path),
                        gt_dtype_name(in->dtype));
     if (in->ndim + 1 > GT_MAX_DIMS)
         return GT_FAIL(GT_ERR_VALUE, "%s: ids of %d dimensions are too many for an Embedding (at most %d)",
@@ -147,11 +110,12 @@ static gt_status plan_embedding(gt_plan_walk *w, gt_layer *layer, const gt_tenso
 
 /* PositionEmbedding adds rows [0, T) of its table to a (..., T, C) input: T is the
  * second-to-last dimension, 1 <= T <= num_positions. */
-static gt_status plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                               const char *path) {
+gt_status gt_plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
     char name[GT_LAYER_PATH_BYTES + 64];
-    GT_TRY(check_features(w, in, layer->embedding_dim, layer, path));
-    describe(name, sizeof name, layer, path);
+    GT_TRY(gt_plan_check_features(w, in, layer->embedding_dim, layer, path));
+    gt_layer_describe(name, sizeof name, layer, path);
     if (in->ndim < 2)
         return GT_FAIL(GT_ERR_VALUE, "model: %s takes (..., seq, embedding_dim) inputs, but gets %d "
                        "dimension(s)", name, in->ndim);
@@ -167,14 +131,16 @@ static gt_status plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor
 /* Attention reads the fused (B, T, 3E) projection and writes (B, T, E); it keeps (B, H, T) f32
  * log-sum-exps for backward and notes its scratch in the workspace. A backend without the op is
  * refused here, before anything runs. */
-static gt_status plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                const char *path, gt_plan_cursor *region) {
+gt_status gt_plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
+    gt_plan_cursor *region = site->region;
     char name[GT_LAYER_PATH_BYTES + 96];
-    describe(name, sizeof name, layer, path);
+    gt_layer_describe(name, sizeof name, layer, path);
     if (!w->ops->attention_forward || !w->ops->attention_backward || !w->ops->attention_workspace_bytes)
         return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
                        "this model on the CPU", name, w->ops->name);
-    GT_TRY(check_features(w, in, 3 * layer->in_features, layer, path));
+    GT_TRY(gt_plan_check_features(w, in, 3 * layer->in_features, layer, path));
     if (in->ndim != 3)
         return GT_FAIL(GT_ERR_VALUE, "model: %s takes (batch, seq, embed_dim) inputs, but gets %d "
                        "dimensions", name, in->ndim);
@@ -187,7 +153,7 @@ static gt_status plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tenso
     const char *what = "attention statistics";
     GT_TRY(gt_size_mul((size_t)gt_rows_of(in), (size_t)layer->num_heads * sizeof(float), what, &stats));
     void *lse = NULL;
-    GT_TRY(cursor_take(region, stats, what, &lse));
+    GT_TRY(gt_plan_take(region, stats, what, &lse));
     layer->lse = lse;
     return GT_OK;
 }
@@ -202,10 +168,12 @@ static gt_status check_sequence_ops(const gt_plan_walk *w, const char *name) {
 
 /* Tokens reads (B, C, T) int64 with C = 1 + (token types) + (mask) and writes (B, T, E); with a
  * mask it keeps (B,) lengths, which every later Attention and Pool layer reads. */
-static gt_status plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path,
-                             gt_plan_cursor *region) {
+gt_status gt_plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
+    gt_plan_cursor *region = site->region;
     char name[GT_LAYER_PATH_BYTES + 64];
-    describe(name, sizeof name, layer, path);
+    gt_layer_describe(name, sizeof name, layer, path);
     GT_TRY(check_sequence_ops(w, name));
     int64_t channels = 1 + (layer->type_vocab > 0) + layer->has_mask;
     if (in->dtype != GT_I64 || in != w->input)
@@ -225,7 +193,7 @@ static gt_status plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
     size_t bytes = 0;
     void *lengths = NULL;
     GT_TRY(gt_size_mul((size_t)in->shape[0], sizeof(int64_t), "sequence lengths", &bytes));
-    GT_TRY(cursor_take(region, bytes, "sequence lengths", &lengths));
+    GT_TRY(gt_plan_take(region, bytes, "sequence lengths", &lengths));
     layer->lengths = lengths;
     w->key_lengths = lengths;
     w->masked = 1;
@@ -236,13 +204,13 @@ static gt_status plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
 static gt_status check_sequence_input(gt_plan_walk *w, const gt_layer *layer, const gt_tensor *in,
                                       int64_t dim, const char *what, const char *path) {
     char name[GT_LAYER_PATH_BYTES + 64];
-    describe(name, sizeof name, layer, path);
+    gt_layer_describe(name, sizeof name, layer, path);
     GT_TRY(check_sequence_ops(w, name));
-    GT_TRY(check_features(w, in, dim, layer, path));
+    GT_TRY(gt_plan_check_features(w, in, dim, layer, path));
     if (in->ndim != 3)
         return GT_FAIL(GT_ERR_VALUE, "model: %s takes (batch, seq, %s) inputs, but gets %d dimensions",
                        name, what, in->ndim);
-    if (layer->kind == GT_LAYER_POOL && in->shape[1] < 1)
+    if (in->shape[1] < 1)
         return GT_FAIL(GT_ERR_VALUE, "%s: pooling needs sequences of at least one position", w->input_name);
     return GT_OK;
 }
@@ -250,9 +218,11 @@ static gt_status check_sequence_input(gt_plan_walk *w, const gt_layer *layer, co
 /* Conv2d reads (N, C, H, W) with C = in_channels, and a kernel that fits the padded input; the
  * output is (N, O, OH, OW). Its column tiles are workspace. A backend without the op is refused
  * here, before anything runs. */
-static gt_status plan_conv2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path) {
+gt_status gt_plan_conv2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
     char name[GT_LAYER_PATH_BYTES + 96];
-    describe(name, sizeof name, layer, path);
+    gt_layer_describe(name, sizeof name, layer, path);
     const gt_ops *ops = w->ops;
     if (!ops->conv2d_forward || !ops->conv2d_backward || !ops->conv2d_workspace_bytes)
         return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
@@ -298,9 +268,9 @@ static gt_status plan_conv2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
 
 /* An NCHW layer's input: 4 floating-point dimensions (C = `channels` when positive). */
 static gt_status check_nchw(gt_plan_walk *w, const gt_tensor *in, int64_t channels,
-                            const gt_layer *layer, const char *path) {
+                            const gt_layer *layer, const char *path, int has_ops) {
     char name[GT_LAYER_PATH_BYTES + 64];
-    describe(name, sizeof name, layer, path);
+    gt_layer_describe(name, sizeof name, layer, path);
     if (in->dtype == GT_I64)
         return GT_FAIL(GT_ERR_TYPE, "model: %s takes floating-point values, but gets int64 ids; only an "
                        "Embedding can read ids", name);
@@ -311,10 +281,6 @@ static gt_status check_nchw(gt_plan_walk *w, const gt_tensor *in, int64_t channe
     if (channels > 0 && in->shape[1] != channels)
         return GT_FAIL(GT_ERR_VALUE, "%s: %s expects %lld channels (dimension 1), got %lld", source, name,
                        (long long)channels, (long long)in->shape[1]);
-    const gt_ops *ops = w->ops;
-    int has_ops = layer->kind == GT_LAYER_BATCHNORM2D
-                      ? ops->batchnorm_forward && ops->batchnorm_backward
-                      : ops->pool2d_forward && ops->pool2d_backward && ops->pool2d_workspace_bytes;
     if (!has_ops)
         return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
                        "this model on the CPU", name, w->ops->name);
@@ -322,13 +288,16 @@ static gt_status check_nchw(gt_plan_walk *w, const gt_tensor *in, int64_t channe
 }
 
 /* BatchNorm2d keeps the (C,) f32 mean and rstd it normalised with for backward. */
-static gt_status plan_batchnorm(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                const char *path, gt_plan_cursor *region) {
-    GT_TRY(check_nchw(w, in, layer->in_features, layer, path));
+gt_status gt_plan_batchnorm2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
+    gt_plan_cursor *region = site->region;
+    const gt_ops *ops = w->ops;
+    GT_TRY(check_nchw(w, in, layer->in_features, layer, path, ops->batchnorm_forward && ops->batchnorm_backward));
     const char *what = "BatchNorm2d statistics";
     void *mean = NULL, *rstd = NULL;
-    GT_TRY(cursor_take(region, (size_t)layer->in_features * sizeof(float), what, &mean));
-    GT_TRY(cursor_take(region, (size_t)layer->in_features * sizeof(float), what, &rstd));
+    GT_TRY(gt_plan_take(region, (size_t)layer->in_features * sizeof(float), what, &mean));
+    GT_TRY(gt_plan_take(region, (size_t)layer->in_features * sizeof(float), what, &rstd));
     layer->mean = mean;
     layer->rstd = rstd;
     return GT_OK;
@@ -345,9 +314,13 @@ static int64_t pool_out_size(int64_t size, int64_t k, int64_t pad, int64_t strid
 
 /* Pooling: the output size from the window (adaptive: as configured), MAX's saved maxima, and
  * the f32 planes its half-precision backward accumulates in, noted in the workspace. */
-static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const char *path,
-                           gt_plan_cursor *region) {
-    GT_TRY(check_nchw(w, in, 0, layer, path));
+gt_status gt_plan_pool2d(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
+    const char *path = site->path;
+    gt_plan_cursor *region = site->region;
+    const gt_ops *ops = w->ops;
+    GT_TRY(check_nchw(w, in, 0, layer, path,
+                      ops->pool2d_forward && ops->pool2d_backward && ops->pool2d_workspace_bytes));
     gt_pool2d_args *a = &layer->pool2d;
     a->n = in->shape[0];
     a->c = in->shape[1];
@@ -362,7 +335,7 @@ static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
         char name[GT_LAYER_PATH_BYTES + 64];
         return GT_FAIL(GT_ERR_VALUE, "%s: %s gets a %lld x %lld input and would give a %lld x %lld output; "
                        "the input is too small for its kernel_size, padding and dilation",
-                       in == w->input ? w->input_name : "model", describe(name, sizeof name, layer, path),
+                       in == w->input ? w->input_name : "model", gt_layer_describe(name, sizeof name, layer, path),
                        (long long)a->h, (long long)a->w, (long long)a->out_h, (long long)a->out_w);
     }
     layer->out.shape[2] = a->out_h;
@@ -372,12 +345,12 @@ static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
         if (a->h * a->w > INT32_MAX)
             return GT_FAIL(GT_ERR_VALUE, "%s: %s gets planes of %lld x %lld elements, more than int32 offsets "
                            "can index", in == w->input ? w->input_name : "model",
-                           describe(name, sizeof name, layer, path), (long long)a->h, (long long)a->w);
+                           gt_layer_describe(name, sizeof name, layer, path), (long long)a->h, (long long)a->w);
         const char *what = "the maxima of MaxPool2d";
         size_t bytes = 0;
         void *argmax = NULL;
         GT_TRY(gt_size_mul(gt_tensor_numel(&layer->out), sizeof(int32_t), what, &bytes));
-        GT_TRY(cursor_take(region, bytes, what, &argmax));
+        GT_TRY(gt_plan_take(region, bytes, what, &argmax));
         a->argmax = argmax;
     }
     size_t bytes = w->ops->pool2d_workspace_bytes(a, gt_get_num_threads());
@@ -387,7 +360,26 @@ static gt_status plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
     return GT_OK;
 }
 
-static gt_status plan_flatten(gt_layer *layer, const gt_tensor *in) {
+/* Activation, Dropout: elementwise over floating-point values; the output is shaped as the input. */
+gt_status gt_plan_elementwise(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                              const gt_plan_site *site) {
+    if (in->dtype == GT_I64)
+        return GT_FAIL(GT_ERR_TYPE, "model: layer '%s' takes floating-point values, but gets int64 "
+                       "ids; only an Embedding can read ids", site->path);
+    return GT_OK;
+}
+
+/* Pool: (B, T, E) -> (B, E). */
+gt_status gt_plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
+    GT_TRY(check_sequence_input(w, layer, in, in->ndim ? in->shape[in->ndim - 1] : 0, "dim", site->path));
+    layer->out.ndim = 2;
+    layer->out.shape[1] = in->shape[2];
+    return GT_OK;
+}
+
+/* Flatten: a view, no buffer of its own. */
+gt_status gt_plan_flatten(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                          const gt_plan_site *site) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
     size_t rest = 1;
@@ -404,9 +396,11 @@ static void child_path(char *buf, size_t bytes, const char *path, size_t i) {
     snprintf(buf, bytes, "%s%s%zu", path, path[0] ? "." : "", i);
 }
 
-static gt_status plan_sequential(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
-                                 int level, int inside_checkpoint, const char *path,
-                                 gt_plan_cursor *region) {
+/* The children of a Sequential at nesting `level`, one after another; its output is its last
+ * child's (no buffer of its own). */
+static gt_status plan_children(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                               int level, int inside_checkpoint, const char *path,
+                               gt_plan_cursor *region) {
     if (level >= GT_MAX_NESTING)
         return GT_FAIL(GT_ERR_VALUE, "model: layers nest deeper than %d levels", GT_MAX_NESTING);
     if (level + 1 > w->levels)
@@ -423,75 +417,62 @@ static gt_status plan_sequential(gt_plan_walk *w, gt_layer *layer, const gt_tens
     return GT_OK;
 }
 
-static gt_status plan_residual(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
-                               int inside_checkpoint, const char *path, gt_plan_cursor *region) {
+gt_status gt_plan_sequential(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                             const gt_plan_site *site) {
+    return plan_children(w, layer, in, site->level + 1, site->inside_checkpoint, site->path, site->region);
+}
+
+/* Residual: its block one level deeper (recomputed in backward when checkpointed), then its own
+ * output buffer; the block must keep the input's shape. */
+gt_status gt_plan_residual(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                           const gt_plan_site *site) {
     gt_layer *block = &layer->children[0];
     char name[GT_LAYER_PATH_BYTES];
-    snprintf(name, sizeof name, "%s%sblock", path, path[0] ? "." : "");
-    layer->checkpointed = w->checkpointing && !inside_checkpoint;
+    snprintf(name, sizeof name, "%s%sblock", site->path, site->path[0] ? "." : "");
+    layer->checkpointed = w->checkpointing && !site->inside_checkpoint;
     if (layer->checkpointed) {
         gt_plan_cursor recompute = {w->recompute_base, 0};
-        GT_TRY(plan_sequential(w, block, in, level + 1, 1, name, &recompute));
+        GT_TRY(plan_children(w, block, in, site->level + 1, 1, name, &recompute));
         if (recompute.used > w->recompute_bytes)
             w->recompute_bytes = recompute.used;
     } else {
-        GT_TRY(plan_sequential(w, block, in, level + 1, inside_checkpoint, name, region));
+        GT_TRY(plan_children(w, block, in, site->level + 1, site->inside_checkpoint, name, site->region));
     }
     if (block->out.ndim != in->ndim ||
         memcmp(block->out.shape, in->shape, sizeof(int64_t) * (size_t)in->ndim) != 0) {
         char what[GT_LAYER_PATH_BYTES + 64];
         return GT_FAIL(GT_ERR_VALUE, "model: the block of %s changes the shape of its input (last "
                        "dimension %lld -> %lld); a Residual's block must keep its input's shape",
-                       describe(what, sizeof what, layer, path),
+                       gt_layer_describe(what, sizeof what, layer, site->path),
                        in->ndim ? (long long)in->shape[in->ndim - 1] : 0LL,
                        block->out.ndim ? (long long)block->out.shape[block->out.ndim - 1] : 0LL);
     }
     return GT_OK;
 }
 
+/* The layer's own output buffer in the site's region. */
+static gt_status take_output(gt_plan_walk *w, gt_layer *layer, const gt_plan_site *site) {
+    char what[GT_LAYER_PATH_BYTES + 96];
+    snprintf(what, sizeof what, "%s: the activations of layer '%s'", w->input_name, site->path);
+    size_t bytes = 0;
+    void *ptr = NULL;
+    GT_TRY(gt_tensor_checked_bytes(&layer->out, what, &bytes));
+    GT_TRY(gt_plan_take(site->region, bytes, what, &ptr));
+    layer->out.ptr = ptr;
+    if (bytes > w->max_activation_bytes)
+        w->max_activation_bytes = bytes;
+    return GT_OK;
+}
+
 gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
                         int inside_checkpoint, const char *path, gt_plan_cursor *region) {
+    const gt_layer_type *type = gt_layer_type_of(layer->kind);
+    const gt_plan_site site = {path, level, inside_checkpoint, region};
     layer->in_shape = *in;
     layer->in_shape.ptr = NULL;
     layer->out = *in;
     layer->out.dtype = w->dt;
     layer->out.ptr = NULL;
-    switch (layer->kind) {
-    case GT_LAYER_LINEAR: GT_TRY(plan_linear(w, layer, in, path)); break;
-    case GT_LAYER_ACTIVATION:
-    case GT_LAYER_DROPOUT:
-        if (in->dtype == GT_I64)
-            return GT_FAIL(GT_ERR_TYPE, "model: layer '%s' takes floating-point values, but gets int64 "
-                           "ids; only an Embedding can read ids", path);
-        break;
-    case GT_LAYER_LAYERNORM: GT_TRY(plan_layernorm(w, layer, in, path, region)); break;
-    case GT_LAYER_EMBEDDING: GT_TRY(plan_embedding(w, layer, in, path)); break;
-    case GT_LAYER_ATTENTION: GT_TRY(plan_attention(w, layer, in, path, region)); break;
-    case GT_LAYER_TOKENS: GT_TRY(plan_tokens(w, layer, in, path, region)); break;
-    case GT_LAYER_POOL:
-        GT_TRY(check_sequence_input(w, layer, in, in->ndim ? in->shape[in->ndim - 1] : 0, "dim", path));
-        layer->out.ndim = 2;
-        layer->out.shape[1] = in->shape[2];
-        break;
-    case GT_LAYER_POSITION: GT_TRY(plan_position(w, layer, in, path)); break;
-    case GT_LAYER_CONV2D: GT_TRY(plan_conv2d(w, layer, in, path)); break;
-    case GT_LAYER_BATCHNORM2D: GT_TRY(plan_batchnorm(w, layer, in, path, region)); break;
-    case GT_LAYER_POOL2D: GT_TRY(plan_pool(w, layer, in, path, region)); break;
-    case GT_LAYER_FLATTEN: return plan_flatten(layer, in);  /* a view: no buffer */
-    case GT_LAYER_SEQUENTIAL:
-        return plan_sequential(w, layer, in, level + 1, inside_checkpoint, path, region);
-    case GT_LAYER_RESIDUAL:
-        GT_TRY(plan_residual(w, layer, in, level, inside_checkpoint, path, region));
-        break;
-    }
-    char what[GT_LAYER_PATH_BYTES + 96];
-    snprintf(what, sizeof what, "%s: the activations of layer '%s'", w->input_name, path);
-    size_t bytes = 0;
-    void *ptr = NULL;
-    GT_TRY(gt_tensor_checked_bytes(&layer->out, what, &bytes));
-    GT_TRY(cursor_take(region, bytes, what, &ptr));
-    layer->out.ptr = ptr;
-    if (bytes > w->max_activation_bytes)
-        w->max_activation_bytes = bytes;
-    return GT_OK;
+    GT_TRY(type->plan(w, layer, in, &site));
+    return type->flags & GT_KIND_NO_BUFFER ? GT_OK : take_output(w, layer, &site);
 }

@@ -28,10 +28,49 @@ typedef struct gt_plan_walk {
     int masked;                   /* 1 once a Tokens layer with a mask was planned */
 } gt_plan_walk;
 
+/* Where a layer is planned: what a kind's plan hook (nn/kind.h) gets besides the walk. */
+typedef struct gt_plan_site {
+    const char *path;        /* the layer's state_dict path ("" for the root), for messages */
+    int level;               /* nesting depth of the Sequential holding it (-1: the root) */
+    int inside_checkpoint;   /* 1 inside a checkpointed block (its buffers are recomputed) */
+    gt_plan_cursor *region;  /* where its buffers (statistics, its output) are taken from */
+} gt_plan_site;
+
 /* Plans `layer` (named `path` as in state_dict, "" for the root) for input `in`: output shape,
  * and buffers taken from `region`. Fails on shapes the layer cannot take and on sizes that
  * overflow, naming the argument or the layer and leaving the layer's plan fields undefined. */
 gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
                         int inside_checkpoint, const char *path, gt_plan_cursor *region);
+
+/* Helpers for the kinds' plan hooks. */
+/* Takes `bytes` (rounded up to GT_ALIGN) from `cursor`: *out is NULL on the counting pass. */
+gt_status gt_plan_take(gt_plan_cursor *cursor, size_t bytes, const char *what, void **out);
+/* Raises the workspace to what a GEMM of these sizes needs, as the layers run it (beta 0, or
+ * 0 and 1 when it may accumulate). */
+gt_status gt_plan_gemm_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
+                                 int64_t k, gt_dtype c_dt, int may_accumulate);
+/* Fails, naming the layer, unless `in` is floating point with `expected` features (last dim). */
+gt_status gt_plan_check_features(gt_plan_walk *w, const gt_tensor *in, int64_t expected,
+                                 const gt_layer *layer, const char *path);
+
+/* The plans of the kinds that predate the table of kinds (their rows are in nn/kinds.c). */
+#define GT_PLAN_DECL(name) \
+    gt_status gt_plan_##name(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, \
+                             const gt_plan_site *site);
+GT_PLAN_DECL(linear)
+GT_PLAN_DECL(elementwise)
+GT_PLAN_DECL(layernorm)
+GT_PLAN_DECL(embedding)
+GT_PLAN_DECL(flatten)
+GT_PLAN_DECL(sequential)
+GT_PLAN_DECL(residual)
+GT_PLAN_DECL(attention)
+GT_PLAN_DECL(tokens)
+GT_PLAN_DECL(pool)
+GT_PLAN_DECL(position)
+GT_PLAN_DECL(conv2d)
+GT_PLAN_DECL(batchnorm2d)
+GT_PLAN_DECL(pool2d)
+#undef GT_PLAN_DECL
 
 #endif

@@ -19,7 +19,8 @@ gt_status gt_position_forward(gt_layer *layer, const void *in, gt_run *run) {
                          gt_layer_out_numel(layer) / cols, cols, run->dt);
 }
 
-gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, gt_run *run) {
+gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                               gt_run *run) {
     const gt_ops *ops = run->backend->ops;
     int64_t cols = position_cols(layer);
     int accumulate = gt_layer_accumulates(layer, run);

@@ -37,7 +37,8 @@ gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
     return GT_OK;
 }
 
-gt_status gt_tokens_backward(gt_layer *layer, const void *dout, const void *in, gt_run *run) {
+gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                             gt_run *run) {  /* ids have no gradient: din unused */
     const gt_ops *ops = run->backend->ops;
     const int64_t *ids = in;
     int64_t batch = layer->in_shape.shape[0], channels = layer->in_shape.shape[1];
@@ -63,8 +64,10 @@ gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run) {
                                            s->shape[0], s->shape[1], s->shape[2], layer->pool, run->dt);
 }
 
-gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, gt_run *run) {
+gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
     const gt_tensor *s = &layer->in_shape;
+    if (!din)
+        return GT_OK;
     return run->backend->ops->pool_backward(run->backend, din, dout, run->key_lengths, s->shape[0],
                                             s->shape[1], s->shape[2], layer->pool, run->dt);
 }

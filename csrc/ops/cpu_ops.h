@@ -2,7 +2,7 @@
  * signature and semantics, defined in csrc/ops/cpu_*.c (one group per file: cpu_gemm.c,
  * cpu_bias.c, cpu_activation.c, cpu_dropout.c, cpu_add.c, cpu_layernorm.c, cpu_embedding.c,
  * cpu_xent.c, cpu_reduce.c, cpu_memory.c, cpu_attention.c, cpu_pool.c, cpu_conv.c,
- * cpu_batchnorm.c, cpu_pool2d.c) and gathered into the table of gt_cpu_ops() by cpu_ops.c. */
+ * cpu_batchnorm.c, cpu_pool2d.c, cpu_rope.c, cpu_glu.c) and gathered into the table of gt_cpu_ops() by cpu_ops.c. */
 #ifndef GT_CPU_OPS_H
 #define GT_CPU_OPS_H
 

@@ -40,4 +40,13 @@ GT_HD_INLINE void gt_hd_store(void *base, size_t i, float value, gt_dtype dt) {
         ((float *)base)[i] = value;
 }
 
+/* x rounded to dt and widened back (x itself in f32): one PyTorch op's result in dt. */
+GT_HD_INLINE float gt_hd_round(float x, gt_dtype dt) {
+    if (dt == GT_F16)
+        return gt_f16_to_f32(gt_f32_to_f16(x));
+    if (dt == GT_BF16)
+        return gt_bf16_to_f32(gt_f32_to_bf16(x));
+    return x;
+}
+
 #endif

@@ -122,6 +122,32 @@ typedef struct gt_attention_args {
     gt_dtype dt;                   /* f32, f16 or bf16 */
 } gt_attention_args;
 
+/* Rotary position embedding in Hugging Face's `rotate_half` layout (transformers'
+ * apply_rotary_pos_emb): per batch entry b, head h, position t and i < R / 2 (R = rotary_dim),
+ * with x1 = x[i], x2 = x[i + R / 2] of the (b, h, t) row:
+ *   angle = f32(positions[b, t]) * inv_freq[i]                  (f32, one rounding)
+ *   c = dt(f32(cos(angle))), s = dt(f32(sin(angle)))            (cos, sin in double of the f32
+ *                                                                angle, rounded to f32, then to dt)
+ *   forward:  out[i] = dt(dt(x1 c) - dt(x2 s)),  out[i + R / 2] = dt(dt(x2 c) + dt(x1 s))
+ *   backward: out[i] = dt(dt(x1 c) + dt(x2 s)),  out[i + R / 2] = dt(dt(x2 c) - dt(x1 s))
+ * (the backward is the transpose rotation, applied to dout to give din), and out[d] = x[d] for
+ * R <= d < D. dt(.) rounds to the activation dtype (nothing in f32): the roundings of PyTorch's
+ * eager q * cos + rotate_half(q) * sin and of its autograd in bf16/f16, so a half result is
+ * Hugging Face's bits wherever its cos/sin are (ops/rope_hd.h). inv_freq comes from
+ * gt_rope_inv_freq (ops/rope.h). Positions restart per packed document through `positions`. */
+typedef struct gt_rope_args {
+    int64_t batch, heads, seq, head_dim;  /* B, H, T, D */
+    int64_t rotary_dim;            /* R: even, in [2, D]; elements R <= d < D pass through */
+    const void *in;                /* (B, H, T, D) at `strides`; dtype dt (backward: dout) */
+    void *out;                     /* (B, H, T, D) at `strides`, written (backward: din); may be
+                                      `in` (in place), else must not overlap it */
+    gt_attn_strides strides;       /* strides of in and out (d contiguous) */
+    const int64_t *positions;      /* (B, T) int64: entry (b, t) at b * positions_stride + t */
+    int64_t positions_stride;      /* elements between rows of positions; 0: one row for all b */
+    const float *inv_freq;         /* (R / 2,) f32 inverse frequencies */
+    gt_dtype dt;                   /* f32, f16 or bf16 */
+} gt_rope_args;
+
 /* What a pooling op reduces the sequence axis of a (batch, seq, dim) input to. */
 typedef enum gt_pool_mode {
     GT_POOL_FIRST = 0,  /* out[b] = in[b, 0] (the first, [CLS], token) */
@@ -368,6 +394,36 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D_WORKSPACE(P, A) A(gt_pool2d_args, args) P(int, threads)
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
+/* RMSNorm over the last dim (ops/rmsnorm_hd.h): out = in * rstd * weight (weight NULL: no
+ * affine), rstd = 1 / sqrt(mean(in^2) + eps): (rows,) f32, saved for backward. */
+#define GT_PARAMS_RMSNORM_FORWARD(P, A) \
+    P(void *, out) P(float *, rstd) P(const void *, in) P(const float *, weight) P(int64_t, rows) \
+    P(int64_t, cols) P(float, eps) P(gt_dtype, dt)
+/* din = dRMSNorm/din (written; may alias dout; NULL: not wanted); dweight (+)= per `accumulate`
+ * (NULL, with weight NULL: no affine). */
+#define GT_PARAMS_RMSNORM_BACKWARD(P, A) \
+    P(void *, din) P(float *, dweight) P(const void *, dout) P(const void *, in) \
+    P(const float *, weight) P(const float *, rstd) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt) \
+    P(int, accumulate)
+
+/* Gated activation (SwiGLU with act = GT_ACT_SILU, GeGLU-tanh with GT_ACT_GELU_TANH, any
+ * gt_activation): in is (rows, 2 inter), each row [gate | up] (the output of one GEMM by the
+ * stacked [gate_proj; up_proj] weight, or two GEMMs into the halves); out (rows, inter) =
+ * dt(dt(act(gate)) * up), rounded as PyTorch's eager act_fn(gate) * up is in bf16/f16. */
+#define GT_PARAMS_GLU_FORWARD(P, A) \
+    P(void *, out) P(const void *, in) P(int64_t, rows) P(int64_t, inter) P(gt_activation, act) \
+    P(gt_dtype, dt)
+/* din (rows, 2 inter) = [dgate | dup] with dup = dt(dout * dt(act(gate))) and dgate =
+ * dt(act'(gate) * dt(dout * up)) (PyTorch autograd's roundings); din may alias in (each pair is
+ * read before it is written), not dout; NULL din: nothing to do. */
+#define GT_PARAMS_GLU_BACKWARD(P, A) \
+    P(void *, din) P(const void *, dout) P(const void *, in) P(int64_t, rows) P(int64_t, inter) \
+    P(gt_activation, act) P(gt_dtype, dt)
+
+/* Rotary position embedding (gt_rope_args): forward rotates `in` into `out`; backward applies
+ * the transpose rotation (in = dout, out = din). */
+#define GT_PARAMS_ROPE(P, A) A(gt_rope_args, args)
+
 /* Every op: X(kind, name, params, skip), in table order (append a new op above the end marker).
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
@@ -408,6 +464,12 @@ typedef struct gt_pool2d_args {
     X(QUERY, pool2d_workspace_bytes, GT_PARAMS_POOL2D_WORKSPACE, NO_SKIP)               \
     X(LAUNCH, pool2d_forward, GT_PARAMS_POOL2D, NO_SKIP)                                \
     X(LAUNCH, pool2d_backward, GT_PARAMS_POOL2D, NO_SKIP)                               \
+    X(LAUNCH, rmsnorm_forward, GT_PARAMS_RMSNORM_FORWARD, NO_SKIP)                      \
+    X(LAUNCH, rmsnorm_backward, GT_PARAMS_RMSNORM_BACKWARD, NO_SKIP)                    \
+    X(LAUNCH, rope_forward, GT_PARAMS_ROPE, NO_SKIP)                                    \
+    X(LAUNCH, rope_backward, GT_PARAMS_ROPE, NO_SKIP)                                   \
+    X(LAUNCH, glu_forward, GT_PARAMS_GLU_FORWARD, NO_SKIP)                              \
+    X(LAUNCH, glu_backward, GT_PARAMS_GLU_BACKWARD, SKIP_IF_NULL(din))                  \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

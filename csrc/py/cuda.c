@@ -210,9 +210,14 @@ static PyObject *cuda_cublas_tf32(PyObject *module, PyObject *arg) {
 #endif
 }
 
-static PyObject *cudnn_version(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
+static PyObject *cudnn_version(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 #ifdef GT_WITH_CUDA
-    return PyLong_FromSize_t(gt_cuda_cudnn_version());
+    size_t version = 0;
+    gt_status status;
+    Py_BEGIN_ALLOW_THREADS  /* the first call loads cuDNN (the resolver takes the GIL itself) */
+    status = gt_cuda_cudnn_version(&version);
+    Py_END_ALLOW_THREADS
+    return status == GT_OK ? PyLong_FromSize_t(version) : gtpy_raise(module, status);
 #else
     return PyLong_FromLong(0);
 #endif
@@ -269,7 +274,8 @@ static PyMethodDef cuda_methods[] = {
     {"cuda_cublas_tf32", cuda_cublas_tf32, METH_O,
      "cuda_cublas_tf32(index)\n--\n\nWhether the device's cuBLAS handle is in TF32 math mode."},
     {"cudnn_version", cudnn_version, METH_NOARGS,
-     "cuDNN's version as cudnnGetVersion() gives it, e.g. 91900 (0 without CUDA)."},
+     "cuDNN's version as cudnnGetVersion() gives it, e.g. 91900, loading cuDNN on first use "
+     "(CudaError when it cannot be loaded; 0 without CUDA)."},
     {"cudnn_set_flags", cudnn_set_flags, METH_VARARGS,
      "cudnn_set_flags(benchmark, deterministic)\n--\n\nHow conv2d algorithms are chosen from now on."},
     {"cudnn_flags", cudnn_flags, METH_NOARGS, "(benchmark, deterministic) as set."},
@@ -278,4 +284,8 @@ static PyMethodDef cuda_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int gtpy_add_cuda(PyObject *module) { return PyModule_AddFunctions(module, cuda_methods); }
+int gtpy_add_cuda(PyObject *module) {
+    if (gtpy_add_cuda_libs(module) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, cuda_methods);
+}

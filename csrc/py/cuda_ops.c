@@ -39,6 +39,7 @@ typedef struct op_call {
     gt_dropout_key key;       /* dropout's key */
     gt_gemm_args gemm;        /* GEMM arguments (pointers filled in by run_gemm) */
     gt_attention_args attn;   /* attention arguments (pointers filled in by run_attention) */
+    gt_rope_args rope;        /* rope arguments (pointers filled in by run_rope) */
     int64_t count;            /* softmax_xent's result (host) */
     float loss;               /* mse's result (host) */
     void *result;             /* where softmax_xent/mse write it: &count / &loss, or device memory */
@@ -242,6 +243,44 @@ static gt_status run_layernorm_backward(gt_backend *be, op_call *call) {
                                        call->size[1], call->dt[0], call->flag);
 }
 
+/* (rows, cols, eps, dt): arrays out, rstd, in, weight */
+static int parse_rmsnorm_forward(PyObject *module, PyObject *args, op_call *call) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLds:rmsnorm_forward", &call->size[0], &call->size[1], &call->real[0], &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    long long rows = call->size[0], cols = call->size[1];
+    call->need[0] = call->need[2] = bytes_of(rows, cols, gt_dtype_size(call->dt[0]));
+    call->need[1] = bytes_of(rows, 1, sizeof(float));
+    call->need[3] = bytes_of(cols, 1, sizeof(float));
+    return 0;
+}
+
+static gt_status run_rmsnorm_forward(gt_backend *be, op_call *call) {
+    void **p = call->ptr;
+    return be->ops->rmsnorm_forward(be, p[0], p[1], p[2], p[3], call->size[0], call->size[1], (float)call->real[0],
+                                    call->dt[0]);
+}
+
+/* (rows, cols, dt, accumulate): arrays din, dweight, dout, in, weight, rstd */
+static int parse_rmsnorm_backward(PyObject *module, PyObject *args, op_call *call) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLsp:rmsnorm_backward", &call->size[0], &call->size[1], &dt, &call->flag) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    long long rows = call->size[0], cols = call->size[1];
+    call->need[0] = call->need[2] = call->need[3] = bytes_of(rows, cols, gt_dtype_size(call->dt[0]));
+    call->need[1] = call->need[4] = bytes_of(cols, 1, sizeof(float));
+    call->need[5] = bytes_of(rows, 1, sizeof(float));
+    return 0;
+}
+
+static gt_status run_rmsnorm_backward(gt_backend *be, op_call *call) {
+    void **p = call->ptr;
+    return be->ops->rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], call->size[0], call->size[1],
+                                     call->dt[0], call->flag);
+}
+
 /* forward (n, num, dim, dt): arrays out, ids, table; backward (n, num, dim, dt, accumulate):
  * arrays dtable, dout, ids */
 static int parse_embedding(PyObject *module, PyObject *args, op_call *call, int backward) {
@@ -427,6 +466,72 @@ static gt_status run_attention_forward(gt_backend *be, op_call *call) { return r
 
 static gt_status run_attention_backward(gt_backend *be, op_call *call) { return run_attention(be, call, 1); }
 
+/* (batch, heads, seq, head_dim, rotary_dim, positions_rows, dt): arrays in, out (contiguous
+ * (batch, heads, seq, head_dim) of dt), positions (positions_rows = 1 or batch, seq) int64,
+ * inv_freq (rotary_dim / 2,) f32. */
+static int parse_rope(PyObject *module, PyObject *args, op_call *call) {
+    gt_rope_args *a = &call->rope;
+    long long b, h, t, d, r, rows;
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLLLLLs:rope", &b, &h, &t, &d, &r, &rows, &dt) ||
+        parse_dtype(module, dt, "dt", &a->dt) < 0)
+        return -1;
+    if (rows != 1 && rows != b) {
+        PyErr_Format(PyExc_ValueError, "positions_rows must be 1 or batch (%lld), got %lld", b, rows);
+        return -1;
+    }
+    a->batch = b, a->heads = h, a->seq = t, a->head_dim = d, a->rotary_dim = r;
+    a->strides = (gt_attn_strides){h * t * d, t * d, d};
+    a->positions_stride = rows == 1 ? 0 : t;
+    const int64_t dims[4] = {b, h, t, d};
+    call->need[0] = call->need[1] = dims_bytes(dims, 4, gt_dtype_size(a->dt));
+    call->need[2] = bytes_of(rows, t, sizeof(int64_t));
+    call->need[3] = bytes_of(r / 2, 1, sizeof(float));
+    return 0;
+}
+
+static gt_status run_rope(gt_backend *be, op_call *call, int backward) {
+    gt_rope_args *a = &call->rope;
+    if (!be->ops->rope_forward || !be->ops->rope_backward)
+        return GT_FAIL(GT_ERR_RUNTIME, "backend: '%s' has no rope", be->ops->name);
+    a->in = call->ptr[0], a->out = call->ptr[1], a->positions = call->ptr[2], a->inv_freq = call->ptr[3];
+    return backward ? be->ops->rope_backward(be, a) : be->ops->rope_forward(be, a);
+}
+
+static gt_status run_rope_forward(gt_backend *be, op_call *call) { return run_rope(be, call, 0); }
+
+static gt_status run_rope_backward(gt_backend *be, op_call *call) { return run_rope(be, call, 1); }
+
+/* (rows, inter, act, dt): forward arrays out (rows, inter), in (rows, 2 inter); backward arrays din
+ * (rows, 2 inter), dout (rows, inter), in. */
+static int parse_glu(PyObject *module, PyObject *args, op_call *call, int backward) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLis:glu", &call->size[0], &call->size[1], &call->flag, &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    size_t elem = gt_dtype_size(call->dt[0]);
+    size_t half = bytes_of(call->size[0], call->size[1], elem);
+    size_t full = half == SIZE_MAX ? SIZE_MAX : bytes_of(call->size[0], call->size[1], 2 * elem);
+    call->need[0] = backward ? full : half;
+    call->need[1] = backward ? half : full;
+    call->need[2] = full;
+    return 0;
+}
+
+static int parse_glu_forward(PyObject *module, PyObject *args, op_call *call) { return parse_glu(module, args, call, 0); }
+
+static int parse_glu_backward(PyObject *module, PyObject *args, op_call *call) { return parse_glu(module, args, call, 1); }
+
+static gt_status run_glu_forward(gt_backend *be, op_call *call) {
+    return be->ops->glu_forward(be, call->ptr[0], call->ptr[1], call->size[0], call->size[1],
+                                (gt_activation)call->flag, call->dt[0]);
+}
+
+static gt_status run_glu_backward(gt_backend *be, op_call *call) {
+    return be->ops->glu_backward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
+                                 (gt_activation)call->flag, call->dt[0]);
+}
+
 static const op_spec specs[] = {
     {"gemm", 3, {"a", "b", "c"}, 0, parse_gemm, run_gemm, 0},
     {"bias_add", 2, {"out", "bias"}, 0, parse_bias_add, run_bias_add, 0},
@@ -440,6 +545,9 @@ static const op_spec specs[] = {
      run_layernorm_forward, 0},
     {"layernorm_backward", 8, {"din", "dweight", "dbias", "dout", "in", "weight", "mean", "rstd"}, 1u << 0 | 1u << 2,
      parse_layernorm_backward, run_layernorm_backward, 0},
+    {"rmsnorm_forward", 4, {"out", "rstd", "in", "weight"}, 1u << 3, parse_rmsnorm_forward, run_rmsnorm_forward, 0},
+    {"rmsnorm_backward", 6, {"din", "dweight", "dout", "in", "weight", "rstd"}, 1u << 0 | 1u << 1 | 1u << 4,
+     parse_rmsnorm_backward, run_rmsnorm_backward, 0},
     {"embedding_forward", 3, {"out", "ids", "table"}, 0, parse_embedding_forward, run_embedding_forward, 0},
     {"embedding_backward", 3, {"dtable", "dout", "ids"}, 0, parse_embedding_backward, run_embedding_backward, 0},
     {"softmax_xent", 4, {"losses", "dlogits", "logits", "targets"}, 1u << 1, parse_softmax_xent, run_softmax_xent,
@@ -453,6 +561,10 @@ static const op_spec specs[] = {
      run_attention_forward, 0},
     {"attention_backward", 10, {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "key_lengths"}, 1u << 9,
      parse_attention_backward, run_attention_backward, 0},
+    {"rope_forward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_forward, 0},
+    {"rope_backward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_backward, 0},
+    {"glu_forward", 2, {"out", "in"}, 0, parse_glu_forward, run_glu_forward, 0},
+    {"glu_backward", 3, {"din", "dout", "in"}, 1u << 0, parse_glu_backward, run_glu_backward, 0},
 };
 
 /* ------------------------------------------------------------ running ---------------------- */

@@ -15,6 +15,9 @@ typedef struct gtpy_buffer_view {
     gt_device device;  /* cpu, pinned or cuda:N */
 } gtpy_buffer_view;
 
+/* Adds cuda_libraries and installs the CUDA library resolver (cuda_libs.c); 0 or -1. */
+int gtpy_add_cuda_libs(PyObject *module);
+
 /* Raises gputrain.CudaError "CUDA was not compiled in ..." and returns NULL. */
 PyObject *gtpy_cuda_not_compiled(PyObject *module);
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "nn/kind.h"
 #include "nn/model.h"
 #include "py/model.h"
 #include "py/external.h"
@@ -49,21 +50,7 @@ static int parse_children(PyObject *list, gt_layer *layer, spec_parse *ctx) {
     return 0;
 }
 
-static int parse_activation(const char *name, gt_activation *out) {
-    static const struct { const char *name; gt_activation act; } table[] = {
-        {"relu", GT_ACT_RELU}, {"gelu", GT_ACT_GELU_ERF}, {"gelu_tanh", GT_ACT_GELU_TANH},
-        {"tanh", GT_ACT_TANH}, {"silu", GT_ACT_SILU},
-    };
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if (strcmp(name, table[i].name) == 0) {
-            *out = table[i].act;
-            return 0;
-        }
-    PyErr_Format(PyExc_ValueError, "model spec: unknown activation '%s'", name);
-    return -1;
-}
-
-/* Records `layer` (Linear, LayerNorm, Embedding or Conv2d) as the first use of the next module with
+/* Records `layer` (of a kind with GT_KIND_PARAMS) as the first use of the next module with
  * parameters; ("tied", index) specs refer to it by that index. */
 static int register_params(gt_layer *layer, spec_parse *ctx) {
     if (ctx->count == ctx->capacity) {
@@ -94,14 +81,9 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     if (index < 0 || (size_t)index >= ctx->count)
         return spec_error("a tied layer must name an earlier layer with parameters", spec);
     const gt_layer *first = ctx->first[index];
-    *layer = (gt_layer){.kind = first->kind, .in_features = first->in_features, .out_features = first->out_features,
-                        .has_bias = first->has_bias, .eps = first->eps, .num_embeddings = first->num_embeddings,
-                        .embedding_dim = first->embedding_dim, .groups = first->groups, .momentum = first->momentum,
-                        .track_running_stats = first->track_running_stats, .tied = first};
-    memcpy(layer->kernel, first->kernel, sizeof layer->kernel);
-    memcpy(layer->stride, first->stride, sizeof layer->stride);
-    memcpy(layer->padding, first->padding, sizeof layer->padding);
-    memcpy(layer->dilation, first->dilation, sizeof layer->dilation);
+    *layer = *first;  /* its kind and hyper-parameters (a leaf: no children, nothing planned yet) */
+    layer->tied = first;
+    layer->grad_accumulates = 0;
     ctx->last[index]->grad_accumulates = 1;
     ctx->last[index] = layer;
     return 0;
@@ -125,181 +107,188 @@ static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     return 0;
 }
 
-/* ("conv2d", in, out, (kh, kw), (sh, sw), (ph, pw), (dh, dw), groups, bias): every size in
- * [1, INT_MAX] (padding in [0, INT_MAX]), channels divisible by groups. */
-static int parse_conv2d(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
-    const char *kind = NULL;
-    long long in, out, groups, v[8];
-    int bias = 0;
-    if (!PyArg_ParseTuple(spec, "sLL(LL)(LL)(LL)(LL)Lp", &kind, &in, &out, &v[0], &v[1], &v[2], &v[3],
-                          &v[4], &v[5], &v[6], &v[7], &groups, &bias))
-        return -1;
-    int ok = in >= 1 && out >= 1 && groups >= 1 && in <= INT_MAX && out <= INT_MAX && groups <= INT_MAX;
-    for (int i = 0; i < 8; i++)
-        ok = ok && v[i] >= (i == 4 || i == 5 ? 0 : 1) && v[i] <= INT_MAX;
-    if (!ok || in % groups || out % groups)
-        return spec_error("Conv2d needs channels divisible by groups and sizes in [1, 2**31 - 1] "
-                          "(padding from 0)", spec);
-    *layer = (gt_layer){.kind = GT_LAYER_CONV2D, .in_features = in, .out_features = out,
-                        .groups = groups, .has_bias = bias, .kernel = {v[0], v[1]},
-                        .stride = {v[2], v[3]}, .padding = {v[4], v[5]}, .dilation = {v[6], v[7]}};
-    return register_params(layer, ctx);
+/* ---- The generic parser: a spec ("kind", args...) read by the kind's row (nn/kind.h) ---- */
+
+/* Raises `exc` with "model spec: <Kind> <argument> <what> (got <spec>)". */
+static int arg_error(PyObject *exc, const gt_layer_type *type, const gt_layer_arg *arg, PyObject *spec,
+                     const char *what) {
+    PyErr_Format(exc, "model spec: %s %s %s (got %R)", type->title, arg->name, what, spec);
+    return -1;
 }
 
-/* ("batchnorm2d", num_features, eps, momentum (< 0: cumulative average), affine, track). */
-static int parse_batchnorm(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
-    const char *kind = NULL;
-    long long features = 0;
-    double eps = 0.0, momentum = 0.0;
-    int affine = 0, track = 0;
-    if (!PyArg_ParseTuple(spec, "sLddpp", &kind, &features, &eps, &momentum, &affine, &track))
+/* An int item in [arg->min, arg->max]. */
+static int parse_int(PyObject *item, const gt_layer_type *type, const gt_layer_arg *arg, PyObject *spec,
+                     int64_t *out) {
+    char what[96];
+    if (!PyIndex_Check(item)) {
+        snprintf(what, sizeof what, "must be an int, not %s", Py_TYPE(item)->tp_name);
+        return arg_error(PyExc_TypeError, type, arg, spec, what);
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (value == -1 && PyErr_Occurred())
         return -1;
-    if (features <= 0 || features > INT32_MAX || !(eps > 0.0) || !(momentum <= 1.0))
-        return spec_error("BatchNorm2d needs num_features in [1, 2**31), a positive eps and momentum <= 1", spec);
-    *layer = (gt_layer){.kind = GT_LAYER_BATCHNORM2D, .in_features = features, .eps = (float)eps,
-                        .momentum = momentum < 0.0 ? -1.0 : momentum, .has_bias = affine,
-                        .track_running_stats = track};
-    return register_params(layer, ctx);
-}
-
-/* ("pool2d", "max" | "avg" | "adaptive_avg", (kh, kw), (sh, sw), (ph, pw), (dh, dw), ceil_mode,
- * count_include_pad); adaptive: (kh, kw) is the output size, the rest unused. */
-static int parse_pool(PyObject *spec, gt_layer *layer) {
-    const char *kind = NULL, *name = NULL;
-    long long v[8] = {0};
-    int ceil_mode = 0, include_pad = 0;
-    if (!PyArg_ParseTuple(spec, "ss(LL)(LL)(LL)(LL)pp", &kind, &name, &v[0], &v[1], &v[2], &v[3], &v[4],
-                          &v[5], &v[6], &v[7], &ceil_mode, &include_pad))
-        return -1;
-    gt_pool_kind pool = strcmp(name, "max") == 0 ? GT_POOL_MAX
-                        : strcmp(name, "avg") == 0 ? GT_POOL_AVG : GT_POOL_ADAPTIVE_AVG;
-    if (pool == GT_POOL_ADAPTIVE_AVG && strcmp(name, "adaptive_avg") != 0)
-        return spec_error("unknown pooling", spec);
-    for (int i = 0; i < 8; i++)
-        if (v[i] < (i >= 4 && i < 6 ? 0 : 1) || v[i] > INT32_MAX)
-            return spec_error("pooling sizes must be in [1, 2**31) (padding in [0, 2**31))", spec);
-    *layer = (gt_layer){.kind = GT_LAYER_POOL2D, .ceil_mode = ceil_mode};
-    gt_pool2d_args *a = &layer->pool2d;
-    a->kind = pool;
-    a->count_include_pad = include_pad;
-    if (pool == GT_POOL_ADAPTIVE_AVG) {
-        a->out_h = v[0];
-        a->out_w = v[1];
+    if (overflow)
+        return arg_error(PyExc_ValueError, type, arg, spec, "does not fit an int64");
+    if ((double)value < arg->min)
+        snprintf(what, sizeof what, "must be at least %.0f, got %lld", arg->min, value);
+    else if ((double)value > arg->max)
+        snprintf(what, sizeof what, "must be at most %.0f, got %lld", arg->max, value);
+    else {
+        *out = value;
         return 0;
     }
-    for (int d = 0; d < 2; d++) {
-        a->kernel[d] = v[d];
-        a->stride[d] = v[2 + d];
-        a->padding[d] = v[4 + d];
-        a->dilation[d] = v[6 + d];
+    return arg_error(PyExc_ValueError, type, arg, spec, what);
+}
+
+/* A real item in the argument's range (NaN never is). */
+static int parse_real(PyObject *item, const gt_layer_type *type, const gt_layer_arg *arg, PyObject *spec,
+                      double *out) {
+    char what[128];
+    double value = PyFloat_AsDouble(item);
+    if (value == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        snprintf(what, sizeof what, "must be a real number, not %s", Py_TYPE(item)->tp_name);
+        return arg_error(PyExc_TypeError, type, arg, spec, what);
+    }
+    int above = arg->min_exclusive ? value > arg->min : value >= arg->min;
+    if (above && value <= arg->max) {
+        *out = value;
+        return 0;
+    }
+    snprintf(what, sizeof what, "must be in %c%g, %g], got %g", arg->min_exclusive ? '(' : '[', arg->min,
+             arg->max, value);
+    return arg_error(PyExc_ValueError, type, arg, spec, what);
+}
+
+/* A name of arg->names: its value. */
+static int parse_enum(PyObject *item, const gt_layer_type *type, const gt_layer_arg *arg, PyObject *spec,
+                      int *out) {
+    const char *name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+    if (!name) {
+        if (PyErr_Occurred())
+            return -1;
+        return arg_error(PyExc_TypeError, type, arg, spec, "must be a str");
+    }
+    char what[256] = "must be one of";
+    for (const gt_enum_name *e = arg->names; e->name; e++) {
+        if (strcmp(e->name, name) == 0) {
+            *out = e->value;
+            return 0;
+        }
+        size_t used = strlen(what);
+        snprintf(what + used, sizeof what - used, "%s '%s'", e == arg->names ? "" : ",", e->name);
+    }
+    return arg_error(PyExc_ValueError, type, arg, spec, what);
+}
+
+/* Two ints, each in the argument's range. */
+static int parse_pair(PyObject *item, const gt_layer_type *type, const gt_layer_arg *arg, PyObject *spec,
+                      int64_t out[2]) {
+    if (!PySequence_Check(item) || PyUnicode_Check(item) || PySequence_Size(item) != 2) {
+        PyErr_Clear();
+        return arg_error(PyExc_TypeError, type, arg, spec, "must be a pair of ints");
+    }
+    for (Py_ssize_t i = 0; i < 2; i++) {
+        PyObject *value = PySequence_GetItem(item, i);
+        int rc = value ? parse_int(value, type, arg, spec, &out[i]) : -1;
+        Py_XDECREF(value);
+        if (rc < 0)
+            return -1;
     }
     return 0;
 }
+
+/* ("residual", [specs]): one Sequential child holding the specs, the block. */
+static int parse_block(PyObject *list, gt_layer *layer, spec_parse *ctx) {
+    layer->children = calloc(1, sizeof(gt_layer));
+    if (!layer->children) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    layer->num_children = 1;
+    layer->children[0].kind = GT_LAYER_SEQUENTIAL;
+    return parse_children(list, &layer->children[0], ctx);
+}
+
+/* One item of a spec, stored where the argument says (memcpy: a field of the layer or of the
+ * kind's own struct in its config bytes). */
+static int parse_arg(PyObject *item, const gt_layer_type *type, const gt_layer_arg *arg, gt_layer *layer,
+                     spec_parse *ctx, PyObject *spec) {
+    char *at = (char *)layer + arg->offset;
+    int64_t ints[2] = {0, 0};
+    double real = 0.0;
+    float single = 0.0f;
+    int value = 0, rc = 0;
+    switch (arg->type) {
+    case GT_ARG_INT: rc = parse_int(item, type, arg, spec, &ints[0]); memcpy(at, ints, sizeof(int64_t)); break;
+    case GT_ARG_INT_PAIR: rc = parse_pair(item, type, arg, spec, ints); memcpy(at, ints, sizeof ints); break;
+    case GT_ARG_DOUBLE: rc = parse_real(item, type, arg, spec, &real); memcpy(at, &real, sizeof real); break;
+    case GT_ARG_FLOAT:
+        rc = parse_real(item, type, arg, spec, &real);
+        single = (float)real;
+        memcpy(at, &single, sizeof single);
+        break;
+    case GT_ARG_BOOL: rc = value = PyObject_IsTrue(item); memcpy(at, &value, sizeof value); break;
+    case GT_ARG_ENUM: rc = parse_enum(item, type, arg, spec, &value); memcpy(at, &value, sizeof value); break;
+    case GT_ARG_LAYERS: rc = parse_children(item, layer, ctx); break;
+    case GT_ARG_BLOCK: rc = parse_block(item, layer, ctx); break;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+/* "takes 3 arguments (in_features, out_features, bias) after its kind, got 2". */
+static int count_error(const gt_layer_type *type, Py_ssize_t given, PyObject *spec) {
+    char names[256] = "";
+    for (size_t i = 0; i < type->num_args; i++) {
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", type->args[i].name);
+    }
+    PyErr_Format(PyExc_TypeError, "model spec: %s takes %zu argument%s (%s) after its kind, got %zd (got %R)",
+                 type->title, type->num_args, type->num_args == 1 ? "" : "s", names, given, spec);
+    return -1;
+}
+
+/* A spec of a kind of the table: its arguments in order, then the row's rules between them. */
+static int parse_kind(PyObject *spec, gt_layer_kind kind, gt_layer *layer, spec_parse *ctx) {
+    const gt_layer_type *type = gt_layer_type_of(kind);
+    Py_ssize_t given = PyTuple_GET_SIZE(spec) - 1;
+    if ((size_t)given != type->num_args)
+        return count_error(type, given, spec);
+    *layer = (gt_layer){.kind = kind};
+    for (size_t i = 0; i < type->num_args; i++)
+        if (parse_arg(PyTuple_GET_ITEM(spec, (Py_ssize_t)i + 1), type, &type->args[i], layer, ctx, spec) < 0)
+            return -1;
+    if (type->check && type->check(layer) != GT_OK) {
+        PyErr_Format(PyExc_ValueError, "model spec: %s (got %R)", gt_error_message(), spec);
+        return -1;
+    }
+    if (type->flags & GT_KIND_DROPOUT_ID)
+        layer->dropout_id = ctx->next_dropout_id++;
+    return type->flags & GT_KIND_PARAMS ? register_params(layer, ctx) : 0;
+}
+
+/* Specs that name an earlier module instead of a kind. */
+static const struct {
+    const char *name;                                          /* first item of the spec */
+    int (*parse)(PyObject *spec, gt_layer *layer, spec_parse *ctx); /* reads the rest */
+} references[] = {{"tied", parse_tied}, {"tied_linear", parse_tied_linear}};
 
 static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(spec, 0)))
         return spec_error("each layer must be a tuple starting with its kind", spec);
-    const char *kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
-    long long a = 0, b = 0;
-    int flag = 0;
-    double real = 0.0;
-    const char *name = NULL;
-    PyObject *list = NULL;
-    if (strcmp(kind, "linear") == 0) {
-        if (!PyArg_ParseTuple(spec, "sLLp", &kind, &a, &b, &flag))
-            return -1;
-        if (a <= 0 || b <= 0)
-            return spec_error("Linear sizes must be positive", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = a, .out_features = b, .has_bias = flag};
-        return register_params(layer, ctx);
-    } else if (strcmp(kind, "activation") == 0) {
-        if (!PyArg_ParseTuple(spec, "ss", &kind, &name))
-            return -1;
-        *layer = (gt_layer){.kind = GT_LAYER_ACTIVATION};
-        return parse_activation(name, &layer->activation);
-    } else if (strcmp(kind, "dropout") == 0) {
-        if (!PyArg_ParseTuple(spec, "sd", &kind, &real))
-            return -1;
-        if (!(real >= 0.0 && real <= 1.0))
-            return spec_error("Dropout p must be in [0, 1]", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_DROPOUT, .p = real, .dropout_id = ctx->next_dropout_id++};
-    } else if (strcmp(kind, "layernorm") == 0) {
-        if (!PyArg_ParseTuple(spec, "sLdp", &kind, &a, &real, &flag))
-            return -1;
-        if (a <= 0 || !(real > 0.0))
-            return spec_error("LayerNorm needs a positive size and eps", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_LAYERNORM, .in_features = a, .eps = (float)real, .has_bias = flag};
-        return register_params(layer, ctx);
-    } else if (strcmp(kind, "embedding") == 0) {
-        if (!PyArg_ParseTuple(spec, "sLL", &kind, &a, &b))
-            return -1;
-        if (a <= 0 || b <= 0)
-            return spec_error("Embedding sizes must be positive", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_EMBEDDING, .num_embeddings = a, .embedding_dim = b};
-        return register_params(layer, ctx);
-    } else if (strcmp(kind, "attention") == 0) {
-        if (!PyArg_ParseTuple(spec, "sLLdp", &kind, &a, &b, &real, &flag))
-            return -1;
-        if (a <= 0 || b <= 0 || a % b != 0)
-            return spec_error("Attention needs embed_dim divisible by a positive num_heads", spec);
-        if (!(real >= 0.0 && real <= 1.0))
-            return spec_error("Attention dropout must be in [0, 1]", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_ATTENTION, .in_features = a, .num_heads = b, .p = real,
-                            .causal = flag, .dropout_id = ctx->next_dropout_id++};
-    } else if (strcmp(kind, "tokens") == 0) {
-        long long types = 0;
-        if (!PyArg_ParseTuple(spec, "sLLLp", &kind, &a, &b, &types, &flag))
-            return -1;
-        if (a <= 0 || b <= 0 || types < 0)
-            return spec_error("TokenEmbedding needs positive sizes and type_vocab_size >= 0", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_TOKENS, .num_embeddings = a, .embedding_dim = b,
-                            .type_vocab = types, .has_mask = flag};
-        return register_params(layer, ctx);
-    } else if (strcmp(kind, "position") == 0) {
-        if (!PyArg_ParseTuple(spec, "sLL", &kind, &a, &b))
-            return -1;
-        if (a <= 0 || b <= 0)
-            return spec_error("PositionEmbedding sizes must be positive", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_POSITION, .num_embeddings = a, .embedding_dim = b};
-        return register_params(layer, ctx);
-    } else if (strcmp(kind, "pool") == 0) {
-        if (!PyArg_ParseTuple(spec, "ss", &kind, &name))
-            return -1;
-        if (strcmp(name, "cls") != 0 && strcmp(name, "mean") != 0)
-            return spec_error("pooling must be 'cls' or 'mean'", spec);
-        *layer = (gt_layer){.kind = GT_LAYER_POOL, .pool = name[0] == 'c' ? GT_POOL_FIRST : GT_POOL_MEAN};
-    } else if (strcmp(kind, "conv2d") == 0) {
-        return parse_conv2d(spec, layer, ctx);
-    } else if (strcmp(kind, "batchnorm2d") == 0) {
-        return parse_batchnorm(spec, layer, ctx);
-    } else if (strcmp(kind, "pool2d") == 0) {
-        return parse_pool(spec, layer);
-    } else if (strcmp(kind, "tied") == 0) {
-        return parse_tied(spec, layer, ctx);
-    } else if (strcmp(kind, "tied_linear") == 0) {
-        return parse_tied_linear(spec, layer, ctx);
-    } else if (strcmp(kind, "flatten") == 0) {
-        *layer = (gt_layer){.kind = GT_LAYER_FLATTEN};
-    } else if (strcmp(kind, "sequential") == 0 || strcmp(kind, "residual") == 0) {
-        if (!PyArg_ParseTuple(spec, "sO", &kind, &list))
-            return -1;
-        int residual = kind[0] == 'r';
-        *layer = (gt_layer){.kind = residual ? GT_LAYER_RESIDUAL : GT_LAYER_SEQUENTIAL};
-        if (!residual)
-            return parse_children(list, layer, ctx);
-        layer->children = calloc(1, sizeof(gt_layer));
-        if (!layer->children) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        layer->num_children = 1;
-        layer->children[0].kind = GT_LAYER_SEQUENTIAL;
-        return parse_children(list, &layer->children[0], ctx);
-    } else {
-        PyErr_Format(PyExc_ValueError, "model spec: unknown layer kind '%s'", kind);
+    const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+    if (!name)
+        return -1;
+    for (size_t i = 0; i < sizeof references / sizeof references[0]; i++)
+        if (strcmp(name, references[i].name) == 0)
+            return references[i].parse(spec, layer, ctx);
+    gt_layer_kind kind;
+    if (!gt_layer_kind_named(name, &kind)) {
+        PyErr_Format(PyExc_ValueError, "model spec: unknown layer kind '%s'", name);
         return -1;
     }
-    return 0;
+    return parse_kind(spec, kind, layer, ctx);
 }
 
 static void model_dealloc(PyObject *op) {
@@ -446,7 +435,7 @@ static int collect_buffers(PyObject *list, const gt_layer *layer) {
     for (size_t i = 0; i < layer->num_children; i++)
         if (collect_buffers(list, &layer->children[i]) < 0)
             return -1;
-    if (layer->kind != GT_LAYER_BATCHNORM2D || !layer->track_running_stats)
+    if (!layer->track_running_stats)
         return 0;
     size_t c = (size_t)layer->in_features, count = (size_t)((const char *)layer->num_batches_tracked -
                                                             (const char *)layer->running_mean);
@@ -614,7 +603,7 @@ PyArrayObject *gtpy_input_data(PyObject *module, PyArrayObject *array, const cha
 }
 
 static const gt_layer *first_leaf(const gt_layer *layer) {
-    while (layer->kind == GT_LAYER_SEQUENTIAL || layer->kind == GT_LAYER_RESIDUAL) {
+    while (gt_layer_type_of(layer->kind)->flags & GT_KIND_CONTAINER) {
         if (layer->num_children == 0)
             return NULL;
         layer = &layer->children[0];
@@ -624,7 +613,7 @@ static const gt_layer *first_leaf(const gt_layer *layer) {
 
 int gtpy_model_takes_ids(const gt_model *model) {
     const gt_layer *leaf = first_leaf(&model->root);
-    return leaf && (leaf->kind == GT_LAYER_EMBEDDING || leaf->kind == GT_LAYER_TOKENS);
+    return leaf && (gt_layer_type_of(leaf->kind)->flags & GT_KIND_READS_IDS);
 }
 
 /* A new float32 array holding `t` (converted from its half format, copied from a device). */

@@ -9,6 +9,7 @@
 #include "core/threads.h"
 #include "ops/checks.h"
 #include "ops/ops.h"
+#include "ops/rope.h"
 #include "py/ops_args.h"
 
 /* One GEMM operand: the (rows, cols) of each matrix and the stride between batches. */
@@ -608,6 +609,131 @@ static PyObject *op_conv2d_backward(PyObject *module, PyObject *args, PyObject *
     return run_conv2d(module, &a, 1);
 }
 
+/* glu_forward (dout None: out (..., inter) from x (..., 2 inter)) or glu_backward (out is din, of
+ * x's shape; dout (..., inter)). */
+static PyObject *op_glu(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "x", "act", "dt", "dout", NULL};
+    PyObject *out_obj, *x_obj, *dout_obj = Py_None;
+    int act;
+    const char *text;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOis|O:op_glu", keywords, &out_obj, &x_obj, &act, &text,
+                                     &dout_obj))
+        return NULL;
+    gt_dtype dt;
+    int64_t rows, cols;
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_as_array(x_obj, "x", typenum, 0), *out, *dout = NULL;
+    if (!x || gtpy_rows_cols(x, "x", &rows, &cols) < 0)
+        return NULL;
+    if (cols % 2 != 0)
+        return PyErr_Format(PyExc_ValueError, "x: the last dimension must be even ([gate | up] halves), got %lld",
+                            (long long)cols);
+    int64_t half_dims[NPY_MAXDIMS];
+    int ndim = PyArray_NDIM(x);
+    for (int k = 0; k < ndim; k++)
+        half_dims[k] = (int64_t)PyArray_DIM(x, k);
+    half_dims[ndim - 1] = cols / 2;
+    const char *what = "must have x's shape with the last dimension halved";
+    if (dout_obj == Py_None) {
+        if (!(out = gtpy_array_nd(out_obj, "out", typenum, 1, ndim, half_dims, what)))
+            return NULL;
+    } else if (!(out = gtpy_array_like(out_obj, "out", typenum, 1, x, "x")) ||
+               !(dout = gtpy_array_nd(dout_obj, "dout", typenum, 0, ndim, half_dims, what))) {
+        return NULL;
+    }
+    gt_backend be = gtpy_cpu_backend();
+    if (dout)
+        GTPY_RUN_OP(module, be.ops->glu_backward(&be, PyArray_DATA(out), PyArray_DATA(dout), PyArray_DATA(x), rows,
+                                                 cols / 2, (gt_activation)act, dt));
+    else
+        GTPY_RUN_OP(module, be.ops->glu_forward(&be, PyArray_DATA(out), PyArray_DATA(x), rows, cols / 2,
+                                                (gt_activation)act, dt));
+    Py_RETURN_NONE;
+}
+
+/* 1 when the bytes of two arrays overlap. */
+static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
+    const char *a0 = PyArray_BYTES(a), *b0 = PyArray_BYTES(b);
+    return a0 < b0 + PyArray_NBYTES(b) && b0 < a0 + PyArray_NBYTES(a);
+}
+
+/* rope_forward (x -> out) or rope_backward (x = dout -> out = din): x (batch, heads, seq, D)
+ * when heads_axis is 1, (batch, seq, heads, D) when 2; out of x's shape, x itself (in place) or
+ * not overlapping it; positions (batch, seq) or (1, seq) int64; inv_freq (R / 2,) float32. */
+static PyObject *op_rope(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"out", "x", "positions", "inv_freq", "dt", "heads_axis", "backward", NULL};
+    PyObject *out_obj, *x_obj, *positions_obj, *inv_obj;
+    const char *text;
+    int heads_axis, backward = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOsi|p:op_rope", keywords, &out_obj, &x_obj,
+                                     &positions_obj, &inv_obj, &text, &heads_axis, &backward))
+        return NULL;
+    if (heads_axis != 1 && heads_axis != 2)
+        return PyErr_Format(PyExc_ValueError, "heads_axis must be 1 (batch, heads, seq, head_dim) or 2 "
+                            "(batch, seq, heads, head_dim), got %d", heads_axis);
+    gt_rope_args a = {.positions_stride = 0};
+    int typenum = gtpy_parse_act_dtype(module, text, "dt", &a.dt);
+    PyArrayObject *x = typenum < 0 ? NULL : gtpy_array_nd(x_obj, "x", typenum, 0, 4, NULL, "must be 4-D"), *out,
+                  *positions, *inv;
+    if (!x || !(out = gtpy_array_like(out_obj, "out", typenum, 1, x, "x")))
+        return NULL;
+    if (out != x && arrays_overlap(out, x))
+        return PyErr_Format(PyExc_ValueError, "out must be x itself (in place) or not overlap it");
+    const npy_intp *dims = PyArray_DIMS(x);
+    a.batch = dims[0], a.heads = dims[heads_axis], a.seq = dims[3 - heads_axis], a.head_dim = dims[3];
+    int64_t d = a.head_dim, h = a.heads, t = a.seq;
+    a.strides = heads_axis == 1 ? (gt_attn_strides){h * t * d, t * d, d} : (gt_attn_strides){t * h * d, d, h * d};
+    if (!(positions = gtpy_array_nd(positions_obj, "positions", NPY_INT64, 0, 2, NULL, "must be 2-D (batch, seq)")))
+        return NULL;
+    const npy_intp *p_dims = PyArray_DIMS(positions);
+    if (p_dims[1] != t || (p_dims[0] != a.batch && p_dims[0] != 1))
+        return PyErr_Format(PyExc_ValueError, "positions must be (batch, seq) = (%lld, %lld) or (1, seq), got "
+                            "(%lld, %lld)", (long long)a.batch, (long long)t, (long long)p_dims[0],
+                            (long long)p_dims[1]);
+    a.positions_stride = p_dims[0] == 1 ? 0 : t;
+    if (!(inv = gtpy_array_nd(inv_obj, "inv_freq", NPY_FLOAT32, 0, 1, NULL, "must be 1-D (rotary_dim / 2,)")))
+        return NULL;
+    a.rotary_dim = 2 * (int64_t)PyArray_DIM(inv, 0);
+    a.in = PyArray_DATA(x), a.out = PyArray_DATA(out);
+    a.positions = PyArray_DATA(positions), a.inv_freq = PyArray_DATA(inv);
+    gt_backend be = gtpy_cpu_backend();
+    GTPY_RUN_OP(module, backward ? be.ops->rope_backward(&be, &a) : be.ops->rope_forward(&be, &a));
+    Py_RETURN_NONE;
+}
+
+/* Hugging Face's inv_freq of a head (ops/rope.h) as a new float32 array. */
+static PyObject *op_rope_inv_freq(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"head_dim", "theta", "partial_rotary_factor", "rope_type", "factor",
+                               "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", NULL};
+    long long head_dim;
+    double partial = 1.0;
+    const char *type = "default";
+    gt_rope_freq f = {.type = GT_ROPE_DEFAULT, .factor = 1.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                      .original_max_position_embeddings = 8192.0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ld|dsdddd:op_rope_inv_freq", keywords, &head_dim, &f.theta,
+                                     &partial, &type, &f.factor, &f.low_freq_factor, &f.high_freq_factor,
+                                     &f.original_max_position_embeddings))
+        return NULL;
+    if (strcmp(type, "llama3") == 0)
+        f.type = GT_ROPE_LLAMA3;
+    else if (strcmp(type, "default") != 0)
+        return PyErr_Format(PyExc_ValueError, "rope_type must be 'default' or 'llama3', got '%s'", type);
+    int64_t rotary_dim = 0;
+    gt_status status = gt_rope_rotary_dim((int64_t)head_dim, partial, &rotary_dim);
+    if (status != GT_OK)
+        return gtpy_raise(module, status);
+    npy_intp n = (npy_intp)(rotary_dim / 2);
+    PyObject *out = PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    if (!out)
+        return NULL;
+    status = gt_rope_inv_freq(PyArray_DATA((PyArrayObject *)out), rotary_dim, &f);
+    if (status != GT_OK) {
+        Py_DECREF(out);
+        return gtpy_raise(module, status);
+    }
+    return out;
+}
+
 static PyMethodDef ops_methods[] = {
     {"op_gemm", GTPY_KW(op_gemm), "op_gemm(a, b, c, a_dt, b_dt, c_dt, trans_a, trans_b, alpha, beta)\n--\n\n"
      "c = alpha op(a) @ op(b) + beta c in place; 3-D arrays are batches."},
@@ -643,6 +769,16 @@ static PyMethodDef ops_methods[] = {
     {"op_conv2d_backward", GTPY_KW(op_conv2d_backward),
      "op_conv2d_backward(dx, dweight, dbias, dout, x, weight, dt, stride, padding, dilation, groups, "
      "accumulate=False)\n--\n\nGradients of op_conv2d; dx, dweight and dbias may be None (not wanted)."},
+    {"op_glu", GTPY_KW(op_glu), "op_glu(out, x, act, dt, dout=None)\n--\n\n"
+     "Gated activation of x's [gate | up] halves: out = act(gate) * up, or out = [dgate | dup] when dout "
+     "is given."},
+    {"op_rope", GTPY_KW(op_rope),
+     "op_rope(out, x, positions, inv_freq, dt, heads_axis, backward=False)\n--\n\n"
+     "Rotary position embedding (rotate_half layout) of x into out, or its transpose when backward."},
+    {"op_rope_inv_freq", GTPY_KW(op_rope_inv_freq),
+     "op_rope_inv_freq(head_dim, theta, partial_rotary_factor=1.0, rope_type='default', factor=1.0, "
+     "low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192.0)\n--\n\n"
+     "Hugging Face's float32 inverse frequencies of a head ('default' or 'llama3' rope_type)."},
     {"op_cast", GTPY_KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
     {"op_copy", GTPY_KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},

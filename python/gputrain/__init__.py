@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from gputrain import _libs
+try:  # the extension's rpath finds the libraries it links (in the package or beside it)
+    from gputrain import _C
+except ImportError:  # another layout (--target, a user install): load them by their wheels' file lists
+    from gputrain import _libs
 
-_libs.preload()
-
-from gputrain import _C  # noqa: E402  (after the libraries it links against are loaded)
+    _libs.preload()
+    from gputrain import _C
 from gputrain import cuda, monitor
 from gputrain import amp, backends
 from gputrain import functional

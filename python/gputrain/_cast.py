@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
 from gputrain import _C
 
-try:
-    import ml_dtypes
+_UNKNOWN = object()
+# ml_dtypes' bfloat16 dtype, None without ml_dtypes; looked up on first use (bfloat16()), not at
+# `import gputrain`: importing ml_dtypes takes half a second.
+_BFLOAT16: Any = _UNKNOWN
 
-    _BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
-except ImportError:
-    _BFLOAT16 = None
+
+def bfloat16() -> np.dtype | None:
+    """ml_dtypes.bfloat16 as a NumPy dtype (importing ml_dtypes the first time), or None when
+    ml_dtypes is not installed."""
+    global _BFLOAT16
+    if _BFLOAT16 is _UNKNOWN:
+        try:
+            import ml_dtypes
+        except ImportError:
+            _BFLOAT16 = None
+        else:
+            _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+    return _BFLOAT16
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether `dtype` is ml_dtypes.bfloat16. An array has that dtype only once ml_dtypes is
+    imported, so this never imports it for another dtype."""
+    return dtype.name == "bfloat16" and "ml_dtypes" in sys.modules and dtype == bfloat16()
 
 _NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -34,7 +53,7 @@ def _dtype_name(dtype: Any, arg_name: str) -> str:
 
 
 def _is_bfloat16(array: np.ndarray) -> bool:
-    return _BFLOAT16 is not None and array.dtype == _BFLOAT16
+    return is_bfloat16(array.dtype)
 
 
 def cast(
@@ -73,7 +92,8 @@ def cast(
         src_dtype = _dtype_name(src_dtype, "src_dtype")
     if out is None:
         result = _C.cast(source, target, src_dtype=src_dtype)
-        return result.view(_BFLOAT16) if target == "bf16" and _BFLOAT16 is not None else result
+        bf16 = bfloat16() if target == "bf16" else None
+        return result.view(bf16) if bf16 is not None else result
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
     _C.cast(source, target, src_dtype=src_dtype, out=out.view(np.uint16) if _is_bfloat16(out) else out)

@@ -9,10 +9,13 @@ import re
 from gputrain import _C
 
 # Shared libraries whose loaded copy info() reports (file name pattern -> key); NumPy's own
-# OpenBLAS (libscipy_openblas64_-<hash>.so) is not gputrain's and does not match.
-_LIBRARIES = {r"libdnnl\.so": "onednn", r"libscipy_openblas\.so$": "openblas",
-              r"libgomp\.so": "openmp", r"libcudart\.so": "cudart",
-              r"libcublasLt\.so": "cublasLt", r"libcublas\.so": "cublas"}
+# OpenBLAS (libscipy_openblas64_-<hash>.so) is not gputrain's and does not match. A repaired wheel
+# (auditwheel) carries its libgomp as gputrain.libs/libgomp-<hash>.so.1 (other packages' hashed
+# copies are not gputrain's). Patterns are searched in the whole path.
+_LIBRARIES = {r"/libdnnl\.so": "onednn", r"/libscipy_openblas\.so$": "openblas",
+              r"/libgomp\.so|/gputrain\.libs/libgomp-[0-9a-f]+\.so": "openmp", r"/libcudart\.so": "cudart",
+              r"/libcublasLt\.so": "cublasLt", r"/libcublas\.so": "cublas",
+              r"/libcudnn\.so": "cudnn", r"/libnccl\.so": "nccl"}
 
 
 def cpu_model() -> str:
@@ -29,7 +32,8 @@ def cpu_model() -> str:
 
 
 def loaded_libraries() -> dict[str, str]:
-    """Where each shared library gputrain uses was loaded from, in this process."""
+    """Where each shared library gputrain uses was loaded from, in this process (the CUDA
+    libraries appear once used: they are opened when first needed, the runtime is static)."""
     found: dict[str, str] = {}
     try:
         with open("/proc/self/maps") as f:
@@ -38,7 +42,7 @@ def loaded_libraries() -> dict[str, str]:
         return found
     for path in sorted(paths):
         for pattern, key in _LIBRARIES.items():
-            if re.match(pattern, path.rsplit("/", 1)[-1]) and key not in found:
+            if re.search(pattern, path) and key not in found:
                 found[key] = path
     return found
 

@@ -1,8 +1,12 @@
-"""Loads the shared libraries that gputrain._C links against from the wheels that ship them.
+"""Loads the CPU GEMM library that gputrain._C links against from the wheel that ships it.
 
-The extension's rpath finds them in a virtual environment or a system prefix; loading them here
-first, by the file lists of their installed distributions, also covers user installs, --target
-installs and other layouts, so no LD_LIBRARY_PATH is ever needed.
+The extension's rpath finds them in a virtual environment or a system prefix; when it does not
+(user installs, --target installs and other layouts), gputrain/__init__.py calls preload() and
+imports the extension again, so no LD_LIBRARY_PATH is ever needed. It is not imported otherwise:
+importlib.metadata alone costs `import gputrain` tens of milliseconds.
+
+No CUDA library is loaded here: the CUDA runtime is linked statically, and cuBLAS(Lt), cuDNN and
+NCCL are opened when first needed (gputrain/_cuda_libs.py), so `import gputrain` maps none of them.
 """
 
 from __future__ import annotations
@@ -11,16 +15,12 @@ import ctypes
 import importlib.metadata
 import platform
 
-# (distribution, file the extension needs): the CPU GEMM library of this architecture.
-_CPU_LIBRARIES = {
-    "x86_64": [("onednn-cpu-gomp", "libdnnl.so.3")],
+# (distribution, file the extension needs): the CPU GEMM library of this architecture. oneDNN
+# (x86-64) is inside the package (gputrain/lib/, setup.py), where the extension's rpath finds it.
+_CPU_LIBRARIES: dict[str, list[tuple[str, str]]] = {
+    "x86_64": [],
 }
 _OTHER_CPU_LIBRARIES = [("scipy-openblas32", "libscipy_openblas.so")]
-# The CUDA libraries of a CUDA backend built from NVIDIA's wheels (_build/gputrain_cuda.py), in
-# load order; needed only when this gputrain's metadata requires those wheels.
-_CUDA_WHEEL_LIBRARIES = [("nvidia-cuda-runtime", "libcudart.so.13"),
-                         ("nvidia-cublas", "libcublasLt.so.13"),
-                         ("nvidia-cublas", "libcublas.so.13")]
 
 
 def installed_file(distribution: str, name: str) -> str | None:
@@ -35,21 +35,9 @@ def installed_file(distribution: str, name: str) -> str | None:
     return None
 
 
-def built_with_cuda_wheels() -> bool:
-    """Whether the installed gputrain links the CUDA libraries of NVIDIA's wheels."""
-    try:
-        requirements = importlib.metadata.requires("gputrain") or []
-    except importlib.metadata.PackageNotFoundError:  # an uninstalled build (tests of a tree)
-        return False
-    return any(r.startswith("nvidia-cuda-runtime") for r in requirements)
-
-
 def preload() -> list[str]:
-    """Loads the CPU library (and the CUDA wheels' libraries when gputrain was built with them),
-    returning the paths loaded (a library not found is left to the rpath)."""
-    wanted = list(_CPU_LIBRARIES.get(platform.machine().lower(), _OTHER_CPU_LIBRARIES))
-    if built_with_cuda_wheels():
-        wanted += _CUDA_WHEEL_LIBRARIES
+    """Loads the CPU library, returning the paths loaded (a library not found is left to the rpath)."""
+    wanted = _CPU_LIBRARIES.get(platform.machine().lower(), _OTHER_CPU_LIBRARIES)
     loaded = []
     for distribution, name in wanted:
         path = installed_file(distribution, name)

@@ -89,12 +89,13 @@ class _CudnnModule(types.ModuleType):
 
     @staticmethod
     def is_available() -> bool:
-        """Whether this build has the CUDA backend, which links cuDNN for Conv2d."""
+        """Whether this build has the CUDA backend, which opens cuDNN for Conv2d when first needed."""
         return bool(_C.build_info()["cuda_compiled"])
 
     @staticmethod
     def version() -> int | None:
-        """cuDNN's version as an int (e.g. 91900 for 9.19.0), None without it (torch's convention)."""
+        """cuDNN's version as an int (e.g. 91900 for 9.19.0), None without CUDA (torch's convention).
+        Loads cuDNN if no Conv2d has yet (no GPU needed); `gputrain.CudaError` if it cannot be."""
         return _C.cudnn_version() if _CudnnModule.is_available() else None
 
 

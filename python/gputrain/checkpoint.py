@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import struct
 import warnings
 from collections.abc import Callable
@@ -130,6 +129,8 @@ def write_checkpoint(output_dir: str, step: int, write: Callable[[str], None]) -
     hashes they recorded (RuntimeError for a file written by other means), and the files are
     fsynced before the directory is renamed into place; returns the path. An existing
     checkpoint of the same step is replaced."""
+    import shutil  # here, not at `import gputrain`
+
     os.makedirs(output_dir, exist_ok=True)
     final = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
     temporary = os.path.join(output_dir, f"{_TEMPORARY_PREFIX}{step}")
@@ -358,6 +359,8 @@ def rotate_checkpoints(output_dir: str, save_total_limit: int | None, best_model
             and os.path.normpath(ordered[-1]) == os.path.normpath(best_model_checkpoint):
         limit = 2
     doomed = ordered[:max(len(ordered) - limit, 0)]
+    import shutil
+
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed

@@ -5,6 +5,9 @@ False, `unavailable_reason()` says why, and calls that need a device raise
 `gputrain.CudaError` (a `RuntimeError`) with that reason. In a build without CUDA the same
 calls raise `CudaError` saying CUDA was not compiled in.
 
+No CUDA library is loaded at import: the CUDA runtime is linked into gputrain statically, and
+cuBLAS(Lt), cuDNN and NCCL are opened when first needed (gputrain/_cuda_libs.py says which copy).
+
 Devices are named by an int ordinal, "cuda" (device 0) or "cuda:N"; None means the device
 current on the calling thread.
 """
@@ -67,6 +70,17 @@ def runtime_version() -> int:
 def driver_version() -> int:
     """The CUDA version the installed driver supports, such as 13000 (0 without a driver)."""
     return _C.cuda_driver_version()
+
+
+def _libraries(load: bool = True) -> dict[str, dict[str, object]]:
+    """The libraries the CUDA backend opens when first needed ("cublasLt", "cublas", "cudnn",
+    "nccl"), each as {"soname", "path", "loaded", "version", "min_version", "built_with"}; with
+    `load` (the default) each is opened first, which needs no GPU (`CudaError` names a library
+    that cannot be found or whose version does not fit). Versions read major*10000 + minor*100 +
+    patch. For checks and diagnostics: the backend opens them on its own when it needs them."""
+    if not isinstance(load, bool):
+        raise TypeError(f"load must be a bool, not {type(load).__name__}")
+    return _C.cuda_libraries(load)
 
 
 def _device_index(device: int | str | None) -> int:

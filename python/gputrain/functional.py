@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C
-from gputrain._cast import _BFLOAT16
+from gputrain._cast import bfloat16, is_bfloat16
 
 __all__ = [
     "activation",
@@ -39,6 +39,8 @@ __all__ = [
     "embedding_backward",
     "gelu",
     "gelu_backward",
+    "gated_activation",
+    "gated_activation_backward",
     "gemm",
     "layer_norm",
     "layer_norm_backward",
@@ -47,6 +49,9 @@ __all__ = [
     "mse_loss",
     "relu",
     "relu_backward",
+    "rope_inv_freq",
+    "rotary_embedding",
+    "rotary_embedding_backward",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
     "silu",
@@ -69,8 +74,9 @@ def _wrap(raw: np.ndarray, dt: str, bits: bool) -> np.ndarray:
     bit patterns when the caller passed bits, ml_dtypes.bfloat16 for bf16 when installed."""
     if bits:
         return raw.view(np.uint16)
-    if dt == "bf16" and _BFLOAT16 is not None:
-        return raw.view(_BFLOAT16)
+    bf16 = bfloat16() if dt == "bf16" else None
+    if bf16 is not None:
+        return raw.view(bf16)
     return raw
 
 
@@ -120,7 +126,7 @@ def _array(value: Any, name: str, in_place: bool = False) -> np.ndarray:
 def _act(value: Any, name: str, dtype: str | None) -> _Act:
     """Checks an activation array; dtype (a canonical name or None) must agree with it."""
     array = _array(value, name)
-    if _BFLOAT16 is not None and array.dtype == _BFLOAT16:
+    if is_bfloat16(array.dtype):
         found, raw, bits = "bf16", array.view(np.uint16), False
     elif array.dtype == np.uint16:
         if dtype not in ("bf16", "f16"):
@@ -606,6 +612,126 @@ def scaled_dot_product_attention_backward(
                     scale, lengths, dropout_p, seed, layer, step, offset, dout=dout_act.raw,
                     dq=dq, dk=dk, dv=dv)
     return q_act.wrap(dq), q_act.wrap(dk), q_act.wrap(dv)
+
+
+def _gated_input(x: Any, name: str, dtype: str | None) -> _Act:
+    (act,) = _acts(dtype, **{name: x})
+    if act.raw.ndim < 1 or act.raw.shape[-1] % 2 != 0:
+        raise ValueError(f"{name} must have an even last dimension ([gate | up] halves), "
+                         f"got shape {act.raw.shape}")
+    return act
+
+
+def gated_activation(x: np.ndarray, kind: str = "silu", dtype: str | None = None) -> np.ndarray:
+    """Gated MLP activation ``act(gate) * up`` of x (..., 2 * inter) -> (..., inter).
+
+    Each row of x is ``[gate | up]``: the output of one GEMM by the stacked weight
+    ``[gate_proj; up_proj]`` (2 * inter, hidden), or of two GEMMs into the halves. ``kind`` is an
+    activation name (``"silu"``: SwiGLU as in Llama/Qwen/Mistral; ``"gelu_tanh"``: GeGLU with
+    ``gelu_pytorch_tanh`` as in Gemma). In bf16/f16 the activation is rounded to the dtype before
+    the product, as Hugging Face's ``act_fn(gate_proj(x)) * up_proj(x)`` is.
+    """
+    x_act = _gated_input(x, "x", dtype)
+    out = x_act.empty(x_act.raw.shape[:-1] + (x_act.raw.shape[-1] // 2,))
+    _C.op_glu(out, x_act.raw, _activation_code(kind), x_act.dt)
+    return x_act.wrap(out)
+
+
+def gated_activation_backward(dout: np.ndarray, x: np.ndarray, kind: str = "silu",
+                              dtype: str | None = None) -> np.ndarray:
+    """Gradient of :func:`gated_activation`: ``[dgate | dup]`` of x's shape, with ``dup = dout *
+    act(gate)`` and ``dgate = act'(gate) * (dout * up)`` (PyTorch autograd's roundings in
+    bf16/f16)."""
+    x_act = _gated_input(x, "x", dtype)
+    (dout_act,) = _acts(x_act.dt, dout=dout)
+    half = x_act.raw.shape[:-1] + (x_act.raw.shape[-1] // 2,)
+    if dout_act.raw.shape != half:
+        raise ValueError(f"dout must have shape {half} (x's with the last dimension halved), "
+                         f"got {dout_act.raw.shape}")
+    din = x_act.empty()
+    _C.op_glu(din, x_act.raw, _activation_code(kind), x_act.dt, dout=dout_act.raw)
+    return x_act.wrap(din)
+
+
+# --- rotary position embedding ----------------------------------------------------------------
+
+_ROPE_LAYOUTS = {"bhtd": 1, "bthd": 2}
+
+
+def rope_inv_freq(head_dim: int, theta: float = 10000.0, partial_rotary_factor: float = 1.0,
+                  rope_scaling: dict[str, Any] | None = None) -> np.ndarray:
+    """Hugging Face's RoPE inverse frequencies of one head, float32 of shape (rotary_dim / 2,).
+
+    ``rotary_dim = int(head_dim * partial_rotary_factor)`` (even); ``inv_freq[i] =
+    1 / theta ** (2 i / rotary_dim)``, each float32 operation of transformers'
+    ``_compute_default_rope_parameters`` rounded as PyTorch rounds it (the power as a double
+    rounded once: PyTorch's float32 pow is within 1 ulp of it). ``rope_scaling`` is a config's
+    dict: None or ``rope_type`` (or ``type``) ``"default"``, or ``"llama3"`` with ``factor``,
+    ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``
+    (``_compute_llama3_parameters``'s float32 arithmetic). Any other rope type is refused by name.
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)):
+        raise TypeError(f"head_dim must be an int, got {head_dim!r}")
+    theta = _real(theta, "theta")
+    partial_rotary_factor = _real(partial_rotary_factor, "partial_rotary_factor")
+    if rope_scaling is None:
+        return _C.op_rope_inv_freq(int(head_dim), theta, partial_rotary_factor)
+    if not isinstance(rope_scaling, dict):
+        raise TypeError(f"rope_scaling must be a dict or None, got {type(rope_scaling).__name__}")
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind == "default":
+        return _C.op_rope_inv_freq(int(head_dim), theta, partial_rotary_factor)
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported ('default', 'llama3')")
+    fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [name for name in fields if name not in rope_scaling]
+    if missing:
+        raise ValueError(f"rope_scaling: llama3 needs {', '.join(missing)}")
+    values = {name: _real(rope_scaling[name], f"rope_scaling[{name!r}]") for name in fields}
+    return _C.op_rope_inv_freq(int(head_dim), theta, partial_rotary_factor, "llama3", **values)
+
+
+def _rope_call(x: np.ndarray, positions: Any, inv_freq: np.ndarray, layout: str, dtype: str | None,
+               in_place: bool, backward: bool) -> np.ndarray:
+    if layout not in _ROPE_LAYOUTS:
+        raise ValueError(f"layout must be 'bhtd' or 'bthd', got {layout!r}")
+    name = "dout" if backward else "x"
+    if in_place:
+        _array(x, name, in_place=True)
+    (act,) = _acts(dtype, **{name: x})
+    if act.raw.ndim != 4:
+        raise ValueError(f"{name} must be 4-D ({', '.join(layout)}), got shape {act.raw.shape}")
+    if in_place and not act.raw.flags.writeable:
+        raise ValueError(f"{name} must be writeable: it is updated in place")
+    positions = _ids(positions, "positions")
+    inv_freq = _param(inv_freq, "inv_freq")
+    out = act.raw if in_place else act.empty()
+    _C.op_rope(out, act.raw, positions, inv_freq, act.dt, _ROPE_LAYOUTS[layout], backward=backward)
+    return act.wrap(out)
+
+
+def rotary_embedding(x: np.ndarray, positions: Any, inv_freq: np.ndarray, *, layout: str = "bhtd",
+                     in_place: bool = False, dtype: str | None = None) -> np.ndarray:
+    """Rotary position embedding of q or k in Hugging Face's ``rotate_half`` layout.
+
+    ``x`` is (batch, heads, seq, head_dim) (``layout="bhtd"``, the attention op's) or (batch,
+    seq, heads, head_dim) (``"bthd"``); ``positions`` int64 (batch, seq) or (1, seq) (positions
+    restart per packed document); ``inv_freq`` float32 (rotary_dim / 2,) from
+    :func:`rope_inv_freq`. With ``c = cos(pos * inv_freq[i])`` and ``s = sin(...)`` (float32
+    angle, then cast to x's dtype as transformers' LlamaRotaryEmbedding does), pairs (i, i + R/2)
+    become ``(x1 c - x2 s, x2 c + x1 s)``: ``x * cos + rotate_half(x) * sin`` with PyTorch's
+    roundings in bf16/f16 (each product, then the sum); elements from rotary_dim on pass
+    through. ``in_place`` rotates x itself (a C-contiguous, writeable array) and returns it.
+    """
+    return _rope_call(x, positions, inv_freq, layout, dtype, in_place, False)
+
+
+def rotary_embedding_backward(dout: np.ndarray, positions: Any, inv_freq: np.ndarray, *,
+                              layout: str = "bhtd", in_place: bool = False,
+                              dtype: str | None = None) -> np.ndarray:
+    """Gradient of :func:`rotary_embedding` with respect to x: the transpose rotation of ``dout``
+    (``(g1 c + g2 s, g2 c - g1 s)``, PyTorch autograd's roundings in bf16/f16)."""
+    return _rope_call(dout, positions, inv_freq, layout, dtype, in_place, True)
 
 
 # --- losses and norms --------------------------------------------------------------------------

@@ -14,14 +14,16 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from gputrain.data._errors import WorkerError
 from gputrain.data._fetch import Fetcher
 from gputrain.data._pinned import PinnedRing
-from gputrain.data._procs import _ERROR_JOIN_S, _JOIN_S, WorkerPool
+
+if TYPE_CHECKING:  # _procs (multiprocessing) is imported when a pool starts, not by `import gputrain`
+    from gputrain.data._procs import WorkerPool
 
 UNKNOWN_BATCHES = sys.maxsize  # an iterable dataset's batches per epoch, until it ends
 
@@ -61,6 +63,8 @@ class DatasetIter(Iterator[Any]):
                                 loader.collate_fn, loader.transform)
         self.pool: WorkerPool | None = None
         if loader.num_workers > 0:
+            from gputrain.data._procs import WorkerPool
+
             self.pool = WorkerPool(self._fetcher, loader.num_workers, loader._order_seed(), loader.worker_init_fn,
                                    loader.multiprocessing_context)
             weakref.finalize(self, self.pool.shutdown)
@@ -143,11 +147,11 @@ class DatasetIter(Iterator[Any]):
             failed = caught
         except BaseException:  # Ctrl-C, a dead worker, a timeout: the workers go
             self._finished = True
-            self.shutdown(_ERROR_JOIN_S)
+            self.shutdown(after_error=True)
             raise
         if failed.fatal:  # worker_init_fn failed: the workers are gone
             self._finished = True
-            self.shutdown(_ERROR_JOIN_S)
+            self.shutdown(after_error=True)
         else:  # the dataset or collate_fn raised: the epoch ends, persistent workers live on
             self._end_epoch()
         failed.error.reraise()
@@ -159,9 +163,12 @@ class DatasetIter(Iterator[Any]):
         if not self._persistent:
             self.shutdown()
 
-    def shutdown(self, grace: float = _JOIN_S) -> None:
+    def shutdown(self, after_error: bool = False) -> None:
+        """Stops the workers, waiting less for them to exit after an error (a timeout, Ctrl-C)."""
         if self.pool is not None:
-            self.pool.shutdown(grace)
+            from gputrain.data import _procs  # imported already: it made the pool
+
+            self.pool.shutdown(_procs._ERROR_JOIN_S if after_error else _procs._JOIN_S)
 
     @property
     def closed(self) -> bool:

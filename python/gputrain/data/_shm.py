@@ -15,12 +15,14 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from multiprocessing import shared_memory
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gputrain.data.collate import build_batch, spec_arrays
+
+if TYPE_CHECKING:
+    from multiprocessing import shared_memory
 
 ALIGN = 64  # bytes; every array in a slot starts on this boundary
 
@@ -78,6 +80,14 @@ def _arrays(batch: Any) -> list[np.ndarray]:
     return found
 
 
+def _segment(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:
+    """A shared-memory segment (multiprocessing is imported here, when workers run, not by
+    `import gputrain`)."""
+    from multiprocessing import shared_memory
+
+    return shared_memory.SharedMemory(name, create=create, size=size)
+
+
 def segment_prefix(main_pid: int) -> str:
     """The start of the names of the segments made for the loaders of process `main_pid`."""
     return f"gtld{main_pid}_"
@@ -107,14 +117,14 @@ class SlotWriter:
         if held is None or held.name != name:
             if held is not None:
                 self._drop(slot)
-            held = self._segments[slot] = shared_memory.SharedMemory(name=name)
+            held = self._segments[slot] = _segment(name)
         return held, None, capacity
 
     def _create(self, size: int) -> shared_memory.SharedMemory:
         while True:
             self._created += 1
             try:
-                return shared_memory.SharedMemory(f"{self._prefix}{self._created}", create=True, size=size)
+                return _segment(f"{self._prefix}{self._created}", create=True, size=size)
             except FileExistsError:  # left by an earlier process with the same pids: skip it
                 continue
 
@@ -237,7 +247,7 @@ class SlotRing:
     def adopt(self, slot: Slot, name: str, capacity: int) -> None:
         """Takes the segment a worker created for `slot` in place of the old one."""
         self._retire(slot)
-        segment = shared_memory.SharedMemory(name=name)
+        segment = _segment(name)
         view = np.frombuffer(segment.buf, np.uint8)
         slot.address = view.ctypes.data
         del view  # no export may outlive this function (close() would fail)

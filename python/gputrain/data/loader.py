@@ -38,7 +38,6 @@ from gputrain import _C, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer
 from gputrain.data._dataset_iter import UNKNOWN_BATCHES, DatasetIter, EpochBatches
 from gputrain.data._errors import WorkerError, raise_delivered_error
-from gputrain.data._procs import resolve_context
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import num_samples
 from gputrain.data._worker import make_worker_start, make_worker_transform
@@ -316,6 +315,8 @@ class DataLoader:
         self.in_order = bool(in_order)
         self.device = _parse_device(device)
         if self._kind != ARRAYS and num_workers > 0:
+            from gputrain.data._procs import resolve_context  # multiprocessing: only with workers
+
             resolve_context(multiprocessing_context)  # a bad one fails here, not at the first epoch
         self._next_epoch = 0
         self._resume: tuple[int, list[int]] | None = None

@@ -21,7 +21,6 @@ import time
 from typing import Any, Mapping
 
 from gputrain import _C
-from gputrain.distributed import _tcp
 
 __all__ = ["init", "destroy", "is_initialized", "get_rank", "get_world_size", "is_main_process", "barrier",
            "communicator", "get_local_rank", "all_reduce", "broadcast", "broadcast_parameters", "bytes_sent", "launcher_env",
@@ -134,6 +133,8 @@ def _choose_backend(backend: str | None) -> str:
 
 
 def _init_tcp(timeout: float) -> None:
+    from gputrain.distributed import _tcp  # socket: imported when a TCP job starts
+
     env = _tcp.tcp_env()
     if env.world_size > 1:
         _State.comm = _tcp.connect(env, float(timeout))

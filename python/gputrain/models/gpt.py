@@ -45,21 +45,31 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0  # on the embeddings, the attention probabilities and both residual branches
     bias: bool = True  # biases in the Linears and LayerNorms (GPT-2 has them)
+    n_inner: int | None = None  # the MLP's hidden width (None: 4 n_embd)
+    activation: str = "gelu_tanh"  # the MLP's: one of ACTIVATIONS (GPT-2: GELU, tanh approximation)
+    layer_norm_eps: float = 1e-5  # every LayerNorm's epsilon
+    tie_word_embeddings: bool = True  # the LM head is the token embedding (else its own (vocab, n_embd) Linear)
+
+
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "silu", "tanh")  # the MLP activations (gputrain's C names)
 
 
 class MLP(Module):
-    """GPT-2's feed-forward: c_fc (n_embd -> 4 n_embd), GELU (tanh approximation), c_proj."""
+    """GPT-2's feed-forward: c_fc (n_embd -> n_inner, default 4 n_embd), the activation (GPT-2:
+    GELU, tanh approximation), c_proj."""
 
-    def __init__(self, n_embd: int, bias: bool) -> None:
+    def __init__(self, n_embd: int, bias: bool, n_inner: int | None = None, activation: str = "gelu_tanh") -> None:
         super().__init__()
-        self.c_fc = Linear(n_embd, 4 * n_embd, bias)
-        self.c_proj = Linear(4 * n_embd, n_embd, bias)
+        n_inner = 4 * n_embd if n_inner is None else n_inner
+        self.activation = activation
+        self.c_fc = Linear(n_embd, n_inner, bias)
+        self.c_proj = Linear(n_inner, n_embd, bias)
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter((("c_fc", self.c_fc), ("c_proj", self.c_proj)))
 
     def _layers(self, tied: dict[int, int]) -> list[tuple]:
-        return [self.c_fc._spec_in(tied), ("activation", "gelu_tanh"), self.c_proj._spec_in(tied)]
+        return [self.c_fc._spec_in(tied), ("activation", self.activation), self.c_proj._spec_in(tied)]
 
     def _spec_in(self, tied: dict[int, int]) -> tuple:
         return ("sequential", self._layers(tied))
@@ -69,14 +79,17 @@ class Block(Module):
     """x + attn(ln_1(x)), then x + mlp(ln_2(x)), each branch followed by dropout. With gradient
     checkpointing, each of the two residual branches keeps only its input."""
 
+    attention_class: type[MultiheadAttention] = MultiheadAttention  # a subclass may rename its children
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.dropout = config.dropout
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = MultiheadAttention(config.n_embd, config.n_head, bias=config.bias,
-                                       dropout=config.dropout, causal=True)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config.n_embd, config.bias)
+        eps = config.layer_norm_eps
+        self.ln_1 = LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        self.attn = self.attention_class(config.n_embd, config.n_head, bias=config.bias,
+                                         dropout=config.dropout, causal=True)
+        self.ln_2 = LayerNorm(config.n_embd, eps=eps, bias=config.bias)
+        self.mlp = MLP(config.n_embd, config.bias, config.n_inner, config.activation)
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter((("ln_1", self.ln_1), ("attn", self.attn), ("ln_2", self.ln_2), ("mlp", self.mlp)))
@@ -96,8 +109,10 @@ def _config_from(config: GPTConfig | None, overrides: dict[str, Any]) -> GPTConf
     if unknown:
         raise TypeError(f"GPT: unexpected argument(s) {', '.join(unknown)}; the sizes are {', '.join(fields)}")
     fields.update(overrides)
-    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_inner"):
         value = fields[name]
+        if name == "n_inner" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         if value <= 0:
@@ -108,18 +123,29 @@ def _config_from(config: GPTConfig | None, overrides: dict[str, Any]) -> GPTConf
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
     fields["dropout"], fields["bias"] = float(dropout), bool(fields["bias"])
+    if fields["activation"] not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {fields['activation']!r}")
+    eps = fields["layer_norm_eps"]
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < math.inf:
+        raise ValueError(f"layer_norm_eps must be a positive float, got {eps!r}")
+    fields["layer_norm_eps"], fields["tie_word_embeddings"] = float(eps), bool(fields["tie_word_embeddings"])
     return GPTConfig(**fields)
 
 
 class GPT(Module):
     """GPT-2: ``GPT(GPTConfig(...))`` or ``GPT(vocab_size=..., block_size=..., n_layer=...,
-    n_head=..., n_embd=..., dropout=..., bias=...)``.
+    n_head=..., n_embd=..., dropout=..., bias=..., n_inner=..., activation=...,
+    layer_norm_eps=..., tie_word_embeddings=...)``.
 
     Input: int64 token ids (batch, T) with T <= block_size; output: logits (batch, T,
     vocab_size). Train it with ``gputrain.nn.CrossEntropyLoss()`` on targets (batch, T) (the
     ids shifted by one). state_dict names: ``wte.weight``, ``wpe.weight``,
     ``h.{i}.ln_1.weight``, ``h.{i}.attn.in_proj.weight`` (3 n_embd, n_embd), ...,
-    ``ln_f.weight``; the LM head is ``wte.weight`` (tied), listed once."""
+    ``ln_f.weight``; the LM head is ``wte.weight`` (tied), listed once, or ``lm_head.weight``
+    with tie_word_embeddings=False. (``gputrain.models.GPT2LMHeadModel`` is this model under
+    Hugging Face's names.)"""
+
+    block_class: type[Block] = Block  # a subclass may rename the blocks' children
 
     def __init__(self, config: GPTConfig | None = None, **overrides: Any) -> None:
         super().__init__()
@@ -127,9 +153,9 @@ class GPT(Module):
         c = self.config
         self.wte = Embedding(c.vocab_size, c.n_embd)
         self.wpe = PositionEmbedding(c.block_size, c.n_embd)
-        self.h = [Block(c) for _ in range(c.n_layer)]
-        self.ln_f = LayerNorm(c.n_embd, bias=c.bias)
-        self.lm_head = TiedLinear(self.wte)
+        self.h = [self.block_class(c) for _ in range(c.n_layer)]
+        self.ln_f = LayerNorm(c.n_embd, eps=c.layer_norm_eps, bias=c.bias)
+        self.lm_head = TiedLinear(self.wte) if c.tie_word_embeddings else Linear(c.n_embd, c.vocab_size, bias=False)
         self._compile()
         self._init_gpt2(random.next_seed())
 
@@ -182,7 +208,13 @@ class GPT(Module):
                 names.extend((f"h.{i}.{own}.{k}", f"transformer.h.{i}.{hf}.{k}", conv and k == "weight")
                              for k in kinds)
         names.extend((f"ln_f.{k}", f"transformer.ln_f.{k}", False) for k in kinds)
+        if not self.config.tie_word_embeddings:
+            names.append(("lm_head.weight", "lm_head.weight", False))
         return names
+
+    def _gpt_state(self) -> dict[str, np.ndarray]:
+        """Copies of the parameters under GPT's own names and layouts (what generate's cache reads)."""
+        return dict(self.state_dict())
 
     def to_hf_state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Copies of the weights under Hugging Face's GPT-2 names (GPT2LMHeadModel's state_dict
@@ -191,7 +223,8 @@ class GPT(Module):
         own = self.state_dict()
         out = OrderedDict((hf, np.ascontiguousarray(own[name].T) if conv else own[name])
                           for name, hf, conv in self._hf_names())
-        out["lm_head.weight"] = own["wte.weight"].copy()
+        if self.config.tie_word_embeddings:
+            out["lm_head.weight"] = own["wte.weight"].copy()
         return out
 
     @classmethod
@@ -201,11 +234,17 @@ class GPT(Module):
         np.asarray takes) under GPT2LMHeadModel's names (``transformer.wte.weight``, ...) or
         GPT2Model's (without ``transformer.``), or the path of a ``.safetensors`` file (needs the
         ``safetensors`` package; without it, load the file yourself into a dict of NumPy arrays).
-        The sizes are read from the shapes; ``n_head`` cannot be, and defaults to n_embd // 64
-        (every GPT-2 size). ``attn.bias``/``attn.masked_bias`` buffers are ignored; a
-        ``lm_head.weight`` must equal the token embedding (GPT-2 ties them). A missing, unexpected
-        or mis-shaped entry raises KeyError/ValueError naming it. ``block_size`` may crop the
-        position table (to train on shorter sequences)."""
+        The sizes are read from the shapes; ``n_head`` cannot be, and is required (ValueError
+        naming it otherwise: a guess builds a model whose logits are silently wrong). The rest of
+        GPT-2's configuration is assumed at its defaults (GELU tanh, LayerNorm epsilon 1e-5):
+        ``gputrain.models.from_pretrained(folder)`` reads a checkpoint folder's config.json
+        instead. ``attn.bias``/``attn.masked_bias`` buffers are ignored; a ``lm_head.weight``
+        that differs from the token embedding gives an untied head (tie_word_embeddings=False). A
+        missing, unexpected or mis-shaped entry raises KeyError/ValueError naming it.
+        ``block_size`` may crop the position table (to train on shorter sequences)."""
+        if n_head is None:
+            raise ValueError("n_head: required (a state dict does not say how many heads the attention has; "
+                             "gputrain.models.from_pretrained(folder) reads it from config.json)")
         state = _load_hf(state)
         wte = _hf_array(state, "transformer.wte.weight", 2)
         wpe = _hf_array(state, "transformer.wpe.weight", 2)
@@ -215,10 +254,14 @@ class GPT(Module):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 < block_size <= wpe.shape[0]:
             raise ValueError(f"block_size must be an int in [1, {wpe.shape[0]}] (the rows of "
                              f"transformer.wpe.weight), got {block_size!r}")
+        c_fc = "transformer.h.0.mlp.c_fc.weight"
+        n_inner = _hf_array(state, c_fc, 2).shape[1] if c_fc in state else None
+        n_inner = None if n_inner == 4 * n_embd else n_inner  # GPT-2's default width
+        tied = "lm_head.weight" not in state or np.array_equal(_hf_array(state, "lm_head.weight", 2), wte)
         config = _config_from(None, dict(
             vocab_size=wte.shape[0], block_size=block_size, n_layer=max(n_layer, 1),
-            n_head=n_embd // 64 if n_head is None else n_head, n_embd=n_embd, dropout=dropout,
-            bias="transformer.ln_f.bias" in state))
+            n_head=n_head, n_embd=n_embd, dropout=dropout, n_inner=n_inner,
+            bias="transformer.ln_f.bias" in state, tie_word_embeddings=tied))
         model = cls(config)
         model.load_hf_state_dict(state)
         return model
@@ -229,7 +272,7 @@ class GPT(Module):
         state = _load_hf(state)
         own = self.state_dict()
         expected = {hf for _, hf, _ in self._hf_names()}
-        extra = sorted(set(state) - expected - {"lm_head.weight"})
+        extra = sorted(set(state) - expected - {"lm_head.weight"})  # lm_head.weight: in `expected` when untied
         if extra:
             raise KeyError(f"state: unexpected key {extra[0]!r} ({len(extra)} unexpected in all); this "
                            f"GPT has {self.config.n_layer} layers, bias={self.config.bias}")
@@ -247,7 +290,7 @@ class GPT(Module):
             if array.shape != shape:
                 raise ValueError(f"state[{hf!r}]: expected shape {shape}, got {array.shape}")
             values[name] = array.T if conv else array
-        if "lm_head.weight" in state:
+        if "lm_head.weight" in state and self.config.tie_word_embeddings:
             head = _hf_array(state, "lm_head.weight", 2)
             if head.shape != values["wte.weight"].shape or not np.array_equal(head, values["wte.weight"]):
                 raise ValueError("state['lm_head.weight']: differs from transformer.wte.weight; GPT ties the "
@@ -372,7 +415,7 @@ class _CachedGPT:
 
     def __init__(self, model: GPT) -> None:
         self.config = model.config
-        self.p = {k: v.astype(np.float32) for k, v in model.state_dict().items()}
+        self.p = {k: v.astype(np.float32) for k, v in model._gpt_state().items()}
         self.length = 0  # positions cached
         self.tokens: np.ndarray | None = None  # the context the cache holds
         self.keys: list[np.ndarray] = []
@@ -383,7 +426,7 @@ class _CachedGPT:
 
     def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
         weight = self.p[name + ".weight"]
-        return F.layer_norm(x, weight, self.p.get(name + ".bias", np.zeros_like(weight)))[0]
+        return F.layer_norm(x, weight, self.p.get(name + ".bias", np.zeros_like(weight)), self.config.layer_norm_eps)[0]
 
     def _attention(self, x: np.ndarray, i: int, start: int) -> np.ndarray:
         c = self.config
@@ -420,7 +463,8 @@ class _CachedGPT:
         x = self.p["wte.weight"][context[:, start:]] + self.p["wpe.weight"][start:context.shape[1]]
         for i in range(self.config.n_layer):
             x = x + self._attention(self._ln(x, f"h.{i}.ln_1"), i, start)
-            x = x + self._linear(F.gelu(self._linear(self._ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"), "tanh"),
-                                 f"h.{i}.mlp.c_proj")
+            hidden = F.activation(self._linear(self._ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc"), self.config.activation)
+            x = x + self._linear(hidden, f"h.{i}.mlp.c_proj")
         self.length, self.tokens = context.shape[1], context.copy()
-        return F.linear(self._ln(x[:, -1], "ln_f"), self.p["wte.weight"])
+        head = "wte.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        return F.linear(self._ln(x[:, -1], "ln_f"), self.p[head])

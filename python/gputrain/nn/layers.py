@@ -121,6 +121,41 @@ class LayerNorm(Module):
         return f"({self.normalized_shape},), eps={self.eps}"
 
 
+class RMSNorm(Module):
+    """Root-mean-square normalisation of the last dimension, PyTorch's ``nn.RMSNorm``:
+    ``x / sqrt(mean(x^2) + eps) * weight``, the statistics in float32 or wider whatever the
+    precision; ``weight`` (normalized_shape,) starts at 1 and exists with ``elementwise_affine``."""
+
+    _param_names = ("weight",)
+
+    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, tuple):
+            if len(normalized_shape) != 1:
+                raise ValueError("normalized_shape: only the last dimension can be normalised")
+            normalized_shape = normalized_shape[0]
+        self.normalized_shape = _positive_int(normalized_shape, "normalized_shape")
+        if eps is None:
+            raise ValueError("eps: None (PyTorch's machine epsilon of the input's dtype) is not supported; "
+                             "pass a number, e.g. 1e-6")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise TypeError(f"eps must be a float, not {type(eps).__name__}")
+        if not 0 < eps < float("inf"):
+            raise ValueError(f"eps must be positive and finite, got {eps}")
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        self._compile()
+
+    def _has_param(self, name: str) -> bool:
+        return self.elementwise_affine
+
+    def _spec(self) -> tuple:
+        return ("rmsnorm", self.normalized_shape, self.eps, self.elementwise_affine)
+
+    def extra_repr(self) -> str:
+        return f"({self.normalized_shape},), eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
 class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table looked up by int64 ids."""
 

@@ -396,7 +396,8 @@ class Module:
         """load_state_dict's checks, changing nothing: the checked copies that _apply_staged
         (called next, with nothing changing the model in between) writes."""
         check_mapping(state_dict, "state_dict")
-        own = (self.state_dict() if self._on_device()
+        # Module's state_dict: the arena's layout, whatever a subclass's state_dict shows
+        own = (Module.state_dict(self) if self._on_device()
                else {n: p.data for n, p in self.named_parameters(remove_duplicate=False)})
         root = self._owner or self
         buffer_arrays = root._buffer_arrays()

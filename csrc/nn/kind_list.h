@@ -1,0 +1,27 @@
+/* Every layer kind: X(NAME, name), in enum order (append a new kind at the end). NAME gives the
+ * enum value GT_LAYER_NAME; name is the kind's spec name (the first item of its spec tuple) and
+ * its row, `gt_layer_type gt_layer_type_name` (nn/kind.h), defined in the kind's C file or, for
+ * the kinds that predate the table, in nn/kinds.c. */
+#ifndef GT_NN_KIND_LIST_H
+#define GT_NN_KIND_LIST_H
+
+#define GT_LAYER_KIND_LIST(X)                                                                       \
+    X(LINEAR, linear)           /* (..., in) -> (..., out): x W^T + b */                            \
+    X(ACTIVATION, activation)   /* elementwise ReLU, GELU, tanh, SiLU */                            \
+    X(DROPOUT, dropout)         /* elementwise, Philox masks */                                     \
+    X(LAYERNORM, layernorm)     /* (..., C) -> same */                                              \
+    X(EMBEDDING, embedding)     /* int64 ids (...) -> (..., dim) */                                 \
+    X(FLATTEN, flatten)         /* (N, ...) -> (N, rest): a view */                                 \
+    X(SEQUENTIAL, sequential)   /* its children, one after another */                               \
+    X(RESIDUAL, residual)       /* x + block(x) */                                                  \
+    X(ATTENTION, attention)     /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */            \
+    X(TOKENS, tokens)           /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */     \
+    X(POOL, pool)               /* (B, T, E) -> (B, E): first token or masked mean */               \
+    X(POSITION, position)       /* (..., T, C) + weight[0:T] (num_positions, C) */                  \
+    X(CONV2D, conv2d)           /* (N, C, H, W) -> (N, O, OH, OW) */                                \
+    X(BATCHNORM2D, batchnorm2d) /* (N, C, H, W) -> same; weight, bias (C,); running statistics */   \
+    X(POOL2D, pool2d)           /* (N, C, H, W) -> (N, C, OH, OW): max, average, adaptive average */ \
+    X(RMSNORM, rmsnorm)         /* (..., C) -> same: x / sqrt(mean(x^2) + eps) * weight */          \
+    /* end of the list */
+
+#endif
