@@ -283,6 +283,7 @@ extension = Extension(
 INSTALL_REQUIRES = [
     "numpy>=1.25",
     "safetensors>=0.4",  # the Trainer's checkpoint format (gputrain/checkpoint.py)
+    "tqdm>=4.62",  # the Trainer's progress bars (imported lazily, by ProgressCallback)
     "scipy-openblas32>=0.3.30,<0.4; platform_machine != 'x86_64'",
 ] + ([gputrain_cuda.PATHFINDER_REQUIREMENT] if CUDA_SOURCE.kind != "none" else []) \
   + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])

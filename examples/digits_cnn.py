@@ -81,9 +81,9 @@ def main() -> None:
           f"feature map {model.feature_size[0]}x{model.feature_size[1]}")
     args = gt.TrainingArguments(
         output_dir=options.output_dir, num_train_epochs=options.epochs, per_device_train_batch_size=32,
-        learning_rate=3e-3, weight_decay=0.01, optim="adamw_torch", lr_scheduler_type="cosine", warmup_ratio=0.05,
+        learning_rate=3e-3, weight_decay=0.01, optim="adamw_torch", lr_scheduler_type="cosine", warmup_steps=0.05,
         max_grad_norm=1.0, bf16=options.precision == "bf16", eval_strategy="epoch", logging_strategy="epoch",
-        save_strategy="no", per_device_eval_batch_size=256, seed=0, disable_tqdm=True)
+        save_strategy="no", per_device_eval_batch_size=256, seed=0)
     trainer = gt.Trainer(model, args, train_dataset=data["train"], eval_dataset=data["val"],
                          compute_metrics=gt.metrics.classification_metrics("macro"),
                          callbacks=[Progress(len(x_train))])

@@ -93,8 +93,10 @@ def test_trainer_with_column_mappings(tmp_path):
     assert metrics["eval_accuracy"] > 0.9 and metrics["eval_f1_macro"] > 0.9
     prediction = trainer.predict({**test_enc, "labels": test_labels})
     assert prediction.predictions.shape == (400, 2)
-    with pytest.raises(ValueError, match="eval_dataset: a mapping dataset has the columns"):
-        trainer.evaluate({**test_enc, "labels": test_labels, "extra": test_labels})
+    extra = trainer.evaluate({**test_enc, "labels": test_labels, "extra": test_labels})  # dropped, as HF's
+    assert extra["eval_accuracy"] == metrics["eval_accuracy"]  # remove_unused_columns=True
+    with pytest.raises(ValueError, match="eval_dataset: a dict batch needs exactly one label column"):
+        trainer.evaluate({**test_enc, "labels": test_labels, "label": test_labels})
     with pytest.raises(ValueError, match="attention_mask"):
         bad = dict(test_enc, attention_mask=1 - test_enc["attention_mask"])
         trainer.evaluate({**bad, "labels": test_labels})

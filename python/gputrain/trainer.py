@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -45,15 +46,17 @@ from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain._vocab import parse_device
 from gputrain.amp import GradScaler
 from gputrain.data import DataLoader
+from gputrain.data.collate import DataCollatorWithPadding, to_numpy
 from gputrain.metrics import EvalPrediction, PredictionOutput
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
-from gputrain.nn.sequence import pack_for
+from gputrain.nn.sequence import TokenEmbedding, _first_leaf, pack_for
 from gputrain.optim import EMA, SGD, AdamW, get_scheduler, param_groups_llrd, param_groups_weight_decay
 from gputrain.step import TrainStep
 from gputrain.trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
+    PrinterCallback,
     ProgressCallback,
     TrainerCallback,
     TrainerControl,
@@ -61,7 +64,8 @@ from gputrain.trainer_callback import (
 )
 from gputrain.training_args import TrainingArguments
 
-__all__ = ["EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer"]
+__all__ = ["TRAINER_KEYWORDS", "EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer",
+           "trainer_keywords_markdown"]
 
 logger = logging.getLogger("gputrain.trainer")
 
@@ -76,14 +80,29 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
+def _is_pair(dataset: Any) -> bool:
+    """An (inputs, labels) pair of arrays (not a list of two examples)."""
+    return (isinstance(dataset, (tuple, list)) and len(dataset) == 2
+            and not any(isinstance(part, (Mapping, tuple)) for part in dataset))
+
+
+def _is_examples(dataset: Any) -> bool:
+    """A list or map-style Dataset (__len__ and __getitem__) of per-example dicts or (x, y) tuples,
+    as Hugging Face's datasets and PyTorch's Dataset subclasses give them."""
+    if dataset is None or isinstance(dataset, (DataLoader, Mapping, np.ndarray)) or _is_pair(dataset):
+        return False
+    return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+
+
 def _check_dataset(name: str, dataset: Any) -> None:
-    """A dataset is a DataLoader yielding (inputs, labels) or an (inputs, labels) pair of arrays."""
+    """A dataset is a DataLoader, an (inputs, labels) pair of arrays, or a list / map-style
+    Dataset of examples (turned into a DataLoader before this check)."""
     if dataset is None or isinstance(dataset, DataLoader):
         return
-    if not isinstance(dataset, (tuple, list)) or len(dataset) != 2:
-        raise TypeError(f"{name} must be an (inputs, labels) pair of arrays or a gputrain.DataLoader, "
-                        f"not {type(dataset).__name__}")
-    x, y = (np.asarray(a) for a in dataset)
+    if not _is_pair(dataset):
+        raise TypeError(f"{name} must be an (inputs, labels) pair of arrays, a mapping of columns, a list or "
+                        f"map-style Dataset of examples, or a gputrain.DataLoader; not {type(dataset).__name__}")
+    x, y = (np.asarray(to_numpy(a)) for a in dataset)
     if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
         raise ValueError(f"{name}: inputs and labels must have the same number of rows, got shapes "
                          f"{x.shape} and {y.shape}")
@@ -92,21 +111,73 @@ def _check_dataset(name: str, dataset: Any) -> None:
 
 
 _COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
+_LABEL_KEYS = ("labels", "label", "label_ids")  # HF's collators rename label / label_ids to labels
 
 
-def _as_pair(model: Module, name: str, dataset: Any) -> Any:
-    """A Hugging Face style dataset, a mapping of columns {"input_ids", "attention_mask",
-    "token_type_ids", "labels" (or "label")}, as the (inputs, labels) pair of arrays the model
+def _read_columns(model: Module) -> tuple[str, ...] | None:
+    """The text columns the model reads (input_ids and what its TokenEmbedding takes), or None
+    for a model whose first layer is not a TokenEmbedding (it reads one input column)."""
+    first = _first_leaf(model)
+    if not isinstance(first, TokenEmbedding):
+        return None
+    return ("input_ids",) + (("attention_mask",) if first.attention_mask else ()) + \
+        (("token_type_ids",) if first.type_vocab_size else ())
+
+
+def _batch_to_pair(model: Module, name: str, batch: Any, label_names: Any = None,
+                   remove_unused: bool = True) -> tuple[Any, Any]:
+    """A batch (or a mapping dataset) as the (inputs, labels) the model reads: a mapping of columns
+    ({"input_ids", "attention_mask", "token_type_ids", "labels" / "label" / "label_ids"}, or one
+    input column and the labels for other models), or an (inputs, labels) tuple as given."""
+    if not isinstance(batch, Mapping):
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return to_numpy(batch[0]), to_numpy(batch[1])
+        raise TypeError(f"{name}: a batch must be an (inputs, labels) pair or a dict of columns with labels, "
+                        f"not {type(batch).__name__}")
+    keys = tuple(label_names) if label_names else _LABEL_KEYS
+    labels = [key for key in keys if key in batch]
+    if len(labels) != 1:
+        raise ValueError(f"{name}: a dict batch needs exactly one label column among {list(keys)} (label_names); "
+                         f"got columns {sorted(batch)}")
+    reads = _read_columns(model)
+    inputs = [key for key in batch if key not in labels]
+    wanted = [key for key in inputs if key in (reads or _COLUMNS)] if reads is not None else inputs
+    unused = sorted(set(inputs) - set(wanted))
+    if reads is None and len(wanted) != 1:
+        raise ValueError(f"{name}: {type(model).__name__} reads one input column (its first layer is not a "
+                         f"TokenEmbedding); the batch has {sorted(inputs)} besides {labels[0]!r}")
+    if unused and not remove_unused:
+        raise ValueError(f"{name}: columns {unused} are not read by {type(model).__name__} (it reads "
+                         f"{list(reads or wanted)}); set remove_unused_columns=True to drop them")
+    y = to_numpy(batch[labels[0]])
+    if reads is None:
+        return to_numpy(batch[wanted[0]]), y
+    if "input_ids" not in batch:
+        raise ValueError(f"{name}: a dict batch for {type(model).__name__} needs 'input_ids'; got {sorted(batch)}")
+    get = {key: (to_numpy(batch[key]) if key in batch and key in reads else None) for key in _COLUMNS}
+    pack = getattr(model, "pack", None)  # a model's own packing fills in a missing mask / token types
+    packed = (pack if callable(pack) else lambda *a: pack_for(model, *a))(
+        get["input_ids"], get["attention_mask"], get["token_type_ids"])
+    return packed, np.asarray(y)
+
+
+def _as_pair(model: Module, name: str, dataset: Any, args: TrainingArguments | None = None) -> Any:
+    """A Hugging Face style mapping of columns as the (inputs, labels) pair of arrays the model
     reads (gputrain.nn.pack_inputs); anything else as given."""
     if not isinstance(dataset, Mapping):
         return dataset
-    labels = [key for key in ("labels", "label") if key in dataset]
-    unknown = sorted(set(dataset) - set(_COLUMNS) - {"labels", "label"})
-    if "input_ids" not in dataset or len(labels) != 1 or unknown:
-        raise ValueError(f"{name}: a mapping dataset has the columns 'input_ids', 'labels' (or 'label') and "
-                         f"optionally 'attention_mask', 'token_type_ids'; got {sorted(dataset)}")
-    inputs = pack_for(model, dataset["input_ids"], dataset.get("attention_mask"), dataset.get("token_type_ids"))
-    return inputs, np.asarray(dataset[labels[0]])
+    label_names = None if args is None else args.label_names
+    remove = True if args is None else args.remove_unused_columns
+    return _batch_to_pair(model, name, dataset, label_names, remove)
+
+
+def _pad_id(model: Module, processing_class: Any) -> int:
+    """The padding id of HF's default collator: the tokenizer's, else the model's, else 0."""
+    for owner in (processing_class, model, getattr(model, "config", None)):
+        value = getattr(owner, "pad_token_id", None) if owner is not None else None
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return int(value)
+    return 0
 
 
 def _micro_batches(rows: int, max_rows: int) -> int:
@@ -124,7 +195,8 @@ def _train_batches(args: TrainingArguments, dataset: Any) -> int:
     if isinstance(dataset, DataLoader):
         batches = len(dataset)
     else:
-        rows, size = -(-len(dataset[0]) // distributed.get_world_size()), args.per_device_train_batch_size  # a rank's shard
+        count = len(dataset) if isinstance(dataset, _Examples) else len(to_numpy(dataset[0]))
+        rows, size = -(-count // distributed.get_world_size()), args.per_device_train_batch_size
         batches = rows // size if args.dataloader_drop_last else -(-rows // size)
     if batches == 0:
         raise ValueError(f"train_dataset gives no batch of per_device_train_batch_size="
@@ -139,35 +211,131 @@ def _resolve_device(device: str) -> str:
     return parse_device(device)  # canonical: "cpu", "cuda:N" or "sim:N"
 
 
+class _Examples:
+    """A list or map-style Dataset of examples and the collator that makes its batches."""
+
+    def __init__(self, dataset: Any, collator: Callable[[list[Any]], Any]) -> None:
+        self.dataset = dataset
+        self.collator = collator
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+# Trainer(...) keyword -> (status, meaning in gputrain); statuses as TrainingArguments' FIELD_TABLE.
+TRAINER_KEYWORDS: dict[str, tuple[str, str]] = {
+    "model": ("supported", "a gputrain.nn.Module"),
+    "args": ("supported", "TrainingArguments (default: TrainingArguments())"),
+    "data_collator": ("supported", "list of examples -> batch, for list / map-style datasets of examples; default: "
+                                   "pad input_ids with the tokenizer's or model's pad id (else 0), attention_mask and "
+                                   "token_type_ids with 0, label / label_ids renamed labels"),
+    "train_dataset": ("supported", "examples (list / map-style Dataset of dicts or (x, y)), an (inputs, labels) pair "
+                                   "of arrays, a mapping of columns, or a gputrain.DataLoader (dict or tuple batches)"),
+    "eval_dataset": ("supported", "as train_dataset"),
+    "processing_class": ("supported", "kept as trainer.processing_class; its pad_token_id pads the default collator's "
+                                      "input_ids"),
+    "model_init": ("refused", "no hyperparameter search; build the model before the Trainer"),
+    "compute_loss_func": ("refused", "the loss is inside the fused C step; pass loss_fn=gt.nn.CrossEntropyLoss(...) "
+                                     "or gt.nn.MSELoss()"),
+    "compute_metrics": ("supported", "EvalPrediction -> dict of metrics (gputrain.metrics has common ones)"),
+    "callbacks": ("supported", "TrainerCallback instances or classes, after the default flow and progress ones"),
+    "optimizers": ("refused", "(None, None) only: the optimizer and schedule come from TrainingArguments (optim, "
+                              "learning_rate, weight_decay, adam_*, lr_scheduler_type, warmup_steps)"),
+    "optimizer_cls_and_kwargs": ("refused", "None only: the optimizer comes from TrainingArguments.optim"),
+    "preprocess_logits_for_metrics": ("supported", "(logits, labels) -> what EvalPrediction.predictions holds, "
+                                                   "per evaluation batch"),
+    "tokenizer": ("transformers 4 name", "of processing_class"),
+    "loss_fn": ("gputrain", "CrossEntropyLoss (default, with label_smoothing_factor) or MSELoss"),
+}
+
+
+def trainer_keywords_markdown() -> str:
+    """The Markdown table of Trainer(...)'s keywords: name, status, meaning here."""
+    lines = ["| keyword | status | meaning in gputrain |", "|---|---|---|"]
+    lines += [f"| `{name}` | {status} | {meaning} |" for name, (status, meaning) in TRAINER_KEYWORDS.items()]
+    return "\n".join(lines) + "\n"
+
+
+class _ConsoleHandler(logging.StreamHandler):
+    """The gputrain.trainer logger's own handler (HF's library handler): prints the start-up block
+    and warnings without configuring logging; silent once the root logger has handlers (then the
+    record reaches them instead, once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:  # the current sys.stderr (notebooks and pytest replace it)
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+    def filter(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        return not logging.getLogger().handlers and super().filter(record)
+
+
+def _install_console_handler() -> None:
+    if not any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
+        logger.addHandler(_ConsoleHandler())
+
+
 class Trainer:
     """Trains `model` as Hugging Face's Trainer does, one C call per optimizer step.
 
-    Args:
+    The keywords are Hugging Face's, in its order (TRAINER_KEYWORDS says what each means here):
         model: a gputrain.nn.Module.
         args: TrainingArguments (default: TrainingArguments()).
-        train_dataset / eval_dataset: an (inputs, labels) pair of arrays, or a gputrain.DataLoader
-            yielding (inputs, labels) batches (then its batch size and options are used as given).
+        data_collator: makes a batch of a list of examples (default: padding, as HF's
+            DataCollatorWithPadding).
+        train_dataset / eval_dataset: a list or map-style Dataset of examples (dicts such as
+            {"input_ids", "attention_mask", "labels"}, or (x, y) tuples), an (inputs, labels) pair of
+            arrays, a mapping of columns, or a gputrain.DataLoader yielding dict or (inputs, labels)
+            batches (then its batch size and options are used as given).
+        processing_class (tokenizer): kept; its pad_token_id pads the default collator's input_ids.
         compute_metrics: EvalPrediction -> dict of metrics (see gputrain.metrics).
         callbacks: TrainerCallback instances or classes, after the default flow and progress ones.
+        preprocess_logits_for_metrics: (logits, labels) -> predictions, per evaluation batch.
+        model_init, compute_loss_func, optimizers, optimizer_cls_and_kwargs: refused unless left at
+            their defaults (the message names the alternative).
         loss_fn: CrossEntropyLoss (default, with label_smoothing_factor) or MSELoss.
     """
 
-    def __init__(self, model: Module, args: TrainingArguments | None = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
+    def __init__(self, model: Module | None = None, args: TrainingArguments | None = None,
+                 data_collator: Callable[[list[Any]], Any] | None = None, train_dataset: Any = None,
+                 eval_dataset: Any = None, processing_class: Any = None, model_init: Any = None,
+                 compute_loss_func: Any = None,
+                 compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
                  callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
-                 loss_fn: CrossEntropyLoss | MSELoss | None = None) -> None:
+                 optimizers: tuple[Any, Any] = (None, None), optimizer_cls_and_kwargs: Any = None,
+                 preprocess_logits_for_metrics: Callable[[Any, Any], Any] | None = None, *,
+                 tokenizer: Any = None, loss_fn: CrossEntropyLoss | MSELoss | None = None) -> None:
         args = TrainingArguments() if args is None else args
-        if isinstance(model, Module):
-            train_dataset = _as_pair(model, "train_dataset", train_dataset)
-            eval_dataset = _as_pair(model, "eval_dataset", eval_dataset)
+        self._refuse_keywords(model_init, compute_loss_func, optimizers, optimizer_cls_and_kwargs,
+                              preprocess_logits_for_metrics, data_collator)
+        if tokenizer is not None and processing_class is not None and tokenizer is not processing_class:
+            raise ValueError("give processing_class only (tokenizer is transformers 4's name of it)")
+        processing_class = processing_class if processing_class is not None else tokenizer
+        if isinstance(model, Module) and isinstance(args, TrainingArguments):
+            collator = data_collator or DataCollatorWithPadding(_pad_id(model, processing_class))
+            train_dataset = self._source(model, args, "train_dataset", train_dataset, collator)
+            eval_dataset = self._source(model, args, "eval_dataset", eval_dataset, collator)
         batches = self._check_arguments(model, args, train_dataset, eval_dataset, compute_metrics, callbacks)
         self.loss_fn = self._make_loss(loss_fn, args)
         self.device = _resolve_device(args.device)  # everything above only checks; from here on, effects
         self.model = model
         self.args = args
-        self.train_dataset = train_dataset
-        self.eval_dataset = eval_dataset
+        self.data_collator = data_collator
+        self.processing_class = processing_class
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self._train_source = train_dataset
+        self.train_dataset = train_dataset.dataset if isinstance(train_dataset, _Examples) else train_dataset
+        self._eval_source = eval_dataset
+        self.eval_dataset = eval_dataset.dataset if isinstance(eval_dataset, _Examples) else eval_dataset
         self.compute_metrics = compute_metrics
+        self._set_up_logging()
         random.manual_seed(args.seed)  # HF's set_seed: whatever is built from here on is reproducible
         self._apply_memory_cap()
         if self.device != "cpu":
@@ -184,17 +352,55 @@ class Trainer:
         self._step: TrainStep | None = None
         self._grouped = False  # True: a user DataLoader whose batches are gathered into groups
         self._updates_per_epoch = 0
+        self._batches_per_epoch = batches  # loader batches of per_device_train_batch_size rows (HF's epoch unit)
         # losses since the last log, and of the whole run (train_loss: their mean over all steps, as HF's)
         self._logged = {"loss_sum": 0.0, "steps": 0, "last_logged_step": 0, "grad_norm": math.nan,
                         "total_loss": 0.0, "total_steps": 0}
         self._done = {"eval": -1, "save": -1}  # the steps last evaluated and saved at
         if train_dataset is not None:
             self._setup_training(batches)
-        default = [DefaultFlowCallback] + ([ProgressCallback] if self._progress_bar() else [])
+        bar = self._progress_bar()
+        default = [DefaultFlowCallback] + ([ProgressCallback] if bar else [PrinterCallback] if self._prints() else [])
         self.callback_handler = CallbackHandler(
             default + list(callbacks or []), model=model, optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler, train_dataloader=self.train_dataloader, train_step=self._step)
         self.control = self.callback_handler.call_event("on_init_end", args, self.state, self.control)
+
+    @staticmethod
+    def _refuse_keywords(model_init: Any, compute_loss_func: Any, optimizers: Any, optimizer_cls_and_kwargs: Any,
+                         preprocess_logits_for_metrics: Any, data_collator: Any) -> None:
+        given = {"model_init": model_init is not None, "compute_loss_func": compute_loss_func is not None,
+                 "optimizers": tuple(optimizers or (None, None)) != (None, None),
+                 "optimizer_cls_and_kwargs": optimizer_cls_and_kwargs is not None}
+        for name, refused in given.items():
+            if refused:
+                raise ValueError(f"Trainer({name}=...) is not supported by gputrain: {TRAINER_KEYWORDS[name][1]}")
+        for name, value in (("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
+                            ("data_collator", data_collator)):
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable, not {type(value).__name__}")
+
+    @staticmethod
+    def _source(model: Module, args: TrainingArguments, name: str, dataset: Any, collator: Any) -> Any:
+        """What the Trainer reads a dataset from: examples with their collator, a DataLoader, or an
+        (inputs, labels) pair (a mapping of columns becomes one)."""
+        if _is_examples(dataset):
+            if len(dataset) == 0:
+                raise ValueError(f"{name} has no examples")
+            return _Examples(dataset, collator)
+        return _as_pair(model, name, dataset, args)
+
+    def _set_up_logging(self) -> None:
+        """HF's logging: the gputrain.trainer logger at log_level on the main process (passive:
+        INFO unless the user set a level) and log_level_replica elsewhere, with its own console
+        handler when nothing else would print."""
+        main = distributed.is_main_process()
+        logger.setLevel(self.args.process_log_level(main))
+        _install_console_handler()
+
+    def _prints(self) -> bool:
+        """The loss lines without a bar (HF's PrinterCallback): on the main process."""
+        return distributed.is_main_process()
 
     # -- construction ----------------------------------------------------------------------------
     @staticmethod
@@ -206,8 +412,9 @@ class Trainer:
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
         if not isinstance(args, TrainingArguments):
             raise TypeError(f"args must be a gputrain.TrainingArguments, not {type(args).__name__}")
-        _check_dataset("train_dataset", train_dataset)
-        _check_dataset("eval_dataset", eval_dataset)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            if not isinstance(dataset, _Examples):
+                _check_dataset(name, dataset)
         if args.eval_strategy != "no" and eval_dataset is None:
             raise ValueError(f"You have set args.eval_strategy to {args.eval_strategy!r} but you didn't pass an "
                              "eval_dataset to Trainer. Either set args.eval_strategy to 'no' or pass an eval_dataset.")
@@ -241,13 +448,12 @@ class Trainer:
         return self.device
 
     def _progress_bar(self) -> bool:
-        disable = self.args.disable_tqdm or not distributed.is_main_process()
-        if disable is None:
-            disable = logger.getEffectiveLevel() > logging.WARNING
-        if disable:
+        """HF's default: a bar unless disable_tqdm, on the main process (tqdm is a dependency;
+        without it, the loss lines are printed as with disable_tqdm)."""
+        if self.args.disable_tqdm or not distributed.is_main_process():
             return False
         try:
-            import tqdm.auto  # noqa: F401
+            import tqdm.auto  # noqa: F401  (lazily: `import gputrain` stays fast)
         except ImportError:
             return False
         return True
@@ -257,20 +463,31 @@ class Trainer:
             return dataset
         args = self.args
         workers = args.dataloader_num_workers
-        return DataLoader((np.asarray(dataset[0]), np.asarray(dataset[1])), batch_size=batch_size, shuffle=shuffle,
-                          seed=args.seed, num_workers=workers, prefetch_factor=args.dataloader_prefetch_factor,
+        if isinstance(dataset, _Examples):
+            data, collate = dataset.dataset, dataset.collator
+        else:
+            data, collate = (np.asarray(to_numpy(dataset[0])), np.asarray(to_numpy(dataset[1]))), None
+        return DataLoader(data, batch_size=batch_size, shuffle=shuffle and args.train_sampling_strategy != "sequential",
+                          seed=args.seed if args.data_seed is None else args.data_seed, num_workers=workers,
+                          collate_fn=collate, prefetch_factor=args.dataloader_prefetch_factor,
                           pin_memory=args.dataloader_pin_memory and self.device != "cpu",
                           pin_memory_device=self.device if self.device != "cpu" else "",
-                          persistent_workers=args.dataloader_persistent_workers)
+                          persistent_workers=args.dataloader_persistent_workers,
+                          multiprocessing_context=args.dataloader_multiprocessing_context if workers else None,
+                          in_order=args.dataloader_in_order)
+
+    def _pair(self, name: str, batch: Any) -> tuple[Any, Any]:
+        """A loader's batch as (inputs, labels): dicts of columns (HF's) or tuples."""
+        return _batch_to_pair(self.model, name, batch, self.args.label_names, self.args.remove_unused_columns)
 
     def _setup_training(self, batches: int) -> None:
         args = self.args
         accumulation = args.gradient_accumulation_steps
-        if isinstance(self.train_dataset, DataLoader):
-            self.train_dataloader = self.train_dataset
+        if isinstance(self._train_source, DataLoader):
+            self.train_dataloader = self._train_source
             self._grouped = accumulation > 1
         else:
-            self.train_dataloader = self._loader(self.train_dataset, args.per_device_train_batch_size * accumulation,
+            self.train_dataloader = self._loader(self._train_source, args.per_device_train_batch_size * accumulation,
                                                  shuffle=True)
         self._micro_cap = (self.train_dataloader.batch_size or 0) if self._grouped else args.per_device_train_batch_size
         self._updates_per_epoch = -(-batches // accumulation)
@@ -335,11 +552,13 @@ class Trainer:
         return self._plan_for(self._micro_cap, self._offload)
 
     def _sample_shape(self) -> tuple[int, ...] | None:
-        """The shape of one input row: None without a train_dataset, for ragged rows, or when a
-        transform or collate_fn may change what the model receives."""
+        """The shape of one input row: None without a train_dataset, for ragged rows, for dict
+        batches, or when a transform or collate_fn may change what the model receives."""
         loader = self.train_dataloader
         if loader is None or loader.transform is not None or loader.collate_fn is not None:
             return None
+        if not (isinstance(loader.dataset, (tuple, list)) and len(loader.dataset) == 2):
+            return None  # dict batches (columns packed per batch) or a Dataset object
         first = (getattr(loader, "_arrays", None) or [None])[0]  # none over Dataset objects
         return tuple(first.shape[1:]) if isinstance(first, np.ndarray) else None
 
@@ -440,8 +659,18 @@ class Trainer:
     def _startup_block(self) -> str:
         args, step = self.args, self._step
         loader = self.train_dataloader
+        examples = self._num_examples()
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         lines = [
             "***** Running training *****",
+            f"  Num examples = {examples:,}" if examples is not None else "  Num examples = unknown (iterable)",
+            f"  Num Epochs = {self.state.num_train_epochs:,}",
+            f"  Instantaneous batch size per device = {args.per_device_train_batch_size:,}",
+            f"  Total train batch size (w. parallel, distributed & accumulation) = "
+            f"{per_step * distributed.get_world_size():,}",
+            f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}",
+            f"  Total optimization steps = {self.state.max_steps:,}",
+            f"  Number of trainable parameters = {self.model.compiled.num_parameters:,}",
             f"  Optimization steps = {self._updates_per_epoch} per epoch x {self.state.num_train_epochs} epochs: "
             f"{self.state.max_steps} in all",
             f"  Batch = {args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} "
@@ -462,7 +691,23 @@ class Trainer:
             lines.extend("  " + line for line in str(self.memory_plan()).splitlines())
         except (ValueError, MemoryError) as error:
             lines.append(f"  Memory plan unavailable: {error}")
+        notes = args.not_applicable()
+        if notes:
+            lines.append("  Not applicable here (accepted, no effect):")
+            lines.extend(f"    {note}" for note in notes)
         return "\n".join(lines)
+
+    def _num_examples(self) -> int | None:
+        source = self._train_source
+        if isinstance(source, DataLoader):
+            try:
+                return len(source.dataset) if not isinstance(source.dataset, (tuple, list, dict)) else \
+                    len(source) * (source.batch_size or 1)
+            except TypeError:
+                return None
+        if isinstance(source, _Examples):
+            return len(source)
+        return len(to_numpy(source[0]))
 
     def _rewrite_history(self) -> None:
         """history.jsonl := state.log_history (a resumed run drops what came after its checkpoint);
@@ -485,34 +730,47 @@ class Trainer:
         if not distributed.is_main_process():  # every rank keeps log_history; rank 0 writes it
             return
         line = json.dumps(output)
-        logger.info("%s", line)
+        logger.debug("%s", line)  # the console shows logs through ProgressCallback / PrinterCallback, as HF
         os.makedirs(self.args.output_dir, exist_ok=True)
         with open(os.path.join(self.args.output_dir, HISTORY_NAME), "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
     # -- training -----------------------------------------------------------------------------------
     def _groups(self) -> Any:
-        """One epoch of (x, y) groups, each one optimizer step's rows."""
+        """One epoch of (x, y, loader batches) groups, each one optimizer step's rows and the
+        loader batches of per_device_train_batch_size rows they count as (HF's epoch unit)."""
         args = self.args
         batch = args.per_device_train_batch_size
         if not self._grouped:
-            for x, y in self.train_dataloader:
-                if args.dataloader_drop_last and not isinstance(self.train_dataset, DataLoader):
+            user_loader = isinstance(self._train_source, DataLoader)
+            for item in self.train_dataloader:
+                x, y = self._pair("train_dataset", item)
+                if args.dataloader_drop_last and not user_loader:
                     keep = len(x) - len(x) % batch  # HF drops the last short batch, not the group
                     if keep == 0:
                         continue
                     x, y = x[:keep], y[:keep]
-                yield x, y
+                yield x, y, (1 if user_loader else -(-len(x) // batch))
             return
         xs, ys = [], []
-        for x, y in self.train_dataloader:  # copies: a loader's views are reused by later batches
+        for item in self.train_dataloader:  # copies: a loader's views are reused by later batches
+            x, y = self._pair("train_dataset", item)
             xs.append(np.array(x))
             ys.append(np.array(y))
             if len(xs) == args.gradient_accumulation_steps:
-                yield np.concatenate(xs), np.concatenate(ys)
+                yield self._concatenate(xs), np.concatenate(ys), len(xs)
                 xs, ys = [], []
         if xs:
-            yield np.concatenate(xs), np.concatenate(ys)
+            yield self._concatenate(xs), np.concatenate(ys), len(xs)
+
+    @staticmethod
+    def _concatenate(xs: list[np.ndarray]) -> np.ndarray:
+        shapes = {x.shape[1:] for x in xs}
+        if len(shapes) > 1:
+            raise ValueError(f"train_dataset: the DataLoader's batches have different shapes {sorted(shapes)} and "
+                             "cannot make one step of gradient_accumulation_steps batches; pad every batch to one "
+                             "length, or pass the examples themselves (with data_collator) as train_dataset")
+        return np.concatenate(xs)
 
     def _training_step(self, x: np.ndarray, y: np.ndarray) -> Any:
         step = self._step
@@ -532,12 +790,17 @@ class Trainer:
     def _micro_rows(self, rows: int) -> int:
         return self._micro_cap or rows
 
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Runs the training loop to max_steps (or until a callback stops it).
 
         resume_from_checkpoint: a checkpoint directory, or True for the last one in output_dir;
-        training then continues exactly where that checkpoint was written.
+        training then continues exactly where that checkpoint was written. trial: refused (no
+        hyperparameter_search); ignore_keys_for_eval: accepted, as evaluate()'s ignore_keys.
         """
+        if trial is not None:
+            raise ValueError("Trainer.train(trial=...) is not supported by gputrain: there is no "
+                             "hyperparameter_search; build a Trainer per trial")
         if self._step is None:
             raise ValueError("Trainer: training requires a train_dataset")
         if resume_from_checkpoint is True:
@@ -546,6 +809,8 @@ class Trainer:
                 raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
         if resume_from_checkpoint not in (None, False):
             self._load_checkpoint(os.fspath(resume_from_checkpoint))
+        else:
+            self._check_fresh_start()
         args, state = self.args, self.state
         self._rewrite_history()
         if distributed.is_main_process():
@@ -553,11 +818,33 @@ class Trainer:
         self.model.train()
         self.control._new_training()
         self.control = self.callback_handler.call_event("on_train_begin", args, state, self.control)
+        if args.eval_on_start and self._eval_source is not None:
+            self.evaluate()
         start, start_step, rows_done = time.perf_counter(), state.global_step, 0
         while (state.global_step < state.max_steps and not self.control.should_training_stop
                and self.train_dataloader.state_dict()["epoch"] < state.num_train_epochs):
             rows_done += self._train_epoch()
         return self._finish_training(start, start_step, rows_done)
+
+    def _check_fresh_start(self) -> None:
+        """train() without a checkpoint starts at step 0 and epoch 0: a second train() is an error,
+        and a DataLoader already iterated (to its end or part of it) restarts at epoch 0, said."""
+        if self.state.global_step > 0:
+            raise ValueError(f"Trainer.train: this Trainer has already trained {self.state.global_step} of "
+                             f"{self.state.max_steps} steps; build a new Trainer for another run, or pass "
+                             "resume_from_checkpoint to continue a saved one")
+        position = self.train_dataloader.state_dict()
+        if position["epoch"] or position["batches_yielded"]:
+            logger.warning("train_dataset: the DataLoader was already iterated (epoch %d, %d batches into it); "
+                           "training starts it again at epoch 0", position["epoch"], position["batches_yielded"])
+            self.train_dataloader.set_epoch(0)
+
+    def _batches_done(self, groups_done: int) -> int:
+        """Loader batches of per_device_train_batch_size rows behind `groups_done` optimizer steps
+        of the current epoch."""
+        if isinstance(self._train_source, DataLoader) and not self._grouped:
+            return groups_done
+        return min(groups_done * self.args.gradient_accumulation_steps, self._batches_per_epoch)
 
     def _train_epoch(self) -> int:
         """Runs the rest of the loader's current epoch (or until a stop); returns the rows trained on."""
@@ -565,16 +852,18 @@ class Trainer:
         position = self.train_dataloader.state_dict()
         epoch, done = position["epoch"], position["batches_yielded"]
         in_epoch = -(-done // args.gradient_accumulation_steps) if self._grouped else done
+        batches = min(done, self._batches_per_epoch) if self._grouped else self._batches_done(in_epoch)
         self.control._new_epoch()
         self.control = self.callback_handler.call_event("on_epoch_begin", args, state, self.control)
         rows = 0
-        for x, y in self._groups():
+        for x, y, count in self._groups():
             self.control = self.callback_handler.call_event("on_step_begin", args, state, self.control)
             out = self._training_step(x, y)
             rows += len(x)
             in_epoch += 1
+            batches += count
             state.global_step += 1
-            state.epoch = epoch + in_epoch / self._updates_per_epoch
+            state.epoch = epoch + min(batches, self._batches_per_epoch) / self._batches_per_epoch  # HF's unit
             self._record(out)
             self.control._new_step()
             self.control = self.callback_handler.call_event("on_step_end", args, state, self.control)
@@ -596,9 +885,12 @@ class Trainer:
     def _record(self, out: Any) -> None:
         """Adds a step's loss to the running sums that logs and train_loss report."""
         logged = self._logged
-        logged["loss_sum"] += out.loss
+        loss = out.loss
+        if self.args.logging_nan_inf_filter and not math.isfinite(loss):  # HF: the mean of the logged steps
+            loss = logged["loss_sum"] / max(logged["steps"], 1)
+        logged["loss_sum"] += loss
         logged["steps"] += 1
-        logged["total_loss"] += out.loss
+        logged["total_loss"] += loss
         logged["total_steps"] += 1
         logged["grad_norm"] = out.grad_norm
 
@@ -626,7 +918,7 @@ class Trainer:
                     "learning_rate": self.lr_scheduler.get_last_lr()[0]}
             self._logged.update(loss_sum=0.0, steps=0, last_logged_step=state.global_step)
             self.log(logs)
-        if control.should_evaluate and self._done["eval"] != state.global_step and self.eval_dataset is not None:
+        if control.should_evaluate and self._done["eval"] != state.global_step and self._eval_source is not None:
             self._done["eval"] = state.global_step
             metrics = self.evaluate()
             self._determine_best_metric(metrics)
@@ -652,7 +944,7 @@ class Trainer:
                 self.state.best_model_checkpoint = self._checkpoint_path()
 
     # -- evaluation ---------------------------------------------------------------------------------
-    def _run_model(self, dataset: Any) -> tuple[np.ndarray, np.ndarray, float]:
+    def _run_model(self, dataset: Any, name: str) -> tuple[np.ndarray, np.ndarray, float]:
         """(outputs, labels, mean loss over rows) for a dataset, with the EMA weights when kept."""
         loader = self._loader(dataset, self.args.per_device_eval_batch_size, shuffle=False)
         was_training = self.model.training
@@ -663,13 +955,18 @@ class Trainer:
             self.ema.swap()
             self._refresh_half()
         try:
-            for x, y in loader:
+            for batch in loader:
+                x, y = self._pair(name, batch)
                 logits = self.model(x)
                 labels_copy = np.array(y)
                 loss_sum += self.loss_fn(logits, labels_copy) * len(x)
                 rows += len(x)
+                if self.preprocess_logits_for_metrics is not None:
+                    logits = self.preprocess_logits_for_metrics(logits, labels_copy)
                 outputs.append(logits)
                 labels.append(labels_copy)
+                self.control = self.callback_handler.call_event("on_prediction_step", self.args, self.state,
+                                                                self.control, eval_dataloader=loader)
         finally:
             if swapped:
                 self.ema.swap()
@@ -684,37 +981,50 @@ class Trainer:
 
     def _metrics(self, dataset: Any, prefix: str) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
         start = time.perf_counter()
-        predictions, label_ids, loss = self._run_model(dataset)
+        predictions, label_ids, loss = self._run_model(dataset, f"{prefix}_dataset")
         metrics = {"loss": float(loss)}
-        if self.compute_metrics is not None:
+        if self.compute_metrics is not None and not self.args.prediction_loss_only:
             metrics.update(self.compute_metrics(EvalPrediction(predictions, label_ids)))
         runtime = time.perf_counter() - start
         metrics.update(runtime=round(runtime, 4), samples_per_second=round(len(predictions) / runtime, 3))
         return predictions, label_ids, {f"{prefix}_{k}": float(v) for k, v in metrics.items()}
 
-    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Loss and compute_metrics on eval_dataset, keys prefixed with `eval_`; logged."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
-        if dataset is None:
+    def _eval_source_of(self, name: str, dataset: Any) -> Any:
+        collator = self.data_collator or DataCollatorWithPadding(_pad_id(self.model, self.processing_class))
+        source = self._source(self.model, self.args, name, dataset, collator)
+        if not isinstance(source, _Examples):
+            _check_dataset(name, source)
+        return source
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Loss and compute_metrics on eval_dataset, keys prefixed with `metric_key_prefix`_;
+        logged. ignore_keys: accepted (HF's; the models return one output array, nothing to drop)."""
+        if eval_dataset is None and self._eval_source is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset")
-        dataset = _as_pair(self.model, "eval_dataset", dataset)
-        _check_dataset("eval_dataset", dataset)
+        dataset = self._eval_source if eval_dataset is None else self._eval_source_of("eval_dataset", eval_dataset)
         _, _, metrics = self._metrics(dataset, metric_key_prefix)
         self.log(metrics)
         self.control = self.callback_handler.call_event("on_evaluate", self.args, self.state, self.control,
                                                         metrics=metrics)
         return metrics
 
-    def predict(self, test_dataset: Any, metric_key_prefix: str = "test") -> PredictionOutput:
+    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
+                metric_key_prefix: str = "test") -> PredictionOutput:
         """The model's outputs on test_dataset, its labels, and the metrics (prefixed `test_`)."""
-        test_dataset = _as_pair(self.model, "test_dataset", test_dataset)
-        _check_dataset("test_dataset", test_dataset)
         if test_dataset is None:
             raise ValueError("Trainer: predict requires a test_dataset")
+        test_dataset = self._eval_source_of("test_dataset", test_dataset)
         predictions, label_ids, metrics = self._metrics(test_dataset, metric_key_prefix)
         self.control = self.callback_handler.call_event("on_predict", self.args, self.state, self.control,
                                                         metrics=metrics)
         return PredictionOutput(predictions, label_ids, metrics)
+
+    def hyperparameter_search(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: gputrain has no model_init / backends (optuna, ray) integration."""
+        raise NotImplementedError("Trainer.hyperparameter_search is not supported by gputrain: build a Trainer per "
+                                  "trial in your own loop (optuna's study.optimize works with a function that "
+                                  "trains one and returns trainer.evaluate()[metric])")
 
     # -- saving and loading -------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None) -> None:

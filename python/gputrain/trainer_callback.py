@@ -28,6 +28,7 @@ __all__ = [
     "CallbackHandler",
     "DefaultFlowCallback",
     "EarlyStoppingCallback",
+    "PrinterCallback",
     "ProgressCallback",
     "TrainerCallback",
     "TrainerControl",
@@ -130,6 +131,10 @@ class TrainerCallback:
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
         pass
 
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           **kwargs: Any) -> Any:
+        pass
+
 
 class CallbackHandler(TrainerCallback):
     """Calls every callback in order for each event; a callback may return a new control."""
@@ -192,12 +197,14 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_log = True
         if args.logging_strategy == "steps" and _every(step, state.logging_steps):
             control.should_log = True
-        if args.eval_strategy == "steps" and _every(step, state.eval_steps):
+        if args.eval_strategy == "steps" and _every(step, state.eval_steps) and args.eval_delay <= step:
             control.should_evaluate = True
         if args.save_strategy == "steps" and _every(step, state.save_steps):
             control.should_save = True
         if step >= state.max_steps:
             control.should_training_stop = True
+            if args.eval_strategy == "steps" and args.eval_delay <= step:  # HF: evaluate at the last step too
+                control.should_evaluate = True
             if args.save_strategy != "no":
                 control.should_save = True
         return control
@@ -206,42 +213,98 @@ class DefaultFlowCallback(TrainerCallback):
                      **kwargs: Any) -> TrainerControl:
         if args.logging_strategy == "epoch":
             control.should_log = True
-        if args.eval_strategy == "epoch":
+        if args.eval_strategy == "epoch" and args.eval_delay <= (state.epoch or 0.0):
             control.should_evaluate = True
         if args.save_strategy == "epoch":
             control.should_save = True
         return control
 
 
-class ProgressCallback(TrainerCallback):
-    """A tqdm.auto bar over the optimizer steps (a widget in notebooks) showing the last logs."""
+def _shown(logs: dict[str, Any], max_str_len: int = 100) -> dict[str, Any]:
+    """Logs as Hugging Face prints them: floats with 4 significant digits, long strings cut."""
+    shown: dict[str, Any] = {}
+    for key, value in logs.items():
+        if isinstance(value, str) and len(value) > max_str_len:
+            shown[key] = (f"[String too long to display, length: {len(value)} > {max_str_len}. "
+                          "Consider increasing `max_str_len` if needed.]")
+        elif isinstance(value, float):
+            shown[key] = f"{value:.4g}"
+        else:
+            shown[key] = value
+    shown.pop("total_flos", None)
+    return shown
 
-    def __init__(self) -> None:
-        from tqdm.auto import tqdm
+
+class ProgressCallback(TrainerCallback):
+    """Hugging Face's: a tqdm.auto bar over the optimizer steps (a widget in notebooks), one over
+    the batches of each evaluation, and each log written above the bar as a dict line."""
+
+    def __init__(self, max_str_len: int = 100) -> None:
+        from tqdm.auto import tqdm  # lazily: `import gputrain` stays fast
 
         self._tqdm = tqdm
-        self.bar: Any = None
+        self.max_str_len = max_str_len
+        self.bar: Any = None  # the training bar (HF's training_bar)
+        self.prediction_bar: Any = None
+
+    @property
+    def training_bar(self) -> Any:
+        return self.bar
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        self.bar = self._tqdm(total=state.max_steps, initial=state.global_step, unit="step", dynamic_ncols=True)
+        if state.is_world_process_zero:
+            self.bar = self._tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         if self.bar is not None:
             self.bar.update(state.global_step - self.bar.n)
 
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           eval_dataloader: Any = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or eval_dataloader is None:
+            return
+        if self.prediction_bar is None:
+            try:
+                total = len(eval_dataloader)
+            except TypeError:
+                return
+            self.prediction_bar = self._tqdm(total=total, leave=self.bar is None, dynamic_ncols=True)
+        self.prediction_bar.update(1)
+
+    def _close_prediction_bar(self) -> None:
+        if self.prediction_bar is not None:
+            self.prediction_bar.close()
+            self.prediction_bar = None
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        self._close_prediction_bar()
+
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   **kwargs: Any) -> None:
+        self._close_prediction_bar()
+
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        if self.bar is not None and logs:
-            shown = {k: logs[k] for k in ("loss", "learning_rate", "samples_per_second", "eval_loss") if k in logs}
-            self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+        if state.is_world_process_zero and self.bar is not None and logs:
+            self.bar.write(str(_shown(logs, self.max_str_len)))
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class PrinterCallback(TrainerCallback):
+    """Hugging Face's: prints each log as a dict line (the default when disable_tqdm=True)."""
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if state.is_local_process_zero and logs:
+            print(_shown(logs))
 
 
 class EarlyStoppingCallback(TrainerCallback):

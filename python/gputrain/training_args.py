@@ -25,7 +25,7 @@ from gputrain._vocab import parse_device
 from gputrain.optim.schedule import SchedulerType
 from gputrain.optim.zero import check_zero_stage
 
-__all__ = ["IntervalStrategy", "OPTIMIZER_NAMES", "TrainingArguments"]
+__all__ = ["FIELD_TABLE", "IntervalStrategy", "OPTIMIZER_NAMES", "TrainingArguments", "fields_markdown"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ class TrainingArguments:
             weight_decay is not applied to biases and 1-D parameters (LayerNorm weights).
         max_grad_norm: gradient clipping (0 or None: none).
         lr_scheduler_type, lr_scheduler_kwargs: a schedule of gt.optim.get_scheduler.
-        warmup_ratio, warmup_steps: linear warm-up; warmup_steps > 0 overrides warmup_ratio.
+        warmup_steps, warmup_ratio: linear warm-up; warmup_steps >= 1 is a number of steps, in (0, 1)
+            a share of the steps (transformers 5); warmup_ratio is transformers 4's share.
         logging_strategy, logging_steps, logging_first_step: when the training loss is logged.
         eval_strategy, eval_steps: when evaluate() runs during training ("no", "steps", "epoch");
             eval_steps defaults to logging_steps.
@@ -115,8 +116,13 @@ class TrainingArguments:
             AdamW) or "sgd" (SGD with learning_rate only, as HF's).
         dataloader_num_workers, dataloader_prefetch_factor, dataloader_pin_memory,
         dataloader_persistent_workers, dataloader_drop_last: gputrain.DataLoader's options.
-        disable_tqdm: no progress bar (default: on when tqdm is installed and the
-            gputrain.trainer logger shows INFO or WARNING).
+        disable_tqdm: no progress bar (the log lines are printed anyway, as HF's PrinterCallback).
+        log_level / log_level_replica: the gputrain.trainer logger's level on the main process / the
+            other ranks ("passive": INFO on the main process unless a level was set), as HF's.
+        ... and every other field of transformers 5's TrainingArguments (and transformers 4's
+        names still in scripts): FIELD_TABLE below says, for each, whether it is supported,
+        not applicable here (accepted; listed in the Trainer's start-up block when set) or refused
+        (with the alternative); fields_markdown() renders it as a table.
 
     gputrain arguments:
         device: "auto" (a CUDA device when there is one, else "cpu"), "cpu", "cuda[:N]" or "sim[:N]"
@@ -151,9 +157,9 @@ class TrainingArguments:
     adam_epsilon: float = 1e-8
     max_grad_norm: float | None = 1.0
     lr_scheduler_type: str = "linear"
-    lr_scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
+    lr_scheduler_kwargs: dict[str, Any] | None = field(default_factory=dict)
     warmup_ratio: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: float = 0
     logging_strategy: str = "steps"
     logging_steps: float = 500
     logging_first_step: bool = False
@@ -169,7 +175,7 @@ class TrainingArguments:
     fp16: bool = False
     bf16: bool = False
     tf32: bool | None = None
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | None = False
     auto_find_batch_size: bool = False
     label_smoothing_factor: float = 0.0
     optim: str = "adamw_torch"
@@ -179,6 +185,88 @@ class TrainingArguments:
     dataloader_persistent_workers: bool = False
     dataloader_drop_last: bool = False
     disable_tqdm: bool | None = None
+    # Hugging Face arguments added for scripts written for transformers (see FIELD_TABLE)
+    log_level: str = "passive"
+    log_level_replica: str = "warning"
+    log_on_each_node: bool = True
+    logging_nan_inf_filter: bool = True
+    eval_delay: float = 0
+    eval_on_start: bool = False
+    prediction_loss_only: bool = False
+    data_seed: int | None = None
+    use_cpu: bool = False
+    remove_unused_columns: bool = True
+    label_names: list[str] | None = None
+    train_sampling_strategy: str = "random"
+    length_column_name: str = "length"
+    dataloader_multiprocessing_context: str | None = None
+    dataloader_in_order: bool = True
+    activation_checkpointing: bool | None = None
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = None
+    gradient_checkpointing_kwargs: dict[str, Any] | str | None = None
+    report_to: str | list[str] | None = "none"
+    run_name: str | None = None
+    project: str = "huggingface"
+    trackio_space_id: str | None = None
+    trackio_bucket_id: str | None = None
+    trackio_static_space_id: Any = None
+    torch_compile: bool = False
+    torch_compile_backend: str | None = None
+    torch_compile_mode: str | None = None
+    bf16_full_eval: bool = False
+    fp16_full_eval: bool = False
+    average_tokens_across_devices: bool = True
+    use_cache: bool = False
+    torch_empty_cache_steps: int | None = None
+    include_num_input_tokens_seen: str | bool = "no"
+    eval_do_concat_batches: bool = True
+    eval_use_gather_object: bool = False
+    eval_accumulation_steps: int | None = None
+    include_for_metrics: list[str] = field(default_factory=list)
+    save_on_each_node: bool = False
+    ignore_data_skip: bool = False
+    restore_callback_states_from_checkpoint: bool = False
+    full_determinism: bool = False
+    skip_memory_metrics: bool = True
+    do_train: bool = False
+    do_eval: bool = False
+    do_predict: bool = False
+    resume_from_checkpoint: str | None = None
+    local_rank: int = -1
+    ddp_find_unused_parameters: bool | None = None
+    ddp_bucket_cap_mb: int | None = None
+    ddp_broadcast_buffers: bool | None = None
+    ddp_static_graph: bool | None = None
+    ddp_backend: str | None = None
+    ddp_timeout: int = 1800
+    debug: str | list[str] = ""
+    push_to_hub: bool = False
+    hub_token: str | None = None
+    hub_private_repo: bool | None = None
+    hub_model_id: str | None = None
+    hub_strategy: str = "every_save"
+    hub_always_push: bool = False
+    hub_revision: str | None = None
+    batch_eval_metrics: bool = False
+    save_only_model: bool = False
+    enable_jit_checkpoint: bool = False
+    optim_args: str | None = None
+    optim_target_modules: str | list[str] | None = None
+    use_liger_kernel: bool = False
+    liger_kernel_config: dict[str, bool] | None = None
+    neftune_noise_alpha: float | None = None
+    accelerator_config: dict[str, Any] | str | None = None
+    parallelism_config: Any = None
+    fsdp: str | list[str] | None = None
+    fsdp_config: dict[str, Any] | str | None = None
+    deepspeed: dict[str, Any] | str | None = None
+    # transformers 4 names that scripts still pass (mapped onto the transformers 5 ones)
+    evaluation_strategy: str | None = None
+    group_by_length: bool = False
+    overwrite_output_dir: bool = False
+    logging_dir: str | None = None
+    save_safetensors: bool = True
+    # gputrain arguments
     device: str = "auto"
     cpu_offload_fraction: float = 0.0
     zero_stage: int = 0
@@ -189,6 +277,7 @@ class TrainingArguments:
     rdrop_alpha: float = 0.0
 
     def __post_init__(self) -> None:
+        self._check_table_fields()
         self._check_types()
         self._check_strategies()
         self._check_best_model()
@@ -196,6 +285,79 @@ class TrainingArguments:
         self._check_gputrain()
 
     # -- checks ------------------------------------------------------------------------------
+    def _check_table_fields(self) -> None:
+        """Refused fields at their defaults; transformers 4 names and aliases mapped onto the fields
+        the rest of the Trainer reads; HF's logging and sampling choices."""
+        for f in dataclasses.fields(self):
+            status, meaning = FIELD_TABLE[f.name]
+            if status == REFUSED and getattr(self, f.name) != _field_default(f):
+                raise ValueError(f"{f.name}={getattr(self, f.name)!r} is not supported by gputrain: {meaning}")
+        if not self.save_safetensors:
+            raise ValueError("save_safetensors=False is not supported by gputrain: checkpoints are safetensors")
+        if self.evaluation_strategy is not None:
+            if self.eval_strategy not in ("no", self.evaluation_strategy):
+                raise ValueError(f"evaluation_strategy={self.evaluation_strategy!r} (transformers 4's name) and "
+                                 f"eval_strategy={self.eval_strategy!r} disagree: give eval_strategy only")
+            self.eval_strategy = self.evaluation_strategy
+        _check_bool("group_by_length", self.group_by_length)
+        _check_choice("train_sampling_strategy", self.train_sampling_strategy,
+                      ("random", "sequential", "group_by_length", "batch_rebalance"))
+        if self.group_by_length and self.train_sampling_strategy == "random":
+            self.train_sampling_strategy = "group_by_length"
+        for name in ("log_level", "log_level_replica"):
+            _check_choice(name, getattr(self, name), tuple(_LOG_LEVELS))
+        _check_bool("use_cpu", self.use_cpu)
+        if self.use_cpu:
+            if self.device not in ("auto", "cpu"):
+                raise ValueError(f"use_cpu=True and device={self.device!r} disagree: give one of them")
+            self.device = "cpu"
+        if self.activation_checkpointing is not None:
+            _check_bool("activation_checkpointing", self.activation_checkpointing)
+            self.gradient_checkpointing = bool(self.gradient_checkpointing) or self.activation_checkpointing
+        if self.gradient_checkpointing is None:
+            self.gradient_checkpointing = False
+        if self.lr_scheduler_kwargs is None:
+            self.lr_scheduler_kwargs = {}
+        if isinstance(self.report_to, str):
+            self.report_to = [] if self.report_to == "none" else [self.report_to]
+        elif self.report_to is None:
+            self.report_to = []
+        if self.label_names is not None and (not isinstance(self.label_names, (list, tuple))
+                                             or not all(isinstance(n, str) for n in self.label_names)):
+            raise TypeError(f"label_names must be a list of column names, got {self.label_names!r}")
+        _check_float("eval_delay", self.eval_delay, 0.0)
+        if self.data_seed is not None:
+            _check_int("data_seed", self.data_seed)
+        for name in ("eval_on_start", "prediction_loss_only", "remove_unused_columns", "logging_nan_inf_filter",
+                     "dataloader_in_order"):
+            _check_bool(name, getattr(self, name))
+
+    def not_applicable(self) -> list[str]:
+        """One line per field set to something other than its default that has no effect here (the
+        Trainer's start-up block shows them)."""
+        notes = []
+        for f in dataclasses.fields(self):
+            status, meaning = FIELD_TABLE[f.name]
+            value = getattr(self, f.name)
+            if f.name == "report_to":
+                if value:
+                    notes.append(f"report_to={value!r}: {meaning}")
+            elif status in (NOT_APPLICABLE, LEGACY) and value != _field_default(f) and f.name != "group_by_length":
+                notes.append(f"{f.name}={value!r}: {meaning}")
+        if self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+            notes.append(f"train_sampling_strategy={self.train_sampling_strategy!r}: batches are drawn in random "
+                         "order (each padded to its longest row when a collator pads)")
+        return notes
+
+    def process_log_level(self, main: bool) -> int:
+        """HF's get_process_log_level: log_level on the main process, log_level_replica on the
+        others; 'passive' keeps the gputrain.trainer logger's level, INFO when none is set."""
+        level = _LOG_LEVELS[self.log_level if main else self.log_level_replica]
+        if level != -1:
+            return level
+        current = logging.getLogger("gputrain.trainer").level
+        return current if current != logging.NOTSET else (logging.INFO if main else logging.WARNING)
+
     def _check_types(self) -> None:
         if not isinstance(self.output_dir, (str, os.PathLike)) or not str(self.output_dir):
             raise TypeError(f"output_dir must be a non-empty path, got {self.output_dir!r}")
@@ -225,7 +387,10 @@ class TrainingArguments:
         _check_float("warmup_ratio", self.warmup_ratio)
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError("warmup_ratio must lie in range [0,1]")
-        _check_int("warmup_steps", self.warmup_steps, 0)
+        _check_float("warmup_steps", self.warmup_steps, 0.0)
+        if self.warmup_steps > 1 and self.warmup_steps != int(self.warmup_steps):
+            raise ValueError(f"warmup_steps must be an integer if bigger than 1 (below 1: a share of the steps), "
+                             f"got {self.warmup_steps}")
         if self.warmup_ratio > 0 and self.warmup_steps > 0:
             logger.info("Both warmup_ratio and warmup_steps given, warmup_steps will override any effect "
                         "of warmup_ratio during training")
@@ -346,8 +511,12 @@ class TrainingArguments:
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "fp32"
 
     def get_warmup_steps(self, num_training_steps: int) -> int:
-        """HF's rule: warmup_steps when > 0, else ceil(num_training_steps * warmup_ratio)."""
-        return self.warmup_steps if self.warmup_steps > 0 else math.ceil(num_training_steps * self.warmup_ratio)
+        """HF's rule: warmup_steps when >= 1; a share of the steps, ceil(num_training_steps *
+        warmup_steps), when in (0, 1) (transformers 5); else transformers 4's warmup_ratio."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        ratio = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return math.ceil(num_training_steps * ratio)
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -373,3 +542,171 @@ class TrainingArguments:
     def to_json_file(self, path: str | os.PathLike[str]) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_json_string())
+
+
+# -- the status of every field: ONE table ------------------------------------------------------------
+SUPPORTED = "supported"            # Hugging Face's meaning and default
+LEGACY = "transformers 4 name"     # accepted and mapped onto the transformers 5 field named in the meaning
+NOT_APPLICABLE = "not applicable"  # accepted; a value other than the default is reported in the start-up block
+REFUSED = "refused"                # only the default is accepted; another value raises, naming the alternative
+GPUTRAIN = "gputrain"              # gputrain's own argument
+
+_HF = SUPPORTED
+_NA = NOT_APPLICABLE
+
+# field -> (status, what it means in gputrain). The default is the dataclass field's own (one place).
+FIELD_TABLE: dict[str, tuple[str, str]] = {
+    "output_dir": (_HF, "checkpoints, history.jsonl and save_model() go here"),
+    "num_train_epochs": (_HF, "epochs when max_steps <= 0 (the last may be partial)"),
+    "max_steps": (_HF, "optimizer steps; overrides num_train_epochs when > 0"),
+    "per_device_train_batch_size": (_HF, "rows per loader batch"),
+    "per_device_eval_batch_size": (_HF, "rows per evaluation batch"),
+    "gradient_accumulation_steps": (_HF, "loader batches per optimizer step, one C call per step"),
+    "learning_rate": (_HF, "the optimizer's peak learning rate"),
+    "weight_decay": (_HF, "AdamW's decoupled decay, not on biases and 1-D parameters"),
+    "adam_beta1": (_HF, "AdamW's beta1"),
+    "adam_beta2": (_HF, "AdamW's beta2"),
+    "adam_epsilon": (_HF, "AdamW's epsilon"),
+    "max_grad_norm": (_HF, "gradient clipping by global norm (0 or None: off)"),
+    "lr_scheduler_type": (_HF, "a schedule of gputrain.optim.get_scheduler"),
+    "lr_scheduler_kwargs": (_HF, "extra arguments of the schedule"),
+    "warmup_ratio": (LEGACY, "transformers 4's share of steps for warm-up; warmup_steps < 1 says it in transformers 5"),
+    "warmup_steps": (_HF, "linear warm-up steps; a value < 1 is a share of the total steps (transformers 5)"),
+    "logging_strategy": (_HF, "when the loss is logged: no, steps, epoch"),
+    "logging_steps": (_HF, "steps between loss lines (< 1: a share of the total)"),
+    "logging_first_step": (_HF, "log the first step too"),
+    "eval_strategy": (_HF, "when evaluate() runs during training: no, steps (and at the last step), epoch"),
+    "eval_steps": (_HF, "steps between evaluations (default: logging_steps)"),
+    "save_strategy": (_HF, "when checkpoints are written: no, steps, epoch"),
+    "save_steps": (_HF, "steps between checkpoints"),
+    "save_total_limit": (_HF, "checkpoints kept (the best one too)"),
+    "load_best_model_at_end": (_HF, "reload the best checkpoint's weights after training"),
+    "metric_for_best_model": (_HF, "the evaluation metric that ranks checkpoints (default loss)"),
+    "greater_is_better": (_HF, "whether a larger metric_for_best_model is better"),
+    "seed": (_HF, "seeds parameters, dropout and the loader's shuffle"),
+    "fp16": (_HF, "fp16 mixed precision with a dynamic loss scaler"),
+    "bf16": (_HF, "bf16 mixed precision"),
+    "tf32": (_HF, "TF32 matmuls on Ampere+ GPUs (None: leave the process setting)"),
+    "gradient_checkpointing": (_HF, "keep block inputs only and recompute them in the backward pass"),
+    "auto_find_batch_size": (_HF, "fit micro-batches (then offload) to the memory plan; retry a step once after "
+                                  "an OutOfMemoryError"),
+    "label_smoothing_factor": (_HF, "CrossEntropyLoss(label_smoothing=...)"),
+    "optim": (_HF, "adamw_torch, adamw_torch_fused, adamw (the fused C AdamW) or sgd"),
+    "dataloader_num_workers": (_HF, "gputrain.DataLoader's workers"),
+    "dataloader_prefetch_factor": (_HF, "batches prefetched per worker"),
+    "dataloader_pin_memory": (_HF, "pinned loader slots (on a device)"),
+    "dataloader_persistent_workers": (_HF, "keep workers between epochs"),
+    "dataloader_drop_last": (_HF, "drop the last short batch"),
+    "disable_tqdm": (_HF, "no progress bar; the loss lines are printed anyway (HF's PrinterCallback)"),
+    "log_level": (_HF, "the gputrain.trainer logger's level on the main process (passive: INFO unless set)"),
+    "log_level_replica": (_HF, "the logger's level on the other ranks"),
+    "log_on_each_node": (_NA, "one node: the main process logs"),
+    "logging_nan_inf_filter": (_HF, "a NaN/inf step loss is logged as the mean of the logged steps before it"),
+    "eval_delay": (_HF, "epochs or steps (by eval_strategy) before the first evaluation"),
+    "eval_on_start": (_HF, "evaluate once before training"),
+    "prediction_loss_only": (_HF, "evaluate()/predict() return the loss only (no compute_metrics)"),
+    "data_seed": (_HF, "the loader's shuffle seed (default: seed)"),
+    "use_cpu": (_HF, "train on the CPU (device='cpu')"),
+    "remove_unused_columns": (_HF, "dict batches: columns the model does not read are dropped (False: an "
+                                   "unknown column is an error)"),
+    "label_names": (_HF, "the batch keys holding the labels (default labels, label, label_ids)"),
+    "train_sampling_strategy": (_HF, "random or sequential; group_by_length and batch_rebalance are accepted and "
+                                     "run random order (reported at start-up)"),
+    "length_column_name": (_NA, "read only by group_by_length, which runs random order here"),
+    "dataloader_multiprocessing_context": (_HF, "the workers' start method"),
+    "dataloader_in_order": (_HF, "batches in sampler order"),
+    "activation_checkpointing": (_HF, "transformers 5's name of gradient_checkpointing"),
+    "activation_checkpointing_kwargs": (_NA, "every block is checkpointed; the kwargs have no counterpart"),
+    "gradient_checkpointing_kwargs": (_NA, "every block is checkpointed; use_reentrant has no counterpart"),
+    "report_to": (_NA, "no tracker integrations: logs go to the console and output_dir/history.jsonl"),
+    "run_name": (_NA, "for trackers, which gputrain does not report to"),
+    "project": (_NA, "for trackio, which gputrain does not report to"),
+    "trackio_space_id": (_NA, "for trackio, which gputrain does not report to"),
+    "trackio_bucket_id": (_NA, "for trackio, which gputrain does not report to"),
+    "trackio_static_space_id": (_NA, "for trackio, which gputrain does not report to"),
+    "torch_compile": (_NA, "each training step is already one compiled C call (fused forward, backward and "
+                           "update); there is nothing for torch.compile to do"),
+    "torch_compile_backend": (_NA, "see torch_compile"),
+    "torch_compile_mode": (_NA, "see torch_compile"),
+    "bf16_full_eval": (_NA, "evaluation runs the model's forward in the precision it holds"),
+    "fp16_full_eval": (_NA, "evaluation runs the model's forward in the precision it holds"),
+    "average_tokens_across_devices": (_NA, "the loss is the mean over the step's rows"),
+    "use_cache": (_NA, "the models keep no key/value cache in training"),
+    "torch_empty_cache_steps": (_NA, "gputrain's allocator plans memory before the run; nothing to empty"),
+    "include_num_input_tokens_seen": (_NA, "tokens seen are not counted"),
+    "eval_do_concat_batches": (_NA, "evaluation outputs are always concatenated"),
+    "eval_use_gather_object": (_NA, "one process evaluates"),
+    "eval_accumulation_steps": (_NA, "evaluation outputs are host arrays already"),
+    "include_for_metrics": (_NA, "EvalPrediction holds predictions and label_ids"),
+    "save_on_each_node": (_NA, "rank 0 saves"),
+    "ignore_data_skip": (_NA, "a resume restores the loader's position without skipping batches"),
+    "restore_callback_states_from_checkpoint": (_NA, "callbacks with state_dict() are always restored"),
+    "full_determinism": (_NA, "runs are deterministic already (bit-identical resumes)"),
+    "skip_memory_metrics": (_NA, "the memory plan is shown at start-up instead"),
+    "do_train": (_NA, "read by scripts, not by the Trainer (as in HF)"),
+    "do_eval": (_NA, "read by scripts, not by the Trainer (as in HF)"),
+    "do_predict": (_NA, "read by scripts, not by the Trainer (as in HF)"),
+    "resume_from_checkpoint": (_NA, "read by scripts; pass it to train(resume_from_checkpoint=...) (as in HF)"),
+    "local_rank": (_NA, "set by the launcher (python -m gputrain.distributed)"),
+    "ddp_find_unused_parameters": (_NA, "gputrain.distributed all-reduces every gradient"),
+    "ddp_bucket_cap_mb": (_NA, "gputrain.distributed all-reduces every gradient"),
+    "ddp_broadcast_buffers": (_NA, "gputrain.distributed all-reduces every gradient"),
+    "ddp_static_graph": (_NA, "gputrain.distributed all-reduces every gradient"),
+    "ddp_backend": (_NA, "gputrain.distributed has its own backend"),
+    "ddp_timeout": (_NA, "gputrain.distributed has its own timeouts"),
+    "debug": (_NA, "no debug modes; gputrain.guards checks values"),
+    "push_to_hub": (REFUSED, "no Hub upload: save_model() writes model.safetensors; upload output_dir with "
+                             "huggingface_hub's upload_folder"),
+    "hub_token": (_NA, "only with push_to_hub, which is refused"),
+    "hub_private_repo": (_NA, "only with push_to_hub, which is refused"),
+    "hub_model_id": (_NA, "only with push_to_hub, which is refused"),
+    "hub_strategy": (_NA, "only with push_to_hub, which is refused"),
+    "hub_always_push": (_NA, "only with push_to_hub, which is refused"),
+    "hub_revision": (_NA, "only with push_to_hub, which is refused"),
+    "batch_eval_metrics": (REFUSED, "compute_metrics gets the whole evaluation set; use prediction_loss_only or a "
+                                    "smaller eval_dataset"),
+    "save_only_model": (REFUSED, "checkpoints hold the whole state so that they resume exactly; call "
+                                 "save_model() for the weights alone"),
+    "enable_jit_checkpoint": (REFUSED, "no checkpoint on SIGTERM; use save_steps"),
+    "optim_args": (REFUSED, "use adam_beta1, adam_beta2, adam_epsilon and weight_decay"),
+    "optim_target_modules": (REFUSED, "GaLore-style optimizers do not exist here; use optim"),
+    "use_liger_kernel": (REFUSED, "the training step is fused C already; leave it False"),
+    "liger_kernel_config": (REFUSED, "see use_liger_kernel"),
+    "neftune_noise_alpha": (REFUSED, "NEFTune noise is not implemented"),
+    "accelerator_config": (REFUSED, "no Accelerate; the loader and device arguments are TrainingArguments'"),
+    "parallelism_config": (REFUSED, "data parallelism only: launch with python -m gputrain.distributed"),
+    "fsdp": (REFUSED, "no FSDP; zero_stage=1 shards the optimizer state"),
+    "fsdp_config": (REFUSED, "no FSDP; zero_stage=1 shards the optimizer state"),
+    "deepspeed": (REFUSED, "no DeepSpeed; zero_stage=1 is its ZeRO stage 1"),
+    "evaluation_strategy": (LEGACY, "transformers 4's name of eval_strategy"),
+    "group_by_length": (LEGACY, "transformers 4's train_sampling_strategy='group_by_length' (random order here)"),
+    "overwrite_output_dir": (LEGACY, "removed in transformers 5; output_dir is written into as it is"),
+    "logging_dir": (LEGACY, "removed in transformers 5; logs go to output_dir/history.jsonl"),
+    "save_safetensors": (LEGACY, "removed in transformers 5; checkpoints are safetensors (False is refused)"),
+    "device": (GPUTRAIN, "auto, cpu, cuda[:N] or sim[:N]"),
+    "cpu_offload_fraction": (GPUTRAIN, "share of AdamW's state kept in host memory"),
+    "zero_stage": (GPUTRAIN, "1: ZeRO-1, the AdamW state sharded over the ranks"),
+    "memory_limit": (GPUTRAIN, "a cap on gputrain's allocator, in bytes"),
+    "memory_fraction": (GPUTRAIN, "a cap on gputrain's allocator, a share of the device"),
+    "ema_decay": (GPUTRAIN, "keep an EMA of the weights; evaluate()/predict() use it"),
+    "llrd": (GPUTRAIN, "layer-wise learning-rate decay"),
+    "rdrop_alpha": (GPUTRAIN, "R-Drop's weight; must be 0 for now"),
+}
+
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+               "critical": logging.CRITICAL, "passive": -1}
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def fields_markdown() -> str:
+    """The Markdown table of every TrainingArguments field: name, default, status, meaning here."""
+    lines = ["| field | default | status | meaning in gputrain |", "|---|---|---|---|"]
+    for f in dataclasses.fields(TrainingArguments):
+        status, meaning = FIELD_TABLE[f.name]
+        lines.append(f"| `{f.name}` | `{_field_default(f)!r}` | {status} | {meaning.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gputrain.data._ragged import RaggedArray
 from gputrain.data._worker import WorkerInfo, get_worker_info
-from gputrain.data.collate import Padded, default_collate, default_convert, pad_collate
+from gputrain.data.collate import DataCollatorWithPadding, Padded, default_collate, default_convert, pad_collate
 from gputrain.data.dataset import Dataset, IterableDataset
 from gputrain.data.image import ImageFolder, to_tensor
 from gputrain.data.loader import DataLoader
@@ -24,6 +24,7 @@ from gputrain.data.text import BucketBatchSampler, TokenDataset, bucket_by_lengt
 __all__ = [
     "BatchSampler",
     "BucketBatchSampler",
+    "DataCollatorWithPadding",
     "DataLoader",
     "Dataset",
     "DistributedSampler",

@@ -16,7 +16,13 @@ samples in, one batch out), with NumPy arrays instead of tensors.
 - Mappings: the same mapping type (dict if it cannot be built from pairs) collated per key.
 - Named tuples: the same type, collated per field. Tuples and lists: a tuple / list collated per
   position (all samples need the same length, as in PyTorch).
+- Array-likes that are not NumPy arrays (a torch.Tensor, a JAX array): converted once to NumPy by
+  duck typing (`.detach()`, `.cpu()`, `.numpy()`, else `__array__`), without importing torch.
 Anything else (None included) is a TypeError naming the type, as in PyTorch.
+
+`DataCollatorWithPadding(pad_token_id)` is Hugging Face's default collator for examples: it pads
+input_ids with pad_token_id (attention_mask, token_type_ids and other integer sequences with 0) to
+the longest example of the batch and renames label / label_ids to labels.
 
 The batch's arrays are allocated by an allocator: fresh NumPy arrays in the calling process, or
 straight inside a shared-memory slot in a worker process (gputrain.data._procs), so a worker's
@@ -89,9 +95,31 @@ def _array_spec(samples: list[Any], pad: bool) -> Any:
 _PY_SCALARS = ((bool, np.bool_), (int, np.int64), (float, np.float64), (complex, np.complex128))
 
 
+def _is_array_like(value: Any) -> bool:
+    return not isinstance(value, (np.ndarray, np.generic, str, bytes, Mapping, Sequence)) and (
+        hasattr(value, "__array__") or callable(getattr(value, "numpy", None)))
+
+
+def to_numpy(value: Any) -> Any:
+    """`value` as a NumPy array when it is an array-like of another library (a torch.Tensor: its
+    .detach().cpu().numpy(); else np.asarray through __array__); anything else unchanged. Nothing
+    is imported: the conversion is duck-typed."""
+    if not _is_array_like(value):
+        return value
+    for method in ("detach", "cpu"):
+        if callable(getattr(value, method, None)):
+            value = getattr(value, method)()
+    if callable(getattr(value, "numpy", None)):
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
 def _spec(samples: list[Any], pad: bool) -> Any:
     """The batch of `samples` with each array replaced by a _Leaf (nothing allocated yet)."""
     first = samples[0]
+    if _is_array_like(first):
+        samples = [to_numpy(s) for s in samples]
+        first = samples[0]
     if isinstance(first, (np.ndarray, np.generic)):
         return _array_spec(samples, pad)
     for kind, dtype in _PY_SCALARS:
@@ -205,4 +233,46 @@ def default_convert(sample: Any) -> Any:
     return sample
 
 
-__all__ = ["Padded", "default_collate", "default_convert", "pad_collate"]
+class DataCollatorWithPadding:
+    """Hugging Face's DataCollatorWithPadding for examples that are dicts of columns: each
+    sequence column is padded to the batch's longest (input_ids with pad_token_id, every other
+    one with 0), other columns are stacked as default_collate does, and `label` / `label_ids`
+    become `labels`. Batches are dicts of NumPy arrays."""
+
+    def __init__(self, pad_token_id: int = 0) -> None:
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+            raise TypeError(f"pad_token_id must be an int, not {type(pad_token_id).__name__}")
+        self.pad_token_id = int(pad_token_id)
+
+    def __repr__(self) -> str:
+        return f"DataCollatorWithPadding(pad_token_id={self.pad_token_id})"
+
+    def __call__(self, examples: Sequence[Any]) -> Any:
+        examples = list(examples)
+        if not examples:
+            raise ValueError("DataCollatorWithPadding: no examples")
+        if not isinstance(examples[0], Mapping):
+            return default_collate(examples)
+        batch: dict[str, Any] = {}
+        for key in examples[0]:
+            values = [to_numpy(e[key]) for e in examples]
+            name = "labels" if key in ("label", "label_ids") else key
+            arrays = [np.asarray(v) for v in values]
+            if arrays[0].ndim == 1 and arrays[0].dtype.kind in "iub" and name != "labels":
+                batch[name] = self._pad(key, arrays)
+            else:
+                batch[name] = default_collate(values)
+        return batch
+
+    def _pad(self, key: str, arrays: list[np.ndarray]) -> np.ndarray:
+        if any(a.ndim != 1 for a in arrays):
+            raise ValueError(f"DataCollatorWithPadding: {key!r} must be a 1-D sequence in every example")
+        longest = max(len(a) for a in arrays)
+        fill = self.pad_token_id if key == "input_ids" else 0
+        out = np.full((len(arrays), longest), fill, dtype=np.result_type(*arrays))
+        for i, a in enumerate(arrays):
+            out[i, :len(a)] = a
+        return out
+
+
+__all__ = ["DataCollatorWithPadding", "Padded", "default_collate", "default_convert", "pad_collate", "to_numpy"]
