@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -182,6 +181,8 @@ def _shard_size(value: int | str) -> int:
 
 
 def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+    import tempfile  # here, not at `import gputrain` (tests/test_import_light.py)
+
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=os.path.basename(path))
     os.close(fd)
     try:
