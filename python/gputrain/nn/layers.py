@@ -18,6 +18,29 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
+# The layer classes gputrain.nn exports: a new layer kind adds its class here and to this list.
+__all__ = [
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BatchNorm2d",
+    "Conv2d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GELU",
+    "LayerNorm",
+    "Linear",
+    "MaxPool2d",
+    "MultiheadAttention",
+    "RMSNorm",
+    "ReLU",
+    "Residual",
+    "Sequential",
+    "SiLU",
+    "Tanh",
+]
+
+
 class Linear(Module):
     """y = x W^T + b with W of shape (out_features, in_features)."""
 
