@@ -14,32 +14,10 @@ __global__ void bias_add_kernel(void *out, const float *bias, size_t rows, size_
     }
 }
 
-__device__ __forceinline__ float activation_value(gt_activation act, float x) {
-    switch (act) {
-    case GT_ACT_RELU: return gt_relu(x);
-    case GT_ACT_GELU_ERF: return gt_gelu_erf(x);
-    case GT_ACT_GELU_TANH: return gt_gelu_tanh(x);
-    case GT_ACT_TANH: return gt_tanh_act(x);
-    case GT_ACT_SILU: return gt_silu(x);
-    }
-    return x;
-}
-
-__device__ __forceinline__ float activation_grad(gt_activation act, float dout, float x) {
-    switch (act) {
-    case GT_ACT_RELU: return gt_relu_backward(dout, x);
-    case GT_ACT_GELU_ERF: return gt_gelu_erf_backward(dout, x);
-    case GT_ACT_GELU_TANH: return gt_gelu_tanh_backward(dout, x);
-    case GT_ACT_TANH: return gt_tanh_backward(dout, x);
-    case GT_ACT_SILU: return gt_silu_backward(dout, x);
-    }
-    return dout;
-}
-
 template <gt_dtype DT>
 __global__ void activation_forward_kernel(void *out, const void *in, size_t n, gt_activation act) {
     GT_GRID_STRIDE(i, n) {
-        store_elem<DT>(out, i, activation_value(act, load_elem<DT>(in, i)));
+        store_elem<DT>(out, i, gt_activation_value(act, load_elem<DT>(in, i)));
     }
 }
 
@@ -47,7 +25,7 @@ template <gt_dtype DT>
 __global__ void activation_backward_kernel(void *din, const void *dout, const void *in, size_t n,
                                            gt_activation act) {
     GT_GRID_STRIDE(i, n) {
-        store_elem<DT>(din, i, activation_grad(act, load_elem<DT>(dout, i), load_elem<DT>(in, i)));
+        store_elem<DT>(din, i, gt_activation_grad(act, load_elem<DT>(dout, i), load_elem<DT>(in, i)));
     }
 }
 

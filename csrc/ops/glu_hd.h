@@ -15,33 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/activation.h"
+#include "ops/activation_hd.h"
 #include "ops/elem_hd.h"
 #include "ops/ops.h"
-
-/* act(x) for any gt_activation (x for an unknown one: the ops check act first). */
-GT_HD_INLINE float gt_glu_act(gt_activation act, float x) {
-    switch (act) {
-    case GT_ACT_RELU: return gt_relu(x);
-    case GT_ACT_GELU_ERF: return gt_gelu_erf(x);
-    case GT_ACT_GELU_TANH: return gt_gelu_tanh(x);
-    case GT_ACT_TANH: return gt_tanh_act(x);
-    case GT_ACT_SILU: return gt_silu(x);
-    }
-    return x;
-}
-
-/* dout * act'(x). */
-GT_HD_INLINE float gt_glu_act_grad(gt_activation act, float dout, float x) {
-    switch (act) {
-    case GT_ACT_RELU: return gt_relu_backward(dout, x);
-    case GT_ACT_GELU_ERF: return gt_gelu_erf_backward(dout, x);
-    case GT_ACT_GELU_TANH: return gt_gelu_tanh_backward(dout, x);
-    case GT_ACT_TANH: return gt_tanh_backward(dout, x);
-    case GT_ACT_SILU: return gt_silu_backward(dout, x);
-    }
-    return dout;
-}
 
 /* out before its store's rounding: dt(act(g)) * u, given a = act(g). */
 GT_HD_INLINE float gt_glu_out(float a, float u, gt_dtype dt) { return gt_hd_round(a, dt) * u; }
@@ -49,14 +25,14 @@ GT_HD_INLINE float gt_glu_out(float a, float u, gt_dtype dt) { return gt_hd_roun
 /* dup before its store's rounding: dout * dt(a), given a = act(g). */
 GT_HD_INLINE float gt_glu_dup(float dout, float a, gt_dtype dt) { return dout * gt_hd_round(a, dt); }
 
-/* The gradient reaching act(g): dt(dout * u); dgate = act'(g) times it (gt_glu_act_grad). */
+/* The gradient reaching act(g): dt(dout * u); dgate = act'(g) times it (gt_activation_grad). */
 GT_HD_INLINE float gt_glu_dact(float dout, float u, gt_dtype dt) { return gt_hd_round(dout * u, dt); }
 
 /* Element e = r * inter + i of out (one CUDA thread's work in the forward). */
 GT_HD_INLINE void gt_glu_forward_element(void *out, const void *in, size_t e, size_t inter,
                                          gt_activation act, gt_dtype dt) {
     size_t g = e / inter * 2 * inter + e % inter;
-    float a = gt_glu_act(act, gt_hd_load(in, g, dt));
+    float a = gt_activation_value(act, gt_hd_load(in, g, dt));
     gt_hd_store(out, e, gt_glu_out(a, gt_hd_load(in, g + inter, dt), dt), dt);
 }
 
@@ -66,8 +42,8 @@ GT_HD_INLINE void gt_glu_backward_element(void *din, const void *dout, const voi
                                           size_t inter, gt_activation act, gt_dtype dt) {
     size_t g = e / inter * 2 * inter + e % inter;
     float x = gt_hd_load(in, g, dt), u = gt_hd_load(in, g + inter, dt), d = gt_hd_load(dout, e, dt);
-    float dgate = gt_glu_act_grad(act, gt_glu_dact(d, u, dt), x);
-    float dup = gt_glu_dup(d, gt_glu_act(act, x), dt);
+    float dgate = gt_activation_grad(act, gt_glu_dact(d, u, dt), x);
+    float dup = gt_glu_dup(d, gt_activation_value(act, x), dt);
     gt_hd_store(din, g, dgate, dt);
     gt_hd_store(din, g + inter, dup, dt);
 }
