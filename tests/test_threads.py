@@ -258,6 +258,51 @@ def test_scaler_changes_during_a_step_raise():
     assert scaler.get_scale() == 8.0
 
 
+def test_scaler_reads_during_a_step_raise():
+    # Before: these read the scale, tracker and counters while the step thread wrote them without
+    # the GIL (ThreadSanitizer: a data race in _configure and every getter). Now each is refused
+    # like the optimizer's state_dict; the settings a step only reads stay readable.
+    model, opt = make_setup()
+    scaler = gt.amp.GradScaler(init_scale=256.0)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=ACCUMULATION,
+                        scaler=scaler)
+    x, y = make_batch()
+    grad = np.ones(8, np.float32)
+    calls = {"get_scale": scaler.get_scale, "state_dict": scaler.state_dict,
+             "skipped_steps": lambda: scaler.skipped_steps,
+             "consecutive_skipped_steps": lambda: scaler.consecutive_skipped_steps,
+             "growth_tracker": scaler._get_growth_tracker, "inv_scale": lambda: scaler._inv_scale,
+             "scale": lambda: scaler.scale(np.float32(1.0)), "unscale_arrays": lambda: scaler.unscale_arrays([grad]),
+             "pickle": scaler.__getstate__, "set_growth_interval": lambda: scaler.set_growth_interval(5),
+             "__init__": lambda: gt.amp.GradScaler.__init__(scaler, init_scale=2.0)}
+    accepted, readable = [], []
+    during_step(step, x, y, lambda: (accepted.extend(not_refused(calls, "GradScaler is in use")),
+                                     readable.append((scaler.get_growth_factor(), scaler.get_growth_interval(),
+                                                      repr(scaler)))))
+    assert accepted == []
+    assert readable == [(2.0, 2000, "GradScaler(in use by another thread)")]
+    np.testing.assert_array_equal(grad, 1.0)
+    assert scaler.state_dict()["scale"] == 256.0 and scaler.skipped_steps == 0
+
+
+def test_scaler_configure_keeps_a_step_run_while_reading_its_arguments():
+    # Before: _configure copied the state, then read its arguments (Python code, here a whole
+    # step), then stored the stale copy: the step's growth of the scale was undone.
+    model, opt = make_setup()
+    scaler = gt.amp.GradScaler(init_scale=256.0, growth_interval=1)
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), opt, micro_batches=2, scaler=scaler)
+    x, y = make_batch()
+
+    class StepsWhenRead:
+        def __float__(self):
+            step(x[:256], y[:256])
+            return 4.0
+
+    scaler._configure(growth_factor=StepsWhenRead())
+    assert scaler.get_growth_factor() == 4.0
+    assert scaler.get_scale() == 512.0  # the step's growth (256 * 2), kept
+
+
 def loader_rows(features=8192, rows=1024):
     """Row i holds i in every column, and its label is i: a torn or repeated row shows."""
     x = np.repeat(np.arange(rows, dtype=np.float32)[:, None], features, axis=1)

@@ -12,7 +12,8 @@
 typedef struct {
     PyObject_HEAD
     gt_scaler state;  /* scale, tracker, factors and counters; shared with the fused step */
-    int busy;         /* 1 while a training step uses it without the GIL (changes then raise) */
+    int busy;         /* 1 while a training step uses it without the GIL: every call that reads what
+                         the step writes (scale, tracker, counters) or changes anything raises */
 } ScalerObject;
 
 static void scaler_dealloc(PyObject *op) {
@@ -40,7 +41,9 @@ gt_scaler *gtpy_scaler_enter(PyObject *obj) {
 
 void gtpy_scaler_leave(PyObject *obj) { ((ScalerObject *)obj)->busy = 0; }
 
-/* 0, or -1 with RuntimeError while a training step in another thread uses the scaler. */
+/* 0, or -1 with RuntimeError while a training step in another thread uses the scaler. Called
+ * (with the GIL) before the state is read or written, with no Python code between the check and
+ * the last access: the step thread writes the state without the GIL. */
 static int check_idle(PyObject *self) {
     if (!((ScalerObject *)self)->busy)
         return 0;
@@ -112,6 +115,8 @@ static int scaler_init(PyObject *self, PyObject *args, PyObject *kwargs) {
         PyErr_Format(PyExc_ValueError, "min_scale must be > 0 or None, got %R", min_scale_obj);
         return -1;
     }
+    if (check_idle(self) < 0)  /* __init__ again on a scaler a step holds */
+        return -1;
     gt_status status = gt_scaler_init(&((ScalerObject *)self)->state, init_scale, growth_factor,
                                       backoff_factor, growth_interval, min_scale, enabled);
     if (status != GT_OK) {
@@ -155,6 +160,10 @@ static PyObject *scaler_unscale(PyObject *self, PyObject *arrays) {
             return NULL;
         }
     }
+    if (check_idle(self) < 0) {
+        Py_DECREF(items);
+        return NULL;
+    }
     const gt_scaler state = ((ScalerObject *)self)->state;
     int found_inf = 0;
     gt_status status = GT_OK;
@@ -187,7 +196,10 @@ static PyObject *scaler_set_scale(PyObject *self, PyObject *args) {
 }
 
 /* Sets any of the scale, the factors, the interval, the tracker and the counters at once:
- * every value is checked before any is stored (load_state_dict, set_*, unpickling). */
+ * every value is checked before any is stored (load_state_dict, set_*, unpickling). The
+ * arguments are read first (that may run Python code, and other threads); the state is read
+ * and written only after check_idle, with no Python code in between (a step started or run by
+ * that code is neither raced with nor undone). */
 static PyObject *scaler_configure(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"scale", "growth_factor", "backoff_factor", "growth_interval",
                                "growth_tracker", "skipped_steps", "consecutive_skipped_steps", NULL};
@@ -196,42 +208,59 @@ static PyObject *scaler_configure(PyObject *self, PyObject *args, PyObject *kwar
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOO:_configure", keywords, &scale, &growth,
                                      &backoff, &interval, &tracker, &skipped, &consecutive))
         return NULL;
-    gt_scaler next = ((ScalerObject *)self)->state;
-    double scale_value = next.scale;
-    long long interval_value = next.growth_interval, tracker_value = next.growth_tracker;
-    long long skipped_value = next.skipped_steps, consecutive_value = next.consecutive_skipped_steps;
+    double scale_value = 0.0, growth_value = 0.0, backoff_value = 0.0;
+    long long interval_value = 0, tracker_value = 0, skipped_value = 0, consecutive_value = 0;
     if (read_double(scale, "scale", &scale_value) < 0 ||
-        read_double(growth, "growth_factor", &next.growth_factor) < 0 ||
-        read_double(backoff, "backoff_factor", &next.backoff_factor) < 0 ||
+        read_double(growth, "growth_factor", &growth_value) < 0 ||
+        read_double(backoff, "backoff_factor", &backoff_value) < 0 ||
         read_int(interval, "growth_interval", 1, INT32_MAX, &interval_value) < 0 ||
         read_int(tracker, "_growth_tracker", INT32_MIN, INT32_MAX, &tracker_value) < 0 ||
         read_int(skipped, "skipped_steps", 0, INT64_MAX, &skipped_value) < 0 ||
-        read_int(consecutive, "consecutive_skipped_steps", 0, INT64_MAX, &consecutive_value) < 0)
+        read_int(consecutive, "consecutive_skipped_steps", 0, INT64_MAX, &consecutive_value) < 0 ||
+        check_idle(self) < 0)
         return NULL;
-    next.scale = (float)scale_value;
-    next.growth_interval = (int32_t)interval_value;
-    next.growth_tracker = (int32_t)tracker_value;
-    next.skipped_steps = skipped_value;
-    next.consecutive_skipped_steps = consecutive_value;
+    gt_scaler next = ((ScalerObject *)self)->state;
+    if (scale)
+        next.scale = (float)scale_value;
+    if (growth)
+        next.growth_factor = growth_value;
+    if (backoff)
+        next.backoff_factor = backoff_value;
+    if (interval)
+        next.growth_interval = (int32_t)interval_value;
+    if (tracker)
+        next.growth_tracker = (int32_t)tracker_value;
+    if (skipped)
+        next.skipped_steps = skipped_value;
+    if (consecutive)
+        next.consecutive_skipped_steps = consecutive_value;
     gt_status status = gt_scaler_validate(&next);
     if (status != GT_OK)
         return scaler_raise(self, status);
-    if (check_idle(self) < 0)  /* after the reads, which may run Python code (other threads) */
-        return NULL;
     ((ScalerObject *)self)->state = next;
     Py_RETURN_NONE;
 }
 
+/* The state for a getter of what a step writes (scale, tracker, counters), or NULL with
+ * RuntimeError while a step in another thread holds the scaler. The factors, the interval, the
+ * floor and `enabled` only change through calls that check_idle refuses then: read freely. */
+static const gt_scaler *idle_state(PyObject *self) {
+    return check_idle(self) == 0 ? &((ScalerObject *)self)->state : NULL;
+}
+
 static PyObject *get_scale(PyObject *self, void *Py_UNUSED(closure)) {
-    return PyFloat_FromDouble(((ScalerObject *)self)->state.scale);
+    const gt_scaler *state = idle_state(self);
+    return state ? PyFloat_FromDouble(state->scale) : NULL;
 }
 
 static PyObject *get_inv_scale(PyObject *self, void *Py_UNUSED(closure)) {
-    return PyFloat_FromDouble(gt_scaler_inv_scale(&((ScalerObject *)self)->state));
+    const gt_scaler *state = idle_state(self);
+    return state ? PyFloat_FromDouble(gt_scaler_inv_scale(state)) : NULL;
 }
 
 static PyObject *get_growth_tracker(PyObject *self, void *Py_UNUSED(closure)) {
-    return PyLong_FromLong(((ScalerObject *)self)->state.growth_tracker);
+    const gt_scaler *state = idle_state(self);
+    return state ? PyLong_FromLong(state->growth_tracker) : NULL;
 }
 
 static PyObject *get_growth_factor(PyObject *self, void *Py_UNUSED(closure)) {
@@ -256,11 +285,13 @@ static PyObject *get_enabled(PyObject *self, void *Py_UNUSED(closure)) {
 }
 
 static PyObject *get_skipped_steps(PyObject *self, void *Py_UNUSED(closure)) {
-    return PyLong_FromLongLong(((ScalerObject *)self)->state.skipped_steps);
+    const gt_scaler *state = idle_state(self);
+    return state ? PyLong_FromLongLong(state->skipped_steps) : NULL;
 }
 
 static PyObject *get_consecutive_skipped_steps(PyObject *self, void *Py_UNUSED(closure)) {
-    return PyLong_FromLongLong(((ScalerObject *)self)->state.consecutive_skipped_steps);
+    const gt_scaler *state = idle_state(self);
+    return state ? PyLong_FromLongLong(state->consecutive_skipped_steps) : NULL;
 }
 
 static PyMethodDef scaler_methods[] = {
@@ -331,10 +362,12 @@ static PyObject *scaler_cuda_run(PyObject *module, PyObject *args, PyObject *kwa
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|pi:scaler_cuda_run", keywords, &scaler_obj,
                                      &array_obj, &update, &device))
         return NULL;
-    gt_scaler *scaler = gtpy_scaler_get(scaler_obj);
-    if (!scaler || check_grad_array(array_obj, 0) < 0)
+    if (!gtpy_scaler_get(scaler_obj) || check_grad_array(array_obj, 0) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
+    gt_scaler *scaler = gtpy_scaler_enter(scaler_obj);  /* held: a step's update is not undone */
+    if (!scaler)
+        return NULL;
     PyArrayObject *array = (PyArrayObject *)array_obj;
     gt_scaler state = *scaler;
     int found_inf = 0;
@@ -343,9 +376,11 @@ static PyObject *scaler_cuda_run(PyObject *module, PyObject *args, PyObject *kwa
     status = gt_cuda_scaler_run_host(&state, (float *)PyArray_DATA(array), (size_t)PyArray_SIZE(array),
                                      &found_inf, update, device);
     Py_END_ALLOW_THREADS
+    if (status == GT_OK)
+        *scaler = state;
+    gtpy_scaler_leave(scaler_obj);
     if (status != GT_OK)
         return gtpy_raise(module, status);
-    *scaler = state;
     return PyBool_FromLong(found_inf);
 #else
     PyErr_SetString(gtpy_state_of(module)->cuda_error,

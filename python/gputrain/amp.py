@@ -119,6 +119,11 @@ class GradScaler(_C.Scaler):
     Beyond PyTorch: `skipped_steps` / `consecutive_skipped_steps` counters, `min_scale`,
     a ScaleUnderflowWarning when the scale falls below 1, `unscale_arrays()` for plain NumPy
     gradients, and `step()` returning whether the step was skipped.
+
+    Threads: while a TrainStep that holds this scaler runs in another thread, reading what the
+    step writes (the scale, the growth tracker, the skip counters, state_dict()) or changing
+    anything raises RuntimeError("the GradScaler is in use by another thread"), as the
+    optimizer's calls do; the factors, interval, min_scale and is_enabled() stay readable.
     """
 
     __slots__ = ("_arrays_found_inf", "_per_optimizer_states", "_resolve_deferred")
@@ -355,6 +360,10 @@ class GradScaler(_C.Scaler):
     def __repr__(self) -> str:
         if not self._enabled:
             return "GradScaler(enabled=False)"
-        return (f"GradScaler(scale={self._scale:g}, growth_tracker={self._growth_tracker}, "
+        try:
+            scale, tracker, skipped = self._scale, self._growth_tracker, self.skipped_steps
+        except RuntimeError:  # a training step in another thread holds (and writes) the state
+            return "GradScaler(in use by another thread)"
+        return (f"GradScaler(scale={scale:g}, growth_tracker={tracker}, "
                 f"growth_factor={self._growth_factor:g}, backoff_factor={self._backoff_factor:g}, "
-                f"growth_interval={self._growth_interval}, skipped_steps={self.skipped_steps})")
+                f"growth_interval={self._growth_interval}, skipped_steps={skipped})")
