@@ -1,8 +1,8 @@
 // CUDA elementwise ops: bias add, activations (forward and backward) and the residual add. Each
 // element is loaded into f32, computed with the shared element math of core/activation.h (the
-// CPU backend's code) and rounded once into the activation dtype. Outputs may alias inputs: every
-// thread reads its element before writing it.
-#include "core/activation.h"
+// CPU backend's code, dispatched by ops/activation_hd.h) and rounded once into the activation
+// dtype. Outputs may alias inputs: every thread reads its element before writing it.
+#include "ops/activation_hd.h"
 #include "ops_kernels.cuh"
 
 namespace {

@@ -6,7 +6,7 @@
 #define GT_OPS_ACTIVATION_HD_H
 
 #include "core/activation.h"
-#include "core/hd.h"
+#include "ops/elem_hd.h"  /* GT_HD_INLINE */
 #include "ops/ops.h"
 
 /* act(x) for any gt_activation (x for an unknown one: the ops check act first). */
