@@ -313,8 +313,8 @@ def _join_feeder(tasks: Any, timeout: float) -> None:
     drains an exiting thread's cache after Python's join returns; a worker forked then hung in
     CI. (The feeder blocks only on a full pipe no worker reads any more: hence the bound.)"""
     feeder = getattr(tasks, "_thread", None)  # multiprocessing's; None until the first put
-    if feeder is None:
-        return
+    if feeder is None or feeder.ident is None:  # never started: a Ctrl-C landed inside that put()
+        return                                  # between the thread's creation and its start()
     deadline = time.monotonic() + timeout
     feeder.join(timeout)
     while os.path.exists(f"/proc/self/task/{feeder.native_id}") and time.monotonic() < deadline:
