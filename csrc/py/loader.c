@@ -328,7 +328,6 @@ static int engine_clear(PyObject *op) {
 
 static void engine_dealloc(PyObject *op) {
     PyTypeObject *type = Py_TYPE(op);
-    EngineObject *self = (EngineObject *)op;
     PyObject_GC_UnTrack(op);
     engine_clear(op);
     type->tp_free(op);
