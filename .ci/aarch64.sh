@@ -71,7 +71,10 @@ smoke=(csrc/core/cast.c csrc/core/cast_x86.c csrc/core/simd.c csrc/core/status.c
 "$cc" "${flags[@]}" -Werror -ffunction-sections -Wl,--gc-sections -D_GNU_SOURCE -Icsrc \
     "-I$openblas/include" "${smoke[@]}" "-L$openblas/lib" -lscipy_openblas \
     "-Wl,-rpath,$openblas/lib" -lm -o "$work/smoke"
-QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 "$work/smoke" "$work/smoke.out"
+# On qemu's default CPU ("max", with SME) OpenBLAS 0.3.34 picks its armv9sme kernel, whose sgemm
+# came out wrong there (relative error 0.63; whether qemu's SME or the kernel is at fault is not
+# known): the smoke runs on a Neoverse N1, the common aarch64 server core.
+QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu neoverse-n1 "$work/smoke" "$work/smoke.out"
 (cd /tmp && python "$root/.ci/aarch64_check.py" "$work/smoke.out")
 
 wheel=$(basename "$work"/scipy_openblas32-*.whl)
