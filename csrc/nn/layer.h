@@ -139,6 +139,7 @@ typedef struct gt_run {
     int accumulate;                 /* 0: parameter gradients are written, 1: added */
     const int64_t *key_lengths;     /* (B,) keys per sequence of the micro-batch (the model's
                                        memory), read by Attention and Pool; NULL: all keys */
+    const int64_t *key_starts;  /* (B, T) first visible key of each query, or NULL */
     int recompute;                  /* 1 while a checkpointed block re-runs its forward in backward:
                                        running statistics are not updated a second time */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
@@ -178,8 +179,11 @@ gt_status gt_embedding_backward(gt_layer *layer, void *din, const void *dout, co
 gt_status gt_attention_layer_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                       gt_run *run);
-/* The attention op's arguments for the layer's planned shape (pointers unset). */
+/* The attention op's arguments for the layer's planned shape (pointers unset); its input width
+ * (H + 2K) D and output width H D. */
 gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
+int64_t gt_attention_in_width(const gt_layer *layer);
+int64_t gt_attention_out_width(const gt_layer *layer);
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                              gt_run *run);
