@@ -30,6 +30,7 @@ Decoding follows transformers (5.25) ``GenerationMixin.generate`` with ``num_bea
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from gputrain import functional as F
-from gputrain.models.hf.decoders import DecoderConfig
+from gputrain.models.hf.decoders import DecoderConfig, Rope
 
 # ---- arguments -----------------------------------------------------------------------------------
 
@@ -190,6 +191,14 @@ def _rotate(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, attentio
     return out if attention_factor == 1.0 else out * np.float32(attention_factor)
 
 
+@functools.lru_cache(maxsize=64)
+def _inv_freq(rope: Rope) -> np.ndarray:
+    """The rope's inverse frequencies, computed once per Rope (read-only)."""
+    inv_freq = rope.inv_freq()
+    inv_freq.setflags(write=False)
+    return inv_freq
+
+
 def _visible(mask: np.ndarray, start: int, new: int, window: int | None) -> np.ndarray:
     """(B, new, L) bool: query start + t sees key j when j <= start + t, mask[b, j] == 1 and, with
     a window, j > start + t - window (transformers' sliding rule, on cache indices)."""
@@ -257,7 +266,7 @@ def _attention(config: DecoderConfig, params: Mapping[str, np.ndarray], layer: i
         q = _rms_norm(q, params[p + "q_norm.weight"], c.rms_norm_eps, c.norm_plus_one)
         k = _rms_norm(k, params[p + "k_norm.weight"], c.rms_norm_eps, c.norm_plus_one)
     rope = c.ropes[layer]
-    inv_freq = rope.inv_freq()
+    inv_freq = _inv_freq(rope)
     q = _rotate(q, positions, inv_freq, rope.attention_factor)
     k = _rotate(k, positions, inv_freq, rope.attention_factor)
     keys, values = cache.store(layer, start, k, v)
@@ -345,7 +354,7 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     probability 0 is never drawn)."""
     cdf = np.cumsum(probs.astype(np.float64), axis=-1)
     draws = rng.random(len(cdf)) * cdf[:, -1]
-    picked = np.array([np.searchsorted(row, u, side="right") for row, u in zip(cdf, draws)])
+    picked = (cdf <= draws[:, None]).sum(axis=-1)  # the first index whose CDF passes the draw
     last_nonzero = probs.shape[-1] - 1 - np.argmax(probs[:, ::-1] > 0, axis=-1)
     return np.minimum(picked, last_nonzero)
 
