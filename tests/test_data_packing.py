@@ -109,21 +109,23 @@ def test_packed_row_gives_each_document_its_own_loss():
     folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf", "qwen2-tiny")
     config, weights = ref.load(folder)
     rng = np.random.default_rng(1)
-    docs = [rng.integers(3, config.vocab_size, n) for n in (5, 9, 3, 6)]
+    docs = [rng.integers(3, config.vocab_size, n) for n in (5, 7, 3, 9)]  # two full rows
     packed = pack_sequences(docs, 12)
     logits = ref.causal_lm_logits(config, weights, packed["input_ids"], None, packed["position_ids"])
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        shifted = x - x.max()
+        return shifted - np.log(np.exp(shifted).sum())
+
     terms = []  # the packed loss terms: position t scored on labels[t + 1] (HF's shift)
     for row in range(len(logits)):
         for t in np.flatnonzero(packed["labels"][row, 1:] != -100):
-            log_probs = logits[row, t] - np.log(np.exp(logits[row, t] - logits[row, t].max()).sum()) - logits[row, t].max()
-            terms.append(log_probs[packed["labels"][row, t + 1]])
+            terms.append(log_softmax(logits[row, t])[packed["labels"][row, t + 1]])
     alone = []
     for row in range(len(logits)):
         for doc in documents_of(packed, row):
             doc_logits = ref.causal_lm_logits(config, weights, np.array([doc]))[0]
-            for t in range(len(doc) - 1):
-                log_probs = doc_logits[t] - np.log(np.exp(doc_logits[t] - doc_logits[t].max()).sum()) - doc_logits[t].max()
-                alone.append(log_probs[doc[t + 1]])
+            alone += [log_softmax(doc_logits[t])[doc[t + 1]] for t in range(len(doc) - 1)]
+    assert len(terms) == sum(len(d) - 1 for d in docs)  # no document is split: every term is there
     np.testing.assert_allclose(terms, alone, rtol=1e-9, atol=1e-9)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from gputrain.models.hf.decoders import load_decoder_config
-from gputrain.models.hf.generation import (KVCache, Sampling, _check_params, _warp, expected_params, forward,
+from gputrain.models.hf.generation import (KVCache, Sampling, _check_params, _draw, _warp, expected_params, forward,
                                            generate, next_tokens, prompt_positions)
 from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
 
@@ -60,6 +60,8 @@ def test_left_padded_batch_and_eos_match_transformers(family):
     stopped = generate(config, params, ids, 20, attention_mask=mask, pad_token_id=0,
                        eos_token_id=data[f"{family}/eos_token_id"].tolist())
     np.testing.assert_array_equal(stopped, data[f"{family}/eos_output"])
+    # without a mask, transformers infers it from the pad token (0 here, and no prompt token is 0)
+    np.testing.assert_array_equal(generate(config, params, ids, 20, pad_token_id=0), data[f"{family}/greedy"])
 
 
 @pytest.mark.parametrize("case", "abcd")
@@ -87,6 +89,7 @@ def test_cached_logits_match_the_full_reference_forward(family):
     mask = np.ones_like(ids)
     expected = ref.causal_lm_logits(config, {k: v.astype(np.float64) for k, v in params.items()}, ids, mask)
     cache = KVCache(config, 2, 14)
+    assert cache.keys[0].shape == cache.values[-1].shape == (2, config.num_kv_heads, 14, config.head_dim)
     positions = prompt_positions(mask)
     got = [forward(config, weights, ids[:, :6], positions[:, :6], mask, cache, 0, all_logits=True)]
     for t in range(6, 14):
@@ -170,6 +173,21 @@ def test_samples_come_from_the_warped_support():
     np.testing.assert_array_equal(only, logits.argmax(-1))
 
 
+def test_draws_follow_the_probabilities():
+    probs = np.tile(np.array([[0.5, 0.3, 0.2, 0.0]], np.float32), (20000, 1))
+    counts = np.bincount(_draw(probs, np.random.default_rng(0)), minlength=4) / 20000
+    np.testing.assert_allclose(counts, [0.5, 0.3, 0.2, 0.0], atol=0.015)  # ~4 standard deviations
+
+
+def test_mask_inferred_from_the_pad_token_must_be_left_padding():
+    config, params = model("llama")
+    with pytest.raises(ValueError, match="inferred as input_ids != pad_token_id 0.*row 0 is not left-padded"):
+        generate(config, params, [[5, 0, 6]], 2, pad_token_id=0)
+    # a pad id that is also an EOS id infers nothing (transformers' rule): every token is attended to
+    np.testing.assert_array_equal(generate(config, params, [[5, 0, 6]], 2, pad_token_id=0, eos_token_id=0)[0, :3],
+                                  [5, 0, 6])
+
+
 def test_params_are_checked_by_name():
     config, params = model("llama")
     assert set(expected_params(config)) == set(params)
@@ -193,6 +211,7 @@ def test_params_are_checked_by_name():
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(input_ids=[[1.5, 2.0]]), TypeError, "input_ids"),
+    (dict(input_ids=[[1, 2], [3]]), ValueError, "input_ids"),
     (dict(input_ids=[[5, 96]]), ValueError, r"input_ids.*\[0, 96\)"),
     (dict(input_ids=np.zeros((1, 0), np.int64)), ValueError, "input_ids"),
     (dict(input_ids=np.zeros((1, 2, 2), np.int64)), ValueError, "input_ids"),

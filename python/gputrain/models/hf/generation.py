@@ -17,7 +17,8 @@ Decoding follows transformers (5.25) ``GenerationMixin.generate`` with ``num_bea
   of them; with ``eos_token_id`` a row is finished once it produced one of them, every later token
   of that row is ``pad_token_id`` (default: the first EOS id, as HF), and generation stops as soon
   as every row is finished (so the result can be shorter than prompt + max_new_tokens);
-- batched prompts are LEFT-padded, ``attention_mask`` 0 on the padding: position ids are
+- batched prompts are LEFT-padded, ``attention_mask`` 0 on the padding (without one, as
+  transformers: ``input_ids != pad_token_id`` when the pad token occurs and is not an EOS id): position ids are
   ``cumsum(mask) - 1`` (padding positions get 0, as transformers 5.25 writes them; they never reach
   a real token), each new token's position is the row's last one + 1, padding keys are never
   attended to, and the sliding window counts cache indices (padding included), as transformers'
@@ -115,24 +116,32 @@ def _token_ids(value: Any, name: str, vocab_size: int) -> np.ndarray:
     return ids.astype(np.int64)
 
 
-def _left_padding_mask(mask: Any, shape: tuple[int, ...]) -> np.ndarray:
+def _inferred_mask(ids: np.ndarray, pad: int | None, eos: tuple[int, ...] | None) -> np.ndarray | None:
+    """transformers' attention mask when none is given: ids != pad where the pad token occurs in
+    the prompts and is not an EOS token, else None (all ones)."""
+    if pad is None or not (ids == pad).any() or (eos is not None and pad in eos):
+        return None
+    return (ids != pad).astype(np.int64)
+
+
+def _left_padding_mask(mask: Any, shape: tuple[int, ...], name: str = "attention_mask") -> np.ndarray:
     """(B, T) int64 of 0/1, each row zeros then ones with at least one 1 (left padding)."""
     if mask is None:
         return np.ones(shape, dtype=np.int64)
     array = np.asarray(mask)
     if array.dtype.kind not in "iub":
-        raise TypeError(f"attention_mask must hold 0/1 integers or booleans, not {array.dtype}")
+        raise TypeError(f"{name} must hold 0/1 integers or booleans, not {array.dtype}")
     array = array.reshape((1, -1)) if array.ndim == 1 and len(shape) == 2 and shape[0] == 1 else array
     if array.shape != shape:
-        raise ValueError(f"attention_mask must have input_ids' shape {shape}, got {array.shape}")
+        raise ValueError(f"{name} must have input_ids' shape {shape}, got {array.shape}")
     if not np.isin(array, (0, 1)).all():
-        raise ValueError("attention_mask must hold only 0 and 1")
+        raise ValueError(f"{name} must hold only 0 and 1")
     array = array.astype(np.int64)
     for row in range(shape[0]):
         if not array[row].any():
-            raise ValueError(f"attention_mask row {row} is all 0: a prompt needs at least one token")
+            raise ValueError(f"{name} row {row} is all 0: a prompt needs at least one token")
         if (np.diff(array[row]) < 0).any():
-            raise ValueError(f"attention_mask row {row} is not left-padded (a 0 after a 1): decoder-only "
+            raise ValueError(f"{name} row {row} is not left-padded (a 0 after a 1): decoder-only "
                              "generation appends after each row's last token, so pad on the left")
     return array
 
@@ -388,9 +397,12 @@ def generate(config: DecoderConfig, params: Mapping[str, Any], input_ids: Any, m
     anything runs (TypeError / ValueError naming it)."""
     if not isinstance(config, DecoderConfig):
         raise TypeError(f"config must be a DecoderConfig (decoders.load_decoder_config), not {type(config).__name__}")
-    squeeze = np.ndim(input_ids) == 1
-    ids = _token_ids(np.asarray(input_ids)[None] if squeeze else input_ids, "input_ids", config.vocab_size)
-    mask = _left_padding_mask(attention_mask, ids.shape)
+    try:
+        given = np.asarray(input_ids)
+    except ValueError as error:  # ragged nested lists
+        raise ValueError(f"input_ids must be a (batch, seq) array of token ids, got {error}") from None
+    squeeze = given.ndim == 1
+    ids = _token_ids(given[None] if squeeze else given, "input_ids", config.vocab_size)
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     sampling = _sampling(do_sample, temperature, top_k, top_p)
@@ -400,10 +412,15 @@ def generate(config: DecoderConfig, params: Mapping[str, Any], input_ids: Any, m
                          f"got {pad_token_id!r}")
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+    pad = int(pad_token_id) if pad_token_id is not None else (eos[0] if eos else None)
+    if attention_mask is None and (inferred := _inferred_mask(ids, pad, eos)) is not None:
+        mask = _left_padding_mask(inferred, ids.shape, f"attention_mask (none given: inferred as input_ids != "
+                                                       f"pad_token_id {pad}, as transformers does)")
+    else:
+        mask = _left_padding_mask(attention_mask, ids.shape)
     weights = _check_params(config, params)
     rng = np.random.default_rng(seed) if sampling.do_sample else None
-    out = _decode(config, weights, ids, mask, int(max_new_tokens), sampling, eos,
-                  int(pad_token_id) if pad_token_id is not None else (eos[0] if eos else None), rng)
+    out = _decode(config, weights, ids, mask, int(max_new_tokens), sampling, eos, pad, rng)
     return out[0] if squeeze else out
 
 
