@@ -444,3 +444,26 @@ def test_a_steps_plan_with_these_kinds_is_its_peak(checkpointing):
     finally:
         gc.enable()
     assert growth == {k: plan.total(k) for k in kinds}, str(plan)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("config", [{"bf16": True}, {"fp16": True, "gradient_checkpointing": True}],
+                         ids=["bf16", "fp16 checkpointed"])
+def test_a_sim_device_run_with_these_kinds_peaks_at_the_plan(tmp_path, config):
+    """tests/test_memory_plan.py's sim check: the device pool's peak is the Trainer's plan."""
+    import gc
+    x, y = block_batch(0)
+    x, y = np.repeat(x.reshape(6, 8), 3, 0), np.repeat(y.reshape(6), 3, 0)
+    gt.random.manual_seed(0)
+    m = nn.Sequential(decoder_block(True), nn.Parallel(nn.Parallel(nn.Linear(5, 3), nn.Tanh()), nn.Linear(5, 2)),
+                      nn.Linear(10, 5)).to("sim")
+    gc.collect()
+    args = gt.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=6, learning_rate=1e-2,
+                                save_strategy="no", logging_steps=50, disable_tqdm=True, seed=3, device="sim",
+                                max_steps=1, **config)
+    gt.reset_peak_memory_stats("sim:0")
+    trainer = gt.Trainer(m, args, train_dataset=(x, y))
+    plan = trainer.memory_plan()
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
