@@ -25,6 +25,7 @@
     X(PARALLEL, parallel)       /* children on the same input, outputs concatenated (last dim) */  \
     X(GLU, glu)                 /* (..., 2 I) [gate | up] -> (..., I): act(gate) * up */            \
     X(SCALE, scale)             /* elementwise x * dt(factor) */                                    \
+    X(BIAS, bias)               /* (..., C) + b (C,): an LM head's bias after a tied_linear */      \
     /* end of the list */
 
 #endif

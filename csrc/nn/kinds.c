@@ -176,17 +176,26 @@ const gt_layer_type gt_layer_type_pool = {
     "pool", "SequencePool", GT_LAYER_ARGS(pool_args), 0, NULL, NULL, NULL, gt_plan_pool, gt_pool_forward,
     gt_pool_backward};
 
-/* ---- PositionEmbedding: ("position", num_positions, embedding_dim) ---- */
+/* ---- PositionEmbedding: ("position", num_positions, embedding_dim, offset) ---- */
 static const gt_layer_arg position_args[] = {
-    GT_SIZE("num_positions", num_embeddings), GT_SIZE("embedding_dim", embedding_dim)};
+    GT_SIZE("num_positions", num_embeddings), GT_SIZE("embedding_dim", embedding_dim),
+    {"offset", GT_ARG_INT, GT_ARG_FIELD(position_offset), 0, GT_ARG_INT64_MAX, 0, NULL}};
 
 static void describe_position(const gt_layer *layer, char *buf, size_t bytes) {
     snprintf(buf, bytes, "PositionEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
              (long long)layer->embedding_dim);
 }
 
+static gt_status check_position(gt_layer *layer) {
+    if (layer->position_offset >= layer->num_embeddings)
+        return GT_FAIL(GT_ERR_VALUE, "PositionEmbedding offset %lld leaves no row of its %lld positions",
+                       (long long)layer->position_offset, (long long)layer->num_embeddings);
+    return GT_OK;
+}
+
 const gt_layer_type gt_layer_type_position = {
-    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args), GT_KIND_PARAMS, NULL, describe_position,
+    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args), GT_KIND_PARAMS, check_position,
+    describe_position,
     embedding_params, gt_plan_position, gt_position_forward, gt_position_backward};
 
 /* ---- Conv2d: ("conv2d", in, out, kernel_size, stride, padding, dilation, groups, bias) ---- */

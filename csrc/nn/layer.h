@@ -79,6 +79,8 @@ struct gt_layer {
     float eps;                 /* LayerNorm, BatchNorm2d: variance epsilon */
     int64_t num_embeddings;    /* Embedding: rows of the table; Position: positions */
     int64_t embedding_dim;     /* Embedding, Position: columns of the table */
+    int64_t position_offset;   /* Position: the table row added at position 0 (rows [offset, offset + T)
+                                  are used; RoBERTa's: padding_idx + 1) */
     int64_t num_heads;         /* Attention: heads H (head_dim = in_features / H) */
     int causal;                /* Attention: 1 when query t sees only keys <= t */
     int64_t type_vocab;        /* Tokens: token types S (table rows [V, V + S), V = num_embeddings);

@@ -1,6 +1,8 @@
 /* Linear: out = in @ W^T + b, W (out_features, in_features), over the rows of `in`.
  * Backward: dW (+)= dout^T @ in, db (+)= sum of dout rows, din = dout @ W. In half-precision
- * mode the GEMMs read the half copy of W; dW accumulates in f32. */
+ * mode the GEMMs read the half copy of W; dW accumulates in f32. A Linear tied to a
+ * TokenEmbedding's table uses its first out_features rows; the rows after them (token types) get
+ * zeros unless the gradients accumulate (the TokenEmbedding adds to them next). */
 #include "nn/layer.h"
 
 /* W as the GEMMs read it: the half copy in f16/bf16 mode, else the f32 master. */
@@ -37,6 +39,9 @@ gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const
         .ldc = layer->in_features, .batch = 1,
     };
     GT_TRY(ops->gemm(run->backend, &dweight));
+    size_t used = (size_t)(layer->out_features * layer->in_features);
+    if (!accumulate && layer->weight.numel > used)  /* a tied TokenEmbedding's token-type rows */
+        GT_TRY(ops->zero(run->backend, layer->weight.grad + used, (layer->weight.numel - used) * sizeof(float)));
     if (layer->has_bias)
         GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features,
                                   run->dt, accumulate));

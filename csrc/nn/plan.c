@@ -119,12 +119,12 @@ gt_status gt_plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
     if (in->ndim < 2)
         return GT_FAIL(GT_ERR_VALUE, "model: %s takes (..., seq, embedding_dim) inputs, but gets %d "
                        "dimension(s)", name, in->ndim);
-    int64_t seq = in->shape[in->ndim - 2];
-    if (seq < 1 || seq > layer->num_embeddings)
+    int64_t seq = in->shape[in->ndim - 2], room = layer->num_embeddings - layer->position_offset;
+    if (seq < 1 || seq > room)
         return GT_FAIL(GT_ERR_VALUE, "%s: a sequence of %lld positions does not fit %s, which has "
-                       "positions 0..%lld; crop the sequences to at most %lld tokens",
-                       w->input_name, (long long)seq, name, (long long)layer->num_embeddings - 1,
-                       (long long)layer->num_embeddings);
+                       "positions 0..%lld (table rows from %lld); crop the sequences to at most %lld tokens",
+                       w->input_name, (long long)seq, name, (long long)room - 1,
+                       (long long)layer->position_offset, (long long)(room > 0 ? room : 0));
     return GT_OK;
 }
 

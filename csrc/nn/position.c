@@ -1,8 +1,9 @@
-/* PositionEmbedding: out[b, t, :] = in[b, t, :] + W[t, :] for the positions t in [0, T) of a
- * (..., T, C) input, W (num_positions, C) f32. Seen as (rows, T * C), W[0:T] is a bias of
+/* PositionEmbedding: out[b, t, :] = in[b, t, :] + W[o + t, :] for the positions t in [0, T) of a
+ * (..., T, C) input, W (num_positions, C) f32, o the offset (0; RoBERTa's padding_idx + 1, the row
+ * of its first real token under right padding). Seen as (rows, T * C), W[o:o+T] is a bias of
  * T * C columns, so the layer runs on the bias ops of any backend: forward copies and adds it,
- * backward passes dout through and sums it over the rows into dW[0:T]. Rows T.. of dW get no
- * gradient: written as zeros unless the gradients accumulate. */
+ * backward passes dout through and sums it over the rows into dW[o:o+T]. The other rows of dW get
+ * no gradient: written as zeros unless the gradients accumulate. */
 #include "nn/layer.h"
 
 /* T * C: the columns of the input seen as a bias-shaped matrix. */
@@ -11,11 +12,16 @@ static int64_t position_cols(const gt_layer *layer) {
     return in->shape[in->ndim - 2] * layer->embedding_dim;
 }
 
+/* Elements of W before row o. */
+static size_t position_skip(const gt_layer *layer) {
+    return (size_t)(layer->position_offset * layer->embedding_dim);
+}
+
 gt_status gt_position_forward(gt_layer *layer, const void *in, gt_run *run) {
     const gt_ops *ops = run->backend->ops;
     int64_t cols = position_cols(layer);
     GT_TRY(ops->copy(run->backend, layer->out.ptr, in, gt_tensor_bytes(&layer->out)));
-    return ops->bias_add(run->backend, layer->out.ptr, layer->weight.data,
+    return ops->bias_add(run->backend, layer->out.ptr, layer->weight.data + position_skip(layer),
                          gt_layer_out_numel(layer) / cols, cols, run->dt);
 }
 
@@ -23,12 +29,15 @@ gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, con
                                gt_run *run) {
     const gt_ops *ops = run->backend->ops;
     int64_t cols = position_cols(layer);
+    size_t skip = position_skip(layer);
     int accumulate = gt_layer_accumulates(layer, run);
-    GT_TRY(ops->bias_backward(run->backend, layer->weight.grad, dout,
+    GT_TRY(ops->bias_backward(run->backend, layer->weight.grad + skip, dout,
                               gt_layer_out_numel(layer) / cols, cols, run->dt, accumulate));
-    size_t unused = layer->weight.numel - (size_t)cols;
+    size_t unused = layer->weight.numel - skip - (size_t)cols;
+    if (!accumulate && skip > 0)
+        GT_TRY(ops->zero(run->backend, layer->weight.grad, skip * sizeof(float)));
     if (!accumulate && unused > 0)
-        GT_TRY(ops->zero(run->backend, layer->weight.grad + cols, unused * sizeof(float)));
+        GT_TRY(ops->zero(run->backend, layer->weight.grad + skip + cols, unused * sizeof(float)));
     if (!din)
         return GT_OK;
     return ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out));

@@ -90,15 +90,17 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
 }
 
 /* ("tied_linear", index): a Linear without bias whose (out, in) weight is the (num, dim) table of
- * the index-th module with parameters, an Embedding (an LM head tied to the token embedding). As
+ * the index-th module with parameters, an Embedding or a TokenEmbedding (an LM head tied to the
+ * token embedding; a TokenEmbedding's token-type rows after its num rows are not part of it). As
  * with ("tied", index), the use before it now adds its gradients, so they are summed. */
 static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     const char *kind = NULL;
     Py_ssize_t index = 0;
     if (!PyArg_ParseTuple(spec, "sn", &kind, &index))
         return -1;
-    if (index < 0 || (size_t)index >= ctx->count || ctx->first[index]->kind != GT_LAYER_EMBEDDING)
-        return spec_error("a tied Linear must name an earlier Embedding", spec);
+    if (index < 0 || (size_t)index >= ctx->count ||
+        (ctx->first[index]->kind != GT_LAYER_EMBEDDING && ctx->first[index]->kind != GT_LAYER_TOKENS))
+        return spec_error("a tied Linear must name an earlier Embedding or TokenEmbedding", spec);
     const gt_layer *table = ctx->first[index];
     *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = table->embedding_dim,
                         .out_features = table->num_embeddings, .tied = table};

@@ -2,13 +2,14 @@
 
 from gputrain.nn import layers
 from gputrain.nn.layers import *  # noqa: F403  (its __all__: every layer class)
-from gputrain.nn.embedding import PositionEmbedding, TiedLinear
+from gputrain.nn.embedding import Bias, PositionEmbedding, TiedLinear
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
 from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [*layers.__all__,
+           "Bias",
            "CrossEntropyLoss",
            "MSELoss",
            "Module",
