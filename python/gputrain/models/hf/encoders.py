@@ -522,6 +522,75 @@ class _EncoderHead(Module):
         """See gputrain.models.hf.save_pretrained."""
         hf_folder.save_pretrained(self, folder, max_shard_size)
 
+    @classmethod
+    def from_pretrained(cls, folder: Any, *, num_labels: int | None = None, problem_type: str | None = None,
+                        dtype: Any = None, device: str | None = None) -> _EncoderHead:
+        """This head over the encoder of any checkpoint of its family (transformers'
+        ``AutoModelForSequenceClassification.from_pretrained(folder, num_labels=3)``): a
+        pretraining or MLM checkpoint gives the encoder, and the tensors of this head that the
+        folder does not hold (the classifier, BERT's pooler) start at transformers' init (N(0,
+        0.02) weights, zero biases). Tensors of other heads (an MLM head, the NSP head, another
+        classifier) are left out. num_labels / problem_type replace config.json's (num_labels
+        renames the labels LABEL_0..). Everything is checked before the model is built: an
+        encoder tensor missing or of another shape raises ValueError naming it."""
+        import os
+
+        from gputrain._vocab import c_dtype
+        from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
+
+        folder = os.fspath(folder)
+        config = HFConfig.load(folder)
+        values = dict(config.values)
+        family = getattr(cls, "family", "")
+        if values.get("model_type") != family:
+            raise ValueError(f"{config.path}: field 'model_type' = {values.get('model_type')!r}: {cls.__name__} "
+                             f"loads {family!r} checkpoints")
+        values["architectures"] = [cls.__name__]
+        if num_labels is not None:
+            if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+                raise ValueError(f"num_labels must be an int >= 1, got {num_labels!r}")
+            values.pop("num_labels", None)
+            values["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+            values["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        if problem_type is not None:
+            values["problem_type"] = problem_type
+        hf = HFConfig(values, config.path)
+        parsed = parse_encoder_config(hf)
+        precision = hf_folder._precision(dtype, hf)
+        hf.finish(family)
+        spec = (parsed, values, cls)
+        expected, canonical = _tensors(spec), _canonical_for(family)
+        base = "distilbert" if family == "distilbert" else "bert" if family == "bert" else "roberta"
+        found = {}
+        for name, ref in checkpoint_tensors(folder).items():
+            key = canonical(name, spec)
+            if key is None or (key not in expected and not key.startswith(base + ".")):
+                continue  # another head's tensor
+            if key not in expected:
+                raise ValueError(f"{ref.path}: unexpected tensor {name!r} (a {family} encoder of this config.json "
+                                 "does not have it)")
+            if ref.shape != expected[key]:
+                raise ValueError(f"{ref.path}: tensor {name!r} has shape {ref.shape}, config.json implies "
+                                 f"{expected[key]}")
+            found[key] = ref
+        missing = [k for k in expected if k.startswith(base + ".") and k not in found
+                   and not k.startswith(f"{base}.pooler.")]
+        if missing:
+            raise ValueError(f"{folder}: tensor {missing[0]!r} is missing from the checkpoint "
+                             f"({len(missing)} encoder tensors missing in all)")
+        model = cls(values)  # transformers' init for what the folder does not hold
+        for key, ref in found.items():
+            array = read_tensor(ref)
+            if not np.isfinite(array).all():
+                raise ValueError(f"{ref.path}: tensor {ref.name!r} holds NaN or infinite values")
+            model._hf_load_tensor(key, array)
+        model._hf_loaded()
+        model.compiled.precision = c_dtype(precision)
+        model.eval()
+        if device is not None and device != "cpu":
+            model.to(device)
+        return model
+
     def extra_repr(self) -> str:
         c = self.config
         return (f"{c.family}: layers={c.num_layers}, hidden={c.hidden_size}, heads={c.num_heads}, "
@@ -720,10 +789,61 @@ def _matrix(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
 
 
 # -- the folder format: one Family per model_type ---------------------------------------------
+def _linear(shapes: dict[str, tuple[int, ...]], name: str, n_in: int, n_out: int, bias: bool = True) -> None:
+    shapes[name + ".weight"] = (n_out, n_in)
+    if bias:
+        shapes[name + ".bias"] = (n_out,)
+
+
+def _layernorm(shapes: dict[str, tuple[int, ...]], name: str, size: int) -> None:
+    shapes[name + ".weight"] = shapes[name + ".bias"] = (size,)
+
+
 def _tensors(spec: tuple[EncoderConfig, dict[str, Any], type]) -> dict[str, tuple[int, ...]]:
-    config, _, cls = spec
-    model = cls(config, init_weights=False)
-    return {name: value.shape for name, value in model.state_dict().items()}
+    """The tensors a checkpoint of this config and head holds (transformers' names and shapes)."""
+    c, _, cls = spec
+    e, i, distil = c.hidden_size, c.intermediate_size, c.family == "distilbert"
+    base = "distilbert" if distil else "bert" if c.family == "bert" else "roberta"
+    shapes: dict[str, tuple[int, ...]] = {f"{base}.embeddings.word_embeddings.weight": (c.vocab_size, e)}
+    if c.type_vocab_size:
+        shapes[f"{base}.embeddings.token_type_embeddings.weight"] = (c.type_vocab_size, e)
+    shapes[f"{base}.embeddings.position_embeddings.weight"] = (c.max_position_embeddings, e)
+    _layernorm(shapes, f"{base}.embeddings.LayerNorm", e)
+    for layer in range(c.num_layers):
+        p = f"{base}.{'transformer' if distil else 'encoder'}.layer.{layer}."
+        names = (("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin", "sa_layer_norm",
+                  "ffn.lin1", "ffn.lin2", "output_layer_norm") if distil else
+                 ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                  "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm"))
+        for name in names[:4]:
+            _linear(shapes, p + name, e, e)
+        _layernorm(shapes, p + names[4], e)
+        _linear(shapes, p + names[5], e, i)
+        _linear(shapes, p + names[6], i, e)
+        _layernorm(shapes, p + names[7], e)
+    if issubclass(cls, EncoderForSequenceClassification):
+        if c.family == "bert":
+            _linear(shapes, "bert.pooler.dense", e, e)
+            _linear(shapes, "classifier", e, c.num_labels)
+        elif distil:
+            _linear(shapes, "pre_classifier", e, e)
+            _linear(shapes, "classifier", e, c.num_labels)
+        else:
+            _linear(shapes, "classifier.dense", e, e)
+            _linear(shapes, "classifier.out_proj", e, c.num_labels)
+    elif issubclass(cls, EncoderForTokenClassification):
+        _linear(shapes, "classifier", e, c.num_labels)
+    else:
+        head = {"bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                         "cls.predictions.decoder", "cls.predictions.bias"),
+                "distilbert": ("vocab_transform", "vocab_layer_norm", "vocab_projector", "vocab_projector.bias")
+                }.get(c.family, ("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "lm_head.bias"))
+        _linear(shapes, head[0], e, e)
+        _layernorm(shapes, head[1], e)
+        if not c.tie_word_embeddings:
+            _linear(shapes, head[2], e, c.vocab_size, bias=False)
+        shapes[head[3]] = (c.vocab_size,)
+    return shapes
 
 
 def _canonical_for(family: str):
@@ -738,9 +858,14 @@ def _canonical_for(family: str):
         if config.tie_word_embeddings and name in ("cls.predictions.decoder.weight", "lm_head.decoder.weight",
                                                    "vocab_projector.weight"):
             return None  # the word embeddings
-        if name.startswith(base + ".") or "." not in name or name.split(".")[0] in _HEAD_PREFIXES:
-            return name
-        return base + "." + name  # a bare ...Model checkpoint's names
+        if name.endswith(".gamma") or name.endswith(".beta"):  # LayerNorm names of TF-converted files
+            name = name[:name.rindex(".")] + (".weight" if name.endswith(".gamma") else ".bias")
+        if not name.startswith(base + ".") and name.split(".")[0] not in _HEAD_PREFIXES:
+            name = base + "." + name  # a bare ...Model checkpoint's names
+        if name.startswith("cls.seq_relationship.") or (
+                name.startswith(f"{base}.pooler.") and not (cls.pooler and config.family == "bert")):
+            return None  # heads this class does not have (BertForPreTraining's NSP head, BertModel's pooler)
+        return name
 
     return canonical
 
@@ -749,7 +874,7 @@ _HEAD_PREFIXES = ("classifier", "cls", "lm_head", "pre_classifier", "vocab_trans
                   "vocab_projector")
 
 
-def _register(family: str, classes: tuple[type, ...], bare: str) -> None:
+def _register(family: str, classes: tuple[type, ...]) -> None:
     heads = {cls.__name__: cls for cls in classes}
 
     def parse(config: HFConfig) -> tuple[EncoderConfig, dict[str, Any], type]:
@@ -766,7 +891,7 @@ def _register(family: str, classes: tuple[type, ...], bare: str) -> None:
         return model
 
     hf_folder.register_family(hf_folder.Family(
-        model_type=family, architectures=(*heads, bare), parse=parse, tensors=_tensors,
+        model_type=family, architectures=tuple(heads), parse=parse, tensors=_tensors,
         canonical=_canonical_for(family), build=build))
 
 
@@ -786,13 +911,12 @@ XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification, XLMRobert
     _classes("XLMRoberta", "xlm-roberta")
 DistilBertForSequenceClassification, DistilBertForTokenClassification, DistilBertForMaskedLM = \
     _classes("DistilBert", "distilbert")
-_register("bert", (BertForSequenceClassification, BertForTokenClassification, BertForMaskedLM), "BertModel")
-_register("roberta", (RobertaForSequenceClassification, RobertaForTokenClassification, RobertaForMaskedLM),
-          "RobertaModel")
+_register("bert", (BertForSequenceClassification, BertForTokenClassification, BertForMaskedLM))
+_register("roberta", (RobertaForSequenceClassification, RobertaForTokenClassification, RobertaForMaskedLM))
 _register("xlm-roberta", (XLMRobertaForSequenceClassification, XLMRobertaForTokenClassification,
-                          XLMRobertaForMaskedLM), "XLMRobertaModel")
+                          XLMRobertaForMaskedLM))
 _register("distilbert", (DistilBertForSequenceClassification, DistilBertForTokenClassification,
-                         DistilBertForMaskedLM), "DistilBertModel")
+                         DistilBertForMaskedLM))
 
 __all__ = ["BertForMaskedLM", "BertForSequenceClassification", "BertForTokenClassification",
            "DistilBertForMaskedLM", "DistilBertForSequenceClassification", "DistilBertForTokenClassification",
