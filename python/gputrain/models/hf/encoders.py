@@ -69,7 +69,10 @@ PROBLEM_TYPES = {None: None, "regression": "regression", "single_label_classific
                  "multi_label_classification": "multi_label_classification"}
 _BERT_DEFAULT_ONLY = {"is_decoder": False, "add_cross_attention": False, "is_encoder_decoder": False,
                       "position_embedding_type": "absolute", "pruned_heads": {}}
-_IRRELEVANT = ("initializer_range", "gradient_checkpointing", "output_past", "classifier_activation")
+# fields no forward reads: the init's std, old flags, and the original Google BERT configs' pooler
+# description and text direction (bert-base-chinese, multilingual), which transformers never uses
+_IRRELEVANT = ("initializer_range", "gradient_checkpointing", "output_past", "directionality", "pooler_fc_size",
+               "pooler_num_attention_heads", "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type")
 
 
 @dataclass(frozen=True)
