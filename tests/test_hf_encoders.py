@@ -321,3 +321,25 @@ def test_other_heads_tensors_and_old_names_are_read_as_transformers_does(tmp_pat
     ref = reference("bert-mlm")
     model = from_pretrained(folder)
     assert np.array_equal(model(*inputs(model, ref)), from_pretrained(folder_of("bert-mlm"))(*inputs(model, ref)))
+
+
+@pytest.mark.sim
+def test_a_sim_trainer_run_of_an_mlm_peaks_at_its_plan(tmp_path):
+    """tests/test_memory_plan.py's sim check with the encoder's kinds (tied decoder over the token
+    table, bias, offset positions): the device pool's peak is the Trainer's plan."""
+    import gc
+
+    ref = reference("roberta-mlm")
+    model = from_pretrained(folder_of("roberta-mlm")).to("sim")
+    x = np.repeat(model.pack(*inputs(model, ref)), 2, axis=0)
+    y = np.repeat(targets(ref), 2, axis=0)
+    gc.collect()
+    args = gt.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=6, learning_rate=1e-3,
+                                save_strategy="no", logging_steps=50, disable_tqdm=True, seed=3, device="sim",
+                                max_steps=1, bf16=True)
+    gt.reset_peak_memory_stats("sim:0")
+    trainer = gt.Trainer(model, args, train_dataset=(x, y))
+    plan = trainer.memory_plan()
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
