@@ -343,3 +343,16 @@ def test_a_sim_trainer_run_of_an_mlm_peaks_at_its_plan(tmp_path):
     trainer.train()
     assert trainer.state.global_step == 1
     assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
+
+
+@pytest.mark.parametrize("name", ["bert-mlm", "roberta-mlm", "distilbert-mlm"])
+def test_copies_and_pickles_keep_the_model(name):
+    import copy
+    import pickle
+
+    ref = reference(name)
+    model = from_pretrained(folder_of(name))
+    logits = model(*inputs(model, ref))
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert np.array_equal(clone(*inputs(model, ref)), logits)
+        assert list(clone.state_dict()) == list(model.state_dict())

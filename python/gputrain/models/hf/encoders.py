@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -103,10 +103,6 @@ class EncoderConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
-
-    @property
-    def names(self) -> dict[str, str]:
-        return _NAMES["distilbert" if self.family == "distilbert" else "bert"]
 
 
 def _num_labels(config: HFConfig) -> int:
@@ -199,13 +195,6 @@ def _parse_distilbert(config: HFConfig) -> EncoderConfig:
         tokcls_dropout=dropout, mlm_activation=act, num_labels=_num_labels(config),
         problem_type=config.choice("problem_type", None, PROBLEM_TYPES),
         tie_word_embeddings=config.bool("tie_word_embeddings", True))
-
-
-# BERT-like and DistilBERT's names of the same modules
-_NAMES = {
-    "bert": dict(encoder="encoder", layer="layer", norm="LayerNorm"),
-    "distilbert": dict(encoder="transformer", layer="layer", norm="LayerNorm"),
-}
 
 
 def _dropout_spec(p: float) -> list[tuple]:
@@ -686,22 +675,18 @@ class EncoderForMaskedLM(_EncoderHead):
         if c.family == "distilbert":
             self.transform = _Transform(c, ("vocab_transform", "vocab_layer_norm"))
             self.vocab_projector = _OutputBias(self._decoder(), c.vocab_size)
+            self._tree = (*self.transform.named_children(), ("vocab_projector", _Renamed(self.vocab_projector)))
         elif c.family == "bert":
             transform = _Transform(c, ("dense", "LayerNorm"))
             self.predictions = _OutputBias(self._decoder(), c.vocab_size, (("transform", transform),))
+            self._tree = (("cls", _Named(("predictions", self.predictions))),)
         else:
             self.transform = _Transform(c, ("dense", "layer_norm"))
             self.lm_head = _OutputBias(self._decoder(), c.vocab_size)
+            self._tree = (("lm_head", _Merged(self.transform, self.lm_head)),)
 
     def _head(self) -> Iterator[tuple[str, Module]]:
-        c = self.config
-        if c.family == "bert":
-            yield "cls", _Named(("predictions", self.predictions))
-        elif c.family == "distilbert":
-            yield from self.transform.named_children()
-            yield "vocab_projector", _Renamed(self.vocab_projector)
-        else:
-            yield "lm_head", _Merged(self.transform, self.lm_head)
+        return iter(self._tree)
 
     def _head_layers(self, tied: dict[int, int]) -> list[tuple]:
         if self.config.family == "bert":
