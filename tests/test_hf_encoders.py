@@ -179,6 +179,7 @@ _DROP = object()
     ("roberta-seqcls", "pad_token_id", None),
     ("roberta-seqcls", "pad_token_id", 19),
     ("distilbert-seqcls", "sinusoidal_pos_embds", True),
+    ("distilbert-seqcls", "pad_token_id", 99),
     ("distilbert-seqcls", "activation", "gelu_fast"),
 ])
 def test_bad_configs_are_refused_by_field(tmp_path, name, field, value):
@@ -356,3 +357,12 @@ def test_copies_and_pickles_keep_the_model(name):
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert np.array_equal(clone(*inputs(model, ref)), logits)
         assert list(clone.state_dict()) == list(model.state_dict())
+
+
+def test_a_new_model_starts_at_transformers_init():
+    gt.random.manual_seed(0)
+    model = enc.BertForMaskedLM(json.load(open(os.path.join(folder_of("bert-mlm"), "config.json"))))
+    state = model.state_dict()
+    words = state["bert.embeddings.word_embeddings.weight"]
+    assert not words[model.config.pad_token_id].any() and 0.015 < words[1:].std() < 0.025
+    assert not state["cls.predictions.bias"].any() and (state["bert.embeddings.LayerNorm.weight"] == 1).all()

@@ -28,6 +28,13 @@ save_pretrained / from_pretrained split and join it under transformers' two name
 ``named_parameters()`` lists the one table under ``...embeddings.word_embeddings.weight`` (its rows
 from vocab_size on are ``token_type_embeddings``; its ``.grad`` likewise).
 
+Padding rows: transformers' word_embeddings is an nn.Embedding with padding_idx = pad_token_id,
+whose lookups give that row no gradient. gputrain's table row pad_token_id is trained like the
+others, which gives transformers' gradients whenever pad ids sit only where the attention mask is
+0 (their outputs then reach no loss term) -- tokenizers' padding; a pad id at a kept position
+(BERT, DistilBERT: accepted, the forward is transformers') would get an embedding gradient that
+transformers' does not. (RoBERTa refuses such a batch, see below.)
+
 Positions: BERT and DistilBERT add ``position_embeddings`` rows 0..T-1. RoBERTa numbers a row's
 tokens from ``padding_idx + 1`` counting only tokens that are not ``pad_token_id``
 (transformers' create_position_ids_from_input_ids): under right padding with no pad id among the
@@ -127,6 +134,12 @@ def _dropout(config: HFConfig, name: str, default: float) -> float:
     return p
 
 
+def _check_pad(config: HFConfig, pad: int | None, vocab: int) -> None:
+    if pad is not None and pad >= vocab:  # the word embeddings' padding_idx
+        raise ValueError(f"{config.path}: field 'pad_token_id' = {pad} is not a row of the {vocab} word embeddings "
+                         "(field 'vocab_size')")
+
+
 def parse_encoder_config(config: HFConfig) -> EncoderConfig:
     """Reads every field of a bert/roberta/xlm-roberta/distilbert config.json: implemented,
     refused (ValueError naming the field) or irrelevant to the arithmetic."""
@@ -146,6 +159,8 @@ def parse_encoder_config(config: HFConfig) -> EncoderConfig:
     pad = config.raw("pad_token_id", 1 if roberta else 0)
     if pad is not None:
         pad = config.int("pad_token_id", minimum=0)
+    vocab = config.int("vocab_size", 30522)
+    _check_pad(config, pad, vocab)
     max_positions = config.int("max_position_embeddings", 512)
     offset = 0
     if roberta:
@@ -160,7 +175,7 @@ def parse_encoder_config(config: HFConfig) -> EncoderConfig:
     classifier = hidden_dropout if classifier is None else _dropout(config, "classifier_dropout", 0.1)
     act = config.choice("hidden_act", "gelu", ACTIVATIONS)
     return EncoderConfig(
-        family=family, vocab_size=config.int("vocab_size", 30522), hidden_size=hidden,
+        family=family, vocab_size=vocab, hidden_size=hidden,
         num_layers=config.int("num_hidden_layers", 12), num_heads=heads,
         intermediate_size=config.int("intermediate_size", 3072), activation=act,
         layer_norm_eps=config.float("layer_norm_eps", 1e-12, low_open=True), hidden_dropout=hidden_dropout,
@@ -183,10 +198,12 @@ def _parse_distilbert(config: HFConfig) -> EncoderConfig:
     pad = config.raw("pad_token_id", 0)
     if pad is not None:
         pad = config.int("pad_token_id", minimum=0)
+    vocab = config.int("vocab_size", 30522)
+    _check_pad(config, pad, vocab)
     dropout = _dropout(config, "dropout", 0.1)
     act = config.choice("activation", "gelu", ACTIVATIONS)
     return EncoderConfig(
-        family="distilbert", vocab_size=config.int("vocab_size", 30522), hidden_size=dim,
+        family="distilbert", vocab_size=vocab, hidden_size=dim,
         num_layers=config.int("n_layers", 6), num_heads=heads, intermediate_size=config.int("hidden_dim", 3072),
         activation=act, layer_norm_eps=1e-12,  # DistilBERT's LayerNorms are eps=1e-12 whatever the config
         hidden_dropout=dropout, attention_dropout=_dropout(config, "attention_dropout", 0.1),
@@ -408,7 +425,7 @@ class _EncoderHead(Module):
 
     def _init_weights(self, seed: int, std: float = 0.02) -> None:
         """transformers' _init_weights: N(0, std) matrices and embeddings, zero biases, LayerNorm
-        weights 1 (the padding row of the word embeddings left as drawn)."""
+        weights 1, and the word embeddings' pad_token_id row 0 (nn.Embedding's padding_idx)."""
         rng = np.random.default_rng(seed)
         values = {}
         for name, value in self.state_dict().items():
@@ -418,6 +435,8 @@ class _EncoderHead(Module):
                 values[name] = np.ones_like(value)
             else:
                 values[name] = rng.normal(0.0, std, value.shape).astype(np.float32)
+        if self.config.pad_token_id is not None:
+            values[self._table_name][self.config.pad_token_id] = 0.0
         self.load_state_dict(values)
 
     # -- the table of word + token-type rows under transformers' two names -------------------
