@@ -109,6 +109,7 @@ class EncoderConfig:
 
     @property
     def head_dim(self) -> int:
+        """hidden_size / num_heads (BERT-style configs have no head_dim field)."""
         return self.hidden_size // self.num_heads
 
 
