@@ -1,5 +1,5 @@
 """gputrain.data: the DataLoader, its samplers, Dataset classes and collate functions, text
-data (token windows, ragged rows, buckets) and image folders (decoded with Pillow).
+data (token windows, ragged rows, buckets, texts tokenized into ragged columns) and image folders (decoded with Pillow).
 
     from gputrain.data import DataLoader, Dataset, DistributedSampler, TokenDataset, default_collate
 """
@@ -20,6 +20,7 @@ from gputrain.data.sampler import (
     SequentialSampler,
 )
 from gputrain.data.text import BucketBatchSampler, TokenDataset, bucket_by_length
+from gputrain.data.tokenize import tokenize
 
 __all__ = [
     "BatchSampler",
@@ -43,4 +44,5 @@ __all__ = [
     "get_worker_info",
     "pad_collate",
     "to_tensor",
+    "tokenize",
 ]
