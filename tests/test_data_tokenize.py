@@ -4,6 +4,7 @@ call on that example, and each batch equals the tokenizer's padded call on the b
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,18 @@ def test_single_texts_without_rounding_and_columns_of_other_kinds():
     pa = pytest.importorskip("pyarrow")
     arrow = gt.data.tokenize(tok, pa.chunked_array([PREMISES[:3], PREMISES[3:]]), pad_to_multiple_of=1)
     np.testing.assert_array_equal(arrow["input_ids"].values, as_list["input_ids"].values)
+
+
+def test_chunks_encoded_on_a_thread_give_the_same_columns(monkeypatch):
+    tok = gt.tokenizer_from_pretrained(FIXTURES / "deberta")
+    whole = gt.data.tokenize(tok, PREMISES, HYPOTHESES)
+    monkeypatch.setattr(importlib.import_module("gputrain.data._tokenize"), "CHUNK", 3)  # 8 rows: chunks of 3, 3 and 2
+    chunked = gt.data.tokenize(tok, PREMISES, HYPOTHESES)
+    for key in whole:
+        np.testing.assert_array_equal(chunked[key].values, whole[key].values)
+        np.testing.assert_array_equal(chunked[key].offsets, whole[key].offsets)
+    with pytest.raises(TypeError, match=r"text_pairs\[7\] is int"):  # in the last chunk
+        gt.data.tokenize(tok, PREMISES, HYPOTHESES[:7] + [7])
 
 
 def test_non_text_rows_and_bad_arguments_raise_errors_naming_the_column():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -121,8 +122,10 @@ def test_save_pretrained_then_load_gives_the_same_ids(folder, tmp_path):
     assert again.model_max_length == tok.model_max_length and again.model_input_names == tok.model_input_names
 
 
-def test_output_forms():
+def test_output_forms_and_pickling():
     tok = load("bert")
+    again = pickle.loads(pickle.dumps(tok))  # as a Dataset object's workers receive it
+    assert again(PAIRS[0][0], PAIRS[0][1]) == tok(PAIRS[0][0], PAIRS[0][1])
     one = tok("a fox", "a dog")
     assert isinstance(one["input_ids"], list) and isinstance(one["input_ids"][0], int)
     assert one.input_ids == one["input_ids"]  # keys read as attributes, as BatchEncoding's
@@ -153,6 +156,10 @@ def test_bad_calls_raise_clear_errors():
         tok(["a"], padding=True, truncation=True, max_length=12, pad_to_multiple_of=8)
     with pytest.raises(ValueError, match="tokenizing failed"):  # only_second with a second text too short
         tok(["a long first text with many words in it"], ["b"], truncation="only_second", max_length=6)
+    with pytest.raises(ValueError, match=r"token id -100 is not an id"):
+        tok.decode([2, -100, 3])
+    with pytest.raises(TypeError, match=r"sequences\[1\] must be a sequence of int"):
+        tok.batch_decode([[2, 3], ["x"]])
     tok.pad_token = None
     with pytest.raises(ValueError, match="no padding token"):
         tok(["a", "b c"], padding=True)

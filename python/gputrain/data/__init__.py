@@ -20,7 +20,7 @@ from gputrain.data.sampler import (
     SequentialSampler,
 )
 from gputrain.data.text import BucketBatchSampler, TokenDataset, bucket_by_length
-from gputrain.data.tokenize import tokenize
+from gputrain.data._tokenize import tokenize
 
 __all__ = [
     "BatchSampler",

@@ -8,6 +8,6 @@
 
 from __future__ import annotations
 
-from gputrain.text.tokenizer import Encoding, PretrainedTokenizer, tokenizer_from_pretrained
+from gputrain.text.tokenizer import BatchEncoding, PretrainedTokenizer, tokenizer_from_pretrained
 
-__all__ = ["Encoding", "PretrainedTokenizer", "tokenizer_from_pretrained"]
+__all__ = ["BatchEncoding", "PretrainedTokenizer", "tokenizer_from_pretrained"]

@@ -48,7 +48,7 @@ def import_tokenizers() -> Any:
     return tokenizers
 
 
-class Encoding(dict):
+class BatchEncoding(dict):
     """The output of a tokenizer call: a dict of input_ids / token_type_ids / attention_mask (int64
     arrays with return_tensors="np", else lists), whose keys also read as attributes."""
 
@@ -159,8 +159,8 @@ class PretrainedTokenizer:
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
                                        or max_length < 1):
             raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
-        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or pad_to_multiple_of < 1
-                                               or not isinstance(pad_to_multiple_of, (int, np.integer))):
+        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or not isinstance(
+                pad_to_multiple_of, (int, np.integer)) or pad_to_multiple_of < 1):
             raise ValueError(f"pad_to_multiple_of must be a positive int or None, got {pad_to_multiple_of!r}")
         if max_length is not None and padding is False and truncation is None:
             truncation = "longest_first"  # max_length alone turns truncation on
@@ -226,7 +226,7 @@ class PretrainedTokenizer:
                  truncation: bool | str | None = None, max_length: int | None = None,
                  pad_to_multiple_of: int | None = None, padding_side: str | None = None,
                  return_tensors: str | None = None, return_token_type_ids: bool | None = None,
-                 return_attention_mask: bool | None = None) -> Encoding:
+                 return_attention_mask: bool | None = None) -> BatchEncoding:
         """Tokenizes one text or pair (lists of ints per key) or a batch (list per example)."""
         if return_tensors not in (None, "np"):
             raise ValueError(f"return_tensors must be 'np' (int64 NumPy arrays) or None (lists), got "
@@ -250,7 +250,7 @@ class PretrainedTokenizer:
         special = self.add_special_tokens if add_special_tokens is None else bool(add_special_tokens)
         encodings = self.encode_batch(inputs, special) if inputs else []
         keys = self._output_keys(return_token_type_ids, return_attention_mask)
-        out = Encoding()
+        out = BatchEncoding()
         for key, attribute in keys:
             rows = [getattr(e, attribute) for e in encodings]
             out[key] = _as_output(rows, key, return_tensors, batched)
@@ -292,10 +292,7 @@ class PretrainedTokenizer:
             ids = [ids]
         if isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (list, tuple)):
             return self.batch_decode(ids, skip_special_tokens, clean_up_tokenization_spaces)
-        try:
-            text = self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"token_ids must be ints, got {token_ids!r:.80} ({error})") from None
+        text = self._backend.decode(_ids(ids, "token_ids"), skip_special_tokens=skip_special_tokens)
         return self._clean(text, clean_up_tokenization_spaces)
 
     def batch_decode(self, sequences: Any, skip_special_tokens: bool = False,
@@ -305,7 +302,7 @@ class PretrainedTokenizer:
             s.tolist() if hasattr(s, "tolist") else list(s) for s in sequences]
         if rows and not isinstance(rows[0], (list, tuple)):
             raise TypeError("batch_decode takes a batch of id sequences; use decode for one sequence")
-        texts = self._backend.decode_batch([[int(i) for i in row] for row in rows],
+        texts = self._backend.decode_batch([_ids(row, f"sequences[{i}]") for i, row in enumerate(rows)],
                                            skip_special_tokens=skip_special_tokens)
         return [self._clean(text, clean_up_tokenization_spaces) for text in texts]
 
@@ -366,6 +363,19 @@ for _name in SPECIAL_NAMES:
     _token_property, _id_property = _special_property(_name)
     setattr(PretrainedTokenizer, f"{_name}_token", _token_property)
     setattr(PretrainedTokenizer, f"{_name}_token_id", _id_property)
+
+
+def _ids(values: Any, what: str) -> list[int]:
+    """Token ids as a list of ints in [0, 2**32); TypeError/ValueError naming `what` otherwise."""
+    try:
+        ids = [int(i) for i in values]
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{what} must be a sequence of int token ids, got {values!r:.80} ({error})") from None
+    if ids and (min(ids) < 0 or max(ids) >= 2**32):
+        bad = min(ids) if min(ids) < 0 else max(ids)
+        raise ValueError(f"{what}: token id {bad} is not an id (ids are in [0, 2**32); remove label padding "
+                         "such as -100 before decoding)")
+    return ids
 
 
 def _input_error(inputs: list[Any], what: str) -> Exception:
@@ -457,4 +467,4 @@ def tokenizer_from_pretrained(folder: str | os.PathLike[str]) -> PretrainedToken
     return PretrainedTokenizer(backend, settings)
 
 
-__all__ = ["Encoding", "PretrainedTokenizer", "tokenizer_from_pretrained"]
+__all__ = ["BatchEncoding", "PretrainedTokenizer", "tokenizer_from_pretrained"]

@@ -7,8 +7,8 @@ attention_mask / token_type_ids columns that the DataLoader pads per batch:
     for batch in loader:   # batch["input_ids"]: (32, longest of the batch rounded up to a multiple of 8)
         ...
 
-The whole column goes through the `tokenizers` package's encode_batch in one call (Rust threads);
-the ids are then copied into one flat int64 array per column. A column is a list or tuple of
+The column goes through the `tokenizers` package's batch encoding (Rust threads) in chunks of
+8192 examples, the ids of one chunk copied into flat int64 arrays while the next is encoded. A column is a list or tuple of
 str, a NumPy array, a pandas Series, a pyarrow Array or ChunkedArray, or a `datasets` column
 (duck-typed: `to_pylist()`, `tolist()`, else iterated once); nothing is imported for them.
 """
@@ -87,8 +87,40 @@ def _configure(backend: Any, tokenizer: Any, truncation: Any, max_length: int | 
                               direction=getattr(tokenizer, "truncation_side", "right"))
 
 
+#: Examples per encode_batch call: while tokenizers encodes one chunk (in Rust, without the GIL)
+#: the ids of the previous one are copied out here, so the copying hides behind the encoding.
+CHUNK = 8192
+
+
 def _flat(encodings: list[Any], attribute: str, total: int) -> np.ndarray:
     return np.fromiter(chain.from_iterable(map(attrgetter(attribute), encodings)), dtype=np.int64, count=total)
+
+
+def _arrays(encodings: list[Any], types: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(lengths, flat ids, flat type ids or None) of a list of unpadded Encodings."""
+    lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
+    total = int(lengths.sum())
+    return lengths, _flat(encodings, "ids", total), _flat(encodings, "type_ids", total) if types else None
+
+
+def _encode_chunks(backend: Any, inputs: list[Any], add_special_tokens: bool, types: bool) -> list[tuple[Any, ...]]:
+    """_arrays of every CHUNK of `inputs`, chunk k + 1 encoded on a thread while chunk k is copied.
+    encode_batch_fast (tokenizers >= 0.20: the same ids, no character offsets) when there is one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    chunks = [inputs[i:i + CHUNK] for i in range(0, len(inputs), CHUNK)]
+    if len(chunks) <= 1:
+        return [_arrays(encode(inputs, add_special_tokens=add_special_tokens), types)]
+    parts = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gputrain-tokenize") as pool:
+        pending = pool.submit(encode, chunks[0], add_special_tokens=add_special_tokens)
+        for k in range(len(chunks)):
+            encodings = pending.result()
+            if k + 1 < len(chunks):
+                pending = pool.submit(encode, chunks[k + 1], add_special_tokens=add_special_tokens)
+            parts.append(_arrays(encodings, types))
+    return parts
 
 
 def tokenize(tokenizer: Any, texts: Any, text_pairs: Any = None, *, truncation: bool | str = True,
@@ -108,6 +140,9 @@ def tokenize(tokenizer: Any, texts: Any, text_pairs: Any = None, *, truncation: 
     if backend is None or not callable(getattr(backend, "encode_batch", None)):
         raise TypeError("tokenizer must be gputrain.tokenizer_from_pretrained(...) (or a tokenizer with a "
                         f"`tokenizers` backend_tokenizer), not {type(tokenizer).__name__}")
+    if (isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, (int, np.integer))
+            or not 1 <= pad_to_multiple_of <= 65536):
+        raise ValueError(f"pad_to_multiple_of must be an int in [1, 65536], got {pad_to_multiple_of!r}")
     pad_id = getattr(tokenizer, "pad_token_id", None)
     if pad_id is None:
         raise ValueError("the tokenizer has no pad token (pad_token); the loader pads input_ids with its id")
@@ -121,28 +156,31 @@ def tokenize(tokenizer: Any, texts: Any, text_pairs: Any = None, *, truncation: 
         columns.append((second, _label(text_pairs, "text_pairs")))
         inputs = list(zip(first, second))
     _configure(backend, tokenizer, truncation, max_length)
-    special = getattr(tokenizer, "add_special_tokens", True) if add_special_tokens is None else add_special_tokens
+    if add_special_tokens is None:  # the tokenizer's default (transformers' tokenizers: a method, so True)
+        default = getattr(tokenizer, "add_special_tokens", True)
+        add_special_tokens = default if isinstance(default, bool) else True
+    names = list(getattr(tokenizer, "model_input_names", ("input_ids", "token_type_ids", "attention_mask")))
+    types = "token_type_ids" in names if return_token_type_ids is None else bool(return_token_type_ids)
+    mask = "attention_mask" in names if return_attention_mask is None else bool(return_attention_mask)
     try:
-        encodings = backend.encode_batch(inputs, add_special_tokens=bool(special))
+        parts = _encode_chunks(backend, inputs, bool(add_special_tokens), types)
     except TypeError:
         raise _not_text_error(columns) from None
     except Exception as error:  # tokenizers' Rust errors (a truncation that cannot be done)
         raise ValueError(f"tokenizing failed: {error}") from None
     finally:
         backend.no_truncation()
-    lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-    offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
+    lengths = np.concatenate([p[0] for p in parts])
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
-    names = list(getattr(tokenizer, "model_input_names", ("input_ids", "token_type_ids", "attention_mask")))
-    types = "token_type_ids" in names if return_token_type_ids is None else return_token_type_ids
-    mask = "attention_mask" in names if return_attention_mask is None else return_attention_mask
-    out = {"input_ids": RaggedArray(_flat(encodings, "ids", total), offsets, int(pad_id), pad_to_multiple_of)}
+    ids = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    out = {"input_ids": RaggedArray(ids, offsets, int(pad_id), pad_to_multiple_of)}
     if mask:  # unpadded encodings attend to every token
         out["attention_mask"] = RaggedArray(np.ones(total, dtype=np.int64), offsets, 0, pad_to_multiple_of)
     if types:
-        pad_type = int(getattr(tokenizer, "pad_token_type_id", 0))
-        out["token_type_ids"] = RaggedArray(_flat(encodings, "type_ids", total), offsets, pad_type,
+        type_ids = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
+        out["token_type_ids"] = RaggedArray(type_ids, offsets, int(getattr(tokenizer, "pad_token_type_id", 0)),
                                             pad_to_multiple_of)
     return out
 
