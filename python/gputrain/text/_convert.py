@@ -20,6 +20,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, str]] = {
     "roberta": {"bos": "<s>", "eos": "</s>", "sep": "</s>", "cls": "<s>", "unk": "<unk>", "pad": "<pad>",
                 "mask": "<mask>"},
 }
+FAMILY_DEFAULTS["xlmroberta"] = FAMILY_DEFAULTS["roberta"]
 _WORDPIECE_FAMILIES = ("bert", "distilbert")
 _SPM_FAMILIES = ("debertav2",)
 
