@@ -186,6 +186,12 @@ def test_bad_folders_raise_errors_naming_the_file(tmp_path):
     (broken / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordPiece"}}')
     with pytest.raises(ValueError, match=r"tokenizer.json: not a tokenizer"):
         gt.tokenizer_from_pretrained(broken)
+    spec = json.loads((FIXTURES / "bert" / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"]["special_tokens"]["[SEP]"]["ids"] = [9999]  # beyond the 420 tokens
+    (broken / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"tokenizer.json: the post-processor adds token id 9999 but the "
+                                         r"vocabulary has 420 tokens"):
+        gt.tokenizer_from_pretrained(broken)
     config = copy_folder("roberta", tmp_path)
     (config / "tokenizer_config.json").write_text("{oops")
     with pytest.raises(ValueError, match=r"tokenizer_config.json: does not parse as JSON"):

@@ -464,7 +464,21 @@ def tokenizer_from_pretrained(folder: str | os.PathLike[str]) -> PretrainedToken
                                                            settings.special_tokens["sep"], path)
     backend.no_padding()  # set by each call
     backend.no_truncation()
+    _check_special_ids(backend, path / ("tokenizer.json" if not converted else ""))
     return PretrainedTokenizer(backend, settings)
+
+
+def _check_special_ids(backend: Any, where: Path) -> None:
+    """The ids the post-processor adds (a pair of empty texts) must be in the vocabulary."""
+    size = backend.get_vocab_size(with_added_tokens=True)
+    try:
+        ids = backend.encode("", "", add_special_tokens=True).ids
+    except Exception as error:  # a post-processor that cannot build a pair
+        raise ValueError(f"{where}: the post-processor fails on a pair of texts ({error})") from None
+    bad = [i for i in ids if i >= size]
+    if bad:
+        raise ValueError(f"{where}: the post-processor adds token id {bad[0]} but the vocabulary has {size} "
+                         f"tokens (ids 0 to {size - 1}); its special_tokens ids do not match the vocabulary")
 
 
 __all__ = ["BatchEncoding", "PretrainedTokenizer", "tokenizer_from_pretrained"]
