@@ -69,19 +69,22 @@ def wordpiece_from_vocab(path: Path, settings: FolderSettings) -> Any:
 
 
 def _spm_proto(path: Path) -> Any:
+    """spm.model's ModelProto, parsed with the protobuf classes that ship with `sentencepiece` (as
+    transformers' SentencePieceExtractor parses it). SentencePieceProcessor is not called: its
+    errors are C++ exceptions, which abort a process run under AddressSanitizer's LD_PRELOAD."""
     try:
-        import sentencepiece
         from sentencepiece import sentencepiece_model_pb2
     except ImportError as error:
         raise ImportError(f"{path}: converting a SentencePiece model needs the packages 'sentencepiece' and "
                           f"'protobuf' (pip install sentencepiece protobuf; {error}), or a tokenizer.json in "
                           "the folder (transformers' tokenizer.save_pretrained writes one)") from None
+    proto = sentencepiece_model_pb2.ModelProto()
     try:
-        sentencepiece.SentencePieceProcessor(model_file=str(path))  # validates the model
-        proto = sentencepiece_model_pb2.ModelProto()
         proto.ParseFromString(path.read_bytes())
-    except Exception as error:  # sentencepiece and protobuf raise their own types
-        raise ValueError(f"{path}: not a SentencePiece model that sentencepiece can load ({error})") from None
+    except Exception as error:  # protobuf's DecodeError
+        raise ValueError(f"{path}: not a SentencePiece model ({type(error).__name__}: {error})") from None
+    if not proto.pieces:
+        raise ValueError(f"{path}: not a SentencePiece model (no pieces in it)")
     return proto
 
 
