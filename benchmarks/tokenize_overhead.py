@@ -61,8 +61,9 @@ def main() -> None:
     pairwise = statistics.median(o / b for o, b in zip(our_times, base_times))
     per_pair = gt.data.tokenize(tok, first[:1000], second[:1000])["input_ids"].lengths.mean()
     print(f"{args.pairs} pairs ({per_pair:.0f} tokens a pair), {args.rounds} alternating rounds, medians:")
-    print(f"  tokenizers encode_batch:   {base * 1e3:8.1f} ms   (rounds: {', '.join(f'{t * 1e3:.0f}' for t in base_times)})")
-    print(f"  gt.data.tokenize:          {mine * 1e3:8.1f} ms   (rounds: {', '.join(f'{t * 1e3:.0f}' for t in our_times)})")
+    for name, median, times in (("tokenizers encode_batch", base, base_times), ("gt.data.tokenize", mine, our_times)):
+        rounds = ", ".join(f"{t * 1e3:.0f}" for t in times)
+        print(f"  {name + ':':26} {median * 1e3:8.1f} ms   (rounds: {rounds})")
     print(f"  overhead: {100 * (mine / base - 1):+.1f}% (ratio of the medians), {100 * (pairwise - 1):+.1f}% "
           "(median of each round's ratio)")
 

@@ -8,9 +8,10 @@ attention_mask / token_type_ids columns that the DataLoader pads per batch:
         ...
 
 The column goes through the `tokenizers` package's batch encoding (Rust threads) in chunks of
-8192 examples, the ids of one chunk copied into flat int64 arrays while the next is encoded. A column is a list or tuple of
-str, a NumPy array, a pandas Series, a pyarrow Array or ChunkedArray, or a `datasets` column
-(duck-typed: `to_pylist()`, `tolist()`, else iterated once); nothing is imported for them.
+8192 examples, the ids of one chunk copied into flat int64 arrays while the next is encoded. A
+column is a list or tuple of str, a NumPy array, a pandas Series, a pyarrow Array or
+ChunkedArray, or a `datasets` column (duck-typed: `to_pylist()`, `tolist()`, else iterated
+once); nothing is imported for them.
 """
 
 from __future__ import annotations

@@ -278,7 +278,9 @@ class PretrainedTokenizer:
     # ---- decoding ----------------------------------------------------------------------------
 
     def _clean(self, text: str, clean_up_tokenization_spaces: bool | None) -> str:
-        clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
+        clean = clean_up_tokenization_spaces
+        if clean is None:
+            clean = self.clean_up_tokenization_spaces
         if clean and type(self._backend.model).__name__ != "BPE":  # transformers 5 skips it for BPE
             for old, new in _CLEAN_UP:
                 text = text.replace(old, new)
@@ -334,7 +336,8 @@ class PretrainedTokenizer:
         return str(paths[0]), str(paths[1])
 
     def __repr__(self) -> str:
-        return (f"PretrainedTokenizer({self.name_or_path!r}, class={self.tokenizer_class}, vocab_size={self.vocab_size}, "
+        return (f"PretrainedTokenizer({self.name_or_path!r}, class={self.tokenizer_class}, "
+                f"vocab_size={self.vocab_size}, "
                 f"model_max_length={self.model_max_length}, padding_side={self.padding_side!r}, "
                 f"truncation_side={self.truncation_side!r}, special_tokens={self.special_tokens_map})")
 
