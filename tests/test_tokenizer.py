@@ -122,6 +122,17 @@ def test_save_pretrained_then_load_gives_the_same_ids(folder, tmp_path):
     assert again.model_max_length == tok.model_max_length and again.model_input_names == tok.model_input_names
 
 
+@pytest.mark.parametrize("folder", ["bert-vocab", "deberta-spm"])
+def test_a_bare_vocabulary_file_is_read_as_its_family_with_the_defaults(folder, tmp_path):
+    _needs(folder)
+    bare = copy_folder(folder, tmp_path)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    (bare / "tokenizer_config.json").unlink()  # no class named: BERT's / DeBERTa's special tokens
+    tok = gt.tokenizer_from_pretrained(bare)
+    assert tok.model_max_length > 1e20 and config["model_max_length"] == 64
+    check_case(tok, REFERENCE["folders"][folder]["pair_padded"], f"{folder} without tokenizer_config.json")
+
+
 def test_output_forms_and_pickling():
     tok = load("bert")
     again = pickle.loads(pickle.dumps(tok))  # as a Dataset object's workers receive it

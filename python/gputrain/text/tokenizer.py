@@ -454,7 +454,10 @@ def tokenizer_from_pretrained(folder: str | os.PathLike[str]) -> PretrainedToken
                                 + (" (give the folder that holds it)" if path.is_file() else ""))
     settings = read_settings(path)
     converted = not (path / "tokenizer.json").is_file()
-    defaults = _convert.FAMILY_DEFAULTS.get(settings.family or "", {})
+    family = settings.family
+    if family is None and converted:  # a bare vocab.txt is BERT's, a bare spm.model DeBERTa-v3's
+        family = "bert" if (path / "vocab.txt").is_file() else "debertav2"
+    defaults = _convert.FAMILY_DEFAULTS.get(family or "", {})
     for name, token in defaults.items():
         if settings.special_tokens[name] is None:
             settings.special_tokens[name] = token
