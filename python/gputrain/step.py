@@ -135,22 +135,27 @@ class DeferredStepOutput:
 
     @property
     def loss(self) -> float:
+        """StepOutput.loss of this step (reads the record: waits for the step)."""
         return self.result().loss
 
     @property
     def grad_norm(self) -> float:
+        """StepOutput.grad_norm of this step (reads the record: waits for the step)."""
         return self.result().grad_norm
 
     @property
     def skipped(self) -> bool:
+        """StepOutput.skipped of this step (reads the record: waits for the step)."""
         return self.result().skipped
 
     @property
     def scale(self) -> float:
+        """StepOutput.scale of this step (reads the record: waits for the step)."""
         return self.result().scale
 
     @property
     def outlier(self) -> bool:
+        """StepOutput.outlier of this step (reads the record: waits for the step)."""
         return self.result().outlier
 
     def __repr__(self) -> str:
@@ -253,6 +258,8 @@ class SpikeGuard:
                 "grad_norms": list(self._windows[1].values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state_dict(): num_skipped and the two windows, all checked (ValueError/TypeError naming
+        the key) before anything is applied."""
         check_mapping(state, "state")
         check_keys(state, "state", ("num_skipped", "losses", "grad_norms"))
         num_skipped = integer(state["num_skipped"], "state['num_skipped']", 0)

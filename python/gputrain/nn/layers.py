@@ -71,14 +71,17 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
+    """max(x, 0), element-wise."""
     _c_name = "relu"
 
 
 class Tanh(_Activation):
+    """tanh(x), element-wise."""
     _c_name = "tanh"
 
 
 class SiLU(_Activation):
+    """x * sigmoid(x) (swish), element-wise."""
     _c_name = "silu"
 
 
