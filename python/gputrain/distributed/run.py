@@ -65,7 +65,8 @@ class Rank:
         self.proc, self.notices = proc, notices
 
     def notify(self, rank: int, status: int) -> None:
-        """Tell this rank that `rank` exited with `status` (one line on its notice pipe; a full or closed pipe is ignored)."""
+        """Tell this rank that `rank` exited with `status` (one line on its notice pipe; a full or
+        closed pipe is ignored)."""
         if self.notices < 0:
             return
         try:
