@@ -52,13 +52,17 @@ class GPUHealthCallback(TrainerCallback):
     """Watches GPU `device_index` through NVML; see the module's documentation.
 
     Args:
-        warn_temperature / stop_temperature: °C; warn at the first, pause or stop at the second.
+        warn_temperature: °C at which to warn (once per excursion above it).
+        stop_temperature: °C at which to pause or stop (above warn_temperature).
         action: "pause" (sleep until below warn_temperature, at most max_pause_s, then stop) or "stop".
         check_interval_s: least seconds between two checks (0: every step).
-        max_pause_s / poll_interval_s: the longest pause, and the seconds between readings in it.
+        max_pause_s: the longest pause, in seconds.
+        poll_interval_s: the seconds between readings during a pause.
+        device_index: the GPU's NVML index.
         required: raise RuntimeError at construction when NVML cannot be used (default: warn once).
         nvml: a pynvml-like object to read from instead of importing pynvml (tests, wrappers).
-        clock / sleep: time.monotonic and time.sleep by default.
+        clock: time.monotonic by default.
+        sleep: time.sleep by default.
     """
 
     def __init__(self, warn_temperature: float = 80.0, stop_temperature: float = 85.0, action: str = "pause",
