@@ -5,8 +5,9 @@ directory. Two HTML comments just before a block change that:
 
     <!-- not run: the reason -->                   the block is shown but not run (a GPU, mpiexec)
     <!-- ci: "text" -> "replacement"; ... -->      run with small sizes or the committed fixtures:
-                                                   each text must occur in the block; {fixtures}
-                                                   in a replacement is tests/fixtures/hf
+                                                   each text must occur in the block (\" is a
+                                                   quote); {fixtures} in a replacement is
+                                                   tests/fixtures/hf
 
 A page must run at least one block. The whole file stays well under a minute.
 """
@@ -40,6 +41,7 @@ def blocks(page: pathlib.Path) -> list[tuple[int, str]]:
             continue
         if note.startswith("ci:"):
             for old, new in _SWAP.findall(note):
+                old, new = old.replace('\\"', '"'), new.replace('\\"', '"')
                 assert old in code, f"{page.name}:{line}: the ci replacement {old!r} is not in the block"
                 code = code.replace(old, new.replace("{fixtures}", str(FIXTURES)))
         elif note:
