@@ -62,18 +62,16 @@ def test_the_pages_code_runs(page, tmp_path):
     assert done.returncode == 0, f"{page.name}'s code failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
 
 
-def test_notes_are_checked():
+def test_notes_are_checked(tmp_path):
     """A replacement that no longer matches, or a note of an unknown kind, fails the page."""
-    page = pathlib.Path("p.md")
     bad = [('<!-- ci: "absent" -> "x" -->\n```python\nprint(1)\n```\n', "not in the block"),
            ('<!-- run later -->\n```python\nprint(1)\n```\n', "unknown note"),
            ('<!-- not run: -->\n```python\nprint(1)\n```\n', "say why")]
+    page = tmp_path / "page.md"
     for text, message in bad:
-        page_file = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"gputrain-guide-note-{os.getpid()}.md"
-        page_file.write_text(text)
-        try:
-            with pytest.raises(AssertionError, match=message):
-                blocks(page_file)
-        finally:
-            page_file.unlink()
-    del page
+        page.write_text(text)
+        with pytest.raises(AssertionError, match=message):
+            blocks(page)
+    page.write_text('<!-- ci: "n = 24" -> "n = 2" -->\n```python\nn = 24\n```\n<!-- not run: a GPU -->\n'
+                    '```python\nimport cupy\n```\n')
+    assert [code for _, code in blocks(page)] == ["n = 2\n"]
