@@ -103,9 +103,37 @@ def test_every_public_name_has_a_docstring():
     assert not missing, f"{len(missing)} of {len(names)} public names have no docstring:\n" + "\n".join(missing)
 
 
-def test_the_reference_covers_every_public_module():
-    directives = set()
+def _directives() -> dict:
+    """{module: None (rendered whole) or the member names listed} of every ``::: module`` directive
+    of docs/reference/*.md."""
+    found = {}
     for page in (DOCS / "reference").glob("*.md"):
-        directives.update(re.findall(r"^::: ([\w.]+)", page.read_text(), flags=re.M))
+        for match in re.finditer(r"^::: ([\w.]+)\n((?:    .*\n)*)", page.read_text(), flags=re.M):
+            members = re.search(r"^\s+members:\s*(.*)$", match.group(2), flags=re.M)
+            listed = None if members is None else re.findall(r"\w+", members.group(1).replace("false", ""))
+            found[match.group(1)] = listed
+    return found
+
+
+def test_the_reference_covers_every_public_module():
+    directives = _directives()
     missing = sorted(m.__name__ for m in public_modules() if m.__name__ not in directives)
     assert not missing, f"public modules without a reference page entry (docs/reference/*.md): {missing}"
+
+
+def test_a_package_page_lists_the_names_documented_nowhere_else():
+    """A package rendered with a members list (its re-exports are documented in their modules)
+    must list the names of its __all__ that are defined in it or in a private module."""
+    for module in public_modules():
+        listed = _directives().get(module.__name__)
+        if listed is None:
+            continue
+        here = []
+        for name in getattr(module, "__all__", ()):
+            value = getattr(module, name)
+            if inspect.ismodule(value) or not (inspect.isclass(value) or inspect.isroutine(value)):
+                continue
+            home = value.__module__
+            if home == module.__name__ or any(part.startswith("_") for part in home.split(".")):
+                here.append(name)
+        assert set(here) <= set(listed), f"{module.__name__}: add {sorted(set(here) - set(listed))} to its members"
