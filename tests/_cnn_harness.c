@@ -137,11 +137,13 @@ int gt_harness_seq_pool(int backward, void *dst, const void *src, const int64_t 
     size_t b_n = (size_t)batch, t_n = (size_t)seq, d_n = (size_t)dim;
     for (size_t k = 0; !backward && k < b_n * d_n; k++) {
         size_t b = k / d_n, count = gt_seq_pooled(lengths, b, t_n, (gt_pool_mode)mode);
-        gt_hd_store(dst, k, gt_seq_pool_value(src, b, k % d_n, t_n, d_n, count, (gt_dtype)dt), (gt_dtype)dt);
+        size_t first = gt_seq_pool_first(lengths, b, t_n, (gt_pool_mode)mode);
+        gt_hd_store(dst, k, gt_seq_pool_value(src, b, k % d_n, t_n, d_n, first, count, (gt_dtype)dt), (gt_dtype)dt);
     }
     for (size_t k = 0; backward && k < b_n * t_n * d_n; k++) {
         size_t b = k / (t_n * d_n), count = gt_seq_pooled(lengths, b, t_n, (gt_pool_mode)mode);
-        float g = gt_seq_pool_grad(src, b, k / d_n % t_n, k % d_n, d_n, count, (gt_dtype)dt);
+        size_t first = gt_seq_pool_first(lengths, b, t_n, (gt_pool_mode)mode);
+        float g = gt_seq_pool_grad(src, b, k / d_n % t_n, k % d_n, d_n, first, count, (gt_dtype)dt);
         gt_hd_store(dst, k, g, (gt_dtype)dt);
     }
     return 0;

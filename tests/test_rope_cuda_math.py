@@ -31,8 +31,10 @@ def int64s(*values):
     return (ctypes.c_int64 * len(values))(*values)
 
 
-def run(harness, x, positions, inv_freq, dt, *, layout="bhtd", backward=False, in_place=False):
-    """The harness on raw buffers (x and the result in `layout`); returns the result."""
+def run(harness, x, positions, inv_freq, dt, *, layout="bhtd", backward=False, in_place=False,
+        attention_factor=1.0):
+    """The harness on raw buffers (x and the result in `layout`; positions None: position t);
+    returns the result."""
     if layout == "bhtd":
         batch, heads, seq, dim = x.shape
         strides = (heads * seq * dim, seq * dim, dim)
@@ -41,11 +43,12 @@ def run(harness, x, positions, inv_freq, dt, *, layout="bhtd", backward=False, i
         strides = (seq * heads * dim, dim, heads * dim)
     x = np.ascontiguousarray(x)
     out = x if in_place else np.full_like(x, np.nan)
-    positions = np.ascontiguousarray(positions, np.int64)
+    positions = None if positions is None else np.ascontiguousarray(positions, np.int64)
     harness(ctypes.c_int(backward), int64s(batch, heads, seq, dim, 2 * inv_freq.shape[0]),
             ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data), int64s(*strides),
-            ctypes.c_void_p(positions.ctypes.data), ctypes.c_int64(0 if positions.shape[0] == 1 else seq),
-            ctypes.c_void_p(inv_freq.ctypes.data), ctypes.c_int(DT_CODES[dt]))
+            ctypes.c_void_p(None if positions is None else positions.ctypes.data),
+            ctypes.c_int64(0 if positions is None or positions.shape[0] == 1 else seq),
+            ctypes.c_void_p(inv_freq.ctypes.data), ctypes.c_int(DT_CODES[dt]), ctypes.c_float(attention_factor))
     return out
 
 
