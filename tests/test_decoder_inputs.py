@@ -341,3 +341,23 @@ def test_a_sim_decoder_run_peaks_at_its_memory_plan(tmp_path, config):
         trainer.train()
         device_peak = gt.memory_stats("sim:0")["peak_reserved_bytes"]
     assert device_peak == plan.total("sim:0"), str(plan)
+
+
+def test_train_step_packs_input_ids_with_the_mask_and_positions_or_their_defaults():
+    x, y = classifier_data()
+    ids, mask, positions = x[:, 0], x[:, 1], x[:, 2]
+    losses = []
+    for kwargs in ({"attention_mask": mask, "position_ids": positions}, None):
+        model = classifier()
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), None)
+        losses.append(step(ids, y, **kwargs).loss if kwargs else step(x, y).loss)
+    assert losses[0] == losses[1]
+    model = classifier()
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), None)
+    defaults = step(ids, y).loss  # mask ones, positions 0..T-1
+    model = classifier()
+    step = gt.TrainStep(model, nn.CrossEntropyLoss(), None)
+    explicit = step(nn.sequence.pack_decoder_inputs(ids, np.ones_like(ids), np.tile(np.arange(6), (8, 1))), y).loss
+    assert defaults == explicit
+    with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+        step(ids, y, attention_mask=mask * 3)
