@@ -87,14 +87,16 @@ static gt_status compute_inv_freq(const rope_config *c, float **out) {
     return GT_OK;
 }
 
-/* D even, sizes whose row fits int64, and the rope type's fields (gt_rope_inv_freq's check). */
+/* D even, a row width (H + 2K) D that fits int64, and the rope type's fields (gt_rope_inv_freq's
+ * check). */
 static gt_status check_rope(gt_layer *layer) {
     rope_config c = config_of(layer);
+    int64_t heads = 0, width = 0;
     if (c.head_dim % 2 != 0)
         return GT_FAIL(GT_ERR_VALUE, "RotaryEmbedding: head_dim must be even, got %lld", (long long)c.head_dim);
-    if (c.heads > INT32_MAX || c.kv_heads > INT32_MAX || c.head_dim > INT32_MAX)
-        return GT_FAIL(GT_ERR_VALUE, "RotaryEmbedding: num_heads, num_kv_heads and head_dim must be at most %d",
-                       INT32_MAX);
+    if (__builtin_mul_overflow(c.kv_heads, 2, &heads) || __builtin_add_overflow(heads, c.heads, &heads) ||
+        __builtin_mul_overflow(heads, c.head_dim, &width))
+        return GT_FAIL(GT_ERR_VALUE, "RotaryEmbedding: (num_heads + 2 num_kv_heads) * head_dim is too large");
     float *table = NULL;
     gt_status status = compute_inv_freq(&c, &table);
     if (status != GT_OK) {
@@ -108,10 +110,12 @@ static gt_status check_rope(gt_layer *layer) {
 
 static void describe_rope(const gt_layer *layer, char *buf, size_t bytes) {
     rope_config c = config_of(layer);
+    const char *type = "";
+    for (const gt_enum_name *n = rope_type_names; n->name; n++)
+        if (n->value == c.rope_type)
+            type = n->name;
     snprintf(buf, bytes, "RotaryEmbedding(%lld, %lld, %lld, '%s')", (long long)c.heads, (long long)c.kv_heads,
-             (long long)c.head_dim, rope_type_names[c.rope_type == GT_ROPE_DEFAULT ? 0
-                                                    : c.rope_type == GT_ROPE_LINEAR ? 1
-                                                    : c.rope_type == GT_ROPE_LLAMA3 ? 2 : 3].name);
+             (long long)c.head_dim, type);
 }
 
 /* (B, T, (H + 2K) D) floating point in and out; inv_freq placed (and filled) once. */
