@@ -145,26 +145,7 @@ const gt_layer_type gt_layer_type_residual = {
     "residual", "Residual", GT_LAYER_ARGS(residual_args), GT_KIND_CONTAINER, NULL, describe_residual, NULL,
     gt_plan_residual, gt_residual_forward, gt_residual_backward};
 
-/* ---- Attention (of a MultiheadAttention): ("attention", embed_dim, num_heads, dropout, causal) ---- */
-static const gt_layer_arg attention_args[] = {
-    GT_SIZE("embed_dim", in_features), GT_SIZE("num_heads", num_heads),
-    GT_PROBABILITY("dropout", p), GT_FLAG("causal", causal)};
-
-static gt_status check_attention(gt_layer *layer) {
-    if (layer->in_features % layer->num_heads != 0)
-        return GT_FAIL(GT_ERR_VALUE, "MultiheadAttention needs embed_dim divisible by num_heads");
-    return GT_OK;
-}
-
-static void describe_attention(const gt_layer *layer, char *buf, size_t bytes) {
-    snprintf(buf, bytes, "the attention of MultiheadAttention(%lld, %lld)", (long long)layer->in_features,
-             (long long)layer->num_heads);
-}
-
-const gt_layer_type gt_layer_type_attention = {
-    "attention", "MultiheadAttention", GT_LAYER_ARGS(attention_args), GT_KIND_DROPOUT_ID, check_attention,
-    describe_attention, NULL, gt_plan_attention, gt_attention_layer_forward,
-    gt_attention_layer_backward};
+/* ---- Attention: its row is in nn/attention.c ---- */
 
 /* ---- TokenEmbedding: ("tokens", num_embeddings, embedding_dim, type_vocab_size, attention_mask,
  * position_ids, pad_token_id) ---- */

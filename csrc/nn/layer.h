@@ -190,8 +190,11 @@ gt_status gt_embedding_backward(gt_layer *layer, void *din, const void *dout, co
 gt_status gt_attention_layer_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                       gt_run *run);
-/* The attention op's arguments for the layer's planned shape (pointers unset). */
+/* The attention op's arguments for the layer's planned shape (pointers unset); its input width
+ * (H + 2K) D and output width H D. */
 gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
+int64_t gt_attention_in_width(const gt_layer *layer);
+int64_t gt_attention_out_width(const gt_layer *layer);
 /* Tokens' own hyper-parameters (in gt_layer.config; the rest are gt_layer fields). */
 typedef struct gt_tokens_config {
     int position_ids;      /* 1: the input's last channel holds position ids (decoders) */

@@ -135,7 +135,7 @@ gt_status gt_plan_position(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
     return GT_OK;
 }
 
-/* Attention reads the fused (B, T, 3E) projection and writes (B, T, E); it keeps (B, H, T) f32
+/* Attention reads the fused (B, T, (H + 2K) D) projection and writes (B, T, H D); it keeps (B, H, T) f32
  * log-sum-exps for backward and notes its scratch in the workspace. A backend without the op is
  * refused here, before anything runs. */
 gt_status gt_plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
@@ -147,11 +147,11 @@ gt_status gt_plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *i
     if (!w->ops->attention_forward || !w->ops->attention_backward || !w->ops->attention_workspace_bytes)
         return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run "
                        "this model on the CPU", name, w->ops->name);
-    GT_TRY(gt_plan_check_features(w, in, 3 * layer->in_features, layer, path));
+    GT_TRY(gt_plan_check_features(w, in, gt_attention_in_width(layer), layer, path));
     if (in->ndim != 3)
         return GT_FAIL(GT_ERR_VALUE, "model: %s takes (batch, seq, embed_dim) inputs, but gets %d "
                        "dimensions", name, in->ndim);
-    layer->out.shape[2] = layer->in_features;
+    layer->out.shape[2] = gt_attention_out_width(layer);
     gt_attention_args args = gt_attention_layer_args(layer, in);
     size_t stats = 0, bytes = w->ops->attention_workspace_bytes(&args, gt_get_num_threads());
     GT_TRY(gt_size_check(bytes, "the workspace of attention"));

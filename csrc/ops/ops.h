@@ -89,34 +89,50 @@ typedef struct gt_gemm_args {
  * layer's fused layout (batch, seq, 3, heads, head_dim) gives q, k, v strides
  * (seq * 3 E, D, 3 E) with k = q + E, v = q + 2 E (E = heads * D); its output (batch, seq,
  * heads, head_dim) has strides (seq * E, D, E); separate (batch, heads, seq, head_dim) arrays
- * have (heads * seq * D, seq * D, D). */
+ * have (heads * seq * D, seq * D, D). With K kv heads the decoder's fused (batch, seq, (H + 2K) D)
+ * projection [q heads | k heads | v heads] gives q, k and v the strides (seq * W, D, W),
+ * W = (H + 2K) D, with k = q + H D and v = q + (H + K) D. */
 typedef struct gt_attn_strides {
     int64_t batch;  /* elements between consecutive batch entries */
     int64_t head;   /* elements between consecutive heads */
     int64_t row;    /* elements between consecutive positions */
 } gt_attn_strides;
 
-/* Scaled dot-product attention, per batch entry b and head h:
- *   S = scale * Q K^T (seq, seq), masked: query i sees key j when j < key_lengths[b] (all keys
- *   when key_lengths is NULL) and, if causal, j <= i; P = softmax(S) over the visible keys;
- *   out = (P * M) V with M the dropout multipliers (0 or gt_dropout_scale(p)) of element
+/* Scaled dot-product attention, per batch entry b and query head h (of H; kv head
+ * g = h / (H / K) of the K = kv_heads heads of k and v: grouped-query attention, Hugging Face's
+ * repeat_kv, without ever expanding k or v per query head):
+ *   S = scale * Q_h K_g^T (seq, seq), masked: query i sees key j when all of
+ *     j < key_lengths[b] (all keys when key_lengths is NULL),
+ *     j <= i if causal,
+ *     j > i - window if window > 0 (a sliding window of `window` keys ending at i when causal),
+ *     j >= key_starts[b * seq + i] if key_starts is not NULL (packed documents, left padding);
+ *   so each query sees one range [lo_i, hi_i) of keys; P = softmax(S) over it;
+ *   out = (P * M) V_g with M the dropout multipliers (0 or gt_dropout_scale(p)) of element
  *   g = key.offset + ((b * heads + h) * seq + i) * seq + j under the rule of core/dropout.h.
- * A query that sees no key gets out = 0, lse = -inf and zero gradients. lse (the log-sum-exp of
- * the visible scaled scores) is what the backward needs besides the inputs and out: P is never
- * stored. */
+ * A query that sees no key (an empty range) gets out = 0, lse = -inf and zero gradients (dq = 0,
+ * and it adds nothing to dk, dv): no NaN. lse (the log-sum-exp of the visible scaled scores) is
+ * what the backward needs besides the inputs and out: P is never stored. dk and dv of kv head g
+ * sum the contributions of its H / K query heads in increasing h. */
 typedef struct gt_attention_args {
     int64_t batch, heads, seq, head_dim;  /* B, H, T, D */
-    const void *q, *k, *v;         /* (B, H, T, D) at `in` strides; dtype dt */
+    int64_t kv_heads;              /* K: heads of k and v, >= 1, divides H (K = H: plain MHA) */
+    const void *q, *k, *v;         /* q (B, H, T, D) at `in` strides, k and v (B, K, T, D) at
+                                      `kv` strides; dtype dt */
     void *out;                     /* (B, H, T, D) at `out` strides; forward writes, backward reads */
     float *lse;                    /* (B, H, T) f32, contiguous; forward writes, backward reads */
     const void *dout;              /* backward: (B, H, T, D) at `out` strides */
-    void *dq, *dk, *dv;            /* backward: (B, H, T, D) at `in` strides, written; may not
-                                      overlap q, k, v, out or dout */
-    gt_attn_strides in;            /* strides of q, k, v, dq, dk, dv */
+    void *dq, *dk, *dv;            /* backward: dq at `in`, dk and dv at `kv` strides, written; may
+                                      not overlap q, k, v, out or dout */
+    gt_attn_strides in;            /* strides of q and dq (heads axis over H) */
+    gt_attn_strides kv;            /* strides of k, v, dk and dv (heads axis over K) */
     gt_attn_strides out_strides;   /* strides of out and dout */
     float scale;                   /* multiplies Q K^T, usually 1 / sqrt(D) */
     int causal;                    /* 1: query i sees keys j <= i */
+    int64_t window;                /* >= 0; > 0: query i sees keys j > i - window only */
     const int64_t *key_lengths;    /* (B,) keys visible per batch entry, in [0, T], or NULL */
+    const int64_t *key_starts;     /* (B, T) contiguous: query i of entry b sees keys j >=
+                                      key_starts[b * T + i] only (any int64: <= 0 limits nothing,
+                                      >= T hides every key), or NULL */
     double dropout_p;              /* probability dropout in [0, 1] (0: none) */
     gt_dropout_key dropout_key;    /* Philox key of the probability dropout */
     gt_dtype dt;                   /* f32, f16 or bf16 */

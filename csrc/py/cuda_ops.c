@@ -27,7 +27,7 @@
 #include "ops/ops.h"
 #include "core/device_backend.h"
 
-enum { MAX_ARRAYS = 10, DEVICE_ALIGN = 256 };
+enum { MAX_ARRAYS = 11, DEVICE_ALIGN = 256 };
 
 /* One call: the parsed arguments, the bytes each array must hold, and the pointers the op gets. */
 typedef struct op_call {
@@ -416,28 +416,36 @@ static size_t dims_bytes(const int64_t *dims, int n, size_t elem) {
     return total;
 }
 
-/* (batch, heads, seq, head_dim, causal, scale, dropout_p, seed, layer, step, offset, dt): arrays
- * q, k, v, out[, dout, dq, dk, dv] contiguous (batch, heads, seq, head_dim) of dt, lse (batch,
- * heads, seq) f32, key_lengths (batch,) int64 or None. */
+/* (batch, heads, seq, head_dim, causal, scale, dropout_p, seed, layer, step, offset, dt[, kv_heads,
+ * window]): arrays q, out[, dout, dq] contiguous (batch, heads, seq, head_dim) of dt, k, v[, dk,
+ * dv] contiguous (batch, kv_heads, seq, head_dim) (kv_heads 0 or absent: heads), lse (batch,
+ * heads, seq) f32, key_lengths (batch,) int64 or None, key_starts (batch, seq) int64 or None. */
 static int parse_attention(PyObject *module, PyObject *args, op_call *call, int backward) {
     gt_attention_args *a = &call->attn;
-    long long b, h, t, d;
+    long long b, h, t, d, kv = 0, window = 0;
     unsigned long long seed, layer, step, offset;
     const char *dt;
-    if (!PyArg_ParseTuple(args, "LLLLpfdKKKKs:attention", &b, &h, &t, &d, &a->causal, &a->scale, &a->dropout_p,
-                          &seed, &layer, &step, &offset, &dt) ||
+    if (!PyArg_ParseTuple(args, "LLLLpfdKKKKs|LL:attention", &b, &h, &t, &d, &a->causal, &a->scale,
+                          &a->dropout_p, &seed, &layer, &step, &offset, &dt, &kv, &window) ||
         parse_dtype(module, dt, "dt", &a->dt) < 0)
         return -1;
-    a->batch = b, a->heads = h, a->seq = t, a->head_dim = d;
+    kv = kv == 0 ? h : kv;
+    a->batch = b, a->heads = h, a->seq = t, a->head_dim = d, a->kv_heads = kv, a->window = window;
     a->in = (gt_attn_strides){h * t * d, t * d, d};
+    a->kv = (gt_attn_strides){kv * t * d, t * d, d};
     a->out_strides = a->in;
     a->dropout_key = (gt_dropout_key){seed, (uint32_t)layer, (uint32_t)step, offset};
-    const int64_t dims[4] = {b, h, t, d};
+    const int64_t dims[4] = {b, h, t, d}, kv_dims[4] = {b, kv, t, d};
     size_t operand = dims_bytes(dims, 4, gt_dtype_size(a->dt));
+    size_t kv_operand = dims_bytes(kv_dims, 4, gt_dtype_size(a->dt));
     int lengths = backward ? 9 : 5;  /* the index of key_lengths; lse is array 4 */
-    for (int k = 0; k < lengths; k++)
-        call->need[k] = k == 4 ? dims_bytes(dims, 3, sizeof(float)) : operand;
+    for (int k = 0; k < lengths; k++) {
+        int is_kv = k == 1 || k == 2 || (backward && (k == 7 || k == 8));
+        call->need[k] = k == 4 ? dims_bytes(dims, 3, sizeof(float)) : is_kv ? kv_operand : operand;
+    }
     call->need[lengths] = dims_bytes(dims, 1, sizeof(int64_t));
+    const int64_t starts[2] = {b, t};
+    call->need[lengths + 1] = dims_bytes(starts, 2, sizeof(int64_t));
     return 0;
 }
 
@@ -456,10 +464,12 @@ static gt_status run_attention(gt_backend *be, op_call *call, int backward) {
     a->q = call->ptr[0], a->k = call->ptr[1], a->v = call->ptr[2], a->out = call->ptr[3], a->lse = call->ptr[4];
     if (!backward) {
         a->key_lengths = call->ptr[5];
+        a->key_starts = call->ptr[6];
         return be->ops->attention_forward(be, a);
     }
     a->dout = call->ptr[5], a->dq = call->ptr[6], a->dk = call->ptr[7], a->dv = call->ptr[8];
     a->key_lengths = call->ptr[9];
+    a->key_starts = call->ptr[10];
     return be->ops->attention_backward(be, a);
 }
 
@@ -619,10 +629,10 @@ static const op_spec specs[] = {
     {"cast", 2, {"dst", "src"}, 0, parse_cast, run_cast, 0},
     {"copy", 2, {"dst", "src"}, 0, parse_bytes, run_copy, 0},
     {"zero", 1, {"dst"}, 0, parse_bytes, run_zero, 0},
-    {"attention_forward", 6, {"q", "k", "v", "out", "lse", "key_lengths"}, 1u << 5, parse_attention_forward,
-     run_attention_forward, 0},
-    {"attention_backward", 10, {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "key_lengths"}, 1u << 9,
-     parse_attention_backward, run_attention_backward, 0},
+    {"attention_forward", 7, {"q", "k", "v", "out", "lse", "key_lengths", "key_starts"}, 3u << 5,
+     parse_attention_forward, run_attention_forward, 0},
+    {"attention_backward", 11, {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "key_lengths",
+     "key_starts"}, 3u << 9, parse_attention_backward, run_attention_backward, 0},
     {"rope_forward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_forward, 0},
     {"rope_backward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_backward, 0},
     {"glu_forward", 2, {"out", "in"}, 0, parse_glu_forward, run_glu_forward, 0},

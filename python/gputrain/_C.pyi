@@ -276,7 +276,7 @@ def op_attention(
     out: np.ndarray, lse: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, dt: str, causal: bool,
     scale: float, key_lengths: np.ndarray | None, dropout_p: float, seed: int, layer: int, step: int,
     offset: int, dout: np.ndarray | None = ..., dq: np.ndarray | None = ..., dk: np.ndarray | None = ...,
-    dv: np.ndarray | None = ...,
+    dv: np.ndarray | None = ..., *, window: int = ..., key_starts: np.ndarray | None = ...,
 ) -> None: ...
 def op_conv2d(
     out: np.ndarray, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dt: str,

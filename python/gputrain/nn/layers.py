@@ -303,7 +303,7 @@ class MultiheadAttention(Module):
         return iter((("in_proj", self.in_proj), ("out_proj", self.out_proj)))
 
     def _spec_in(self, tied: dict[int, int]) -> tuple:
-        core = ("attention", self.embed_dim, self.num_heads, self.dropout, self.causal)
+        core = ("attention", self.embed_dim, self.num_heads, self.dropout, self.causal, 0, 0, 0, 0.0)
         return ("sequential", [self.in_proj._spec_in(tied), core, self.out_proj._spec_in(tied)])
 
     def extra_repr(self) -> str:

@@ -584,6 +584,35 @@ class Module:
             rows.extend(f"  {key:<18} {format_bytes(value):>12} ({value:,} bytes)" for key, value in plan.items())
         return "\n".join(rows)
 
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """(name, module) for this module ("" or `prefix`) and every submodule, each once under
+        its first name, parents before children (PyTorch's order): the names adapters target."""
+        return self._named_modules(prefix)
+
+    def get_submodule(self, target: str) -> Module:
+        """The submodule at the dotted path `target` ("" is this module), as PyTorch's;
+        AttributeError naming the first part that is not there."""
+        if not isinstance(target, str):
+            raise TypeError(f"target must be a str, not {type(target).__name__}")
+        if target == "":
+            return self
+        module: Module = self
+        path = ""
+        for part in target.split("."):
+            children = dict(module.named_children())
+            # a list of children is named "layers.0": take the next part with it
+            key = f"{path}.{part}" if path else part
+            if key in children:
+                module, path = children[key], ""
+            elif any(name.startswith(key + ".") for name in children):
+                path = key
+            else:
+                where = f"'{target}'" if module is self else f"'{target}' ({type(module).__name__} has none)"
+                raise AttributeError(f"{type(self).__name__} has no submodule {part!r} in {where}")
+        if path:
+            raise AttributeError(f"{type(self).__name__}: '{target}' names a list of modules, not a module")
+        return module
+
     def _named_modules(self, prefix: str = "", seen: set[int] | None = None) -> Iterator[tuple[str, Module]]:
         """(name, module) for this module and its submodules, each once under its first name."""
         seen = set() if seen is None else seen
