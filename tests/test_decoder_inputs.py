@@ -361,3 +361,38 @@ def test_train_step_packs_input_ids_with_the_mask_and_positions_or_their_default
     assert defaults == explicit
     with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
         step(ids, y, attention_mask=mask * 3)
+
+
+# --- with the grouped-query attention kind: the key starts mask the segments --------------------
+
+class _Attention(nn.Module):
+    """The bare attention kind on (B, T, (H + 2K) D): H query heads over K kv heads, causal."""
+
+    def _spec(self) -> tuple:
+        return ("attention", H * D, H, 0.0, True, K, D, 0, 0.0)
+
+
+def test_rope_then_attention_sees_only_each_querys_segment():
+    ids, mask, positions = decoder_rows([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]],
+                                        [[0, 0, 0, 1, 2, 3], [0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]])
+    kwargs, inv_freq, factor = ROPES["llama3"]
+    gt.random.manual_seed(1)
+    model = nn.Sequential(nn.TokenEmbedding(VOCAB, WIDTH, 0, True, position_ids=True),
+                          nn.RotaryEmbedding(H, K, D, **kwargs), _Attention())
+    out = model(ids, attention_mask=mask, position_ids=positions)
+    x = rope_reference(model.state_dict()["0.weight"], ids, positions, inv_freq(), "f32", factor).astype(np.float64)
+    starts = numpy_key_starts(mask, positions)
+    b_n, t_n = ids.shape
+    q = x[..., :H * D].reshape(b_n, t_n, H, D)
+    k = x[..., H * D:(H + K) * D].reshape(b_n, t_n, K, D)
+    v = x[..., (H + K) * D:].reshape(b_n, t_n, K, D)
+    want = np.zeros((b_n, t_n, H, D))
+    for b in range(b_n):
+        for h in range(H):
+            g = h // (H // K)
+            scores = q[b, :, h] @ k[b, :, g].T / np.sqrt(D)
+            i, j = np.indices(scores.shape)
+            scores[(j > i) | (j < starts[b][:, None])] = -np.inf
+            p = np.exp(scores - scores.max(1, keepdims=True))
+            want[b, :, h] = (p / p.sum(1, keepdims=True)) @ v[b, :, g]
+    np.testing.assert_allclose(out, want.reshape(b_n, t_n, H * D), rtol=1e-5, atol=1e-6)
