@@ -549,13 +549,16 @@ class Module:
                 module._params[local]._grad_storage[...] = grad
             compiled.grads_valid = True
 
-    def __call__(self, x: np.ndarray, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
+    def __call__(self, x: np.ndarray, attention_mask: Any = None, token_type_ids: Any = None,
+                 position_ids: Any = None) -> np.ndarray:
         """Forward pass (dropout follows train()/eval()); returns a new float32 array. With
-        attention_mask and/or token_type_ids, x is input_ids (batch, seq) of a model whose first
-        layer is a TokenEmbedding reading them (gputrain.nn.sequence)."""
-        if attention_mask is not None or token_type_ids is not None:
-            from gputrain.nn.sequence import pack_for
-            x = pack_for(self, x, attention_mask, token_type_ids)
+        attention_mask, token_type_ids and/or position_ids, x is input_ids (batch, seq) of a model
+        whose first layer is a TokenEmbedding reading them (gputrain.nn.sequence); a decoder's
+        (position_ids=True) also takes (batch, seq) input_ids alone: mask ones, positions 0..seq-1."""
+        from gputrain.nn.sequence import needs_packing, pack_for
+        if attention_mask is not None or token_type_ids is not None or position_ids is not None or \
+                needs_packing(self, x):
+            x = pack_for(self, x, attention_mask, token_type_ids, position_ids)
         return self.compiled.forward(x)
 
     def summary(self, input_shape: tuple[int, ...] | None = None, *, precision: Any = None,
