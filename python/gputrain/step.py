@@ -76,7 +76,7 @@ from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
-from gputrain.nn.sequence import pack_for
+from gputrain.nn.sequence import needs_packing, pack_for
 from gputrain.optim.optimizer import Optimizer
 
 _RING = 8  # GT_OPTIM_RING: sync=False steps with a scaler in flight at most
@@ -378,7 +378,8 @@ class TrainStep:
                                  "model.parameters() or a subset of them")
         self._checked = checked
 
-    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None) -> StepOutput | DeferredStepOutput:
+    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None,
+                 position_ids: Any = None) -> StepOutput | DeferredStepOutput:
         """One optimizer step on the batch (x, y): arrays (NumPy, or any host DLPack producer such
         as a PyTorch CPU tensor, read without a copy), or on a device model arrays on its device,
         read where they lie: the DeviceArrays of DataLoader(device=...), and other libraries'
@@ -386,9 +387,12 @@ class TrainStep:
         inputs and int64 class indices, C-contiguous). The step's stream waits for the producer's
         work by an event, and the producer's object is kept alive until the step's work has run.
         With attention_mask and/or token_type_ids (batch, seq), x is input_ids of a model whose
-        first layer is a TokenEmbedding reading them; they are split into micro-batches with x."""
-        if attention_mask is not None or token_type_ids is not None:
-            x = pack_for(self.model, x, attention_mask, token_type_ids)
+        first layer is a TokenEmbedding reading them; they are split into micro-batches with x. A
+        decoder's (position_ids=True) also takes position_ids, and (batch, seq) input_ids alone (mask
+        ones, positions 0..seq-1)."""
+        if attention_mask is not None or token_type_ids is not None or position_ids is not None or \
+                (isinstance(x, np.ndarray) and needs_packing(self.model, x)):
+            x = pack_for(self.model, x, attention_mask, token_type_ids, position_ids)
         self._check_optimizer()
         if not self.sync and self.model.compiled.device != "cpu":
             if self.scaler is not None and self.scaler.is_enabled():
