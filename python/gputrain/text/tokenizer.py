@@ -117,6 +117,7 @@ class PretrainedTokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def get_vocab(self) -> dict[str, int]:
+        """{token: id} of the whole vocabulary, added tokens included."""
         return self._backend.get_vocab(with_added_tokens=True)
 
     def _special_id(self, name: str) -> int | None:
@@ -134,6 +135,7 @@ class PretrainedTokenizer:
         return [self.convert_tokens_to_ids(token) for token in tokens]
 
     def convert_ids_to_tokens(self, ids: int | Sequence[int], skip_special_tokens: bool = False) -> Any:
+        """The token of an id (a list of tokens for a list of ids, special ones left out if asked)."""
         if isinstance(ids, (int, np.integer)):
             return self._backend.id_to_token(int(ids))
         skip = set(self.all_special_ids) if skip_special_tokens else set()
@@ -141,14 +143,17 @@ class PretrainedTokenizer:
 
     @property
     def all_special_tokens(self) -> list[str]:
+        """The named special tokens (cls, sep, pad, unk, mask, bos, eos), each once."""
         return list(dict.fromkeys(t for t in self._special.values() if t is not None))
 
     @property
     def all_special_ids(self) -> list[int]:
+        """The ids of all_special_tokens."""
         return [self.convert_tokens_to_ids(t) for t in self.all_special_tokens]
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
+        """{"cls_token": "[CLS]", ...}: the special tokens that are set, as transformers names them."""
         return {f"{name}_token": token for name, token in self._special.items() if token is not None}
 
     # ---- encoding ----------------------------------------------------------------------------
