@@ -467,3 +467,27 @@ def test_a_sim_device_run_with_these_kinds_peaks_at_the_plan(tmp_path, config):
     trainer.train()
     assert trainer.state.global_step == 1
     assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
+
+
+def test_the_scratch_holds_the_gradient_of_a_flattened_model_input():
+    """Flatten(model input) -> Linear: the Linear's input gradient has the input's size and goes
+    to a scratch buffer, which was sized by the activations alone (64 B here, for 48 KiB: the
+    step wrote past the arena and the process crashed at exit). Also a Parallel reading it."""
+    code = """if True:
+        import numpy as np, gputrain as gt
+        nn = gt.nn
+        x = np.random.default_rng(0).standard_normal((4, 3, 1024)).astype(np.float32)
+        for second in (lambda: nn.Linear(3072, 2), lambda: nn.Parallel(nn.Linear(3072, 1), nn.Linear(3072, 1))):
+            m = nn.Sequential(nn.Flatten(), second())
+            plan = m.compiled.plan((4, 3, 1024))
+            assert plan["backward_scratch"] >= 2 * 4 * 3072 * 4, plan
+            assert np.isfinite(gt.TrainStep(m, nn.CrossEntropyLoss())(x, np.array([0, 1, 0, 1])).loss)
+        print("ok")
+    """
+    import os
+    import subprocess
+    import sys
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(gt.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_dir, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", f"exit {result.returncode}: {result.stderr[-2000:]}"
