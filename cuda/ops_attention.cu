@@ -6,14 +6,15 @@
 //   forward   attention_forward_kernel: query row i streams over key tiles with an online
 //             softmax in f32, writes out_i and the f32 lse_i;
 //   backward  attention_delta_kernel: D_i = dout_i . out_i into the workspace, then
-//             attention_dkdv_kernel (one thread per key row j: dk_j, dv_j) and
+//             attention_dkdv_kernel (one thread per (b, kv head, key row j): dk_j, dv_j, summing
+//             its group's query heads in increasing order; k and v never expanded) and
 //             attention_dq_kernel (one thread per query row i: dq_i), each recomputing the
 //             probabilities it needs from q, k and lse.
 // The rows' operations and their order are the CPU op's (cpu_attention.c), and both builds round
 // every operation once, so the results are the CPU op's bits. A thread keeps its rows in local
 // arrays of up to kMaxHeadDim floats (kernels instantiated for 32, 64, 128 and 256).
 //
-// key_lengths is a device pointer like the operands; it is checked on the device without waiting:
+// key_starts (any int64 is valid) and key_lengths are device pointers like the operands; it is checked on the device without waiting:
 // the first entry outside [0, seq] goes to the backend's error slot (named with the CPU's message
 // at the stream's next wait) and the op's kernels skip their work.
 #include "ops/attention_hd.h"
@@ -140,7 +141,8 @@ gt_status gt_cuda_attention_backward(gt_backend *be, const gt_attention_args *ar
     attention_delta_kernel<<<grid_for(rows, kAttnThreads), kAttnThreads, 0, stream>>>(*args, delta, rows,
                                                                                      first_bad);
     GT_TRY(gt_cuda_check_launch("attention_delta_kernel launch"));
-    GT_ATTN_LAUNCH(attention_dkdv_kernel, args->head_dim, rows, stream, *args, delta, rows, first_bad);
+    size_t kv_rows = rows / (size_t)args->heads * (size_t)args->kv_heads;  // (b, kv head, key) rows
+    GT_ATTN_LAUNCH(attention_dkdv_kernel, args->head_dim, kv_rows, stream, *args, delta, kv_rows, first_bad);
     GT_TRY(gt_cuda_check_launch("attention_dkdv_kernel launch"));
     GT_ATTN_LAUNCH(attention_dq_kernel, args->head_dim, rows, stream, *args, delta, rows, first_bad);
     return gt_cuda_check_launch("attention_dq_kernel launch");

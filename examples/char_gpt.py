@@ -131,7 +131,7 @@ def main() -> None:
 
     prompt = np.array([index[c] for c in "def "], dtype=np.int64)
     t0 = time.perf_counter()
-    sample = model.generate(prompt, 400, temperature=0.8, top_k=20, seed=0)
+    sample = model.generate(prompt, 400, temperature=0.8, top_k=20, seed=0, do_sample=True)
     rate = 400 / (time.perf_counter() - t0)
     print(f"--- sample (temperature 0.8, top_k 20, KV cache, {rate:,.0f} tokens/s) ---")
     print("".join(chars[i] for i in sample))

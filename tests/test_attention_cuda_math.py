@@ -40,16 +40,22 @@ def int64s(*values):
 
 
 def run(harness, q, k, v, out, lse, dt, *, head_dim, in_strides, out_strides, causal=False,
-        lengths=None, dropout_p=0.0, key=(0, 0, 0, 0), dout=None, grads=(None, None, None)):
-    """One harness call on raw buffers: q, k, v (and dq, dk, dv) at `in_strides`, out (and dout)
-    at `out_strides`, in elements; (B, H, T) is lse's shape; the scale is functional's default."""
+        lengths=None, dropout_p=0.0, key=(0, 0, 0, 0), dout=None, grads=(None, None, None),
+        kv_heads=None, kv_strides=None, window=0, key_starts=None, scale=None):
+    """One harness call on raw buffers: q (and dq) at `in_strides`, k, v (and dk, dv) at
+    `kv_strides` (default: in_strides; kv_heads default: heads), out (and dout) at `out_strides`,
+    in elements; (B, H, T) is lse's shape; the scale defaults to functional's."""
     batch, heads, seq = lse.shape
     lengths = None if lengths is None else np.ascontiguousarray(lengths, np.int64)
+    starts = None if key_starts is None else np.ascontiguousarray(key_starts, np.int64)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     status = harness(
-        ctypes.c_int(dout is not None), int64s(batch, heads, seq, head_dim), pointer(q),
+        ctypes.c_int(dout is not None),
+        int64s(batch, heads, seq, head_dim, heads if kv_heads is None else kv_heads), pointer(q),
         pointer(k), pointer(v), pointer(out), pointer(lse), pointer(dout), *map(pointer, grads),
-        int64s(*in_strides), int64s(*out_strides), ctypes.c_float(1.0 / math.sqrt(head_dim)),
-        ctypes.c_int(causal), pointer(lengths), ctypes.c_double(dropout_p),
+        int64s(*in_strides), int64s(*(in_strides if kv_strides is None else kv_strides)),
+        int64s(*out_strides), ctypes.c_float(scale), ctypes.c_int(causal), pointer(lengths),
+        ctypes.c_int64(window), pointer(starts), ctypes.c_double(dropout_p),
         (ctypes.c_uint64 * 4)(*key), ctypes.c_int(DT_CODES[dt]))
     assert status == 0
 

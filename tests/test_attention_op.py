@@ -208,8 +208,10 @@ def test_bad_arguments_raise_naming_them():
     q, k, v = qkv((2, 1, 5, 32), seed=15)
     with pytest.raises(ValueError, match="q must be 4-D"):
         F.scaled_dot_product_attention(q[0], k[0], v[0])
-    with pytest.raises(ValueError, match="k must have q's shape"):
+    with pytest.raises(ValueError, match=r"k must be \(batch, kv_heads, seq, head_dim\) = \(2, kv_heads, 5, 32\)"):
         F.scaled_dot_product_attention(q, k[:, :, :4], v)
+    with pytest.raises(ValueError, match="v must have k's shape"):
+        F.scaled_dot_product_attention(q, k, v[:, :, :4])
     with pytest.raises(TypeError, match="v is f16"):
         F.scaled_dot_product_attention(q, k, v.astype(np.float16))
     with pytest.raises(ValueError, match=r"key_lengths must be in \[0, 5\]"):

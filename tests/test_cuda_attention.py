@@ -38,14 +38,17 @@ def scalars(shape, dt, causal, dropout_p):
     return (*shape, causal, 1.0 / np.sqrt(shape[3]), dropout_p, *KEY.values(), dt)
 
 
-def run(backend, shape, dt, causal, masked, dropout_p):
-    """(out, lse, dq, dk, dv) of the op on `backend`, forward then backward."""
+def run(backend, shape, dt, causal, masked, dropout_p, kv_heads=0, window=0, starts=None):
+    """(out, lse, dq, dk, dv) of the op on `backend`, forward then backward; kv_heads > 0: k and v
+    (and dk, dv) have that many heads (grouped-query attention)."""
     q, k, v, dout, lengths = inputs(shape, dt, masked)
+    if kv_heads:
+        k, v = np.ascontiguousarray(k[:, :kv_heads]), np.ascontiguousarray(v[:, :kv_heads])
     out, lse = np.zeros_like(q), np.zeros(shape[:3], np.float32)
-    args = scalars(shape, dt, causal, dropout_p)
-    _C.run_op(backend, "attention_forward", [q, k, v, out, lse, lengths], args)
-    grads = [np.full_like(q, np.nan) for _ in range(3)]
-    _C.run_op(backend, "attention_backward", [q, k, v, out, lse, dout, *grads, lengths], args)
+    args = (*scalars(shape, dt, causal, dropout_p), kv_heads, window)
+    _C.run_op(backend, "attention_forward", [q, k, v, out, lse, lengths, starts], args)
+    grads = [np.full_like(q, np.nan), np.full_like(k, np.nan), np.full_like(v, np.nan)]
+    _C.run_op(backend, "attention_backward", [q, k, v, out, lse, dout, *grads, lengths, starts], args)
     return out, lse, *grads
 
 
@@ -82,13 +85,13 @@ def test_cuda_attention_query_without_keys_and_bad_arguments():
     q, k, v, dout, _ = inputs(shape, "f32", False)
     lengths = np.array([0, 9], np.int64)
     out, lse = np.zeros_like(q), np.zeros(shape[:3], np.float32)
-    _C.run_op("cuda", "attention_forward", [q, k, v, out, lse, lengths], scalars(shape, "f32", True, 0.0))
+    _C.run_op("cuda", "attention_forward", [q, k, v, out, lse, lengths, None], scalars(shape, "f32", True, 0.0))
     assert np.all(out[0] == 0) and np.all(lse[0] == -np.inf) and np.all(np.isfinite(out[1]))
     with pytest.raises(ValueError, match=r"key_lengths\[1\]: must be in \[0, 9\], got 10"):
-        _C.run_op("cuda", "attention_forward", [q, k, v, out, lse, np.array([3, 10], np.int64)],
+        _C.run_op("cuda", "attention_forward", [q, k, v, out, lse, np.array([3, 10], np.int64), None],
                   scalars(shape, "f32", True, 0.0))
     wide = (1, 1, 4, 300)
     q, k, v, _, _ = inputs(wide, "f32", False)
     with pytest.raises(ValueError, match=r"head_dim: must be in \[1, 256\] on this backend, got 300"):
         _C.run_op("cuda", "attention_forward", [q, k, v, np.zeros_like(q), np.zeros(wide[:3], np.float32),
-                                                None], scalars(wide, "f32", False, 0.0))
+                                                None, None], scalars(wide, "f32", False, 0.0))

@@ -236,12 +236,16 @@ def test_cached_logits_equal_the_models_forward():
 def test_sampling_is_deterministic_for_a_seed_and_respects_top_k():
     model = scaled_up(make(), factor=20.0)
     prompt = np.array([1, 2, 3])
-    a = model.generate(prompt, 15, temperature=1.5, top_k=5, seed=7)
+    a = model.generate(prompt, 15, temperature=1.5, top_k=5, seed=7, do_sample=True)
     assert a.shape == (18,)
-    np.testing.assert_array_equal(a, model.generate(prompt, 15, temperature=1.5, top_k=5, seed=7))
-    np.testing.assert_array_equal(a, model.generate(prompt, 15, temperature=1.5, top_k=5, seed=7, use_cache=False))
-    assert not np.array_equal(a, model.generate(prompt, 15, temperature=1.5, top_k=5, seed=8))
-    np.testing.assert_array_equal(model.generate(prompt, 15, top_k=1, seed=3), model.generate(prompt, 15, temperature=0))
+    np.testing.assert_array_equal(a, model.generate(prompt, 15, temperature=1.5, top_k=5, seed=7, do_sample=True))
+    np.testing.assert_array_equal(a, model.generate(prompt, 15, temperature=1.5, top_k=5, seed=7, use_cache=False,
+                                                    do_sample=True))
+    assert not np.array_equal(a, model.generate(prompt, 15, temperature=1.5, top_k=5, seed=8, do_sample=True))
+    np.testing.assert_array_equal(model.generate(prompt, 15, top_k=1, seed=3, do_sample=True),
+                                  model.generate(prompt, 15, temperature=0))
+    np.testing.assert_array_equal(model.generate(prompt, 15, temperature=1.5, seed=3),  # greedy by default
+                                  model.generate(prompt, 15, temperature=0))
 
 
 def test_generate_checks_its_arguments():
@@ -355,5 +359,5 @@ def test_deepcopy_and_pickle_keep_the_weights_and_the_tying():
 def test_a_tiny_temperature_samples_the_most_likely_token():
     model = scaled_up(make(), factor=20.0)
     prompt = np.array([4, 5])
-    np.testing.assert_array_equal(model.generate(prompt, 6, temperature=1e-30, seed=0),
+    np.testing.assert_array_equal(model.generate(prompt, 6, temperature=1e-30, seed=0, do_sample=True),
                                   model.generate(prompt, 6, temperature=0))

@@ -196,3 +196,20 @@ def test_layer_constructors_validate_arguments():
         nn.CrossEntropyLoss(label_smoothing=1.5)
     with pytest.raises(TypeError, match="layer 1"):
         nn.Sequential(nn.ReLU(), "relu")
+
+
+def test_named_modules_and_get_submodule_follow_pytorch():
+    from gputrain.models import GPT
+
+    model = GPT(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    names = [name for name, _ in model.named_modules()]
+    assert names[0] == "" and "h.1.attn" in names and "h.0.mlp.c_fc" in names
+    assert model.get_submodule("h.1.mlp.c_fc") is model.h[1].mlp.c_fc
+    assert model.get_submodule("") is model
+    assert [n for n, _ in model.h[0].named_modules("block")][:2] == ["block", "block.ln_1"]
+    with pytest.raises(AttributeError, match="no submodule 'nope'"):
+        model.get_submodule("h.0.nope")
+    with pytest.raises(AttributeError, match="names a list of modules"):
+        model.get_submodule("h")
+    with pytest.raises(TypeError, match="target must be a str"):
+        model.get_submodule(1)

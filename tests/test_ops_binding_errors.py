@@ -99,7 +99,7 @@ CASES = [
     ("attention", dict(q=f32(2, 2, 12)), ValueError,
      "q: must be 4-D (batch, heads, seq, head_dim), got shape (2, 2, 12)"),
     ("attention", dict(v=f32(2, 2, 3, 5)), ValueError,
-     "v: shape (2, 2, 3, 5) does not match q's shape (2, 2, 3, 4)"),
+     "v: shape (2, 2, 3, 5) does not match k's shape (2, 2, 3, 4)"),
     ("attention", dict(lse=f32(11)), ValueError, "lse: must have shape (12,), got shape (11,)"),
     ("attention", dict(key_lengths=np.array([3])), ValueError, "key_lengths: must have shape (2,), got shape (1,)"),
     ("attention", dict(layer=-1), ValueError, "layer must be in [0, 4294967295], got -1"),

@@ -288,3 +288,20 @@ def test_evaluation_during_training_does_not_change_the_training(tmp_path):
         assert np.array_equal(value, watched.model.state_dict()[name]), name
     for a, b in zip(quiet.ema.shadow, watched.ema.shadow):
         assert np.array_equal(a, b)
+
+
+def test_the_startup_block_says_when_another_precision_trains_faster_on_this_cpu(tmp_path):
+    from gputrain._info import precision_note
+
+    native = gt.info()["cpu_native_gemm"]
+    assert native[0] == "fp32" and set(native) <= {"fp32", "bf16"}
+    assert precision_note("fp32", native) == ""
+    assert precision_note("bf16", ("fp32", "bf16")) == ""
+    assert precision_note("bf16", ("fp32",)) == ("bf16 GEMMs are widened to f32 on this CPU (no AVX512_BF16 or AMX): "
+                                                 "fp32 trains faster here")
+    assert "bf16 (native here) trains faster" in precision_note("fp16", ("fp32", "bf16"))
+    x, y = data()
+    block = gt.Trainer(model(), args(tmp_path, max_steps=1, fp16=True), train_dataset=(x, y))._startup_block()
+    assert ("Precision note: " + precision_note("fp16", native)) in block
+    block = gt.Trainer(model(), args(tmp_path, max_steps=1), train_dataset=(x, y))._startup_block()
+    assert "Precision note" not in block

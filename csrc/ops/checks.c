@@ -121,9 +121,9 @@ gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward) {
 }
 
 /* 1 when an element offset of an attention operand with these strides could overflow int64. */
-static int attention_strides_overflow(const gt_attention_args *a, const gt_attn_strides *s) {
+static int attention_strides_overflow(const gt_attention_args *a, const gt_attn_strides *s, int64_t heads) {
     int64_t last = 0, term = 0;
-    int64_t extents[3] = {a->batch - 1, a->heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
+    int64_t extents[3] = {a->batch - 1, heads - 1, a->seq - 1}, steps[3] = {s->batch, s->head, s->row};
     for (int i = 0; i < 3; i++) {
         if (steps[i] < 0 || __builtin_mul_overflow(extents[i], steps[i], &term) ||
             __builtin_add_overflow(last, term, &last))
@@ -146,9 +146,16 @@ gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t m
         return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
     if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
         return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    if (a->window < 0)
+        return GT_FAIL(GT_ERR_VALUE, "window: must be >= 0 (0: no window), got %lld", (long long)a->window);
+    if (a->heads > 0 && (a->kv_heads < 1 || a->heads % a->kv_heads != 0))
+        return GT_FAIL(GT_ERR_VALUE, "kv_heads: must be >= 1 and divide heads (%lld), got %lld",
+                       (long long)a->heads, (long long)a->kv_heads);
     if (a->batch == 0 || a->heads == 0 || a->seq == 0)
         return GT_OK;
-    if (attention_strides_overflow(a, &a->in) || attention_strides_overflow(a, &a->out_strides))
+    if (attention_strides_overflow(a, &a->in, a->heads) ||
+        attention_strides_overflow(a, &a->kv, a->kv_heads) ||
+        attention_strides_overflow(a, &a->out_strides, a->heads))
         return GT_FAIL(GT_ERR_VALUE, "strides: negative, or beyond 64-bit element offsets");
     GT_TRY(gt_op_check_ptr(a->q, "q"));
     GT_TRY(gt_op_check_ptr(a->k, "k"));

@@ -33,9 +33,9 @@ gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward);
 
 /* What every backend checks of an attention call (gt_attention_args), naming the offending
  * field: sizes, dtype, head_dim in [1, max_head_dim] (max_head_dim 0: no upper limit), a finite
- * scale, dropout_p in [0, 1], strides whose offsets fit int64, and the pointers the forward
- * (backward = 0) or the backward needs. Key lengths are the backend's to check (they may be
- * device memory). */
+ * scale, dropout_p in [0, 1], window >= 0, kv_heads >= 1 dividing heads, strides whose offsets
+ * fit int64, and the pointers the forward (backward = 0) or the backward needs. Key lengths are
+ * the backend's to check (they may be device memory); every key_starts value is valid. */
 gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t max_head_dim);
 
 /* Rows and columns of A and B as stored (before the transposes). */

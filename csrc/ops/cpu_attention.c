@@ -7,9 +7,16 @@
  * S = scale Q K^T; each query row keeps the running max m and sum l of exp(S - m), rescales its
  * f32 output accumulator by exp(m_old - m_new) and adds the (dropped-out) probabilities times V.
  * At the end out = acc / l and lse = m + log l.
- * Backward: a unit is (b, h). With D_i = dout_i . out_i, for each key block and each query block
- * that sees it: P = exp(S - lse), dV += (P M)^T dO, dP = (dO V^T) M, dS = P (dP - D),
- * dK += scale dS^T Q, dQ += scale dS K (dQ in an f32 (T, D) accumulator of the unit).
+ * Backward: a unit is (b, kv head g) (grouped-query attention: query head h reads kv head
+ * g = h / (H / K); K = H is plain multi-head attention). For each query head of g's group in
+ * increasing h, with D_i = dout_i . out_i, for each key block and each query block that sees it:
+ * P = exp(S - lse), dV += (P M)^T dO, dP = (dO V^T) M, dS = P (dP - D), dK += scale dS^T Q,
+ * dQ += scale dS K (dQ in an f32 (T, D) accumulator of the head, dK and dV in f32 (T, D)
+ * accumulators of the unit: k and v are never expanded per query head, and the group's terms
+ * are added in a fixed order).
+ * Visibility: each query sees one range of keys (attention_hd.h, gt_attn_range: causal, key
+ * lengths, sliding window, key starts); only key tiles overlapping a query block's ranges are
+ * visited, so a sliding window of W keys costs O(T W), not O(T^2).
  *
  * Determinism: a unit runs on one thread in a fixed order and units write disjoint outputs, so
  * any thread count gives the same bits. The tile products keep blocks of outputs in vector
@@ -34,19 +41,6 @@
 #include "ops/cpu_ops.h"
 
 enum { Q_BLOCK = GT_ATTN_Q_TILE, K_BLOCK = GT_ATTN_K_TILE };  /* queries and keys per tile */
-
-/* Keys visible to query i of batch entry b: [0, result). */
-GT_INLINE size_t visible_keys(const gt_attention_args *a, size_t b, size_t i) {
-    size_t n = a->key_lengths ? (size_t)a->key_lengths[b] : (size_t)a->seq;
-    return a->causal && i + 1 < n ? i + 1 : n;
-}
-
-/* Visible columns of a tile row: keys [j0, j0 + cols) of query i, as a count from j0. */
-GT_INLINE size_t visible_cols(const gt_attention_args *a, size_t b, size_t i, size_t j0,
-                              size_t cols) {
-    size_t n = visible_keys(a, b, i);
-    return n <= j0 ? 0 : (n - j0 < cols ? n - j0 : cols);
-}
 
 /* dst (rows, D) = rows of an operand from element `base`, `stride` apart, widened to f32. */
 GT_INLINE void load_rows(float *dst, const void *src, size_t base, size_t stride, size_t rows,
@@ -178,7 +172,7 @@ static size_t forward_floats(size_t dim) {
     return dim * (2 * Q_BLOCK + 2 * K_BLOCK) + Q_BLOCK * K_BLOCK + K_BLOCK + 2 * Q_BLOCK;
 }
 static size_t backward_floats(size_t t, size_t dim) {
-    return 3 * t * dim + t + 5 * K_BLOCK * dim + 5 * Q_BLOCK * K_BLOCK;
+    return 5 * t * dim + t + 3 * K_BLOCK * dim + 5 * Q_BLOCK * K_BLOCK;
 }
 
 /* The scratch of one forward unit, carved from a slot. */
@@ -206,33 +200,35 @@ static fwd_scratch carve_forward(float *slot, size_t dim) {
     return w;
 }
 
-/* One query row against one key tile of n visible columns (of cols): the online-softmax update,
- * leaving the row's (dropped-out) probabilities in s, zeros in its invisible columns. */
-GT_INLINE void online_row(const gt_attention_args *a, fwd_scratch *w, size_t r, size_t n,
+/* One query row against one key tile: its visible columns [c0, c1) (of cols, c0 < c1), the
+ * online-softmax update, leaving the row's (dropped-out) probabilities in s, zeros in its
+ * invisible columns. drop_g: the dropout element of column c0. */
+GT_INLINE void online_row(const gt_attention_args *a, fwd_scratch *w, size_t r, size_t c0, size_t c1,
                           size_t cols, uint64_t drop_g) {
     size_t dim = (size_t)a->head_dim;
     float *sr = w->s + r * K_BLOCK, *orow = w->o + r * dim;
     float mx = w->m[r];
-    for (size_t c = 0; c < n; c++) {
+    for (size_t c = c0; c < c1; c++) {
         sr[c] *= a->scale;
         mx = sr[c] > mx ? sr[c] : mx;
     }
     float alpha = gt_vm_expf(w->m[r] - mx), sum = 0.0f;  /* exp(-inf) = 0 on the first tile */
-    for (size_t c = 0; c < n; c++)
+    for (size_t c = c0; c < c1; c++)
         sr[c] = gt_vm_expf(sr[c] - mx);
-    for (size_t c = 0; c < n; c++)
+    for (size_t c = c0; c < c1; c++)
         sum += sr[c];
     w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mx;
     for (size_t d = 0; d < dim; d++)
         orow[d] *= alpha;
     if (a->dropout_p > 0.0) {
-        dropout_factors(w->f, &a->dropout_key, drop_g, n, (float)a->dropout_p,
+        dropout_factors(w->f, &a->dropout_key, drop_g, c1 - c0, (float)a->dropout_p,
                         gt_dropout_scale(a->dropout_p));
-        for (size_t c = 0; c < n; c++)
-            sr[c] *= w->f[c];
+        for (size_t c = c0; c < c1; c++)
+            sr[c] *= w->f[c - c0];
     }
-    for (size_t c = n; c < cols; c++)
+    memset(sr, 0, c0 * sizeof(float));
+    for (size_t c = c1; c < cols; c++)
         sr[c] = 0.0f;
 }
 
@@ -248,7 +244,8 @@ GT_INLINE void finish_rows(const gt_attention_args *a, fwd_scratch *w, size_t ou
     }
 }
 
-/* Forward of unit u: (b, h, query block). */
+/* Forward of unit u: (b, h, query block). Key tiles: those overlapping the union of the block's
+ * visible key ranges (a sliding window of W keys costs O(W) per query). */
 GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
                                   gt_dtype dt) {
     size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
@@ -256,25 +253,26 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
     size_t b = bh / (size_t)a->heads, h = bh % (size_t)a->heads;
     size_t i0 = (u % blocks) * Q_BLOCK, rows = t - i0 < Q_BLOCK ? t - i0 : Q_BLOCK;
     size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head, in_row = (size_t)a->in.row;
+    size_t kv_base = gt_attn_kv_row(a, gt_attn_kv_of(a, bh), 0), kv_row = (size_t)a->kv.row;
     fwd_scratch w = carve_forward(slot, dim);
     load_rows(w.q, a->q, in_base + i0 * in_row, in_row, rows, dim, dt);
-    size_t kmax = 0;
+    size_t klo, khi;
+    gt_attn_block_range(a, b, i0, rows, &klo, &khi);
     for (size_t r = 0; r < rows; r++) {
-        size_t n = visible_keys(a, b, i0 + r);
-        kmax = n > kmax ? n : kmax;
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
     }
     memset(w.o, 0, rows * dim * sizeof(float));
-    for (size_t j0 = 0; j0 < kmax; j0 += K_BLOCK) {
-        size_t cols = kmax - j0 < K_BLOCK ? kmax - j0 : K_BLOCK;
-        load_rows_t(w.kt, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
-        load_rows(w.v, a->v, in_base + j0 * in_row, in_row, cols, dim, dt);
+    for (size_t j0 = klo / K_BLOCK * K_BLOCK; j0 < khi; j0 += K_BLOCK) {
+        size_t cols = khi - j0 < K_BLOCK ? khi - j0 : K_BLOCK;
+        load_rows_t(w.kt, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
+        load_rows(w.v, a->v, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
         tile_product(w.s, w.q, w.kt, rows, cols, dim, wide);
         for (size_t r = 0; r < rows; r++) {
-            size_t n = visible_cols(a, b, i0 + r, j0, cols);
-            if (n > 0)
-                online_row(a, &w, r, n, cols, dropout_index(a, bh, i0 + r, j0));
+            size_t c0, c1;
+            gt_attn_tile_cols(a, b, i0 + r, j0, cols, &c0, &c1);
+            if (c0 < c1)
+                online_row(a, &w, r, c0, c1, cols, dropout_index(a, bh, i0 + r, j0 + c0));
             else
                 memset(w.s + r * K_BLOCK, 0, cols * sizeof(float));
         }
@@ -289,15 +287,15 @@ GT_CPU_KERNEL(forward_unit, (const gt_attention_args *a, float *slot, size_t u, 
 
 /* The scratch of one backward unit, carved from a slot. */
 typedef struct bwd_scratch {
-    float *q;     /* (T, D) queries */
-    float *dout;  /* (T, D) output gradient */
-    float *dq;    /* (T, D) query gradient accumulator (unscaled) */
+    float *q;     /* (T, D) queries of one query head */
+    float *dout;  /* (T, D) its output gradient */
+    float *dq;    /* (T, D) its query gradient accumulator (unscaled) */
     float *delta; /* (T,) dout_i . out_i */
+    float *dk;    /* (T, D) key gradient accumulator of the kv head (unscaled) */
+    float *dv;    /* (T, D) value gradient accumulator of the kv head */
     float *k;     /* (K_BLOCK, D) a key block */
     float *kt;    /* (D, K_BLOCK) the same, transposed */
     float *vt;    /* (D, K_BLOCK) its values, transposed */
-    float *dk;    /* (K_BLOCK, D) key gradient accumulator (unscaled) */
-    float *dv;    /* (K_BLOCK, D) value gradient accumulator */
     float *p;     /* (Q_BLOCK, K_BLOCK) probabilities */
     float *f;     /* (Q_BLOCK, K_BLOCK) dropout multipliers */
     float *ds;    /* (Q_BLOCK, K_BLOCK) dP, then dS */
@@ -311,12 +309,12 @@ static bwd_scratch carve_backward(float *slot, size_t t, size_t dim) {
     w.dout = w.q + t * dim;
     w.dq = w.dout + t * dim;
     w.delta = w.dq + t * dim;
-    w.k = w.delta + t;
+    w.dk = w.delta + t;
+    w.dv = w.dk + t * dim;
+    w.k = w.dv + t * dim;
     w.kt = w.k + K_BLOCK * dim;
     w.vt = w.kt + dim * K_BLOCK;
-    w.dk = w.vt + dim * K_BLOCK;
-    w.dv = w.dk + K_BLOCK * dim;
-    w.p = w.dv + K_BLOCK * dim;
+    w.p = w.vt + dim * K_BLOCK;
     w.f = w.p + Q_BLOCK * K_BLOCK;
     w.ds = w.f + Q_BLOCK * K_BLOCK;
     w.pt = w.ds + Q_BLOCK * K_BLOCK;
@@ -347,75 +345,101 @@ GT_INLINE void backward_probs(const gt_attention_args *a, bwd_scratch *w, size_t
                               size_t i0, size_t rows, size_t j0, size_t cols) {
     const float *lse = a->lse + bh * (size_t)a->seq;
     for (size_t r = 0; r < rows; r++) {
-        size_t n = visible_cols(a, b, i0 + r, j0, cols);
+        size_t c0, c1;
+        gt_attn_tile_cols(a, b, i0 + r, j0, cols, &c0, &c1);
         float *pr = w->p + r * K_BLOCK, shift = lse[i0 + r];
-        for (size_t c = 0; c < n; c++)
+        for (size_t c = c0; c < c1; c++)
             pr[c] = gt_vm_expf(pr[c] * a->scale - shift);
-        if (a->dropout_p > 0.0 && n > 0)
-            dropout_factors(w->f + r * K_BLOCK, &a->dropout_key, dropout_index(a, bh, i0 + r, j0), n,
-                            (float)a->dropout_p, gt_dropout_scale(a->dropout_p));
+        if (a->dropout_p > 0.0 && c0 < c1)
+            dropout_factors(w->f + r * K_BLOCK + c0, &a->dropout_key,
+                            dropout_index(a, bh, i0 + r, j0 + c0), c1 - c0, (float)a->dropout_p,
+                            gt_dropout_scale(a->dropout_p));
     }
 }
 
-/* The gradients of one tile into the unit's accumulators (ds holds dO V^T on entry). dS and the
- * dropped-out probabilities are zero in invisible columns, and are also laid out transposed so
- * that dV += (P M)^T dO and dK += dS^T Q are tile_accumulate products as dQ += dS K is. */
+/* The gradients of one tile into the accumulators (ds holds dO V^T on entry; the tile's keys at
+ * dk, dv + j0 rows). dS and the dropped-out probabilities are zero in invisible columns, and are
+ * also laid out transposed so that dV += (P M)^T dO and dK += dS^T Q are tile_accumulate
+ * products as dQ += dS K is. */
 GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t i0,
                              size_t rows, size_t j0, size_t cols, int wide) {
     size_t dim = (size_t)a->head_dim;
     int drop = a->dropout_p > 0.0;
     for (size_t r = 0; r < rows; r++) {
-        size_t i = i0 + r, n = visible_cols(a, b, i, j0, cols);
+        size_t i = i0 + r, c0, c1;
+        gt_attn_tile_cols(a, b, i, j0, cols, &c0, &c1);
         float *pr = w->p + r * K_BLOCK, *fr = w->f + r * K_BLOCK, *dsr = w->ds + r * K_BLOCK;
-        for (size_t c = 0; c < n; c++) {
+        for (size_t c = c0; c < c1; c++) {
             float kept = drop ? pr[c] * fr[c] : pr[c];
             dsr[c] = pr[c] * ((drop ? dsr[c] * fr[c] : dsr[c]) - w->delta[i]);
             w->pt[c * Q_BLOCK + r] = kept;
             w->dst[c * Q_BLOCK + r] = dsr[c];
         }
-        for (size_t c = n; c < cols; c++) {
+        for (size_t c = 0; c < cols; c++) {
+            if (c >= c0 && c < c1)
+                continue;
             dsr[c] = 0.0f;
             w->pt[c * Q_BLOCK + r] = w->dst[c * Q_BLOCK + r] = 0.0f;
         }
     }
     tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, w->k, rows, cols, dim, wide);
-    tile_accumulate(w->dv, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim, wide);
-    tile_accumulate(w->dk, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dv + j0 * dim, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dk + j0 * dim, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim, wide);
 }
 
-/* Backward of unit u = b * heads + h. */
-GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
-                                   gt_dtype dt) {
-    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim;
-    size_t b = u / (size_t)a->heads, h = u % (size_t)a->heads;
+/* 1 when a query of [i0, i0 + rows) sees a key of [j0, j0 + cols); other tiles add only zeros. */
+GT_INLINE int tile_sees(const gt_attention_args *a, size_t b, size_t i0, size_t rows, size_t j0,
+                        size_t cols) {
+    size_t lo, hi;
+    gt_attn_block_range(a, b, i0, rows, &lo, &hi);
+    return lo < hi && lo < j0 + cols && hi > j0;
+}
+
+/* One query head bh = b * H + h of a backward unit: its dq, and its terms of the kv head's dk, dv
+ * (kv rows from kv_base). Query tiles of a key block: from the block's (causal) to the last
+ * query that can see it (sliding window), those whose queries see one of its keys. */
+GT_INLINE void backward_head(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t h,
+                             size_t kv_base, int wide, gt_dtype dt) {
+    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim, bh = b * (size_t)a->heads + h;
     size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head, in_row = (size_t)a->in.row;
-    size_t keys = a->key_lengths ? (size_t)a->key_lengths[b] : t;
-    bwd_scratch w = carve_backward(slot, t, dim);
-    backward_prologue(a, &w, b, h, dt);
+    size_t kv_row = (size_t)a->kv.row, keys = a->key_lengths ? (size_t)a->key_lengths[b] : t;
+    backward_prologue(a, w, b, h, dt);
     for (size_t j0 = 0; j0 < keys; j0 += K_BLOCK) {
         size_t cols = keys - j0 < K_BLOCK ? keys - j0 : K_BLOCK;
-        load_rows(w.k, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
-        load_rows_t(w.kt, a->k, in_base + j0 * in_row, in_row, cols, dim, dt);
-        load_rows_t(w.vt, a->v, in_base + j0 * in_row, in_row, cols, dim, dt);
-        memset(w.dk, 0, cols * dim * sizeof(float));
-        memset(w.dv, 0, cols * dim * sizeof(float));
-        for (size_t i0 = a->causal ? j0 : 0; i0 < t; i0 += Q_BLOCK) {
+        size_t i_end = gt_attn_query_end(a, j0 + cols), i_start = a->causal ? j0 : 0;
+        if (i_start >= i_end)
+            continue;
+        load_rows(w->k, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
+        load_rows_t(w->kt, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
+        load_rows_t(w->vt, a->v, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
+        for (size_t i0 = i_start; i0 < i_end; i0 += Q_BLOCK) {
             size_t rows = t - i0 < Q_BLOCK ? t - i0 : Q_BLOCK;
-            tile_product(w.p, w.q + i0 * dim, w.kt, rows, cols, dim, wide);
-            backward_probs(a, &w, b, u, i0, rows, j0, cols);
-            tile_product(w.ds, w.dout + i0 * dim, w.vt, rows, cols, dim, wide);
-            backward_tile(a, &w, b, i0, rows, j0, cols, wide);
-        }
-        store_rows(a->dk, in_base + j0 * in_row, in_row, w.dk, cols, dim, a->scale, dt);
-        store_rows(a->dv, in_base + j0 * in_row, in_row, w.dv, cols, dim, 1.0f, dt);
-    }
-    for (size_t j = keys; j < t; j++) {  /* keys no query sees */
-        for (size_t d = 0; d < dim; d++) {
-            gt_cpu_store(a->dk, in_base + j * in_row + d, 0.0f, dt);
-            gt_cpu_store(a->dv, in_base + j * in_row + d, 0.0f, dt);
+            if (!tile_sees(a, b, i0, rows, j0, cols))
+                continue;
+            tile_product(w->p, w->q + i0 * dim, w->kt, rows, cols, dim, wide);
+            backward_probs(a, w, b, bh, i0, rows, j0, cols);
+            tile_product(w->ds, w->dout + i0 * dim, w->vt, rows, cols, dim, wide);
+            backward_tile(a, w, b, i0, rows, j0, cols, wide);
         }
     }
-    store_rows(a->dq, in_base, in_row, w.dq, t, dim, a->scale, dt);
+    store_rows(a->dq, in_base, in_row, w->dq, t, dim, a->scale, dt);
+}
+
+/* Backward of unit u = b * K + g (kv head g): the H / K query heads of g's group in increasing
+ * h, each adding its terms to g's dk and dv accumulators (a fixed order: the same bits on any
+ * thread count), then dk, dv stored (zeros for keys no query sees). */
+GT_INLINE void backward_unit_body(const gt_attention_args *a, float *slot, size_t u, int wide,
+                                   gt_dtype dt) {
+    size_t t = (size_t)a->seq, dim = (size_t)a->head_dim, kv = (size_t)a->kv_heads;
+    size_t group = (size_t)a->heads / kv, b = u / kv, g = u % kv;
+    size_t kv_base = gt_attn_kv_row(a, u, 0), kv_row = (size_t)a->kv.row;
+    bwd_scratch w = carve_backward(slot, t, dim);
+    memset(w.dk, 0, t * dim * sizeof(float));
+    memset(w.dv, 0, t * dim * sizeof(float));
+    for (size_t h = 0; h < group; h++)
+        backward_head(a, &w, b, g * group + h, kv_base, wide, dt);
+    store_rows(a->dk, kv_base, kv_row, w.dk, t, dim, a->scale, dt);
+    store_rows(a->dv, kv_base, kv_row, w.dv, t, dim, 1.0f, dt);
 }
 GT_CPU_KERNEL(backward_unit, (const gt_attention_args *a, float *slot, size_t u, int wide, gt_dtype dt),
               a, slot, u, wide)
@@ -484,7 +508,7 @@ gt_status gt_cpu_attention_forward(gt_backend *be, const gt_attention_args *args
 
 gt_status gt_cpu_attention_backward(gt_backend *be, const gt_attention_args *args) {
     GT_TRY(check_args(args, 1));
-    size_t units = (size_t)args->batch * (size_t)args->heads * (args->seq > 0);
+    size_t units = (size_t)args->batch * (size_t)args->kv_heads * (args->seq > 0);
     if (units == 0)
         return GT_OK;
     return run_units(be, args, GT_CPU_RUN(backward_unit), units);

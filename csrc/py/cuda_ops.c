@@ -27,7 +27,7 @@
 #include "ops/ops.h"
 #include "core/device_backend.h"
 
-enum { MAX_ARRAYS = 10, DEVICE_ALIGN = 256 };
+enum { MAX_ARRAYS = 11, DEVICE_ALIGN = 256 };
 
 /* One call: the parsed arguments, the bytes each array must hold, and the pointers the op gets. */
 typedef struct op_call {
@@ -434,28 +434,36 @@ static size_t dims_bytes(const int64_t *dims, int n, size_t elem) {
     return total;
 }
 
-/* (batch, heads, seq, head_dim, causal, scale, dropout_p, seed, layer, step, offset, dt): arrays
- * q, k, v, out[, dout, dq, dk, dv] contiguous (batch, heads, seq, head_dim) of dt, lse (batch,
- * heads, seq) f32, key_lengths (batch,) int64 or None. */
+/* (batch, heads, seq, head_dim, causal, scale, dropout_p, seed, layer, step, offset, dt[, kv_heads,
+ * window]): arrays q, out[, dout, dq] contiguous (batch, heads, seq, head_dim) of dt, k, v[, dk,
+ * dv] contiguous (batch, kv_heads, seq, head_dim) (kv_heads 0 or absent: heads), lse (batch,
+ * heads, seq) f32, key_lengths (batch,) int64 or None, key_starts (batch, seq) int64 or None. */
 static int parse_attention(PyObject *module, PyObject *args, op_call *call, int backward) {
     gt_attention_args *a = &call->attn;
-    long long b, h, t, d;
+    long long b, h, t, d, kv = 0, window = 0;
     unsigned long long seed, layer, step, offset;
     const char *dt;
-    if (!PyArg_ParseTuple(args, "LLLLpfdKKKKs:attention", &b, &h, &t, &d, &a->causal, &a->scale, &a->dropout_p,
-                          &seed, &layer, &step, &offset, &dt) ||
+    if (!PyArg_ParseTuple(args, "LLLLpfdKKKKs|LL:attention", &b, &h, &t, &d, &a->causal, &a->scale,
+                          &a->dropout_p, &seed, &layer, &step, &offset, &dt, &kv, &window) ||
         parse_dtype(module, dt, "dt", &a->dt) < 0)
         return -1;
-    a->batch = b, a->heads = h, a->seq = t, a->head_dim = d;
+    kv = kv == 0 ? h : kv;
+    a->batch = b, a->heads = h, a->seq = t, a->head_dim = d, a->kv_heads = kv, a->window = window;
     a->in = (gt_attn_strides){h * t * d, t * d, d};
+    a->kv = (gt_attn_strides){kv * t * d, t * d, d};
     a->out_strides = a->in;
     a->dropout_key = (gt_dropout_key){seed, (uint32_t)layer, (uint32_t)step, offset};
-    const int64_t dims[4] = {b, h, t, d};
+    const int64_t dims[4] = {b, h, t, d}, kv_dims[4] = {b, kv, t, d};
     size_t operand = dims_bytes(dims, 4, gt_dtype_size(a->dt));
+    size_t kv_operand = dims_bytes(kv_dims, 4, gt_dtype_size(a->dt));
     int lengths = backward ? 9 : 5;  /* the index of key_lengths; lse is array 4 */
-    for (int k = 0; k < lengths; k++)
-        call->need[k] = k == 4 ? dims_bytes(dims, 3, sizeof(float)) : operand;
+    for (int k = 0; k < lengths; k++) {
+        int is_kv = k == 1 || k == 2 || (backward && (k == 7 || k == 8));
+        call->need[k] = k == 4 ? dims_bytes(dims, 3, sizeof(float)) : is_kv ? kv_operand : operand;
+    }
     call->need[lengths] = dims_bytes(dims, 1, sizeof(int64_t));
+    const int64_t starts[2] = {b, t};
+    call->need[lengths + 1] = dims_bytes(starts, 2, sizeof(int64_t));
     return 0;
 }
 
@@ -474,10 +482,12 @@ static gt_status run_attention(gt_backend *be, op_call *call, int backward) {
     a->q = call->ptr[0], a->k = call->ptr[1], a->v = call->ptr[2], a->out = call->ptr[3], a->lse = call->ptr[4];
     if (!backward) {
         a->key_lengths = call->ptr[5];
+        a->key_starts = call->ptr[6];
         return be->ops->attention_forward(be, a);
     }
     a->dout = call->ptr[5], a->dq = call->ptr[6], a->dk = call->ptr[7], a->dv = call->ptr[8];
     a->key_lengths = call->ptr[9];
+    a->key_starts = call->ptr[10];
     return be->ops->attention_backward(be, a);
 }
 
@@ -502,6 +512,7 @@ static int parse_rope(PyObject *module, PyObject *args, op_call *call) {
     a->batch = b, a->heads = h, a->seq = t, a->head_dim = d, a->rotary_dim = r;
     a->strides = (gt_attn_strides){h * t * d, t * d, d};
     a->positions_stride = rows == 1 ? 0 : t;
+    a->attention_factor = 1.0f;
     const int64_t dims[4] = {b, h, t, d};
     call->need[0] = call->need[1] = dims_bytes(dims, 4, gt_dtype_size(a->dt));
     call->need[2] = bytes_of(rows, t, sizeof(int64_t));
@@ -551,6 +562,66 @@ static gt_status run_glu_backward(gt_backend *be, op_call *call) {
                                  (gt_activation)call->flag, call->dt[0]);
 }
 
+/* (batch, seq, channels, pad_token_id): arrays starts (batch, seq) or None, last (batch,) or None,
+ * rows (batch, channels, seq) int64 = ids | ... | mask | positions (channels >= 3 with starts). */
+static int parse_key_starts(PyObject *module, PyObject *args, op_call *call) {
+    (void)module;
+    long long pad;
+    if (!PyArg_ParseTuple(args, "LLLL:key_starts", &call->size[0], &call->size[1], &call->size[2], &pad))
+        return -1;
+    call->flag = 0;
+    call->real[0] = (double)pad;
+    call->need[0] = bytes_of(call->size[0], call->size[1], sizeof(int64_t));
+    call->need[1] = bytes_of(call->size[0], 1, sizeof(int64_t));
+    size_t row = bytes_of(call->size[1], call->size[2], sizeof(int64_t));
+    call->need[2] = row == SIZE_MAX ? SIZE_MAX : bytes_of(call->size[0], 1, row);
+    return 0;
+}
+
+static gt_status run_key_starts(gt_backend *be, op_call *call) {
+    int64_t seq = call->size[1], channels = call->size[2];
+    const int64_t *rows = call->ptr[2];
+    const int64_t *mask = channels >= 2 ? rows + (channels - 2) * seq : NULL;
+    const int64_t *positions = channels >= 2 ? rows + (channels - 1) * seq : NULL;
+    return be->ops->key_starts(be, call->ptr[0], call->ptr[1], rows, mask, positions, call->size[0], seq,
+                               channels * seq, (int64_t)call->real[0]);
+}
+
+/* (batch, seq, dim, mode, dt): forward arrays out (batch, dim), in (batch, seq, dim), lengths
+ * (batch,) int64 or None; backward din (batch, seq, dim), dout (batch, dim), lengths. */
+static int parse_seq_pool(PyObject *module, PyObject *args, op_call *call, int backward) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLLis:pool", &call->size[0], &call->size[1], &call->size[2], &call->flag, &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    size_t elem = gt_dtype_size(call->dt[0]);
+    size_t pooled = bytes_of(call->size[0], call->size[2], elem);
+    size_t row = bytes_of(call->size[1], call->size[2], elem);
+    size_t full = row == SIZE_MAX ? SIZE_MAX : bytes_of(call->size[0], 1, row);
+    call->need[0] = backward ? full : pooled;
+    call->need[1] = backward ? pooled : full;
+    call->need[2] = bytes_of(call->size[0], 1, sizeof(int64_t));
+    return 0;
+}
+
+static int parse_pool_forward(PyObject *module, PyObject *args, op_call *call) {
+    return parse_seq_pool(module, args, call, 0);
+}
+
+static int parse_pool_backward(PyObject *module, PyObject *args, op_call *call) {
+    return parse_seq_pool(module, args, call, 1);
+}
+
+static gt_status run_pool_forward(gt_backend *be, op_call *call) {
+    return be->ops->pool_forward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
+                                 call->size[2], (gt_pool_mode)call->flag, call->dt[0]);
+}
+
+static gt_status run_pool_backward(gt_backend *be, op_call *call) {
+    return be->ops->pool_backward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
+                                  call->size[2], (gt_pool_mode)call->flag, call->dt[0]);
+}
+
 static const op_spec specs[] = {
     {"gemm", 3, {"a", "b", "c"}, 0, parse_gemm, run_gemm, 0},
     {"bias_add", 2, {"out", "bias"}, 0, parse_bias_add, run_bias_add, 0},
@@ -577,14 +648,17 @@ static const op_spec specs[] = {
     {"cast", 2, {"dst", "src"}, 0, parse_cast, run_cast, 0},
     {"copy", 2, {"dst", "src"}, 0, parse_bytes, run_copy, 0},
     {"zero", 1, {"dst"}, 0, parse_bytes, run_zero, 0},
-    {"attention_forward", 6, {"q", "k", "v", "out", "lse", "key_lengths"}, 1u << 5, parse_attention_forward,
-     run_attention_forward, 0},
-    {"attention_backward", 10, {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "key_lengths"}, 1u << 9,
-     parse_attention_backward, run_attention_backward, 0},
+    {"attention_forward", 7, {"q", "k", "v", "out", "lse", "key_lengths", "key_starts"}, 3u << 5,
+     parse_attention_forward, run_attention_forward, 0},
+    {"attention_backward", 11, {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "key_lengths",
+     "key_starts"}, 3u << 9, parse_attention_backward, run_attention_backward, 0},
     {"rope_forward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_forward, 0},
     {"rope_backward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_backward, 0},
     {"glu_forward", 2, {"out", "in"}, 0, parse_glu_forward, run_glu_forward, 0},
     {"glu_backward", 3, {"din", "dout", "in"}, 1u << 0, parse_glu_backward, run_glu_backward, 0},
+    {"key_starts", 3, {"starts", "last", "rows"}, 1u << 0 | 1u << 1, parse_key_starts, run_key_starts, 0},
+    {"pool_forward", 3, {"out", "in", "lengths"}, 1u << 2, parse_pool_forward, run_pool_forward, 0},
+    {"pool_backward", 3, {"din", "dout", "lengths"}, 1u << 2, parse_pool_backward, run_pool_backward, 0},
 };
 
 /* ------------------------------------------------------------ running ---------------------- */

@@ -396,12 +396,19 @@ static PyObject *op_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
-/* A 4-D (batch, heads, seq, head_dim) attention operand of the shape of `like` (NULL: any). */
-static PyArrayObject *attention_operand(PyObject *obj, const char *name, int typenum, int writable,
-                                        PyArrayObject *like) {
+/* A 4-D (batch, heads, seq, head_dim) attention operand of the shape of `like` (NULL: any),
+ * named like_name in errors. */
+static PyArrayObject *attention_operand_like(PyObject *obj, const char *name, int typenum, int writable,
+                                             PyArrayObject *like, const char *like_name) {
     PyArrayObject *a = gtpy_array_nd(obj, name, typenum, writable, 4, NULL,
                                      "must be 4-D (batch, heads, seq, head_dim)");
-    return a && (!like || gtpy_same_shape(a, name, like, "q") == 0) ? a : NULL;
+    return a && (!like || gtpy_same_shape(a, name, like, like_name) == 0) ? a : NULL;
+}
+
+/* The same with q's shape. */
+static PyArrayObject *attention_operand(PyObject *obj, const char *name, int typenum, int writable,
+                                        PyArrayObject *like) {
+    return attention_operand_like(obj, name, typenum, writable, like, "q");
 }
 
 static gt_status attention_forward_op(gt_backend *be, const void *a) {
@@ -436,38 +443,75 @@ static int attention_options(PyObject *lengths_obj, PyObject *seed_obj, PyObject
     return 0;
 }
 
+/* A 4-D (batch, kv_heads, seq, head_dim) k/v operand: q's batch, seq and head_dim, kv_heads
+ * dividing q's heads, and the shape of `like` when given (dk, dv: k's). */
+static PyArrayObject *attention_kv_operand(PyObject *obj, const char *name, int typenum, int writable,
+                                           PyArrayObject *q, PyArrayObject *like) {
+    PyArrayObject *a = attention_operand_like(obj, name, typenum, writable, like, "k");
+    if (!a || like)
+        return a;
+    npy_intp kv = PyArray_DIM(a, 1), heads = PyArray_DIM(q, 1);
+    if (PyArray_DIM(a, 0) != PyArray_DIM(q, 0) || PyArray_DIM(a, 2) != PyArray_DIM(q, 2) ||
+        PyArray_DIM(a, 3) != PyArray_DIM(q, 3) || kv < 1 || heads % kv != 0) {
+        gtpy_fail_shape(a, name, "must have q's batch, seq and head_dim, and kv_heads dividing q's "
+                        "heads (grouped-query attention)");
+        return NULL;
+    }
+    return a;
+}
+
+/* key_starts: (batch, seq) int64, C-contiguous, or None (NULL). -1 with an exception. */
+static int attention_key_starts(PyObject *obj, gt_attention_args *a) {
+    if (obj == Py_None)
+        return 0;
+    const int64_t dims[2] = {a->batch, a->seq};
+    PyArrayObject *starts = gtpy_array_nd(obj, "key_starts", NPY_INT64, 0, 2, dims,
+                                          "must be (batch, seq) int64");
+    if (!starts)
+        return -1;
+    a->key_starts = PyArray_DATA(starts);
+    return 0;
+}
+
 /* attention_forward (dout None: writes out and lse) or attention_backward (reads out, lse and
- * dout; writes dq, dk, dv). q, k, v and the rest are C-contiguous (batch, heads, seq, head_dim). */
+ * dout; writes dq, dk, dv). q, out, dout, dq are C-contiguous (batch, heads, seq, head_dim); k, v,
+ * dk, dv (batch, kv_heads, seq, head_dim) with kv_heads dividing heads. */
 static PyObject *op_attention(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"out", "lse", "q", "k", "v", "dt", "causal", "scale", "key_lengths",
                                "dropout_p", "seed", "layer", "step", "offset", "dout", "dq", "dk",
-                               "dv", NULL};
+                               "dv", "window", "key_starts", NULL};
     PyObject *out_obj, *lse_obj, *q_obj, *k_obj, *v_obj, *lengths_obj, *seed_obj, *layer_obj,
         *step_obj, *offset_obj, *dout_obj = Py_None, *dq_obj = Py_None, *dk_obj = Py_None,
-        *dv_obj = Py_None;
+        *dv_obj = Py_None, *starts_obj = Py_None;
     const char *text;
     int causal;
     float scale;
     double dropout_p;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOspfOdOOOO|OOOO:op_attention", keywords,
+    long long window = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOspfOdOOOO|OOOO$LO:op_attention", keywords,
                                      &out_obj, &lse_obj, &q_obj, &k_obj, &v_obj, &text, &causal,
                                      &scale, &lengths_obj, &dropout_p, &seed_obj, &layer_obj,
-                                     &step_obj, &offset_obj, &dout_obj, &dq_obj, &dk_obj, &dv_obj))
+                                     &step_obj, &offset_obj, &dout_obj, &dq_obj, &dk_obj, &dv_obj,
+                                     &window, &starts_obj))
         return NULL;
-    gt_attention_args a = {.scale = scale, .causal = causal, .dropout_p = dropout_p};
+    gt_attention_args a = {.scale = scale, .causal = causal, .dropout_p = dropout_p, .window = window};
     int typenum = gtpy_parse_act_dtype(module, text, "dt", &a.dt), backward = dout_obj != Py_None;
     PyArrayObject *q = typenum < 0 ? NULL : attention_operand(q_obj, "q", typenum, 0, NULL), *k, *v,
                   *out, *lse;
-    if (!q || !(k = attention_operand(k_obj, "k", typenum, 0, q)) ||
-        !(v = attention_operand(v_obj, "v", typenum, 0, q)) ||
+    if (!q || !(k = attention_kv_operand(k_obj, "k", typenum, 0, q, NULL)) ||
+        !(v = attention_kv_operand(v_obj, "v", typenum, 0, q, k)) ||
         !(out = attention_operand(out_obj, "out", typenum, !backward, q)))
         return NULL;
+    if (window < 0)
+        return PyErr_Format(PyExc_ValueError, "window: must be >= 0 (0: no window), got %lld", window);
     a.batch = PyArray_DIM(q, 0), a.heads = PyArray_DIM(q, 1), a.seq = PyArray_DIM(q, 2);
-    a.head_dim = PyArray_DIM(q, 3);
+    a.head_dim = PyArray_DIM(q, 3), a.kv_heads = PyArray_DIM(k, 1);
     a.in = (gt_attn_strides){a.heads * a.seq * a.head_dim, a.seq * a.head_dim, a.head_dim};
+    a.kv = (gt_attn_strides){a.kv_heads * a.seq * a.head_dim, a.seq * a.head_dim, a.head_dim};
     a.out_strides = a.in;
     if (!(lse = gtpy_vector(lse_obj, "lse", NPY_FLOAT32, a.batch * a.heads * a.seq, !backward)) ||
-        attention_options(lengths_obj, seed_obj, layer_obj, step_obj, offset_obj, &a) < 0)
+        attention_options(lengths_obj, seed_obj, layer_obj, step_obj, offset_obj, &a) < 0 ||
+        attention_key_starts(starts_obj, &a) < 0)
         return NULL;
     a.q = PyArray_DATA(q), a.k = PyArray_DATA(k), a.v = PyArray_DATA(v);
     a.out = PyArray_DATA(out), a.lse = PyArray_DATA(lse);
@@ -476,8 +520,8 @@ static PyObject *op_attention(PyObject *module, PyObject *args, PyObject *kwargs
     PyArrayObject *dout, *dq, *dk, *dv;
     if (!(dout = attention_operand(dout_obj, "dout", typenum, 0, q)) ||
         !(dq = attention_operand(dq_obj, "dq", typenum, 1, q)) ||
-        !(dk = attention_operand(dk_obj, "dk", typenum, 1, q)) ||
-        !(dv = attention_operand(dv_obj, "dv", typenum, 1, q)))
+        !(dk = attention_kv_operand(dk_obj, "dk", typenum, 1, q, k)) ||
+        !(dv = attention_kv_operand(dv_obj, "dv", typenum, 1, q, k)))
         return NULL;
     a.dout = PyArray_DATA(dout), a.dq = PyArray_DATA(dq), a.dk = PyArray_DATA(dk);
     a.dv = PyArray_DATA(dv);
@@ -661,17 +705,20 @@ static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
  * when heads_axis is 1, (batch, seq, heads, D) when 2; out of x's shape, x itself (in place) or
  * not overlapping it; positions (batch, seq) or (1, seq) int64; inv_freq (R / 2,) float32. */
 static PyObject *op_rope(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"out", "x", "positions", "inv_freq", "dt", "heads_axis", "backward", NULL};
+    static char *keywords[] = {"out", "x", "positions", "inv_freq", "dt", "heads_axis", "backward",
+                               "attention_factor", NULL};
     PyObject *out_obj, *x_obj, *positions_obj, *inv_obj;
     const char *text;
     int heads_axis, backward = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOsi|p:op_rope", keywords, &out_obj, &x_obj,
-                                     &positions_obj, &inv_obj, &text, &heads_axis, &backward))
+    float attention_factor = 1.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOsi|pf:op_rope", keywords, &out_obj, &x_obj,
+                                     &positions_obj, &inv_obj, &text, &heads_axis, &backward,
+                                     &attention_factor))
         return NULL;
     if (heads_axis != 1 && heads_axis != 2)
         return PyErr_Format(PyExc_ValueError, "heads_axis must be 1 (batch, heads, seq, head_dim) or 2 "
                             "(batch, seq, heads, head_dim), got %d", heads_axis);
-    gt_rope_args a = {.positions_stride = 0};
+    gt_rope_args a = {.positions_stride = 0, .attention_factor = attention_factor};
     int typenum = gtpy_parse_act_dtype(module, text, "dt", &a.dt);
     PyArrayObject *x = typenum < 0 ? NULL : gtpy_array_nd(x_obj, "x", typenum, 0, 4, NULL, "must be 4-D"), *out,
                   *positions, *inv;
@@ -704,20 +751,29 @@ static PyObject *op_rope(PyObject *module, PyObject *args, PyObject *kwargs) {
 /* Hugging Face's inv_freq of a head (ops/rope.h) as a new float32 array. */
 static PyObject *op_rope_inv_freq(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"head_dim", "theta", "partial_rotary_factor", "rope_type", "factor",
-                               "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", NULL};
+                               "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                               "beta_fast", "beta_slow", "truncate", NULL};
+    static const char *const types[] = {"default", "llama3", "linear", "yarn"};  /* gt_rope_type order */
     long long head_dim;
     double partial = 1.0;
     const char *type = "default";
     gt_rope_freq f = {.type = GT_ROPE_DEFAULT, .factor = 1.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
-                      .original_max_position_embeddings = 8192.0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ld|dsdddd:op_rope_inv_freq", keywords, &head_dim, &f.theta,
-                                     &partial, &type, &f.factor, &f.low_freq_factor, &f.high_freq_factor,
-                                     &f.original_max_position_embeddings))
+                      .original_max_position_embeddings = 8192.0, .beta_fast = 32.0, .beta_slow = 1.0,
+                      .truncate = 1};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ld|dsddddddp:op_rope_inv_freq", keywords, &head_dim,
+                                     &f.theta, &partial, &type, &f.factor, &f.low_freq_factor,
+                                     &f.high_freq_factor, &f.original_max_position_embeddings, &f.beta_fast,
+                                     &f.beta_slow, &f.truncate))
         return NULL;
-    if (strcmp(type, "llama3") == 0)
-        f.type = GT_ROPE_LLAMA3;
-    else if (strcmp(type, "default") != 0)
-        return PyErr_Format(PyExc_ValueError, "rope_type must be 'default' or 'llama3', got '%s'", type);
+    int known = 0;
+    for (int k = 0; k < 4; k++)
+        if (strcmp(type, types[k]) == 0) {
+            f.type = (gt_rope_type)k;
+            known = 1;
+        }
+    if (!known)
+        return PyErr_Format(PyExc_ValueError, "rope_type must be 'default', 'linear', 'llama3' or 'yarn', got '%s'",
+                            type);
     int64_t rotary_dim = 0;
     gt_status status = gt_rope_rotary_dim((int64_t)head_dim, partial, &rotary_dim);
     if (status != GT_OK)
@@ -760,9 +816,9 @@ static PyMethodDef ops_methods[] = {
      "Sum of squares of a float32 array in a fixed order."},
     {"op_attention", GTPY_KW(op_attention),
      "op_attention(out, lse, q, k, v, dt, causal, scale, key_lengths, dropout_p, seed, layer, step, offset, "
-     "dout=None, dq=None, dk=None, dv=None)\n--\n\n"
-     "Scaled dot-product attention over (batch, heads, seq, head_dim) arrays: out and lse, or (dout "
-     "given) dq, dk, dv."},
+     "dout=None, dq=None, dk=None, dv=None, *, window=0, key_starts=None)\n--\n\n"
+     "Scaled dot-product attention over (batch, heads, seq, head_dim) q and (batch, kv_heads, seq, "
+     "head_dim) k, v (grouped-query when kv_heads < heads): out and lse, or (dout given) dq, dk, dv."},
     {"op_conv2d", GTPY_KW(op_conv2d),
      "op_conv2d(out, x, weight, bias, dt, stride, padding, dilation, groups)\n--\n\n"
      "2-D convolution of (N, C, H, W) x by weight (O, C / groups, KH, KW), plus bias (O,) or None."},
@@ -773,12 +829,13 @@ static PyMethodDef ops_methods[] = {
      "Gated activation of x's [gate | up] halves: out = act(gate) * up, or out = [dgate | dup] when dout "
      "is given."},
     {"op_rope", GTPY_KW(op_rope),
-     "op_rope(out, x, positions, inv_freq, dt, heads_axis, backward=False)\n--\n\n"
+     "op_rope(out, x, positions, inv_freq, dt, heads_axis, backward=False, attention_factor=1.0)\n--\n\n"
      "Rotary position embedding (rotate_half layout) of x into out, or its transpose when backward."},
     {"op_rope_inv_freq", GTPY_KW(op_rope_inv_freq),
      "op_rope_inv_freq(head_dim, theta, partial_rotary_factor=1.0, rope_type='default', factor=1.0, "
-     "low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192.0)\n--\n\n"
-     "Hugging Face's float32 inverse frequencies of a head ('default' or 'llama3' rope_type)."},
+     "low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192.0, beta_fast=32.0, "
+     "beta_slow=1.0, truncate=True)\n--\n\n"
+     "Hugging Face's float32 inverse frequencies of a head ('default', 'linear', 'llama3' or 'yarn' rope_type)."},
     {"op_cast", GTPY_KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
     {"op_copy", GTPY_KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},

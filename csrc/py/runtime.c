@@ -20,6 +20,14 @@ static const char *half_gemm_path(void) {
     return "f16/bf16: widened exactly to f32, f32 GEMM, output rounded once";
 }
 
+/* The precisions whose GEMMs run natively in the CPU library here (the others are widened to
+ * f32): ("fp32",) or ("fp32", "bf16"). gputrain.info()["cpu_native_gemm"]. */
+static PyObject *native_gemm_precisions(void) {
+    if (gt_blas_native(GT_BF16, GT_F32, 1.0f))
+        return Py_BuildValue("(ss)", "fp32", "bf16");
+    return Py_BuildValue("(s)", "fp32");
+}
+
 static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored)) {
     PyObject *d = PyDict_New();
     if (!d)
@@ -39,6 +47,7 @@ static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ign
         gtpy_dict_put(d, "blas_config", PyUnicode_FromString(gt_blas_config())) < 0 ||
         gtpy_dict_put(d, "blas_kernel", PyUnicode_FromString(gt_blas_kernel())) < 0 ||
         gtpy_dict_put(d, "cpu_half_gemm", PyUnicode_FromString(half_gemm_path())) < 0 ||
+        gtpy_dict_put(d, "cpu_native_gemm", native_gemm_precisions()) < 0 ||
         gtpy_dict_put(d, "num_threads", PyLong_FromLong(gt_get_num_threads())) < 0 ||
         gtpy_dict_put(d, "cpu_count", PyLong_FromLong(gt_cpu_count())) < 0 ||
         gtpy_dict_put(d, "openmp", PyLong_FromLong(_OPENMP)) < 0 ||

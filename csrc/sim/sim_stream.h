@@ -21,7 +21,7 @@
 
 enum {
     GT_SIM_DEVICES = 2,          /* sim:0 and sim:1 */
-    GT_SIM_ARGS_BYTES = 256,     /* room for one job's copied arguments */
+    GT_SIM_ARGS_BYTES = 320,     /* room for one job's copied arguments */
 };
 
 /* A job: runs `args` (the copy made when it was queued) on the stream's worker. */

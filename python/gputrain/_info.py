@@ -78,6 +78,17 @@ def warnings_for(facts: dict[str, object]) -> list[str]:
     return notes
 
 
+def precision_note(precision: str, native: tuple[str, ...]) -> str:
+    """On the CPU: "" when `precision`'s GEMMs run natively here (``info()["cpu_native_gemm"]``),
+    else that they are widened to f32 and which precision trains faster on this machine (measured:
+    benchmarks/README.md, a widened half step is slower than fp32's)."""
+    if precision == "fp32" or precision in native:
+        return ""
+    reason = "no AVX512_BF16 or AMX" if precision == "bf16" else "gputrain has no native f16 CPU GEMM"
+    faster = "bf16 (native here)" if "bf16" in native else "fp32"
+    return f"{precision} GEMMs are widened to f32 on this CPU ({reason}): {faster} trains faster here"
+
+
 def info() -> dict[str, object]:
     """Version; CPU, SIMD level and GEMM library; CUDA compiled/available with the runtime and
     driver versions; the libraries loaded and where from; threads; compiler flags; warnings."""

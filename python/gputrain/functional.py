@@ -553,16 +553,40 @@ def _attention_options(batch: int, seq: int, head_dim: int, scale: float | None,
     return scale, lengths, dropout_p
 
 
+def _attention_mask_options(batch: int, seq: int, window: Any,
+                            key_starts: Any) -> tuple[int, np.ndarray | None]:
+    """The checked sliding window (0: none) and per-query first visible keys (or None)."""
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: no sliding window), got {window!r}")
+    if key_starts is None:
+        return int(window), None
+    starts = _ids(key_starts, "key_starts")
+    if starts.shape != (batch, seq):
+        raise ValueError(f"key_starts must have shape ({batch}, {seq}) (batch, seq), "
+                         f"got {starts.shape}")
+    return int(window), starts
+
+
 def _attention_inputs(dtype: str | None, **arrays: Any) -> list[_Act]:
+    """Checked operands: those named k, v, dk, dv are (batch, kv_heads, seq, head_dim) with
+    kv_heads dividing the heads of the others, which share the first one's shape."""
     acts = _acts(dtype, **arrays)
-    first = next(iter(arrays))
-    shape = acts[0].raw.shape
+    names = list(arrays)
+    first = next(name for name in names if name not in ("k", "v"))
+    shape = acts[names.index(first)].raw.shape
     if len(shape) != 4 or shape[3] == 0:
         raise ValueError(f"{first} must be 4-D (batch, heads, seq, head_dim) with head_dim >= 1, "
                          f"got shape {shape}")
-    for name, act in zip(arrays, acts):
-        if act.raw.shape != shape:
-            raise ValueError(f"{name} must have {first}'s shape {shape}, got {act.raw.shape}")
+    kv_shape = acts[names.index("k")].raw.shape
+    if (len(kv_shape) != 4 or kv_shape[0] != shape[0] or kv_shape[2:] != shape[2:] or kv_shape[1] < 1
+            or shape[1] % kv_shape[1]):
+        raise ValueError(f"k must be (batch, kv_heads, seq, head_dim) = ({shape[0]}, kv_heads, "
+                         f"{shape[2]}, {shape[3]}) with kv_heads dividing {first}'s {shape[1]} heads "
+                         f"(grouped-query attention), got shape {kv_shape}")
+    for name, act in zip(names, acts):
+        want, like = (kv_shape, "k") if name in ("k", "v") else (shape, first)
+        if act.raw.shape != want:
+            raise ValueError(f"{name} must have {like}'s shape {want}, got {act.raw.shape}")
     return acts
 
 
@@ -570,25 +594,33 @@ def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
                                  causal: bool = False, key_lengths: Any = None,
                                  dropout_p: float = 0.0, seed: int = 0, layer: int = 0,
                                  step: int = 0, offset: int = 0, scale: float | None = None,
-                                 dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Fused attention over (batch, heads, seq, head_dim) arrays: ``(out, lse)``.
+                                 dtype: str | None = None, window: int = 0,
+                                 key_starts: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fused attention over (batch, heads, seq, head_dim) q and (batch, kv_heads, seq, head_dim)
+    k and v: ``(out, lse)``.
 
     ``out = dropout(softmax(scale q k^T + mask)) v`` per batch entry and head, with
-    ``scale = 1 / sqrt(head_dim)`` by default. Query i sees key j when ``j < key_lengths[b]``
-    (every key when key_lengths is None) and, when ``causal``, ``j <= i``; a query that sees no
-    key gets 0. Dropout multiplies probability (b, h, i, j) by 0 or ``1 / (1 - p)`` with the
+    ``scale = 1 / sqrt(head_dim)`` by default. Grouped-query attention when kv_heads < heads:
+    query head h reads kv head ``h // (heads // kv_heads)`` (Hugging Face's ``repeat_kv``; k and
+    v are never expanded). Query i sees key j when ``j < key_lengths[b]`` (every key when
+    key_lengths is None), when ``causal``, ``j <= i``, with a sliding ``window`` > 0,
+    ``j > i - window``, and with ``key_starts`` ((batch, seq) int64), ``j >= key_starts[b, i]``
+    (documents packed in a row, left padding); a query that sees no key gets 0 (and lse -inf,
+    zero gradients). Dropout multiplies probability (b, h, i, j) by 0 or ``1 / (1 - p)`` with the
     Philox rule of :func:`dropout` at element ``offset + ((b * heads + h) * seq + i) * seq + j``.
     ``lse`` (batch, heads, seq) float32 is the log-sum-exp of each query's visible scaled scores
     (-inf when it sees none), which :func:`scaled_dot_product_attention_backward` needs. Blocked
-    online softmax in float32 (no seq x seq matrix is stored); half inputs give half outputs.
+    online softmax in float32 (no seq x seq matrix is stored, key tiles outside a query block's
+    visible keys are skipped); half inputs give half outputs.
     """
     q_act, k_act, v_act = _attention_inputs(dtype, q=q, k=k, v=v)
     batch, heads, seq, head_dim = q_act.raw.shape
     scale, lengths, dropout_p = _attention_options(batch, seq, head_dim, scale, key_lengths, dropout_p)
+    window, starts = _attention_mask_options(batch, seq, window, key_starts)
     out = q_act.empty()
     lse = np.empty(batch * heads * seq, dtype=np.float32)
     _C.op_attention(out, lse, q_act.raw, k_act.raw, v_act.raw, q_act.dt, bool(causal), scale,
-                    lengths, dropout_p, seed, layer, step, offset)
+                    lengths, dropout_p, seed, layer, step, offset, window=window, key_starts=starts)
     return q_act.wrap(out), lse.reshape(batch, heads, seq)
 
 
@@ -596,20 +628,23 @@ def scaled_dot_product_attention_backward(
         dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
         lse: np.ndarray, *, causal: bool = False, key_lengths: Any = None, dropout_p: float = 0.0,
         seed: int = 0, layer: int = 0, step: int = 0, offset: int = 0, scale: float | None = None,
-        dtype: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        dtype: str | None = None, window: int = 0,
+        key_starts: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(dq, dk, dv)`` of :func:`scaled_dot_product_attention` given ``dout`` and its
     ``out`` and ``lse`` (the same options must be passed: the probabilities and the dropout
-    mask are recomputed, never stored)."""
+    mask are recomputed, never stored). dk and dv have k's shape: with grouped-query attention
+    each kv head's gradient sums its query heads' terms in increasing head order."""
     dout_act, q_act, k_act, v_act, out_act = _attention_inputs(dtype, dout=dout, q=q, k=k, v=v,
                                                                out=out)
     batch, heads, seq, head_dim = q_act.raw.shape
     scale, lengths, dropout_p = _attention_options(batch, seq, head_dim, scale, key_lengths, dropout_p)
+    window, starts = _attention_mask_options(batch, seq, window, key_starts)
     lse = _param(lse, "lse", (batch, heads, seq)).reshape(-1)
-    dq, dk, dv = q_act.empty(), q_act.empty(), q_act.empty()
+    dq, dk, dv = q_act.empty(), k_act.empty(), k_act.empty()
     _C.op_attention(out_act.raw, lse, q_act.raw, k_act.raw, v_act.raw, q_act.dt, bool(causal),
                     scale, lengths, dropout_p, seed, layer, step, offset, dout=dout_act.raw,
-                    dq=dq, dk=dk, dv=dv)
-    return q_act.wrap(dq), q_act.wrap(dk), q_act.wrap(dv)
+                    dq=dq, dk=dk, dv=dv, window=window, key_starts=starts)
+    return q_act.wrap(dq), k_act.wrap(dk), k_act.wrap(dv)
 
 
 def _gated_input(x: Any, name: str, dtype: str | None) -> _Act:

@@ -42,6 +42,7 @@ import numpy as np
 from gputrain import _C, _resume, backends, distributed, memory, random
 from gputrain import checkpoint as ckpt
 from gputrain import memory_plan as mp
+from gputrain._info import precision_note
 from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain._vocab import parse_device
 from gputrain.amp import GradScaler
@@ -687,6 +688,9 @@ class Trainer:
             f"  Loader = {loader.num_workers} workers, prefetch {loader.prefetch_factor}, "
             f"pinned {loader.pin_memory}",
         ]
+        note = precision_note(args.precision, _C.build_info()["cpu_native_gemm"]) if self.device == "cpu" else ""
+        if note:
+            lines.append(f"  Precision note: {note}")
         try:
             lines.extend("  " + line for line in str(self.memory_plan()).splitlines())
         except (ValueError, MemoryError) as error:

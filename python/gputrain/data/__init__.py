@@ -1,5 +1,5 @@
 """gputrain.data: the DataLoader, its samplers, Dataset classes and collate functions, text
-data (token windows, ragged rows, buckets) and image folders (decoded with Pillow).
+data (token windows, ragged rows, buckets, packed documents) and image folders (decoded with Pillow).
 
     from gputrain.data import DataLoader, Dataset, DistributedSampler, TokenDataset, default_collate
 """
@@ -12,6 +12,7 @@ from gputrain.data.collate import DataCollatorWithPadding, Padded, default_colla
 from gputrain.data.dataset import Dataset, IterableDataset
 from gputrain.data.image import ImageFolder, to_tensor
 from gputrain.data.loader import DataLoader
+from gputrain.data.packing import DataCollatorWithFlattening, pack_sequences
 from gputrain.data.sampler import (
     BatchSampler,
     DistributedSampler,
@@ -24,6 +25,7 @@ from gputrain.data.text import BucketBatchSampler, TokenDataset, bucket_by_lengt
 __all__ = [
     "BatchSampler",
     "BucketBatchSampler",
+    "DataCollatorWithFlattening",
     "DataCollatorWithPadding",
     "DataLoader",
     "Dataset",
@@ -41,6 +43,7 @@ __all__ = [
     "default_collate",
     "default_convert",
     "get_worker_info",
+    "pack_sequences",
     "pad_collate",
     "to_tensor",
 ]

@@ -299,11 +299,14 @@ class GPT(Module):
 
     # -- generation ------------------------------------------------------------------------
     def generate(self, tokens: Any, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int | None = None, use_cache: bool = True) -> np.ndarray:
-        """`tokens` ((T,) or (batch, T) int ids) followed by `max_new_tokens` sampled ones.
+                 top_k: int | None = None, seed: int | None = None, use_cache: bool = True, *,
+                 do_sample: bool = False) -> np.ndarray:
+        """`tokens` ((T,) or (batch, T) int ids) followed by `max_new_tokens` new ones.
 
-        Each new token is drawn from softmax(logits / temperature) of the last position, kept to
-        the `top_k` largest logits when given; temperature 0 takes the most likely token (greedy).
+        Greedy (the most likely token) unless do_sample=True, as transformers' generate (it
+        sampled by default until this release). Sampling draws each new token from
+        softmax(logits / temperature) of the last position, kept to the `top_k` largest logits
+        when given; temperature 0 or top_k=1 is greedy again.
         The draws come from NumPy's generator seeded with `seed` (None: the next seed of
         gputrain.random's sequence), so a seed gives the same tokens. The context is cropped to the
         last block_size tokens, as nanoGPT's.
@@ -321,6 +324,9 @@ class GPT(Module):
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
             raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
+        if not isinstance(do_sample, bool):
+            raise TypeError(f"do_sample must be True or False, not {type(do_sample).__name__}")
+        temperature = float(temperature) if do_sample else 0.0
         rng = np.random.default_rng(random.next_seed() if seed is None else seed)
         squeeze = ids.ndim == 1
         ids = ids[None] if squeeze else ids
