@@ -1,7 +1,8 @@
-// CUDA elementwise ops: bias add, activations (forward and backward) and the residual add. Each
+// CUDA elementwise ops: bias add, activations (forward and backward), the residual add. Each
 // element is loaded into f32, computed with the shared element math of core/activation.h (the
 // CPU backend's code, dispatched by ops/activation_hd.h) and rounded once into the activation
-// dtype. Outputs may alias inputs: every thread reads its element before writing it.
+// dtype; and the scale by a constant (the Scale layer). Outputs may alias inputs: every thread
+// reads its element before writing it.
 #include "ops/activation_hd.h"
 #include "ops_kernels.cuh"
 
@@ -33,6 +34,13 @@ template <gt_dtype DT>
 __global__ void add_kernel(void *out, const void *a, const void *b, size_t n) {
     GT_GRID_STRIDE(i, n) {
         store_elem<DT>(out, i, load_elem<DT>(a, i) + load_elem<DT>(b, i));
+    }
+}
+
+template <gt_dtype DT>
+__global__ void scale_kernel(void *out, const void *in, size_t n, float factor) {
+    GT_GRID_STRIDE(i, n) {
+        store_elem<DT>(out, i, load_elem<DT>(in, i) * factor);
     }
 }
 
@@ -102,4 +110,19 @@ gt_status gt_cuda_add(gt_backend *be, void *out, const void *a, const void *b, i
     GT_TRY(gt_op_check_ptr(b, "b"));
     GT_LAUNCH_DT(dt, add_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), out, a, b, (size_t)n);
     return gt_cuda_check_launch("add_kernel launch");
+}
+
+gt_status gt_cuda_scale(gt_backend *be, void *out, const void *in, int64_t n, float factor, gt_dtype dt) {
+    GT_TRY(gt_op_check_size(n, "n"));
+    GT_TRY(gt_op_check_dtype(dt, "dt"));
+    if (!isfinite(factor))
+        return GT_FAIL(GT_ERR_VALUE, "factor: must be finite, got %g", (double)factor);
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    if (n == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(in, "in"));
+    GT_LAUNCH_DT(dt, scale_kernel, grid_for((size_t)n), kThreads, 0, stream_of(state), out, in, (size_t)n, factor);
+    return gt_cuda_check_launch("scale_kernel launch");
 }

@@ -1,5 +1,5 @@
-// CUDA reductions and copies: the bias gradient, the sum of squares, dtype casts, byte copies and
-// zero fills.
+// CUDA reductions and copies: the bias gradient, the sum of squares, dtype casts, byte copies (2-D:
+// cudaMemcpy2DAsync) and zero fills.
 //   bias_backward: dbias[c] (+)= sum_r dout[r, c]: one thread per (column, row lane), 16 row lanes
 //     adding every 16th row in double, in order, folded pairwise in shared memory: a fixed order
 //     without atomics (the same bits on every run; the CPU adds the rows in one sequence, so the
@@ -138,6 +138,22 @@ gt_status gt_cuda_copy(gt_backend *be, void *dst, const void *src, size_t bytes)
     GT_TRY(gt_op_check_ptr(dst, "dst"));
     GT_TRY(gt_op_check_ptr(src, "src"));
     GT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(state)), "cudaMemcpyAsync");
+    return GT_OK;
+}
+
+gt_status gt_cuda_copy_2d(gt_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                          size_t width, size_t rows) {
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    if (width == 0 || rows == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(src, "src"));
+    if (dst_pitch < width || src_pitch < width)
+        return GT_FAIL(GT_ERR_VALUE, "dst_pitch, src_pitch: must be >= width (%zu), got %zu and %zu", width,
+                       dst_pitch, src_pitch);
+    GT_CUDA_TRY(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault, stream_of(state)),
+                "cudaMemcpy2DAsync");
     return GT_OK;
 }
 

@@ -8,17 +8,17 @@
 namespace {
 
 template <gt_dtype DT>
-__global__ void rmsnorm_forward_kernel(void *out, float *rstd, const void *in, const float *weight, size_t rows,
-                                       size_t cols, float eps) {
+__global__ void rmsnorm_forward_kernel(void *out, float *rstd, const void *in, const float *weight, int plus_one,
+                                       size_t rows, size_t cols, float eps) {
     GT_GRID_STRIDE(r, rows)
-    gt_rms_forward_row(out, rstd, in, weight, r, cols, eps, DT);
+    gt_rms_forward_row(out, rstd, in, weight, plus_one, r, cols, eps, DT);
 }
 
 template <gt_dtype DT>
 __global__ void rmsnorm_din_kernel(void *din, const void *dout, const void *in, const float *weight,
-                                   const float *rstd, size_t rows, size_t cols) {
+                                   int plus_one, const float *rstd, size_t rows, size_t cols) {
     GT_GRID_STRIDE(r, rows)
-    gt_rms_din_row(din, dout, in, weight, rstd, r, cols, DT);
+    gt_rms_din_row(din, dout, in, weight, plus_one, rstd, r, cols, DT);
 }
 
 template <gt_dtype DT>
@@ -46,7 +46,7 @@ gt_status check_rmsnorm(const void *in, int64_t rows, int64_t cols, gt_dtype dt)
 }  // namespace
 
 gt_status gt_cuda_rmsnorm_forward(gt_backend *be, void *out, float *rstd, const void *in, const float *weight,
-                                  int64_t rows, int64_t cols, float eps, gt_dtype dt) {
+                                  int plus_one, int64_t rows, int64_t cols, float eps, gt_dtype dt) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
     if (!(eps >= 0.0f))
         return GT_FAIL(GT_ERR_VALUE, "eps: must be >= 0, got %g", (double)eps);
@@ -57,13 +57,14 @@ gt_status gt_cuda_rmsnorm_forward(gt_backend *be, void *out, float *rstd, const 
     GT_TRY(gt_op_check_ptr(out, "out"));
     GT_TRY(gt_op_check_ptr(rstd, "rstd"));
     GT_LAUNCH_DT(dt, rmsnorm_forward_kernel, grid_for((size_t)rows), kThreads, 0, stream_of(state), out, rstd, in,
-                 weight, (size_t)rows, (size_t)cols, eps);
+                 weight, plus_one, (size_t)rows, (size_t)cols, eps);
     return gt_cuda_check_launch("rmsnorm_forward_kernel launch");
 }
 
 // The weight gradient comes first: din may then alias dout, or be NULL (not wanted).
 gt_status gt_cuda_rmsnorm_backward(gt_backend *be, void *din, float *dweight, const void *dout, const void *in,
-                                   const float *weight, const float *rstd, int64_t rows, int64_t cols, gt_dtype dt,
+                                   const float *weight, int plus_one, const float *rstd, int64_t rows, int64_t cols,
+                                   gt_dtype dt,
                                    int accumulate) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
     if ((weight == NULL) != (dweight == NULL))
@@ -78,7 +79,7 @@ gt_status gt_cuda_rmsnorm_backward(gt_backend *be, void *din, float *dweight, co
     }
     if (rows == 0 || !din)
         return GT_OK;
-    GT_LAUNCH_DT(dt, rmsnorm_din_kernel, grid_for((size_t)rows), kThreads, 0, stream, din, dout, in, weight, rstd,
-                 (size_t)rows, (size_t)cols);
+    GT_LAUNCH_DT(dt, rmsnorm_din_kernel, grid_for((size_t)rows), kThreads, 0, stream, din, dout, in, weight, plus_one,
+                 rstd, (size_t)rows, (size_t)cols);
     return gt_cuda_check_launch("rmsnorm_din_kernel launch");
 }

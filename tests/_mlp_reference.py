@@ -29,6 +29,36 @@ def gelu_grad(x, approximate):
     return cdf + x * np.exp(-0.5 * x**2) / math.sqrt(2 * math.pi)
 
 
+def rms_weight(layer, params):
+    """The weight an RMSNorm multiplies by: weight, 1 + weight (plus_one), or 1."""
+    if not layer.elementwise_affine:
+        return 1.0
+    weight = params[id(layer)]["weight"]
+    return 1.0 + weight if layer.plus_one else weight
+
+
+def activation(x, name):
+    """The activation of a GatedActivation by its name."""
+    if name == "silu":
+        return x / (1 + np.exp(-x))
+    if name == "relu":
+        return np.maximum(x, 0)
+    if name == "tanh":
+        return np.tanh(x)
+    return gelu(x, "tanh" if name == "gelu_tanh" else "none")
+
+
+def activation_grad(x, name):
+    if name == "silu":
+        s = 1 / (1 + np.exp(-x))
+        return s + x * s * (1 - s)
+    if name == "relu":
+        return (x > 0).astype(x.dtype)
+    if name == "tanh":
+        return 1 - np.tanh(x) ** 2
+    return gelu_grad(x, "tanh" if name == "gelu_tanh" else "none")
+
+
 def layer_forward(layer, x, params, dropout=None):
     """Forward of one layer; returns (output, cache for backward). `dropout(layer, shape)` gives a
     Dropout layer's multiplier (keep mask times 1 / (1 - p)) in training; None: eval mode."""
@@ -64,10 +94,20 @@ def layer_forward(layer, x, params, dropout=None):
         xhat = (x - mean) * rstd
         p = params[id(layer)]
         return xhat * p["weight"] + p.get("bias", 0), (xhat, rstd)
-    if isinstance(layer, gt.nn.RMSNorm):
+    if isinstance(layer, gt.nn.RMSNorm):  # each of the `groups` chunks of the last dim on its own
+        shape = x.shape
+        x = x.reshape(*shape[:-1], layer.groups, layer.normalized_shape)
         rstd = 1 / np.sqrt((x * x).mean(-1, keepdims=True) + layer.eps)
-        weight = params[id(layer)]["weight"] if layer.elementwise_affine else 1.0
-        return x * rstd * weight, (x * rstd, rstd)
+        weight = rms_weight(layer, params)
+        return (x * rstd * weight).reshape(shape), (x * rstd, rstd)
+    if isinstance(layer, gt.nn.GatedActivation):  # [gate | up] -> act(gate) * up
+        gate, up = np.split(x, 2, axis=-1)
+        return activation(gate, layer.activation) * up, (gate, up)
+    if isinstance(layer, gt.nn.Scale):
+        return x * layer.factor, None
+    if isinstance(layer, gt.nn.Parallel):
+        outs, caches = zip(*(layer_forward(child, x, params, dropout) for child in layer.branches))
+        return np.concatenate(outs, -1), ([o.shape[-1] for o in outs], caches)
     if isinstance(layer, gt.nn.MultiheadAttention):
         return attention_forward(layer, x, params, dropout)
     if isinstance(layer, gt.nn.Conv2d):
@@ -128,11 +168,23 @@ def layer_backward(layer, dy, cache, params, grads):
         return rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
     if isinstance(layer, gt.nn.RMSNorm):  # din = rstd (g - xhat mean(g xhat)), g = dy * weight
         xhat, rstd = cache
-        g = dy
+        shape = dy.shape
+        dy = dy.reshape(xhat.shape)
+        g = dy * rms_weight(layer, params)
         if layer.elementwise_affine:
             grads.setdefault(id(layer), {})["weight"] = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(0)
-            g = dy * params[id(layer)]["weight"]
-        return rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))
+        return (rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))).reshape(shape)
+    if isinstance(layer, gt.nn.GatedActivation):
+        gate, up = cache
+        return np.concatenate([dy * up * activation_grad(gate, layer.activation),
+                               dy * activation(gate, layer.activation)], -1)
+    if isinstance(layer, gt.nn.Scale):
+        return dy * layer.factor
+    if isinstance(layer, gt.nn.Parallel):  # the children's input gradients summed
+        widths, caches = cache
+        parts = np.split(dy, np.cumsum(widths)[:-1], axis=-1)
+        dxs = [layer_backward(c, d, k, params, grads) for c, d, k in zip(layer.branches, parts, caches)]
+        return None if dxs[0] is None else sum(dxs)
     if isinstance(layer, gt.nn.MultiheadAttention):
         return attention_backward(layer, dy, cache, params, grads)
     if isinstance(layer, gt.nn.Conv2d):

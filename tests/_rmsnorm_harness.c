@@ -4,17 +4,17 @@
  * order to show that the order of the threads does not matter), so the arithmetic the GPU runs is
  * checked on any machine against the CPU op. tests/test_rmsnorm.py compiles it (C11,
  * -ffp-contract=off like the extension) and calls it through ctypes; dt is a gt_dtype (0 f32,
- * 1 f16, 2 bf16); weight and dweight may be NULL (no affine), din may be NULL. */
+ * 1 f16, 2 bf16); weight and dweight may be NULL (no affine), din may be NULL; plus_one as the op's. */
 #include "ops/rmsnorm_hd.h"
 
-void gt_harness_rmsnorm_forward(void *out, float *rstd, const void *in, const float *weight, int64_t rows,
-                                int64_t cols, float eps, int dt) {
+void gt_harness_rmsnorm_forward(void *out, float *rstd, const void *in, const float *weight, int plus_one,
+                                int64_t rows, int64_t cols, float eps, int dt) {
     for (size_t r = (size_t)rows; r-- > 0;)
-        gt_rms_forward_row(out, rstd, in, weight, r, (size_t)cols, eps, (gt_dtype)dt);
+        gt_rms_forward_row(out, rstd, in, weight, plus_one, r, (size_t)cols, eps, (gt_dtype)dt);
 }
 
 void gt_harness_rmsnorm_backward(void *din, float *dweight, const void *dout, const void *in, const float *weight,
-                                 const float *rstd, int64_t rows, int64_t cols, int dt, int accumulate) {
+                                 int plus_one, const float *rstd, int64_t rows, int64_t cols, int dt, int accumulate) {
     for (size_t c = (size_t)cols; dweight && c-- > 0;) {  /* rmsnorm_dweight_kernel's threads */
         double sum = 0.0;
         for (size_t r = 0; r < (size_t)rows; r++)
@@ -22,5 +22,5 @@ void gt_harness_rmsnorm_backward(void *din, float *dweight, const void *dout, co
         gt_rms_dweight_store(dweight, c, sum, accumulate);
     }
     for (size_t r = (size_t)rows; din && r-- > 0;)  /* rmsnorm_din_kernel's threads */
-        gt_rms_din_row(din, dout, in, weight, rstd, r, (size_t)cols, (gt_dtype)dt);
+        gt_rms_din_row(din, dout, in, weight, plus_one, rstd, r, (size_t)cols, (gt_dtype)dt);
 }

@@ -116,8 +116,8 @@ def test_sim_gives_the_cpu_bits(dt, affine):
 def harness(tmp_path_factory):
     so = _c_harness.build("_rmsnorm_harness.c", tmp_path_factory.mktemp("rmsnorm_harness"))
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    so.gt_harness_rmsnorm_forward.argtypes = [p, p, p, p, i64, i64, ctypes.c_float, ctypes.c_int]
-    so.gt_harness_rmsnorm_backward.argtypes = [p, p, p, p, p, p, i64, i64, ctypes.c_int, ctypes.c_int]
+    so.gt_harness_rmsnorm_forward.argtypes = [p, p, p, p, ctypes.c_int, i64, i64, ctypes.c_float, ctypes.c_int]
+    so.gt_harness_rmsnorm_backward.argtypes = [p, p, p, p, p, ctypes.c_int, p, i64, i64, ctypes.c_int, ctypes.c_int]
     return so
 
 
@@ -134,9 +134,9 @@ def test_the_cuda_kernels_arithmetic_gives_the_cpu_bits(harness, dt, affine):
     x, dout, weight = inputs(rows, cols, dt, affine, seed=5)
     cpu = run("cpu", x, dout, weight, 1e-6, dt)
     out, rstd = np.empty_like(x), np.zeros(rows, np.float32)
-    harness.gt_harness_rmsnorm_forward(ptr(out), ptr(rstd), ptr(x), ptr(weight), rows, cols, 1e-6, DT_CODES[dt])
+    harness.gt_harness_rmsnorm_forward(ptr(out), ptr(rstd), ptr(x), ptr(weight), 0, rows, cols, 1e-6, DT_CODES[dt])
     din, dweight = np.full_like(x, np.nan), None if weight is None else np.full(cols, np.nan, np.float32)
-    harness.gt_harness_rmsnorm_backward(ptr(din), ptr(dweight), ptr(dout), ptr(x), ptr(weight), ptr(rstd), rows,
+    harness.gt_harness_rmsnorm_backward(ptr(din), ptr(dweight), ptr(dout), ptr(x), ptr(weight), 0, ptr(rstd), rows,
                                         cols, DT_CODES[dt], 0)
     for a, b in zip(cpu, (out, rstd, din, dweight)):
         assert (a is None and b is None) or ref.same_bits(raw(a), raw(b))
@@ -144,7 +144,7 @@ def test_the_cuda_kernels_arithmetic_gives_the_cpu_bits(harness, dt, affine):
         start = np.linspace(-1, 1, cols).astype(np.float32)
         grads = [start.copy(), start.copy()]
         _C.run_op("cpu", "rmsnorm_backward", [None, grads[0], raw(dout), raw(x), weight, rstd], (rows, cols, dt, True))
-        harness.gt_harness_rmsnorm_backward(None, ptr(grads[1]), ptr(dout), ptr(x), ptr(weight), ptr(rstd), rows,
+        harness.gt_harness_rmsnorm_backward(None, ptr(grads[1]), ptr(dout), ptr(x), ptr(weight), 0, ptr(rstd), rows,
                                             cols, DT_CODES[dt], 1)
         assert ref.same_bits(grads[0], grads[1])
 
@@ -184,13 +184,13 @@ def test_a_training_step_on_sim_gives_the_cpu_bits(precision):
 
 
 @pytest.mark.parametrize("spec, error, match", [
-    (("rmsnorm", 0, 1e-6, True), ValueError, r"model spec: RMSNorm normalized_shape must be at least 1, got 0"),
-    (("rmsnorm", 4, 0.0, True), ValueError, r"model spec: RMSNorm eps must be in \(0, inf\], got 0"),
-    (("rmsnorm", 4, float("nan"), True), ValueError, r"RMSNorm eps must be in"),
-    (("rmsnorm", 4.0, 1e-6, True), TypeError, r"RMSNorm normalized_shape must be an int, not float"),
-    (("rmsnorm", 4, "x", True), TypeError, r"RMSNorm eps must be a real number, not str"),
-    (("rmsnorm", 4, 1e-6), TypeError,
-     r"RMSNorm takes 3 arguments \(normalized_shape, eps, elementwise_affine\) after its kind, got 2"),
+    (("rmsnorm", 0, 1e-6, True, False, 1), ValueError, r"model spec: RMSNorm normalized_shape must be at least 1, got 0"),
+    (("rmsnorm", 4, 0.0, True, False, 1), ValueError, r"model spec: RMSNorm eps must be in \(0, inf\], got 0"),
+    (("rmsnorm", 4, float("nan"), True, False, 1), ValueError, r"RMSNorm eps must be in"),
+    (("rmsnorm", 4.0, 1e-6, True, False, 1), TypeError, r"RMSNorm normalized_shape must be an int, not float"),
+    (("rmsnorm", 4, "x", True, False, 1), TypeError, r"RMSNorm eps must be a real number, not str"),
+    (("rmsnorm", 4, 1e-6), TypeError, r"RMSNorm takes 5 arguments \(normalized_shape, eps, elementwise_affine, "
+                                      r"plus_one, groups\) after its kind, got 2"),
     (("activation", "swish"), ValueError,
      r"Activation function must be one of 'relu', 'gelu', 'gelu_tanh', 'tanh', 'silu'"),
     (("conv2d", 4, 6, (3, 3), (1, 1), (0, 0), (1, 1), 4, True), ValueError,

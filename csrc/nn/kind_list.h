@@ -21,8 +21,11 @@
     X(CONV2D, conv2d)           /* (N, C, H, W) -> (N, O, OH, OW) */                                \
     X(BATCHNORM2D, batchnorm2d) /* (N, C, H, W) -> same; weight, bias (C,); running statistics */   \
     X(POOL2D, pool2d)           /* (N, C, H, W) -> (N, C, OH, OW): max, average, adaptive average */ \
-    X(RMSNORM, rmsnorm)         /* (..., C) -> same: x / sqrt(mean(x^2) + eps) * weight */          \
+    X(RMSNORM, rmsnorm)         /* (..., G C) -> same: x / sqrt(mean(x^2) + eps) * weight per C */  \
     X(ROPE, rope)               /* (B, T, (H + 2K) D) [q | k | v]: q and k heads rotate, v passes */ \
+    X(PARALLEL, parallel)       /* children on the same input, outputs concatenated (last dim) */  \
+    X(GLU, glu)                 /* (..., 2 I) [gate | up] -> (..., I): act(gate) * up */            \
+    X(SCALE, scale)             /* elementwise x * dt(factor) */                                    \
     /* end of the list */
 
 #endif

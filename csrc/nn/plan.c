@@ -416,14 +416,19 @@ gt_status gt_plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, co
     return GT_OK;
 }
 
-/* Flatten: a view, no buffer of its own. */
+/* Flatten: a view, no buffer of its own. Its output's gradient (the size of its input, which may
+ * be the model's input, an activation of no layer) is written into a scratch buffer by the layer
+ * after it, so the scratch buffers must hold it. */
 gt_status gt_plan_flatten(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                           const gt_plan_site *site) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
-    size_t rest = 1;
+    size_t rest = 1, bytes = 0;
     for (int i = 1; i < in->ndim; i++)
         GT_TRY(gt_size_mul(rest, (size_t)in->shape[i], "Flatten: the flattened size", &rest));
+    GT_TRY(gt_tensor_checked_bytes(&layer->out, "Flatten: its output's gradient", &bytes));
+    if (in->dtype != GT_I64 && bytes > w->max_activation_bytes)
+        w->max_activation_bytes = bytes;
     layer->out.ndim = in->ndim >= 2 ? 2 : 1;
     layer->out.shape[0] = in->shape[0];
     layer->out.shape[1] = (int64_t)rest;

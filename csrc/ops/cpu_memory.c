@@ -1,5 +1,6 @@
 /* CPU copies: dtype casts (core/cast.h), byte copies and zero fills, parallel over chunks of
- * bytes large enough that each thread streams memory. */
+ * bytes large enough that each thread streams memory; 2-D copies (rows of strided matrices),
+ * parallel over rows. */
 #include <string.h>
 
 #include "core/cast.h"
@@ -41,4 +42,19 @@ gt_status gt_cpu_cast(gt_backend *be, void *dst, gt_dtype dst_dt, const void *sr
                       gt_dtype src_dt, int64_t n) {
     GT_TRY(gt_op_check_size(n, "n"));
     return gt_cast(src, src_dt, dst, dst_dt, (size_t)n);
+}
+
+gt_status gt_cpu_copy_2d(gt_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                         size_t width, size_t rows) {
+    if (width == 0 || rows == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(dst, "dst"));
+    GT_TRY(gt_op_check_ptr(src, "src"));
+    if (dst_pitch < width || src_pitch < width)
+        return GT_FAIL(GT_ERR_VALUE, "dst_pitch, src_pitch: must be >= width (%zu), got %zu and %zu", width,
+                       dst_pitch, src_pitch);
+#pragma omp parallel for schedule(static) if (rows * width > GT_COPY_CHUNK)
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+    return GT_OK;
 }

@@ -20,14 +20,14 @@ static gt_status check_rmsnorm(const void *in, int64_t rows, int64_t cols, gt_dt
 }
 
 gt_status gt_cpu_rmsnorm_forward(gt_backend *be, void *out, float *rstd, const void *in, const float *weight,
-                                 int64_t rows, int64_t cols, float eps, gt_dtype dt) {
+                                 int plus_one, int64_t rows, int64_t cols, float eps, gt_dtype dt) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
     if (!(eps >= 0.0f))
         return GT_FAIL(GT_ERR_VALUE, "eps: must be >= 0, got %g", (double)eps);
     size_t n = (size_t)rows, c = (size_t)cols;
 #pragma omp parallel for schedule(static) if (n * c > GT_CPU_CHUNK)
     for (size_t r = 0; r < n; r++)
-        gt_rms_forward_row(out, rstd, in, weight, r, c, eps, dt);
+        gt_rms_forward_row(out, rstd, in, weight, plus_one, r, c, eps, dt);
     return GT_OK;
 }
 
@@ -44,8 +44,8 @@ static void rms_dweight_block(float *dweight, const void *dout, const void *in, 
 
 /* The weight gradient comes first: din may then alias dout. */
 gt_status gt_cpu_rmsnorm_backward(gt_backend *be, void *din, float *dweight, const void *dout, const void *in,
-                                  const float *weight, const float *rstd, int64_t rows, int64_t cols, gt_dtype dt,
-                                  int accumulate) {
+                                  const float *weight, int plus_one, const float *rstd, int64_t rows, int64_t cols,
+                                  gt_dtype dt, int accumulate) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
     if ((weight == NULL) != (dweight == NULL))
         return GT_FAIL(GT_ERR_VALUE, "dweight: must be given exactly when weight is");
@@ -61,6 +61,6 @@ gt_status gt_cpu_rmsnorm_backward(gt_backend *be, void *din, float *dweight, con
         return GT_OK;
 #pragma omp parallel for schedule(static) if (n * c > GT_CPU_CHUNK)
     for (size_t r = 0; r < n; r++)
-        gt_rms_din_row(din, dout, in, weight, rstd, r, c, dt);
+        gt_rms_din_row(din, dout, in, weight, plus_one, rstd, r, c, dt);
     return GT_OK;
 }

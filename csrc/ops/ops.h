@@ -322,6 +322,11 @@ typedef struct gt_pool2d_args {
 /* out = a + b elementwise (out may alias a or b). */
 #define GT_PARAMS_ADD(P, A) \
     P(void *, out) P(const void *, a) P(const void *, b) P(int64_t, n) P(gt_dtype, dt)
+/* out = dt(in * factor) elementwise in f32, rounded once (out may alias in): the Scale layer's
+ * forward and, with dout for in, its backward (PyTorch's x * tensor(factor, dtype=x.dtype) in
+ * bf16/f16 computes in f32 and rounds once). */
+#define GT_PARAMS_SCALE(P, A) \
+    P(void *, out) P(const void *, in) P(int64_t, n) P(float, factor) P(gt_dtype, dt)
 
 /* LayerNorm over the last dim: out = (in - mean) * rstd * weight + bias (bias may be NULL:
  * no bias). mean, rstd: (rows,) f32, saved for backward. */
@@ -375,6 +380,12 @@ typedef struct gt_pool2d_args {
     P(void *, dst) P(gt_dtype, dst_dt) P(const void *, src) P(gt_dtype, src_dt) P(int64_t, n)
 /* dst = src (bytes). */
 #define GT_PARAMS_COPY(P, A) P(void *, dst) P(const void *, src) P(size_t, bytes)
+/* A strided copy of `rows` rows of `width` bytes: row r of dst at dst + r * dst_pitch from row r
+ * of src at src + r * src_pitch (pitches >= width; dst and src do not overlap). A column slice
+ * of a row-major matrix in or out (the Parallel layer's concatenation and its split). */
+#define GT_PARAMS_COPY_2D(P, A) \
+    P(void *, dst) P(size_t, dst_pitch) P(const void *, src) P(size_t, src_pitch) P(size_t, width) \
+    P(size_t, rows)
 /* dst = 0 (bytes). */
 #define GT_PARAMS_ZERO(P, A) P(void *, dst) P(size_t, bytes)
 
@@ -433,16 +444,17 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_POOL2D(P, A) A(gt_pool2d_args, args)
 
 /* RMSNorm over the last dim (ops/rmsnorm_hd.h): out = in * rstd * weight (weight NULL: no
- * affine), rstd = 1 / sqrt(mean(in^2) + eps): (rows,) f32, saved for backward. */
+ * affine), rstd = 1 / sqrt(mean(in^2) + eps): (rows,) f32, saved for backward. plus_one (with a
+ * weight): the weight used is f32(1 + weight) (Gemma's RMSNorm; its gradient is dweight's). */
 #define GT_PARAMS_RMSNORM_FORWARD(P, A) \
-    P(void *, out) P(float *, rstd) P(const void *, in) P(const float *, weight) P(int64_t, rows) \
-    P(int64_t, cols) P(float, eps) P(gt_dtype, dt)
+    P(void *, out) P(float *, rstd) P(const void *, in) P(const float *, weight) P(int, plus_one) \
+    P(int64_t, rows) P(int64_t, cols) P(float, eps) P(gt_dtype, dt)
 /* din = dRMSNorm/din (written; may alias dout; NULL: not wanted); dweight (+)= per `accumulate`
- * (NULL, with weight NULL: no affine). */
+ * (NULL, with weight NULL: no affine); plus_one as the forward's. */
 #define GT_PARAMS_RMSNORM_BACKWARD(P, A) \
     P(void *, din) P(float *, dweight) P(const void *, dout) P(const void *, in) \
-    P(const float *, weight) P(const float *, rstd) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt) \
-    P(int, accumulate)
+    P(const float *, weight) P(int, plus_one) P(const float *, rstd) P(int64_t, rows) P(int64_t, cols) \
+    P(gt_dtype, dt) P(int, accumulate)
 
 /* Gated activation (SwiGLU with act = GT_ACT_SILU, GeGLU-tanh with GT_ACT_GELU_TANH, any
  * gt_activation): in is (rows, 2 inter), each row [gate | up] (the output of one GEMM by the
@@ -509,6 +521,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, glu_forward, GT_PARAMS_GLU_FORWARD, NO_SKIP)                              \
     X(LAUNCH, glu_backward, GT_PARAMS_GLU_BACKWARD, SKIP_IF_NULL(din))                  \
     X(LAUNCH, key_starts, GT_PARAMS_KEY_STARTS, NO_SKIP)                                \
+    X(LAUNCH, scale, GT_PARAMS_SCALE, NO_SKIP)                                          \
+    X(LAUNCH, copy_2d, GT_PARAMS_COPY_2D, NO_SKIP)                                      \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -36,7 +36,7 @@ typedef struct op_call {
     long long size[3];        /* sizes in signature order (rows, cols, n, num, dim, ...) */
     double real[3];           /* float arguments in signature order */
     gt_dtype dt[2];           /* dtype arguments in signature order */
-    int flag;                 /* accumulate, or the activation code */
+    int flag;                 /* accumulate, or the activation code (rmsnorm_forward: plus_one) */
     gt_dropout_key key;       /* dropout's key */
     gt_gemm_args gemm;        /* GEMM arguments (pointers filled in by run_gemm) */
     gt_attention_args attn;   /* attention arguments (pointers filled in by run_attention) */
@@ -206,6 +206,20 @@ static gt_status run_add(gt_backend *be, op_call *call) {
     return be->ops->add(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->dt[0]);
 }
 
+/* (n, factor, dt): arrays out, in */
+static int parse_scale(PyObject *module, PyObject *args, op_call *call) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "Lds:scale", &call->size[0], &call->real[0], &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    call->need[0] = call->need[1] = bytes_of(call->size[0], 1, gt_dtype_size(call->dt[0]));
+    return 0;
+}
+
+static gt_status run_scale(gt_backend *be, op_call *call) {
+    return be->ops->scale(be, call->ptr[0], call->ptr[1], call->size[0], (float)call->real[0], call->dt[0]);
+}
+
 /* (rows, cols, eps, dt): arrays out, mean, rstd, in, weight, bias */
 static int parse_layernorm_forward(PyObject *module, PyObject *args, op_call *call) {
     const char *dt;
@@ -244,10 +258,11 @@ static gt_status run_layernorm_backward(gt_backend *be, op_call *call) {
                                        call->size[1], call->dt[0], call->flag);
 }
 
-/* (rows, cols, eps, dt): arrays out, rstd, in, weight */
+/* (rows, cols, eps, dt[, plus_one]): arrays out, rstd, in, weight */
 static int parse_rmsnorm_forward(PyObject *module, PyObject *args, op_call *call) {
     const char *dt;
-    if (!PyArg_ParseTuple(args, "LLds:rmsnorm_forward", &call->size[0], &call->size[1], &call->real[0], &dt) ||
+    if (!PyArg_ParseTuple(args, "LLds|p:rmsnorm_forward", &call->size[0], &call->size[1], &call->real[0], &dt,
+                          &call->flag) ||
         parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
         return -1;
     long long rows = call->size[0], cols = call->size[1];
@@ -259,16 +274,19 @@ static int parse_rmsnorm_forward(PyObject *module, PyObject *args, op_call *call
 
 static gt_status run_rmsnorm_forward(gt_backend *be, op_call *call) {
     void **p = call->ptr;
-    return be->ops->rmsnorm_forward(be, p[0], p[1], p[2], p[3], call->size[0], call->size[1], (float)call->real[0],
-                                    call->dt[0]);
+    return be->ops->rmsnorm_forward(be, p[0], p[1], p[2], p[3], call->flag, call->size[0], call->size[1],
+                                    (float)call->real[0], call->dt[0]);
 }
 
-/* (rows, cols, dt, accumulate): arrays din, dweight, dout, in, weight, rstd */
+/* (rows, cols, dt, accumulate[, plus_one]): arrays din, dweight, dout, in, weight, rstd */
 static int parse_rmsnorm_backward(PyObject *module, PyObject *args, op_call *call) {
     const char *dt;
-    if (!PyArg_ParseTuple(args, "LLsp:rmsnorm_backward", &call->size[0], &call->size[1], &dt, &call->flag) ||
+    int plus_one = 0;
+    if (!PyArg_ParseTuple(args, "LLsp|p:rmsnorm_backward", &call->size[0], &call->size[1], &dt, &call->flag,
+                          &plus_one) ||
         parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
         return -1;
+    call->size[2] = plus_one;
     long long rows = call->size[0], cols = call->size[1];
     call->need[0] = call->need[2] = call->need[3] = bytes_of(rows, cols, gt_dtype_size(call->dt[0]));
     call->need[1] = call->need[4] = bytes_of(cols, 1, sizeof(float));
@@ -278,8 +296,8 @@ static int parse_rmsnorm_backward(PyObject *module, PyObject *args, op_call *cal
 
 static gt_status run_rmsnorm_backward(gt_backend *be, op_call *call) {
     void **p = call->ptr;
-    return be->ops->rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], call->size[0], call->size[1],
-                                     call->dt[0], call->flag);
+    return be->ops->rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], (int)call->size[2], p[5], call->size[0],
+                                     call->size[1], call->dt[0], call->flag);
 }
 
 /* forward (n, num, dim, dt): arrays out, ids, table; backward (n, num, dim, dt, accumulate):
@@ -613,6 +631,7 @@ static const op_spec specs[] = {
     {"dropout_forward", 2, {"out", "in"}, 0, parse_dropout, run_dropout_forward, 0},
     {"dropout_backward", 2, {"din", "dout"}, 1u << 0, parse_dropout, run_dropout_backward, 0},
     {"add", 3, {"out", "a", "b"}, 0, parse_add, run_add, 0},
+    {"scale", 2, {"out", "in"}, 0, parse_scale, run_scale, 0},
     {"layernorm_forward", 6, {"out", "mean", "rstd", "in", "weight", "bias"}, 1u << 5, parse_layernorm_forward,
      run_layernorm_forward, 0},
     {"layernorm_backward", 8, {"din", "dweight", "dbias", "dout", "in", "weight", "mean", "rstd"}, 1u << 0 | 1u << 2,

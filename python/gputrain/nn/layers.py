@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator
 
@@ -28,14 +29,17 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GELU",
+    "GatedActivation",
     "LayerNorm",
     "Linear",
     "MaxPool2d",
     "MultiheadAttention",
+    "Parallel",
     "RMSNorm",
     "ReLU",
     "Residual",
     "RotaryEmbedding",
+    "Scale",
     "Sequential",
     "SiLU",
     "Tanh",
@@ -155,7 +159,8 @@ class RMSNorm(Module):
 
     _param_names = ("weight",)
 
-    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-6, elementwise_affine: bool = True) -> None:
+    def __init__(self, normalized_shape: int | tuple[int], eps: float = 1e-6, elementwise_affine: bool = True,
+                 *, plus_one: bool = False, groups: int = 1) -> None:
         super().__init__()
         if isinstance(normalized_shape, tuple):
             if len(normalized_shape) != 1:
@@ -171,16 +176,64 @@ class RMSNorm(Module):
             raise ValueError(f"eps must be positive and finite, got {eps}")
         self.eps = float(eps)
         self.elementwise_affine = bool(elementwise_affine)
+        self.plus_one = bool(plus_one)
+        self.groups = _positive_int(groups, "groups")
         self._compile()
 
     def _has_param(self, name: str) -> bool:
         return self.elementwise_affine
 
     def _spec(self) -> tuple:
-        return ("rmsnorm", self.normalized_shape, self.eps, self.elementwise_affine)
+        return ("rmsnorm", self.normalized_shape, self.eps, self.elementwise_affine, self.plus_one, self.groups)
 
     def extra_repr(self) -> str:
-        return f"({self.normalized_shape},), eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        extra = (", plus_one=True" if self.plus_one else "") + (f", groups={self.groups}" if self.groups > 1 else "")
+        return f"({self.normalized_shape},), eps={self.eps}, elementwise_affine={self.elementwise_affine}{extra}"
+
+
+class GatedActivation(Module):
+    """act(gate) * up of an input (..., 2 * I) laid out [gate | up] -> (..., I): the gated MLP of
+    Llama (SwiGLU, activation="silu") and Gemma (GeGLU, "gelu_tanh"), rounded as PyTorch's eager
+    ``act_fn(gate) * up``. Not named GLU: torch.nn.GLU is a * sigmoid(b) of the halves [a | b]."""
+
+    _activations = ("silu", "gelu_tanh", "gelu", "relu", "tanh")
+
+    def __init__(self, activation: str = "silu") -> None:
+        super().__init__()
+        if not isinstance(activation, str):
+            raise TypeError(f"activation must be a str, not {type(activation).__name__}")
+        if activation not in self._activations:
+            raise ValueError(f"activation must be one of {', '.join(map(repr, self._activations))}, got {activation!r}")
+        self.activation = activation
+        self._compile()
+
+    def _spec(self) -> tuple:
+        return ("glu", self.activation)
+
+    def extra_repr(self) -> str:
+        return repr(self.activation)
+
+
+class Scale(Module):
+    """y = x * factor, the factor rounded to the activation dtype first (as Hugging Face's Gemma
+    multiplies its embeddings by torch.tensor(sqrt(hidden_size), dtype=x.dtype)); factor is a
+    finite nonzero real."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            raise TypeError(f"factor must be a real number, not {type(factor).__name__}")
+        factor = float(factor)
+        if not math.isfinite(factor) or factor == 0.0:
+            raise ValueError(f"factor must be finite and nonzero, got {factor}")
+        self.factor = factor
+        self._compile()
+
+    def _spec(self) -> tuple:
+        return ("scale", self.factor)
+
+    def extra_repr(self) -> str:
+        return repr(self.factor)
 
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -563,6 +616,34 @@ class Sequential(Module):
     def _spec_list(self, tied: dict[int, int] | None = None) -> list[tuple]:
         tied = {} if tied is None else tied
         return [layer._spec_in(tied) for layer in self.layers]
+
+
+class Parallel(Module):
+    """Modules applied to the same input, their outputs concatenated along the last dimension
+    in order (their other dimensions must agree); the input's gradient is the sum of theirs.
+    Children are named '0', '1', ... as a Sequential's (e.g. Llama's q_proj | k_proj | v_proj)."""
+
+    def __init__(self, *modules: Module) -> None:
+        super().__init__()
+        if not modules:
+            raise ValueError("modules: Parallel needs at least one module")
+        for i, module in enumerate(modules):
+            if not isinstance(module, Module):
+                raise TypeError(f"module {i} must be a gputrain.nn.Module, not {type(module).__name__}")
+        self.branches = list(modules)
+        self._compile()
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return ((str(i), module) for i, module in enumerate(self.branches))
+
+    def __getitem__(self, index: int) -> Module:
+        return self.branches[index]
+
+    def __len__(self) -> int:
+        return len(self.branches)
+
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        return ("parallel", [module._spec_in(tied) for module in self.branches])
 
 
 class Residual(Module):
