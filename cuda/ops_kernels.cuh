@@ -209,6 +209,7 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(rope_backward)             \
     X(glu_forward)               \
     X(glu_backward)              \
+    X(key_starts)                \
     X(scale)                     \
     X(copy_2d)                   \
     /* end of the list */

@@ -79,7 +79,7 @@ gt_status gt_cuda_rmsnorm_backward(gt_backend *be, void *din, float *dweight, co
     }
     if (rows == 0 || !din)
         return GT_OK;
-    GT_LAUNCH_DT(dt, rmsnorm_din_kernel, grid_for((size_t)rows), kThreads, 0, stream, din, dout, in, weight, plus_one, rstd,
-                 (size_t)rows, (size_t)cols);
+    GT_LAUNCH_DT(dt, rmsnorm_din_kernel, grid_for((size_t)rows), kThreads, 0, stream, din, dout, in, weight, plus_one,
+                 rstd, (size_t)rows, (size_t)cols);
     return gt_cuda_check_launch("rmsnorm_din_kernel launch");
 }

@@ -1,7 +1,7 @@
 // CUDA sequence masks and pooling over (batch, seq, dim) activations (ops.h: mask_lengths,
 // pool_forward, pool_backward) on the per-element math of ops/sequence_hd.h, which the CPU ops
 // run too and a host harness checks in CI (tests/test_cnn_cuda_math.py): one thread per
-// sequence (mask lengths), per output (the mean sums its positions in increasing t, as the CPU)
+// sequence (mask lengths; key starts and last tokens, a row scan), per output (the mean sums its positions in increasing t, as the CPU)
 // and per input-gradient element, so the results are the CPU op's bits.
 //
 // lengths is device memory; the pooling checks it on the device like the attention op checks its
@@ -26,7 +26,8 @@ __global__ void seq_pool_forward_kernel(void *out, const void *in, const int64_t
         return;
     GT_GRID_STRIDE(k, batch * dim) {
         size_t b = k / dim, c = k % dim, count = gt_seq_pooled(lengths, b, seq, mode);
-        gt_hd_store(out, k, gt_seq_pool_value(in, b, c, seq, dim, count, DT), DT);
+        size_t first = gt_seq_pool_first(lengths, b, seq, mode);
+        gt_hd_store(out, k, gt_seq_pool_value(in, b, c, seq, dim, first, count, DT), DT);
     }
 }
 
@@ -38,7 +39,8 @@ __global__ void seq_pool_backward_kernel(void *din, const void *dout, const int6
         return;
     GT_GRID_STRIDE(k, batch * seq * dim) {
         size_t b = k / (seq * dim), t = k / dim % seq, c = k % dim;
-        gt_hd_store(din, k, gt_seq_pool_grad(dout, b, t, c, dim, gt_seq_pooled(lengths, b, seq, mode), DT), DT);
+        size_t first = gt_seq_pool_first(lengths, b, seq, mode), count = gt_seq_pooled(lengths, b, seq, mode);
+        gt_hd_store(din, k, gt_seq_pool_grad(dout, b, t, c, dim, first, count, DT), DT);
     }
 }
 
@@ -52,13 +54,37 @@ gt_status pool_begin(gt_backend *be, const int64_t *lengths, int64_t batch, int6
     *first_bad = NULL;
     if (batch == 0 || !lengths)
         return GT_OK;
-    gt_cuda_op_error error = {GT_CUDA_CHECK_LENGTHS, 0, 0, seq, 0};
+    gt_cuda_op_error error = {GT_CUDA_CHECK_LENGTHS, 0, 0, gt_seq_lengths_limit(seq, mode), 0};
     GT_TRY(gt_cuda_check_entries(*state, lengths, (size_t)batch, error));
     *first_bad = scratch_words(*state);
     return GT_OK;
 }
 
+__global__ void key_starts_kernel(int64_t *starts, int64_t *last, const int64_t *ids, const int64_t *mask,
+                                  const int64_t *positions, size_t batch, size_t seq, size_t stride,
+                                  int64_t pad_token_id) {
+    GT_GRID_STRIDE(b, batch) {
+        if (starts)
+            gt_seq_key_starts_row(starts, mask, positions, b, seq, stride);
+        if (last)
+            last[b] = gt_seq_last_token(ids, b, seq, stride, pad_token_id);
+    }
+}
+
 }  // namespace
+
+gt_status gt_cuda_key_starts(gt_backend *be, int64_t *starts, int64_t *last, const int64_t *ids, const int64_t *mask,
+                             const int64_t *positions, int64_t batch, int64_t seq, int64_t stride,
+                             int64_t pad_token_id) {
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_key_starts_check(starts, last, ids, mask, positions, batch, seq, stride, pad_token_id));
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    if (batch == 0 || seq == 0 || (!starts && !last))
+        return GT_OK;
+    key_starts_kernel<<<grid_for((size_t)batch), kThreads, 0, stream_of(state)>>>(
+        starts, last, ids, mask, positions, (size_t)batch, (size_t)seq, (size_t)stride, pad_token_id);
+    return gt_cuda_check_launch("key_starts_kernel launch");
+}
 
 gt_status gt_cuda_mask_lengths(gt_backend *be, int64_t *lengths, const int64_t *mask, int64_t batch, int64_t seq,
                                int64_t stride) {

@@ -130,6 +130,19 @@ int gt_harness_mask_lengths(int64_t *lengths, const int64_t *mask, int64_t batch
     return 0;
 }
 
+/* key_starts_kernel's threads, one per row b (run last row first): starts (batch, seq) and last
+ * (batch,), each NULL when not wanted; mask and positions rows at b * stride. */
+int gt_harness_key_starts(int64_t *starts, int64_t *last, const int64_t *ids, const int64_t *mask,
+                          const int64_t *positions, int64_t batch, int64_t seq, int64_t stride, int64_t pad_token_id) {
+    for (size_t b = (size_t)batch; b-- > 0;) {
+        if (starts)
+            gt_seq_key_starts_row(starts, mask, positions, b, (size_t)seq, (size_t)stride);
+        if (last)
+            last[b] = gt_seq_last_token(ids, b, (size_t)seq, (size_t)stride, pad_token_id);
+    }
+    return 0;
+}
+
 /* seq_pool_forward_kernel's threads (backward = 0: out (batch, dim) from in) or
  * seq_pool_backward_kernel's (din (batch, seq, dim) from dout); mode a gt_pool_mode. */
 int gt_harness_seq_pool(int backward, void *dst, const void *src, const int64_t *lengths, int64_t batch,
@@ -137,11 +150,13 @@ int gt_harness_seq_pool(int backward, void *dst, const void *src, const int64_t 
     size_t b_n = (size_t)batch, t_n = (size_t)seq, d_n = (size_t)dim;
     for (size_t k = 0; !backward && k < b_n * d_n; k++) {
         size_t b = k / d_n, count = gt_seq_pooled(lengths, b, t_n, (gt_pool_mode)mode);
-        gt_hd_store(dst, k, gt_seq_pool_value(src, b, k % d_n, t_n, d_n, count, (gt_dtype)dt), (gt_dtype)dt);
+        size_t first = gt_seq_pool_first(lengths, b, t_n, (gt_pool_mode)mode);
+        gt_hd_store(dst, k, gt_seq_pool_value(src, b, k % d_n, t_n, d_n, first, count, (gt_dtype)dt), (gt_dtype)dt);
     }
     for (size_t k = 0; backward && k < b_n * t_n * d_n; k++) {
         size_t b = k / (t_n * d_n), count = gt_seq_pooled(lengths, b, t_n, (gt_pool_mode)mode);
-        float g = gt_seq_pool_grad(src, b, k / d_n % t_n, k % d_n, d_n, count, (gt_dtype)dt);
+        size_t first = gt_seq_pool_first(lengths, b, t_n, (gt_pool_mode)mode);
+        float g = gt_seq_pool_grad(src, b, k / d_n % t_n, k % d_n, d_n, first, count, (gt_dtype)dt);
         gt_hd_store(dst, k, g, (gt_dtype)dt);
     }
     return 0;

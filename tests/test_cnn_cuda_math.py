@@ -28,7 +28,9 @@ def lib(tmp_path_factory):
     i64, p = ctypes.c_int64, ctypes.c_void_p
     so.gt_harness_mask_lengths.argtypes = [p, p, i64, i64, i64]
     so.gt_harness_seq_pool.argtypes = [ctypes.c_int, p, p, p, i64, i64, i64, ctypes.c_int, ctypes.c_int]
-    for name in ("gt_harness_batchnorm", "gt_harness_pool2d", "gt_harness_mask_lengths", "gt_harness_seq_pool"):
+    so.gt_harness_key_starts.argtypes = [p, p, p, p, p, i64, i64, i64, i64]
+    for name in ("gt_harness_batchnorm", "gt_harness_pool2d", "gt_harness_mask_lengths", "gt_harness_seq_pool",
+                 "gt_harness_key_starts"):
         getattr(so, name).restype = ctypes.c_int
     return so
 
@@ -190,9 +192,10 @@ def seq_pool_reference(x, lengths, mode, dt):
     xf = x.astype(np.float32)
     out = np.zeros((batch, dim), np.float32)
     for b in range(batch):
-        count = 1 if mode == 0 else seq if lengths is None else int(lengths[b])
+        count = 1 if mode != 1 else seq if lengths is None else int(lengths[b])
+        first = 0 if mode != 2 else seq - 1 if lengths is None else int(lengths[b])
         total = np.zeros(dim, np.float32)
-        for t in range(count):
+        for t in range(first, first + count):
             total = total + xf[b, t]
         out[b] = total / np.float32(count) if count else 0.0
     return ref.to_dtype(out, dt)
@@ -202,10 +205,30 @@ def seq_pool_grad_reference(dout, lengths, seq, mode, dt):
     batch, dim = dout.shape
     din = np.zeros((batch, seq, dim), np.float32)
     for b in range(batch):
-        count = 1 if mode == 0 else seq if lengths is None else int(lengths[b])
+        count = 1 if mode != 1 else seq if lengths is None else int(lengths[b])
+        first = 0 if mode != 2 else seq - 1 if lengths is None else int(lengths[b])
         if count:
-            din[b, :count] = dout[b].astype(np.float32) / np.float32(count)
+            din[b, first:first + count] = dout[b].astype(np.float32) / np.float32(count)
     return ref.to_dtype(din, dt)
+
+
+def test_key_starts_device_math_is_the_cpu_ops(lib):
+    from gputrain import _C
+
+    rng = np.random.default_rng(1)
+    batch, seq = 6, 11
+    rows = np.stack([rng.integers(0, 3, (batch, seq)), rng.integers(0, 2, (batch, seq)),
+                     rng.integers(0, 3, (batch, seq))], axis=1).astype(np.int64)
+    rows[0, 1] = 1  # a row of ones, positions restarting
+    rows[1, 1], rows[1, 0] = 0, 0  # padding only
+    for pad in (0, 2, -1):
+        starts, last = np.full((batch, seq), -1, np.int64), np.full(batch, -1, np.int64)
+        assert lib.gt_harness_key_starts(ptr(starts), ptr(last), ptr(rows), ptr(rows.reshape(-1)[seq:]),
+                                         ptr(rows.reshape(-1)[2 * seq:]), batch, seq, 3 * seq, pad) == 0
+        cpu_starts, cpu_last = np.full_like(starts, -2), np.full_like(last, -2)
+        _C.run_op("cpu", "key_starts", [cpu_starts, cpu_last, rows], (batch, seq, 3, pad))
+        np.testing.assert_array_equal(starts, cpu_starts)
+        np.testing.assert_array_equal(last, cpu_last)
 
 
 def test_mask_lengths_count_the_ones_of_rows_at_a_stride(lib):
@@ -218,14 +241,14 @@ def test_mask_lengths_count_the_ones_of_rows_at_a_stride(lib):
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-@pytest.mark.parametrize("mode", [0, 1], ids=["first", "mean"])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["first", "mean", "last"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_sequence_pooling_device_math_is_the_ops_f32_arithmetic(lib, dt, mode, masked):
     batch, seq, dim = 4, 9, 13
     rng = np.random.default_rng(mode)
     x = ref.to_dtype(rng.standard_normal((batch, seq, dim)) * 3.0, dt)
     dout = ref.to_dtype(rng.standard_normal((batch, dim)), dt)
-    lengths = np.array([0, seq, 1, 5], np.int64) if masked else None
+    lengths = np.array([0, seq - 1 if mode == 2 else seq, 1, 5], np.int64) if masked else None
     out = np.full((batch, dim), np.nan, x.dtype)
     assert lib.gt_harness_seq_pool(0, ptr(out), ptr(x), ptr(lengths), batch, seq, dim, mode, DT_CODES[dt]) == 0
     assert ref.same_bits(out, seq_pool_reference(x, lengths, mode, dt))

@@ -12,6 +12,7 @@ import sys
 NOT_AT_IMPORT = [
     "ml_dtypes", "safetensors", "pyarrow", "tqdm", "pynvml", "mpi4py", "torch", "sklearn", "PIL",
     "importlib.metadata", "multiprocessing", "socket", "subprocess", "shutil", "tempfile",
+    "tokenizers", "sentencepiece", "google.protobuf",
 ]
 
 CHILD = """

@@ -328,7 +328,7 @@ def test_shape_errors_name_the_input_and_layer():
     pool = nn.Sequential(nn.Linear(4, 4), nn.SequencePool("mean"))
     with pytest.raises(ValueError, match=r"takes \(batch, seq, dim\) inputs, but gets 2 dimensions"):
         pool(np.zeros((2, 4), np.float32))
-    with pytest.raises(ValueError, match="mode must be 'cls' or 'mean'"):
+    with pytest.raises(ValueError, match="mode must be 'cls', 'mean' or 'last'"):
         nn.SequencePool("max")
     with pytest.raises(ValueError, match="type_vocab_size must be >= 0"):
         nn.TokenEmbedding(5, 4, -1)

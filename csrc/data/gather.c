@@ -64,7 +64,8 @@ static void gather_rows_packed(const gt_field *field, const int64_t *indices, si
     }
 }
 
-/* One ragged field: each row copied, then padded to the batch's longest row. */
+/* One ragged field: each row copied, then padded to the batch's longest row (rounded up to the
+ * field's width_multiple; row_bytes was sized for the longest row rounded up the same way). */
 static size_t gather_rows_ragged(const gt_field *field, const int64_t *indices, size_t count,
                                  char *dst) {
     size_t width = 0;
@@ -72,6 +73,8 @@ static size_t gather_rows_ragged(const gt_field *field, const int64_t *indices, 
         size_t items = (size_t)(field->offsets[indices[k] + 1] - field->offsets[indices[k]]);
         width = items > width ? items : width;
     }
+    if (field->width_multiple > 1 && width % field->width_multiple)
+        width += field->width_multiple - width % field->width_multiple;
     size_t pitch = width * field->item_bytes;
     for (size_t k = 0; k < count; k++) {
         int64_t first = field->offsets[indices[k]];

@@ -17,11 +17,12 @@
     X(ATTENTION, attention)     /* (B, T, 3E) fused q|k|v -> (B, T, E); no parameters */            \
     X(TOKENS, tokens)           /* (B, C, T) int64 ids | token types | 0/1 mask -> (B, T, E) */     \
     X(POOL, pool)               /* (B, T, E) -> (B, E): first token or masked mean */               \
-    X(POSITION, position)       /* (..., T, C) + weight[0:T] (num_positions, C) */                  \
+    X(POSITION, position)       /* (..., T, C) + weight[o:o+T] (num_positions, C), offset o */      \
     X(CONV2D, conv2d)           /* (N, C, H, W) -> (N, O, OH, OW) */                                \
     X(BATCHNORM2D, batchnorm2d) /* (N, C, H, W) -> same; weight, bias (C,); running statistics */   \
     X(POOL2D, pool2d)           /* (N, C, H, W) -> (N, C, OH, OW): max, average, adaptive average */ \
     X(RMSNORM, rmsnorm)         /* (..., G C) -> same: x / sqrt(mean(x^2) + eps) * weight per C */  \
+    X(ROPE, rope)               /* (B, T, (H + 2K) D) [q | k | v]: q and k heads rotate, v passes */ \
     X(PARALLEL, parallel)       /* children on the same input, outputs concatenated (last dim) */  \
     X(GLU, glu)                 /* (..., 2 I) [gate | up] -> (..., I): act(gate) * up */            \
     X(SCALE, scale)             /* elementwise x * dt(factor) */                                    \

@@ -147,11 +147,23 @@ const gt_layer_type gt_layer_type_residual = {
 
 /* ---- Attention: its row is in nn/attention.c ---- */
 
-/* ---- TokenEmbedding: ("tokens", num_embeddings, embedding_dim, type_vocab_size, attention_mask) ---- */
+/* ---- TokenEmbedding: ("tokens", num_embeddings, embedding_dim, type_vocab_size, attention_mask,
+ * position_ids, pad_token_id) ---- */
+_Static_assert(sizeof(gt_tokens_config) <= GT_LAYER_CONFIG_BYTES, "Tokens' config fits gt_layer.config");
 static const gt_layer_arg tokens_args[] = {
     GT_SIZE("num_embeddings", num_embeddings), GT_SIZE("embedding_dim", embedding_dim),
     {"type_vocab_size", GT_ARG_INT, GT_ARG_FIELD(type_vocab), 0, GT_ARG_INT64_MAX, 0, NULL},
-    GT_FLAG("attention_mask", has_mask)};
+    GT_FLAG("attention_mask", has_mask),
+    GT_ARG_FLAG_AT("position_ids", GT_ARG_CONFIG(gt_tokens_config, position_ids)),
+    {"pad_token_id", GT_ARG_INT, GT_ARG_CONFIG(gt_tokens_config, pad_token_id), -1, GT_ARG_INT64_MAX, 0, NULL}};
+
+/* Segments come from the mask and the position ids together. */
+static gt_status check_tokens(gt_layer *layer) {
+    if (gt_tokens_has_positions(layer) && !layer->has_mask)
+        return GT_FAIL(GT_ERR_VALUE, "TokenEmbedding: position_ids needs attention_mask (the segments of "
+                       "a row come from both)");
+    return GT_OK;
+}
 
 static void describe_tokens(const gt_layer *layer, char *buf, size_t bytes) {
     snprintf(buf, bytes, "TokenEmbedding(%lld, %lld)", (long long)layer->num_embeddings,
@@ -165,11 +177,12 @@ static gt_status tokens_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_tokens = {
-    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, NULL,
+    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, check_tokens,
     describe_tokens, tokens_params, gt_plan_tokens, gt_tokens_forward, gt_tokens_backward};
 
-/* ---- SequencePool: ("pool", mode) ---- */
-static const gt_enum_name pool_names[] = {{"cls", GT_POOL_FIRST}, {"mean", GT_POOL_MEAN}, {NULL, 0}};
+/* ---- SequencePool: ("pool", mode): "cls", "mean" or "last" (run->last_tokens) ---- */
+static const gt_enum_name pool_names[] = {
+    {"cls", GT_POOL_FIRST}, {"mean", GT_POOL_MEAN}, {"last", GT_POOL_LAST}, {NULL, 0}};
 static const gt_layer_arg pool_args[] = {{"mode", GT_ARG_ENUM, GT_ARG_FIELD(pool), 0, 0, 0, pool_names}};
 
 const gt_layer_type gt_layer_type_pool = {

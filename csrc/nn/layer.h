@@ -46,7 +46,7 @@ typedef enum gt_init_rule {
     GT_INIT_CONSTANT = 2,        /* every element = init_value */
 } gt_init_rule;
 
-enum { GT_LAYER_CONFIG_BYTES = 64 };  /* room for a kind's own hyper-parameters */
+enum { GT_LAYER_CONFIG_BYTES = 128 };  /* room for a kind's own hyper-parameters */
 
 typedef struct gt_layer gt_layer;
 
@@ -120,6 +120,12 @@ struct gt_layer {
     float *rstd;               /* LayerNorm: (rows,), BatchNorm2d: (C,) saved statistics */
     float *lse;                /* Attention: (B, H, T) saved log-sum-exp of each query's scores */
     int64_t *lengths;          /* Tokens with a mask: (B,) keys per sequence, written by forward */
+    int64_t *key_starts;       /* Tokens with position ids: (B, T) first key of each query's segment,
+                                  written by forward */
+    int64_t *last_tokens;      /* Tokens with a pad_token_id: (B,) last token that is not padding,
+                                  written by forward */
+    float *inv_freq;           /* Rope: (head_dim / 2,) f32 inverse frequencies in the activation
+                                  arena, written by the plan when it places the layer */
     /* buffers: state that is not a parameter (not optimised, no gradient), in the model's buffer
        arena, shared by every use of the module */
     size_t buffer_offset;      /* BatchNorm2d: bytes from the start of the buffer arena */
@@ -141,7 +147,12 @@ typedef struct gt_run {
     int accumulate;                 /* 0: parameter gradients are written, 1: added */
     const int64_t *key_lengths;     /* (B,) keys per sequence of the micro-batch (the model's
                                        memory), read by Attention and Pool; NULL: all keys */
+    const int64_t *positions;       /* (B, T) position ids of the micro-batch (the Tokens layer's
+                                       position channel, row b at b * positions_stride), read by
+                                       Rope; NULL: 0..T-1 */
+    int64_t positions_stride;       /* elements between rows of positions */
     const int64_t *key_starts;  /* (B, T) first visible key of each query, or NULL */
+    const int64_t *last_tokens;     /* (B,) each entry's last token (Pool "last"); NULL: T - 1 */
     int recompute;                  /* 1 while a checkpointed block re-runs its forward in backward:
                                        running statistics are not updated a second time */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
@@ -186,6 +197,14 @@ gt_status gt_attention_layer_backward(gt_layer *layer, void *din, const void *do
 gt_attention_args gt_attention_layer_args(const gt_layer *layer, const gt_tensor *in);
 int64_t gt_attention_in_width(const gt_layer *layer);
 int64_t gt_attention_out_width(const gt_layer *layer);
+/* Tokens' own hyper-parameters (in gt_layer.config; the rest are gt_layer fields). */
+typedef struct gt_tokens_config {
+    int position_ids;      /* 1: the input's last channel holds position ids (decoders) */
+    int64_t pad_token_id;  /* the id of padding, whose rightmost non-pad token is the last token;
+                              -1: none (the last token is T - 1) */
+} gt_tokens_config;
+int gt_tokens_has_positions(const gt_layer *layer);
+int64_t gt_tokens_pad_token_id(const gt_layer *layer);
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                              gt_run *run);

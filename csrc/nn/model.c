@@ -418,6 +418,11 @@ static void place_tail(gt_model *model, char *base, int levels, const gt_tail_si
     model->backend.workspace_bytes = plan->workspace_bytes;
 }
 
+/* gt_plan_walk.fill: a blocking copy of host bytes into the model's memory. */
+static gt_status fill_model(void *ctx, void *dst, const void *src, size_t bytes) {
+    return model_memcpy(ctx, dst, src, bytes);
+}
+
 /* One walk over the layers, counting (base NULL) or placing buffers; fills `plan`. Errors name
  * the input as `input_name`. A counting walk clears the layers' placed pointers (see
  * restore_placement). */
@@ -436,6 +441,9 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     if (base)
         walk.recompute_base = base + plan->activation_bytes;
     gt_plan_cursor main_region = {base, 0};
+    walk.persistent = &main_region;
+    walk.fill = base ? fill_model : NULL;
+    walk.fill_ctx = model;
     GT_TRY(gt_plan_layer(&walk, &model->root, &in, -1, 0, "", &main_region));
     plan->activation_bytes = main_region.used;
     plan->nesting_levels = walk.levels;
@@ -444,6 +452,11 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     if (base) {
         place_tail(model, base, walk.levels, &tail, plan);
         model->key_lengths = walk.key_lengths;
+        model->key_starts = walk.key_starts;
+        model->last_tokens = walk.last_tokens;
+        model->has_positions = walk.has_positions;
+        model->positions_offset = walk.positions_offset;
+        model->positions_stride = walk.positions_stride;
     }
     return GT_OK;
 }
@@ -556,10 +569,16 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     return adopt_plan(model, input, &plan);
 }
 
-static gt_run make_run(gt_model *model, uint64_t micro, int accumulate) {
+/* The run of a pass over the first layer's input `in` (the position ids are a channel of it). */
+static gt_run make_run(gt_model *model, const void *in, uint64_t micro, int accumulate) {
     gt_run run = {.backend = &model->backend, .dt = model->dt, .training = model->training,
                   .seed = model->seed, .step = model->step, .micro_offset = micro,
-                  .accumulate = accumulate, .key_lengths = model->key_lengths};
+                  .accumulate = accumulate, .key_lengths = model->key_lengths,
+                  .key_starts = model->key_starts, .last_tokens = model->last_tokens};
+    if (model->has_positions) {
+        run.positions = (const int64_t *)in + model->positions_offset;
+        run.positions_stride = model->positions_stride;
+    }
     memcpy(run.scratch, model->scratch, sizeof run.scratch);
     return run;
 }
@@ -598,7 +617,7 @@ gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t mic
     GT_TRY(gt_batchnorm2d_check_tree(&model->root, model->training));
     const void *in = NULL;
     GT_TRY(model_input(model, input, &in));
-    gt_run run = make_run(model, micro, 0);
+    gt_run run = make_run(model, in, micro, 0);
     GT_TRY(gt_sequential_forward(&model->root, in, &run));
     *output = model->root.out;
     return GT_OK;
@@ -661,7 +680,7 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
                             int accumulate) {
     if (!model->planned)
         return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
-    gt_run run = make_run(model, micro, accumulate);
+    gt_run run = make_run(model, forward_input(model, input), micro, accumulate);
     return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
 }
 
@@ -691,7 +710,7 @@ gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint
                                    const gt_backward_hook *hook) {
     if (!model->planned)
         return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
-    gt_run run = make_run(model, micro, accumulate);
+    gt_run run = make_run(model, forward_input(model, input), micro, accumulate);
     run.hooked = &model->root;
     run.child_done = top_layer_done;
     run.hook_ctx = (void *)hook;

@@ -116,6 +116,13 @@ typedef struct gt_model {
     int64_t *key_lengths;       /* (micro-batch,) keys per sequence, written by a Tokens layer whose
                                    input carries an attention mask, read by Attention and Pool;
                                    NULL when the model's input has no mask */
+    int64_t *key_starts;        /* (micro-batch, seq) first key of each query's segment, written by a
+                                   Tokens layer with position ids, read by Attention; else NULL */
+    int64_t *last_tokens;       /* (micro-batch,) last non-pad token, written by a Tokens layer with a
+                                   pad_token_id, read by Pool "last"; else NULL */
+    int has_positions;          /* 1: the input carries position ids (a Tokens layer's last channel) */
+    int64_t positions_offset;   /* has_positions: elements from the input's start to row 0 of them */
+    int64_t positions_stride;   /* has_positions: elements between their rows */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
     int step_record;            /* the record of step_scratch the step in progress writes */
     gt_block step_scratch;      /* a gt_step_scratch in device memory of a device model, for the

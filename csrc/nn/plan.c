@@ -24,6 +24,13 @@ gt_status gt_plan_take(gt_plan_cursor *cursor, size_t bytes, const char *what, v
     return GT_OK;
 }
 
+gt_status gt_plan_constant(gt_plan_walk *w, const void *host, size_t bytes, const char *what, void **out) {
+    GT_TRY(gt_plan_take(w->persistent, bytes, what, out));
+    if (*out && w->fill)
+        return w->fill(w->fill_ctx, *out, host, bytes);
+    return GT_OK;
+}
+
 /* Notes the workspace of a GEMM as the layers run it: alpha 1, compact leading dimensions, and
  * beta 0, or both 0 and 1 when it may accumulate (native half GEMMs plan beta in their scratch). */
 gt_status gt_plan_gemm_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
@@ -160,40 +167,72 @@ gt_status gt_plan_attention(gt_plan_walk *w, gt_layer *layer, const gt_tensor *i
 
 /* A backend without the mask and pooling ops is refused before anything runs. */
 static gt_status check_sequence_ops(const gt_plan_walk *w, const char *name) {
-    if (w->ops->mask_lengths && w->ops->pool_forward && w->ops->pool_backward)
+    if (w->ops->mask_lengths && w->ops->pool_forward && w->ops->pool_backward && w->ops->key_starts)
         return GT_OK;
     return GT_FAIL(GT_ERR_RUNTIME, "model: %s has no implementation on the '%s' backend yet; run this "
                    "model on the CPU", name, w->ops->name);
 }
 
-/* Tokens reads (B, C, T) int64 with C = 1 + (token types) + (mask) and writes (B, T, E); with a
- * mask it keeps (B,) lengths, which every later Attention and Pool layer reads. */
+/* Takes an int64 buffer of `count` elements from the site's region. */
+static gt_status take_int64(const gt_plan_site *site, int64_t count, const char *what, int64_t **out) {
+    size_t bytes = 0;
+    void *ptr = NULL;
+    GT_TRY(gt_size_mul((size_t)count, sizeof(int64_t), what, &bytes));
+    GT_TRY(gt_plan_take(site->region, bytes, what, &ptr));
+    *out = ptr;
+    return GT_OK;
+}
+
+/* The buffers of a Tokens layer with position ids (B, T) key starts, and the position channel
+ * every Rope reads; with a pad_token_id, (B,) last tokens. */
+static gt_status plan_tokens_decoder(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
+                                     const gt_plan_site *site) {
+    int64_t batch = in->shape[0], channels = in->shape[1], seq = in->shape[2];
+    layer->key_starts = layer->last_tokens = NULL;
+    if (gt_tokens_has_positions(layer)) {
+        GT_TRY(take_int64(site, batch * seq, "key starts", &layer->key_starts));
+        w->has_positions = 1;
+        w->positions_offset = (channels - 1) * seq;
+        w->positions_stride = channels * seq;
+        w->key_starts = layer->key_starts;
+    }
+    if (gt_tokens_pad_token_id(layer) >= 0) {
+        GT_TRY(take_int64(site, batch, "last tokens", &layer->last_tokens));
+        w->last_tokens = layer->last_tokens;
+    }
+    return GT_OK;
+}
+
+/* Tokens reads (B, C, T) int64 with C = 1 + (token types) + (mask) + (position ids) and writes
+ * (B, T, E); with a mask (and no position ids) it keeps (B,) lengths, which every later Attention
+ * and Pool layer reads; with position ids (B, T) key starts; with a pad_token_id (B,) last tokens. */
 gt_status gt_plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                            const gt_plan_site *site) {
     const char *path = site->path;
-    gt_plan_cursor *region = site->region;
     char name[GT_LAYER_PATH_BYTES + 64];
     gt_layer_describe(name, sizeof name, layer, path);
     GT_TRY(check_sequence_ops(w, name));
-    int64_t channels = 1 + (layer->type_vocab > 0) + layer->has_mask;
+    int positions = gt_tokens_has_positions(layer);
+    int64_t channels = 1 + (layer->type_vocab > 0) + layer->has_mask + positions;
     if (in->dtype != GT_I64 || in != w->input)
         return GT_FAIL(GT_ERR_TYPE, "model: %s reads the model's int64 input; it must be the model's "
                        "first layer", name);
     if (in->ndim != 3 || in->shape[1] != channels || in->shape[2] < 1)
-        return GT_FAIL(GT_ERR_VALUE, "%s: %s reads (batch, %lld, seq) int64 rows (token ids%s%s) with "
+        return GT_FAIL(GT_ERR_VALUE, "%s: %s reads (batch, %lld, seq) int64 rows (token ids%s%s%s) with "
                        "seq >= 1, got %d dimensions%s", w->input_name, name, (long long)channels,
                        layer->type_vocab ? ", token types" : "", layer->has_mask ? ", attention mask" : "",
-                       in->ndim, in->ndim == 3 ? " of another size" : "");
+                       positions ? ", position ids" : "", in->ndim, in->ndim == 3 ? " of another size" : "");
     layer->out.ndim = 3;
     layer->out.dtype = w->dt;
     layer->out.shape[1] = in->shape[2];
     layer->out.shape[2] = layer->embedding_dim;
-    if (!layer->has_mask)
+    GT_TRY(plan_tokens_decoder(w, layer, in, site));
+    if (!layer->has_mask || positions)
         return GT_OK;
     size_t bytes = 0;
     void *lengths = NULL;
     GT_TRY(gt_size_mul((size_t)in->shape[0], sizeof(int64_t), "sequence lengths", &bytes));
-    GT_TRY(gt_plan_take(region, bytes, "sequence lengths", &lengths));
+    GT_TRY(gt_plan_take(site->region, bytes, "sequence lengths", &lengths));
     layer->lengths = lengths;
     w->key_lengths = lengths;
     w->masked = 1;
@@ -377,14 +416,19 @@ gt_status gt_plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, co
     return GT_OK;
 }
 
-/* Flatten: a view, no buffer of its own. */
+/* Flatten: a view, no buffer of its own. Its output's gradient (the size of its input, which may
+ * be the model's input, an activation of no layer) is written into a scratch buffer by the layer
+ * after it, so the scratch buffers must hold it. */
 gt_status gt_plan_flatten(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                           const gt_plan_site *site) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
-    size_t rest = 1;
+    size_t rest = 1, bytes = 0;
     for (int i = 1; i < in->ndim; i++)
         GT_TRY(gt_size_mul(rest, (size_t)in->shape[i], "Flatten: the flattened size", &rest));
+    GT_TRY(gt_tensor_checked_bytes(&layer->out, "Flatten: its output's gradient", &bytes));
+    if (in->dtype != GT_I64 && bytes > w->max_activation_bytes)
+        w->max_activation_bytes = bytes;
     layer->out.ndim = in->ndim >= 2 ? 2 : 1;
     layer->out.shape[0] = in->shape[0];
     layer->out.shape[1] = (int64_t)rest;

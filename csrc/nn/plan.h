@@ -26,6 +26,17 @@ typedef struct gt_plan_walk {
     int levels;                   /* nesting levels seen */
     int64_t *key_lengths;         /* the Tokens layer's (B,) lengths when its input has a mask */
     int masked;                   /* 1 once a Tokens layer with a mask was planned */
+    int has_positions;            /* 1 once a Tokens layer with position ids was planned */
+    int64_t positions_offset;     /* has_positions: elements from the input's start to row 0 of
+                                     its position channel */
+    int64_t positions_stride;     /* has_positions: elements between the rows of positions */
+    int64_t *key_starts;          /* the Tokens layer's (B, T) key starts (position ids), or NULL */
+    int64_t *last_tokens;         /* the Tokens layer's (B,) last tokens (pad_token_id), or NULL */
+    gt_plan_cursor *persistent;   /* the main activation region: buffers a layer fills once when
+                                     placed (never the recompute region, which others reuse) */
+    /* Copies host bytes into the model's memory (blocking) on a placing walk; NULL: none */
+    gt_status (*fill)(void *ctx, void *dst, const void *src, size_t bytes);
+    void *fill_ctx;               /* fill's model */
 } gt_plan_walk;
 
 /* Where a layer is planned: what a kind's plan hook (nn/kind.h) gets besides the walk. */
@@ -49,6 +60,9 @@ gt_status gt_plan_take(gt_plan_cursor *cursor, size_t bytes, const char *what, v
  * 0 and 1 when it may accumulate). */
 gt_status gt_plan_gemm_workspace(gt_plan_walk *w, int trans_a, int trans_b, int64_t m, int64_t n,
                                  int64_t k, gt_dtype c_dt, int may_accumulate);
+/* Takes `bytes` from the walk's persistent region and, on a placing walk, copies `host` there
+ * (the bytes must be the same on every walk: they are written once per placement). */
+gt_status gt_plan_constant(gt_plan_walk *w, const void *host, size_t bytes, const char *what, void **out);
 /* Fails, naming the layer, unless `in` is floating point with `expected` features (last dim). */
 gt_status gt_plan_check_features(gt_plan_walk *w, const gt_tensor *in, int64_t expected,
                                  const gt_layer *layer, const char *path);

@@ -7,9 +7,39 @@
  * sequence (the mask's ones) into `lengths`, which the model hands every Attention and Pool
  * layer (gt_run.key_lengths). Batch entry b's channels are contiguous rows of T ids, so the
  * layer runs the embedding ops once per entry and channel; the gradient rows add in increasing b.
+ * A decoder's Tokens (position_ids) reads a last channel of position ids, which the model hands
+ * every Rope (gt_run.positions), and writes instead of lengths the (B, T) key starts of each query's
+ * segment (ops.h: key_starts), which every Attention reads; with a pad_token_id it writes the (B,)
+ * last tokens (the rightmost that is not padding), which Pool "last" reads.
  *
- * Pool: out[b] = in[b, 0] (first token) or the mean of in[b, t] over t < lengths[b]. */
+ * Pool: out[b] = in[b, 0] (first token), the mean of in[b, t] over t < lengths[b], or
+ * in[b, last_tokens[b]] (last token). */
+#include <string.h>
+
 #include "nn/layer.h"
+
+static gt_tokens_config tokens_config(const gt_layer *layer) {
+    gt_tokens_config config;
+    memcpy(&config, layer->config, sizeof config);
+    return config;
+}
+
+int gt_tokens_has_positions(const gt_layer *layer) { return tokens_config(layer).position_ids; }
+
+int64_t gt_tokens_pad_token_id(const gt_layer *layer) { return tokens_config(layer).pad_token_id; }
+
+/* The key starts and last tokens of a decoder's input rows (either may be unplanned: NULL). */
+static gt_status tokens_segments(gt_layer *layer, const int64_t *ids, gt_run *run) {
+    int64_t batch = layer->in_shape.shape[0], channels = layer->in_shape.shape[1];
+    int64_t seq = layer->in_shape.shape[2];
+    if (!layer->key_starts && !layer->last_tokens)
+        return GT_OK;
+    const int64_t *mask = layer->key_starts ? ids + (channels - 2) * seq : NULL;
+    const int64_t *positions = layer->key_starts ? ids + (channels - 1) * seq : NULL;
+    return run->backend->ops->key_starts(run->backend, layer->key_starts, layer->last_tokens, ids, mask,
+                                         positions, batch, seq, channels * seq,
+                                         gt_tokens_pad_token_id(layer));
+}
 
 static size_t dsize(const gt_run *run) { return gt_dtype_size(run->dt); }
 
@@ -19,7 +49,12 @@ gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
     int64_t batch = layer->in_shape.shape[0], channels = layer->in_shape.shape[1];
     int64_t seq = layer->in_shape.shape[2], vocab = layer->num_embeddings, dim = layer->embedding_dim;
     size_t row = (size_t)(seq * dim) * dsize(run);
-    if (layer->has_mask)
+    GT_TRY(tokens_segments(layer, ids, run));
+    if (gt_tokens_has_positions(layer)) {  /* as make_run (nn/model.c) sets them for every pass */
+        run->positions = ids + (channels - 1) * seq;
+        run->positions_stride = channels * seq;
+    }
+    if (layer->has_mask && !gt_tokens_has_positions(layer))
         GT_TRY(ops->mask_lengths(run->backend, layer->lengths, ids + (channels - 1) * seq, batch, seq,
                                  channels * seq));
     void *types = run->scratch[layer->level][0];  /* free in forward: backward alone uses it */
@@ -58,9 +93,14 @@ gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const
     return GT_OK;
 }
 
+/* What the pooling reads besides its input: the lengths (mean), the last tokens (last). */
+static const int64_t *pool_lengths(const gt_layer *layer, const gt_run *run) {
+    return layer->pool == GT_POOL_LAST ? run->last_tokens : run->key_lengths;
+}
+
 gt_status gt_pool_forward(gt_layer *layer, const void *in, gt_run *run) {
     const gt_tensor *s = &layer->in_shape;
-    return run->backend->ops->pool_forward(run->backend, layer->out.ptr, in, run->key_lengths,
+    return run->backend->ops->pool_forward(run->backend, layer->out.ptr, in, pool_lengths(layer, run),
                                            s->shape[0], s->shape[1], s->shape[2], layer->pool, run->dt);
 }
 
@@ -68,6 +108,6 @@ gt_status gt_pool_backward(gt_layer *layer, void *din, const void *dout, const v
     const gt_tensor *s = &layer->in_shape;
     if (!din)
         return GT_OK;
-    return run->backend->ops->pool_backward(run->backend, din, dout, run->key_lengths, s->shape[0],
+    return run->backend->ops->pool_backward(run->backend, din, dout, pool_lengths(layer, run), s->shape[0],
                                             s->shape[1], s->shape[2], layer->pool, run->dt);
 }

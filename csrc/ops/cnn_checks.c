@@ -62,10 +62,10 @@ gt_status gt_seq_pool_check(int64_t batch, int64_t seq, int64_t dim, gt_pool_mod
     GT_TRY(gt_op_check_size(seq, "seq"));
     GT_TRY(gt_op_check_size(dim, "dim"));
     GT_TRY(gt_op_check_dtype(dt, "dt"));
-    if (mode != GT_POOL_FIRST && mode != GT_POOL_MEAN)
+    if (mode != GT_POOL_FIRST && mode != GT_POOL_MEAN && mode != GT_POOL_LAST)
         return GT_FAIL(GT_ERR_VALUE, "mode: unknown pooling %d", (int)mode);
-    if (mode == GT_POOL_FIRST && seq < 1 && batch > 0)
-        return GT_FAIL(GT_ERR_VALUE, "seq: first-token pooling needs at least one position");
+    if (mode != GT_POOL_MEAN && seq < 1 && batch > 0)
+        return GT_FAIL(GT_ERR_VALUE, "seq: first- and last-token pooling need at least one position");
     return GT_OK;
 }
 
@@ -74,5 +74,26 @@ gt_status gt_seq_lengths_check(const int64_t *lengths, int64_t batch, int64_t se
         if (lengths[b] < 0 || lengths[b] > seq)
             return GT_FAIL(GT_ERR_VALUE, "lengths[%lld]: must be in [0, %lld], got %lld", (long long)b,
                            (long long)seq, (long long)lengths[b]);
+    return GT_OK;
+}
+
+int64_t gt_seq_lengths_limit(int64_t seq, gt_pool_mode mode) { return mode == GT_POOL_LAST ? seq - 1 : seq; }
+
+gt_status gt_key_starts_check(const int64_t *starts, const int64_t *last, const int64_t *ids,
+                              const int64_t *mask, const int64_t *positions, int64_t batch, int64_t seq,
+                              int64_t stride, int64_t pad_token_id) {
+    GT_TRY(gt_op_check_size(batch, "batch"));
+    GT_TRY(gt_op_check_size(seq, "seq"));
+    if (stride < seq)
+        return GT_FAIL(GT_ERR_VALUE, "stride: must be >= seq (%lld), got %lld", (long long)seq,
+                       (long long)stride);
+    if (batch == 0 || seq == 0)
+        return GT_OK;
+    if (starts) {
+        GT_TRY(gt_op_check_ptr(mask, "mask"));
+        GT_TRY(gt_op_check_ptr(positions, "positions"));
+    }
+    if (last && pad_token_id >= 0)
+        GT_TRY(gt_op_check_ptr(ids, "ids"));
     return GT_OK;
 }

@@ -27,6 +27,14 @@ gt_status gt_seq_pool_check(int64_t batch, int64_t seq, int64_t dim, gt_pool_mod
 /* Fails with GT_ERR_VALUE naming the first of lengths[0:batch] (host memory) outside [0, seq]. */
 gt_status gt_seq_lengths_check(const int64_t *lengths, int64_t batch, int64_t seq);
 
+/* The largest length (or token index, GT_POOL_LAST: seq - 1) a pooling of `mode` reads. */
+int64_t gt_seq_lengths_limit(int64_t seq, gt_pool_mode mode);
+
+/* Sizes, stride and the pointers key_starts (ops.h) needs for the outputs asked for. */
+gt_status gt_key_starts_check(const int64_t *starts, const int64_t *last, const int64_t *ids,
+                              const int64_t *mask, const int64_t *positions, int64_t batch, int64_t seq,
+                              int64_t stride, int64_t pad_token_id);
+
 #ifdef __cplusplus
 }
 #endif

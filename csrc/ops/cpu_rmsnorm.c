@@ -44,8 +44,8 @@ static void rms_dweight_block(float *dweight, const void *dout, const void *in, 
 
 /* The weight gradient comes first: din may then alias dout. */
 gt_status gt_cpu_rmsnorm_backward(gt_backend *be, void *din, float *dweight, const void *dout, const void *in,
-                                  const float *weight, int plus_one, const float *rstd, int64_t rows, int64_t cols, gt_dtype dt,
-                                  int accumulate) {
+                                  const float *weight, int plus_one, const float *rstd, int64_t rows, int64_t cols,
+                                  gt_dtype dt, int accumulate) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
     if ((weight == NULL) != (dweight == NULL))
         return GT_FAIL(GT_ERR_VALUE, "dweight: must be given exactly when weight is");

@@ -140,10 +140,11 @@ typedef struct gt_attention_args {
 
 /* Rotary position embedding in Hugging Face's `rotate_half` layout (transformers'
  * apply_rotary_pos_emb): per batch entry b, head h, position t and i < R / 2 (R = rotary_dim),
- * with x1 = x[i], x2 = x[i + R / 2] of the (b, h, t) row:
+ * with x1 = x[i], x2 = x[i + R / 2] of the (b, h, t) row and a = attention_factor:
  *   angle = f32(positions[b, t]) * inv_freq[i]                  (f32, one rounding)
- *   c = dt(f32(cos(angle))), s = dt(f32(sin(angle)))            (cos, sin in double of the f32
- *                                                                angle, rounded to f32, then to dt)
+ *   c = dt(f32(f32(cos(angle)) a)), s = dt(f32(f32(sin(angle)) a))  (cos, sin in double of the
+ *                                                                f32 angle, rounded to f32, times
+ *                                                                a in f32, then rounded to dt)
  *   forward:  out[i] = dt(dt(x1 c) - dt(x2 s)),  out[i + R / 2] = dt(dt(x2 c) + dt(x1 s))
  *   backward: out[i] = dt(dt(x1 c) + dt(x2 s)),  out[i + R / 2] = dt(dt(x2 c) - dt(x1 s))
  * (the backward is the transpose rotation, applied to dout to give din), and out[d] = x[d] for
@@ -158,16 +159,22 @@ typedef struct gt_rope_args {
     void *out;                     /* (B, H, T, D) at `strides`, written (backward: din); may be
                                       `in` (in place), else must not overlap it */
     gt_attn_strides strides;       /* strides of in and out (d contiguous) */
-    const int64_t *positions;      /* (B, T) int64: entry (b, t) at b * positions_stride + t */
+    const int64_t *positions;      /* (B, T) int64: entry (b, t) at b * positions_stride + t;
+                                      NULL: position t (Hugging Face's default arange(T)) */
     int64_t positions_stride;      /* elements between rows of positions; 0: one row for all b */
     const float *inv_freq;         /* (R / 2,) f32 inverse frequencies */
     gt_dtype dt;                   /* f32, f16 or bf16 */
+    float attention_factor;        /* > 0, finite: multiplies cos and sin in f32 before their
+                                      rounding to dt (Hugging Face's attention_scaling: yarn's
+                                      mscale); 1: none, the same bits as without it */
 } gt_rope_args;
 
 /* What a pooling op reduces the sequence axis of a (batch, seq, dim) input to. */
 typedef enum gt_pool_mode {
     GT_POOL_FIRST = 0,  /* out[b] = in[b, 0] (the first, [CLS], token) */
     GT_POOL_MEAN = 1,   /* out[b] = mean of in[b, t] over t < lengths[b] (all t when NULL) */
+    GT_POOL_LAST = 2,   /* out[b] = in[b, lengths[b]]: `lengths` holds each entry's last token
+                           (Hugging Face's ...ForSequenceClassification); NULL: seq - 1 */
 } gt_pool_mode;
 /* 2-D convolution over NCHW activations, PyTorch's conv2d: for output channel o of group
  * g = o / (O / groups), out[n, o, y, x] = bias[o] + sum over c < C / groups, i < KH, j < KW of
@@ -395,17 +402,32 @@ typedef struct gt_pool2d_args {
     P(int64_t *, lengths) P(const int64_t *, mask) P(int64_t, batch) P(int64_t, seq) \
     P(int64_t, stride)
 /* out (batch, dim) = pool over t of in (batch, seq, dim) (gt_pool_mode; lengths (batch,) or
- * NULL, each in [0, seq]; a length of 0 gives 0); f32 sums in increasing t, rounded once. A bad
+ * NULL, each in [0, seq]; a length of 0 gives 0; GT_POOL_LAST: token indices in [0, seq - 1]);
+ * f32 sums in increasing t, rounded once. A bad
  * length is GT_ERR_VALUE naming it (a device backend may return it at its stream's next
  * synchronisation, as for key_lengths and for both pooling ops). */
 #define GT_PARAMS_POOL_FORWARD(P, A) \
     P(void *, out) P(const void *, in) P(const int64_t *, lengths) P(int64_t, batch) \
     P(int64_t, seq) P(int64_t, dim) P(gt_pool_mode, mode) P(gt_dtype, dt)
-/* din (batch, seq, dim) = the pooling's gradient from dout (batch, dim): dout (first token),
- * dout / lengths[b] (mean, t < lengths[b]), 0 elsewhere; din written entirely. */
+/* din (batch, seq, dim) = the pooling's gradient from dout (batch, dim): dout (first token; last:
+ * at t = lengths[b]), dout / lengths[b] (mean, t < lengths[b]), 0 elsewhere; din written entirely. */
 #define GT_PARAMS_POOL_BACKWARD(P, A) \
     P(void *, din) P(const void *, dout) P(const int64_t *, lengths) P(int64_t, batch) \
     P(int64_t, seq) P(int64_t, dim) P(gt_pool_mode, mode) P(gt_dtype, dt)
+
+/* The segments and last tokens of a decoder's input rows (the Tokens layer's (B, C, T) int64
+ * channels; row b of ids, mask and positions at + b * stride, seq entries each).
+ * starts (batch, seq) or NULL: starts[b, t] = the first index of t's segment, where row b splits
+ * into segments before every t > 0 with (mask[b, t] != 0) != (mask[b, t - 1] != 0) and, where
+ * mask[b, t] != 0, before every t with positions[b, t] == 0 (a packed document restarts its
+ * positions): left padding, right padding and packed documents all "attend within your segment".
+ * last (batch,) or NULL: the rightmost t with ids[b, t] != pad_token_id, 0 when every id is
+ * pad_token_id (Hugging Face's (arange(T) * (ids != pad)).argmax(-1)); pad_token_id < 0: seq - 1.
+ * starts needs mask and positions, last with pad_token_id >= 0 needs ids. One row per thread. */
+#define GT_PARAMS_KEY_STARTS(P, A) \
+    P(int64_t *, starts) P(int64_t *, last) P(const int64_t *, ids) P(const int64_t *, mask) \
+    P(const int64_t *, positions) P(int64_t, batch) P(int64_t, seq) P(int64_t, stride) \
+    P(int64_t, pad_token_id)
 
 /* 2-D convolution (gt_conv2d_args): scratch bytes for `args` when run with up to `threads`
  * threads (fewer are used when the workspace holds fewer), forward (writes out) and backward
@@ -498,6 +520,7 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, rope_backward, GT_PARAMS_ROPE, NO_SKIP)                                   \
     X(LAUNCH, glu_forward, GT_PARAMS_GLU_FORWARD, NO_SKIP)                              \
     X(LAUNCH, glu_backward, GT_PARAMS_GLU_BACKWARD, SKIP_IF_NULL(din))                  \
+    X(LAUNCH, key_starts, GT_PARAMS_KEY_STARTS, NO_SKIP)                                \
     X(LAUNCH, scale, GT_PARAMS_SCALE, NO_SKIP)                                          \
     X(LAUNCH, copy_2d, GT_PARAMS_COPY_2D, NO_SKIP)                                      \
     /* end of the list */

@@ -1,6 +1,7 @@
 /* Host side of the rotary position embedding (ops.h, gt_rope_args): the argument check every
  * backend runs, the rotary dimension of a head, and the inverse-frequency table, computed as
- * Hugging Face's modeling_rope_utils.py computes it in float32 ("default" and "llama3"). */
+ * Hugging Face's modeling_rope_utils.py computes it in float32 ("default", "linear", "llama3" and
+ * "yarn"; yarn's attention_factor is gt_rope_args.attention_factor, given by the caller). */
 #ifndef GT_OPS_ROPE_H
 #define GT_OPS_ROPE_H
 
@@ -16,16 +17,21 @@ extern "C" {
 typedef enum gt_rope_type {
     GT_ROPE_DEFAULT = 0,  /* inv_freq[i] = 1 / theta^(2i / R) */
     GT_ROPE_LLAMA3 = 1,   /* Llama 3.1's smooth interpolation of the low frequencies */
+    GT_ROPE_LINEAR = 2,   /* default / factor (position interpolation) */
+    GT_ROPE_YARN = 3,     /* YaRN: a ramp between default and default / factor over the dims */
 } gt_rope_type;
 
 /* The inverse-frequency table's parameters (a config's rope_theta and rope_scaling). */
 typedef struct gt_rope_freq {
     double theta;                      /* rope_theta, > 0 */
     gt_rope_type type;                 /* rope_scaling's rope_type */
-    double factor;                     /* llama3: factor, > 0 */
+    double factor;                     /* linear, llama3, yarn: factor, > 0 */
     double low_freq_factor;            /* llama3: low_freq_factor, > 0 */
     double high_freq_factor;           /* llama3: high_freq_factor, > low_freq_factor */
-    double original_max_position_embeddings;  /* llama3: the pretraining context, > 0 */
+    double original_max_position_embeddings;  /* llama3, yarn: the pretraining context, > 0 */
+    double beta_fast;                  /* yarn: rotations of the fast end of the ramp, > 0 */
+    double beta_slow;                  /* yarn: rotations of the slow end of the ramp, > 0 */
+    int truncate;                      /* yarn: 1 rounds the ramp's ends to integers (floor, ceil) */
 } gt_rope_freq;
 
 /* What every backend checks of a rope call, naming the offending field: sizes >= 0, dtype,

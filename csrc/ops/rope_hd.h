@@ -31,11 +31,13 @@ GT_HD size_t gt_rope_columns(const gt_rope_args *a) {
     return a->out == a->in ? pairs : pairs + (size_t)(a->head_dim - a->rotary_dim);
 }
 
-/* The cos and sin of position `pos` at frequency inv_freq, each rounded to f32 then dt. */
-GT_HD void gt_rope_cos_sin(int64_t pos, float inv_freq, gt_dtype dt, float *c, float *s) {
+/* The cos and sin of position `pos` at frequency inv_freq, each rounded to f32, multiplied by
+ * `factor` in f32 (Hugging Face's attention_scaling; 1 changes no bit), then rounded to dt. */
+GT_HD void gt_rope_cos_sin(int64_t pos, float inv_freq, float factor, gt_dtype dt, float *c, float *s) {
     float angle = (float)pos * inv_freq;
-    *c = gt_hd_round((float)cos((double)angle), dt);
-    *s = gt_hd_round((float)sin((double)angle), dt);
+    float cos32 = (float)cos((double)angle), sin32 = (float)sin((double)angle);
+    *c = gt_hd_round(cos32 * factor, dt);
+    *s = gt_hd_round(sin32 * factor, dt);
 }
 
 /* The rotated pair (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), every product rounded to dt (the
@@ -59,9 +61,9 @@ GT_HD void gt_rope_column(const gt_rope_args *a, size_t b, size_t t, size_t i, i
         }
         return;
     }
-    int64_t pos = a->positions[b * (size_t)a->positions_stride + t];
+    int64_t pos = a->positions ? a->positions[b * (size_t)a->positions_stride + t] : (int64_t)t;
     float c, s, o1, o2;
-    gt_rope_cos_sin(pos, a->inv_freq[i], dt, &c, &s);
+    gt_rope_cos_sin(pos, a->inv_freq[i], a->attention_factor, dt, &c, &s);
     if (backward)
         s = -s;  /* dt(-x) = -dt(x): the transpose rotation, with the same roundings */
     for (size_t h = 0; h < heads; h++) {

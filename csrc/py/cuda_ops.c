@@ -512,6 +512,7 @@ static int parse_rope(PyObject *module, PyObject *args, op_call *call) {
     a->batch = b, a->heads = h, a->seq = t, a->head_dim = d, a->rotary_dim = r;
     a->strides = (gt_attn_strides){h * t * d, t * d, d};
     a->positions_stride = rows == 1 ? 0 : t;
+    a->attention_factor = 1.0f;
     const int64_t dims[4] = {b, h, t, d};
     call->need[0] = call->need[1] = dims_bytes(dims, 4, gt_dtype_size(a->dt));
     call->need[2] = bytes_of(rows, t, sizeof(int64_t));
@@ -561,6 +562,66 @@ static gt_status run_glu_backward(gt_backend *be, op_call *call) {
                                  (gt_activation)call->flag, call->dt[0]);
 }
 
+/* (batch, seq, channels, pad_token_id): arrays starts (batch, seq) or None, last (batch,) or None,
+ * rows (batch, channels, seq) int64 = ids | ... | mask | positions (channels >= 3 with starts). */
+static int parse_key_starts(PyObject *module, PyObject *args, op_call *call) {
+    (void)module;
+    long long pad;
+    if (!PyArg_ParseTuple(args, "LLLL:key_starts", &call->size[0], &call->size[1], &call->size[2], &pad))
+        return -1;
+    call->flag = 0;
+    call->real[0] = (double)pad;
+    call->need[0] = bytes_of(call->size[0], call->size[1], sizeof(int64_t));
+    call->need[1] = bytes_of(call->size[0], 1, sizeof(int64_t));
+    size_t row = bytes_of(call->size[1], call->size[2], sizeof(int64_t));
+    call->need[2] = row == SIZE_MAX ? SIZE_MAX : bytes_of(call->size[0], 1, row);
+    return 0;
+}
+
+static gt_status run_key_starts(gt_backend *be, op_call *call) {
+    int64_t seq = call->size[1], channels = call->size[2];
+    const int64_t *rows = call->ptr[2];
+    const int64_t *mask = channels >= 2 ? rows + (channels - 2) * seq : NULL;
+    const int64_t *positions = channels >= 2 ? rows + (channels - 1) * seq : NULL;
+    return be->ops->key_starts(be, call->ptr[0], call->ptr[1], rows, mask, positions, call->size[0], seq,
+                               channels * seq, (int64_t)call->real[0]);
+}
+
+/* (batch, seq, dim, mode, dt): forward arrays out (batch, dim), in (batch, seq, dim), lengths
+ * (batch,) int64 or None; backward din (batch, seq, dim), dout (batch, dim), lengths. */
+static int parse_seq_pool(PyObject *module, PyObject *args, op_call *call, int backward) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLLis:pool", &call->size[0], &call->size[1], &call->size[2], &call->flag, &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    size_t elem = gt_dtype_size(call->dt[0]);
+    size_t pooled = bytes_of(call->size[0], call->size[2], elem);
+    size_t row = bytes_of(call->size[1], call->size[2], elem);
+    size_t full = row == SIZE_MAX ? SIZE_MAX : bytes_of(call->size[0], 1, row);
+    call->need[0] = backward ? full : pooled;
+    call->need[1] = backward ? pooled : full;
+    call->need[2] = bytes_of(call->size[0], 1, sizeof(int64_t));
+    return 0;
+}
+
+static int parse_pool_forward(PyObject *module, PyObject *args, op_call *call) {
+    return parse_seq_pool(module, args, call, 0);
+}
+
+static int parse_pool_backward(PyObject *module, PyObject *args, op_call *call) {
+    return parse_seq_pool(module, args, call, 1);
+}
+
+static gt_status run_pool_forward(gt_backend *be, op_call *call) {
+    return be->ops->pool_forward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
+                                 call->size[2], (gt_pool_mode)call->flag, call->dt[0]);
+}
+
+static gt_status run_pool_backward(gt_backend *be, op_call *call) {
+    return be->ops->pool_backward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
+                                  call->size[2], (gt_pool_mode)call->flag, call->dt[0]);
+}
+
 static const op_spec specs[] = {
     {"gemm", 3, {"a", "b", "c"}, 0, parse_gemm, run_gemm, 0},
     {"bias_add", 2, {"out", "bias"}, 0, parse_bias_add, run_bias_add, 0},
@@ -595,6 +656,9 @@ static const op_spec specs[] = {
     {"rope_backward", 4, {"in", "out", "positions", "inv_freq"}, 0, parse_rope, run_rope_backward, 0},
     {"glu_forward", 2, {"out", "in"}, 0, parse_glu_forward, run_glu_forward, 0},
     {"glu_backward", 3, {"din", "dout", "in"}, 1u << 0, parse_glu_backward, run_glu_backward, 0},
+    {"key_starts", 3, {"starts", "last", "rows"}, 1u << 0 | 1u << 1, parse_key_starts, run_key_starts, 0},
+    {"pool_forward", 3, {"out", "in", "lengths"}, 1u << 2, parse_pool_forward, run_pool_forward, 0},
+    {"pool_backward", 3, {"din", "dout", "lengths"}, 1u << 2, parse_pool_backward, run_pool_backward, 0},
 };
 
 /* ------------------------------------------------------------ running ---------------------- */

@@ -1,5 +1,5 @@
 /* The dataset's arrays as gather fields (csrc/data/gather.h): fixed rows from an ndarray,
- * ragged rows from a (values, offsets, pad) tuple built by gputrain.data.RaggedArray. */
+ * ragged rows from a (values, offsets, pad[, width multiple]) tuple built by gputrain.data.RaggedArray. */
 #include "py/loader.h"
 
 /* The bytes of one item (a row of `array` without its first dimension; 0 for an empty
@@ -61,9 +61,15 @@ static int check_offsets(PyArrayObject *offsets, npy_intp num_items, Py_ssize_t 
 
 static int describe_ragged(PyObject *spec, Py_ssize_t index, gt_field *field, npy_intp *rows) {
     PyArrayObject *values, *offsets, *pad;
-    if (!PyArg_ParseTuple(spec, "O!O!O!:ragged field", &PyArray_Type, &values, &PyArray_Type, &offsets,
-                          &PyArray_Type, &pad))
+    Py_ssize_t multiple = 1;
+    if (!PyArg_ParseTuple(spec, "O!O!O!|n:ragged field", &PyArray_Type, &values, &PyArray_Type, &offsets,
+                          &PyArray_Type, &pad, &multiple))
         return -1;
+    if (multiple < 1 || multiple > 65536) {
+        PyErr_Format(PyExc_ValueError, "data: ragged array %zd's width multiple must be in [1, 65536], got %zd",
+                     index, multiple);
+        return -1;
+    }
     size_t item_bytes;
     if (item_bytes_of(values, index, &item_bytes) < 0)
         return -1;
@@ -78,9 +84,10 @@ static int describe_ragged(PyObject *spec, Py_ssize_t index, gt_field *field, np
     size_t max_items;
     if (check_offsets(offsets, PyArray_DIM(values, 0), index, &max_items) < 0)
         return -1;
+    max_items += (size_t)multiple - 1 - (max_items + (size_t)multiple - 1) % (size_t)multiple;  /* rounded up */
     *field = (gt_field){.base = PyArray_BYTES(values), .row_bytes = max_items * item_bytes,
                         .offsets = PyArray_DATA(offsets), .item_bytes = item_bytes,
-                        .pad = PyArray_BYTES(pad)};
+                        .pad = PyArray_BYTES(pad), .width_multiple = (size_t)multiple};
     *rows = PyArray_DIM(offsets, 0) - 1;
     return 0;
 }

@@ -705,17 +705,20 @@ static int arrays_overlap(PyArrayObject *a, PyArrayObject *b) {
  * when heads_axis is 1, (batch, seq, heads, D) when 2; out of x's shape, x itself (in place) or
  * not overlapping it; positions (batch, seq) or (1, seq) int64; inv_freq (R / 2,) float32. */
 static PyObject *op_rope(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"out", "x", "positions", "inv_freq", "dt", "heads_axis", "backward", NULL};
+    static char *keywords[] = {"out", "x", "positions", "inv_freq", "dt", "heads_axis", "backward",
+                               "attention_factor", NULL};
     PyObject *out_obj, *x_obj, *positions_obj, *inv_obj;
     const char *text;
     int heads_axis, backward = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOsi|p:op_rope", keywords, &out_obj, &x_obj,
-                                     &positions_obj, &inv_obj, &text, &heads_axis, &backward))
+    float attention_factor = 1.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOsi|pf:op_rope", keywords, &out_obj, &x_obj,
+                                     &positions_obj, &inv_obj, &text, &heads_axis, &backward,
+                                     &attention_factor))
         return NULL;
     if (heads_axis != 1 && heads_axis != 2)
         return PyErr_Format(PyExc_ValueError, "heads_axis must be 1 (batch, heads, seq, head_dim) or 2 "
                             "(batch, seq, heads, head_dim), got %d", heads_axis);
-    gt_rope_args a = {.positions_stride = 0};
+    gt_rope_args a = {.positions_stride = 0, .attention_factor = attention_factor};
     int typenum = gtpy_parse_act_dtype(module, text, "dt", &a.dt);
     PyArrayObject *x = typenum < 0 ? NULL : gtpy_array_nd(x_obj, "x", typenum, 0, 4, NULL, "must be 4-D"), *out,
                   *positions, *inv;
@@ -748,20 +751,29 @@ static PyObject *op_rope(PyObject *module, PyObject *args, PyObject *kwargs) {
 /* Hugging Face's inv_freq of a head (ops/rope.h) as a new float32 array. */
 static PyObject *op_rope_inv_freq(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"head_dim", "theta", "partial_rotary_factor", "rope_type", "factor",
-                               "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", NULL};
+                               "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                               "beta_fast", "beta_slow", "truncate", NULL};
+    static const char *const types[] = {"default", "llama3", "linear", "yarn"};  /* gt_rope_type order */
     long long head_dim;
     double partial = 1.0;
     const char *type = "default";
     gt_rope_freq f = {.type = GT_ROPE_DEFAULT, .factor = 1.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
-                      .original_max_position_embeddings = 8192.0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ld|dsdddd:op_rope_inv_freq", keywords, &head_dim, &f.theta,
-                                     &partial, &type, &f.factor, &f.low_freq_factor, &f.high_freq_factor,
-                                     &f.original_max_position_embeddings))
+                      .original_max_position_embeddings = 8192.0, .beta_fast = 32.0, .beta_slow = 1.0,
+                      .truncate = 1};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ld|dsddddddp:op_rope_inv_freq", keywords, &head_dim,
+                                     &f.theta, &partial, &type, &f.factor, &f.low_freq_factor,
+                                     &f.high_freq_factor, &f.original_max_position_embeddings, &f.beta_fast,
+                                     &f.beta_slow, &f.truncate))
         return NULL;
-    if (strcmp(type, "llama3") == 0)
-        f.type = GT_ROPE_LLAMA3;
-    else if (strcmp(type, "default") != 0)
-        return PyErr_Format(PyExc_ValueError, "rope_type must be 'default' or 'llama3', got '%s'", type);
+    int known = 0;
+    for (int k = 0; k < 4; k++)
+        if (strcmp(type, types[k]) == 0) {
+            f.type = (gt_rope_type)k;
+            known = 1;
+        }
+    if (!known)
+        return PyErr_Format(PyExc_ValueError, "rope_type must be 'default', 'linear', 'llama3' or 'yarn', got '%s'",
+                            type);
     int64_t rotary_dim = 0;
     gt_status status = gt_rope_rotary_dim((int64_t)head_dim, partial, &rotary_dim);
     if (status != GT_OK)
@@ -817,12 +829,13 @@ static PyMethodDef ops_methods[] = {
      "Gated activation of x's [gate | up] halves: out = act(gate) * up, or out = [dgate | dup] when dout "
      "is given."},
     {"op_rope", GTPY_KW(op_rope),
-     "op_rope(out, x, positions, inv_freq, dt, heads_axis, backward=False)\n--\n\n"
+     "op_rope(out, x, positions, inv_freq, dt, heads_axis, backward=False, attention_factor=1.0)\n--\n\n"
      "Rotary position embedding (rotate_half layout) of x into out, or its transpose when backward."},
     {"op_rope_inv_freq", GTPY_KW(op_rope_inv_freq),
      "op_rope_inv_freq(head_dim, theta, partial_rotary_factor=1.0, rope_type='default', factor=1.0, "
-     "low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192.0)\n--\n\n"
-     "Hugging Face's float32 inverse frequencies of a head ('default' or 'llama3' rope_type)."},
+     "low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192.0, beta_fast=32.0, "
+     "beta_slow=1.0, truncate=True)\n--\n\n"
+     "Hugging Face's float32 inverse frequencies of a head ('default', 'linear', 'llama3' or 'yarn' rope_type)."},
     {"op_cast", GTPY_KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
     {"op_copy", GTPY_KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},

@@ -347,11 +347,12 @@ class EMA:
 def op_glu(out: np.ndarray, x: np.ndarray, act: int, dt: str, dout: np.ndarray | None = ...) -> None: ...
 def op_rope(
     out: np.ndarray, x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, dt: str, heads_axis: int,
-    backward: bool = ...,
+    backward: bool = ..., attention_factor: float = ...,
 ) -> None: ...
 def op_rope_inv_freq(
     head_dim: int, theta: float, partial_rotary_factor: float = ..., rope_type: str = ..., factor: float = ...,
     low_freq_factor: float = ..., high_freq_factor: float = ..., original_max_position_embeddings: float = ...,
+    beta_fast: float = ..., beta_slow: float = ..., truncate: bool = ...,
 ) -> np.ndarray: ...
 def run_op(backend: str, op: str, arrays: list[np.ndarray | None], args: tuple[Any, ...],
            device: int = ...) -> int | float | None: ...

@@ -18,6 +18,7 @@ from gputrain.step import DeferredStepOutput, SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain.checkpoint import CheckpointError
 from gputrain.data import DataLoader
+from gputrain.text import tokenizer_from_pretrained
 from gputrain._cast import cast
 from gputrain._info import info
 from gputrain import metrics
@@ -112,4 +113,5 @@ __all__ = [
     "set_debug",
     "set_memory_limit",
     "set_num_threads",
+    "tokenizer_from_pretrained",
 ]

@@ -258,27 +258,34 @@ class GradScaler(_C.Scaler):
         return self._scale if self._enabled else 1.0
 
     def get_growth_factor(self) -> float:
+        """The factor the scale is multiplied by after growth_interval steps without inf/NaN gradients."""
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
+        """Set growth_factor (a finite number > 1; ValueError otherwise)."""
         self._configure(growth_factor=_scalar(new_factor, "growth_factor"))
 
     def get_backoff_factor(self) -> float:
+        """The factor the scale is multiplied by when a step finds inf/NaN gradients."""
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
+        """Set backoff_factor (a number in (0, 1); ValueError otherwise)."""
         self._configure(backoff_factor=_scalar(new_factor, "backoff_factor"))
 
     def get_growth_interval(self) -> int:
+        """Steps without inf/NaN gradients after which the scale grows."""
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
+        """Set growth_interval (an int in 1..2**31-1; ValueError otherwise)."""
         self._configure(growth_interval=new_interval)
 
     def _get_growth_tracker(self) -> int:
         return self._growth_tracker if self._enabled else 0
 
     def is_enabled(self) -> bool:
+        """False for GradScaler(enabled=False), whose methods do nothing (step() just calls optimizer.step())."""
         return self._enabled
 
     def state_dict(self) -> dict[str, Any]:

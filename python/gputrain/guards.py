@@ -52,13 +52,17 @@ class GPUHealthCallback(TrainerCallback):
     """Watches GPU `device_index` through NVML; see the module's documentation.
 
     Args:
-        warn_temperature / stop_temperature: °C; warn at the first, pause or stop at the second.
+        warn_temperature: °C at which to warn (once per excursion above it).
+        stop_temperature: °C at which to pause or stop (above warn_temperature).
         action: "pause" (sleep until below warn_temperature, at most max_pause_s, then stop) or "stop".
         check_interval_s: least seconds between two checks (0: every step).
-        max_pause_s / poll_interval_s: the longest pause, and the seconds between readings in it.
+        max_pause_s: the longest pause, in seconds.
+        poll_interval_s: the seconds between readings during a pause.
+        device_index: the GPU's NVML index.
         required: raise RuntimeError at construction when NVML cannot be used (default: warn once).
         nvml: a pynvml-like object to read from instead of importing pynvml (tests, wrappers).
-        clock / sleep: time.monotonic and time.sleep by default.
+        clock: time.monotonic by default.
+        sleep: time.sleep by default.
     """
 
     def __init__(self, warn_temperature: float = 80.0, stop_temperature: float = 85.0, action: str = "pause",
@@ -127,6 +131,7 @@ class GPUHealthCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
+        """Open NVML for device_index; without it the checks are off for this run, with a warning saying why."""
         nvml, reason = monitor._open_nvml(self._given)
         if nvml is None:
             self._disable(reason)
@@ -141,6 +146,9 @@ class GPUHealthCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
+        """At most every check_interval_s: read the GPU's temperature; warn once per excursion above
+        warn_temperature, and at stop_temperature pause until it cools below warn_temperature (at most
+        max_pause_s) or stop training (saving a checkpoint when save_strategy allows)."""
         if self._nvml is None or self._clock() - self._last_check < self.check_interval_s:
             return
         reading = self._read()
@@ -199,6 +207,8 @@ class GPUHealthCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Add the GPU's current reading to the logs: gpu_temperature_c, gpu_utilization_percent,
+        gpu_power_watts, gpu_memory_used_bytes (those NVML reports), and gpu_paused_s after a pause."""
         if logs is None or self._nvml is None:
             return
         reading = self._read()
@@ -210,6 +220,7 @@ class GPUHealthCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        """Close NVML."""
         if self._nvml is not None:
             self._close()
 
@@ -225,6 +236,7 @@ class LossSpikeCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        train_step: Any = None, **kwargs: Any) -> None:
+        """Install this callback's SpikeGuard on the Trainer's TrainStep (ValueError without a train_dataset)."""
         if train_step is None:
             raise ValueError("LossSpikeCallback needs a Trainer with a train_dataset (its train_step)")
         train_step.spike_guard = self.guard
@@ -232,6 +244,8 @@ class LossSpikeCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
+        """Log a warning for each update the guard skipped in this step (the loss and grad-norm z-scores and
+        the running count)."""
         if self.guard.num_skipped != self._reported:
             self._reported = self.guard.num_skipped
             z_loss, z_norm = self.guard.last_z
@@ -240,11 +254,14 @@ class LossSpikeCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Add skipped_updates (the guard's count so far) to the training logs."""
         if logs is not None and "loss" in logs:
             logs["skipped_updates"] = self.guard.num_skipped
 
     def state_dict(self) -> dict[str, Any]:
+        """The guard's state (its windows and count), saved in checkpoints."""
         return self.guard.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state_dict() into the guard (checked before anything is applied)."""
         self.guard.load_state_dict(state)

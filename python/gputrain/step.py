@@ -76,7 +76,7 @@ from gputrain.amp import GradScaler
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
-from gputrain.nn.sequence import pack_for
+from gputrain.nn.sequence import needs_packing, pack_for
 from gputrain.optim.optimizer import Optimizer
 
 _RING = 8  # GT_OPTIM_RING: sync=False steps with a scaler in flight at most
@@ -135,22 +135,27 @@ class DeferredStepOutput:
 
     @property
     def loss(self) -> float:
+        """StepOutput.loss of this step (reads the record: waits for the step)."""
         return self.result().loss
 
     @property
     def grad_norm(self) -> float:
+        """StepOutput.grad_norm of this step (reads the record: waits for the step)."""
         return self.result().grad_norm
 
     @property
     def skipped(self) -> bool:
+        """StepOutput.skipped of this step (reads the record: waits for the step)."""
         return self.result().skipped
 
     @property
     def scale(self) -> float:
+        """StepOutput.scale of this step (reads the record: waits for the step)."""
         return self.result().scale
 
     @property
     def outlier(self) -> bool:
+        """StepOutput.outlier of this step (reads the record: waits for the step)."""
         return self.result().outlier
 
     def __repr__(self) -> str:
@@ -253,6 +258,8 @@ class SpikeGuard:
                 "grad_norms": list(self._windows[1].values)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state_dict(): num_skipped and the two windows, all checked (ValueError/TypeError naming
+        the key) before anything is applied."""
         check_mapping(state, "state")
         check_keys(state, "state", ("num_skipped", "losses", "grad_norms"))
         num_skipped = integer(state["num_skipped"], "state['num_skipped']", 0)
@@ -371,7 +378,8 @@ class TrainStep:
                                  "model.parameters() or a subset of them")
         self._checked = checked
 
-    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None) -> StepOutput | DeferredStepOutput:
+    def __call__(self, x: Any, y: Any, attention_mask: Any = None, token_type_ids: Any = None,
+                 position_ids: Any = None) -> StepOutput | DeferredStepOutput:
         """One optimizer step on the batch (x, y): arrays (NumPy, or any host DLPack producer such
         as a PyTorch CPU tensor, read without a copy), or on a device model arrays on its device,
         read where they lie: the DeviceArrays of DataLoader(device=...), and other libraries'
@@ -379,9 +387,12 @@ class TrainStep:
         inputs and int64 class indices, C-contiguous). The step's stream waits for the producer's
         work by an event, and the producer's object is kept alive until the step's work has run.
         With attention_mask and/or token_type_ids (batch, seq), x is input_ids of a model whose
-        first layer is a TokenEmbedding reading them; they are split into micro-batches with x."""
-        if attention_mask is not None or token_type_ids is not None:
-            x = pack_for(self.model, x, attention_mask, token_type_ids)
+        first layer is a TokenEmbedding reading them; they are split into micro-batches with x. A
+        decoder's (position_ids=True) also takes position_ids, and (batch, seq) input_ids alone (mask
+        ones, positions 0..seq-1)."""
+        if attention_mask is not None or token_type_ids is not None or position_ids is not None or \
+                (isinstance(x, np.ndarray) and needs_packing(self.model, x)):
+            x = pack_for(self.model, x, attention_mask, token_type_ids, position_ids)
         self._check_optimizer()
         if not self.sync and self.model.compiled.device != "cpu":
             if self.scaler is not None and self.scaler.is_enabled():

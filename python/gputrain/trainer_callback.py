@@ -58,10 +58,12 @@ class TrainerState:
     is_world_process_zero: bool = True
 
     def to_json_string(self) -> str:
+        """The state as indented JSON with sorted keys (trainer_state.json in a checkpoint)."""
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json_string(cls, text: str) -> TrainerState:
+        """A TrainerState from to_json_string()'s text; keys this version does not know are dropped."""
         values = json.loads(text)
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
@@ -93,46 +95,58 @@ class TrainerCallback:
     """Hooks called at the Trainer's events; override the ones you need (all do nothing here)."""
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        """Called at the end of Trainer.__init__."""
         pass
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> Any:
+        """Called at the beginning of train(), before the first step."""
         pass
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> Any:
+        """Called at the end of train()."""
         pass
 
     def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> Any:
+        """Called at the beginning of each epoch."""
         pass
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> Any:
+        """Called at the end of each epoch; may set control.should_log/should_evaluate/should_save."""
         pass
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> Any:
+        """Called before each optimizer step (its gradient_accumulation_steps loader batches)."""
         pass
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        """Called after each optimizer step; may set the control's flags (log, evaluate, save, stop)."""
         pass
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> Any:
+        """Called after an evaluation, with its metrics (eval_-prefixed) in kwargs['metrics']."""
         pass
 
     def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        """Called after predict(), with its metrics in kwargs['metrics']."""
         pass
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        """Called after a checkpoint is saved."""
         pass
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> Any:
+        """Called when the Trainer logs, with the values in kwargs['logs'] (a callback may add to them)."""
         pass
 
     def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                            **kwargs: Any) -> Any:
+        """Called after each batch of an evaluation or prediction."""
         pass
 
 
@@ -147,6 +161,8 @@ class CallbackHandler(TrainerCallback):
         self.objects = objects  # model, optimizer, lr_scheduler, dataloaders: passed to every event
 
     def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None:
+        """Append a callback (an instance, or a class to instantiate); a second one of the same class is added
+        with a warning, as in Hugging Face."""
         instance = callback() if isinstance(callback, type) else callback
         if not isinstance(instance, TrainerCallback):
             raise TypeError(f"callbacks must be TrainerCallback instances or classes, not {type(instance).__name__}")
@@ -158,6 +174,7 @@ class CallbackHandler(TrainerCallback):
 
     @property
     def callback_list(self) -> str:
+        """The callbacks' class names, one per line."""
         return "\n".join(type(c).__name__ for c in self.callbacks)
 
     def _overriding(self, event: str) -> list[Any]:
@@ -173,6 +190,8 @@ class CallbackHandler(TrainerCallback):
 
     def call_event(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                    **kwargs: Any) -> TrainerControl:
+        """Call `event` (e.g. 'on_step_end') on every callback that overrides it, in order, with the handler's
+        objects (model, optimizer, ...) and `kwargs`; returns the control (a callback may return a new one)."""
         handlers = self._overriding(event)
         if handlers:
             kwargs = {**self.objects, **kwargs}
@@ -192,6 +211,9 @@ class DefaultFlowCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> TrainerControl:
+        """Set the control's flags from the arguments' strategies: log at the first step (logging_first_step)
+        and every logging_steps, evaluate and save every eval_steps/save_steps, and at max_steps stop
+        (evaluating and saving there as Hugging Face does)."""
         step = state.global_step
         if step == 1 and args.logging_first_step:
             control.should_log = True
@@ -211,6 +233,7 @@ class DefaultFlowCallback(TrainerCallback):
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> TrainerControl:
+        """With the 'epoch' strategies: log, evaluate (after eval_delay) and save at the end of each epoch."""
         if args.logging_strategy == "epoch":
             control.should_log = True
         if args.eval_strategy == "epoch" and args.eval_delay <= (state.epoch or 0.0):
@@ -249,20 +272,25 @@ class ProgressCallback(TrainerCallback):
 
     @property
     def training_bar(self) -> Any:
+        """The tqdm bar over the optimizer steps (None outside train())."""
         return self.bar
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
+        """Open the training bar on the main process, at the resumed step."""
         if state.is_world_process_zero:
             self.bar = self._tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
+        """Advance the training bar to the global step."""
         if self.bar is not None:
             self.bar.update(state.global_step - self.bar.n)
 
     def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                            eval_dataloader: Any = None, **kwargs: Any) -> None:
+        """Advance (opening it first) the bar over the evaluation batches; nothing for a loader without a
+        length."""
         if not state.is_world_process_zero or eval_dataloader is None:
             return
         if self.prediction_bar is None:
@@ -280,19 +308,23 @@ class ProgressCallback(TrainerCallback):
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
+        """Close the evaluation bar."""
         self._close_prediction_bar()
 
     def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                    **kwargs: Any) -> None:
+        """Close the prediction bar."""
         self._close_prediction_bar()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Write the logs above the training bar as a dict line (floats to 4 significant digits)."""
         if state.is_world_process_zero and self.bar is not None and logs:
             self.bar.write(str(_shown(logs, self.max_str_len)))
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        """Close the training bar."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -303,6 +335,7 @@ class PrinterCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Print the logs as a dict line on the main process."""
         if state.is_local_process_zero and logs:
             print(_shown(logs))
 
@@ -327,9 +360,13 @@ class EarlyStoppingCallback(TrainerCallback):
         return {"early_stopping_patience_counter": self.early_stopping_patience_counter}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore the patience counter from state_dict()."""
         self.early_stopping_patience_counter = int(state["early_stopping_patience_counter"])
 
     def check_metric_value(self, args: TrainingArguments, state: TrainerState, metric_value: float) -> None:
+        """Reset the patience counter if `metric_value` beats state.best_metric by more than
+        early_stopping_threshold (in the direction of greater_is_better), else count one more evaluation
+        without improvement."""
         better = np.greater if args.greater_is_better else np.less
         if state.best_metric is None or (better(metric_value, state.best_metric)
                                          and abs(metric_value - state.best_metric) > self.early_stopping_threshold):
@@ -339,6 +376,7 @@ class EarlyStoppingCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
+        """Check that metric_for_best_model is set and an eval_strategy evaluates (ValueError otherwise)."""
         if args.metric_for_best_model is None:
             raise ValueError("EarlyStoppingCallback requires metric_for_best_model to be defined")
         if args.eval_strategy == "no":
@@ -346,6 +384,8 @@ class EarlyStoppingCallback(TrainerCallback):
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: dict[str, float] | None = None, **kwargs: Any) -> None:
+        """Count this evaluation (a non-finite metric counts as no improvement) and stop training once patience
+        evaluations passed without improvement; a missing metric disables early stopping with a warning."""
         name = args.metric_for_best_model
         key = name if name.startswith("eval_") else f"eval_{name}"
         value = (metrics or {}).get(key)

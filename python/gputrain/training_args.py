@@ -503,6 +503,7 @@ class TrainingArguments:
 
     @property
     def eval_batch_size(self) -> int:
+        """Rows per evaluation batch (one device): per_device_eval_batch_size."""
         return self.per_device_eval_batch_size
 
     @property
@@ -520,9 +521,11 @@ class TrainingArguments:
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Every field's value by name (from_dict's input)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def to_json_string(self) -> str:
+        """to_dict() as indented JSON with sorted keys."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -536,10 +539,12 @@ class TrainingArguments:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> TrainingArguments:
+        """Arguments from a JSON file written by to_json_file(); an unknown key raises."""
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
 
     def to_json_file(self, path: str | os.PathLike[str]) -> None:
+        """Write to_json_string() to `path` (UTF-8)."""
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_json_string())
 

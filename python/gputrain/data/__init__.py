@@ -1,5 +1,6 @@
 """gputrain.data: the DataLoader, its samplers, Dataset classes and collate functions, text
-data (token windows, ragged rows, buckets, packed documents) and image folders (decoded with Pillow).
+data (token windows, ragged rows, buckets, packed documents, texts tokenized into ragged columns) and
+image folders (decoded with Pillow).
 
     from gputrain.data import DataLoader, Dataset, DistributedSampler, TokenDataset, default_collate
 """
@@ -21,6 +22,7 @@ from gputrain.data.sampler import (
     SequentialSampler,
 )
 from gputrain.data.text import BucketBatchSampler, TokenDataset, bucket_by_length
+from gputrain.data._tokenize import tokenize
 
 __all__ = [
     "BatchSampler",
@@ -46,4 +48,5 @@ __all__ = [
     "pack_sequences",
     "pad_collate",
     "to_tensor",
+    "tokenize",
 ]

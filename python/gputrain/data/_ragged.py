@@ -11,9 +11,14 @@ import numpy as np
 class RaggedArray:
     """Rows of different lengths: row i is values[offsets[i]:offsets[i + 1]] (each item may have
     a trailing shape). In a DataLoader batch a RaggedArray comes out as one array of shape
-    (batch, longest row of the batch, *item shape), padded with `pad_value`."""
+    (batch, longest row of the batch, *item shape), padded with `pad_value`; with
+    `pad_to_multiple_of=8` the batch's width is rounded up to a multiple of 8 (as Hugging Face's
+    DataCollatorWithPadding(pad_to_multiple_of=8), for tensor cores)."""
 
-    def __init__(self, values: Any, offsets: Any, pad_value: Any = 0) -> None:
+    def __init__(self, values: Any, offsets: Any, pad_value: Any = 0, pad_to_multiple_of: int = 1) -> None:
+        if (isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, (int, np.integer))
+                or not 1 <= pad_to_multiple_of <= 65536):
+            raise ValueError(f"pad_to_multiple_of must be an int in [1, 65536], got {pad_to_multiple_of!r}")
         values = np.ascontiguousarray(values)
         try:
             offsets = np.require(offsets, np.int64, ["C_CONTIGUOUS", "ALIGNED"])  # C reads them as int64
@@ -29,6 +34,7 @@ class RaggedArray:
             raise ValueError(f"offsets must be non-decreasing within [0, {len(values)}]")
         self.values = values
         self.offsets = offsets
+        self.pad_to_multiple_of = int(pad_to_multiple_of)
         try:
             self.pad = np.full(values.shape[1:], pad_value, dtype=values.dtype)
         except OverflowError:
@@ -49,8 +55,14 @@ class RaggedArray:
         """Items per row, int64."""
         return np.diff(self.offsets)
 
-    def field(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """What the C loader gathers: (values, offsets, one padding item)."""
+    def padded_width(self, longest: int) -> int:
+        """The width of a batch whose longest row has `longest` items."""
+        return -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+
+    def field(self) -> tuple[Any, ...]:
+        """What the C loader gathers: (values, offsets, one padding item[, width multiple])."""
+        if self.pad_to_multiple_of > 1:
+            return self.values, self.offsets, self.pad, self.pad_to_multiple_of
         return self.values, self.offsets, self.pad
 
     def __len__(self) -> int:
@@ -60,4 +72,5 @@ class RaggedArray:
         return self.values[self.offsets[index]:self.offsets[index + 1]]
 
     def __repr__(self) -> str:
-        return f"RaggedArray({len(self)} rows, {len(self.values)} items of {self.values.dtype})"
+        multiple = f", pad_to_multiple_of={self.pad_to_multiple_of}" if self.pad_to_multiple_of > 1 else ""
+        return f"RaggedArray({len(self)} rows, {len(self.values)} items of {self.values.dtype}{multiple})"

@@ -183,7 +183,7 @@ def _physical_memory() -> int | None:
 def _row_bytes(array: np.ndarray | RaggedArray) -> int:
     """Bytes one row of a field takes in a slot (a ragged field: its longest row)."""
     if isinstance(array, RaggedArray):
-        longest = int(array.lengths.max()) if len(array) else 0
+        longest = array.padded_width(int(array.lengths.max()) if len(array) else 0)
         return longest * array.values.dtype.itemsize * int(np.prod(array.values.shape[1:], dtype=np.int64))
     return array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
 

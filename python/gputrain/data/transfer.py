@@ -29,7 +29,11 @@ _DL_CUDA, _DL_EXT_DEV = 2, 12  # DLPack device types (dlpack.h: kDLCUDA, kDLExtD
 
 
 class DeviceArray:
-    """An array in device memory (cuda:N or sim:N), one field of a device batch (or a copied array)."""
+    """An array in device memory (cuda:N or sim:N), one field of a device batch (or a copied array).
+
+    Its ``shape`` (a tuple), ``dtype`` (a NumPy dtype) and ``device`` ("cuda:N" or "sim:N") are
+    attributes; it exports DLPack and ``__cuda_array_interface__`` (``__sim_array_interface__`` on
+    sim)."""
 
     __slots__ = ("_owner", "_offset", "shape", "dtype", "device", "_stream")
 
@@ -49,6 +53,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the array's elements (its shape's product times its dtype's itemsize)."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def _interface(self, kind: str) -> dict[str, Any]:

@@ -198,6 +198,7 @@ def destroy() -> None:
 
 
 def is_initialized() -> bool:
+    """True once init() has joined this process to its ranks (and until destroy_process_group())."""
     return _State.initialized
 
 

@@ -30,6 +30,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def free_port(host: str) -> int:
+    """A TCP port free on `host` now (the OS picks it); OSError naming --master-addr when nothing can listen there."""
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
             sock.bind((host, 0))
@@ -39,6 +40,8 @@ def free_port(host: str) -> int:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The launcher's command line: --nproc-per-node (1..65536), --master-addr, --master-port, --grace, the
+    script and its arguments; argparse exits with a message on a bad value."""
     parser = argparse.ArgumentParser(prog="python -m gputrain.distributed.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc-per-node", type=int, required=True, help="ranks to start (the world size)")
     parser.add_argument("--master-addr", default="127.0.0.1", help="where rank 0's TCP store listens")
@@ -62,6 +65,8 @@ class Rank:
         self.proc, self.notices = proc, notices
 
     def notify(self, rank: int, status: int) -> None:
+        """Tell this rank that `rank` exited with `status` (one line on its notice pipe; a full or
+        closed pipe is ignored)."""
         if self.notices < 0:
             return
         try:
@@ -70,12 +75,15 @@ class Rank:
             pass
 
     def close(self) -> None:
+        """Close the write end of this rank's notice pipe (idempotent)."""
         if self.notices >= 0:
             os.close(self.notices)
             self.notices = -1
 
 
 def start(args: argparse.Namespace) -> list[Rank]:
+    """Start every rank of the job on one port (a free one unless --master-port); if one fails to start, those
+    started are killed and the error propagates."""
     port = args.master_port or free_port(args.master_addr)
     ranks: list[Rank] = []
     try:
@@ -91,6 +99,8 @@ def start(args: argparse.Namespace) -> list[Rank]:
 
 
 def start_rank(args: argparse.Namespace, rank: int, port: int) -> Rank:
+    """Start rank `rank` of the script with its RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT, its own session, its notice pipe and SIGKILL when the launcher dies."""
     read, write = os.pipe()
     try:
         os.set_blocking(write, False)
@@ -125,6 +135,7 @@ def stop(ranks: list[Rank], grace: float) -> None:
 
 
 def exit_status(code: int) -> int:
+    """A process's exit status as a shell reports it: a rank killed by signal s gives 128 + s."""
     return 128 - code if code < 0 else code  # killed by signal s: 128 + s, as a shell reports it
 
 
@@ -153,6 +164,9 @@ def supervise(ranks: list[Rank], grace: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the launcher (python -m gputrain.distributed.run ...): start the ranks, forward
+    SIGINT/SIGTERM/SIGHUP to them, supervise them, and return the job's exit status (the first failed
+    rank's, 0 when all succeed)."""
     args = parse(sys.argv[1:] if argv is None else argv)
     try:
         ranks = start(args)

@@ -79,6 +79,7 @@ class TransformerClassifier(Module):
 
     @property
     def type_vocab_size(self) -> int:
+        """Token types the embedding knows (token_type_ids must be below it)."""
         return self.embeddings.type_vocab_size
 
     def pack(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:

@@ -38,6 +38,7 @@ __all__ = [
     "RMSNorm",
     "ReLU",
     "Residual",
+    "RotaryEmbedding",
     "Scale",
     "Sequential",
     "SiLU",
@@ -75,14 +76,17 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
+    """max(x, 0), element-wise."""
     _c_name = "relu"
 
 
 class Tanh(_Activation):
+    """tanh(x), element-wise."""
     _c_name = "tanh"
 
 
 class SiLU(_Activation):
+    """x * sigmoid(x) (swish), element-wise."""
     _c_name = "silu"
 
 
@@ -230,6 +234,65 @@ class Scale(Module):
 
     def extra_repr(self) -> str:
         return repr(self.factor)
+
+
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _rope_real(value: object, name: str, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    value = float(value)
+    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {value}")
+    return value
+
+
+class RotaryEmbedding(Module):
+    """Hugging Face's rotary position embedding (``apply_rotary_pos_emb``, ``rotate_half`` layout)
+    of a decoder's fused projection ``(batch, seq, (num_heads + 2 num_kv_heads) head_dim)`` laid
+    out ``[q heads | k heads | v heads]``: q and k rotate at the model's position ids (the last
+    channel of a ``TokenEmbedding(..., position_ids=True)``'s input; 0..seq-1 without one), v
+    passes through. ``rope_type`` and the scaling fields are those of transformers'
+    ``rope_parameters`` ("default", "linear", "llama3", "yarn"); cos and sin are multiplied by
+    ``attention_factor`` (yarn's attention scaling; 1 otherwise). No parameters: the inverse
+    frequencies are computed in C (float32, transformers' roundings) and kept with the model's
+    activations, never in ``state_dict``."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, rope_type: str = "default",
+                 theta: float = 10000.0, factor: float = 1.0, low_freq_factor: float = 1.0,
+                 high_freq_factor: float = 4.0, original_max_position_embeddings: float = 0.0,
+                 attention_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 truncate: bool = True) -> None:
+        super().__init__()
+        self.num_heads = _positive_int(num_heads, "num_heads")
+        self.num_kv_heads = _positive_int(num_kv_heads, "num_kv_heads")
+        self.head_dim = _positive_int(head_dim, "head_dim")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even, got {head_dim}")
+        if rope_type not in _ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {', '.join(_ROPE_TYPES)}, got {rope_type!r}")
+        self.rope_type = rope_type
+        self.theta = _rope_real(theta, "theta", True)
+        self.factor = _rope_real(factor, "factor", False)
+        self.low_freq_factor = _rope_real(low_freq_factor, "low_freq_factor", False)
+        self.high_freq_factor = _rope_real(high_freq_factor, "high_freq_factor", False)
+        self.original_max_position_embeddings = _rope_real(
+            original_max_position_embeddings, "original_max_position_embeddings", False)
+        self.attention_factor = _rope_real(attention_factor, "attention_factor", True)
+        self.beta_fast = _rope_real(beta_fast, "beta_fast", False)
+        self.beta_slow = _rope_real(beta_slow, "beta_slow", False)
+        self.truncate = bool(truncate)
+        self._compile()
+
+    def _spec(self) -> tuple:
+        return ("rope", self.num_heads, self.num_kv_heads, self.head_dim, self.rope_type, self.theta, self.factor,
+                self.low_freq_factor, self.high_freq_factor, self.original_max_position_embeddings,
+                self.attention_factor, self.beta_fast, self.beta_slow, self.truncate)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_heads}, {self.num_kv_heads}, {self.head_dim}, rope_type={self.rope_type!r}, "
+                f"theta={self.theta}")
 
 
 class Embedding(Module):

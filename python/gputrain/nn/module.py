@@ -92,6 +92,7 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no C layer")
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
+        """(name, module) of each direct child, in order (a layer without children yields none)."""
         return iter(())
 
     def _spec_in(self, tied: dict[int, int]) -> tuple:
@@ -333,6 +334,7 @@ class Module:
             yield full, module._params[local]
 
     def parameters(self) -> Iterator[Parameter]:
+        """Every Parameter of this module and its submodules, each once (see named_parameters)."""
         for _, parameter in self.named_parameters():
             yield parameter
 
@@ -350,10 +352,12 @@ class Module:
             yield full, arrays[(id(module), local)]
 
     def buffers(self) -> Iterator[np.ndarray]:
+        """Every buffer array (BatchNorm2d's running statistics), each once (see named_buffers)."""
         for _, buffer in self.named_buffers():
             yield buffer
 
     def num_parameters(self) -> int:
+        """Elements in the module's parameters, a shared parameter counted once."""
         if self._on_device():
             return sum(module._own_param_count() for module in self.modules())
         return sum(p.numel() for p in self.parameters())
@@ -464,12 +468,15 @@ class Module:
             module.training = mode
 
     def train(self, mode: bool = True) -> Module:
+        """Set training mode (dropout active, BatchNorm2d on batch statistics) on this module and every
+        submodule, as torch.nn.Module.train; returns self. TypeError for a mode that is not a bool."""
         if not isinstance(mode, bool):
             raise TypeError("mode must be a bool")
         self._apply_training(mode)
         return self
 
     def eval(self) -> Module:
+        """Evaluation mode: train(False); returns self."""
         return self.train(False)
 
     def to(self, device: Any = None, dtype: Any = None, non_blocking: bool = False) -> Module:
@@ -549,13 +556,16 @@ class Module:
                 module._params[local]._grad_storage[...] = grad
             compiled.grads_valid = True
 
-    def __call__(self, x: np.ndarray, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
+    def __call__(self, x: np.ndarray, attention_mask: Any = None, token_type_ids: Any = None,
+                 position_ids: Any = None) -> np.ndarray:
         """Forward pass (dropout follows train()/eval()); returns a new float32 array. With
-        attention_mask and/or token_type_ids, x is input_ids (batch, seq) of a model whose first
-        layer is a TokenEmbedding reading them (gputrain.nn.sequence)."""
-        if attention_mask is not None or token_type_ids is not None:
-            from gputrain.nn.sequence import pack_for
-            x = pack_for(self, x, attention_mask, token_type_ids)
+        attention_mask, token_type_ids and/or position_ids, x is input_ids (batch, seq) of a model
+        whose first layer is a TokenEmbedding reading them (gputrain.nn.sequence); a decoder's
+        (position_ids=True) also takes (batch, seq) input_ids alone: mask ones, positions 0..seq-1."""
+        from gputrain.nn.sequence import needs_packing, pack_for
+        if attention_mask is not None or token_type_ids is not None or position_ids is not None or \
+                needs_packing(self, x):
+            x = pack_for(self, x, attention_mask, token_type_ids, position_ids)
         return self.compiled.forward(x)
 
     def summary(self, input_shape: tuple[int, ...] | None = None, *, precision: Any = None,
@@ -621,6 +631,7 @@ class Module:
             yield from child._named_modules(f"{prefix}.{name}" if prefix else name, seen)
 
     def extra_repr(self) -> str:
+        """The arguments shown in this module's repr() line (a layer's hyper-parameters); '' by default."""
         return ""
 
     def __repr__(self) -> str:

@@ -122,6 +122,7 @@ class Parameter:
 
     @property
     def requires_grad(self) -> bool:
+        """False freezes the parameter: optimizers skip it (settable; requires_grad_() as in torch)."""
         return self._requires_grad
 
     @requires_grad.setter

@@ -31,7 +31,8 @@ class TokenEmbedding(Module):
     _param_names = ("weight",)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, type_vocab_size: int = 0,
-                 attention_mask: bool = False) -> None:
+                 attention_mask: bool = False, *, position_ids: bool = False,
+                 pad_token_id: int | None = None) -> None:
         super().__init__()
         self.num_embeddings = _positive_int(num_embeddings, "num_embeddings")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
@@ -41,29 +42,48 @@ class TokenEmbedding(Module):
             raise ValueError(f"type_vocab_size must be >= 0, got {type_vocab_size}")
         self.type_vocab_size = type_vocab_size
         self.attention_mask = bool(attention_mask)
+        self.position_ids = bool(position_ids)
+        if self.position_ids and not self.attention_mask:
+            raise ValueError("position_ids=True needs attention_mask=True (a row's segments come from both)")
+        if pad_token_id is not None:
+            if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+                raise TypeError(f"pad_token_id must be an int or None, not {type(pad_token_id).__name__}")
+            if pad_token_id < 0:
+                raise ValueError(f"pad_token_id must be >= 0 or None, got {pad_token_id}")
+            pad_token_id = int(pad_token_id)
+        self.pad_token_id = pad_token_id
         self._compile()
 
     @property
     def channels(self) -> int:
-        """Rows of ids per sequence in the input: tokens, token types, attention mask."""
-        return 1 + (self.type_vocab_size > 0) + self.attention_mask
+        """Rows of ids per sequence in the input: tokens, token types, attention mask, position ids."""
+        return 1 + (self.type_vocab_size > 0) + self.attention_mask + self.position_ids
 
     def _spec(self) -> tuple:
-        return ("tokens", self.num_embeddings, self.embedding_dim, self.type_vocab_size, self.attention_mask)
+        return ("tokens", self.num_embeddings, self.embedding_dim, self.type_vocab_size, self.attention_mask,
+                self.position_ids, -1 if self.pad_token_id is None else self.pad_token_id)
 
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.embedding_dim}, type_vocab_size={self.type_vocab_size}, "
+        text = (f"{self.num_embeddings}, {self.embedding_dim}, type_vocab_size={self.type_vocab_size}, "
                 f"attention_mask={self.attention_mask}")
+        if self.position_ids:
+            text += ", position_ids=True"
+        if self.pad_token_id is not None:
+            text += f", pad_token_id={self.pad_token_id}"
+        return text
 
 
 class SequencePool(Module):
     """(batch, seq, dim) -> (batch, dim): ``mode="cls"`` takes the first token, ``mode="mean"``
-    averages the positions the attention mask keeps (all of them in a model without a mask)."""
+    averages the positions the attention mask keeps (all of them in a model without a mask),
+    ``mode="last"`` takes each row's last token that is not padding (the rightmost id other than
+    the model's ``TokenEmbedding(..., pad_token_id=...)``, 0 when all are padding: Hugging Face's
+    ...ForSequenceClassification rule; the last position without a pad_token_id)."""
 
     def __init__(self, mode: str = "cls") -> None:
         super().__init__()
-        if mode not in ("cls", "mean"):
-            raise ValueError(f"mode must be 'cls' or 'mean', got {mode!r}")
+        if mode not in ("cls", "mean", "last"):
+            raise ValueError(f"mode must be 'cls', 'mean' or 'last', got {mode!r}")
         self.mode = mode
 
     def _spec(self) -> tuple:
@@ -116,21 +136,72 @@ def pack_inputs(input_ids: Any, attention_mask: Any = None, token_type_ids: Any 
     return np.ascontiguousarray(np.stack(rows, axis=1))
 
 
+def check_decoder_mask(attention_mask: Any, shape: tuple[int, int]) -> np.ndarray:
+    """A decoder's mask as int64 (batch, seq): only 0s and 1s, anywhere (left or right padding,
+    packed rows, rows of padding only); ValueError naming ``attention_mask`` otherwise."""
+    mask = _int_matrix(attention_mask, "attention_mask", shape)
+    if mask.size and not np.isin(mask, (0, 1)).all():
+        bad = mask[~np.isin(mask, (0, 1))][0]
+        raise ValueError(f"attention_mask must hold only 0 and 1, got {bad}")
+    return mask
+
+
+def check_position_ids(position_ids: Any, shape: tuple[int, int]) -> np.ndarray:
+    """Position ids as int64 (batch, seq), each >= 0; ValueError naming ``position_ids`` otherwise."""
+    positions = _int_matrix(position_ids, "position_ids", shape)
+    if positions.size and positions.min() < 0:
+        raise ValueError(f"position_ids must be >= 0, got {positions.min()}")
+    return positions
+
+
+def pack_decoder_inputs(input_ids: Any, attention_mask: Any = None, position_ids: Any = None) -> np.ndarray:
+    """The int64 ``(batch, 3, seq)`` rows a ``TokenEmbedding(..., attention_mask=True,
+    position_ids=True)`` reads: input_ids, attention_mask (None: ones), position_ids (None:
+    ``arange(seq)`` in every row, Hugging Face's default). A new document of a packed row starts
+    where its position ids restart at 0."""
+    ids = _int_matrix(input_ids, "input_ids", None)
+    mask = np.ones_like(ids) if attention_mask is None else check_decoder_mask(attention_mask, ids.shape)
+    if position_ids is None:
+        positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int64), ids.shape)
+    else:
+        positions = check_position_ids(position_ids, ids.shape)
+    return np.ascontiguousarray(np.stack([ids, mask, positions], axis=1))
+
+
+def needs_packing(model: Module, x: Any) -> bool:
+    """True when `model` reads decoder rows (a first TokenEmbedding with position_ids) and x is
+    (batch, seq) input_ids rather than packed rows."""
+    first = _first_leaf(model)
+    return isinstance(first, TokenEmbedding) and first.position_ids and isinstance(x, (np.ndarray, list)) and \
+        np.ndim(x) == 2
+
+
 def _first_leaf(model: Module) -> Module:
     for _, child in model.named_children():
         return _first_leaf(child)
     return model
 
 
-def pack_for(model: Module, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:
+def pack_for(model: Module, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None,
+             position_ids: Any = None) -> np.ndarray:
     """:func:`pack_inputs` for `model`, whose first layer must be a TokenEmbedding reading
-    exactly the given inputs (ValueError naming the argument otherwise)."""
+    exactly the given inputs (ValueError naming the argument otherwise); for a decoder's
+    (``position_ids=True``), :func:`pack_decoder_inputs`, the mask and positions optional."""
     first = _first_leaf(model)
     if not isinstance(first, TokenEmbedding):
-        name = "attention_mask" if attention_mask is not None else "token_type_ids"
-        raise ValueError(f"{name}: {type(model).__name__} does not read it: a model takes an attention mask "
-                         "or token types through a first layer TokenEmbedding(..., attention_mask=True, "
-                         "type_vocab_size=...)")
+        name = ("attention_mask" if attention_mask is not None else
+                "position_ids" if position_ids is not None else "token_type_ids")
+        raise ValueError(f"{name}: {type(model).__name__} does not read it: a model takes an attention mask, "
+                         "token types or position ids through a first layer TokenEmbedding(..., "
+                         "attention_mask=True, type_vocab_size=..., position_ids=...)")
+    if first.position_ids:
+        if token_type_ids is not None:
+            raise ValueError("token_type_ids: the model's TokenEmbedding (position_ids=True) has no token types")
+        if np.ndim(input_ids) != 2:
+            raise ValueError(f"input_ids must be 2-D (batch, seq), got {np.ndim(input_ids)} dimensions")
+        return pack_decoder_inputs(input_ids, attention_mask, position_ids)
+    if position_ids is not None:
+        raise ValueError("position_ids: the model's TokenEmbedding has position_ids=False")
     if (attention_mask is not None) != first.attention_mask:
         raise ValueError("attention_mask: " + ("required: the model's TokenEmbedding reads a mask" if first.attention_mask
                                                else "the model's TokenEmbedding has attention_mask=False"))

@@ -170,6 +170,7 @@ class EMA:
         return {"bytes": self._core.nbytes, "location": self.location}
 
     def state_dict(self) -> dict[str, Any]:
+        """decay, num_updates, use_warmup and shadow (copies of the averaged values), for checkpoints."""
         return {"decay": self.decay, "num_updates": self.num_updates, "use_warmup": self.use_warmup,
                 "shadow": self.shadow}
 

@@ -119,6 +119,7 @@ class StepBenchmark:
 
     @property
     def extra_info(self) -> dict[str, Any]:
+        """pytest-benchmark's extra_info dict of this benchmark (written to its JSON)."""
         return self.benchmark.extra_info
 
     def record(self, **metrics: Any) -> None:

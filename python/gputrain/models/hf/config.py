@@ -73,6 +73,7 @@ class HFConfig:
         return ValueError(f"{self.path}: field {name!r} {message}")
 
     def has(self, name: str) -> bool:
+        """True when config.json holds `name` or one of its older spellings."""
         return any(n in self.values for n in (name, *ALIASES.get(name, ())))
 
     def raw(self, name: str, default: Any = _REQUIRED) -> Any:
@@ -89,6 +90,8 @@ class HFConfig:
         return values[0]
 
     def int(self, name: str, default: Any = _REQUIRED, minimum: int = 1) -> int:
+        """The field `name` (or `default` when absent) as an int >= `minimum`; ValueError naming the field
+        otherwise."""
         value = self.raw(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self._error(name, f"must be an integer >= {minimum}, got {value!r}")
@@ -96,6 +99,8 @@ class HFConfig:
 
     def float(self, name: str, default: Any = _REQUIRED, low: float = 0.0, high: float = math.inf,
               low_open: bool = False) -> float:
+        """The field `name` (or `default`) as a finite number in [low, high] ((low, high] with low_open);
+        ValueError naming the field otherwise."""
         value = self.raw(name, default)
         ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
         if not ok or not (low < value if low_open else low <= value) or not value <= high:
@@ -104,6 +109,7 @@ class HFConfig:
         return float(value)
 
     def bool(self, name: str, default: Any = _REQUIRED) -> bool:
+        """The field `name` (or `default`) as true/false; ValueError naming the field otherwise."""
         value = self.raw(name, default)
         if not isinstance(value, bool):
             raise self._error(name, f"must be true or false, got {value!r}")

@@ -63,6 +63,8 @@ FAMILIES: dict[str, Family] = {}  # model_type -> family
 
 
 def register_family(family: Family) -> Family:
+    """Add `family` to FAMILIES under its model_type, so from_pretrained dispatches to it; ValueError if that
+    model_type is taken. Returns the family."""
     if family.model_type in FAMILIES:
         raise ValueError(f"a family for model_type {family.model_type!r} is already registered")
     FAMILIES[family.model_type] = family

@@ -220,6 +220,8 @@ def parse(config: HFConfig) -> tuple[GPTConfig, dict[str, Any]]:
 
 
 def tensors(spec: tuple[GPTConfig, dict[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """The tensors a GPT-2 checkpoint of `spec` must hold, as GPT2LMHeadModel stores them: name -> shape
+    (Conv1D weights as (in, out))."""
     c = spec[0]
     inner = 4 * c.n_embd if c.n_inner is None else c.n_inner
     e = c.n_embd
@@ -239,6 +241,8 @@ def tensors(spec: tuple[GPTConfig, dict[str, Any]]) -> dict[str, tuple[int, ...]
 
 
 def canonical(name: str, spec: tuple[GPTConfig, dict[str, Any]]) -> str | None:
+    """A stored tensor name as tensors() spells it: GPT2Model's names get the 'transformer.' prefix;
+    attention-bias buffers and a tied lm_head.weight give None (skipped)."""
     if _BUFFER.match(name) or (name == "lm_head.weight" and spec[0].tie_word_embeddings):
         return None
     if name == "lm_head.weight" or name.startswith("transformer."):
@@ -247,6 +251,8 @@ def canonical(name: str, spec: tuple[GPTConfig, dict[str, Any]]) -> str | None:
 
 
 def build(spec: tuple[GPTConfig, dict[str, Any]]) -> GPT2LMHeadModel:
+    """The GPT2LMHeadModel of `spec` (parameters at their initial values), keeping the config's irrelevant
+    fields to write back on save."""
     model = GPT2LMHeadModel(spec[0])
     model.hf_extra = dict(spec[1])
     return model
