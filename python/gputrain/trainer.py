@@ -111,7 +111,7 @@ def _check_dataset(name: str, dataset: Any) -> None:
         raise ValueError(f"{name} has no rows")
 
 
-_COLUMNS = ("input_ids", "attention_mask", "token_type_ids")
+_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
 _LABEL_KEYS = ("labels", "label", "label_ids")  # HF's collators rename label / label_ids to labels
 
 
@@ -122,7 +122,7 @@ def _read_columns(model: Module) -> tuple[str, ...] | None:
     if not isinstance(first, TokenEmbedding):
         return None
     return ("input_ids",) + (("attention_mask",) if first.attention_mask else ()) + \
-        (("token_type_ids",) if first.type_vocab_size else ())
+        (("token_type_ids",) if first.type_vocab_size else ()) + (("position_ids",) if first.position_ids else ())
 
 
 def _batch_to_pair(model: Module, name: str, batch: Any, label_names: Any = None,
@@ -151,14 +151,20 @@ def _batch_to_pair(model: Module, name: str, batch: Any, label_names: Any = None
         raise ValueError(f"{name}: columns {unused} are not read by {type(model).__name__} (it reads "
                          f"{list(reads or wanted)}); set remove_unused_columns=True to drop them")
     y = to_numpy(batch[labels[0]])
+    shift = getattr(model, "shift_labels", None)  # a causal LM's labels are its input ids, as in transformers
+    if callable(shift):
+        y = shift(y)
     if reads is None:
         return to_numpy(batch[wanted[0]]), y
     if "input_ids" not in batch:
         raise ValueError(f"{name}: a dict batch for {type(model).__name__} needs 'input_ids'; got {sorted(batch)}")
     get = {key: (to_numpy(batch[key]) if key in batch and key in reads else None) for key in _COLUMNS}
     pack = getattr(model, "pack", None)  # a model's own packing fills in a missing mask / token types
-    packed = (pack if callable(pack) else lambda *a: pack_for(model, *a))(
-        get["input_ids"], get["attention_mask"], get["token_type_ids"])
+    if get["position_ids"] is not None:
+        packed = pack_for(model, get["input_ids"], get["attention_mask"], None, get["position_ids"])
+    else:
+        packed = (pack if callable(pack) else lambda *a: pack_for(model, *a))(
+            get["input_ids"], get["attention_mask"], get["token_type_ids"])
     return packed, np.asarray(y)
 
 
@@ -963,7 +969,7 @@ class Trainer:
                 x, y = self._pair(name, batch)
                 logits = self.model(x)
                 labels_copy = np.array(y)
-                loss_sum += self.loss_fn(logits, labels_copy) * len(x)
+                loss_sum += self._eval_loss(logits, labels_copy) * len(x)
                 rows += len(x)
                 if self.preprocess_logits_for_metrics is not None:
                     logits = self.preprocess_logits_for_metrics(logits, labels_copy)
@@ -977,6 +983,13 @@ class Trainer:
                 self._refresh_half()
             self.model.train(was_training)
         return np.concatenate(outputs), np.concatenate(labels), loss_sum / max(rows, 1)
+
+    def _eval_loss(self, logits: np.ndarray, labels: np.ndarray) -> float:
+        """The loss of one evaluation batch; token-level outputs (batch, T, classes) with labels
+        (batch, T), a causal LM's, are scored as the training step scores them: over every token."""
+        if logits.ndim == 3 and labels.ndim == 2 and isinstance(self.loss_fn, CrossEntropyLoss):
+            return self.loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        return self.loss_fn(logits, labels)
 
     def _refresh_half(self) -> None:
         compiled = self.model.compiled
