@@ -5,7 +5,7 @@ safetensors and NVIDIA's CUDA wheels are not counted: they are shared with PyTor
 
     python .ci/installed_size.py --max-mb 80     # fails above 80 MB (10^6 bytes)
 
-Run it with the interpreter of the environment to measure (README "A wheel": the sizes).
+Run it with the interpreter of the environment to measure (docs/building.md, "A wheel": the sizes).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`import gputrain` stays light (README "Where it runs"): the optional packages and the heavy parts
+"""`import gputrain` stays light (docs/building.md, "Where it runs"): the optional packages and the heavy parts
 of the standard library are imported where they are used, not at import. Checked by the modules
 a fresh interpreter holds, not by a timing (this machine's timings are noise)."""
 
