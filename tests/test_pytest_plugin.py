@@ -1,4 +1,4 @@
-"""gputrain's pytest plugin and gputrain.testing: the README's benchmark example in a quick mode,
+"""gputrain's pytest plugin and gputrain.testing: the benchmark example (docs/guides/benchmarking.md) in a quick mode,
 the fixtures, markers and assertions. Benchmarks run in inner pytest sessions (pytester), so the
 test suite itself never times anything."""
 
@@ -60,7 +60,7 @@ def inner(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-# -- the README example, quick: JSON with the memory plan and the machine facts --------------------
+# -- the guide's example, quick: JSON with the memory plan and the machine facts ---------------
 
 def test_example_runs_quick_and_json_carries_plan_and_machine(inner: pytest.Pytester) -> None:
     inner.makepyfile(bench_my_model=EXAMPLE.read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ pinned, handing the step device batches), in two recipes:
   cpu_offload_fraction 0.5, clipping, an EMA on the device;
 - bf16_tf32: bf16 (no scaler) with TF32 allowed, accumulation 4, the same AdamW without offload.
 
-Per recipe: the device run against the CPU run (bit-identical where README.md claims it: on the
+Per recipe: the device run against the CPU run (bit-identical where the docs claim it: on the
 simulated device "sim"; else the measured largest difference), against a second device run
 (the same seed gives the same bits) and, with offload, against cpu_offload_fraction 0 (DESIGN.md:
 bit-identical to f = 0); gputrain.device_counters per step (after the first: one wait, no
@@ -187,7 +187,7 @@ def run_recipe(name: str, device: str, size: dict[str, int], recipe: dict[str, A
     steps = size["steps"]
     start = time.perf_counter()
     device_run, memory = planned_against_peaks(device, size, recipe)
-    if device.startswith("sim"):  # README.md: on sim the allocator's peak equals the plan
+    if device.startswith("sim"):  # docs/guides/small-card.md: on sim the allocator's peak equals the plan
         # (the device's pool and pinned memory; the CPU's also held the model built before .to())
         exact = all(pool["peak_minus_plan"] == 0 for kind, pool in memory["pools"].items() if kind != "cpu")
         claim("sim: the device's and the pinned pool's peaks equal the memory plan", exact, memory["pools"])
@@ -208,7 +208,7 @@ def run_recipe(name: str, device: str, size: dict[str, int], recipe: dict[str, A
     result["cpu_run_seconds"] = time.perf_counter() - start
     result["cpu_losses"] = cpu["losses"]
     result["device_vs_cpu"] = compare(device_run.arrays(), cpu_run.arrays(), trained["losses"], cpu["losses"])
-    if device.startswith("sim"):  # README.md: on sim every knob gives the CPU's bits
+    if device.startswith("sim"):  # docs/tour.md: on sim every knob gives the CPU's bits
         claim("sim gives the CPU run's bits", result["device_vs_cpu"]["bit_identical"], result["device_vs_cpu"])
 
     again = Run(device, size, recipe)
