@@ -1,9 +1,9 @@
 """config.json of the Llama-like decoder families (issue 21): ``llama``, ``qwen2``, ``qwen3``,
 ``mistral``, ``gemma`` and ``gemma3_text``, parsed into one typed :class:`DecoderConfig`.
 
-The models themselves are not built yet, so no family here is registered with
-``from_pretrained`` (a Llama folder is still refused as an unsupported ``model_type``); this module
-is the part of each family that reads config.json: :func:`parse_decoder_config` reads EVERY field
+The models are built from it by decoder_models.py, which registers the six families with
+``from_pretrained``; this module is the part of each family that reads config.json:
+:func:`parse_decoder_config` reads EVERY field
 through config.py's :class:`HFConfig`, so a field is implemented (it ends up in the dataclass),
 accepted only at transformers' default (another value is refused naming it), irrelevant to the
 arithmetic, or unknown (refused naming it). Both spellings (transformers >= 5's
