@@ -50,6 +50,7 @@ def blocks(page: pathlib.Path) -> list[tuple[int, str]]:
     return found
 
 
+@pytest.mark.native_only  # a fresh interpreter per page: minutes under qemu, for code the suite covers there
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
 def test_the_pages_code_runs(page, tmp_path):
     runnable = blocks(page)

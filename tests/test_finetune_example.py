@@ -9,6 +9,11 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
+# a fresh interpreter per run, minutes under qemu, for code the rest of the suite covers there
+pytestmark = pytest.mark.native_only
+
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "finetune_lm.py")
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
@@ -28,7 +33,7 @@ def test_from_scratch_trains_evaluates_and_samples(tmp_path):
 
 
 def test_a_gpt2_folder_fine_tunes_with_its_tokenizer(tmp_path):
-    tokenizers = __import__("pytest").importorskip("tokenizers")
+    tokenizers = pytest.importorskip("tokenizers")
     folder = tmp_path / "gpt2"
     shutil.copytree(os.path.join(FIXTURES, "hf", "gpt2-tiny"), folder)
     # a word-level tokenizer whose 100 ids fit the tiny model's vocabulary
