@@ -187,3 +187,25 @@ def test_the_trainer_takes_packed_rows_and_shifts_the_labels(tmp_path):
     together = model(first["input_ids"][:1], position_ids=first["position_ids"][:1])[0]
     np.testing.assert_allclose(together[:4], alone[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(together[5:13], alone[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_classifier_over_a_causal_lm_checkpoint():
+    causal = from_pretrained(folder_of("llama"))
+    model = dm.LlamaForSequenceClassification.from_pretrained(folder_of("llama"), num_labels=3)
+    assert model.config.num_labels == 3 and model.score.weight.shape == (3, 64)
+    own = model.state_dict()
+    for name, value in causal.state_dict().items():
+        if name.startswith("model."):
+            assert np.array_equal(own[name], value), name
+    ids = reference("llama")["right/input_ids"]
+    assert model(ids).shape == (3, 3)
+    # a classifier checkpoint keeps its score
+    ref = reference("llama", "seqcls-tiny")
+    again = dm.LlamaForSequenceClassification.from_pretrained(folder_of("llama", "seqcls-tiny"))
+    np.testing.assert_array_equal(again(ref["right/input_ids"], attention_mask=ref["right/attention_mask"]),
+                                  from_pretrained(folder_of("llama", "seqcls-tiny"))(
+                                      ref["right/input_ids"], attention_mask=ref["right/attention_mask"]))
+    with pytest.raises(ValueError, match="loads 'qwen2' checkpoints"):
+        dm.Qwen2ForSequenceClassification.from_pretrained(folder_of("llama"))
+    with pytest.raises(ValueError, match="num_labels must be"):
+        dm.LlamaForSequenceClassification.from_pretrained(folder_of("llama"), num_labels=0)

@@ -31,15 +31,18 @@ missing mask is all ones, missing position ids 0..T-1 per row (transformers' def
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from gputrain import random
+from gputrain._vocab import c_dtype
 from gputrain.models.hf import folder as hf_folder
 from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.decoders import DecoderConfig, Rope, parse_decoder_config
+from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
 from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear, RMSNorm
 from gputrain.nn.module import Module
@@ -188,7 +191,6 @@ class _DecoderHead(Module):
     """What both heads share: the config, the call, weights by HF names, folders."""
 
     family = ""  # model_type, set by each family's subclass
-    head = ""  # "ForCausalLM" | "ForSequenceClassification"
 
     def __init__(self, config: DecoderConfig | Mapping[str, Any], *, init_weights: bool = True) -> None:
         """config: a config.json mapping (as transformers' ...Config fields) or a parsed
@@ -278,8 +280,6 @@ class DecoderForCausalLM(_DecoderHead):
     (cap * tanh(logits / cap)). Labels for HF-style batches are the input ids: :meth:`shift_labels`
     makes the (batch, T) targets of position t the token t + 1 (-100 at the end)."""
 
-    head = "ForCausalLM"
-
     def _build_head(self) -> None:
         c = self.config
         embed = self.model.embed_tokens
@@ -317,8 +317,6 @@ class DecoderForSequenceClassification(_DecoderHead):
     """A decoder with transformers' classification head: ``score`` (no bias) on the last token
     that is not ``pad_token_id`` (the last one when no id is set), logits (batch, num_labels)."""
 
-    head = "ForSequenceClassification"
-
     def _build_head(self) -> None:
         c = self.config
         self.score = Linear(c.hidden_size, c.num_labels, bias=False)
@@ -329,6 +327,63 @@ class DecoderForSequenceClassification(_DecoderHead):
 
     def _head_layers(self, tied: dict[int, int]) -> list[tuple]:
         return [("pool", "last"), self.score._spec_in(tied)]
+
+    @classmethod
+    def from_pretrained(cls, folder: Any, *, num_labels: int | None = None, problem_type: str | None = None,
+                        dtype: Any = None, device: str | None = None) -> DecoderForSequenceClassification:
+        """This classifier over the decoder of any checkpoint of its family (transformers'
+        ``AutoModelForSequenceClassification.from_pretrained(folder, num_labels=3)``): a causal-LM
+        checkpoint gives ``model.*``, its LM head is left out, and ``score`` starts at
+        transformers' init (N(0, 0.02)) unless the folder holds one of this shape. num_labels /
+        problem_type replace config.json's. Every tensor is checked before the model is built."""
+        folder = os.fspath(folder)
+        config = HFConfig.load(folder)
+        values = dict(config.values)
+        if values.get("model_type") != cls.family:
+            raise ValueError(f"{config.path}: field 'model_type' = {values.get('model_type')!r}: {cls.__name__} "
+                             f"loads {cls.family!r} checkpoints")
+        values["architectures"] = [cls.__name__]
+        if num_labels is not None:
+            if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+                raise ValueError(f"num_labels must be an int >= 1, got {num_labels!r}")
+            values.pop("num_labels", None)
+            values["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+            values["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        if problem_type is not None:
+            values["problem_type"] = problem_type
+        hf = HFConfig(values, config.path)
+        parsed = parse_decoder_config(hf)
+        precision = hf_folder._precision(dtype, hf)
+        spec = (parsed, values, cls)
+        expected = _tensors(spec)
+        found = {}
+        for name, ref in checkpoint_tensors(folder).items():
+            key = _canonical(name, spec)
+            if key is None or (key == "score.weight" and ref.shape != expected[key]):
+                continue  # the LM head, a buffer, or another task's classifier
+            if key not in expected:
+                raise ValueError(f"{ref.path}: unexpected tensor {name!r} (a {cls.family} checkpoint of this "
+                                 "config.json does not have it)")
+            if ref.shape != expected[key]:
+                raise ValueError(f"{ref.path}: tensor {name!r} has shape {ref.shape}, config.json implies "
+                                 f"{expected[key]}")
+            found[key] = ref
+        missing = [k for k in expected if k not in found and k != "score.weight"]
+        if missing:
+            raise ValueError(f"{folder}: tensor {missing[0]!r} is missing from the checkpoint "
+                             f"({len(missing)} missing in all)")
+        model = cls(values)  # transformers' init for the score when the folder has none
+        for key, ref in found.items():
+            array = read_tensor(ref)
+            if not np.isfinite(array).all():
+                raise ValueError(f"{ref.path}: tensor {ref.name!r} holds NaN or infinite values")
+            model._hf_load_tensor(key, array)
+        model._hf_loaded()
+        model.compiled.precision = c_dtype(precision)
+        model.eval()
+        if device is not None and device != "cpu":
+            model.to(device)
+        return model
 
 
 def _parse_values(values: dict[str, Any], family: str) -> tuple[DecoderConfig, dict[str, Any]]:
