@@ -46,7 +46,7 @@ from gputrain._info import precision_note
 from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain._vocab import parse_device
 from gputrain.amp import GradScaler
-from gputrain.data import DataLoader
+from gputrain.data import DataLoader, RaggedArray
 from gputrain.data.collate import DataCollatorWithPadding, to_numpy
 from gputrain.metrics import EvalPrediction, PredictionOutput
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
@@ -219,14 +219,31 @@ def _resolve_device(device: str) -> str:
 
 
 class _Examples:
-    """A list or map-style Dataset of examples and the collator that makes its batches."""
+    """A list or map-style Dataset of examples and the collator that makes its batches; or a
+    mapping of columns with ragged ones (gt.data.tokenize's), which the DataLoader pads per batch
+    (collator None, `rows` its number of rows)."""
 
-    def __init__(self, dataset: Any, collator: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, dataset: Any, collator: Callable[[list[Any]], Any] | None, rows: int | None = None) -> None:
         self.dataset = dataset
         self.collator = collator
+        self.rows = len(dataset) if rows is None else rows
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.rows
+
+
+def _ragged_columns(name: str, dataset: Any) -> _Examples | None:
+    """A mapping of columns with a RaggedArray among them, as examples the DataLoader pads per
+    batch (each batch then goes through _batch_to_pair); None for anything else."""
+    if not isinstance(dataset, Mapping) or not any(isinstance(v, RaggedArray) for v in dataset.values()):
+        return None
+    lengths = {key: len(value) for key, value in dataset.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"{name}: the columns have different numbers of rows: {lengths}")
+    rows = next(iter(lengths.values()))
+    if rows == 0:
+        raise ValueError(f"{name} has no rows")
+    return _Examples(dict(dataset), None, rows)
 
 
 # Trainer(...) keyword -> (status, meaning in gputrain); statuses as TrainingArguments' FIELD_TABLE.
@@ -389,13 +406,15 @@ class Trainer:
 
     @staticmethod
     def _source(model: Module, args: TrainingArguments, name: str, dataset: Any, collator: Any) -> Any:
-        """What the Trainer reads a dataset from: examples with their collator, a DataLoader, or an
-        (inputs, labels) pair (a mapping of columns becomes one)."""
+        """What the Trainer reads a dataset from: examples with their collator, a DataLoader, a
+        mapping with ragged columns (padded per batch), or an (inputs, labels) pair (any other
+        mapping of columns becomes one)."""
         if _is_examples(dataset):
             if len(dataset) == 0:
                 raise ValueError(f"{name} has no examples")
             return _Examples(dataset, collator)
-        return _as_pair(model, name, dataset, args)
+        columns = _ragged_columns(name, dataset)
+        return columns if columns is not None else _as_pair(model, name, dataset, args)
 
     def _set_up_logging(self) -> None:
         """HF's logging: the gputrain.trainer logger at log_level on the main process (passive:

@@ -467,6 +467,11 @@ class _EncoderHead(Module):
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Takes transformers' state_dict (see state_dict); checked before anything is copied."""
+        super().load_state_dict(state_dict, strict)  # Module's: _stage_state_dict (below), then the copy
+
+    def _stage_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> tuple[Any, ...]:
+        """Module's checks of transformers' state_dict with the two embedding tensors joined into
+        the one table; the Trainer's checkpoints (load_best_model_at_end, resume) stage through it."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping, not {type(state_dict).__name__}")
         state = dict(state_dict)
@@ -483,7 +488,7 @@ class _EncoderHead(Module):
                 if array.shape != (rows, c.hidden_size):
                     raise ValueError(f"state_dict[{name!r}]: expected shape {(rows, c.hidden_size)}, got {array.shape}")
             state[self._table_name] = np.concatenate([words, types])
-        super().load_state_dict(state, strict)
+        return super()._stage_state_dict(state, strict)
 
     # -- the call ----------------------------------------------------------------------------
     def pack(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> np.ndarray:

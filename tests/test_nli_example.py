@@ -1,0 +1,98 @@
+"""examples/nli.py runs end to end: from scratch (a WordPiece tokenizer trained on the standard
+library's docstrings, masked-LM pre-training of a tiny BERT, save_pretrained, then
+BertForSequenceClassification.from_pretrained(num_labels=3) fine-tuned on the generated pair task)
+with tiny sizes, and with --model on a BERT fixture folder and TSV / JSONL files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "nli.py")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def run(*args: str, cwd: str, ok: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, EXAMPLE, "--threads", "1", "--workers", "2", "--batch", "8",
+                             "--eval-batch", "16", "--output-dir", os.path.join(cwd, "out"), *args],
+                            capture_output=True, text=True, timeout=300, cwd=cwd)
+    if ok:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_from_scratch_pretrains_then_fine_tunes(tmp_path):
+    out = run("--stdlib-files", "25", "--vocab", "300", "--seq-len", "32", "--mlm-seconds", "1", "--mlm-copies", "1",
+              "--train-pairs", "64", "--test-pairs", "30", "--epochs", "1", cwd=str(tmp_path)).stdout
+    assert "masked-LM:" in out and "WordPiece tokenizer: 300 tokens" in out
+    assert "fine-tuning BertForSequenceClassification (3 labels: entailment, neutral, contradiction)" in out
+    assert "epoch 1.00: eval loss" in out and "confusion (rows: true, columns: predicted)" in out
+    assert "evaluation accuracy" in out
+    folder = tmp_path / "out" / "tiny-bert"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (folder / name).is_file(), name
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+
+
+WORDS = ["the", "cat", "dog", "bird", "sits", "runs", "on", "under", "mat", "table", "is", "not", "a", "red",
+         "blue", "big", "small", "here", "there", "today"]
+
+
+def bert_folder(tmp_path):
+    """The tiny BERT fixture (vocabulary 99, 40 positions) with a WordPiece tokenizer of WORDS."""
+    folder = tmp_path / "bert"
+    shutil.copytree(os.path.join(FIXTURES, "hf", "bert-seqcls-tiny"), folder)
+    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "BertTokenizer", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+         "unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 40}))
+    return folder
+
+
+def triples(n: int, seed: int) -> list[tuple[str, str, str]]:
+    import random
+    rng = random.Random(seed)
+    labels = ["entailment", "neutral", "contradiction"]
+    rows = []
+    for i in range(n):
+        subject, place = rng.choice(["cat", "dog", "bird"]), rng.choice(["mat", "table"])
+        premise = f"the {subject} is on the {place} today"
+        label = labels[i % 3]
+        hypothesis = {"entailment": f"the {subject} is on the {place}",
+                      "contradiction": f"the {subject} is not on the {place}",
+                      "neutral": f"a {rng.choice(['red', 'blue'])} bird runs there"}[label]
+        rows.append((premise, hypothesis, label))
+    return rows
+
+
+def test_a_bert_folder_fine_tunes_on_tsv_and_jsonl(tmp_path):
+    folder = bert_folder(tmp_path)
+    train = tmp_path / "train.tsv"
+    train.write_text("premise\thypothesis\tlabel\n" + "".join("\t".join(row) + "\n" for row in triples(48, 0)))
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(json.dumps(dict(zip(("premise", "hypothesis", "label"), row))) + "\n"
+                           for row in triples(15, 1)))
+    out = run("--model", str(folder), "--train", str(train), "--eval", str(dev), "--epochs", "2",
+              "--lr", "1e-3", cwd=str(tmp_path)).stdout
+    assert "48 training pairs, 15 evaluation pairs" in out
+    assert "epoch 1.00: eval loss" in out and "epoch 2.00: eval loss" in out
+    assert out.count("entailment") >= 2 and "evaluation accuracy" in out
+    # an evaluation label the training file lacks, and a tokenizer whose ids exceed the model's rows
+    dev.write_text(json.dumps({"premise": "the cat", "hypothesis": "a dog", "label": "maybe"}) + "\n")
+    bad = run("--model", str(folder), "--train", str(train), "--eval", str(dev), cwd=str(tmp_path), ok=False)
+    assert bad.returncode != 0 and "labels ['maybe'] are not among the training labels" in bad.stderr
+    shutil.copy(os.path.join(FIXTURES, "tok", "bert", "tokenizer.json"), folder / "tokenizer.json")
+    bad = run("--model", str(folder), "--train", str(train), cwd=str(tmp_path), ok=False)
+    assert bad.returncode != 0 and "but the model's vocabulary has 99 rows" in bad.stderr
