@@ -16,6 +16,8 @@ import pytest
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "nli.py")
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 tokenizers = pytest.importorskip("tokenizers")
+# a fresh interpreter per run, minutes under qemu, for code the rest of the suite covers there
+pytestmark = pytest.mark.native_only
 
 
 def run(*args: str, cwd: str, ok: bool = True) -> subprocess.CompletedProcess:
