@@ -21,6 +21,7 @@ SMALL = {  # the size knobs of benchmarks/bench_*.py
     "GPT_BENCH_LAYERS": "1", "GPT_BENCH_EMBD": "32", "GPT_BENCH_HEADS": "2", "GPT_BENCH_T": "16",
     "GPT_BENCH_BATCH": "2", "GPT_BENCH_ROUNDS": "2", "CNN_BENCH_IMAGE": "8", "CNN_BENCH_CHANNELS": "4,8",
     "CNN_BENCH_BATCH": "4", "CNN_BENCH_ROUNDS": "2",
+    "DECODER_BENCH_LAYERS": "1", "DECODER_BENCH_T": "16", "DECODER_BENCH_VOCAB": "512", "DECODER_BENCH_ROUNDS": "1",
 }
 
 
