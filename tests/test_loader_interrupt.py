@@ -42,9 +42,21 @@ TRACKER_CLEANUP = re.compile(r"\S*resource_tracker\.py:\d+: UserWarning: resourc
                              r"\s*warnings\.warn\('resource_tracker: There appear to be %d '\n")
 
 
+# CPython's report of the Ctrl-C landing inside a finalizer (a __del__ or weakref callback, here
+# multiprocessing's Connection.__del__, weakref.finalize, WeakValueDictionary's remove): the
+# signal handler runs at the next bytecode boundary wherever that is, the KeyboardInterrupt
+# cannot leave a finalizer, so CPython prints it and the interrupt is lost for that frame; the
+# run still ends through the KeyboardInterrupt raised where the loader waits (these landed in
+# 3 of 120 trials of CI's rehearsal machine). Only a KeyboardInterrupt is forgiven: any other
+# exception in the same place fails the trial.
+INTERRUPTED_FINALIZER = re.compile(r"Exception ignored in: [^\n]*\nTraceback \(most recent call last\):\n"
+                                   r"(?:  File [^\n]*\n(?:    [^\n]*\n)*)+\s*(?:\^+\s*)?\nKeyboardInterrupt: \n?")
+
+
 def unexpected_output(stderr: str) -> str:
-    """A trial's stderr less the resource tracker's clean-up notice."""
-    return TRACKER_CLEANUP.sub("", stderr).strip()
+    """A trial's stderr less the resource tracker's clean-up notice and CPython's reports of the
+    Ctrl-C landing in a finalizer."""
+    return INTERRUPTED_FINALIZER.sub("", TRACKER_CLEANUP.sub("", stderr)).strip()
 
 
 def test_ctrl_c_at_random_moments_ends_every_run():

@@ -207,7 +207,12 @@ class WorkerPool:
 
     def submit(self, worker: int, generation: int, seq: int, slot: Slot, indices: np.ndarray | None) -> None:
         payload = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
-        self.tasks[worker].put((generation, seq, slot.id, slot.name, slot.capacity, payload))
+        # Ctrl-C held: a KeyboardInterrupt raised inside the queue's Condition.__enter__, after its
+        # lock was taken and before the with-block began, would leave that lock held for good,
+        # and every later put, close() and feeder stop would wait on it (the Ctrl-C test hung so
+        # in shutdown's put in CI's rehearsal)
+        with sigint_held():
+            self.tasks[worker].put((generation, seq, slot.id, slot.name, slot.capacity, payload))
 
     def slot(self, slot_id: int) -> Slot:
         return self.ring._slots[slot_id]
@@ -249,7 +254,8 @@ class WorkerPool:
         """The body of shutdown(); may run again after a Ctrl-C interrupted it."""
         for tasks in self.tasks:
             try:
-                tasks.put(None)
+                with sigint_held():  # as in submit()
+                    tasks.put(None)
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + grace
@@ -273,6 +279,11 @@ class WorkerPool:
         self.ring.close()
         for process in self.processes:
             _sweep(f"{segment_prefix(os.getpid())}{process.pid}_")
+        # The pipes', queues' and processes' finalizers run here, Ctrl-C held: a KeyboardInterrupt
+        # raised inside a __del__ is printed and lost by CPython, so a Ctrl-C landing in one
+        # (collected later, wherever the pool's last reference went) would not stop the program.
+        with sigint_held():
+            self.results, self.tasks, self.processes = [], [], []
 
     def _drain(self, deadline: float) -> None:
         """Reads what the workers still send until each closes its pipe (it exited) or the

@@ -80,6 +80,14 @@ def _arrays(batch: Any) -> list[np.ndarray]:
     return found
 
 
+# Segments whose close() was refused because an array of a failed batch (a SIGTERM or an error
+# inside the fill) still views them: held until the process ends, so that the array and the
+# segment are never collected in the wrong order while the failure unwinds (SharedMemory.__del__
+# would retry close() and print "Exception ignored ... BufferError: cannot close exported pointers
+# exist" into the shared stderr).
+_VIEWED: list[Any] = []
+
+
 def _segment(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:
     """A shared-memory segment (multiprocessing is imported here, when workers run, not by
     `import gputrain`)."""
@@ -133,7 +141,7 @@ class SlotWriter:
         try:
             segment.close()
         except BufferError:  # an array of a failed batch still views it: unmapped at exit
-            pass
+            _VIEWED.append(segment)
 
     def write(self, slot: int, name: str | None, capacity: int, form: str, value: Any) -> tuple[Any, str | None, int]:
         """Writes a batch (a plan_batch spec, or a built batch object) into the slot; returns
@@ -248,9 +256,18 @@ class SlotRing:
         """Takes the segment a worker created for `slot` in place of the old one."""
         self._retire(slot)
         segment = _segment(name)
-        view = np.frombuffer(segment.buf, np.uint8)
-        slot.address = view.ctypes.data
-        del view  # no export may outlive this function (close() would fail)
+        try:
+            view = np.frombuffer(segment.buf, np.uint8)
+            try:  # a C-level getter: no Python frame (a Ctrl-C's traceback) may hold the view
+                slot.address = view.__array_interface__["data"][0]
+            finally:
+                del view  # no export may outlive this function (close() would fail)
+        except BaseException:
+            try:
+                segment.close()
+            except BufferError:  # the interrupted frame still views it: kept, never an error of its own
+                _VIEWED.append(segment)
+            raise
         slot.segment, slot.capacity, slot.retired = segment, capacity, False
 
     def _retire(self, slot: Slot) -> None:
