@@ -66,8 +66,8 @@ def fork_scenario(ready: int, rng: random.Random) -> int:
     thread.start()
     code = NO_INTERRUPT
     deadline = time.monotonic() + 1.0
-    os.write(ready, b"r")
     try:
+        os.write(ready, b"r")  # inside the try: the signal may land on the very next bytecode
         while time.monotonic() < deadline:
             for _ in loader:
                 pass

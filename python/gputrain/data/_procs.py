@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -281,9 +282,12 @@ class WorkerPool:
             _sweep(f"{segment_prefix(os.getpid())}{process.pid}_")
         # The pipes', queues' and processes' finalizers run here, Ctrl-C held: a KeyboardInterrupt
         # raised inside a __del__ is printed and lost by CPython, so a Ctrl-C landing in one
-        # (collected later, wherever the pool's last reference went) would not stop the program.
+        # (collected later, wherever the pool's last reference went: multiprocessing's queues
+        # and processes sit in reference cycles, so the cyclic collector ran them at any
+        # allocation of the next epoch) would not stop the program. One collection per pool.
         with sigint_held():
             self.results, self.tasks, self.processes = [], [], []
+            gc.collect()
 
     def _drain(self, deadline: float) -> None:
         """Reads what the workers still send until each closes its pipe (it exited) or the
