@@ -203,7 +203,10 @@ def test_parallel_input_gradient_is_the_sum_in_child_order():
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         din = ((p - np.eye(2)[targets]) / 4) @ wb * sum(factors)
-        tol = GRAD_TOLERANCE[precision]
+        # fp32: below AVX-512 the GEMM computes the three equal column blocks' d through
+        # different edge kernels, so g0 + g1 keeps ~ulp(1024 d) (6.5e-5 relative under qemu
+        # Haswell); the half precisions are the order's real check (reversed, din is 0 there)
+        tol = max(GRAD_TOLERANCE[precision], 1e-3)
         assert np.abs(first.bias.grad).min() > 0
         np.testing.assert_allclose(first.bias.grad, din.sum(0), rtol=tol, atol=tol * np.abs(din).max())
 
