@@ -10,8 +10,8 @@ perplexity, and a sample.
 Without --model it builds a small Llama-architecture model itself (grouped-query attention,
 SwiGLU, RMSNorm, rotary embeddings) over byte-level ids (vocabulary 256: each byte of the UTF-8
 text is a token) and trains it on the standard library's sources, so it runs on a fresh machine in
-minutes (300 steps: 10 on 2 shared cores at load 6). With --model the folder's tokenizer.json tokenizes the text (the `tokenizers`
-package: pip install ".[text]").
+minutes (300 steps: 10 on 2 shared cores at load 6). With --model the folder's tokenizer.json
+tokenizes the text (the `tokenizers` package: pip install ".[text]").
 """
 
 from __future__ import annotations
