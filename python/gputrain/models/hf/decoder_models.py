@@ -38,11 +38,10 @@ from typing import Any
 import numpy as np
 
 from gputrain import random
-from gputrain._vocab import c_dtype
 from gputrain.models.hf import folder as hf_folder
 from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.decoders import DecoderConfig, Rope, parse_decoder_config
-from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
+from gputrain.models.hf.safetensors_io import checkpoint_tensors
 from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear, RMSNorm
 from gputrain.nn.module import Module
@@ -373,17 +372,7 @@ class DecoderForSequenceClassification(_DecoderHead):
             raise ValueError(f"{folder}: tensor {missing[0]!r} is missing from the checkpoint "
                              f"({len(missing)} missing in all)")
         model = cls(values)  # transformers' init for the score when the folder has none
-        for key, ref in found.items():
-            array = read_tensor(ref)
-            if not np.isfinite(array).all():
-                raise ValueError(f"{ref.path}: tensor {ref.name!r} holds NaN or infinite values")
-            model._hf_load_tensor(key, array)
-        model._hf_loaded()
-        model.compiled.precision = c_dtype(precision)
-        model.eval()
-        if device is not None and device != "cpu":
-            model.to(device)
-        return model
+        return hf_folder.load_tensors(model, found, precision, device)
 
 
 def _parse_values(values: dict[str, Any], family: str) -> tuple[DecoderConfig, dict[str, Any]]:

@@ -552,8 +552,7 @@ class _EncoderHead(Module):
         encoder tensor missing or of another shape raises ValueError naming it."""
         import os
 
-        from gputrain._vocab import c_dtype
-        from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
+        from gputrain.models.hf.safetensors_io import checkpoint_tensors
 
         folder = os.fspath(folder)
         config = HFConfig.load(folder)
@@ -596,17 +595,7 @@ class _EncoderHead(Module):
             raise ValueError(f"{folder}: tensor {missing[0]!r} is missing from the checkpoint "
                              f"({len(missing)} encoder tensors missing in all)")
         model = cls(values)  # transformers' init for what the folder does not hold
-        for key, ref in found.items():
-            array = read_tensor(ref)
-            if not np.isfinite(array).all():
-                raise ValueError(f"{ref.path}: tensor {ref.name!r} holds NaN or infinite values")
-            model._hf_load_tensor(key, array)
-        model._hf_loaded()
-        model.compiled.precision = c_dtype(precision)
-        model.eval()
-        if device is not None and device != "cpu":
-            model.to(device)
-        return model
+        return hf_folder.load_tensors(model, found, precision, device)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -155,8 +155,14 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     precision = _precision(dtype, config)
     config.finish(family.model_type)
     refs = _match(family, spec, checkpoint_tensors(folder), folder)
-    model = family.build(spec)
-    for name, ref in refs.items():  # one tensor in memory at a time
+    return load_tensors(family.build(spec), refs, precision, device)
+
+
+def load_tensors(model: Module, refs: dict[str, Any], precision: str, device: str | None) -> Module:
+    """Reads each checked tensor (name as the model knows it -> TensorRef) straight into its
+    parameter, one in memory at a time (ValueError naming a tensor with NaN or infinities), then
+    sets the compute precision, eval mode and the device: the last step of every loader."""
+    for name, ref in refs.items():
         array = read_tensor(ref)
         if not np.isfinite(array).all():
             raise ValueError(f"{ref.path}: tensor {ref.name!r} holds NaN or infinite values")
