@@ -218,9 +218,10 @@ def test_hf_names_accepted_reported_or_refused(tmp_path):
     assert args.eval_strategy == "epoch" and args.device == "cpu" and args.train_sampling_strategy == "group_by_length"
     assert args.get_warmup_steps(95) == 10 and TrainingArguments(warmup_steps=3).get_warmup_steps(95) == 3
     notes = "\n".join(args.not_applicable())
-    for name in ("torch_compile", "report_to", "gradient_checkpointing_kwargs", "fp16_full_eval",
-                 "train_sampling_strategy"):
+    for name in ("torch_compile", "report_to", "gradient_checkpointing_kwargs", "fp16_full_eval"):
         assert name in notes, name
+    assert "train_sampling_strategy" not in notes  # group_by_length is applied (tests/test_length_grouped.py)
+    assert "batch_rebalance" in "\n".join(TrainingArguments(train_sampling_strategy="batch_rebalance").not_applicable())
     assert TrainingArguments(activation_checkpointing=True).gradient_checkpointing is True
     again = TrainingArguments.from_dict(json.loads(args.to_json_string()))
     assert again.to_dict() == args.to_dict()
