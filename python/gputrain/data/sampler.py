@@ -123,7 +123,22 @@ class SequentialSampler(OrderSampler):
         return self.num_rows
 
 
-class RandomSampler(OrderSampler):
+class _NextEpochSampler(OrderSampler):
+    """An order sampler whose every iteration is the next epoch (PyTorch's RandomSampler draws
+    a new order each time it is iterated)."""
+
+    num_samples: int
+
+    def __iter__(self) -> Iterator[int]:
+        rows = self.rows(self.epoch)
+        self.epoch += 1
+        return iter(rows.tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class RandomSampler(_NextEpochSampler):
     """Samples in a random order: a Philox permutation keyed by (seed, epoch), or
     `num_samples` independent draws when `replacement`. Each iteration advances the epoch,
     so iterating twice gives two different orders, as PyTorch's RandomSampler does."""
@@ -151,14 +166,6 @@ class RandomSampler(OrderSampler):
     def order(self, epoch: int) -> dict[str, Any]:
         kind = ORDER_REPLACEMENT if self.replacement else ORDER_PERMUTED
         return make_order(kind, self.num_samples, seed=self.seed, epoch=epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        rows = self.rows(self.epoch)
-        self.epoch += 1
-        return iter(rows.tolist())
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 def _distributed_default(name: str, env: str, fallback: int) -> int:
@@ -211,7 +218,7 @@ class DistributedSampler(OrderSampler):
         return self.num_samples
 
 
-class LengthGroupedSampler(OrderSampler):
+class LengthGroupedSampler(_NextEpochSampler):
     """transformers' LengthGroupedSampler (TrainingArguments(group_by_length=True)): each epoch a
     Philox permutation keyed by (seed, epoch) is cut into megabatches of `mega_batch_mult *
     batch_size` rows (mega_batch_mult: 50, or fewer so that there are 4 megabatches), each sorted
@@ -252,14 +259,6 @@ class LengthGroupedSampler(OrderSampler):
             rows = np.concatenate([rows, np.resize(rows, total - len(rows))])
         rows = rows[self.rank:total:self.num_replicas]
         return make_order(ORDER_ARRAY, len(rows), indices=np.ascontiguousarray(rows, dtype=np.int64))
-
-    def __iter__(self) -> Iterator[int]:
-        rows = self.rows(self.epoch)
-        self.epoch += 1
-        return iter(rows.tolist())
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 def group_by_length(permuted: np.ndarray, lengths: np.ndarray, batch_size: int) -> np.ndarray:
