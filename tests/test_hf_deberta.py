@@ -268,3 +268,29 @@ def test_the_kind_refuses_bad_arguments():
             bad[8] = False
         with pytest.raises(ValueError, match=field):
             gt._C.Model([tuple(bad)], 0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    """The relative table, its norm and the tied projections inside a recomputed block."""
+    ref = reference("deberta-v2-mlm")
+
+    def grads(checkpointing):
+        model = from_pretrained(folder_of("deberta-v2-mlm"))
+        step = gt.TrainStep(model, model.loss_fn(), gradient_checkpointing=checkpointing)
+        loss = step(model.pack(*inputs(model, ref)), targets(ref)).loss
+        return loss, {k: p.grad.copy() for k, p in model.named_parameters()}
+
+    (loss, plain), (again, recomputed) = grads(False), grads(True)
+    assert loss == again and all(np.array_equal(plain[k], recomputed[k]) for k in plain)
+
+
+def test_copies_and_pickles_keep_the_model():
+    import copy
+    import pickle
+
+    ref = reference("deberta-v2-tokcls")
+    model = from_pretrained(folder_of("deberta-v2-tokcls"))
+    logits = model(*inputs(model, ref))
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert np.array_equal(clone(*inputs(model, ref)), logits)
+        assert list(clone.state_dict()) == list(model.state_dict())
