@@ -294,3 +294,25 @@ def test_copies_and_pickles_keep_the_model():
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert np.array_equal(clone(*inputs(model, ref)), logits)
         assert list(clone.state_dict()) == list(model.state_dict())
+
+
+@pytest.mark.sim
+def test_a_sim_trainer_run_peaks_at_its_plan(tmp_path):
+    """The kind's buffers (statistics, the relative positions' input, table and gradient) are in
+    the plan: the device pool's peak is the Trainer's plan (tests/test_memory_plan.py's check)."""
+    import gc
+
+    ref = reference("deberta-v2-mlm")
+    model = from_pretrained(folder_of("deberta-v2-mlm")).to("sim")
+    x = np.repeat(model.pack(*inputs(model, ref)), 2, axis=0)
+    y = np.repeat(targets(ref), 2, axis=0)
+    gc.collect()
+    args = gt.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=6, learning_rate=1e-3,
+                                save_strategy="no", logging_steps=50, disable_tqdm=True, seed=3, device="sim",
+                                max_steps=1, bf16=True)
+    gt.reset_peak_memory_stats("sim:0")
+    trainer = gt.Trainer(model, args, train_dataset=(x, y))
+    plan = trainer.memory_plan()
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
