@@ -257,8 +257,11 @@ class DebertaLayer(Module):
         qkv = ("parallel", [self.q._spec_in(tied), self.k._spec_in(tied), self.v._spec_in(tied)])
         block = [table._spec_in(tied), *([norm._spec_in(tied)] if norm is not None else []),
                  *enc._dropout_spec(c.hidden_dropout)]
-        projections = [(self.pos_k or self.k) if c.c2p else None, (self.pos_q or self.q) if c.p2c else None]
-        block.append(("parallel", [m._spec_in(tied) for m in projections if m is not None]))
+        # [pos_key | pos_query]: the layer's key/query projections again (share_att_key: tied uses) or its own
+        pos_key = self.k if self.pos_k is None else self.pos_k
+        pos_query = self.q if self.pos_q is None else self.pos_q
+        projections = [pos_key] * c.c2p + [pos_query] * c.p2c
+        block.append(("parallel", [m._spec_in(tied) for m in projections]))
         attention = ("disentangled_attention", c.hidden_size, c.num_heads, c.attention_dropout, c.span,
                      c.position_buckets, c.max_relative_positions, c.c2p, c.p2c, block)
         drop = enc._dropout_spec(c.hidden_dropout)
