@@ -316,3 +316,20 @@ def test_a_sim_trainer_run_peaks_at_its_plan(tmp_path):
     trainer.train()
     assert trainer.state.global_step == 1
     assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
+
+
+def test_any_thread_count_gives_the_same_bits():
+    ref = reference("deberta-v2-seqcls")
+    previous = gt.get_num_threads()
+
+    def run(threads):
+        gt.set_num_threads(threads)
+        model = from_pretrained(folder_of("deberta-v2-seqcls"))
+        out = gt.TrainStep(model, model.loss_fn())(model.pack(*inputs(model, ref)), targets(ref))
+        return out.loss, {k: p.grad.copy() for k, p in model.named_parameters()}
+
+    try:
+        (one, grads_one), (three, grads_three) = run(1), run(3)
+    finally:
+        gt.set_num_threads(previous)
+    assert one == three and all(np.array_equal(grads_one[k], grads_three[k]) for k in grads_one)
