@@ -241,8 +241,8 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
+    GT_TRY(layout_layer(&model->root, &model->num_params));  /* checks every size before anything is allocated */
     GT_TRY(gt_block_alloc(device, step_scratch_request(model), &model->step_scratch));
-    GT_TRY(layout_layer(&model->root, &model->num_params));
     size_t bytes = param_arena_request(model);
     GT_TRY(gt_arena_create(&model->params, device, bytes));
     GT_TRY(gt_arena_create(&model->grads, device, bytes));
