@@ -293,6 +293,11 @@ GT_COUNTING_WRAPPERS(cuda, GT_DEVICE_CUDA)
 GT_COUNTING_WRAPPERS(sim, GT_DEVICE_SIM)
 
 void gt_device_backend_install(gt_device_kind kind, const gt_device_backend *table) {
+    if (kind == GT_DEVICE_CPU) {
+        real[kind] = table;
+        atomic_store(&tables[kind], table);
+        return;
+    }
     if (kind != GT_DEVICE_CUDA && kind != GT_DEVICE_SIM)
         return;
     real[kind] = table;
@@ -335,7 +340,10 @@ gt_status gt_device_backend_get(gt_device device, const char *arg_name, const gt
     char name[32];
     gt_device_name(device, name, sizeof name);
     int cuda = device.kind == GT_DEVICE_CUDA;  /* a CudaError in Python */
+    if (device.kind == GT_DEVICE_PINNED)
+        return GT_FAIL(GT_ERR_VALUE, "%s: 'pinned' is host memory for transfers, not a device to compute on",
+                       arg_name);
     return GT_FAIL(cuda ? GT_ERR_CUDA : GT_ERR_RUNTIME,
                    "%s: '%s' needs the %s backend, which was not compiled into this build of gputrain",
-                   arg_name, name, cuda ? "CUDA" : "sim");
+                   arg_name, name, cuda ? "CUDA" : device.kind == GT_DEVICE_CPU ? "cpu" : "sim");
 }

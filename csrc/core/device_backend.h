@@ -1,6 +1,7 @@
-/* The device interface: what nn/, train/ and data/ need from an accelerator (CUDA, or the
- * simulated device "sim"), as one table of functions per device kind. The CPU has no table:
- * its memory is the host's and its work runs on the calling thread (the direct path).
+/* The device interface: what nn/, train/ and data/ need from a device (CUDA, the simulated
+ * device "sim", or the CPU), as one table of functions per device kind. The CPU's table
+ * (sim/cpu_table.c) is over host memory: its copies are memcpy, its streams and events do
+ * nothing (the work is done when it is queued), and its kernels run on the calling thread.
  *
  * Conventions of every function below:
  *  - `index` is the device ordinal (cuda:N, sim:N); functions that take one make it current.
@@ -53,7 +54,7 @@ typedef struct gt_update_table {
 } gt_update_table;
 
 typedef struct gt_device_backend {
-    const char *name;  /* "cuda" or "sim" */
+    const char *name;  /* "cuda", "sim" or "cpu" */
 
     /* ---- memory: the allocator's pools call these (core/alloc.c) ---- */
     int (*device_count)(void);                                        /* usable devices; 0: none */
@@ -157,6 +158,10 @@ typedef struct gt_device_backend {
                            float *buf, size_t n);
     /* *count += 1 unless *found_inf (both device memory): the update count the tables index by. */
     gt_status (*count_update)(int index, gt_stream *stream, uint64_t *count, const int *found_inf);
+
+    /* 1 when the device's memory is the host's own (the cpu): the host may read and write it
+     * directly, and a host input needs no copy in; 0 for an accelerator (cuda, sim). */
+    int host_memory;
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table
@@ -179,14 +184,15 @@ void gt_device_counters_get(gt_device device, gt_device_counters *out);
 /* Sets the counters of `device` to zero. */
 void gt_device_counters_reset(gt_device device);
 
-/* Registers the table of an accelerator kind (GT_DEVICE_CUDA or GT_DEVICE_SIM); the registered
- * table is a copy whose functions count (gt_device_counters) and call `table`'s. */
+/* Registers the table of a device kind: for an accelerator (GT_DEVICE_CUDA or GT_DEVICE_SIM)
+ * the registered table is a copy whose functions count (gt_device_counters) and call `table`'s;
+ * the CPU's (GT_DEVICE_CPU) is registered as it is (nothing of it is a launch or a wait). */
 void gt_device_backend_install(gt_device_kind kind, const gt_device_backend *table);
 
-/* The table of `device`'s kind; NULL for cpu and pinned, and for a kind not compiled in. */
+/* The table of `device`'s kind; NULL for pinned and for a kind not compiled in. */
 const gt_device_backend *gt_device_backend_of(gt_device device);
 
-/* The table of an accelerator `device`, or (naming `arg_name`) GT_ERR_CUDA for a CUDA device and
+/* The table of `device`, or (naming `arg_name`) GT_ERR_CUDA for a CUDA device and
  * GT_ERR_RUNTIME otherwise when its backend is not in this build. */
 gt_status gt_device_backend_get(gt_device device, const char *arg_name, const gt_device_backend **out);
 

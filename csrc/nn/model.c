@@ -1,10 +1,12 @@
 /* Model lifetime: parameter layout (one f32 arena each for parameters and gradients, packed in
  * state_dict order), activation planning and allocation, forward, loss and backward.
  *
- * A model on an accelerator (cuda:N, sim:N) runs that device's op table (core/device_backend.h)
- * on the device's default stream, so its work is ordered with the optimizer's and with blocking
- * copies; its arenas are device memory.
- * Parameters are initialised in a host staging buffer and copied over; host inputs and targets
+ * A model runs its device's op table (core/device_backend.h: cpu, cuda:N, sim:N) on the
+ * device's default stream, so its work is ordered with the optimizer's and with blocking copies;
+ * its arenas are the device's memory (the host's own on the cpu, where the copies below are
+ * memcpy and the queued work is done at once).
+ * On a device whose memory is not the host's, parameters are initialised in a host staging
+ * buffer and copied over; host inputs and targets
  * are copied (queued on the stream, so the host memory must stay valid until the caller's next
  * wait) into device pieces of the loss region that the plan reserves (whether the input is on
  * the host or, a DeviceArray, read where it is: one plan for both); the per-row losses are
@@ -16,30 +18,22 @@
 #include <string.h>
 
 #include "core/cast.h"
-#include "core/loss_mean.h"
 #include "nn/init.h"
 #include "nn/kind.h"
 #include "nn/plan.h"
 
-static int on_device(const gt_model *model) { return model->device != NULL; }
+/* 1 when the host reads and writes the model's memory directly (the cpu's table). */
+static int host_memory(const gt_model *model) { return model->device->host_memory; }
 
 /* dst = src (bytes) between host memory and the model's memory, in the model's stream order. */
 static gt_status model_memcpy(gt_model *model, void *dst, const void *src, size_t bytes) {
-    if (on_device(model))
-        return model->device->memcpy(model->backend.device.index, dst, src, bytes);
-    if (bytes > 0)
-        memcpy(dst, src, bytes);
-    return GT_OK;
+    return model->device->memcpy(model->backend.device.index, dst, src, bytes);
 }
 
 /* Queues dst = src (bytes) from host memory into the model's memory on its stream; `src` must
  * stay valid until the stream has run it (on the cpu it is copied at once). */
 static gt_status model_copy_in(gt_model *model, void *dst, const void *src, size_t bytes) {
-    if (on_device(model))
-        return model->device->memcpy_async(model->backend.device.index, NULL, dst, src, bytes);
-    if (bytes > 0)
-        memcpy(dst, src, bytes);
-    return GT_OK;
+    return model->device->memcpy_async(model->backend.device.index, NULL, dst, src, bytes);
 }
 
 /* Gives `param` (its shape set by its kind's params hook) its element count and its offset in
@@ -195,13 +189,12 @@ static size_t lowp_arena_request(const gt_model *model, gt_dtype dt) {
 }
 
 /* Bytes of the block the backend allocates for itself when the model is created. */
-static size_t backend_request(const gt_model *model) {
-    return model->device ? model->device->backend_scratch_bytes : 0;
-}
+static size_t backend_request(const gt_model *model) { return model->device->backend_scratch_bytes; }
 
-/* Bytes of the training step's scratch block, allocated with an accelerator model. */
+/* Bytes of the training step's scratch block, allocated with the model. */
 static size_t step_scratch_request(const gt_model *model) {
-    return model->device ? GT_MODEL_STEP_SCRATCH_BYTES : 0;
+    (void)model;
+    return GT_MODEL_STEP_SCRATCH_BYTES;
 }
 
 /* A new half-precision copy of the parameters in `dt` (an empty arena for f32), filled from the
@@ -227,13 +220,10 @@ static void swap_lowp(gt_model *model, gt_dtype dt, gt_arena *fresh) {
     point_layer(&model->root, model);
 }
 
-/* The op table of `device`: an accelerator's (with its backend state, on the default stream),
- * else the CPU's. */
+/* The op table of `device` (with its backend state, on the default stream). */
 static gt_status init_backend(gt_model *model, gt_device device) {
     model->backend.ops = gt_cpu_ops();
     model->backend.device = device;
-    if (!gt_device_is_accelerator(device))
-        return GT_OK;
     const gt_device_backend *table = NULL;
     GT_TRY(gt_device_backend_get(device, "device", &table));
     GT_TRY(table->backend_init(&model->backend, device.index, NULL));
@@ -251,9 +241,8 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
-    if (step_scratch_request(model))
-        GT_TRY(gt_block_alloc(device, step_scratch_request(model), &model->step_scratch));
-    GT_TRY(layout_layer(&model->root, &model->num_params));
+    GT_TRY(layout_layer(&model->root, &model->num_params));  /* checks every size before anything is allocated */
+    GT_TRY(gt_block_alloc(device, step_scratch_request(model), &model->step_scratch));
     size_t bytes = param_arena_request(model);
     GT_TRY(gt_arena_create(&model->params, device, bytes));
     GT_TRY(gt_arena_create(&model->grads, device, bytes));
@@ -269,7 +258,7 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
 }
 
 void gt_model_destroy(gt_model *model) {
-    if (model->device)
+    if (model->device)  /* NULL when the creation failed before the backend */
         model->device->backend_release(&model->backend);
     gt_block_free(&model->step_scratch);
     gt_arena_destroy(&model->activations);
@@ -305,7 +294,7 @@ static gt_status init_params_staged(gt_model *model, uint64_t seed) {
 }
 
 gt_status gt_model_init_params(gt_model *model, uint64_t seed) {
-    if (on_device(model) && model->num_params > 0)
+    if (!host_memory(model) && model->num_params > 0)
         GT_TRY(init_params_staged(model, seed));
     else
         gt_init_layer_tree(&model->root, seed);
@@ -370,7 +359,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     GT_TRY(add_piece(&loss, bytes, what, &t->dout));
     GT_TRY(gt_size_mul(rows, sizeof(float), what, &bytes));
     GT_TRY(add_piece(&loss, bytes, what, &t->losses));
-    int copies_input = on_device(model);  /* room for a host input's copy, used or not by a device input */
+    int copies_input = !host_memory(model);  /* room for a host input's copy, used or not by a device input */
     GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
     GT_TRY(add_piece(&loss, copies_input ? bytes : 0, what, &t->input));
     size_t labels = 0, values = 0;
@@ -643,13 +632,10 @@ gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, con
 }
 
 /* Adds the mean of `values` (rows; count NULL: an MSE's mean) to *loss_sum, in the model's
- * memory: at once on the cpu, queued on the stream on a device. */
+ * memory, queued on its stream (the cpu's runs at once). */
 static gt_status add_mean(gt_model *model, const float *values, int64_t rows, const int64_t *count,
                           double *loss_sum) {
-    if (on_device(model))
-        return model->device->loss_accumulate(model->backend.device.index, NULL, values, rows, count, loss_sum);
-    *loss_sum += gt_loss_mean(values, rows, count);
-    return GT_OK;
+    return model->device->loss_accumulate(model->backend.device.index, NULL, values, rows, count, loss_sum);
 }
 
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
@@ -662,8 +648,7 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
         GT_TRY(model_copy_in(model, model->targets_device, targets->ptr, gt_tensor_bytes(targets)));
         target_data = model->targets_device;
     }
-    gt_step_record host = {0};  /* the cpu's results; a device model's are in its step record */
-    gt_step_record *results = on_device(model) ? (gt_step_record *)model->step_scratch.ptr + model->step_record : &host;
+    gt_step_record *results = (gt_step_record *)model->step_scratch.ptr + model->step_record;  /* the op's results */
     if (loss->kind == GT_LOSS_MSE) {
         GT_TRY(ops->mse(&model->backend, &results->mse, model->dout, out->ptr, target_data,
                         (int64_t)gt_tensor_numel(out), loss_scale, dloss_divisor, model->dt));
@@ -766,7 +751,7 @@ gt_status gt_model_zero_gradients(gt_model *model) {
 
 gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host) {
     size_t n = gt_tensor_numel(t);
-    if (!on_device(model))
+    if (host_memory(model))
         return model->backend.ops->cast(&model->backend, host, GT_F32, t->ptr, t->dtype, (int64_t)n);
     if (t->dtype == GT_F32)
         return model_memcpy(model, host, t->ptr, n * sizeof(float));

@@ -46,7 +46,7 @@ typedef struct gt_model_plan {
     size_t buffer_arena_bytes;      /* the buffer arena (0 without buffers) */
     size_t activation_arena_bytes;  /* activations, recompute, scratch, loss buffers, workspace */
     size_t backend_arena_bytes;     /* the backend's own scratch block (accelerator models), else 0 */
-    size_t step_scratch_bytes;      /* the training step's device scratch block (accelerator models), else 0 */
+    size_t step_scratch_bytes;      /* the training step's scratch block (in the model's device memory) */
 } gt_model_plan;
 
 /* A device model's training step in device memory (its step_scratch block): what the step's
@@ -82,14 +82,14 @@ typedef struct gt_model_arenas {
     size_t buffers;      /* the buffer arena */
     size_t activations;  /* the activation arena (0 until a forward plans it) */
     size_t backend;      /* the backend's scratch (accelerator models) */
-    size_t step_scratch; /* the training step's device scratch (accelerator models) */
+    size_t step_scratch; /* the training step's scratch (in the model's device memory) */
 } gt_model_arenas;
 
 
 typedef struct gt_model {
     gt_layer root;              /* the top-level Sequential */
     gt_backend backend;         /* ops used by every layer */
-    const gt_device_backend *device; /* the accelerator's interface; NULL on the cpu */
+    const gt_device_backend *device; /* the device's interface (the cpu's too) */
     gt_dtype dt;                /* activation precision: f32, f16 or bf16 */
     uint64_t seed;              /* initialisation and dropout seed */
     uint32_t step;              /* optimizer steps taken (dropout key) */
@@ -125,9 +125,9 @@ typedef struct gt_model {
     int64_t positions_stride;   /* has_positions: elements between their rows */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */
     int step_record;            /* the record of step_scratch the step in progress writes */
-    gt_block step_scratch;      /* a gt_step_scratch in device memory of a device model, for the
-                                   training step's kernels, allocated with the model so a step
-                                   allocates nothing; empty on the cpu */
+    gt_block step_scratch;      /* a gt_step_scratch in the model's device memory (the host's on the
+                                   cpu), for the training step's kernels, allocated with the model
+                                   so a step allocates nothing */
     gt_scaler scaler_mirror;    /* what step_scratch's scaler holds once the queued work has run */
     int scaler_mirrored;        /* 1 when scaler_mirror is known (0: the next scaled step copies it in) */
 } gt_model;

@@ -1,6 +1,7 @@
 /* gputrain._C: multi-phase initialisation, module state, and the exec slot that
  * registers every binding file (STYLE.md, "The binding layer"). */
 #define GTPY_IMPORTS_NUMPY
+#include "sim/cpu_table.h"
 #include "sim/sim.h"
 #include "py/gtpy.h"
 #include "py/external.h"
@@ -64,6 +65,7 @@ static int module_exec(PyObject *module) {
     gt_cuda_install_hooks();
 #endif
     gt_sim_install();
+    gt_cpu_device_install();
     gt_blas_init();
     gt_threads_init();
     for (size_t i = 0; i < sizeof registrations / sizeof registrations[0]; i++)

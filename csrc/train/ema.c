@@ -1,6 +1,5 @@
 #include "train/ema.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,8 +10,6 @@
 #include "core/device_backend.h"
 
 enum {
-    PARALLEL_MIN = 32768,    /* elements below which a pass stays on one thread */
-    SHARE_ALIGN = 16,        /* thread shares start on multiples of this many elements */
     STAGING_NUMEL = 1 << 20, /* host-shadow staging chunk for device parameters, elements */
 };
 
@@ -26,7 +23,7 @@ typedef struct ema_run {
 
 struct gt_ema {
     gt_device device;        /* where the parameters live */
-    const gt_device_backend *dev; /* the device's interface; NULL on the cpu */
+    const gt_device_backend *dev; /* the device's interface (the cpu's too) */
     int on_host;             /* 1: the shadow is in pinned host memory */
     gt_stream *compute_stream; /* accelerator: the stream the kernels are queued on (NULL: default) */
     gt_arena arena;          /* shadow (total,) [+ staging (staging_numel,)] */
@@ -44,11 +41,9 @@ struct gt_ema {
     float pending_weight;    /* f32(1 - decay) of the pending update */
 };
 
-/* Waits for the compute stream (an accelerator) before blocking copies touch device memory. */
+/* Waits for the compute stream before blocking copies touch device memory. */
 static gt_status settle(const gt_ema *ema) {
-    if (ema->dev)
-        return ema->dev->stream_synchronize(ema->device.index, ema->compute_stream);
-    return GT_OK;
+    return ema->dev->stream_synchronize(ema->device.index, ema->compute_stream);
 }
 
 static gt_status build_runs(gt_ema *ema, float *const *params) {
@@ -78,9 +73,11 @@ static gt_status allocate(gt_ema *ema, size_t num_params) {
     return GT_OK;
 }
 
-/* Elements of the staging buffer: only a host shadow of accelerator parameters streams through one. */
+/* Elements of the staging buffer: only a host shadow of parameters in device memory (not the
+ * host's) streams through one. */
 static size_t staging_numel_of(gt_device device, int on_host, size_t total) {
-    if (!on_host || !gt_device_is_accelerator(device))
+    const gt_device_backend *dev = gt_device_backend_of(device);
+    if (!on_host || !dev || dev->host_memory)
         return 0;
     return total < STAGING_NUMEL ? total : STAGING_NUMEL;
 }
@@ -147,7 +144,7 @@ gt_status gt_ema_create(gt_device device, int on_host, gt_stream *compute_stream
     ema->device = device;
     ema->on_host = on_host != 0;
     ema->compute_stream = compute_stream;
-    gt_status status = gt_device_is_accelerator(device) ? gt_device_backend_get(device, "device", &ema->dev) : GT_OK;
+    gt_status status = gt_device_backend_get(device, "device", &ema->dev);
     if (status == GT_OK)
         status = build(ema, params, numels, num_params);
     if (status != GT_OK) {
@@ -174,43 +171,6 @@ void gt_ema_destroy(gt_ema *ema) {
 }
 
 size_t gt_ema_bytes(const gt_ema *ema) { return ema->arena.block.bytes; }
-
-/* ------------------------------------------------------------ host passes --------- */
-
-typedef void (*run_pass)(float *shadow, float *param, size_t n, float weight);
-
-static void lerp_pass(float *shadow, float *param, size_t n, float weight) { gt_ema_cpu(shadow, param, weight, n); }
-
-static void swap_pass(float *shadow, float *param, size_t n, float weight) {
-    for (size_t i = 0; i < n; i++) {
-        float kept = shadow[i];
-        shadow[i] = param[i];
-        param[i] = kept;
-    }
-}
-
-static size_t share_bound(size_t total, size_t t, size_t threads) {
-    if (t >= threads)
-        return total;
-    size_t bound = (size_t)((double)total * (double)t / (double)threads);
-    return bound - bound % SHARE_ALIGN;
-}
-
-/* One OpenMP region over all runs, each thread taking its share of the elements. */
-static void host_pass(gt_ema *ema, run_pass pass, float weight) {
-#pragma omp parallel if (ema->total >= PARALLEL_MIN)
-    {
-        size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-        size_t begin = share_bound(ema->total, t, threads), end = share_bound(ema->total, t + 1, threads);
-        for (size_t k = 0; k < ema->num_runs && begin < end; k++) {
-            const ema_run *run = &ema->runs[k];
-            size_t lo = begin > run->work_begin ? begin : run->work_begin;
-            size_t hi = end < run->work_begin + run->numel ? end : run->work_begin + run->numel;
-            if (lo < hi)
-                pass(run->shadow + (lo - run->work_begin), run->param + (lo - run->work_begin), hi - lo, weight);
-        }
-    }
-}
 
 /* ------------------------------------------------------------ device passes ------- */
 
@@ -275,8 +235,9 @@ static gt_status staged_pass(gt_ema *ema, int swap, float weight) {
     return GT_OK;
 }
 
-static gt_status device_pass(gt_ema *ema, int swap, float weight) {
-    if (ema->on_host)
+/* The average (or, with `swap`, the exchange) of every run, by the device's kernels. */
+static gt_status run(gt_ema *ema, int swap, float weight) {
+    if (ema->staging_numel)
         return staged_pass(ema, swap, weight);
     for (size_t k = 0; k < ema->num_runs; k++) {
         const ema_run *run = &ema->runs[k];
@@ -286,13 +247,6 @@ static gt_status device_pass(gt_ema *ema, int swap, float weight) {
             GT_TRY(ema->dev->ema(ema->device.index, ema->compute_stream, run->shadow, run->param, weight,
                                  run->numel));
     }
-    return GT_OK;
-}
-
-static gt_status run(gt_ema *ema, int swap, float weight) {
-    if (ema->dev)
-        return device_pass(ema, swap, weight);
-    host_pass(ema, swap ? swap_pass : lerp_pass, weight);
     return GT_OK;
 }
 

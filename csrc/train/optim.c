@@ -34,7 +34,6 @@ typedef struct optim_segment {
     const float *grad;       /* (numel,) device gradients */
     size_t offset;           /* flat element of param[0] */
     size_t numel;            /* elements */
-    size_t work_begin;       /* elements of earlier device segments (thread-share bookkeeping) */
     size_t group;            /* hyperparameter group of its parameters */
     union {
         gt_adamw_scalars adamw;  /* AdamW constants for this run's step count */
@@ -44,7 +43,7 @@ typedef struct optim_segment {
 
 struct gt_optimizer {
     gt_optimizer_config config;       /* kind, numerics, device, offload settings */
-    const gt_device_backend *dev;     /* the device's interface; NULL on the cpu */
+    const gt_device_backend *dev;     /* the device's interface (the cpu's too) */
     gt_optim_hparams *groups;         /* (num_groups,) hyperparameters */
     size_t num_groups;                /* groups */
     optim_param *params;              /* (num_params,) */
@@ -111,8 +110,6 @@ static gt_status check_config(const gt_optimizer_config *c) {
         return GT_FAIL(GT_ERR_VALUE, "zero_rank: must be in [0, %d) ranks, got %d", c->zero_size, c->zero_rank);
     if (c->device.kind == GT_DEVICE_PINNED)
         return GT_FAIL(GT_ERR_VALUE, "device: parameters must be on 'cpu' or 'cuda:N', not 'pinned'");
-    if (!gt_device_is_accelerator(c->device))
-        return GT_OK;
     const gt_device_backend *table = NULL;
     GT_TRY(gt_device_backend_get(c->device, "device", &table));
     if (c->device.index >= table->device_count()) {
@@ -228,10 +225,7 @@ static gt_status create_device_state(gt_optimizer *opt) {
         void *piece = NULL;
         GT_TRY(gt_arena_take(&opt->device_arena, bytes, &piece));
         opt->slot[s] = piece;
-        if (opt->dev)
-            GT_TRY(opt->dev->memset(opt->config.device.index, piece, 0, bytes));
-        else
-            memset(piece, 0, bytes);
+        GT_TRY(opt->dev->memset(opt->config.device.index, piece, 0, bytes));
     }
     return create_table(opt);
 }
@@ -461,11 +455,6 @@ static size_t build_segments(gt_optimizer *opt, float grad_coef, size_t *num_dev
         total += run.numel;
         i = j;
     }
-    size_t work = 0;
-    for (size_t k = 0; k < *num_device; k++) {
-        opt->segments[k].work_begin = work;
-        work += opt->segments[k].numel;
-    }
     return total;
 }
 
@@ -493,27 +482,8 @@ static size_t share_bound(size_t total, size_t t, size_t threads) {
     return bound < total ? bound : total;
 }
 
-/* The device share on the CPU: one OpenMP region, each thread walking its elements of the runs. */
-static void run_device_cpu(gt_optimizer *opt, size_t num_device) {
-    const optim_segment *segs = opt->segments;
-    size_t total = num_device ? segs[num_device - 1].work_begin + segs[num_device - 1].numel : 0;
-#pragma omp parallel if (total >= PARALLEL_MIN)
-    {
-        size_t threads = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-        size_t begin = share_bound(total, t, threads), end = share_bound(total, t + 1, threads);
-        for (size_t k = 0; k < num_device && begin < end; k++) {
-            const optim_segment *seg = &segs[k];
-            size_t lo = begin > seg->work_begin ? begin : seg->work_begin;
-            size_t hi = end < seg->work_begin + seg->numel ? end : seg->work_begin + seg->numel;
-            if (lo >= hi)
-                continue;
-            size_t first = lo - seg->work_begin;
-            update_run(opt, seg, seg->param + first, seg->grad + first, opt->slot, seg->offset + first, hi - lo);
-        }
-    }
-}
-
-/* The device share on an accelerator: one kernel per run, queued on the compute stream. */
+/* The device share: one kernel per run, queued on the compute stream (the cpu's run at once,
+ * each over all threads). */
 static gt_status run_device_kernels(gt_optimizer *opt, size_t num_device) {
     int index = opt->config.device.index;
     gt_stream *stream = opt->config.compute_stream;
@@ -542,7 +512,7 @@ typedef struct host_update_ctx {
  * on the CPU "device", whose copies run on a thread of their own and need a core. */
 static int host_update_threads(const gt_optimizer *opt) {
     int threads = omp_get_max_threads();
-    if (opt->config.device.kind == GT_DEVICE_CPU && threads > 1)
+    if (opt->dev->host_memory && threads > 1)
         threads--;
     return threads;
 }
@@ -609,10 +579,7 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
         return GT_OK;
     if (num_host > 0)
         GT_TRY(gt_offload_begin(&opt->offload));
-    if (opt->dev)
-        GT_TRY(run_device_kernels(opt, num_device));
-    else
-        run_device_cpu(opt, num_device);
+    GT_TRY(run_device_kernels(opt, num_device));
     if (num_host > 0)
         GT_TRY(run_host(opt, num_host));
     advance_steps(opt);
@@ -620,12 +587,10 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
     return GT_OK;
 }
 
-/* Waits for the update kernels queued on the compute stream (an accelerator), so that blocking
- * copies of device memory see their results. */
+/* Waits for the update kernels queued on the compute stream, so that blocking copies of device
+ * memory see their results. */
 static gt_status settle(const gt_optimizer *opt) {
-    if (opt->dev)
-        return opt->dev->stream_synchronize(opt->config.device.index, opt->config.compute_stream);
-    return GT_OK;
+    return opt->dev->stream_synchronize(opt->config.device.index, opt->config.compute_stream);
 }
 
 gt_status gt_optimizer_synchronize(const gt_optimizer *opt) { return settle(opt); }
@@ -633,8 +598,6 @@ gt_status gt_optimizer_synchronize(const gt_optimizer *opt) { return settle(opt)
 /* ------------------------------------------------------------ norms --------------- */
 
 gt_status gt_grad_sumsq_on(gt_device device, gt_stream *stream, const float *grad, size_t n, double *out) {
-    if (!gt_device_is_accelerator(device))
-        return gt_grad_sumsq(grad, n, out);
     const gt_device_backend *table = NULL;
     GT_TRY(gt_device_backend_get(device, "device", &table));
     return table->grad_sumsq(device.index, stream, grad, n, out);

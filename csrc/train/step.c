@@ -114,7 +114,8 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         GT_TRY(gt_model_forward(model, &x, micro, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, loss_scale, dloss_divisor, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        int overlap = cfg->comm && !model->device && !sharded(cfg) && m == cfg->micro_batches - 1;  /* device: staged */
+        int overlap = cfg->comm && model->device->host_memory && !sharded(cfg) &&
+                      m == cfg->micro_batches - 1;  /* a device's are queued after it (sum_over_ranks) */
         gt_status status = overlap ? backward_summed(model, &x, micro, accumulate, cfg->comm)
                                : gt_model_backward(model, &x, micro, accumulate);
         if (status != GT_OK && cfg->comm)
@@ -122,27 +123,6 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         GT_TRY(status);
     }
     model->grads_valid = 1;
-    return GT_OK;
-}
-
-/* The step's sums on the cpu: gradients and losses, then the unscale + inf check and, when
- * the gradients are finite and `want_norm`, their sum of squares. */
-static gt_status sums_on_host(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
-                              const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
-                              gt_step_sums *out) {
-    GT_TRY(accumulate_gradients(model, inputs, targets, cfg, scaler ? &scaler->scale : NULL, &out->loss_sum));
-    GT_TRY(sum_losses(model, cfg, &out->loss_sum));
-    if (sharded(cfg)) {
-        gt_status status = gt_zero_sums(cfg->comm, model->grads.block.ptr, model->num_params, scaler, want_norm,
-                                        &out->found_inf, &out->grad_sumsq);
-        if (status != GT_OK)
-            model->grads_valid = 0;  /* part of them may be summed */
-        return status;
-    }
-    if (scaler)
-        GT_TRY(gt_scaler_unscale_check(scaler, model->grads.block.ptr, model->num_params, &out->found_inf));
-    if (!out->found_inf && want_norm)
-        GT_TRY(gt_grad_sumsq(model->grads.block.ptr, model->num_params, &out->grad_sumsq));
     return GT_OK;
 }
 
@@ -158,13 +138,35 @@ static int lagging(const gt_step_config *cfg) {
     return cfg->deferred && cfg->optimizer && gt_optimizer_pending(cfg->optimizer) > 0;
 }
 
-/* The same sums on an accelerator: everything is queued on the model's stream (the losses
- * summed into the step record, the offloaded share's gradients copied into its staging), then
- * the record is read back, the step's one wait. A failure
- * of the queued work (e.g. a target out of range) surfaces at that read, before the update. */
-static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
-                                const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
-                                gt_step_sums *out) {
+/* Data parallelism after the last backward. A model in host memory (the cpu) has exchanged its
+ * gradient buckets during that backward (backward_summed) or, as a ZeRO-1 shard, reduce-scatters
+ * them here with the inf check and the norm of gt_zero_sums written into the record (*sums_done);
+ * its loss sum is summed by the host. On a device the sums of the gradients and of the loss are
+ * queued on it. */
+static gt_status sum_over_ranks(gt_model *model, const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
+                                int *sums_done) {
+    gt_step_record *record = gt_step_device_record(model, model->step_record);
+    if (!model->device->host_memory)
+        return device_sum_over_ranks(model, cfg->comm);
+    GT_TRY(sum_losses(model, cfg, &record->loss_sum));
+    if (!sharded(cfg))
+        return GT_OK;
+    *sums_done = 1;
+    gt_status status = gt_zero_sums(cfg->comm, model->grads.block.ptr, model->num_params, scaler, want_norm,
+                                    &record->found_inf, &record->grad_sumsq);
+    if (status != GT_OK)
+        model->grads_valid = 0;  /* part of them may be summed */
+    if (status == GT_OK && scaler)
+        status = gt_step_device_scaler_update(model);
+    return status;
+}
+
+/* The step's sums: everything is queued on the model's stream (the losses summed into the step
+ * record, the offloaded share's gradients copied into its staging), then the record is read back,
+ * the step's one wait (on the cpu the work is done as it is queued). A failure of the queued work
+ * (e.g. a target out of range) surfaces at that read, before the update. */
+static gt_status step_sums(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
+                           const gt_step_config *cfg, const gt_scaler *scaler, int want_norm, gt_step_sums *out) {
     GT_TRY(gt_step_device_begin(model, cfg->record));
     gt_step_record *record = gt_step_device_record(model, cfg->record);
     const float *loss_scale = NULL;
@@ -173,11 +175,12 @@ static gt_status sums_on_device(gt_model *model, const gt_tensor *inputs, const 
     else if (scaler)
         GT_TRY(gt_step_device_scale(model, scaler, &loss_scale));
     GT_TRY(accumulate_gradients(model, inputs, targets, cfg, loss_scale, &record->loss_sum));
+    int sums_done = 0;
     if (cfg->comm)
-        GT_TRY(device_sum_over_ranks(model, cfg->comm));
-    if (scaler)
+        GT_TRY(sum_over_ranks(model, cfg, scaler, want_norm, &sums_done));
+    if (scaler && !sums_done)
         GT_TRY(gt_step_device_unscale(model));
-    if (want_norm)
+    if (want_norm && !sums_done)
         GT_TRY(gt_step_device_sumsq(model));
     if (cfg->deferred) {  /* the result stays in the record: no wait, nothing on the host depends on it */
         if (cfg->max_grad_norm > 0.0)  /* the clip, decided on the device from the record's norm */
@@ -219,10 +222,7 @@ static gt_status undo_buffers(gt_model *model, gt_status status) {
 static gt_status prepare_update(gt_model *model, const gt_tensor *inputs, const gt_tensor *targets,
                                 const gt_step_config *cfg, const gt_scaler *scaler, int want_norm,
                                 gt_step_sums *sums) {
-    if (model->device)
-        GT_TRY(sums_on_device(model, inputs, targets, cfg, scaler, want_norm, sums));
-    else
-        GT_TRY(sums_on_host(model, inputs, targets, cfg, scaler, want_norm, sums));
+    GT_TRY(step_sums(model, inputs, targets, cfg, scaler, want_norm, sums));
     return poll_interrupt(model, cfg, 1);  /* the last point before anything is updated */
 }
 
@@ -237,7 +237,7 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
         return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d), got %d", GT_STEP_RECORDS, cfg->record);
     if (!cfg->deferred)
         return GT_OK;
-    if (!model->device)
+    if (model->device->host_memory)  /* its work is done when queued: nothing to defer */
         return GT_FAIL(GT_ERR_VALUE, "sync: a deferred result needs a model on an accelerator (cuda:N or sim:N)");
     if (cfg->guard)
         return GT_FAIL(GT_ERR_VALUE, "sync=False: a spike guard decides the update from the step's result on the "
@@ -254,7 +254,7 @@ static gt_status check_deferred(const gt_model *model, const gt_step_config *cfg
  * is known at the step's read, before the update: a deferred step (no read) would update from
  * gradients that were never summed. */
 static gt_status check_comm(const gt_model *model, const gt_step_config *cfg) {
-    if (cfg->comm && model->device && cfg->deferred)
+    if (cfg->comm && cfg->deferred)
         return GT_FAIL(GT_ERR_VALUE, "sync=False: data parallelism checks the collectives at the step's read, "
                        "before the update; use sync=True with distributed.init()");
     return GT_OK;
@@ -270,13 +270,9 @@ static gt_status check_zero(const gt_step_config *cfg) {
     return GT_OK;
 }
 
-/* Every rank's updated shard to every rank: by the host, or queued on a device model's device
- * after the update (its offloaded share's copies included), before the half copy's refresh. */
-static gt_status gather_shards(gt_model *model, gt_comm *comm) {
-    if (!model->device)
-        return gt_comm_allgather(comm, model->params.block.ptr, model->num_params, sizeof(float));
-    return gt_step_device_gather_shards(model, comm);
-}
+/* Every rank's updated shard to every rank, queued on the model's device after the update (its
+ * offloaded share's copies included), before the half copy's refresh. */
+static gt_status gather_shards(gt_model *model, gt_comm *comm) { return gt_step_device_gather_shards(model, comm); }
 
 _Static_assert(offsetof(gt_step_record, sumsq_totals) <= GT_OPTIM_RESULT_BYTES,
                "a step record's head is a deferred step's result");
@@ -341,7 +337,7 @@ gt_status gt_train_step(gt_model *model, const gt_tensor *inputs, const gt_tenso
 }
 
 gt_status gt_step_read_record(gt_model *model, int record, int micro_batches, int want_norm, gt_step_result *out) {
-    if (!model->device)
+    if (model->device->host_memory)  /* the cpu's step is never deferred: its result is the step's */
         return GT_FAIL(GT_ERR_VALUE, "model: step records are kept by models on an accelerator (cuda:N or sim:N)");
     if (record < 0 || record >= GT_STEP_RECORDS || micro_batches < 1)
         return GT_FAIL(GT_ERR_VALUE, "record: must be in [0, %d) with micro_batches >= 1, got %d and %d",

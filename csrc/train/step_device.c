@@ -49,10 +49,13 @@ const float *gt_step_device_own_scale(gt_model *model) {
 gt_status gt_step_device_unscale(gt_model *model) {
     gt_scaler *state = &scratch_of(model)->scaler;
     gt_step_record *record = current(model);
-    int index = index_of(model);
-    GT_TRY(model->device->scaler_unscale_check(index, NULL, state, model->grads.block.ptr, model->num_params,
-                                               &record->found_inf));
-    return model->device->scaler_update(index, NULL, state, &record->found_inf);
+    GT_TRY(model->device->scaler_unscale_check(index_of(model), NULL, state, model->grads.block.ptr,
+                                               model->num_params, &record->found_inf));
+    return gt_step_device_scaler_update(model);
+}
+
+gt_status gt_step_device_scaler_update(gt_model *model) {
+    return model->device->scaler_update(index_of(model), NULL, &scratch_of(model)->scaler, &current(model)->found_inf);
 }
 
 void gt_step_device_scaler_ran(gt_model *model, int found_inf) {

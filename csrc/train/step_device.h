@@ -1,5 +1,5 @@
-/* The parts of the training step (train/step.c) that run on an accelerator through
- * core/device_backend.h, with the step record (nn/model.h's gt_step_record, in the model's
+/* The parts of the training step (train/step.c) that run on the model's device through
+ * core/device_backend.h (the cpu's table runs them at once), with the step record (nn/model.h's gt_step_record, in the model's
  * step scratch) as the only memory they touch besides the model's arenas: the loss sum, the
  * loss scaler's unscale + inf check and growth/backoff (its state kept in the step scratch) and
  * the gradients' sum of squares are queued on the model's stream, and the host reads the record
@@ -39,6 +39,10 @@ const float *gt_step_device_own_scale(gt_model *model);
  * (as gt_step_device_scale left it), setting the record's inf flag, then the scaler's
  * growth/backoff from that flag on the device (core/scaler_rules.h). */
 gt_status gt_step_device_unscale(gt_model *model);
+
+/* Queues the device scaler's growth/backoff from the record's inf flag (core/scaler_rules.h), for
+ * a step whose inf flag was set otherwise (a ZeRO-1 shard's in host memory: train/zero.h). */
+gt_status gt_step_device_scaler_update(gt_model *model);
 
 /* Records that the queued scaler update has run with `found_inf` (after the record's read): the
  * mirror follows the device's state, so the next step copies nothing when the host's scaler

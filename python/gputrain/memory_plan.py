@@ -7,7 +7,7 @@
     plan["cpu"]["total"]              # == the cpu pool's peak after the first step, to the byte
 
 Every number comes from the C planner of the code that later allocates it (the model's arenas,
-the step scratch of a model on an accelerator, the optimizer's device and pinned arenas, the EMA
+the model's step scratch, the optimizer's device and pinned arenas, the EMA
 shadow, the loader's slots and, with its device=, its device batches), as the allocator reserves it (whole GT_ALIGN blocks); Python only
 adds them up per memory kind: "cpu", "pinned", "cuda:N" and "sim:N", the pools of
 gputrain.memory_stats.
@@ -169,7 +169,7 @@ def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tup
         for name in _ACTIVATION_PARTS:
             _add(regions, device, name, parts[name])
     _add(regions, device, "backend_scratch", arenas["backend_scratch"])
-    _add(regions, device, "step_scratch", arenas["step_scratch"])  # the device step's scaler state and flags
+    _add(regions, device, "step_scratch", arenas["step_scratch"])  # the step's records and scaler state (every device)
     return arenas["activations"]
 
 
