@@ -1,8 +1,10 @@
-"""What the model benchmarks (bench_gpt.py, bench_cnn.py) share: gputrain's and PyTorch's AdamW
-steps on the same model, PyTorch's timed beside ours, and the metrics each reports."""
+"""What the model benchmarks (bench_gpt.py, bench_cnn.py, bench_decoder_step.py, bench_encoder_step.py)
+share: gputrain's and PyTorch's AdamW steps on the same model, PyTorch's timed beside ours, and the
+metrics each reports."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,16 +28,41 @@ def torch_adamw_step(torch: Any, model: Any, x: Any, y: Any, lr: float, weight_d
     (optionally under CPU autocast to bf16), using gputrain's thread count."""
     torch.set_num_threads(gt.get_num_threads())
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    return torch_train_step(torch, optimizer, lambda: model(x), lambda logits: logits_loss(torch, logits, y),
+                            autocast_bf16)
+
+
+def logits_loss(torch: Any, logits: Any, y: Any) -> Any:
+    """cross_entropy of `logits` (in float32) against `y` over the last dimension."""
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def torch_train_step(torch: Any, optimizer: Any, forward: Callable[[], Any], loss: Callable[[Any], Any],
+                     autocast_bf16: bool) -> Callable[[], None]:
+    """A PyTorch training step: zero_grad(set_to_none=True), `forward()` (under CPU autocast to bf16
+    when autocast_bf16), `loss` of its output, backward, optimizer.step()."""
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
+            output = forward()
+        loss(output).backward()
         optimizer.step()
 
     return step
+
+
+def torch_fused_adamw(torch: Any, params: Any, lr: float, weight_decay: float) -> tuple[Any, str]:
+    """torch.optim.AdamW(fused=True) where this PyTorch has a fused CPU AdamW, else foreach; and which."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True), "fused"
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True), "foreach"
+
+
+def env_int(name: str, default: int) -> int:
+    """The integer environment variable `name`, else `default` (the benchmarks' size knobs)."""
+    return int(os.environ.get(name, default))
 
 
 def torch_baseline(precision: str, torch_step: Callable[[bool], Callable[[], None]]) -> tuple[str, Timed] | None:

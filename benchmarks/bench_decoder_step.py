@@ -35,18 +35,14 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import report
+from _model_bench import env_int, logits_loss, report, torch_fused_adamw, torch_train_step
 from _timing import Timed, pedantic, sgemm_peak
 
-
-def _env(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-LAYERS, SEQ, ROUNDS = _env("DECODER_BENCH_LAYERS", 4), _env("DECODER_BENCH_T", 256), _env("DECODER_BENCH_ROUNDS", 3)
+LAYERS, SEQ = env_int("DECODER_BENCH_LAYERS", 4), env_int("DECODER_BENCH_T", 256)
+ROUNDS = env_int("DECODER_BENCH_ROUNDS", 3)
 VOCAB = os.environ.get("DECODER_BENCH_VOCAB")
 if os.environ.get("DECODER_BENCH_THREADS"):  # both libraries run with gputrain's thread count
-    gt.set_num_threads(_env("DECODER_BENCH_THREADS", 1))
+    gt.set_num_threads(env_int("DECODER_BENCH_THREADS", 1))
 LR, WEIGHT_DECAY = 1e-5, 0.1
 
 # The published config.json fields that change the arithmetic (Llama-3.2-1B, Qwen3-0.6B).
@@ -88,14 +84,6 @@ def batch_data(vocab: int) -> tuple[np.ndarray, np.ndarray]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def torch_adamw(torch: Any, params: Any) -> tuple[Any, str]:
-    """AdamW(fused=True) where this PyTorch has a fused CPU AdamW, else foreach."""
-    try:
-        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=True), "fused"
-    except (RuntimeError, ValueError):
-        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, foreach=True), "foreach"
-
-
 def models(family: str) -> tuple[Any, Any, Any]:
     """transformers' model (random init, seed 0) and gputrain's copy of it, and the config."""
     torch = pytest.importorskip("torch")
@@ -120,16 +108,10 @@ def test_decoder_step(benchmark, gputrain_benchmark, family, precision):
     x, y = batch_data(config.vocab_size)
     optimizer = gt.optim.AdamW(ours.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     step = gt.TrainStep(ours, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
-    torch_optimizer, adamw_kind = torch_adamw(torch, hf.parameters())
+    torch_optimizer, adamw_kind = torch_fused_adamw(torch, hf.parameters(), LR, WEIGHT_DECAY)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-
-    def torch_step() -> None:
-        torch_optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = hf(input_ids=tx).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ty.reshape(-1))
-        loss.backward()
-        torch_optimizer.step()
+    torch_step = torch_train_step(torch, torch_optimizer, lambda: hf(input_ids=tx).logits,
+                                  lambda logits: logits_loss(torch, logits, ty), precision == "bf16")
 
     peak = sgemm_peak()
     name = "torch_autocast_bf16" if precision == "bf16" else "torch_fp32"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +41,19 @@ def main() -> None:
     x, y = tokens[:, :-1], tokens[:, 1:]
     optimizer = gt.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1)
     step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=os.environ.get("PRECISION", "bf16"))
-    step(x, y)
+    run_profiled(lambda: step(x, y), steps)
+
+
+def run_profiled(call: Callable[[], Any], steps: int) -> None:
+    """One warm-up call, "ready <pid>", 2 s to attach perf, then `steps` timed calls and their
+    milliseconds (profile_encoder_step.py uses it too)."""
+    call()
     print("ready", os.getpid(), flush=True)
     time.sleep(2)  # time to attach perf
     seconds = []
     for _ in range(steps):
         start = time.perf_counter()
-        step(x, y)
+        call()
         seconds.append(time.perf_counter() - start)
     print("step ms", [round(s * 1e3) for s in seconds], "median", round(float(np.median(seconds)) * 1e3), flush=True)
 
