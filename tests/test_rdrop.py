@@ -352,3 +352,21 @@ def test_training_arguments_take_rdrop_alpha():
     assert gt.TrainingArguments(output_dir="/tmp/rdrop-args", rdrop_alpha=0.5).rdrop_alpha == 0.5
     with pytest.raises(ValueError, match="rdrop_alpha"):
         gt.TrainingArguments(output_dir="/tmp/rdrop-args", rdrop_alpha=-1.0)
+
+
+def test_the_trainer_runs_rdrop_and_says_so(tmp_path):
+    """TrainingArguments(rdrop_alpha) reaches the Trainer's TrainStep; the start-up block names it and
+    the memory plan is that of the stacked micro-batches."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, IN)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    args = gt.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=1e-2,
+                                save_strategy="no", disable_tqdm=True, seed=3, max_steps=4, logging_steps=2,
+                                rdrop_alpha=0.5)
+    trainer = gt.Trainer(make_model(), args, train_dataset=(x, y))
+    assert trainer._step.rdrop_alpha == 0.5
+    assert "R-Drop = alpha 0.5" in trainer._startup_block()
+    assert trainer.memory_plan().micro_batch_shape == (16, IN)
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert losses and all(math.isfinite(v) for v in losses)
