@@ -183,10 +183,10 @@ def make_model(device="cpu", dropout=P):
     return model.to(device) if device != "cpu" else model
 
 
-def step_batch(rows=8, seed=1):
+def step_batch(rows=8, seed=1, seq=()):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((rows, IN)).astype(np.float32)
-    y = rng.integers(0, CLASSES, rows).astype(np.int64)
+    x = rng.standard_normal((rows, *seq, IN)).astype(np.float32)
+    y = rng.integers(0, CLASSES, (rows, *seq)).astype(np.int64)
     y[1] = IGNORE
     return x, y
 
@@ -207,9 +207,11 @@ def reference_step(model, params, x, y, alpha, micro_batches, lr):
             return keep.reshape(shape) * float(np.float32(1.0) / np.float32(1.0 - layer.p))
 
         logits, cache = layer_forward(model, ref.f64(x2), params, multiplier)
-        loss += rdrop_loss(logits, y2, alpha) / micro_batches
+        flat, targets = logits.reshape(-1, logits.shape[-1]), y2.reshape(-1)  # (2b, T, C): pairs (i, t), (b + i, t)
+        loss += rdrop_loss(flat, targets, alpha) / micro_batches
         grads: dict = {}
-        layer_backward(model, rdrop_grad(logits, y2, alpha) / micro_batches, cache, params, grads)
+        dlogits = (rdrop_grad(flat, targets, alpha) / micro_batches).reshape(logits.shape)
+        layer_backward(model, dlogits, cache, params, grads)
         for layer, named in grads.items():
             for name, g in named.items():
                 grads_total.setdefault(layer, {}).setdefault(name, 0.0)
@@ -220,14 +222,15 @@ def reference_step(model, params, x, y, alpha, micro_batches, lr):
     return loss
 
 
+@pytest.mark.parametrize("seq", [(), (3,)], ids=["rows", "sequences"])
 @pytest.mark.parametrize("micro_batches", [1, 2])
-def test_step_matches_the_numpy_step_after_two_steps(micro_batches):
+def test_step_matches_the_numpy_step_after_two_steps(micro_batches, seq):
     model = make_model()
     params = params_of(model)
     step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.5),
                         micro_batches=micro_batches, rdrop_alpha=1.5)
     for seed in (1, 2):
-        x, y = step_batch(seed=seed)
+        x, y = step_batch(seed=seed, seq=seq)
         expected = reference_step(model, params, x, y, 1.5, micro_batches, 0.5)
         out = step(x, y)
         assert out.loss == pytest.approx(expected, rel=1e-5)

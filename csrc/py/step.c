@@ -21,7 +21,7 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
         PyErr_SetString(PyExc_TypeError, "loss must be a (kind, label_smoothing, ignore_index[, rdrop_alpha]) tuple");
         return -1;
     }
-    if (!(rdrop_alpha >= 0.0 && rdrop_alpha <= 1e30)) {
+    if (!(rdrop_alpha >= 0.0 && isfinite(rdrop_alpha))) {
         PyErr_Format(PyExc_ValueError, "rdrop_alpha must be a finite number >= 0, got %g", rdrop_alpha);
         return -1;
     }
