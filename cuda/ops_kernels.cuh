@@ -184,6 +184,7 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(embedding_forward)         \
     X(embedding_backward)        \
     X(softmax_xent)              \
+    X(softmax_xent_rdrop)        \
     X(mse)                       \
     X(sum_squares)               \
     X(cast)                      \

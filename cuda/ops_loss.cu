@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "core/loss_mean.h"
+#include "ops/rdrop_hd.h"
 #include "ops_kernels.cuh"
 
 namespace {
@@ -223,4 +224,54 @@ gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred
         return gt_cuda_check_launch("mse_grad_kernel launch");
     }
     return GT_OK;
+}
+
+// R-Drop's loss (ops.h softmax_xent_rdrop): one thread per pair of rows running the CPU op's
+// per-pair math (ops/rdrop_hd.h) in the same order, so only CUDA's exp/log make the bits differ.
+// One thread per pair keeps the two rows' reductions in class order, as the CPU's; it is fine for
+// classification heads, slow for a large vocabulary (a block per pair would fold in a tree).
+namespace {
+
+__global__ void softmax_xent_rdrop_kernel(float *losses, void *dlogits, const void *logits, const int64_t *targets,
+                                          const int64_t *count, const unsigned long long *first_bad, size_t pairs,
+                                          gt_rdrop_rule rule, const float *loss_scale, float dloss_divisor,
+                                          gt_dtype dt) {
+    if (gt_check_failed(first_bad))
+        return;
+    rule.grad_scale = *count > 0 ? __fdiv_rn(gt_dloss_scale(loss_scale, dloss_divisor), (float)*count) : 0.0f;
+    GT_GRID_STRIDE(a, pairs) {
+        gt_rdrop_pair(losses, dlogits, logits, targets, a, &rule, dt);
+    }
+}
+
+}  // namespace
+
+gt_status gt_cuda_softmax_xent_rdrop(gt_backend *be, float *losses, int64_t *count, void *dlogits, const void *logits,
+                                     const int64_t *targets, int64_t rows, int64_t classes, float label_smoothing,
+                                     int64_t ignore_index, float alpha, const float *loss_scale, float dloss_divisor,
+                                     gt_dtype dt) {
+    GT_TRY(check_xent(rows, classes, label_smoothing, dt));
+    if (rows % 2 != 0)
+        return GT_FAIL(GT_ERR_VALUE, "rows: R-Drop pairs row r with row r + rows/2, so rows must be even, got %lld",
+                       (long long)rows);
+    if (!(alpha >= 0.0f && isfinite(alpha)))
+        return GT_FAIL(GT_ERR_VALUE, "rdrop_alpha: must be a finite number >= 0, got %g", (double)alpha);
+    GT_TRY(gt_op_check_ptr(count, "count"));
+    if (dlogits && dlogits == logits)
+        return GT_FAIL(GT_ERR_VALUE, "dlogits: must not alias logits (a pair's gradient reads both rows)");
+    if (rows > 0) {
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
+        GT_TRY(gt_op_check_ptr(losses, "losses"));
+        GT_TRY(gt_op_check_ptr(logits, "logits"));
+    }
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    GT_TRY(count_targets(state, count, targets, rows, classes, ignore_index));
+    if (rows == 0)
+        return GT_OK;
+    size_t pairs = (size_t)rows / 2;
+    gt_rdrop_rule rule = {(size_t)classes, pairs, label_smoothing, alpha, ignore_index, 0.0f};
+    softmax_xent_rdrop_kernel<<<grid_for(pairs), kThreads, 0, stream_of(state)>>>(
+        losses, dlogits, logits, targets, count, scratch_words(state), pairs, rule, loss_scale, dloss_divisor, dt);
+    return gt_cuda_check_launch("softmax_xent_rdrop_kernel launch");
 }

@@ -53,7 +53,7 @@ def test_defaults_are_hugging_faces():
     (dict(memory_fraction=0.0), ValueError, "memory_fraction must be in"),
     (dict(ema_decay=1.5), ValueError, "ema_decay must be in"),
     (dict(llrd=0.0), ValueError, "llrd must be in"),
-    (dict(rdrop_alpha=0.5), ValueError, "R-Drop"),
+    (dict(rdrop_alpha=-0.5), ValueError, "rdrop_alpha must be in"),
     (dict(cpu_offload_fraction=0.5, optim="sgd"), ValueError, "needs an AdamW optimizer"),
     (dict(device="tpu"), ValueError, "device must be"),
     (dict(bf16="yes"), TypeError, "bf16 must be a bool"),

@@ -21,6 +21,7 @@
 #include "nn/init.h"
 #include "nn/kind.h"
 #include "nn/plan.h"
+#include "nn/rdrop.h"
 
 /* 1 when the host reads and writes the model's memory directly (the cpu's table). */
 static int host_memory(const gt_model *model) { return model->device->host_memory; }
@@ -614,6 +615,7 @@ gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t mic
 
 gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets) {
     const gt_tensor *out = &model->root.out;
+    GT_TRY(gt_rdrop_check(loss, out));
     if (loss->kind == GT_LOSS_CROSS_ENTROPY) {
         if (targets->dtype != GT_I64)
             return GT_FAIL(GT_ERR_TYPE, "y: cross-entropy targets are integer class labels, got %s",
@@ -655,7 +657,12 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
         return add_mean(model, &results->mse, 1, NULL, loss_sum);
     }
     int64_t rows = gt_rows_of(out), classes = out->shape[out->ndim - 1];
-    GT_TRY(ops->softmax_xent(&model->backend, model->losses, &results->count, model->dout, out->ptr,
+    if (loss->rdrop_alpha > 0.0f)
+        GT_TRY(ops->softmax_xent_rdrop(&model->backend, model->losses, &results->count, model->dout, out->ptr,
+                                       target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
+                                       loss->rdrop_alpha, loss_scale, dloss_divisor, model->dt));
+    else
+        GT_TRY(ops->softmax_xent(&model->backend, model->losses, &results->count, model->dout, out->ptr,
                              target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
                              loss_scale, dloss_divisor, model->dt));
     return add_mean(model, model->losses, rows, &results->count, loss_sum);

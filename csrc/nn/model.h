@@ -22,6 +22,8 @@ typedef struct gt_loss {
     gt_loss_kind kind;       /* which loss */
     float label_smoothing;   /* cross-entropy: epsilon in [0, 1] */
     int64_t ignore_index;    /* cross-entropy: targets equal to this are skipped */
+    float rdrop_alpha;       /* cross-entropy: > 0 is R-Drop (ops.h softmax_xent_rdrop): the output's
+                                rows are two dropout passes, halves paired; 0: plain cross-entropy */
 } gt_loss;
 
 /* Bytes of every region of a model for one input shape, computed before allocating. */

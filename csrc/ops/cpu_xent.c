@@ -4,12 +4,14 @@
  *   loss = (1 - e) (lse - x_t) + e (lse - mean_j x_j)      [(1-e) nll + e mean_j -log p_j]
  *   dlogits_j = (p_j - (1 - e) [j == t] - e / C) * dloss_scale / count,  p_j = exp(x_j - lse)
  * Ignored rows get loss 0 and gradient 0. Rows run in parallel; each row's sums run in double
- * in class order, so any thread count gives the same bits. */
+ * in class order, so any thread count gives the same bits. R-Drop's pair form (softmax_xent_rdrop,
+ * the math in ops/rdrop_hd.h) runs pairs of rows in parallel the same way. */
 #include <math.h>
 
 #include "core/loss_mean.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/rdrop_hd.h"
 
 /* The smoothing parameters of one call. */
 typedef struct xent_rule {
@@ -114,6 +116,53 @@ gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, voi
 #pragma omp parallel for schedule(static) if (blocks > 1)
     for (size_t b = 0; b < blocks; b++) {
         size_t end = (b + 1) * block < (size_t)rows ? (b + 1) * block : (size_t)rows;
+        kernel(losses, dlogits, logits, targets, b * block, end, &rule, dt);
+    }
+    return GT_OK;
+}
+
+/* ---- R-Drop's pair form (ops.h softmax_xent_rdrop; the math in ops/rdrop_hd.h) ---- */
+
+GT_INLINE void xent_rdrop_body(float *losses, void *dlogits, const void *logits, const int64_t *targets,
+                               size_t pair_begin, size_t pair_end, const gt_rdrop_rule *rule, gt_dtype dt) {
+    for (size_t a = pair_begin; a < pair_end; a++)
+        gt_rdrop_pair(losses, dlogits, logits, targets, a, rule, dt);
+}
+GT_CPU_KERNEL(xent_rdrop, (float *losses, void *dlogits, const void *logits, const int64_t *targets,
+                           size_t pair_begin, size_t pair_end, const gt_rdrop_rule *rule, gt_dtype dt),
+              losses, dlogits, logits, targets, pair_begin, pair_end, rule)
+
+/* The arguments softmax_xent_rdrop adds to softmax_xent's: an even number of rows, alpha >= 0. */
+static gt_status check_rdrop(int64_t rows, float alpha) {
+    if (rows % 2 != 0)
+        return GT_FAIL(GT_ERR_VALUE, "rows: R-Drop pairs row r with row r + rows/2, so rows must be even, got %lld",
+                       (long long)rows);
+    if (!(alpha >= 0.0f && isfinite(alpha)))
+        return GT_FAIL(GT_ERR_VALUE, "rdrop_alpha: must be a finite number >= 0, got %g", (double)alpha);
+    return GT_OK;
+}
+
+gt_status gt_cpu_softmax_xent_rdrop(gt_backend *be, float *losses, int64_t *count, void *dlogits,
+                                    const void *logits, const int64_t *targets, int64_t rows, int64_t classes,
+                                    float label_smoothing, int64_t ignore_index, float alpha,
+                                    const float *loss_scale, float dloss_divisor, gt_dtype dt) {
+    GT_TRY(check_xent(rows, classes, label_smoothing, dt));
+    GT_TRY(check_rdrop(rows, alpha));
+    GT_TRY(gt_op_check_ptr(count, "count"));
+    if (rows > 0)
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
+    if (dlogits && dlogits == logits)
+        return GT_FAIL(GT_ERR_VALUE, "dlogits: must not alias logits (a pair's gradient reads both rows)");
+    GT_TRY(count_targets(count, targets, rows, classes, ignore_index));
+    size_t pairs = (size_t)rows / 2;
+    gt_rdrop_rule rule = {(size_t)classes, pairs, label_smoothing, alpha, ignore_index,
+                          *count > 0 ? gt_dloss_scale(loss_scale, dloss_divisor) / (float)*count : 0.0f};
+    __typeof__(&xent_rdrop_scalar) kernel = GT_CPU_RUN(xent_rdrop);
+    size_t block = GT_CPU_CHUNK / (size_t)classes / 16 + 1;  /* pairs per block; exp is costly */
+    size_t blocks = (pairs + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t end = (b + 1) * block < pairs ? (b + 1) * block : pairs;
         kernel(losses, dlogits, logits, targets, b * block, end, &rule, dt);
     }
     return GT_OK;

@@ -401,6 +401,18 @@ typedef struct gt_pool2d_args {
     P(float *, losses) P(int64_t *, count) P(void *, dlogits) P(const void *, logits) \
     P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) P(float, label_smoothing) \
     P(int64_t, ignore_index) P(const float *, loss_scale) P(float, dloss_divisor) P(gt_dtype, dt)
+/* R-Drop's loss (ops/rdrop_hd.h): rows is even, and row a < rows/2 and row a + rows/2 are two
+ * dropout passes of one example. losses[r] = row r's cross-entropy (softmax_xent's, smoothed) +
+ * alpha * (KL(pa||pb) + KL(pb||pa)) / 2 of its pair (no KL for a pair with an ignored target;
+ * an ignored row: 0); *count = rows not ignored, so that the mean of losses over *count is
+ * the cross-entropy averaged over both passes + alpha * the symmetric KL averaged over the
+ * pairs. dlogits (if non-NULL; it must not alias logits) = dloss_scale * d(that mean)/dlogits,
+ * dloss_scale and the target checks as softmax_xent's; alpha >= 0. */
+#define GT_PARAMS_SOFTMAX_XENT_RDROP(P, A) \
+    P(float *, losses) P(int64_t *, count) P(void *, dlogits) P(const void *, logits) \
+    P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) P(float, label_smoothing) \
+    P(int64_t, ignore_index) P(float, alpha) P(const float *, loss_scale) P(float, dloss_divisor) \
+    P(gt_dtype, dt)
 /* Mean squared error over n elements: *loss = mean((pred - target)^2) (loss is the
  * backend's memory, written when the stream runs the op);
  * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n, dloss_scale as softmax_xent's.
@@ -569,6 +581,7 @@ typedef struct gt_pool2d_args {
     X(QUERY, disentangled_workspace_bytes, GT_PARAMS_DISENTANGLED_WORKSPACE, NO_SKIP)   \
     X(LAUNCH, disentangled_forward, GT_PARAMS_DISENTANGLED, NO_SKIP)                    \
     X(LAUNCH, disentangled_backward, GT_PARAMS_DISENTANGLED, NO_SKIP)                   \
+    X(LAUNCH, softmax_xent_rdrop, GT_PARAMS_SOFTMAX_XENT_RDROP, NO_SKIP)                \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -357,6 +357,27 @@ static gt_status run_softmax_xent(gt_backend *be, op_call *call) {
                                  call->scale_at, 1.0f, call->dt[0]);
 }
 
+/* (rows, classes, label_smoothing, ignore_index, alpha, dloss_scale, dt): softmax_xent's arrays */
+static int parse_softmax_xent_rdrop(PyObject *module, PyObject *args, op_call *call) {
+    const char *dt;
+    if (!PyArg_ParseTuple(args, "LLdLdds:softmax_xent_rdrop", &call->size[0], &call->size[1], &call->real[0],
+                          &call->size[2], &call->real[2], &call->real[1], &dt) ||
+        parse_dtype(module, dt, "dt", &call->dt[0]) < 0)
+        return -1;
+    long long rows = call->size[0];
+    call->dloss_scale = (float)call->real[1];
+    call->need[0] = bytes_of(rows, 1, sizeof(float));
+    call->need[1] = call->need[2] = bytes_of(rows, call->size[1], gt_dtype_size(call->dt[0]));
+    call->need[3] = bytes_of(rows, 1, sizeof(int64_t));
+    return 0;
+}
+
+static gt_status run_softmax_xent_rdrop(gt_backend *be, op_call *call) {
+    return be->ops->softmax_xent_rdrop(be, call->ptr[0], call->result, call->ptr[1], call->ptr[2], call->ptr[3],
+                                       call->size[0], call->size[1], (float)call->real[0], call->size[2],
+                                       (float)call->real[2], call->scale_at, 1.0f, call->dt[0]);
+}
+
 /* (n, dloss_scale, dt): arrays dpred (None: no gradient), pred, target */
 static int parse_mse(PyObject *module, PyObject *args, op_call *call) {
     const char *dt;
@@ -643,6 +664,8 @@ static const op_spec specs[] = {
     {"embedding_backward", 3, {"dtable", "dout", "ids"}, 0, parse_embedding_backward, run_embedding_backward, 0},
     {"softmax_xent", 4, {"losses", "dlogits", "logits", "targets"}, 1u << 1, parse_softmax_xent, run_softmax_xent,
      'c'},
+    {"softmax_xent_rdrop", 4, {"losses", "dlogits", "logits", "targets"}, 1u << 1, parse_softmax_xent_rdrop,
+     run_softmax_xent_rdrop, 'c'},
     {"mse", 3, {"dpred", "pred", "target"}, 1u << 0, parse_mse, run_mse, 'l'},
     {"sum_squares", 1, {"x"}, 0, parse_sum_squares, run_sum_squares, 's'},
     {"cast", 2, {"dst", "src"}, 0, parse_cast, run_cast, 0},

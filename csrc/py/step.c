@@ -15,11 +15,17 @@ static int parse_loss(PyObject *spec, gt_loss *loss) {
     const char *kind = NULL;
     double smoothing = 0.0;
     long long ignore_index = -100;
-    if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "sdL", &kind, &smoothing, &ignore_index)) {
+    double rdrop_alpha = 0.0;
+    if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "sdL|d", &kind, &smoothing, &ignore_index, &rdrop_alpha)) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "loss must be a (kind, label_smoothing, ignore_index) tuple");
+        PyErr_SetString(PyExc_TypeError, "loss must be a (kind, label_smoothing, ignore_index[, rdrop_alpha]) tuple");
         return -1;
     }
+    if (!(rdrop_alpha >= 0.0 && isfinite(rdrop_alpha))) {
+        PyErr_Format(PyExc_ValueError, "rdrop_alpha must be a finite number >= 0, got %g", rdrop_alpha);
+        return -1;
+    }
+    loss->rdrop_alpha = (float)rdrop_alpha;
     if (strcmp(kind, "cross_entropy") == 0)
         loss->kind = GT_LOSS_CROSS_ENTROPY;
     else if (strcmp(kind, "mse") == 0)

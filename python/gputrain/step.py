@@ -23,6 +23,15 @@ applies, summed over micro-batches and all-reduced over ranks, so a NaN for one 
 micro-batch would turn the whole step's loss NaN on every rank while its update is well defined
 (Hugging Face's Trainer has to filter such NaNs out of its logs, `logging_nan_inf_filter`).
 
+R-Drop (``rdrop_alpha > 0``, Liang et al. 2021; cross-entropy only): each micro-batch of B rows
+is stacked on itself into 2B rows on the host (row i and row B + i are one example), so one forward
+runs both dropout passes with independent masks (Philox's counter runs over the row index) and one
+backward takes both; the activation memory is that of 2B rows (memory_plan shows it). The loss,
+reported and differentiated, is the cross-entropy averaged over both passes plus rdrop_alpha times
+the symmetric KL ``(KL(p1||p2) + KL(p2||p1)) / 2`` averaged over the pairs ("batchmean"; the paper's
+code sums the KL over the batch instead: its alpha is ours divided by the rows counted per pass). A
+pair whose target is ignore_index has neither term. rdrop_alpha=0 is exactly the plain step.
+
 Threads: a step runs without the GIL and holds its model, optimizer and scaler while it runs; a
 call from another thread that would read or change one of them (another step, optimizer.step(),
 add_param_group, state_dict, model(x), scaler.update(), EMA.update(), ...) raises RuntimeError
@@ -73,6 +82,8 @@ from gputrain import _C, backends, distributed
 from gputrain._state_checks import check_keys, check_mapping, integer, real
 from gputrain._vocab import c_dtype
 from gputrain.amp import GradScaler
+from gputrain.data.transfer import DeviceArray
+from gputrain.nn.layers import Dropout
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
@@ -279,6 +290,63 @@ _OLD_ACCUMULATION_NAME = (
     "loader batches per optimizer step, in TrainingArguments.")
 
 
+def _has_dropout(model: Module) -> bool:
+    """True when some layer of the model drops activations in training (Dropout, attention dropout)."""
+    for m in model.modules():
+        p = m.p if isinstance(m, Dropout) else getattr(m, "dropout", 0.0)
+        if isinstance(p, (int, float)) and p > 0:
+            return True
+    return False
+
+
+def _rdrop_alpha(value: Any, loss_fn: Any, model: Module, sync: bool) -> float:
+    """The checked rdrop_alpha: a finite number >= 0; > 0 only with cross-entropy and sync=True
+    (R-Drop stacks host batches). A model without dropout is warned about (its KL term is 0)."""
+    alpha = real(value, "rdrop_alpha", 0.0)
+    if alpha == 0.0:
+        return 0.0
+    if not isinstance(loss_fn, CrossEntropyLoss):
+        raise ValueError(f"rdrop_alpha={alpha}: R-Drop's KL term compares class distributions; it applies to "
+                         f"CrossEntropyLoss only, not {type(loss_fn).__name__}")
+    if not sync:
+        raise ValueError(f"rdrop_alpha={alpha}: R-Drop stacks each micro-batch on itself on the host, while "
+                         "sync=False takes DeviceArrays; use sync=True with rdrop_alpha")
+    if not _has_dropout(model):
+        warnings.warn(f"rdrop_alpha={alpha}: the model has no dropout, so both passes give the same outputs and "
+                      "the KL term is 0 (the step costs two forwards for plain cross-entropy)", stacklevel=3)
+    return alpha
+
+
+def _host_rows(a: Any, name: str) -> np.ndarray:
+    """`a` as a host array of at least one dimension (R-Drop stacks it on the host)."""
+    if isinstance(a, DeviceArray) or hasattr(a, "__cuda_array_interface__"):
+        raise ValueError(f"{name}: rdrop_alpha stacks the batch on itself on the host; pass host arrays (NumPy), "
+                         f"not arrays on a device")
+    a = np.asarray(a)
+    if a.ndim < 1:
+        raise ValueError(f"{name}: expected a batch of rows, got a 0-d array")
+    return a
+
+
+def _stacked_pair(x: Any, y: Any, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """The host batch (x, y) (N rows) with each of its micro-batches of B rows stacked on itself:
+    2N rows, micro-batch m's rows i and B + i both row m * B + i (R-Drop's two passes). The split
+    is checked here: 2N rows might split into micro-batches that pair the wrong rows."""
+    x, y = _host_rows(x, "x"), _host_rows(y, "y")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"y: expected {x.shape[0]} rows of targets to match x, got {y.shape[0]}")
+    if x.shape[0] == 0 or x.shape[0] % micro_batches:
+        raise ValueError(f"x: a batch of {x.shape[0]} rows does not split into {micro_batches} equal micro-batches "
+                         "(micro_batches); use a batch size divisible by it")
+    rows = x.shape[0] // micro_batches
+
+    def stacked(a: np.ndarray) -> np.ndarray:
+        parts = a.reshape(micro_batches, 1, rows, *a.shape[1:])
+        return np.broadcast_to(parts, (micro_batches, 2, rows, *a.shape[1:])).reshape(2 * a.shape[0], *a.shape[1:])
+
+    return stacked(x), stacked(y)
+
+
 class TrainStep:
     """A compiled training step for one model, loss and optimizer."""
 
@@ -300,6 +368,7 @@ class TrainStep:
         tf32: bool | None = None,
         spike_guard: SpikeGuard | None = None,
         sync: bool = True,
+        rdrop_alpha: float = 0.0,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -333,6 +402,7 @@ class TrainStep:
                             f"not {type(scheduler).__name__}")
         if not sync and scaler is not None and scaler.is_enabled():
             _check_deferrable(optimizer, scheduler)
+        self.rdrop_alpha = _rdrop_alpha(rdrop_alpha, loss_fn, model, sync)  # R-Drop's KL weight (0: off)
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -394,6 +464,10 @@ class TrainStep:
                 (isinstance(x, np.ndarray) and needs_packing(self.model, x)):
             x = pack_for(self.model, x, attention_mask, token_type_ids, position_ids)
         self._check_optimizer()
+        loss_spec = self.loss_fn._spec()
+        if self.rdrop_alpha > 0:
+            x, y = _stacked_pair(x, y, self.micro_batches)
+            loss_spec = (*loss_spec, self.rdrop_alpha)
         if not self.sync and self.model.compiled.device != "cpu":
             if self.scaler is not None and self.scaler.is_enabled():
                 return self._deferred_scaled_step(x, y)
@@ -405,7 +479,7 @@ class TrainStep:
             loss_limit, norm_limit = guard.limits()
             limits = {"guard": True, "guard_loss": loss_limit, "guard_grad_norm": norm_limit}
         result = _C.train_step(
-            self.model.compiled, x, y, self.loss_fn._spec(),
+            self.model.compiled, x, y, loss_spec,
             micro_batches=self.micro_batches,
             set_to_none=self.set_to_none,
             max_grad_norm=self.max_grad_norm,
@@ -544,10 +618,12 @@ class TrainStep:
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "gradient_accumulation_steps" in state:  # pickled before the rename
             state["micro_batches"] = state.pop("gradient_accumulation_steps")
+        state.setdefault("rdrop_alpha", 0.0)  # pickled before R-Drop
         self.__dict__.update(state)
 
     def memory_plan(self, batch_shape: Sequence[int] | np.ndarray) -> dict[str, int]:
-        """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation).
+        """Bytes of every region for a batch of this shape (micro-batch = batch / accumulation;
+        with rdrop_alpha, twice that: R-Drop's stacked micro-batch).
 
         `batch_shape` is the batch's shape, e.g. ``(64, 128)``, or a batch array itself (of any
         memory layout; only its shape is read). A shape too large for any memory raises
@@ -569,6 +645,6 @@ class TrainStep:
         if not shape or shape[0] == 0 or shape[0] % steps:
             raise ValueError(f"batch_shape {tuple(shape)} does not split into {steps} equal micro-batches "
                              f"(micro_batches); use a batch size divisible by {steps}")
-        micro = (shape[0] // steps, *shape[1:])
+        micro = (shape[0] // steps * (2 if self.rdrop_alpha > 0 else 1), *shape[1:])  # R-Drop: stacked twice
         compiled = self.model.compiled
         return compiled.plan(micro, checkpointing=compiled.checkpointing, precision=compiled.precision)

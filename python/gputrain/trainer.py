@@ -554,7 +554,8 @@ class Trainer:
         max_grad_norm = args.max_grad_norm if args.max_grad_norm else None
         self._step = TrainStep(self.model, self.loss_fn, self.optimizer, precision=args.precision,
                                gradient_checkpointing=args.gradient_checkpointing, max_grad_norm=max_grad_norm,
-                               scaler=self.scaler, scheduler=self.lr_scheduler, log_grad_norm=True, tf32=args.tf32)
+                               scaler=self.scaler, scheduler=self.lr_scheduler, log_grad_norm=True, tf32=args.tf32,
+                               rdrop_alpha=args.rdrop_alpha)
 
     @staticmethod
     def _interval(value: float, max_steps: int) -> int:
@@ -615,6 +616,7 @@ class Trainer:
         """The plan with micro-batches of at most micro_cap rows and this offload fraction."""
         args, group = self.args, self._group_rows()
         rows = group // _micro_batches(group, micro_cap or group)
+        rows *= 2 if args.rdrop_alpha else 1  # R-Drop: the step stacks each micro-batch on itself
         kind = "sgd" if args.optim == "sgd" else "adamw"
         shards = distributed.get_world_size() if args.zero_stage else 1  # ZeRO-1: one rank's share
         groups = ({},) * len(self._param_groups())  # a device optimizer's update table has a row per group
@@ -658,8 +660,9 @@ class Trainer:
         group = self._group_rows()
         if cap != self._micro_cap:
             logger.warning("auto_find_batch_size: %s; micro-batches of %d rows instead of %d: %d per optimizer "
-                           "step, the same %d rows per step", reason, plan.micro_batch_shape[0],
-                           before.micro_batch_shape[0], _micro_batches(group, cap), group)
+                           "step, the same %d rows per step", reason, group // _micro_batches(group, cap),
+                           group // _micro_batches(group, self._micro_cap or group), _micro_batches(group, cap),
+                           group)  # rows of the loader (the plan's are twice these with R-Drop)
         if offload != self._offload:
             logger.warning("auto_find_batch_size: %s; cpu_offload_fraction %g instead of %g", reason, offload,
                            self._offload)
@@ -727,7 +730,8 @@ class Trainer:
             f"{self._offload:g}{self._zero_note()}; schedule {args.lr_scheduler_type} with "
             f"{args.get_warmup_steps(self.state.max_steps)} warm-up steps",
             f"  Gradient clipping = {args.max_grad_norm or 'off'}; checkpointing = {args.gradient_checkpointing}; "
-            f"set_to_none = {step.set_to_none}; EMA = {args.ema_decay if self.ema is not None else 'off'}",
+            f"set_to_none = {step.set_to_none}; EMA = {args.ema_decay if self.ema is not None else 'off'}; "
+            f"R-Drop = {f'alpha {args.rdrop_alpha:g} (each micro-batch run twice)' if args.rdrop_alpha else 'off'}",
             f"  Loader = {loader.num_workers} workers, prefetch {loader.prefetch_factor}, "
             f"pinned {loader.pin_memory}",
         ]
