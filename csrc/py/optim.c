@@ -661,5 +661,5 @@ int gtpy_add_optim(PyObject *module) {
         return -1;
     int rc = PyModule_AddObjectRef(module, "Optimizer", type);
     Py_DECREF(type);
-    return rc < 0 || PyModule_AddFunctions(module, optim_functions) < 0 ? -1 : gtpy_add_optim_device(module);
+    return rc < 0 ? -1 : PyModule_AddFunctions(module, optim_functions);
 }
