@@ -305,7 +305,9 @@ testing_extension = Extension(
     libraries=list(libraries),
     library_dirs=list(library_dirs),
     extra_compile_args=C_FLAGS,
-    extra_link_args=LINK_FLAGS,
+    # without its debug information (a second copy of the core's: the install stays under CI's
+    # size ceiling, .ci/installed_size.py), except in sanitizer builds, whose reports name lines
+    extra_link_args=LINK_FLAGS + ([] if SANITIZE not in ("", "0") else ["-Wl,--strip-debug"]),
 )
 
 # Runtime requirements: NumPy, safetensors, the CPU GEMM library where it is not bundled (oneDNN is,

@@ -246,8 +246,9 @@ static PyObject *step_held(PyObject *module, gt_model *model, step_input *x, ste
     return result;
 }
 
-/* Resolves the optimizer's core (optimizer_obj, scaler_obj: NULL for none) and holds the objects with no Python code in between (a
- * concurrent add_param_group then either came first or is refused), then runs the step. */
+/* Resolves the optimizer's core (optimizer_obj, scaler_obj: NULL for none) and holds the objects
+ * with no Python code in between (a concurrent add_param_group then either came first or is
+ * refused), then runs the step. */
 static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_obj, PyObject *optimizer_obj,
                            PyObject *scaler_obj, PyObject *comm_obj, step_input *x, step_input *y,
                            gt_step_config *cfg) {
