@@ -1,4 +1,5 @@
-"""Build gputrain._C: C sources with setuptools, CUDA sources with nvcc (cupy's pattern).
+"""Build gputrain._C (and gputrain._C_testing, its test-only bindings, linked with _C's objects): C
+sources with setuptools, CUDA sources with nvcc (cupy's pattern).
 
 Environment:
   GPUTRAIN_CUDA=0/1/wheels  CUDA backend off / required / built from NVIDIA's registry wheels
@@ -154,7 +155,10 @@ macros.append(("GT_BUILD_FLAGS", '"' + " ".join(C_FLAGS).replace('"', "") +
                (" +cuda" if CUDA_SOURCE.kind != "none" else "") + '"'))
 
 OTHER_BLAS_SOURCES = {"csrc/ops/cpu_blas_onednn.c", "csrc/ops/cpu_blas_openblas.c"} - {BLAS.source}
-C_SOURCES = sorted(s for s in glob.glob("csrc/**/*.c", recursive=True) if s not in OTHER_BLAS_SOURCES)
+# csrc/py_testing/: gputrain._C_testing, the test-only bindings (linked with _C's other objects)
+TESTING_SOURCES = sorted(glob.glob("csrc/py_testing/*.c"))
+C_SOURCES = sorted(s for s in glob.glob("csrc/**/*.c", recursive=True)
+                   if s not in OTHER_BLAS_SOURCES and s not in TESTING_SOURCES)
 
 
 def add_cuda(ext, cuda):
@@ -203,12 +207,28 @@ class BuildExt(build_ext):
                   f"{' '.join(cuda.library_dirs)}", flush=True)
         else:
             print(f"gputrain: CPU-only build ({CUDA_SOURCE.why})", flush=True)
-        for ext in self.extensions:
-            if cuda:
+        main, testing = self.extensions
+        if cuda:
+            for ext in self.extensions:
                 add_cuda(ext, cuda)
-                ext.extra_objects += self.compile_cuda(cuda, sorted(glob.glob("cuda/*.cu")))
+            main.extra_objects += self.compile_cuda(cuda, sorted(glob.glob("cuda/*.cu")))
+        self.extensions = [main]
         super().build_extensions()
+        self.extensions = [main, testing]
+        self.build_testing(main, testing)
         self.copy_bundled_libraries()
+
+    def build_testing(self, main, testing):
+        """Links gputrain._C_testing with _C's objects (an archive of all but csrc/py/module.c's, so
+        only the needed ones are pulled in), after _C is built (nothing is compiled twice)."""
+        objects = [o for s, o in zip(main.sources, self.compiler.object_filenames(main.sources,
+                                                                                  output_dir=self.build_temp))
+                   if s != "csrc/py/module.c"] + main.extra_objects
+        self.compiler.create_static_lib(objects, "gputrain_core", output_dir=self.build_temp)
+        archive = self.compiler.library_filename("gputrain_core", output_dir=self.build_temp)
+        testing.extra_objects = [archive]
+        testing.depends = list(testing.depends) + [archive]
+        self.build_extension(testing)
 
     def copy_bundled_libraries(self):
         """Copies BLAS.bundled next to the extension (gputrain/lib/), where its rpath looks."""
@@ -276,6 +296,20 @@ extension = Extension(
     extra_link_args=LINK_FLAGS,
 )
 
+testing_extension = Extension(
+    "gputrain._C_testing",
+    sources=TESTING_SOURCES,
+    depends=glob.glob("csrc/**/*.h", recursive=True),
+    include_dirs=include_dirs,
+    define_macros=list(macros),
+    libraries=list(libraries),
+    library_dirs=list(library_dirs),
+    extra_compile_args=C_FLAGS,
+    # without its debug information (a second copy of the core's: the install stays under CI's
+    # size ceiling, .ci/installed_size.py), except in sanitizer builds, whose reports name lines
+    extra_link_args=LINK_FLAGS + ([] if SANITIZE not in ("", "0") else ["-Wl,--strip-debug"]),
+)
+
 # Runtime requirements: NumPy, safetensors, the CPU GEMM library where it is not bundled (oneDNN is,
 # in gputrain/lib/); for a CUDA build, cuda-pathfinder (finds the CUDA libraries opened when first
 # needed) and, when built from the wheels, the wheels of those libraries (pyproject.toml declares
@@ -288,4 +322,4 @@ INSTALL_REQUIRES = [
 ] + ([gputrain_cuda.PATHFINDER_REQUIREMENT] if CUDA_SOURCE.kind != "none" else []) \
   + (gputrain_cuda.WHEELS_AT_RUN_TIME if CUDA_SOURCE.kind == "wheels" else [])
 
-setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt}, install_requires=INSTALL_REQUIRES)
+setup(ext_modules=[extension, testing_extension], cmdclass={"build_ext": BuildExt}, install_requires=INSTALL_REQUIRES)

@@ -39,15 +39,21 @@ PY
 includes=$(python -c 'import numpy, sysconfig
 print(sysconfig.get_paths()["include"], numpy.get_include())')
 
-objects=()
+objects=() testing=()  # _C's objects; gputrain._C_testing's own (csrc/py_testing/)
 for source in $(find csrc -name '*.c' ! -name cpu_blas_onednn.c | sort); do
     object=$work/obj/${source//\//_}.o
     mkdir -p "$work/obj"
     "$cc" "${flags[@]}" -Werror -fPIC -D_GNU_SOURCE '-DGT_VERSION="aarch64-check"' \
         -Icsrc -Icuda $(printf -- '-I%s ' $includes) "-I$openblas/include" -c "$source" -o "$object"
-    objects+=("$object")
+    case $source in
+        csrc/py_testing/*) testing+=("$object") ;;
+        *) objects+=("$object") ;;
+    esac
 done
 "$cc" -shared -fopenmp -o "$work/_C.so" "${objects[@]}" "-L$openblas/lib" -lscipy_openblas -lm
+# the test-only extension links as setup.py links it: its files and _C's objects but module.c's
+mapfile -t core < <(printf '%s\n' "${objects[@]}" | grep -v '/csrc_py_module\.c\.o$')
+"$cc" -shared -fopenmp -o "$work/_C_testing.so" "${testing[@]}" "${core[@]}" "-L$openblas/lib" -lscipy_openblas -lm
 
 # the extension's undefined symbols, less those its libraries define, must all be CPython's
 sysroot=/usr/aarch64-linux-gnu/lib
@@ -78,4 +84,4 @@ QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64 -cpu neoverse-n1 "$work/smoke
 (cd /tmp && python "$root/.ci/aarch64_check.py" "$work/smoke.out")
 
 wheel=$(basename "$work"/scipy_openblas32-*.whl)
-echo "aarch64: ${#objects[@]} C files compiled with -Werror; _C.so links against $wheel"
+echo "aarch64: $(( ${#objects[@]} + ${#testing[@]} )) C files compiled with -Werror; _C.so and _C_testing.so link against $wheel"

@@ -11,7 +11,7 @@ import numpy as np
 
 import gputrain as gt
 from _timing import Timed
-from gputrain import _C
+from gputrain import _C_testing
 
 SHAPE = (32, 64, 32, 32)
 ROUNDS = 15
@@ -32,12 +32,13 @@ def cases(torch):
     tdout = torch.from_numpy(dout)
     din, dw, db = np.empty_like(x), np.empty(c, np.float32), np.empty(c, np.float32)
     _, tmean, tinvstd = aten.native_batch_norm(tx, tw, tb, trm, trv, True, 0.1, 1e-5)
-    _C.op_batchnorm2d(out, mean, rstd, x, weight, bias, rm, rv, count, 1e-5, 0.1, True, True, "f32")
+    _C_testing.op_batchnorm2d(out, mean, rstd, x, weight, bias, rm, rv, count, 1e-5, 0.1, True, True, "f32")
     yield ("BatchNorm2d forward (train)",
-           lambda: _C.op_batchnorm2d(out, mean, rstd, x, weight, bias, rm, rv, count, 1e-5, 0.1, True, True, "f32"),
+           lambda: _C_testing.op_batchnorm2d(out, mean, rstd, x, weight, bias, rm, rv, count, 1e-5, 0.1, True, True,
+                                              "f32"),
            lambda: aten.native_batch_norm(tx, tw, tb, trm, trv, True, 0.1, 1e-5))
     yield ("BatchNorm2d backward",
-           lambda: _C.op_batchnorm2d_backward(din, dw, db, dout, x, weight, mean, rstd, True, "f32"),
+           lambda: _C_testing.op_batchnorm2d_backward(din, dw, db, dout, x, weight, mean, rstd, True, "f32"),
            lambda: aten.native_batch_norm_backward(tdout, tx, tw, trm, trv, tmean, tinvstd, True, 1e-5,
                                                    [True, True, True]))
     pooled = np.empty((n, c, h // 2, w // 2), np.float32)
@@ -46,25 +47,27 @@ def cases(torch):
     _, indices = aten.max_pool2d_with_indices(tx, [2, 2], [2, 2])
     argmax = np.empty(pooled.shape, np.int32)  # the maxima the layer saves, as PyTorch its indices
     yield ("MaxPool2d(2) forward",
-           lambda: _C.op_pool2d(pooled, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", argmax=argmax),
+           lambda: _C_testing.op_pool2d(pooled, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", argmax=argmax),
            lambda: aten.max_pool2d_with_indices(tx, [2, 2], [2, 2]))
     yield ("MaxPool2d(2) backward",
-           lambda: _C.op_pool2d(din, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", dout=pdout,
+           lambda: _C_testing.op_pool2d(din, x, "max", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", dout=pdout,
                                 argmax=argmax),
            lambda: aten.max_pool2d_with_indices_backward(tpdout, tx, [2, 2], [2, 2], [0, 0], [1, 1], False, indices))
-    yield ("AvgPool2d(2) forward", lambda: _C.op_pool2d(pooled, x, "avg", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32"),
+    yield ("AvgPool2d(2) forward",
+           lambda: _C_testing.op_pool2d(pooled, x, "avg", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32"),
            lambda: aten.avg_pool2d(tx, [2, 2], [2, 2]))
     yield ("AvgPool2d(2) backward",
-           lambda: _C.op_pool2d(din, x, "avg", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", dout=pdout),
+           lambda: _C_testing.op_pool2d(din, x, "avg", (2, 2), (2, 2), (0, 0), (1, 1), True, "f32", dout=pdout),
            lambda: aten.avg_pool2d_backward(tpdout, tx, [2, 2], [2, 2], [0, 0], False, True, None))
     gap = np.empty((n, c, 1, 1), np.float32)
     gdout = rng.standard_normal(gap.shape).astype(np.float32)
     tgdout = torch.from_numpy(gdout)
     yield ("AdaptiveAvgPool2d(1) forward",
-           lambda: _C.op_pool2d(gap, x, "adaptive_avg", (1, 1), (1, 1), (0, 0), (1, 1), True, "f32"),
+           lambda: _C_testing.op_pool2d(gap, x, "adaptive_avg", (1, 1), (1, 1), (0, 0), (1, 1), True, "f32"),
            lambda: aten._adaptive_avg_pool2d(tx, [1, 1]))
     yield ("AdaptiveAvgPool2d(1) backward",
-           lambda: _C.op_pool2d(din, x, "adaptive_avg", (1, 1), (1, 1), (0, 0), (1, 1), True, "f32", dout=gdout),
+           lambda: _C_testing.op_pool2d(din, x, "adaptive_avg", (1, 1), (1, 1), (0, 0), (1, 1), True, "f32",
+                                         dout=gdout),
            lambda: aten._adaptive_avg_pool2d_backward(tgdout, tx))
 
 

@@ -22,6 +22,7 @@ import _c_harness
 import _reference as ref
 import gputrain as gt
 from gputrain import _C
+from gputrain import _C_testing
 from gputrain import functional as F
 
 nn = gt.nn
@@ -282,16 +283,16 @@ def test_the_cuda_kernels_arithmetic_in_f16_and_the_fused_decoder_layout(harness
 
 
 def run_op(backend, case, dt="f32"):
-    """(out, lse, dq, dk, dv) through _C.run_op on `backend`."""
+    """(out, lse, dq, dk, dv) through _C_testing.run_op on `backend`."""
     q, k, v, dout, options = make(case, dt)
     batch, heads, seq, dim = q.shape
     args = (batch, heads, seq, dim, options["causal"], 1.0 / math.sqrt(dim), options["dropout_p"],
             *KEY.values(), dt, k.shape[1], options["window"])
     out, lse = np.zeros_like(q), np.zeros((batch, heads, seq), np.float32)
     lengths, starts = options["key_lengths"], options["key_starts"]
-    _C.run_op(backend, "attention_forward", [q, k, v, out, lse, lengths, starts], args)
+    _C_testing.run_op(backend, "attention_forward", [q, k, v, out, lse, lengths, starts], args)
     grads = [np.full_like(q, np.nan), np.full_like(k, np.nan), np.full_like(v, np.nan)]
-    _C.run_op(backend, "attention_backward", [q, k, v, out, lse, dout, *grads, lengths, starts], args)
+    _C_testing.run_op(backend, "attention_backward", [q, k, v, out, lse, dout, *grads, lengths, starts], args)
     return out, lse, *grads
 
 
@@ -342,7 +343,7 @@ def test_bad_arguments_raise_naming_them():
     with pytest.raises(ValueError, match="window: must be >= 0"):
         _C.op_attention(out, lse.reshape(-1), q, k, v, "f32", True, 0.5, None, 0.0, 0, 0, 0, 0, window=-2)
     with pytest.raises(ValueError, match=r"kv_heads: must be >= 1 and divide heads \(4\), got 3"):
-        _C.run_op("cpu", "attention_forward", [q, np.zeros((2, 3, 5, 8), np.float32),
+        _C_testing.run_op("cpu", "attention_forward", [q, np.zeros((2, 3, 5, 8), np.float32),
                                                np.zeros((2, 3, 5, 8), np.float32), out,
                                                np.zeros((2, 4, 5), np.float32), None, None],
                   (2, 4, 5, 8, True, 0.5, 0.0, 0, 0, 0, 0, "f32", 3, 0))

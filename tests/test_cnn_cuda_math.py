@@ -17,6 +17,7 @@ import pytest
 import _c_harness
 import _reference as ref
 from gputrain import _C
+from gputrain import _C_testing
 
 DT_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 DTYPES = list(DT_CODES)
@@ -72,7 +73,8 @@ def bn_forward(lib, backend, x, params, mode, dt):
     out, mean, rstd = np.full_like(x, np.nan), np.full(c, np.nan, np.float32), np.full(c, np.nan, np.float32)
     count = np.array([3], np.int64) if tracked else None
     if backend == "cpu":
-        _C.op_batchnorm2d(raw(out), mean, rstd, raw(x), w, b, rm, rv, count, EPS, momentum, batch_stats, update, dt)
+        _C_testing.op_batchnorm2d(raw(out), mean, rstd, raw(x), w, b, rm, rv, count, EPS, momentum, batch_stats,
+                                  update, dt)
     else:
         sizes = int64s(x.shape[0], c, x.shape[2] * x.shape[3])
         assert lib.gt_harness_batchnorm(
@@ -87,7 +89,8 @@ def bn_backward(lib, backend, x, dout, w, mean, rstd, batch_stats, accumulate, d
     din = np.full_like(x, np.nan)
     dw, db = (None, None) if w is None else (np.full(c, 0.5, np.float32), np.full(c, -0.25, np.float32))
     if backend == "cpu":
-        _C.op_batchnorm2d_backward(raw(din), dw, db, raw(dout), raw(x), w, mean, rstd, batch_stats, dt, accumulate)
+        _C_testing.op_batchnorm2d_backward(raw(din), dw, db, raw(dout), raw(x), w, mean, rstd, batch_stats, dt,
+                                           accumulate)
     else:
         sizes = int64s(x.shape[0], c, x.shape[2] * x.shape[3])
         assert lib.gt_harness_batchnorm(
@@ -151,7 +154,7 @@ def pool_run(lib, backend, x, config, dt, dout=None, argmax=None):
     else:
         out, saved = np.full_like(x, np.nan), argmax
     if backend == "cpu":
-        _C.op_pool2d(raw(out), raw(x), kind, kernel, stride, padding, dilation, include_pad, dt,
+        _C_testing.op_pool2d(raw(out), raw(x), kind, kernel, stride, padding, dilation, include_pad, dt,
                      dout=raw(dout), argmax=saved)
     else:
         sizes = int64s(POOL_KINDS[kind], n, c, h, w, oh, ow)
@@ -226,7 +229,7 @@ def test_key_starts_device_math_is_the_cpu_ops(lib):
         assert lib.gt_harness_key_starts(ptr(starts), ptr(last), ptr(rows), ptr(rows.reshape(-1)[seq:]),
                                          ptr(rows.reshape(-1)[2 * seq:]), batch, seq, 3 * seq, pad) == 0
         cpu_starts, cpu_last = np.full_like(starts, -2), np.full_like(last, -2)
-        _C.run_op("cpu", "key_starts", [cpu_starts, cpu_last, rows], (batch, seq, 3, pad))
+        _C_testing.run_op("cpu", "key_starts", [cpu_starts, cpu_last, rows], (batch, seq, 3, pad))
         np.testing.assert_array_equal(starts, cpu_starts)
         np.testing.assert_array_equal(last, cpu_last)
 

@@ -16,6 +16,7 @@ import pytest
 import _cnn_reference as cref
 import gputrain as gt
 from _mlp_reference import assert_gradients_match, cross_entropy, layer_backward, layer_forward, params_of
+from gputrain import _C_testing
 from gputrain.optim import SGD
 
 nn = gt.nn
@@ -397,15 +398,15 @@ def test_max_pool_backward_from_saved_maxima_equals_the_recomputed_one(dt):
     out, dout = np.empty((2, 3, 5, 4), x.dtype), ref.to_dtype(rng.standard_normal((2, 3, 5, 4)), dt)
     argmax = np.full(out.shape, -1, np.int32)
     args = ("max", (3, 3), (2, 2), (1, 1), (1, 1), True, dt)
-    gt._C.op_pool2d(raw(out), raw(x), *args, argmax=argmax)
+    _C_testing.op_pool2d(raw(out), raw(x), *args, argmax=argmax)
     grads = []
     for saved in (argmax, None):
         din = np.empty_like(x)
-        gt._C.op_pool2d(raw(din), raw(x), *args, dout=raw(dout), argmax=saved)
+        _C_testing.op_pool2d(raw(din), raw(x), *args, dout=raw(dout), argmax=saved)
         grads.append(din)
     assert ref.same_bits(grads[0], grads[1]) and np.abs(grads[0].astype(np.float32)).sum() > 0
     with pytest.raises(ValueError, match="argmax"):
-        gt._C.op_pool2d(raw(np.empty_like(x)), raw(x), *args, dout=raw(dout), argmax=argmax * 0 + 72)
+        _C_testing.op_pool2d(raw(np.empty_like(x)), raw(x), *args, dout=raw(dout), argmax=argmax * 0 + 72)
 
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])

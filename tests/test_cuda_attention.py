@@ -1,5 +1,5 @@
 """The attention op of the CUDA table (cuda/ops_attention.cu) against the CPU op, through
-gputrain._C.run_op on the same inputs. The kernels' per-row math is the CPU op's arithmetic in its
+_C_testing.run_op on the same inputs. The kernels' per-row math is the CPU op's arithmetic in its
 order (checked on the host in tests/test_attention_cuda_math.py), so the comparisons are bit for
 bit. Tests marked `cuda` need a GPU (they skip without one); the others run the same calls on the
 CPU table and the simulated device, the plumbing the GPU tests rely on."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import _reference as ref
-from gputrain import _C
+from gputrain import _C_testing
 from gputrain import functional as F
 
 cuda = pytest.mark.cuda
@@ -46,9 +46,9 @@ def run(backend, shape, dt, causal, masked, dropout_p, kv_heads=0, window=0, sta
         k, v = np.ascontiguousarray(k[:, :kv_heads]), np.ascontiguousarray(v[:, :kv_heads])
     out, lse = np.zeros_like(q), np.zeros(shape[:3], np.float32)
     args = (*scalars(shape, dt, causal, dropout_p), kv_heads, window)
-    _C.run_op(backend, "attention_forward", [q, k, v, out, lse, lengths, starts], args)
+    _C_testing.run_op(backend, "attention_forward", [q, k, v, out, lse, lengths, starts], args)
     grads = [np.full_like(q, np.nan), np.full_like(k, np.nan), np.full_like(v, np.nan)]
-    _C.run_op(backend, "attention_backward", [q, k, v, out, lse, dout, *grads, lengths, starts], args)
+    _C_testing.run_op(backend, "attention_backward", [q, k, v, out, lse, dout, *grads, lengths, starts], args)
     return out, lse, *grads
 
 
@@ -85,13 +85,13 @@ def test_cuda_attention_query_without_keys_and_bad_arguments():
     q, k, v, dout, _ = inputs(shape, "f32", False)
     lengths = np.array([0, 9], np.int64)
     out, lse = np.zeros_like(q), np.zeros(shape[:3], np.float32)
-    _C.run_op("cuda", "attention_forward", [q, k, v, out, lse, lengths, None], scalars(shape, "f32", True, 0.0))
+    _C_testing.run_op("cuda", "attention_forward", [q, k, v, out, lse, lengths, None], scalars(shape, "f32", True, 0.0))
     assert np.all(out[0] == 0) and np.all(lse[0] == -np.inf) and np.all(np.isfinite(out[1]))
     with pytest.raises(ValueError, match=r"key_lengths\[1\]: must be in \[0, 9\], got 10"):
-        _C.run_op("cuda", "attention_forward", [q, k, v, out, lse, np.array([3, 10], np.int64), None],
+        _C_testing.run_op("cuda", "attention_forward", [q, k, v, out, lse, np.array([3, 10], np.int64), None],
                   scalars(shape, "f32", True, 0.0))
     wide = (1, 1, 4, 300)
     q, k, v, _, _ = inputs(wide, "f32", False)
     with pytest.raises(ValueError, match=r"head_dim: must be in \[1, 256\] on this backend, got 300"):
-        _C.run_op("cuda", "attention_forward", [q, k, v, np.zeros_like(q), np.zeros(wide[:3], np.float32),
+        _C_testing.run_op("cuda", "attention_forward", [q, k, v, np.zeros_like(q), np.zeros(wide[:3], np.float32),
                                                 None, None], scalars(wide, "f32", False, 0.0))

@@ -1,5 +1,5 @@
 """The CUDA op table (cuda/ops_*.cu) against the CPU op table, op by op on the same inputs through
-gputrain._C.run_op, and a model on CUDA against the same model on the CPU.
+_C_testing.run_op, and a model on CUDA against the same model on the CPU.
 
 Tests marked `cuda` need a GPU (they skip without one): every op on random inputs in f32/f16/bf16,
 bit-identical where the CUDA kernels follow the CPU's arithmetic and order (elementwise ops, dropout
@@ -18,6 +18,7 @@ import pytest
 import _reference as ref
 import gputrain as gt
 from gputrain import _C
+from gputrain import _C_testing
 
 nn = gt.nn
 cuda = pytest.mark.cuda
@@ -53,12 +54,12 @@ def copies(arrays):
 def run_both(op, arrays, args):
     """(result, arrays) of the CPU table and of the CUDA table, each on its own copies."""
     cpu, gpu = copies(arrays), copies(arrays)
-    return (_C.run_op("cpu", op, cpu, args), cpu), (_C.run_op("cuda", op, gpu, args), gpu)
+    return (_C_testing.run_op("cpu", op, cpu, args), cpu), (_C_testing.run_op("cuda", op, gpu, args), gpu)
 
 
 def run_cuda(op, arrays, args):
     gpu = copies(arrays)
-    return _C.run_op("cuda", op, gpu, args), gpu
+    return _C_testing.run_op("cuda", op, gpu, args), gpu
 
 
 def same_bits(a, b):
@@ -198,7 +199,7 @@ def test_gemm_bad_arguments_fail_as_on_the_cpu():
                         (gemm_args(False, False, 4, 4, 4, 1.0, 0.0, ("f64", "f32", "f32"), (4, 4, 4)), "a_dt")]:
         for backend in ("cpu", "cuda"):
             with pytest.raises(ValueError, match=match):
-                _C.run_op(backend, "gemm", [a.copy(), a.copy(), a.copy()], args)
+                _C_testing.run_op(backend, "gemm", [a.copy(), a.copy(), a.copy()], args)
 
 
 # ------------------------------------------------------------------ elementwise
@@ -289,7 +290,8 @@ def test_layernorm_backward_din_is_bit_identical_and_param_grads_deterministic(d
     rows, cols = 1031, 45
     x, weight, bias = layernorm_inputs(rows, cols, dt)
     mean, rstd = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
-    _C.run_op("cpu", "layernorm_forward", [np.zeros_like(x), mean, rstd, x, weight, bias], (rows, cols, 1e-5, dt))
+    _C_testing.run_op("cpu", "layernorm_forward", [np.zeros_like(x), mean, rstd, x, weight, bias],
+                      (rows, cols, 1e-5, dt))
     dout = act((rows, cols), dt, 12)
     dweight, dbias = randn(cols, 13), randn(cols, 14)
     arrays = [np.zeros_like(x), dweight, dbias, dout, x, weight, mean, rstd]
@@ -326,9 +328,10 @@ def test_embedding_ids_out_of_range_are_named_as_on_the_cpu():
     table = randn((30, 4), 19)
     for backend in ("cpu", "cuda"):
         with pytest.raises(IndexError, match=r"ids\[5\] = 40 is out of range \[0, 30\)"):
-            _C.run_op(backend, "embedding_forward", [np.zeros((8, 4), np.float32), ids, table], (8, 30, 4, "f32"))
+            _C_testing.run_op(backend, "embedding_forward", [np.zeros((8, 4), np.float32), ids, table],
+                              (8, 30, 4, "f32"))
         with pytest.raises(IndexError, match=r"ids\[5\] = 40"):
-            _C.run_op(backend, "embedding_backward", [table.copy(), np.zeros((8, 4), np.float32), ids],
+            _C_testing.run_op(backend, "embedding_backward", [table.copy(), np.zeros((8, 4), np.float32), ids],
                       (8, 30, 4, "f32", False))
 
 
@@ -363,7 +366,7 @@ def test_softmax_xent_bad_target_is_named_as_on_the_cpu():
     targets = np.array([1, -100, 5, 0], np.int64)
     for backend in ("cpu", "cuda"):
         with pytest.raises(IndexError, match=r"targets\[2\] = 5 is out of range \[0, 5\) \(ignore_index -100\)"):
-            _C.run_op(backend, "softmax_xent", [np.zeros(4, np.float32), None, logits, targets],
+            _C_testing.run_op(backend, "softmax_xent", [np.zeros(4, np.float32), None, logits, targets],
                       (4, 5, 0.0, -100, 1.0, "f32"))
 
 
@@ -421,7 +424,7 @@ def test_size_and_dtype_errors_match_the_cpu():
     for op, arrays, args, error, match in cases:
         for backend in ("cpu", "cuda"):
             with pytest.raises(error, match=match):
-                _C.run_op(backend, op, copies(arrays), args)
+                _C_testing.run_op(backend, op, copies(arrays), args)
 
 
 # ------------------------------------------------------------------ models on CUDA
@@ -529,14 +532,15 @@ def test_run_op_on_the_cpu_table_matches_numpy():
     a, b = randn((3, 4), 40), randn((5, 4), 41)
     c = np.full((3, 5), np.nan, np.float32)
     args = gemm_args(False, True, 3, 5, 4, 2.0, 0.0, ("f32",) * 3, (4, 4, 5))
-    assert _C.run_op("cpu", "gemm", [a, b, c], args) is None
+    assert _C_testing.run_op("cpu", "gemm", [a, b, c], args) is None
     np.testing.assert_allclose(c, 2.0 * a @ b.T, rtol=1e-6)
     x = randn(10, 42)
-    assert _C.run_op("cpu", "sum_squares", [x], (10,)) == pytest.approx(float(np.sum(ref.f64(x) ** 2)), rel=1e-15)
-    loss = _C.run_op("cpu", "mse", [None, x, np.zeros(10, np.float32)], (10, 1.0, "f32"))
+    expected = pytest.approx(float(np.sum(ref.f64(x) ** 2)), rel=1e-15)
+    assert _C_testing.run_op("cpu", "sum_squares", [x], (10,)) == expected
+    loss = _C_testing.run_op("cpu", "mse", [None, x, np.zeros(10, np.float32)], (10, 1.0, "f32"))
     assert loss == pytest.approx(float(np.mean(ref.f64(x) ** 2)), rel=1e-6)
     logits, targets = randn((4, 3), 43), np.array([0, 2, -100, 1], np.int64)
-    count = _C.run_op("cpu", "softmax_xent", [np.zeros(4, np.float32), None, logits, targets],
+    count = _C_testing.run_op("cpu", "softmax_xent", [np.zeros(4, np.float32), None, logits, targets],
                       (4, 3, 0.0, -100, 1.0, "f32"))
     assert count == 3
 
@@ -544,34 +548,34 @@ def test_run_op_on_the_cpu_table_matches_numpy():
 def test_run_op_checks_its_arguments_before_running():
     x = np.zeros(8, np.float32)
     with pytest.raises(ValueError, match=r"arrays\[2\] \(b\): these arguments need 64 bytes, it has 32"):
-        _C.run_op("cpu", "add", [np.zeros(16, np.float32), np.zeros(16, np.float32), x], (16, "f32"))
+        _C_testing.run_op("cpu", "add", [np.zeros(16, np.float32), np.zeros(16, np.float32), x], (16, "f32"))
     with pytest.raises(TypeError, match=r"arrays\[1\] \(a\) must be a numpy.ndarray"):
-        _C.run_op("cpu", "add", [x, None, x], (8, "f32"))
+        _C_testing.run_op("cpu", "add", [x, None, x], (8, "f32"))
     with pytest.raises(ValueError, match="arrays: add takes 3 arrays, got 2"):
-        _C.run_op("cpu", "add", [x, x], (8, "f32"))
+        _C_testing.run_op("cpu", "add", [x, x], (8, "f32"))
     with pytest.raises(ValueError, match="C-contiguous, aligned and writeable"):
-        _C.run_op("cpu", "add", [x, np.zeros(16, np.float32)[::2], x], (8, "f32"))
+        _C_testing.run_op("cpu", "add", [x, np.zeros(16, np.float32)[::2], x], (8, "f32"))
     with pytest.raises(ValueError, match="unknown op 'nope'"):
-        _C.run_op("cpu", "nope", [], ())
+        _C_testing.run_op("cpu", "nope", [], ())
     with pytest.raises(ValueError, match="backend must be 'cpu', 'cuda' or 'sim'"):
-        _C.run_op("tpu", "add", [x, x, x], (8, "f32"))
+        _C_testing.run_op("tpu", "add", [x, x, x], (8, "f32"))
     with pytest.raises(ValueError, match="dt"):
-        _C.run_op("cpu", "add", [x, x, x], (8, "f99"))
+        _C_testing.run_op("cpu", "add", [x, x, x], (8, "f99"))
     with pytest.raises(TypeError):
-        _C.run_op("cpu", "add", [x, x, x], (8,))
+        _C_testing.run_op("cpu", "add", [x, x, x], (8,))
 
 
 def test_run_op_on_cuda_without_a_device_raises_naming_it():
     x = np.arange(8, dtype=np.float32)
     if gt.cuda.is_available():
         out = np.zeros(8, np.float32)
-        _C.run_op("cuda", "add", [out, x, x.copy()], (8, "f32"))
+        _C_testing.run_op("cuda", "add", [out, x, x.copy()], (8, "f32"))
         assert np.array_equal(out, 2 * x)
         return
     # the device is parsed by gt_device_parse, as _C.Model's is: the same RuntimeError, naming it
     reason = "built without CUDA" if not gt.cuda.is_compiled() else "0 CUDA devices usable"
     with pytest.raises(RuntimeError, match=f"device: device 'cuda:0' is not available .*{reason}"):
-        _C.run_op("cuda", "add", [np.zeros(8, np.float32), x, x.copy()], (8, "f32"))
+        _C_testing.run_op("cuda", "add", [np.zeros(8, np.float32), x, x.copy()], (8, "f32"))
 
 
 def test_models_name_an_unusable_cuda_device():

@@ -101,7 +101,7 @@ def test_an_optimizer_for_another_model_is_refused():
     for optimizer in (gt.optim.AdamW(other.parameters()), _C.ModelOptimizer("adamw", other.compiled, [0], [0],
                                                                             [{}], [True])):
         with pytest.raises(ValueError, match="another model"):
-            _C.train_step(model.compiled, x, y, LOSS, optimizer=optimizer)
+            _C.train_step(_C.StepConfig(LOSS, optimizer=optimizer), model.compiled, x, y)
     np.testing.assert_array_equal(model.compiled.read_parameters(), make_model().compiled.read_parameters())
 
 
@@ -152,14 +152,15 @@ def test_cuda_step_refuses_a_host_optimizer_naming_both_devices():
     x, y = batch(0)
     for optimizer in (gt.optim.SGD(host.parameters(), lr=0.1), gt.optim.AdamW.for_model(host)):
         with pytest.raises(ValueError, match="cuda:0.*cpu|another model"):
-            _C.train_step(model.compiled, x, y, LOSS, optimizer=optimizer)
+            _C.train_step(_C.StepConfig(LOSS, optimizer=optimizer), model.compiled, x, y)
 
 
 @cuda
 def test_cuda_step_reports_the_norm_without_an_optimizer():
     cpu_model, gpu_model = make_model(), make_model().to("cuda")
     x, y = batch(0)
-    norms = [_C.train_step(m.compiled, x, y, LOSS, want_grad_norm=True)["grad_norm"] for m in (cpu_model, gpu_model)]
+    config = _C.StepConfig(LOSS, want_grad_norm=True)
+    norms = [_C.train_step(config, m.compiled, x, y)["grad_norm"] for m in (cpu_model, gpu_model)]
     np.testing.assert_allclose(norms[1], norms[0], rtol=1e-5)
     expected = float(np.sqrt(np.sum(gpu_model.compiled.read_gradients().astype(np.float64) ** 2)))
     np.testing.assert_allclose(norms[1], expected, rtol=1e-12)

@@ -13,6 +13,7 @@ import _reference as ref
 import _rope_reference as rref
 import gputrain as gt
 from gputrain import _C, nn
+from gputrain import _C_testing
 
 H, K, D = 2, 1, 8
 WIDTH = (H + 2 * K) * D
@@ -194,12 +195,12 @@ def test_key_starts_split_rows_at_mask_changes_and_restarting_positions(backend)
     ids[3, 5] = 0  # a pad id inside a row: the last token is before it
     rows = np.ascontiguousarray(np.stack([ids, mask, positions], axis=1))
     starts, last = np.full(mask.shape, -7, np.int64), np.full(len(mask), -7, np.int64)
-    _C.run_op(backend, "key_starts", [starts, last, rows], (len(mask), 6, 3, 0))
+    _C_testing.run_op(backend, "key_starts", [starts, last, rows], (len(mask), 6, 3, 0))
     np.testing.assert_array_equal(starts, numpy_key_starts(mask, positions))
     assert starts.tolist()[0] == [0, 0, 2, 2, 2, 2] and starts.tolist()[3] == [0, 0, 0, 3, 3, 5]
     np.testing.assert_array_equal(last, hf_last_tokens(ids, 0))
     assert last[5] == 0 and last[0] == 5  # all padding: 0 (argmax of zeros); no right padding: T - 1
-    _C.run_op(backend, "key_starts", [None, last, rows], (len(mask), 6, 3, -1))
+    _C_testing.run_op(backend, "key_starts", [None, last, rows], (len(mask), 6, 3, -1))
     assert (last == 5).all()  # no pad_token_id: the last position
 
 
@@ -211,20 +212,20 @@ def test_pool_last_takes_the_last_token_and_its_gradient_goes_there(backend, dt)
     raw = x.view(np.uint16) if dt == "bf16" else x
     last = np.array([4, 0, 2], np.int64)
     out = np.zeros((3, 4), raw.dtype)
-    _C.run_op(backend, "pool_forward", [out, raw, last], (3, 5, 4, 2, dt))
+    _C_testing.run_op(backend, "pool_forward", [out, raw, last], (3, 5, 4, 2, dt))
     assert ref.same_bits(out.view(x.dtype), x[np.arange(3), last])
-    _C.run_op(backend, "pool_forward", [out, raw, None], (3, 5, 4, 2, dt))
+    _C_testing.run_op(backend, "pool_forward", [out, raw, None], (3, 5, 4, 2, dt))
     assert ref.same_bits(out.view(x.dtype), x[:, -1])  # without last tokens: T - 1
     dout = ref.to_dtype(rng.standard_normal((3, 4)), dt)
     din = np.full(raw.shape, 7, raw.dtype)
-    _C.run_op(backend, "pool_backward", [din, dout.view(raw.dtype), last], (3, 5, 4, 2, dt))
+    _C_testing.run_op(backend, "pool_backward", [din, dout.view(raw.dtype), last], (3, 5, 4, 2, dt))
     want = np.zeros(x.shape, x.dtype)
     want[np.arange(3), last] = dout
     assert ref.same_bits(din.view(x.dtype), want)
     if backend != "cpu":  # a device backend reports a bad index at its next synchronisation
         return
     with pytest.raises(ValueError, match=r"lengths\[0\]: must be in \[0, 4\], got 5"):
-        _C.run_op(backend, "pool_forward", [out, raw, np.array([5, 0, 0], np.int64)], (3, 5, 4, 2, dt))
+        _C_testing.run_op(backend, "pool_forward", [out, raw, np.array([5, 0, 0], np.int64)], (3, 5, 4, 2, dt))
 
 
 def test_a_classifier_pools_the_last_non_pad_token():

@@ -24,6 +24,7 @@ import _reference as ref
 import gputrain as gt
 from _mlp_reference import assert_gradients_match
 from gputrain import _C
+from gputrain import _C_testing
 from gputrain import memory_plan as mp
 from test_layer_positions import GRAD_TOLERANCE, POSITIONS, ROWS, WIDTH, reference_step
 
@@ -228,15 +229,16 @@ def test_the_scale_op_is_one_rounded_product(backend, dt):
         for factor in (8 ** 0.5, -1 / 30.0, 30.0):
             f = float(ref.to_dtype(np.array([np.float32(factor)]), dt).astype(np.float32)[0])
             out = np.full_like(x, np.nan)
-            _C.run_op(backend, "scale", [raw(out), raw(x)], (n, f, dt))
+            _C_testing.run_op(backend, "scale", [raw(out), raw(x)], (n, f, dt))
             assert ref.same_bits(raw(out), raw(scale_want(x, factor, dt)))
             if backend == "cpu":  # out may alias in (run_op gives sim a device copy of each array)
                 aliased = x.copy()
-                _C.run_op(backend, "scale", [raw(aliased), raw(aliased)], (n, f, dt))
+                _C_testing.run_op(backend, "scale", [raw(aliased), raw(aliased)], (n, f, dt))
                 assert ref.same_bits(raw(aliased), raw(out))
     with pytest.raises(ValueError, match="factor: must be finite" if backend == "cpu" else None):
         # (sim reports an op's failure on its stream's thread: the message stays there)
-        _C.run_op(backend, "scale", [np.zeros(2, np.float32), np.zeros(2, np.float32)], (2, float("inf"), "f32"))
+        _C_testing.run_op(backend, "scale", [np.zeros(2, np.float32), np.zeros(2, np.float32)],
+                          (2, float("inf"), "f32"))
 
 
 @pytest.mark.parametrize("precision, dt", [("fp32", "f32"), ("bf16", "bf16"), ("fp16", "f16")])
@@ -290,9 +292,9 @@ def rms_inputs(rows, cols, dt, seed=0):
 def rms_run(backend, x, dout, weight, plus_one, dt, eps=1e-6):
     rows, cols = x.shape
     out, rstd = np.empty_like(x), np.zeros(rows, np.float32)
-    _C.run_op(backend, "rmsnorm_forward", [raw(out), rstd, raw(x), weight], (rows, cols, eps, dt, plus_one))
+    _C_testing.run_op(backend, "rmsnorm_forward", [raw(out), rstd, raw(x), weight], (rows, cols, eps, dt, plus_one))
     din, dweight = np.full_like(x, np.nan), np.full(cols, np.nan, np.float32)
-    _C.run_op(backend, "rmsnorm_backward", [raw(din), dweight, raw(dout), raw(x), weight, rstd],
+    _C_testing.run_op(backend, "rmsnorm_backward", [raw(din), dweight, raw(dout), raw(x), weight, rstd],
               (rows, cols, dt, False, plus_one))
     return out, rstd, din, dweight
 

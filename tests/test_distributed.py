@@ -268,8 +268,8 @@ def test_train_step_refuses_a_comm_that_is_not_a_communicator():
     model = gt.nn.Sequential(gt.nn.Linear(3, 2))
     before = model.state_dict()
     with pytest.raises(TypeError, match="comm must be a gputrain._C.Communicator"):
-        _C.train_step(model.compiled, np.ones((2, 3), np.float32), np.zeros(2, np.int64),
-                      ("cross_entropy", 0.0, -100), comm=object())
+        _C.train_step(_C.StepConfig(("cross_entropy", 0.0, -100)), model.compiled, np.ones((2, 3), np.float32),
+                      np.zeros(2, np.int64), comm=object())
     for name, value in model.state_dict().items():
         assert np.array_equal(value, before[name])
 

@@ -136,8 +136,8 @@ def test_bad_guard_settings_name_the_argument(kwargs, match):
 def test_the_c_step_refuses_a_nan_limit():
     model, opt, sched, grad_scaler, step = run()
     with pytest.raises(ValueError, match="guard_loss"):
-        gt._C.train_step(model.compiled, *batch(0), nn.CrossEntropyLoss()._spec(), optimizer=opt,
-                         guard=True, guard_loss=math.nan)
+        gt._C.train_step(gt._C.StepConfig(nn.CrossEntropyLoss()._spec(), optimizer=opt, guard=True), model.compiled,
+                         *batch(0), guard_loss=math.nan)
 
 
 # --- LossSpikeCallback in the Trainer ---

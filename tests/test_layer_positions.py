@@ -23,6 +23,7 @@ import _reference as ref
 import gputrain as gt
 from _mlp_reference import assert_gradients_match, cross_entropy, layer_backward, layer_forward, params_of
 from gputrain import _C
+from gputrain import _C_testing
 
 nn = gt.nn
 
@@ -197,7 +198,7 @@ def test_layernorm_backward_op_without_din_gives_the_same_parameter_gradients(dt
 def test_backward_ops_accept_no_input_gradient(op, arrays):
     x = np.ones(8, np.float32)
     args = (8, 0, "f32") if op == "activation_backward" else (8, 0.5, 1, 0, 0, 0, "f32")
-    assert _C.run_op("cpu", op, arrays(x), args) is None
+    assert _C_testing.run_op("cpu", op, arrays(x), args) is None
 
 
 cuda = pytest.mark.cuda
@@ -211,16 +212,17 @@ def test_cuda_backward_ops_accept_no_input_gradient(dt):
     x = ref.to_dtype(rng.standard_normal((rows, cols)), dt)
     weight, bias = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
     mean, rstd = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
-    _C.run_op("cpu", "layernorm_forward", [np.zeros_like(x), mean, rstd, x, weight, bias], (rows, cols, 1e-5, dt))
+    _C_testing.run_op("cpu", "layernorm_forward", [np.zeros_like(x), mean, rstd, x, weight, bias],
+                      (rows, cols, 1e-5, dt))
     dout = ref.to_dtype(rng.standard_normal((rows, cols)), dt)
     with_din = [np.zeros_like(x), np.zeros(cols, np.float32), np.zeros(cols, np.float32), dout, x, weight, mean, rstd]
     without = [None] + [a.copy() for a in with_din[1:]]
-    _C.run_op("cuda", "layernorm_backward", with_din, (rows, cols, dt, False))
-    _C.run_op("cuda", "layernorm_backward", without, (rows, cols, dt, False))
+    _C_testing.run_op("cuda", "layernorm_backward", with_din, (rows, cols, dt, False))
+    _C_testing.run_op("cuda", "layernorm_backward", without, (rows, cols, dt, False))
     assert ref.same_bits(with_din[1], without[1]) and ref.same_bits(with_din[2], without[2])
     n = rows * cols
-    assert _C.run_op("cuda", "activation_backward", [None, dout, x], (n, 1, dt)) is None
-    assert _C.run_op("cuda", "dropout_backward", [None, dout], (n, 0.5, 1, 0, 0, 0, dt)) is None
+    assert _C_testing.run_op("cuda", "activation_backward", [None, dout, x], (n, 1, dt)) is None
+    assert _C_testing.run_op("cuda", "dropout_backward", [None, dout], (n, 0.5, 1, 0, 0, 0, dt)) is None
 
 
 @cuda

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gputrain import _C
+from gputrain import _C_testing
 
 
 def randn(*shape: int) -> np.ndarray:
@@ -53,18 +54,18 @@ def valid() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
         "conv2d_backward": (_C.op_conv2d_backward, dict(dx=f32(2, 4, 5, 5), dweight=f32(6, 4, 3, 3),
                                                         dbias=f32(6), dout=randn(2, 6, 5, 5), x=image,
                                                         weight=kernel, dt="f32", **conv)),
-        "batchnorm2d": (_C.op_batchnorm2d, dict(out=f32(2, 4, 5, 5), mean=f32(4), rstd=f32(4), x=image,
+        "batchnorm2d": (_C_testing.op_batchnorm2d, dict(out=f32(2, 4, 5, 5), mean=f32(4), rstd=f32(4), x=image,
                                                 weight=randn(4), bias=randn(4), running_mean=f32(4),
                                                 running_var=np.ones(4, np.float32),
                                                 num_batches_tracked=np.zeros(1, np.int64), eps=1e-5,
                                                 momentum=0.1, batch_stats=True, update_running=True,
                                                 dt="f32")),
-        "batchnorm2d_backward": (_C.op_batchnorm2d_backward, dict(din=f32(2, 4, 5, 5), dweight=f32(4),
+        "batchnorm2d_backward": (_C_testing.op_batchnorm2d_backward, dict(din=f32(2, 4, 5, 5), dweight=f32(4),
                                                                   dbias=f32(4), dout=randn(2, 4, 5, 5), x=image,
                                                                   weight=randn(4), mean=f32(4),
                                                                   rstd=np.ones(4, np.float32),
                                                                   batch_stats=True, dt="f32")),
-        "pool2d": (_C.op_pool2d, dict(out=f32(2, 4, 2, 2), x=image, kind="max", kernel=(2, 2), stride=(2, 2),
+        "pool2d": (_C_testing.op_pool2d, dict(out=f32(2, 4, 2, 2), x=image, kind="max", kernel=(2, 2), stride=(2, 2),
                                       padding=(0, 0), dilation=(1, 1), count_include_pad=False, dt="f32",
                                       argmax=np.zeros((2, 4, 2, 2), np.int32))),
     }

@@ -1,4 +1,4 @@
-"""The C optimizer on a device (`_C.optimizer_on_device`): on "cpu" it matches the Python
+"""The C optimizer on a device (`_C_testing.optimizer_on_device`): on "cpu" it matches the Python
 optimizers; on "cuda:0" (tests marked cuda) and on the simulated "sim:0" the AdamW/SGD kernels,
 the offload pipeline (copy stream and events) and the sum of squares give the CPU's bits."""
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gputrain import _C
+from gputrain import _C_testing
 from gputrain.nn import Parameter
 from gputrain.optim import SGD, AdamW
 
@@ -34,7 +35,7 @@ def _data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def _on(device: str, kind: str, numerics: str, hparams: dict, **options) -> np.ndarray:
     params, grads = _data()
-    _C.optimizer_on_device(kind, device, params, SIZES, grads, hparams, numerics=numerics, **options)
+    _C_testing.optimizer_on_device(kind, device, params, SIZES, grads, hparams, numerics=numerics, **options)
     return params
 
 
@@ -56,15 +57,15 @@ def test_on_cpu_matches_the_python_optimizer(kind, numerics, hparams):
 def test_bad_arguments():
     params, grads = _data()
     with pytest.raises(ValueError, match="kind"):
-        _C.optimizer_on_device("adam", "cpu", params, SIZES, grads, {})
+        _C_testing.optimizer_on_device("adam", "cpu", params, SIZES, grads, {})
     with pytest.raises(ValueError, match="sizes add up"):
-        _C.optimizer_on_device("sgd", "cpu", params, SIZES[:-1], grads, {})
+        _C_testing.optimizer_on_device("sgd", "cpu", params, SIZES[:-1], grads, {})
     with pytest.raises(ValueError, match="shape"):
-        _C.optimizer_on_device("sgd", "cpu", params, SIZES, grads[:, :5], {})
+        _C_testing.optimizer_on_device("sgd", "cpu", params, SIZES, grads[:, :5], {})
     with pytest.raises(TypeError, match="params"):
-        _C.optimizer_on_device("sgd", "cpu", params.astype(np.float64), SIZES, grads, {})
+        _C_testing.optimizer_on_device("sgd", "cpu", params.astype(np.float64), SIZES, grads, {})
     with pytest.raises(ValueError, match="device"):
-        _C.optimizer_on_device("sgd", "tpu", params, SIZES, grads, {})
+        _C_testing.optimizer_on_device("sgd", "tpu", params, SIZES, grads, {})
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,4 +82,4 @@ def test_device_gives_the_cpu_bits(device, kind, numerics, hparams, fraction):
 @pytest.mark.parametrize("n", [1, 17, 65_537, 3_000_001])
 def test_device_sum_of_squares_gives_the_cpu_bits(device, n):
     x = (np.random.default_rng(n).standard_normal(n) * 5).astype(np.float32)
-    assert _C.grad_sumsq_on_device(x, device) == _C.grad_sumsq_on_device(x, "cpu") == _C.grad_sumsq(x)
+    assert _C_testing.grad_sumsq_on_device(x, device) == _C_testing.grad_sumsq_on_device(x, "cpu") == _C.grad_sumsq(x)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputrain import _C
+from gputrain import _C_testing
 
 MASK32 = 0xFFFFFFFF
 
@@ -38,7 +38,7 @@ def philox_reference(counter: tuple[int, ...], key: tuple[int, ...]) -> tuple[in
 
 @pytest.mark.parametrize(("counter", "key", "expected"), KNOWN_ANSWERS)
 def test_random123_known_answers(counter, key, expected):
-    assert _C.philox4x32_10(counter, key) == expected
+    assert _C_testing.philox4x32_10(counter, key) == expected
     assert philox_reference(counter, key) == expected
 
 
@@ -48,14 +48,14 @@ words = st.integers(0, MASK32)
 @settings(max_examples=200, deadline=None)
 @given(st.tuples(words, words, words, words), st.tuples(words, words))
 def test_matches_python_reference(counter, key):
-    assert _C.philox4x32_10(counter, key) == philox_reference(counter, key)
+    assert _C_testing.philox4x32_10(counter, key) == philox_reference(counter, key)
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 2**64 - 1), words, words, st.integers(0, 2**64 - 9))
 def test_stream_layout(seed, stream_a, stream_b, start):
     """key = (seed lo, seed hi); counter = (index lo, index hi, stream_a, stream_b)."""
-    block = _C.philox_uint32(seed, stream_a, stream_b, start, 8)
+    block = _C_testing.philox_uint32(seed, stream_a, stream_b, start, 8)
     assert block.shape == (8, 4) and block.dtype == np.uint32
     for i in range(8):
         index = start + i
@@ -64,41 +64,41 @@ def test_stream_layout(seed, stream_a, stream_b, start):
 
 
 def test_index_carries_into_high_word():
-    block = _C.philox_uint32(7, 1, 2, 2**32 - 1, 2)
+    block = _C_testing.philox_uint32(7, 1, 2, 2**32 - 1, 2)
     assert tuple(block[1]) == philox_reference((0, 1, 1, 2), (7, 0))
 
 
 def test_streams_differ_and_repeat():
-    a = _C.philox_uint32(1, 0, 0, 0, 1000)
-    assert np.array_equal(a, _C.philox_uint32(1, 0, 0, 0, 1000))
-    assert np.array_equal(a[10:20], _C.philox_uint32(1, 0, 0, 10, 10))
-    for other in (_C.philox_uint32(2, 0, 0, 0, 1000), _C.philox_uint32(1, 1, 0, 0, 1000),
-                  _C.philox_uint32(1, 0, 1, 0, 1000)):
+    a = _C_testing.philox_uint32(1, 0, 0, 0, 1000)
+    assert np.array_equal(a, _C_testing.philox_uint32(1, 0, 0, 0, 1000))
+    assert np.array_equal(a[10:20], _C_testing.philox_uint32(1, 0, 0, 10, 10))
+    for other in (_C_testing.philox_uint32(2, 0, 0, 0, 1000), _C_testing.philox_uint32(1, 1, 0, 0, 1000),
+                  _C_testing.philox_uint32(1, 0, 1, 0, 1000)):
         assert np.mean(a == other) < 0.01
 
 
 def test_uniform_is_top_24_bits():
-    w = _C.philox_uint32(3, 4, 5, 0, 50_000)
+    w = _C_testing.philox_uint32(3, 4, 5, 0, 50_000)
     expected = (w >> 8).astype(np.float32) * np.float32(2.0**-24)
-    assert np.array_equal(_C.philox_uniform(3, 4, 5, 0, 50_000), expected)
+    assert np.array_equal(_C_testing.philox_uniform(3, 4, 5, 0, 50_000), expected)
     expected_open = ((w >> 8) + 1).astype(np.float32) * np.float32(2.0**-24)
-    assert np.array_equal(_C.philox_uniform_open(3, 4, 5, 0, 50_000), expected_open)
+    assert np.array_equal(_C_testing.philox_uniform_open(3, 4, 5, 0, 50_000), expected_open)
 
 
 def test_uniform_range_and_moments():
-    u = _C.philox_uniform(11, 0, 0, 0, 250_000).ravel()
+    u = _C_testing.philox_uniform(11, 0, 0, 0, 250_000).ravel()
     assert u.min() >= 0.0 and u.max() < 1.0
     assert abs(u.mean() - 0.5) < 0.002            # sd of the mean: 0.29 / 1000
     assert abs(u.var() - 1 / 12) < 0.001
     counts = np.bincount((u * 16).astype(int), minlength=16)
     assert np.all(np.abs(counts / u.size - 1 / 16) < 0.002)
-    u_open = _C.philox_uniform_open(11, 0, 0, 0, 250_000)
+    u_open = _C_testing.philox_uniform_open(11, 0, 0, 0, 250_000)
     assert u_open.min() > 0.0 and u_open.max() <= 1.0
 
 
 def test_normal_matches_box_muller_in_float64():
-    w = _C.philox_uint32(5, 6, 7, 100, 20_000).astype(np.float64)
-    z = _C.philox_normal(5, 6, 7, 100, 20_000).astype(np.float64)
+    w = _C_testing.philox_uint32(5, 6, 7, 100, 20_000).astype(np.float64)
+    z = _C_testing.philox_normal(5, 6, 7, 100, 20_000).astype(np.float64)
     u1 = (np.floor(w[:, 0::2] / 256) + 1) * 2.0**-24
     u2 = np.floor(w[:, 1::2] / 256) * 2.0**-24
     radius, theta = np.sqrt(-2 * np.log(u1)), 2 * math.pi * u2
@@ -108,7 +108,7 @@ def test_normal_matches_box_muller_in_float64():
 
 
 def test_normal_moments():
-    z = _C.philox_normal(2024, 1, 2, 0, 250_000).ravel()
+    z = _C_testing.philox_normal(2024, 1, 2, 0, 250_000).ravel()
     assert np.all(np.isfinite(z)) and np.abs(z).max() <= math.sqrt(48 * math.log(2)) + 1e-5
     assert abs(z.mean()) < 0.006                   # sd of the mean: 1 / 1000
     assert abs(z.var() - 1.0) < 0.01
@@ -130,7 +130,7 @@ def test_normal_moments():
 )
 def test_philox4x32_10_bad_arguments(args, error):
     with pytest.raises(error):
-        _C.philox4x32_10(*args)
+        _C_testing.philox4x32_10(*args)
 
 
 @pytest.mark.parametrize(
@@ -148,8 +148,8 @@ def test_philox4x32_10_bad_arguments(args, error):
 )
 def test_draw_bad_arguments(args, error, name):
     with pytest.raises(error, match=name):
-        _C.philox_uint32(*args)
+        _C_testing.philox_uint32(*args)
 
 
 def test_empty_draw():
-    assert _C.philox_normal(0, 0, 0, 0, 0).shape == (0, 4)
+    assert _C_testing.philox_normal(0, 0, 0, 0, 0).shape == (0, 4)

@@ -21,7 +21,7 @@ import pytest
 import _reference as ref
 from _mlp_reference import layer_backward, layer_forward, params_of
 import gputrain as gt
-from gputrain import _C, nn
+from gputrain import _C, _C_testing, nn
 
 IGNORE = -100
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "rdrop", "torch-rdrop.npz")
@@ -90,7 +90,7 @@ def run(backend, z, t, alpha, smoothing=0.0, dloss_scale=1.0, dt="f32"):
     """The op on `backend`: (losses, dlogits, count)."""
     losses = np.zeros(len(z), np.float32)
     dlogits = np.zeros_like(z)
-    count = _C.run_op(backend, "softmax_xent_rdrop", [losses, dlogits, np.ascontiguousarray(z), t],
+    count = _C_testing.run_op(backend, "softmax_xent_rdrop", [losses, dlogits, np.ascontiguousarray(z), t],
                       (z.shape[0], z.shape[1], smoothing, IGNORE, alpha, dloss_scale, dt))
     return losses, dlogits, count
 
@@ -132,7 +132,7 @@ def test_ignored_rows_have_no_loss_no_gradient_and_no_kl():
     assert count == int((~ignored).sum())
     assert np.all(losses[ignored] == 0) and np.all(dlogits[ignored] == 0)
     plain_losses = np.zeros(len(z), np.float32)
-    _C.run_op("cpu", "softmax_xent", [plain_losses, None, z, t], (len(z), z.shape[1], 0.0, IGNORE, 1.0, "f32"))
+    _C_testing.run_op("cpu", "softmax_xent", [plain_losses, None, z, t], (len(z), z.shape[1], 0.0, IGNORE, 1.0, "f32"))
     assert losses[5] == pytest.approx(plain_losses[5], rel=1e-6)  # a half-ignored pair: cross-entropy only
     assert losses[2] > plain_losses[2]  # a counted pair: its KL added
 
@@ -168,7 +168,7 @@ def test_op_refuses_bad_arguments(args, message):
     rows = args[0]
     z = np.zeros((rows, 4), np.float32)
     with pytest.raises(ValueError, match=message):
-        _C.run_op("cpu", "softmax_xent_rdrop", [np.zeros(rows, np.float32), np.zeros_like(z), z,
+        _C_testing.run_op("cpu", "softmax_xent_rdrop", [np.zeros(rows, np.float32), np.zeros_like(z), z,
                                                 np.zeros(rows, np.int64)], args)
 
 
@@ -328,11 +328,11 @@ def test_the_c_step_checks_its_loss_spec():
     model = make_model()
     x, y = step_batch()
     with pytest.raises(ValueError, match="rdrop_alpha"):
-        _C.train_step(model.compiled, x, y, ("cross_entropy", 0.0, IGNORE, -1.0))
+        _C.StepConfig(("cross_entropy", 0.0, IGNORE, -1.0))
     with pytest.raises(ValueError, match="rdrop_alpha.*cross-entropy only"):
-        _C.train_step(model.compiled, x, np.zeros((8, CLASSES), np.float32), ("mse", 0.0, 0, 1.0))
+        _C.train_step(_C.StepConfig(("mse", 0.0, 0, 1.0)), model.compiled, x, np.zeros((8, CLASSES), np.float32))
     with pytest.raises(ValueError, match="rdrop_alpha.*stacked"):
-        _C.train_step(model.compiled, x[:7], y[:7], ("cross_entropy", 0.0, IGNORE, 1.0))
+        _C.train_step(_C.StepConfig(("cross_entropy", 0.0, IGNORE, 1.0)), model.compiled, x[:7], y[:7])
 
 
 def test_bad_batches_are_refused_before_stacking():

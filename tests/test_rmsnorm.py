@@ -17,6 +17,7 @@ import _c_harness
 import _reference as ref
 import gputrain as gt
 from gputrain import _C
+from gputrain import _C_testing
 
 nn = gt.nn
 DTYPES = ["f32", "f16", "bf16"]
@@ -54,11 +55,11 @@ def run(backend, x, dout, weight, eps, dt, want_din=True, alias=False):
     """(out, rstd, din, dweight) of the op on `backend`."""
     rows, cols = x.shape
     out, rstd = np.empty_like(x), np.zeros(rows, np.float32)
-    _C.run_op(backend, "rmsnorm_forward", [raw(out), rstd, raw(x), weight], (rows, cols, eps, dt))
+    _C_testing.run_op(backend, "rmsnorm_forward", [raw(out), rstd, raw(x), weight], (rows, cols, eps, dt))
     dweight = None if weight is None else np.full(cols, np.nan, np.float32)
     din = dout.copy() if alias else np.full_like(x, np.nan) if want_din else None
     source = din if alias else dout
-    _C.run_op(backend, "rmsnorm_backward", [raw(din), dweight, raw(source), raw(x), weight, rstd],
+    _C_testing.run_op(backend, "rmsnorm_backward", [raw(din), dweight, raw(source), raw(x), weight, rstd],
               (rows, cols, dt, False))
     return out, rstd, din, dweight
 
@@ -143,7 +144,8 @@ def test_the_cuda_kernels_arithmetic_gives_the_cpu_bits(harness, dt, affine):
     if affine:
         start = np.linspace(-1, 1, cols).astype(np.float32)
         grads = [start.copy(), start.copy()]
-        _C.run_op("cpu", "rmsnorm_backward", [None, grads[0], raw(dout), raw(x), weight, rstd], (rows, cols, dt, True))
+        _C_testing.run_op("cpu", "rmsnorm_backward", [None, grads[0], raw(dout), raw(x), weight, rstd],
+                          (rows, cols, dt, True))
         harness.gt_harness_rmsnorm_backward(None, ptr(grads[1]), ptr(dout), ptr(x), ptr(weight), 0, ptr(rstd), rows,
                                             cols, DT_CODES[dt], 1)
         assert ref.same_bits(grads[0], grads[1])

@@ -1,5 +1,5 @@
 """The deferred optimizer update (gt_optimizer_step_deferred, through the test harness
-`_C.optimizer_deferred_on_device`): the update is skipped on the device where the step's inf
+`_C_testing.optimizer_deferred_on_device`): the update is skipped on the device where the step's inf
 flag is set and takes its constants (AdamW's bias corrections, SGD's first step, the lr of a
 schedule) from a table indexed by the device's count of applied updates, while the host learns
 the skips up to GT_OPTIM_RING - 1 steps late. The result must be the CPU optimizer's bits over
@@ -12,6 +12,7 @@ import pytest
 
 import gputrain as gt
 from gputrain import _C
+from gputrain import _C_testing
 from gputrain.nn import Parameter
 from gputrain.optim import SGD, AdamW, get_cosine_schedule_with_warmup
 
@@ -65,7 +66,7 @@ def reference(kind, numerics, hparams, flags, lrs=None) -> tuple[np.ndarray, int
 
 def deferred(kind, numerics, hparams, flags, device="sim:0", **options) -> tuple[np.ndarray, int]:
     params, grads = data(len(flags))
-    num_steps = _C.optimizer_deferred_on_device(kind, device, params, SIZES, grads, hparams, flags,
+    num_steps = _C_testing.optimizer_deferred_on_device(kind, device, params, SIZES, grads, hparams, flags,
                                                 numerics=numerics, **options)
     return params, num_steps
 
@@ -107,9 +108,9 @@ def test_with_delays_the_bits_are_the_same():
 
 def counters(steps: int) -> dict:
     flags = (FLAGS * 2)[:steps]
-    gt.device_counters("sim", reset=True)
+    _C_testing.device_counters("sim", reset=True)
     deferred("adamw", "exact", CASES[0][2], flags, lag=RING - 1)
-    return gt.device_counters("sim", reset=True)
+    return _C_testing.device_counters("sim", reset=True)
 
 
 @pytest.mark.sim
@@ -125,16 +126,16 @@ def test_no_wait_and_no_allocation_per_step():
 def test_bad_arguments():
     params, grads = data(3)
     with pytest.raises(ValueError, match="lag"):
-        _C.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0, 0], lag=RING + 1)
+        _C_testing.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0, 0], lag=RING + 1)
     with pytest.raises(ValueError, match="found_inf"):
-        _C.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0])
+        _C_testing.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0])
     with pytest.raises(ValueError, match="lr_schedule"):
-        _C.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0, 0], lr_schedule=[0.1])
+        _C_testing.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0, 0], lr_schedule=[0.1])
     with pytest.raises(ValueError, match=r"lrs\[0\]\[0\]"):
-        _C.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0, 0],
+        _C_testing.optimizer_deferred_on_device("sgd", "sim:0", params, SIZES, grads, {}, [0, 0, 0],
                                         lr_schedule=[-1.0] * 20)
     with pytest.raises(ValueError, match="accelerator"):
-        _C.optimizer_deferred_on_device("sgd", "cpu", params, SIZES, grads, {}, [0, 0, 0])
+        _C_testing.optimizer_deferred_on_device("sgd", "cpu", params, SIZES, grads, {}, [0, 0, 0])
 
 
 @pytest.mark.sim

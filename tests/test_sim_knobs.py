@@ -243,7 +243,7 @@ def test_parameters_of_another_model_are_refused_and_nothing_changes():
         gt.TrainStep(model, nn.CrossEntropyLoss(), optimizer)
     before = (model.state_dict(), other.state_dict(), optimizer.state_dict())
     with pytest.raises(ValueError, match="optimizer: its parameters belong to another model"):
-        gt._C.train_step(model.compiled, *batch(0), ("cross_entropy", 0.0, -100), optimizer=optimizer)
+        gt._C.train_step(gt._C.StepConfig(("cross_entropy", 0.0, -100), optimizer=optimizer), model.compiled, *batch(0))
     assert_same_bits((model.state_dict(), other.state_dict(), optimizer.state_dict()), before)
 
 

@@ -1,4 +1,4 @@
-"""The simulated device's op table (csrc/sim/sim_ops.c) op by op through gputrain._C.run_op: every
+"""The simulated device's op table (csrc/sim/sim_ops.c) op by op through _C_testing.run_op: every
 op's arguments are copied into a job on a sim stream and the worker runs the CPU op, so every
 output array and host result must equal the CPU table's bit for bit (a wrongly wired argument
 shows here even where a model never exercises it)."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import _reference as ref
-from gputrain import _C
+from gputrain import _C_testing
 
 pytestmark = pytest.mark.sim
 DTYPES = ["f32", "f16", "bf16"]
@@ -29,7 +29,7 @@ def cases(dt):
     x, dout, bias = act((rows, cols), dt, 1), act((rows, cols), dt, 2), randn(cols, 3)
     a, b, c = act((rows, 53), dt, 4), act((53, cols), dt, 5), act((rows, cols), dt, 6)
     mean, rstd = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
-    _C.run_op("cpu", "layernorm_forward", [np.zeros_like(x), mean, rstd, x, bias, bias], (rows, cols, 1e-5, dt))
+    _C_testing.run_op("cpu", "layernorm_forward", [np.zeros_like(x), mean, rstd, x, bias, bias], (rows, cols, 1e-5, dt))
     ids, table = np.random.default_rng(7).integers(0, 11, rows).astype(np.int64), randn((11, cols), 8)
     targets = np.random.default_rng(9).integers(0, cols, rows).astype(np.int64)
     targets[::5] = -100
@@ -62,7 +62,7 @@ def cases(dt):
 def test_every_op_on_sim_gives_the_cpu_bits(dt, index):
     op, arrays, args = cases(dt)[index]
     cpu, sim = [a if a is None else a.copy() for a in arrays], [a if a is None else a.copy() for a in arrays]
-    result_cpu, result_sim = _C.run_op("cpu", op, cpu, args), _C.run_op("sim", op, sim, args)
+    result_cpu, result_sim = _C_testing.run_op("cpu", op, cpu, args), _C_testing.run_op("sim", op, sim, args)
     assert result_sim == result_cpu
     for k, (got, expected) in enumerate(zip(sim, cpu)):
         assert ref.same_bits(got, expected), f"{op}: array {k}"

@@ -23,7 +23,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 COMMON = """
 import numpy as np, gputrain as gt
-from gputrain import _C
+from gputrain import _C_testing
 nn = gt.nn
 """
 
@@ -56,7 +56,7 @@ grads = rng.standard_normal((4, sum(sizes))).astype(np.float32)
 results = []
 for device, fraction in (("cpu", 0.0), ("sim:0", 0.5), ("sim:1", 1.0)):
     p = params.copy()
-    _C.optimizer_on_device("adamw", device, p, sizes, grads, {"lr": 1e-2, "weight_decay": 0.1}, grad_coef=0.7,
+    _C_testing.optimizer_on_device("adamw", device, p, sizes, grads, {"lr": 1e-2, "weight_decay": 0.1}, grad_coef=0.7,
                            cpu_offload_fraction=fraction, offload_chunk_numel=4096)
     results.append(p)
 np.testing.assert_array_equal(results[1], results[0])

@@ -85,7 +85,7 @@ def test_a_sim_model_keeps_its_memory_in_the_sim_pool():
     before_sim, before_cpu = gt.memory_stats("sim:0")["allocated_bytes"], gt.memory_stats("cpu")["allocated_bytes"]
     model = make_model().to("sim")
     x, y = batch(0)
-    _C.train_step(model.compiled, x, y, LOSS, want_grad_norm=True)
+    _C.train_step(_C.StepConfig(LOSS, want_grad_norm=True), model.compiled, x, y)
     assert gt.memory_stats("sim:0")["allocated_bytes"] > before_sim
     assert gt.memory_stats("cpu")["allocated_bytes"] == before_cpu
     assert model.compiled.device == "sim:0"
@@ -94,7 +94,8 @@ def test_a_sim_model_keeps_its_memory_in_the_sim_pool():
 def test_forward_gradients_and_norm_without_an_optimizer_match_the_cpu():
     cpu_model, sim_model = make_model(), make_model().to("sim:1")
     x, y = batch(0)
-    results = [_C.train_step(m.compiled, x, y, LOSS, want_grad_norm=True) for m in (cpu_model, sim_model)]
+    config = _C.StepConfig(LOSS, want_grad_norm=True)
+    results = [_C.train_step(config, m.compiled, x, y) for m in (cpu_model, sim_model)]
     assert results[1] == results[0]
     np.testing.assert_array_equal(sim_model.compiled.read_gradients(), cpu_model.compiled.read_gradients())
     np.testing.assert_array_equal(sim_model.eval()(x), cpu_model.eval()(x))
@@ -113,7 +114,7 @@ def test_a_host_optimizer_is_refused_for_a_sim_model():
     x, y = batch(0)
     before = model.compiled.read_parameters()
     with pytest.raises(ValueError, match="sim:0 but this optimizer's parameters are host"):
-        _C.train_step(model.compiled, x, y, LOSS, optimizer=gt.optim.SGD(host.parameters(), lr=0.1))
+        _C.train_step(_C.StepConfig(LOSS, optimizer=gt.optim.SGD(host.parameters(), lr=0.1)), model.compiled, x, y)
     np.testing.assert_array_equal(model.compiled.read_parameters(), before)
 
 

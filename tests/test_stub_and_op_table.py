@@ -1,7 +1,7 @@
 """The op descriptor's consumers (csrc/ops/ops.h, GT_OP_LIST) and the C module's stub.
 
-`_C.pyi` is checked against the built module: every public function and class member of
-`gputrain._C` has a stub, a stub's parameter names are those of the object's
+`_C.pyi` is checked against the built module (and `_C_testing.pyi` against the test-only
+extension): every public function and class member of `gputrain._C` has a stub, a stub's parameter names are those of the object's
 `__text_signature__` (where the binding declares one), and the stub lists nothing the module
 lacks, so the stub cannot drift from the bindings silently. The device counters count every
 launching op of the table (GT_OP_LIST) on sim, the CNN ops included."""
@@ -9,6 +9,8 @@ launching op of the table (GT_OP_LIST) on sim, the CNN ops included."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +18,17 @@ import pytest
 
 import gputrain as gt
 import gputrain._C as C
+import gputrain._C_testing as C_testing
 
 STUB = Path(gt.__file__).with_name("_C.pyi")
+MODULES = {"_C": C, "_C_testing": C_testing}  # the extensions, each with its stub <name>.pyi beside it
+with_stubs = pytest.mark.parametrize("module", sorted(MODULES))
 
 
-def stub_tree() -> dict[str, ast.AST]:
-    """Top-level names of the stub: functions, classes and annotated or assigned names."""
+def stub_tree(module: str = "_C") -> dict[str, ast.AST]:
+    """Top-level names of a module's stub: functions, classes and annotated or assigned names."""
     names: dict[str, ast.AST] = {}
-    for node in ast.parse(STUB.read_text()).body:
+    for node in ast.parse(STUB.with_name(f"{module}.pyi").read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names[node.name] = node
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -74,8 +79,8 @@ def public(name: str) -> bool:
     return not name.startswith("__")
 
 
-def module_names() -> dict[str, object]:
-    return {n: getattr(C, n) for n in dir(C) if public(n)}
+def module_names(module: str = "_C") -> dict[str, object]:
+    return {n: getattr(MODULES[module], n) for n in dir(MODULES[module]) if public(n)}
 
 
 def own_members(cls: type) -> dict[str, object]:
@@ -93,21 +98,31 @@ def test_the_stub_check_sees_a_missing_member():
     assert {"nbytes", "device", "pinned", "address"} <= set(own_members(C.Buffer)) - set(class_members(node))
 
 
-def test_every_public_name_of_the_module_has_a_stub():
-    stubs = stub_tree()
-    missing = [n for n in module_names() if n not in stubs]
-    assert missing == [], f"_C.pyi lacks {missing}"
+@with_stubs
+def test_every_public_name_of_the_module_has_a_stub(module):
+    stubs = stub_tree(module)
+    missing = [n for n in module_names(module) if n not in stubs]
+    assert missing == [], f"{module}.pyi lacks {missing}"
 
 
-def test_the_stub_lists_nothing_the_module_lacks():
-    extra = [n for n in stub_tree() if not hasattr(C, n)]
-    assert extra == [], f"_C.pyi lists {extra}, which gputrain._C does not have"
+@with_stubs
+def test_the_stub_lists_nothing_the_module_lacks(module):
+    extra = [n for n in stub_tree(module) if not hasattr(MODULES[module], n)]
+    assert extra == [], f"{module}.pyi lists {extra}, which gputrain.{module} does not have"
 
 
-def test_function_stubs_have_the_bindings_parameter_names():
-    stubs = stub_tree()
+def test_import_gputrain_does_not_import_the_test_only_extension():
+    code = ("import sys, gputrain, gputrain.functional, gputrain.models, gputrain.trainer\n"
+            "assert 'gputrain._C_testing' not in sys.modules, 'imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@with_stubs
+def test_function_stubs_have_the_bindings_parameter_names(module):
+    stubs = stub_tree(module)
     wrong = {}
-    for name, obj in module_names().items():
+    for name, obj in module_names(module).items():
         node = stubs.get(name)
         if is_class(obj) or not isinstance(node, ast.FunctionDef):
             continue
@@ -117,10 +132,11 @@ def test_function_stubs_have_the_bindings_parameter_names():
     assert wrong == {}, f"(binding, stub) parameter names differ: {wrong}"
 
 
-def test_class_stubs_have_the_bindings_members_and_parameter_names():
-    stubs = stub_tree()
+@with_stubs
+def test_class_stubs_have_the_bindings_members_and_parameter_names(module):
+    stubs = stub_tree(module)
     problems = []
-    for cname, cls in module_names().items():
+    for cname, cls in module_names(module).items():
         node = stubs.get(cname)
         if not is_class(cls) or not isinstance(node, ast.ClassDef):
             continue

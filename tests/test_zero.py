@@ -69,7 +69,7 @@ def test_a_shard_without_its_communicator_is_refused_and_nothing_changes():
     before = flat.copy()
     x, y = np.ones((2, 6), np.float32), np.zeros(2, np.int64)
     with pytest.raises(ValueError, match="zero_stage=1 sharded it for rank 0 of 2"):
-        _C.train_step(model.compiled, x, y, nn.CrossEntropyLoss()._spec(), optimizer=core)
+        _C.train_step(_C.StepConfig(nn.CrossEntropyLoss()._spec(), optimizer=core), model.compiled, x, y)
     assert np.array_equal(flat, before) and core.num_steps == 0
 
 

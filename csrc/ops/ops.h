@@ -21,8 +21,8 @@
  * the list. With a CUDA kernel, define `gt_cuda_foo` in a cuda/ops_*.cu file and add `X(foo)` to
  * GT_CUDA_OP_LIST (cuda/ops_kernels.cuh); a backend that lacks an op has NULL there, which the
  * plan checks. What is still written by hand: the op's use in a layer (csrc/nn/), its test
- * binding (csrc/py/ops.c or ops_cnn.c, and run_op's table in csrc/py/cuda_ops.c to run it on sim
- * or CUDA), its Python wrapper (python/gputrain/functional.py) and stub (_C.pyi, checked against
+ * binding (csrc/py/ops.c, or csrc/py_testing/ops_cnn.c, and run_op's table in
+ * csrc/py_testing/run_op.c to run it on sim or CUDA), its Python wrapper (python/gputrain/functional.py) and stub (_C.pyi, checked against
  * the module by tests/test_stub_and_op_table.py), and its tests. */
 #ifndef GT_OPS_H
 #define GT_OPS_H

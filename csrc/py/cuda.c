@@ -18,25 +18,6 @@ PyObject *gtpy_cuda_not_compiled(PyObject *module) {
     return NULL;
 }
 
-int gtpy_int_arg(PyObject *obj, const char *arg_name, long min_value, long max_value, int *out) {
-    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", arg_name,
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    int overflow = 0;
-    long value = PyLong_AsLongAndOverflow(obj, &overflow);
-    if (value == -1 && PyErr_Occurred())
-        return -1;
-    if (overflow || value < min_value || value > max_value) {
-        PyErr_Format(PyExc_ValueError, "%s must be in %ld..%ld, got %R", arg_name, min_value,
-                     max_value, obj);
-        return -1;
-    }
-    *out = (int)value;
-    return 0;
-}
-
 /* Reads an int attribute of a Buffer (address, nbytes) as a size_t. */
 static int buffer_size_attr(PyObject *obj, const char *name, size_t *out) {
     PyObject *value = PyObject_GetAttrString(obj, name);
@@ -126,7 +107,7 @@ static PyObject *props_to_dict(const gt_cuda_device_props *p) {
 
 static PyObject *cuda_get_device_properties(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
+    if (gtpy_arg_small_int(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_cuda_device_props props;
@@ -139,7 +120,7 @@ static PyObject *cuda_get_device_properties(PyObject *module, PyObject *arg) {
 
 static PyObject *cuda_synchronize(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
+    if (gtpy_arg_small_int(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_status status;
@@ -154,7 +135,7 @@ static PyObject *cuda_synchronize(PyObject *module, PyObject *arg) {
 
 static PyObject *cuda_set_device(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
+    if (gtpy_arg_small_int(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_status status = gt_cuda_set_device(index);
@@ -196,7 +177,7 @@ static PyObject *cuda_tf32_enabled(PyObject *module, PyObject *Py_UNUSED(ignored
 
 static PyObject *cuda_cublas_tf32(PyObject *module, PyObject *arg) {
     int index = 0;
-    if (gtpy_int_arg(arg, "index", 0, INT_MAX, &index) < 0)
+    if (gtpy_arg_small_int(arg, "index", 0, INT_MAX, &index) < 0)
         return NULL;
 #ifdef GT_WITH_CUDA
     gt_cuda_context *context = NULL;

@@ -111,7 +111,7 @@ static PyObject *cuda_memset(PyObject *module, PyObject *args, PyObject *kwargs)
     int value = 0;
     size_t nbytes = 0;
     if (gtpy_buffer_view_of(module, dst_obj, "dst", &dst) < 0 ||
-        gtpy_int_arg(value_obj, "value", 0, 255, &value) < 0 ||
+        gtpy_arg_small_int(value_obj, "value", 0, 255, &value) < 0 ||
         parse_nbytes(nbytes_obj, dst.bytes, dst.bytes, &nbytes) < 0)
         return NULL;
     if (dst.device.kind != GT_DEVICE_CUDA)

@@ -4,7 +4,7 @@
 #ifndef GTPY_CUDA_PY_H
 #define GTPY_CUDA_PY_H
 
-#include "py/gtpy.h"
+#include "py/args.h"
 
 #include "cuda_backend.h"
 
@@ -25,9 +25,6 @@ PyObject *gtpy_cuda_not_compiled(PyObject *module);
 int gtpy_buffer_view_of(PyObject *module, PyObject *obj, const char *arg_name,
                         gtpy_buffer_view *out);
 
-/* Reads an int argument (a device index or a byte count) into `out`; TypeError for a
- * non-int or bool, ValueError outside [min_value, max_value]. */
-int gtpy_int_arg(PyObject *obj, const char *arg_name, long min_value, long max_value, int *out);
 
 /* The stream behind a CudaStream argument; NULL with TypeError/ValueError set otherwise. */
 gt_cuda_stream *gtpy_cuda_stream_of(PyObject *module, PyObject *obj, const char *arg_name);

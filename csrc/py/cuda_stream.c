@@ -15,7 +15,7 @@ static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     int device = 0;
-    if (!module || (device_obj && gtpy_int_arg(device_obj, "device", 0, GT_MAX_CUDA_DEVICES - 1,
+    if (!module || (device_obj && gtpy_arg_small_int(device_obj, "device", 0, GT_MAX_CUDA_DEVICES - 1,
                                                &device) < 0))
         return NULL;
 #ifdef GT_WITH_CUDA

@@ -1,7 +1,7 @@
 /* gputrain._C.EMA: the exponential moving average of parameter arrays (csrc/train/ema.h), or
  * of parameters of a model on a device (slices of its parameter arena, which NumPy cannot
  * view). gputrain.optim.EMA wraps it. */
-#include "py/gtpy.h"
+#include "py/args.h"
 
 #include "py/model.h"
 #include "train/ema.h"
@@ -193,19 +193,11 @@ static PyObject *ema_copy_to_params(PyObject *op, PyObject *Py_UNUSED(ignored)) 
     return run_pass(op, copy_pass, 0.0);
 }
 
-static int param_index(EmaObject *self, Py_ssize_t index) {
-    if (index < 0 || index >= PyTuple_GET_SIZE(self->params)) {
-        PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zd parameters)", index,
-                     PyTuple_GET_SIZE(self->params));
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *ema_get(PyObject *op, PyObject *arg) {
     EmaObject *self = (EmaObject *)op;
     Py_ssize_t index = PyLong_AsSsize_t(arg);
-    if ((index == -1 && PyErr_Occurred()) || param_index(self, index) < 0)
+    if ((index == -1 && PyErr_Occurred()) ||
+        gtpy_check_param_index(index, (size_t)PyTuple_GET_SIZE(self->params)) < 0)
         return NULL;
     npy_intp numel = (npy_intp)self->numels[index];
     PyObject *out = PyArray_SimpleNew(1, &numel, NPY_FLOAT32);
@@ -226,7 +218,8 @@ static PyObject *ema_set(PyObject *op, PyObject *args) {
     EmaObject *self = (EmaObject *)op;
     Py_ssize_t index = 0;
     PyObject *value = NULL;
-    if (!PyArg_ParseTuple(args, "nO:set", &index, &value) || param_index(self, index) < 0)
+    if (!PyArg_ParseTuple(args, "nO:set", &index, &value) ||
+        gtpy_check_param_index(index, (size_t)PyTuple_GET_SIZE(self->params)) < 0)
         return NULL;
     PyArrayObject *array = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
     if (!array)

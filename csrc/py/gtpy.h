@@ -60,7 +60,6 @@ int gtpy_add_buffer(PyObject *module);
 int gtpy_add_model(PyObject *module);
 int gtpy_add_step(PyObject *module);
 int gtpy_add_cast(PyObject *module);
-int gtpy_add_philox(PyObject *module);
 int gtpy_add_cuda(PyObject *module);
 int gtpy_add_cuda_copy(PyObject *module);
 int gtpy_add_cuda_stream(PyObject *module);
@@ -71,8 +70,6 @@ int gtpy_add_optim_model(PyObject *module);
 int gtpy_add_ema(PyObject *module);
 int gtpy_add_loader(PyObject *module);
 int gtpy_add_ops(PyObject *module);
-int gtpy_add_cnn_ops(PyObject *module);  /* csrc/py/ops_cnn.c */
-int gtpy_add_cuda_ops(PyObject *module);
 int gtpy_add_errors(PyObject *module);
 
 /* The gt_scaler inside a gputrain.amp.GradScaler (or _C.Scaler); NULL with TypeError otherwise. */

@@ -34,7 +34,6 @@ static const registration registrations[] = {
     gtpy_add_model,
     gtpy_add_step,
     gtpy_add_cast,
-    gtpy_add_philox,
     gtpy_add_cuda,
     gtpy_add_cuda_copy,
     gtpy_add_cuda_stream,
@@ -45,8 +44,6 @@ static const registration registrations[] = {
     gtpy_add_ema,
     gtpy_add_loader,
     gtpy_add_ops,
-    gtpy_add_cnn_ops,
-    gtpy_add_cuda_ops,
     gtpy_add_errors,
     gtpy_add_dist,
 };

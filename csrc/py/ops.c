@@ -372,30 +372,6 @@ static PyObject *op_cast(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_RETURN_NONE;
 }
 
-/* copy (src given) or zero (src None) of dst's bytes. */
-static PyObject *op_copy(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"dst", "src", NULL};
-    PyObject *dst_obj, *src_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:op_copy", keywords, &dst_obj, &src_obj))
-        return NULL;
-    PyArrayObject *dst = gtpy_as_array(dst_obj, "dst", -1, 1), *src = NULL;
-    if (!dst || (src_obj != Py_None && !(src = gtpy_as_array(src_obj, "src", -1, 0))))
-        return NULL;
-    size_t bytes = (size_t)PyArray_NBYTES(dst);
-    if (src && (size_t)PyArray_NBYTES(src) != bytes)
-        return PyErr_Format(PyExc_ValueError, "src: has %zu bytes, dst has %zu",
-                            (size_t)PyArray_NBYTES(src), bytes);
-    uintptr_t d = (uintptr_t)PyArray_DATA(dst), s = src ? (uintptr_t)PyArray_DATA(src) : 0;
-    if (src && bytes > 0 && d < s + bytes && s < d + bytes)
-        return PyErr_Format(PyExc_ValueError, "src: overlaps dst");
-    gt_backend be = gtpy_cpu_backend();
-    if (src)
-        GTPY_RUN_OP(module, be.ops->copy(&be, PyArray_DATA(dst), PyArray_DATA(src), bytes));
-    else
-        GTPY_RUN_OP(module, be.ops->zero(&be, PyArray_DATA(dst), bytes));
-    Py_RETURN_NONE;
-}
-
 /* A 4-D (batch, heads, seq, head_dim) attention operand of the shape of `like` (NULL: any),
  * named like_name in errors. */
 static PyArrayObject *attention_operand_like(PyObject *obj, const char *name, int typenum, int writable,
@@ -837,7 +813,6 @@ static PyMethodDef ops_methods[] = {
      "beta_slow=1.0, truncate=True)\n--\n\n"
      "Hugging Face's float32 inverse frequencies of a head ('default', 'linear', 'llama3' or 'yarn' rope_type)."},
     {"op_cast", GTPY_KW(op_cast), "op_cast(dst, dst_dt, src, src_dt)\n--\n\ndst = src converted (RNE)."},
-    {"op_copy", GTPY_KW(op_copy), "op_copy(dst, src=None)\n--\n\nCopies src's bytes into dst, or zeroes dst."},
     {NULL, NULL, 0, NULL},
 };
 

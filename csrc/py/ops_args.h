@@ -1,4 +1,4 @@
-/* What the op bindings (csrc/py/ops.c, ops_cnn.c) share: argument checks of arrays of an exact
+/* What the op bindings (csrc/py/ops.c, csrc/py_testing/ops_cnn.c) share: argument checks of arrays of an exact
  * dtype, native byte order, C-contiguous and aligned (writeable for outputs), with errors naming
  * the argument; and running an op on the CPU backend with the GIL released. */
 #ifndef GTPY_OPS_ARGS_H

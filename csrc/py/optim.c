@@ -1,6 +1,6 @@
 /* gputrain._C.Optimizer: the fused AdamW/SGD (csrc/train/optim.h) over NumPy parameter
  * arrays, and the gradient-norm functions. The Python classes in gputrain.optim wrap it. */
-#include "py/gtpy.h"
+#include "py/args.h"
 
 #include "core/alloc.h"
 #include "train/grad_norm.h"
@@ -388,11 +388,8 @@ static PyObject *optimizer_set_hparams(PyObject *op, PyObject *args) {
 }
 
 static int param_index(OptimizerObject *self, Py_ssize_t index, PyArrayObject **param) {
-    if (index < 0 || index >= PyTuple_GET_SIZE(self->params)) {
-        PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zd parameters)", index,
-                     PyTuple_GET_SIZE(self->params));
+    if (gtpy_check_param_index(index, (size_t)PyTuple_GET_SIZE(self->params)) < 0)
         return -1;
-    }
     *param = (PyArrayObject *)PyTuple_GET_ITEM(self->params, index);
     return 0;
 }
@@ -661,5 +658,5 @@ int gtpy_add_optim(PyObject *module) {
         return -1;
     int rc = PyModule_AddObjectRef(module, "Optimizer", type);
     Py_DECREF(type);
-    return rc < 0 || PyModule_AddFunctions(module, optim_functions) < 0 ? -1 : gtpy_add_optim_device(module);
+    return rc < 0 ? -1 : PyModule_AddFunctions(module, optim_functions);
 }

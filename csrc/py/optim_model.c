@@ -5,6 +5,7 @@
  * each naming its parameter by index into the model's parameter_layout(), with its group, so
  * groups, no-decay, LLRD and cpu_offload_fraction pack the same flat state space as
  * _C.Optimizer over the same Parameters on the CPU (hence the same bits). */
+#include "py/args.h"
 #include "py/optim_model.h"
 
 #include "dist/comm.h"
@@ -268,18 +269,10 @@ static PyObject *model_optimizer_set_hparams(PyObject *op, PyObject *args) {
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module_of(op), status);
 }
 
-static int check_index(const ModelOptimizerObject *self, Py_ssize_t index) {
-    if (index < 0 || (size_t)index >= self->num_params) {
-        PyErr_Format(PyExc_IndexError, "parameter index %zd out of range (%zu parameters)", index, self->num_params);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *model_optimizer_get_state(PyObject *op, PyObject *arg) {
     ModelOptimizerObject *self = (ModelOptimizerObject *)op;
     Py_ssize_t index = PyLong_AsSsize_t(arg);
-    if ((index == -1 && PyErr_Occurred()) || check_index(self, index) < 0)
+    if ((index == -1 && PyErr_Occurred()) || gtpy_check_param_index(index, self->num_params) < 0)
         return NULL;
     if (enter(self, 0) < 0)  /* not read half-updated by a step */
         return NULL;
@@ -292,7 +285,8 @@ static PyObject *model_optimizer_set_state(PyObject *op, PyObject *args) {
     ModelOptimizerObject *self = (ModelOptimizerObject *)op;
     Py_ssize_t index = 0, step = 0;
     PyObject *slots = NULL;
-    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots) || check_index(self, index) < 0)
+    if (!PyArg_ParseTuple(args, "nnO!:set_state", &index, &step, &PyDict_Type, &slots) ||
+        gtpy_check_param_index(index, self->num_params) < 0)
         return NULL;
     if (enter(self, 0) < 0)  /* not under a step running in another thread */
         return NULL;

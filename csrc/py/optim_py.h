@@ -1,4 +1,4 @@
-/* Shared by the optimizer binding files (csrc/py/optim.c, optim_device.c, optim_model.c). */
+/* Shared by the optimizer binding files (csrc/py/optim.c, optim_model.c; csrc/py_testing/optim_device.c). */
 #ifndef GTPY_OPTIM_PY_H
 #define GTPY_OPTIM_PY_H
 
@@ -23,8 +23,5 @@ PyObject *gtpy_optim_read_state(PyObject *module, gt_optimizer *opt, size_t inde
  * checked before anything is written. Returns None, or NULL with an exception set. */
 PyObject *gtpy_optim_write_state(PyObject *module, gt_optimizer *opt, Py_ssize_t index, Py_ssize_t step,
                                  PyObject *slots, npy_intp numel);
-
-/* Registers optimizer_on_device and grad_sumsq_on_device (called by gtpy_add_optim). */
-int gtpy_add_optim_device(PyObject *module);
 
 #endif

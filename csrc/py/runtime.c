@@ -1,5 +1,5 @@
 /* Bindings of build facts and run-time settings: info, threads, SIMD level, CUDA presence. */
-#include "py/gtpy.h"
+#include "py/args.h"
 
 #include "core/simd.h"
 #include "core/threads.h"
@@ -60,16 +60,10 @@ static PyObject *build_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ign
 }
 
 static PyObject *set_num_threads(PyObject *module, PyObject *arg) {
-    if (!PyLong_Check(arg) || PyBool_Check(arg))
-        return PyErr_Format(PyExc_TypeError, "num_threads must be an int, not %.100s",
-                            Py_TYPE(arg)->tp_name);
-    int overflow = 0;
-    long n = PyLong_AsLongAndOverflow(arg, &overflow);
-    if (n == -1 && PyErr_Occurred())
+    int n = 0;
+    if (gtpy_arg_small_int(arg, "num_threads", 1, 4096, &n) < 0)
         return NULL;
-    if (overflow || n < 1 || n > 4096)
-        return PyErr_Format(PyExc_ValueError, "num_threads must be in 1..4096, got %R", arg);
-    gt_status status = gt_set_num_threads((int)n);
+    gt_status status = gt_set_num_threads(n);
     return status == GT_OK ? Py_NewRef(Py_None) : gtpy_raise(module, status);
 }
 

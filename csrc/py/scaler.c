@@ -1,7 +1,7 @@
 /* gputrain._C.Scaler: the C state (struct gt_scaler) behind gputrain.amp.GradScaler, which
  * subclasses it in Python. The fused training step reaches the same struct through
  * gtpy_scaler_get(). Also the read-bandwidth baseline of the unscale benchmark. */
-#include "py/gtpy.h"
+#include "py/args.h"
 
 #include "train/scaler.h"
 
@@ -57,43 +57,6 @@ static PyObject *scaler_raise(PyObject *self, gt_status status) {
     return module ? gtpy_raise(module, status) : NULL;
 }
 
-/* Reads an optional int keyword (NULL: not given) in [low, high] into *out, naming it in errors. */
-static int read_int(PyObject *obj, const char *name, long long low, long long high, long long *out) {
-    if (!obj)
-        return 0;
-    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    int overflow = 0;
-    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (value == -1 && PyErr_Occurred())
-        return -1;
-    if (overflow || value < low || value > high) {
-        PyErr_Format(PyExc_ValueError, "%s must be in %lld..%lld, got %R", name, low, high, obj);
-        return -1;
-    }
-    *out = value;
-    return 0;
-}
-
-/* Reads an optional real-number argument (NULL: not given) into *out, naming it in errors. */
-static int read_double(PyObject *obj, const char *name, double *out) {
-    if (!obj)
-        return 0;
-    double value = PyFloat_AsDouble(obj);
-    if (value == -1.0 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s", name,
-                         Py_TYPE(obj)->tp_name);
-        }
-        return -1;
-    }
-    *out = value;
-    return 0;
-}
-
 static int scaler_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"init_scale", "growth_factor", "backoff_factor", "growth_interval",
                                "enabled", "min_scale", NULL};
@@ -105,11 +68,11 @@ static int scaler_init(PyObject *self, PyObject *args, PyObject *kwargs) {
         return -1;
     double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5, min_scale = 0.0;
     long long growth_interval = 2000;
-    if (read_double(init_obj, "init_scale", &init_scale) < 0 ||
-        read_double(growth_obj, "growth_factor", &growth_factor) < 0 ||
-        read_double(backoff_obj, "backoff_factor", &backoff_factor) < 0 ||
-        read_int(interval_obj, "growth_interval", 1, INT32_MAX, &growth_interval) < 0 ||
-        read_double(min_scale_obj == Py_None ? NULL : min_scale_obj, "min_scale", &min_scale) < 0)
+    if (gtpy_arg_real(init_obj, "init_scale", &init_scale) < 0 ||
+        gtpy_arg_real(growth_obj, "growth_factor", &growth_factor) < 0 ||
+        gtpy_arg_real(backoff_obj, "backoff_factor", &backoff_factor) < 0 ||
+        gtpy_arg_int(interval_obj, "growth_interval", 1, INT32_MAX, &growth_interval) < 0 ||
+        gtpy_arg_real(min_scale_obj == Py_None ? NULL : min_scale_obj, "min_scale", &min_scale) < 0)
         return -1;
     if (min_scale_obj != Py_None && !(min_scale > 0.0)) {
         PyErr_Format(PyExc_ValueError, "min_scale must be > 0 or None, got %R", min_scale_obj);
@@ -210,13 +173,13 @@ static PyObject *scaler_configure(PyObject *self, PyObject *args, PyObject *kwar
         return NULL;
     double scale_value = 0.0, growth_value = 0.0, backoff_value = 0.0;
     long long interval_value = 0, tracker_value = 0, skipped_value = 0, consecutive_value = 0;
-    if (read_double(scale, "scale", &scale_value) < 0 ||
-        read_double(growth, "growth_factor", &growth_value) < 0 ||
-        read_double(backoff, "backoff_factor", &backoff_value) < 0 ||
-        read_int(interval, "growth_interval", 1, INT32_MAX, &interval_value) < 0 ||
-        read_int(tracker, "_growth_tracker", INT32_MIN, INT32_MAX, &tracker_value) < 0 ||
-        read_int(skipped, "skipped_steps", 0, INT64_MAX, &skipped_value) < 0 ||
-        read_int(consecutive, "consecutive_skipped_steps", 0, INT64_MAX, &consecutive_value) < 0 ||
+    if (gtpy_arg_real(scale, "scale", &scale_value) < 0 ||
+        gtpy_arg_real(growth, "growth_factor", &growth_value) < 0 ||
+        gtpy_arg_real(backoff, "backoff_factor", &backoff_value) < 0 ||
+        gtpy_arg_int(interval, "growth_interval", 1, INT32_MAX, &interval_value) < 0 ||
+        gtpy_arg_int(tracker, "_growth_tracker", INT32_MIN, INT32_MAX, &tracker_value) < 0 ||
+        gtpy_arg_int(skipped, "skipped_steps", 0, INT64_MAX, &skipped_value) < 0 ||
+        gtpy_arg_int(consecutive, "consecutive_skipped_steps", 0, INT64_MAX, &consecutive_value) < 0 ||
         check_idle(self) < 0)
         return NULL;
     gt_scaler next = ((ScalerObject *)self)->state;

@@ -9,39 +9,8 @@
 #include "py/external.h"
 #include "py/model.h"
 #include "py/optim_model.h"
+#include "py/step_config.h"
 #include "train/step.h"
-
-static int parse_loss(PyObject *spec, gt_loss *loss) {
-    const char *kind = NULL;
-    double smoothing = 0.0;
-    long long ignore_index = -100;
-    double rdrop_alpha = 0.0;
-    if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "sdL|d", &kind, &smoothing, &ignore_index, &rdrop_alpha)) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "loss must be a (kind, label_smoothing, ignore_index[, rdrop_alpha]) tuple");
-        return -1;
-    }
-    if (!(rdrop_alpha >= 0.0 && isfinite(rdrop_alpha))) {
-        PyErr_Format(PyExc_ValueError, "rdrop_alpha must be a finite number >= 0, got %g", rdrop_alpha);
-        return -1;
-    }
-    loss->rdrop_alpha = (float)rdrop_alpha;
-    if (strcmp(kind, "cross_entropy") == 0)
-        loss->kind = GT_LOSS_CROSS_ENTROPY;
-    else if (strcmp(kind, "mse") == 0)
-        loss->kind = GT_LOSS_MSE;
-    else {
-        PyErr_Format(PyExc_ValueError, "loss: unknown kind '%s'", kind);
-        return -1;
-    }
-    if (!(smoothing >= 0.0 && smoothing <= 1.0)) {
-        PyErr_Format(PyExc_ValueError, "label_smoothing must be in [0, 1], got %g", smoothing);
-        return -1;
-    }
-    loss->label_smoothing = (float)smoothing;
-    loss->ignore_index = ignore_index;
-    return 0;
-}
 
 /* The optimizer core (_C.Optimizer or _C.ModelOptimizer, a new reference) of `obj` for
  * `model`: a ModelOptimizer (parameters in device memory) must update this model; a host
@@ -277,16 +246,14 @@ static PyObject *step_held(PyObject *module, gt_model *model, step_input *x, ste
     return result;
 }
 
-/* Resolves the optimizer's core and holds the objects with no Python code in between (a
- * concurrent add_param_group then either came first or is refused), then runs the step. */
+/* Resolves the optimizer's core (optimizer_obj, scaler_obj: NULL for none) and holds the objects
+ * with no Python code in between (a concurrent add_param_group then either came first or is
+ * refused), then runs the step. */
 static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_obj, PyObject *optimizer_obj,
                            PyObject *scaler_obj, PyObject *comm_obj, step_input *x, step_input *y,
                            gt_step_config *cfg) {
-    step_objects objects = {.model = model_obj, .scaler = scaler_obj == Py_None ? NULL : scaler_obj,
-                            .comm = comm_obj == Py_None ? NULL : comm_obj};
-    if (objects.scaler && !gtpy_scaler_get(objects.scaler))
-        return NULL;
-    if (optimizer_obj != Py_None && !(objects.optimizer = resolve_optimizer(optimizer_obj, model_obj, model)))
+    step_objects objects = {.model = model_obj, .scaler = scaler_obj, .comm = comm_obj == Py_None ? NULL : comm_obj};
+    if (optimizer_obj && !(objects.optimizer = resolve_optimizer(optimizer_obj, model_obj, model)))
         return NULL;
     PyObject *result = NULL;
     if (enter_all(&objects, cfg) == 0) {
@@ -297,25 +264,59 @@ static PyObject *step_with(PyObject *module, gt_model *model, PyObject *model_ob
     return result;
 }
 
+/* train_step once its arguments are parsed: the model, the inputs, then the step. */
 static PyObject *train_step_with(PyObject *module, PyObject *model_obj, PyObject *x_obj, PyObject *y_obj,
-                                 PyObject *loss_obj, PyObject *optimizer_obj, PyObject *scaler_obj,
-                                 PyObject *comm_obj, gt_step_config *cfg_in);
-
-static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"model", "x", "y", "loss", "micro_batches", "set_to_none",
-                               "max_grad_norm", "want_grad_norm", "optimizer", "scaler", "guard", "guard_loss",
-                               "guard_grad_norm", "sync", "record", "comm", "lrs", NULL};
-    PyObject *model_obj, *x_obj, *y_obj, *loss_obj, *optimizer_obj = Py_None, *scaler_obj = Py_None;
-    PyObject *comm_obj = Py_None, *lrs_obj = Py_None;
-    gt_step_config cfg = {.micro_batches = 1, .set_to_none = 1, .guard_loss = INFINITY, .guard_grad_norm = INFINITY};
-    int sync = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|ipdpOOpddpiOO:train_step", keywords, &model_obj, &x_obj,
-                                     &y_obj, &loss_obj, &cfg.micro_batches, &cfg.set_to_none,
-                                     &cfg.max_grad_norm, &cfg.want_grad_norm, &optimizer_obj, &scaler_obj,
-                                     &cfg.guard, &cfg.guard_loss, &cfg.guard_grad_norm, &sync, &cfg.record,
-                                     &comm_obj, &lrs_obj))
+                                 PyObject *optimizer_obj, PyObject *scaler_obj, PyObject *comm_obj,
+                                 gt_step_config *cfg) {
+    gt_model *model = gtpy_model_get(module, model_obj, "model");
+    if (!model)
         return NULL;
-    cfg.deferred = !sync;
+    step_input x = {0}, y = {0};  /* inputs checked first: converting them may run Python code */
+    char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg->loss.kind == GT_LOSS_MSE ? 'f' : 'i';
+    PyObject *result = NULL;
+    if (parse_input(module, x_obj, "x", x_kind, model, &x) == 0 && parse_input(module, y_obj, "y", y_kind, model, &y) == 0) {
+        if (cfg->deferred && (x.given || y.given))  /* the device would read them after the call */
+            PyErr_Format(PyExc_ValueError, "%s: sync=False takes DeviceArrays on the model's device (DataLoader("
+                         "device=...)): the step returns before the device has read its inputs", x.given ? "x" : "y");
+        else
+            result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, comm_obj, &x, &y, cfg);
+    }
+    clear_input(&x);
+    clear_input(&y);
+    return result;
+}
+
+/* train_step(config, model, x, y, *, record, guard_loss, guard_grad_norm, comm, lrs): the checked
+ * settings of `config` (a StepConfig) and what changes from call to call. */
+static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {
+        "config",           /* a StepConfig */
+        "model",            /* the _C.Model */
+        "x",                /* the batch's inputs */
+        "y",                /* its targets */
+        "record",           /* sync=False: the step record (0 or 1) it writes */
+        "guard_loss",       /* with guard: the largest loss that updates */
+        "guard_grad_norm",  /* with guard: the largest gradient norm that updates */
+        "comm",             /* a Communicator (data parallelism), or None */
+        "lrs",              /* sync=False with a scaler: (8, groups) lr of the next updates, or None */
+        NULL,
+    };
+    PyObject *config_obj, *model_obj, *x_obj, *y_obj, *comm_obj = Py_None, *lrs_obj = Py_None;
+    int record = 0;
+    double guard_loss = INFINITY, guard_grad_norm = INFINITY;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|$iddOO:train_step", keywords, &config_obj, &model_obj,
+                                     &x_obj, &y_obj, &record, &guard_loss, &guard_grad_norm, &comm_obj, &lrs_obj))
+        return NULL;
+    if (isnan(guard_loss) || isnan(guard_grad_norm))
+        return PyErr_Format(PyExc_ValueError, "%s must be a number or +inf, not NaN",
+                            isnan(guard_loss) ? "guard_loss" : "guard_grad_norm");
+    gt_step_config cfg;
+    PyObject *optimizer_obj, *scaler_obj;
+    if (gtpy_step_config_get(module, config_obj, &cfg, &optimizer_obj, &scaler_obj) < 0)
+        return NULL;
+    cfg.record = record;
+    cfg.guard_loss = guard_loss;
+    cfg.guard_grad_norm = guard_grad_norm;
     PyArrayObject *lrs = lrs_obj == Py_None ? NULL
                          : (PyArrayObject *)PyArray_FROM_OTF(lrs_obj, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY);
     if (lrs_obj != Py_None && !lrs)
@@ -324,37 +325,8 @@ static PyObject *train_step(PyObject *module, PyObject *args, PyObject *kwargs) 
         cfg.lrs = PyArray_DATA(lrs);
         cfg.lrs_len = (size_t)PyArray_SIZE(lrs);
     }
-    PyObject *result = train_step_with(module, model_obj, x_obj, y_obj, loss_obj, optimizer_obj, scaler_obj,
-                                       comm_obj, &cfg);
+    PyObject *result = train_step_with(module, model_obj, x_obj, y_obj, optimizer_obj, scaler_obj, comm_obj, &cfg);
     Py_XDECREF(lrs);
-    return result;
-}
-
-/* train_step once its keywords are parsed. */
-static PyObject *train_step_with(PyObject *module, PyObject *model_obj, PyObject *x_obj, PyObject *y_obj,
-                                 PyObject *loss_obj, PyObject *optimizer_obj, PyObject *scaler_obj,
-                                 PyObject *comm_obj, gt_step_config *cfg_in) {
-    gt_step_config cfg = *cfg_in;
-    if (isnan(cfg.guard_loss) || isnan(cfg.guard_grad_norm))
-        return PyErr_Format(PyExc_ValueError, "%s must be a number or +inf, not NaN",
-                            isnan(cfg.guard_loss) ? "guard_loss" : "guard_grad_norm");
-    gt_model *model = gtpy_model_get(module, model_obj, "model");
-    if (!model || parse_loss(loss_obj, &cfg.loss) < 0)
-        return NULL;
-    if (!isfinite(cfg.max_grad_norm))
-        return PyErr_Format(PyExc_ValueError, "max_grad_norm must be finite, got %g", cfg.max_grad_norm);
-    step_input x = {0}, y = {0};  /* inputs checked first: converting them may run Python code */
-    char x_kind = gtpy_model_takes_ids(model) ? 'i' : 'f', y_kind = cfg.loss.kind == GT_LOSS_MSE ? 'f' : 'i';
-    PyObject *result = NULL;
-    if (parse_input(module, x_obj, "x", x_kind, model, &x) == 0 && parse_input(module, y_obj, "y", y_kind, model, &y) == 0) {
-        if (cfg.deferred && (x.given || y.given))  /* the device would read them after the call */
-            PyErr_Format(PyExc_ValueError, "%s: sync=False takes DeviceArrays on the model's device (DataLoader("
-                         "device=...)): the step returns before the device has read its inputs", x.given ? "x" : "y");
-        else
-            result = step_with(module, model, model_obj, optimizer_obj, scaler_obj, comm_obj, &x, &y, &cfg);
-    }
-    clear_input(&x);
-    clear_input(&y);
     return result;
 }
 
@@ -376,16 +348,13 @@ static PyObject *step_record(PyObject *module, PyObject *args) {
 
 static PyMethodDef step_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))train_step, METH_VARARGS | METH_KEYWORDS,
-     "train_step(model, x, y, loss, micro_batches=1, set_to_none=True, max_grad_norm=0.0, "
-     "want_grad_norm=False, optimizer=None, scaler=None, guard=False, guard_loss=inf, guard_grad_norm=inf, "
-     "sync=True, record=0, comm=None, lrs=None)\n--\n\n"
-     "One training step in C; returns {'loss', 'grad_norm', 'skipped', 'outlier', 'scale'}. With guard, "
-     "the update is skipped unless loss <= guard_loss and the gradient norm <= guard_grad_norm. With "
-     "sync=False (a device model without scaler or guard; clipping runs on the device) the step waits for "
-     "nothing and leaves its result in the model's step record `record` (0 or 1) for step_record. With comm "
-     "(a Communicator), x and y are this rank's share of the batch and gradients and loss are summed over "
-     "the ranks (data parallelism). With sync=False and a scaler, the update is deferred (the optimizer "
-     "resolves it later, see ModelOptimizer.deferred_result) at lrs ((8, groups) lr of the next updates)."},
+     "train_step(config, model, x, y, *, record=0, guard_loss=inf, guard_grad_norm=inf, comm=None, lrs=None)\n--\n\n"
+     "One training step in C with the settings of `config` (a StepConfig); returns {'loss', 'grad_norm', "
+     "'skipped', 'outlier', 'scale'}. With the config's guard, the update is skipped unless loss <= guard_loss "
+     "and the gradient norm <= guard_grad_norm. With sync=False the step leaves its result in the model's step "
+     "record `record` (0 or 1) for step_record. With comm (a Communicator), x and y are this rank's share of "
+     "the batch and gradients and loss are summed over the ranks (data parallelism). With sync=False and a "
+     "scaler, the update is deferred at lrs ((8, groups) lr of the next updates)."},
     {"step_record", step_record, METH_VARARGS,
      "step_record(model, record, micro_batches, want_norm)\n--\n\n"
      "The result of the sync=False step that wrote record `record` of a device model (waits for it)."},
@@ -405,5 +374,7 @@ static int find_main_thread(void) {
 }
 
 int gtpy_add_step(PyObject *module) {
-    return find_main_thread() < 0 ? -1 : PyModule_AddFunctions(module, step_methods);
+    if (find_main_thread() < 0 || gtpy_add_step_config(module) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, step_methods);
 }

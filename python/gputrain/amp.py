@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gputrain import _C
+from gputrain._deferred import DeferredSteps
 from gputrain._state_checks import check_keys, check_mapping, integer, real
 
 __all__ = ["GradScaler", "OptState", "ScaleUnderflowWarning"]
@@ -99,7 +100,7 @@ def _scalar(value: Any, name: str) -> float:
     return float(value)
 
 
-class GradScaler(_C.Scaler):
+class GradScaler(_C.Scaler, DeferredSteps):
     """Dynamic loss scaling for fp16 training, with torch.amp.GradScaler's rules and API.
 
     The scale is fp32 and the growth tracker int32. Each iteration: multiply the loss by the
@@ -126,7 +127,7 @@ class GradScaler(_C.Scaler):
     optimizer's calls do; the factors, interval, min_scale and is_enabled() stay readable.
     """
 
-    __slots__ = ("_arrays_found_inf", "_per_optimizer_states", "_resolve_deferred")
+    __slots__ = ("_arrays_found_inf", "_per_optimizer_states", "_deferred_resolver")
 
     def __init__(
         self,
@@ -144,7 +145,7 @@ class GradScaler(_C.Scaler):
                          bool(enabled), min_scale=min_scale)
         self._per_optimizer_states: dict[int, _IterationState] = {}
         self._arrays_found_inf: bool | None = None  # unscale_arrays() results this iteration
-        self._resolve_deferred: Callable[[], None] | None = None  # TrainStep(sync=False): resolves its steps
+        self._deferred_resolver: Callable[[], None] | None = None  # TrainStep(sync=False): resolves its steps
 
     def scale(self, outputs: Any) -> Any:
         """Multiply a loss (float, NumPy float scalar or array, or a list/tuple of them) by the scale.
@@ -291,8 +292,7 @@ class GradScaler(_C.Scaler):
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's five entries (scale, factors, interval, _growth_tracker); {} when disabled.
         Resolves the sync=False steps in flight first (their updates of the scale)."""
-        if self._resolve_deferred is not None:
-            self._resolve_deferred()
+        self._resolve_deferred()
         if not self._enabled:
             return {}
         return {

@@ -423,9 +423,36 @@ class TrainStep:
         self.tf32_status = backends.tf32_status()  # on the CPU: why TF32 does not apply
         compiled = model.compiled
         self._checked: tuple[Any, ...] = ()  # (optimizer core, model, Parameter.generation) last checked
+        self._step_config: tuple[tuple[Any, ...], _C.StepConfig] | None = None  # (settings, the C config)
         self._check_optimizer()
         compiled.precision = c_precision
         compiled.checkpointing = bool(gradient_checkpointing)
+
+    def _config(self, scaler: GradScaler | None, guard: bool, sync: bool) -> _C.StepConfig:
+        """The checked C settings of this step (a _C.StepConfig), built once and again only when one of
+        them changed (micro_batches, max_grad_norm, optimizer, ... are public attributes, settable between calls)."""
+        settings = (self._loss_spec(), self.micro_batches, self.set_to_none, self.max_grad_norm,
+                    self.log_grad_norm, self.optimizer, scaler, guard, sync)
+        cached = getattr(self, "_step_config", None)  # None: first call, or unpickled from before it
+        if cached is None or cached[0] != settings:
+            config = _C.StepConfig(
+                settings[0],
+                micro_batches=self.micro_batches,
+                set_to_none=self.set_to_none,
+                max_grad_norm=self.max_grad_norm,
+                want_grad_norm=self.log_grad_norm,
+                optimizer=self.optimizer,
+                scaler=scaler,
+                guard=guard,
+                sync=sync,
+            )
+            cached = self._step_config = (settings, config)
+        return cached[1]
+
+    def _loss_spec(self) -> tuple[Any, ...]:
+        """The loss function's spec, with R-Drop's weight when it is on."""
+        spec = self.loss_fn._spec()
+        return (*spec, self.rdrop_alpha) if self.rdrop_alpha > 0 else spec
 
     def _check_optimizer(self) -> None:
         """Refuses an optimizer with a parameter that is not the model's: the step computes the
@@ -464,10 +491,8 @@ class TrainStep:
                 (isinstance(x, np.ndarray) and needs_packing(self.model, x)):
             x = pack_for(self.model, x, attention_mask, token_type_ids, position_ids)
         self._check_optimizer()
-        loss_spec = self.loss_fn._spec()
         if self.rdrop_alpha > 0:
             x, y = _stacked_pair(x, y, self.micro_batches)
-            loss_spec = (*loss_spec, self.rdrop_alpha)
         if not self.sync and self.model.compiled.device != "cpu":
             if self.scaler is not None and self.scaler.is_enabled():
                 return self._deferred_scaled_step(x, y)
@@ -477,18 +502,9 @@ class TrainStep:
         limits = {}
         if guard is not None:
             loss_limit, norm_limit = guard.limits()
-            limits = {"guard": True, "guard_loss": loss_limit, "guard_grad_norm": norm_limit}
-        result = _C.train_step(
-            self.model.compiled, x, y, loss_spec,
-            micro_batches=self.micro_batches,
-            set_to_none=self.set_to_none,
-            max_grad_norm=self.max_grad_norm,
-            want_grad_norm=self.log_grad_norm,
-            optimizer=self.optimizer,
-            scaler=self.scaler,
-            comm=distributed.communicator(),  # data parallelism once distributed.init() joined ranks
-            **limits,
-        )
+            limits = {"guard_loss": loss_limit, "guard_grad_norm": norm_limit}
+        result = _C.train_step(self._config(scaler=self.scaler, guard=guard is not None, sync=True),
+                               self.model.compiled, x, y, comm=distributed.communicator(), **limits)
         if scale_before is not None:
             self.scaler._warn_if_below_one(scale_before)
         if self.scheduler is not None and not result["skipped"] and self.optimizer is not None:
@@ -506,9 +522,7 @@ class TrainStep:
         if earlier is not None:
             earlier.result()  # its record is about to be reused: read it now (a wait)
         compiled = self.model.compiled
-        _C.train_step(compiled, x, y, self.loss_fn._spec(), micro_batches=self.micro_batches,
-                      set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
-                      want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, sync=False, record=record,
+        _C.train_step(self._config(scaler=None, guard=False, sync=False), compiled, x, y, record=record,
                       comm=distributed.communicator())
         self._calls += 1
         if self.scheduler is not None and self.optimizer is not None:
@@ -537,14 +551,13 @@ class TrainStep:
             self._resolve_oldest(wait=True)
         lrs = np.asarray(self.scheduler.lrs_ahead(_RING), np.float64) if self.scheduler is not None else None
         record = self._calls % 2
-        _C.train_step(self.model.compiled, x, y, self.loss_fn._spec(), micro_batches=self.micro_batches,
-                      set_to_none=self.set_to_none, max_grad_norm=self.max_grad_norm,
-                      want_grad_norm=self.log_grad_norm, optimizer=self.optimizer, scaler=self.scaler, sync=False,
+        _C.train_step(self._config(scaler=self.scaler, guard=False, sync=False), self.model.compiled, x, y,
                       record=record, comm=distributed.communicator(), lrs=lrs)
         self._calls += 1
         if not self._in_flight:
             self._expected = self._state()
-            self.scaler._resolve_deferred = self.optimizer._resolve_deferred = self.synchronize
+            self.scaler._bind_deferred(self.synchronize)
+            self.optimizer._bind_deferred(self.synchronize)
         out = DeferredStepOutput(lambda: self._read_scaled(out))
         self._in_flight.append(out)
         return out
@@ -578,8 +591,8 @@ class TrainStep:
         out._read = None
         self._expected = self._state()
         if not self._in_flight:
-            self.scaler._resolve_deferred = None
-            del self.optimizer._resolve_deferred
+            self.scaler._bind_deferred(None)
+            self.optimizer._bind_deferred(None)
         return True
 
     def _resolve(self, wait: bool, through: DeferredStepOutput | None = None) -> None:
@@ -601,7 +614,8 @@ class TrainStep:
         """copy.deepcopy and pickle: everything but the cache of the last optimizer check and the
         outputs of deferred steps (resolved first)."""
         self.synchronize()
-        return {**self.__dict__, "_checked": (), "_unread": [None, None], "_in_flight": deque(), "_expected": ()}
+        return {**self.__dict__, "_checked": (), "_unread": [None, None], "_in_flight": deque(), "_expected": (),
+                "_step_config": None}
 
     @property
     def gradient_accumulation_steps(self) -> int:

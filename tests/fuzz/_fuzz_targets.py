@@ -462,8 +462,8 @@ def _(f, window, z_loss, z_grad_norm, x):
 @target("_C.train_step(guard)", ARRAYS, setup=trained, state=training_state, guard=num(True, False),
         guard_loss=num(1.0, 1e300), guard_grad_norm=num(0.5, 1e300))
 def _(f, guard, guard_loss, guard_grad_norm):
-    return gt._C.train_step(f.model.compiled, X, Y, nn.CrossEntropyLoss()._spec(), optimizer=f.opt, guard=guard,
-                            guard_loss=guard_loss, guard_grad_norm=guard_grad_norm)
+    return gt._C.train_step(gt._C.StepConfig(nn.CrossEntropyLoss()._spec(), optimizer=f.opt, guard=guard),
+                            f.model.compiled, X, Y, guard_loss=guard_loss, guard_grad_norm=guard_grad_norm)
 
 
 @target("Parameter.grad/data", ARRAYS, setup=trained, state=training_state,

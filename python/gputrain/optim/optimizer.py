@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from gputrain import _C
+from gputrain._deferred import DeferredSteps
 from gputrain._state_checks import check_keys, check_mapping, float32_array, integer, real
 from gputrain.nn.parameter import Parameter
 from gputrain.optim._torch_interop import (FLAG_DEFAULTS, check_flags, host_value, split_group,
@@ -79,10 +80,10 @@ def check_offload_fraction(fraction: Any) -> float:
     return value
 
 
-class Optimizer:
+class Optimizer(DeferredSteps):
     """Base class of the fused optimizers (PyTorch's torch.optim.Optimizer interface)."""
 
-    _resolve_deferred: Callable[[], None] | None = None  # TrainStep(sync=False) with a scaler: resolves its steps
+    _deferred_resolver: Callable[[], None] | None = None  # TrainStep(sync=False) with a scaler: resolves its steps
 
     _kind: ClassVar[str] = ""
 
@@ -383,8 +384,7 @@ class Optimizer:
         """
         if format not in ("gputrain", "torch"):
             raise ValueError(f"format must be 'gputrain' or 'torch', got {format!r}")
-        if self._resolve_deferred is not None:
-            self._resolve_deferred()
+        self._resolve_deferred()
         state = {}
         for index, (raw, p) in enumerate(zip(self._raw_states(), self._params())):
             exported = self._export_state(raw, p.shape)

@@ -2,7 +2,7 @@
  * tests and benchmarks of the ops alone. Outputs are allocated by the caller; every array is
  * checked (ops_args.h) and the sizes come from the shapes once they agree; the ops run with the
  * GIL released. */
-#include "py/gtpy.h"
+#include "py_testing/testing.h"
 
 #include <string.h>
 

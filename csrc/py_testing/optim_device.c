@@ -1,8 +1,9 @@
-/* _C.optimizer_on_device / _C.grad_sumsq_on_device: the C optimizer and the gradient norm on
+/* _C_testing.optimizer_on_device / grad_sumsq_on_device: the C optimizer and the gradient norm on
  * any device ('cpu' or 'cuda:N') over device copies of NumPy arrays, so tests can compare the
  * CUDA kernels and the CUDA offload pipeline with the CPU bit for bit. The parameters and each
  * step's gradients are packed into one block each (as a model's arenas are). */
 #include "py/optim_py.h"
+#include "py_testing/testing.h"
 
 #include "core/alloc.h"
 #include "train/copy_stream.h"

@@ -1,7 +1,7 @@
 /* Bindings of core/philox.h: the raw Philox4x32-10 bijection and bulk draws of words, uniforms
  * and normals for a (seed, stream_a, stream_b) stream, so tests and Python code see exactly the
  * numbers the C and CUDA kernels use. */
-#include "py/gtpy.h"
+#include "py_testing/testing.h"
 
 #include "core/philox.h"
 

@@ -16,7 +16,7 @@
  * written to device memory by a device backend, then copied back), the sum of sum_squares;
  * None otherwise. An attention op gets the workspace attention_workspace_bytes asks for (with
  * the CPU's thread count). */
-#include "py/gtpy.h"
+#include "py_testing/testing.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -897,4 +897,4 @@ static PyMethodDef cuda_ops_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int gtpy_add_cuda_ops(PyObject *module) { return PyModule_AddFunctions(module, cuda_ops_methods); }
+int gtpy_add_run_op(PyObject *module) { return PyModule_AddFunctions(module, cuda_ops_methods); }
