@@ -300,6 +300,7 @@ class TrainStep:
         tf32: bool | None = None,
         spike_guard: SpikeGuard | None = None,
         sync: bool = True,
+        loss_chunk_rows: int = 0,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -333,6 +334,12 @@ class TrainStep:
                             f"not {type(scheduler).__name__}")
         if not sync and scaler is not None and scaler.is_enabled():
             _check_deferrable(optimizer, scheduler)
+        if isinstance(loss_chunk_rows, bool) or not isinstance(loss_chunk_rows, int):
+            raise TypeError(f"loss_chunk_rows must be an int (0: off), not {type(loss_chunk_rows).__name__}")
+        if loss_chunk_rows and not isinstance(loss_fn, CrossEntropyLoss):
+            raise ValueError(f"loss_chunk_rows={loss_chunk_rows}: the chunked LM-head loss is a cross-entropy, "
+                             f"not {type(loss_fn).__name__}; use loss_chunk_rows=0")
+        model.compiled.loss_chunk_rows = loss_chunk_rows  # checked in C (>= 0, a model ending with a Linear)
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
