@@ -172,3 +172,29 @@ def test_bad_settings_are_refused_naming_the_argument():
     assert gemma3.compiled.loss_chunk_rows == 0
     with pytest.raises(ValueError, match="loss_chunk_rows must be >= 0"):
         gt.TrainingArguments(output_dir="unused", loss_chunk_rows=-4)
+
+
+@pytest.mark.parametrize("layers", ["head only", "mlp"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_plain_classifier_head_with_a_bias(layers, precision):
+    """A Linear with a bias (its gradient accumulated block by block), alone (it reads the model's
+    input: no input gradient) or after other layers, over 3 micro-batches."""
+    nn = gt.nn
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((96, 8)).astype(np.float32), rng.integers(0, 40, 96).astype(np.int64)
+    y[::5] = -100
+    results = []
+    for chunk in (0, 16, 20):  # 20: blocks of 20, 12 (fewer than 16 rows: within rounding)
+        gt.random.manual_seed(0)
+        body = [] if layers == "head only" else [nn.Linear(8, 32), nn.GELU()]
+        model = nn.Sequential(*body, nn.Linear(8 if layers == "head only" else 32, 40))
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), None, precision=precision, micro_batches=3,
+                            loss_chunk_rows=chunk)
+        results.append((step(x, y).loss, [p.grad.copy() for p in model.parameters()]))
+    (base_loss, base), (loss, grads), (loss20, grads20) = results
+    assert loss == base_loss
+    assert loss20 == pytest.approx(base_loss, rel=1e-6)
+    for i, (g, g20, b) in enumerate(zip(grads, grads20, base)):
+        if i < len(base) - 2:  # the body's: from the head's input gradient
+            np.testing.assert_array_equal(g, b)
+        assert relative_error(g, b) <= 1e-6 and relative_error(g20, b) <= 1e-5
