@@ -386,9 +386,10 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
         values = 0;
     GT_TRY(add_piece(&loss, copies_input ? (labels > values ? labels : values) : 0, what, &t->targets));
     bytes = 0;
-    if (plan->head_chunk_rows)
-        GT_TRY(gt_size_mul((size_t)plan->head_chunk_rows * (size_t)out->shape[out->ndim - 1], gt_dtype_size(dt),
-                           what, &bytes));
+    if (plan->head_chunk_rows) {  /* (chunk, classes) in dt */
+        GT_TRY(gt_size_mul((size_t)plan->head_chunk_rows, (size_t)out->shape[out->ndim - 1], what, &bytes));
+        GT_TRY(gt_size_mul(bytes, gt_dtype_size(dt), what, &bytes));
+    }
     GT_TRY(add_piece(&loss, bytes, what, &t->head_logits));
     plan->scratch_bytes = scratch;
     plan->loss_bytes = loss;
