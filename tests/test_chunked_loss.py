@@ -198,3 +198,32 @@ def test_a_plain_classifier_head_with_a_bias(layers, precision):
         if i < len(base) - 2:  # the body's: from the head's input gradient
             np.testing.assert_array_equal(g, b)
         assert relative_error(g, b) <= 1e-6 and relative_error(g20, b) <= 1e-5
+
+
+def test_the_trainer_passes_loss_chunk_rows_to_its_step_and_plan(tmp_path):
+    """TrainingArguments(loss_chunk_rows=16) over packed rows: the same training loss as 0 (blocks of
+    16 rows), SGD weights within rounding (the head's weight gradient), a smaller plan, and evaluate()
+    still sees whole logits."""
+    from gputrain.models.hf import decoder_models as dm
+
+    config = {"model_type": "qwen3", "vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "head_dim": 8,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    rng = np.random.default_rng(1)
+    packed = gt.data.pack_sequences([rng.integers(0, 40, n) for n in (5, 9, 3, 12, 7, 6, 4, 10, 8, 11)], 16)
+    runs = []
+    for chunk in (0, 16):
+        gt.random.manual_seed(3)
+        model = dm.Qwen3ForCausalLM(config)
+        args = gt.TrainingArguments(output_dir=str(tmp_path / str(chunk)), per_device_train_batch_size=2,
+                                    max_steps=1, learning_rate=1e-2, optim="sgd", save_strategy="no", disable_tqdm=True,
+                                    report_to="none", loss_chunk_rows=chunk)
+        trainer = gt.Trainer(model=model, args=args, train_dataset=packed, eval_dataset=packed)
+        plan = trainer.memory_plan()
+        loss = trainer.train().training_loss
+        runs.append((loss, model.compiled.read_parameters(), plan, trainer.evaluate()["eval_loss"]))
+    (loss0, params0, plan0, eval0), (loss16, params16, plan16, eval16) = runs
+    assert model.compiled.loss_chunk_rows == 16
+    assert loss16 == loss0
+    np.testing.assert_allclose(params16, params0, rtol=1e-6, atol=1e-9)
+    assert plan16.total(plan16.device) < plan0.total(plan0.device)
+    assert eval16 == pytest.approx(eval0, rel=1e-6)
