@@ -212,6 +212,9 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(key_starts)                \
     X(scale)                     \
     X(copy_2d)                   \
+    X(disentangled_workspace_bytes) \
+    X(disentangled_forward)      \
+    X(disentangled_backward)     \
     X(xent_count)                \
     X(softmax_xent_counted)      \
     /* end of the list */

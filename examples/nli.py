@@ -19,16 +19,21 @@ Without --model it runs on a fresh machine in a few minutes, in three stages:
      docstrings for about a minute (15% of the tokens chosen as BERT does: 80% [MASK], 10% a random
      token, 10% unchanged; the loss on the chosen tokens only), then saved as a folder;
   3. BertForSequenceClassification.from_pretrained(folder, num_labels=3) puts a new head on that
-     encoder and fine-tunes it on a generated pair task over docstring sentences that contain an
-     auxiliary verb (is, are, can, should, ...). The premise is 7-13 words of such a sentence around
-     the verb, affirmative ("is", not "is not"); the hypothesis is 3-6 words around the verb of
-       entailment:    the premise's sentence, affirmative,
-       contradiction: the premise's sentence negated ("is" -> "is not"),
-       neutral:       a sentence of another docstring, affirmative or negated (1/2 each).
-     The labels are balanced: chance is 1/3. The hypothesis alone gets at most 2/3 right (a
-     negated one is a contradiction 2/3 of the time, an affirmative one an entailment 2/3 of the
-     time); beyond that the model must see whether the hypothesis comes from the premise. The
-     test pairs come from modules neither pre-training nor fine-tuning saw.
+     encoder and fine-tunes it on a generated pair task over frequent docstring words: 36 nouns
+     (file, socket, queue, ...) and 12 pairs of opposite adjectives (open/closed, empty/full, ...).
+     The premise states --facts facts "the <noun> is <adjective>", distinct nouns and each fact an
+     adjective of its own pair ("the file is open and the queue is empty"); the hypothesis is one fact:
+       entailment:    a fact of the premise ("the queue is empty"),
+       contradiction: a noun of the premise with the other adjective of its pair ("the queue is full"),
+       neutral:       a noun the premise does not mention, with either adjective of the pair of one
+                      of the premise's facts ("the socket is empty" or "the socket is full").
+     The labels are balanced (chance 1/3), and by construction each sentence alone is at chance:
+     the premise is drawn without looking at the label, and whatever the label the hypothesis is a
+     uniformly drawn noun with a uniformly drawn adjective of a uniformly drawn pair. The model has
+     to compare them: is the hypothesis's noun in the premise, and is its adjective the one there?
+     Beside the model's scores the example prints chance and a bag-of-words softmax regression
+     fitted on the hypotheses alone and on the premises alone (both near 1/3). The test pairs are
+     other draws than the training pairs.
 """
 
 from __future__ import annotations
@@ -51,7 +56,14 @@ from gputrain.models.hf import encoders
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")  # the order of MNLI's and SNLI's names
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-AUXILIARIES = {"is", "are", "was", "were", "can", "will", "should", "must", "may", "could", "would", "might"}
+# frequent words of the standard library's docstrings: nouns, and pairs of opposite adjectives
+SUBJECTS = ("file", "socket", "buffer", "stream", "list", "string", "thread", "process", "module", "object", "value",
+            "key", "path", "name", "server", "client", "connection", "queue", "lock", "parser", "result", "function",
+            "method", "class", "argument", "attribute", "directory", "header", "message", "request", "response",
+            "frame", "event", "archive", "node", "table")
+ATTRIBUTES = (("open", "closed"), ("empty", "full"), ("true", "false"), ("valid", "invalid"), ("local", "remote"),
+              ("public", "private"), ("absolute", "relative"), ("required", "optional"), ("new", "old"),
+              ("first", "last"), ("short", "long"), ("binary", "text"))
 TINY_BERT = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 256, "max_position_embeddings": 128, "type_vocab_size": 2,
              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "pad_token_id": 0}
@@ -179,70 +191,78 @@ def pretrain(folder: str, tokenizer: Any, paragraphs: list[str], args: argparse.
 
 # ---- the generated pair task -------------------------------------------------------------------
 
-def polarities(sentence: str) -> tuple[list[str], list[str], int] | None:
-    """(affirmative words, negated words, index of the auxiliary verb) of a sentence with one of
-    AUXILIARIES, negated by "not" right after it; None for a sentence without one."""
-    words = sentence.split()
-    for i, word in enumerate(words[:-1]):
-        if word.lower() in AUXILIARIES:
-            if words[i + 1].lower() == "not":
-                return words[:i + 1] + words[i + 2:], words, i
-            return words, words[:i + 1] + ["not"] + words[i + 1:], i
-    return None
+def premise_facts(rng: np.random.Generator, facts: int) -> tuple[list[tuple[int, int, int]], int]:
+    """`facts` (subject, category, value) triples for a premise: distinct SUBJECTS, each with one
+    value of its own category of ATTRIBUTES; and one more subject, not among them."""
+    categories = rng.choice(len(ATTRIBUTES), facts, replace=False)
+    subjects = rng.choice(len(SUBJECTS), facts + 1, replace=False)
+    values = rng.integers(0, 2, facts)
+    return [(int(s), int(c), int(v)) for s, c, v in zip(subjects, categories, values)], int(subjects[facts])
 
 
-def sentences(paragraphs: list[str]) -> list[tuple[list[str], list[str], int]]:
-    """polarities() of the paragraphs' sentences of 6-30 words that have an auxiliary verb."""
-    found = []
-    for paragraph in paragraphs:
-        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph):
-            if 6 <= len(sentence.split()) <= 30 and re.fullmatch(r"[A-Za-z0-9 ,.;:'()\-]+", sentence):
-                forms = polarities(sentence)
-                if forms is not None:
-                    found.append(forms)
-    return found
+def sentence(subject: int, category: int, value: int) -> str:
+    return f"the {SUBJECTS[subject]} is {ATTRIBUTES[category][value]}"
 
 
-def span(words: list[str], verb: int, rng: np.random.Generator, shortest: int = 3, longest: int = 6) -> str:
-    """shortest..longest words of a sentence: its auxiliary verb, a following "not", the word
-    after them, and words around them."""
-    length = min(int(rng.integers(shortest, longest + 1)), len(words))
-    end = min(len(words), verb + 3 if words[verb + 1].lower() == "not" else verb + 2)  # past the word after
-    start = int(rng.integers(max(0, end - length), min(verb, len(words) - length) + 1))
-    return " ".join(words[start:start + length])
-
-
-def make_pairs(modules: list[list[tuple[list[str], list[str], int]]], n: int,
-               rng: np.random.Generator) -> tuple[list[str], list[str], np.ndarray]:
-    """n (premise, hypothesis, label) triples, labels balanced, from the sentences of `modules`
-    (one list per module; a neutral hypothesis comes from another module)."""
+def make_pairs(n: int, facts: int, rng: np.random.Generator) -> tuple[list[str], list[str], np.ndarray]:
+    """n (premise, hypothesis, label) triples with balanced labels: the hypothesis takes a fact of
+    the premise and keeps it (entailment), gives its subject the category's other value
+    (contradiction), or gives it a subject the premise does not mention and either value (neutral)."""
     premises, hypotheses = [], []
     labels = rng.permutation(np.arange(n) % 3)
     for label in labels:
-        m = int(rng.integers(len(modules)))
-        forms = modules[m][int(rng.integers(len(modules[m])))]
-        premises.append(span(forms[0], forms[2], rng, 7, 13))
-        negated = int(NLI_LABELS[label] == "contradiction")
-        if NLI_LABELS[label] == "neutral":
-            other = (m + 1 + int(rng.integers(len(modules) - 1))) % len(modules)
-            forms, negated = modules[other][int(rng.integers(len(modules[other])))], int(rng.integers(2))
-        hypotheses.append(span(forms[negated], forms[2], rng))
+        triples, absent = premise_facts(rng, facts)
+        clauses = [sentence(*fact) for fact in triples]
+        premises.append(" and ".join([", ".join(clauses[:-1]), clauses[-1]] if facts > 1 else clauses))
+        subject, category, value = triples[int(rng.integers(facts))]
+        if NLI_LABELS[label] == "contradiction":
+            value = 1 - value
+        elif NLI_LABELS[label] == "neutral":
+            subject, value = absent, int(rng.integers(2))
+        hypotheses.append(sentence(subject, category, value))
     return premises, hypotheses, labels.astype(np.int64)
 
 
-def generated_task(modules: list[tuple[str, list[str]]], args: argparse.Namespace):
-    """(train triples, test triples, the training modules' paragraphs, their number): every fifth module is
-    held out for the test pairs (and from pre-training)."""
-    held_out = [paragraphs for i, (_, paragraphs) in enumerate(modules) if i % 5 == 4]
-    training = [paragraphs for i, (_, paragraphs) in enumerate(modules) if i % 5 != 4]
-    train_sentences = [s for s in map(sentences, training) if s]
-    test_sentences = [s for s in map(sentences, held_out) if s]
-    rng = np.random.default_rng(1)
-    print(f"pair task: {sum(map(len, train_sentences))} training sentences from {len(train_sentences)} modules, "
-          f"{sum(map(len, test_sentences))} test sentences from {len(test_sentences)} other modules")
-    train = make_pairs(train_sentences, args.train_pairs, rng)
-    test = make_pairs(test_sentences, args.test_pairs, rng)
-    return train, test, [p for paragraphs in training for p in paragraphs], len(training)
+def bag_of_words_baseline(train: list[str], train_labels: np.ndarray, test: list[str], test_labels: np.ndarray,
+                          steps: int = 300) -> tuple[float, float]:
+    """(accuracy, macro-F1) on test of a softmax regression on word counts fitted to train by full-batch
+    gradient descent: what one sentence alone tells about the label."""
+    words = sorted({word for text in train for word in text.split()})
+    index = {word: i for i, word in enumerate(words)}
+
+    def counts(texts: list[str]) -> np.ndarray:
+        x = np.zeros((len(texts), len(words) + 1), np.float32)
+        x[:, -1] = 1  # a bias column
+        for row, text in enumerate(texts):
+            for word in text.split():
+                if word in index:
+                    x[row, index[word]] += 1
+        return x
+
+    x, y = counts(train), np.eye(3, dtype=np.float32)[train_labels]
+    w = np.zeros((x.shape[1], 3), np.float32)
+    for _ in range(steps):
+        logits = x @ w
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        w -= 0.5 * (x.T @ (p - y) / len(x) + 1e-4 * w)
+    predicted = (counts(test) @ w).argmax(1)
+    return gt.metrics.accuracy(test_labels, predicted), gt.metrics.f1_score(test_labels, predicted, average="macro")
+
+
+def generated_task(args: argparse.Namespace) -> tuple[tuple, tuple, str]:
+    """(train triples, test triples from other draws, a line with chance and the one-sentence baselines)."""
+    train = make_pairs(args.train_pairs, args.facts, np.random.default_rng(1))
+    test = make_pairs(args.test_pairs, args.facts, np.random.default_rng(2))
+    hypothesis = bag_of_words_baseline(train[1], train[2], test[1], test[2])
+    premise = bag_of_words_baseline(train[0], train[2], test[0], test[2])
+    chance = np.bincount(test[2], minlength=3).max() / len(test[2])
+    line = (f"chance (majority class) accuracy {chance:.4f}; bag-of-words softmax regression on the hypothesis alone: "
+            f"accuracy {hypothesis[0]:.4f} macro-F1 {hypothesis[1]:.4f}, on the premise alone: "
+            f"accuracy {premise[0]:.4f} macro-F1 {premise[1]:.4f}")
+    print(f"pair task: {len(train[2])} training pairs, {len(test[2])} test pairs, {args.facts} facts a premise")
+    print(line)
+    return train, test, line
 
 
 # ---- data files --------------------------------------------------------------------------------
@@ -309,7 +329,7 @@ def encode(tokenizer: Any, premises: list[str], hypotheses: list[str], labels: n
 
 
 def finetune(folder: str, tokenizer: Any, train: tuple, test: tuple, names: list[str],
-             args: argparse.Namespace, precision: str, generated: bool = False) -> None:
+             args: argparse.Namespace, precision: str, baselines: str = "") -> None:
     model_type = json.load(open(os.path.join(folder, "config.json"), encoding="utf-8")).get("model_type")
     if model_type not in HEADS:
         raise SystemExit(f"{folder}/config.json: model_type {model_type!r} is not one of {sorted(HEADS)}")
@@ -351,7 +371,9 @@ def finetune(folder: str, tokenizer: Any, train: tuple, test: tuple, names: list
         print(f"  {name:>{width}} " + " ".join(f"{v:>{width}d}" for v in row))
     chance = np.bincount(test_set["labels"], minlength=len(names)).max() / len(test_set["labels"])
     print(f"evaluation accuracy {metrics['test_accuracy']:.4f}  macro-F1 {metrics['test_f1_macro']:.4f}  "
-          f"(majority class: accuracy {chance:.4f}" + (", the hypothesis alone: at most 0.6667)" if generated else ")"))
+          f"(majority class: accuracy {chance:.4f})")
+    if baselines:
+        print(f"  beside: {baselines}")
 
 
 def main() -> None:
@@ -379,6 +401,7 @@ def main() -> None:
     scratch.add_argument("--mlm-copies", type=int, default=4, help="maskings of each row (BERT's dupe_factor)")
     scratch.add_argument("--mlm-seconds", type=float, default=60)
     scratch.add_argument("--mlm-log-steps", type=int, default=20)
+    scratch.add_argument("--facts", type=int, default=2, help="facts a premise states")
     scratch.add_argument("--train-pairs", type=int, default=9000)
     scratch.add_argument("--test-pairs", type=int, default=1500)
     parser.add_argument("--finetune-seconds", type=float, default=180, help="stop fine-tuning after this long")
@@ -387,6 +410,8 @@ def main() -> None:
         parser.error("--train/--eval need --model (without it the example makes its own data)")
     if args.model is not None and not args.train:
         parser.error("--model needs --train FILE")
+    if not 1 <= args.facts <= len(ATTRIBUTES):
+        parser.error(f"--facts must be 1..{len(ATTRIBUTES)} (each fact takes its own adjective pair)")
     if args.threads:
         gt.set_num_threads(args.threads)
     gt.random.manual_seed(0)
@@ -394,19 +419,20 @@ def main() -> None:
     precision = args.precision
     if precision == "auto":
         precision = "bf16" if "bf16" in gt.info()["cpu_native_gemm"] else "fp32"
-    start = time.perf_counter()
+    start, baselines = time.perf_counter(), ""
     if args.model is None:
         args.epochs = 5 if args.epochs is None else args.epochs
         args.lr = 1e-3 if args.lr is None else args.lr
         folder = os.path.join(args.output_dir, "tiny-bert")
         os.makedirs(folder, exist_ok=True)
         modules = stdlib_docstrings(args.stdlib_files)
-        train, test, paragraphs, num_modules = generated_task(modules, args)
+        paragraphs = [paragraph for _, module in modules for paragraph in module]
         train_wordpiece(paragraphs, args.vocab, folder)
         tokenizer = gt.tokenizer_from_pretrained(folder)
         print(f"WordPiece tokenizer: {tokenizer.vocab_size} tokens from {len(paragraphs)} docstring paragraphs "
-              f"of {num_modules} modules")
+              f"of {len(modules)} modules")
         pretrain(folder, tokenizer, paragraphs, args, precision)
+        train, test, baselines = generated_task(args)
         names = list(NLI_LABELS)
         print("examples:")
         for premise, hypothesis, label in list(zip(*train))[:3]:
@@ -427,7 +453,7 @@ def main() -> None:
             cut = max(1, len(labels) // 10)
             pick = lambda rows: ([premises[i] for i in rows], [hypotheses[i] for i in rows], labels[rows])  # noqa: E731
             test, train = pick(order[:cut]), pick(order[cut:])
-    finetune(folder, tokenizer, train, test, names, args, precision, generated=args.model is None)
+    finetune(folder, tokenizer, train, test, names, args, precision, baselines)
     print(f"total {time.perf_counter() - start:.0f} s")
 
 

@@ -197,6 +197,27 @@ def test_state_dict_round_trip_and_trainer_names():
         other.load_state_dict({**state, name: state[name].T})
 
 
+def test_a_trainer_run_resumes_from_its_checkpoint(tmp_path):
+    """The Trainer's checkpoints hold transformers' state_dict (Conv1D weights (in, out)); resuming
+    stages it through the model's own layout and continues bit-identically."""
+    ids = np.random.default_rng(0).integers(0, 100, size=(8, 17))
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def trainer(folder: str) -> gt.Trainer:
+        args = gt.TrainingArguments(output_dir=folder, per_device_train_batch_size=4, learning_rate=1e-3,
+                                    max_steps=4, save_steps=2, logging_steps=50, disable_tqdm=True, seed=1)
+        gt.random.manual_seed(5)  # the model's dropout stream (the fixture's dropout is on)
+        return gt.Trainer(from_pretrained(TINY), args, train_dataset=(x, y))
+
+    straight = trainer(str(tmp_path / "a"))
+    straight.train()
+    resumed = trainer(str(tmp_path / "a"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    assert resumed.state.global_step == 4
+    after = resumed.model.state_dict()
+    assert all(np.array_equal(v, after[k]) for k, v in straight.model.state_dict().items())
+
+
 def test_gpt2model_names_and_old_buffers_load(tmp_path):
     folder = copy_of(TINY, tmp_path)
     weights = st.load_file(str(folder / "model.safetensors"))

@@ -1,16 +1,19 @@
 """examples/nli.py runs end to end: from scratch (a WordPiece tokenizer trained on the standard
 library's docstrings, masked-LM pre-training of a tiny BERT, save_pretrained, then
 BertForSequenceClassification.from_pretrained(num_labels=3) fine-tuned on the generated pair task)
-with tiny sizes, and with --model on a BERT fixture folder and TSV / JSONL files."""
+with tiny sizes, and with --model on a BERT fixture folder and TSV / JSONL files; and the generated
+task's labels follow from the two sentences together, not from either alone."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "nli.py")
@@ -35,11 +38,51 @@ def test_from_scratch_pretrains_then_fine_tunes(tmp_path):
     assert "masked-LM:" in out and "WordPiece tokenizer: 300 tokens" in out
     assert "fine-tuning BertForSequenceClassification (3 labels: entailment, neutral, contradiction)" in out
     assert "epoch 1.00: eval loss" in out and "confusion (rows: true, columns: predicted)" in out
-    assert "evaluation accuracy" in out
+    assert "evaluation accuracy" in out and "beside: chance (majority class) accuracy" in out
+    assert "on the hypothesis alone: accuracy" in out and "on the premise alone: accuracy" in out
     folder = tmp_path / "out" / "tiny-bert"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (folder / name).is_file(), name
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    bad = run("--facts", "13", cwd=str(tmp_path), ok=False)
+    assert bad.returncode != 0 and "--facts must be 1..12" in bad.stderr
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("nli_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("facts", [1, 2, 4])
+def test_the_generated_labels_need_both_sentences(facts):
+    nli = load_example()
+    premises, hypotheses, labels = nli.make_pairs(3000, facts, np.random.default_rng(0))
+    assert np.bincount(labels, minlength=3).tolist() == [1000, 1000, 1000]
+    opposite = {word: pair[1 - i] for pair in nli.ATTRIBUTES for i, word in enumerate(pair)}
+    for premise, hypothesis, label in zip(premises, hypotheses, labels):
+        clauses = premise.replace(" and ", ", ").split(", ")
+        stated = {clause.split()[1]: clause.split()[3] for clause in clauses}
+        assert len(clauses) == len(stated) == facts and all(c.startswith("the ") for c in clauses)
+        _, subject, _, attribute = hypothesis.split()
+        assert attribute in opposite
+        if nli.NLI_LABELS[label] == "entailment":
+            assert stated.get(subject) == attribute, (premise, hypothesis)
+        elif nli.NLI_LABELS[label] == "contradiction":
+            assert stated.get(subject) == opposite[attribute], (premise, hypothesis)
+        else:
+            assert subject not in stated, (premise, hypothesis)
+    # a bag-of-words regression on either sentence alone stays at chance on other draws ...
+    test = nli.make_pairs(1500, facts, np.random.default_rng(1))
+    for side in (0, 1):
+        accuracy, f1 = nli.bag_of_words_baseline([premises, hypotheses][side], labels, test[side], test[2])
+        assert accuracy < 0.39 and f1 < 0.39, (side, accuracy, f1)
+    # ... while it does find a label that one sentence leaks (the old task's "not" in contradictions)
+    leaky = [h.replace(" is ", " is not ") if y == 2 else h for h, y in zip(hypotheses, labels)]
+    leaky_test = [h.replace(" is ", " is not ") if y == 2 else h for h, y in zip(test[1], test[2])]
+    accuracy, _ = nli.bag_of_words_baseline(leaky, labels, leaky_test, test[2])
+    assert accuracy > 0.6
 
 
 WORDS = ["the", "cat", "dog", "bird", "sits", "runs", "on", "under", "mat", "table", "is", "not", "a", "red",

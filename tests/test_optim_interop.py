@@ -212,6 +212,32 @@ def test_torch_format_without_torch_is_torch_s_layout_with_numpy_arrays(monkeypa
         opt.state_dict(format="pytorch")
 
 
+def test_a_state_dict_torch_saved_loads_and_continues_as_torch_did():
+    """torch.optim.AdamW's state_dict after 3 steps (its tensors turned into arrays, its tensor
+    step a 0-d array; tests/fixtures/make_hf_trainer_logs.py), loaded here; 2 more steps land
+    where torch's did."""
+    import json
+    import os
+
+    saved = np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "torch_adamw_state.npz"))
+    group = json.loads(str(saved["group"]))
+    group["betas"] = tuple(group["betas"])  # JSON kept torch's tuple as a list
+    state = {"state": {i: {key: saved[f"state_{i}_{key}"] for key in ("step", "exp_avg", "exp_avg_sq")}
+                       for i in range(2)},
+             "param_groups": [group]}
+    assert state["state"][0]["step"].shape == ()  # torch's tensor step
+    ours = [Parameter(saved[f"param_{i}"].copy()) for i in range(2)]
+    opt = AdamW(ours, lr=0.5)
+    opt.load_state_dict(state)
+    assert opt.param_groups[0]["betas"] == (0.8, 0.95) and opt.param_groups[0]["weight_decay"] == 0.05
+    for step in (3, 4):
+        for i, p in enumerate(ours):
+            p.grad = saved[f"grad_{step}_{i}"]
+        opt.step()
+    for i, p in enumerate(ours):
+        np.testing.assert_allclose(p.data, saved[f"after_{i}"], rtol=0, atol=1e-6)
+
+
 # ---- the real torch (skipped without it) ---------------------------------------------------------------
 
 def test_round_trip_with_the_real_torch():

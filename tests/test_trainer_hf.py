@@ -218,9 +218,10 @@ def test_hf_names_accepted_reported_or_refused(tmp_path):
     assert args.eval_strategy == "epoch" and args.device == "cpu" and args.train_sampling_strategy == "group_by_length"
     assert args.get_warmup_steps(95) == 10 and TrainingArguments(warmup_steps=3).get_warmup_steps(95) == 3
     notes = "\n".join(args.not_applicable())
-    for name in ("torch_compile", "report_to", "gradient_checkpointing_kwargs", "fp16_full_eval",
-                 "train_sampling_strategy"):
+    for name in ("torch_compile", "report_to", "gradient_checkpointing_kwargs", "fp16_full_eval"):
         assert name in notes, name
+    assert "train_sampling_strategy" not in notes  # group_by_length is applied (tests/test_length_grouped.py)
+    assert "batch_rebalance" in "\n".join(TrainingArguments(train_sampling_strategy="batch_rebalance").not_applicable())
     assert TrainingArguments(activation_checkpointing=True).gradient_checkpointing is True
     again = TrainingArguments.from_dict(json.loads(args.to_json_string()))
     assert again.to_dict() == args.to_dict()
@@ -331,3 +332,30 @@ HF_525_FIELDS = """
 def test_every_transformers_5_field_is_here():
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert [name for name in HF_525_FIELDS if name not in names] == []
+
+
+def test_log_steps_and_epochs_are_transformers_own(tmp_path):
+    """The (kind, step, epoch) of every log line and evaluation, against transformers 5's Trainer
+    over the same data and arguments (tests/fixtures/make_hf_trainer_logs.py)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf_trainer_logs.json")
+    with open(path) as f:
+        reference = json.load(f)
+    runs = {"steps": (104, dict(num_train_epochs=1, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                                logging_steps=3, eval_strategy="steps", eval_steps=3)),
+            "epochs": (50, dict(num_train_epochs=3, per_device_train_batch_size=4, gradient_accumulation_steps=3,
+                                logging_steps=2, eval_strategy="epoch")),
+            "max_steps": (40, dict(max_steps=7, per_device_train_batch_size=6, logging_steps=4,
+                                   eval_strategy="steps", eval_steps=5))}
+    for name, (rows, fields) in runs.items():
+        x = np.random.default_rng(0).normal(size=(rows, 4)).astype(np.float32)
+        y = (x[:, 0] > 0).astype(np.int64)
+        args = TrainingArguments(output_dir=str(tmp_path / name), save_strategy="no", report_to="none", use_cpu=True,
+                                 disable_tqdm=True, **fields)
+        trainer = Trainer(model=gt.nn.Sequential(gt.nn.Linear(4, 2)), args=args, train_dataset=(x, y),
+                          eval_dataset=(x, y))
+        trainer.train()
+        ours = [["eval" if "eval_loss" in e else "loss", e["step"], e["epoch"]]
+                for e in trainer.state.log_history if "eval_loss" in e or "loss" in e]
+        assert [[k, s] for k, s, _ in ours] == [[k, s] for k, s, _ in reference[name]], name
+        np.testing.assert_allclose([e for *_, e in ours], [e for *_, e in reference[name]], rtol=1e-12,
+                                   err_msg=name)

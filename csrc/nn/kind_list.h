@@ -27,6 +27,7 @@
     X(GLU, glu)                 /* (..., 2 I) [gate | up] -> (..., I): act(gate) * up */            \
     X(SCALE, scale)             /* elementwise x * dt(factor) */                                    \
     X(BIAS, bias)               /* (..., C) + b (C,): an LM head's bias after a tied_linear */      \
+    X(DISENTANGLED_ATTENTION, disentangled_attention) /* (B, T, 3E) -> (B, T, E): DeBERTa's */ \
     /* end of the list */
 
 #endif

@@ -169,3 +169,44 @@ gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t m
     GT_TRY(gt_op_check_ptr(a->dk, "dk"));
     return gt_op_check_ptr(a->dv, "dv");
 }
+
+/* 1 when an element offset of a disentangled attention operand could overflow int64. */
+static int disentangled_strides_overflow(const gt_disentangled_args *a, const gt_attn_strides *s) {
+    gt_attention_args like = {.batch = a->batch, .seq = a->seq, .head_dim = a->head_dim};
+    return attention_strides_overflow(&like, s, a->heads);
+}
+
+gt_status gt_disentangled_check(const gt_disentangled_args *a, int backward) {
+    GT_TRY(gt_op_check_size(a->batch, "batch"));
+    GT_TRY(gt_op_check_size(a->heads, "heads"));
+    GT_TRY(gt_op_check_size(a->seq, "seq"));
+    GT_TRY(gt_op_check_dtype(a->dt, "dt"));
+    if (a->head_dim < 1 || a->span < 1)
+        return GT_FAIL(GT_ERR_VALUE, "head_dim and span: must be >= 1, got %lld and %lld",
+                       (long long)a->head_dim, (long long)a->span);
+    if (!isfinite(a->scale))
+        return GT_FAIL(GT_ERR_VALUE, "scale: must be finite, got %g", (double)a->scale);
+    if (!(a->dropout_p >= 0.0 && a->dropout_p <= 1.0))
+        return GT_FAIL(GT_ERR_VALUE, "dropout_p: must be in [0, 1], got %g", a->dropout_p);
+    if (a->batch == 0 || a->heads == 0 || a->seq == 0)
+        return GT_OK;
+    int64_t pos_last = 0;
+    if (disentangled_strides_overflow(a, &a->in) || disentangled_strides_overflow(a, &a->out_strides) ||
+        a->pos_row < a->heads * a->head_dim || __builtin_mul_overflow(2 * a->span, a->pos_row, &pos_last))
+        return GT_FAIL(GT_ERR_VALUE, "strides: negative, too small, or beyond 64-bit element offsets");
+    GT_TRY(gt_op_check_ptr(a->rel_index, "rel_index"));
+    GT_TRY(gt_op_check_ptr(a->q, "q"));
+    GT_TRY(gt_op_check_ptr(a->k, "k"));
+    GT_TRY(gt_op_check_ptr(a->v, "v"));
+    GT_TRY(gt_op_check_ptr(a->lse, "lse"));
+    if (!backward)
+        return gt_op_check_ptr(a->out, "out");
+    GT_TRY(gt_op_check_ptr(a->dout, "dout"));
+    if (a->dq && (!a->dk || !a->dv))
+        return GT_FAIL(GT_ERR_VALUE, "dk, dv: must be given with dq");
+    if (a->pos_k && !a->dpos_k)
+        return GT_FAIL(GT_ERR_VALUE, "dpos_k: must be given with pos_k");
+    if (a->pos_q && !a->dpos_q)
+        return GT_FAIL(GT_ERR_VALUE, "dpos_q: must be given with pos_q");
+    return GT_OK;
+}

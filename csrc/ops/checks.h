@@ -38,6 +38,11 @@ gt_status gt_conv2d_check(const gt_conv2d_args *a, int backward);
  * the backend's to check (they may be device memory); every key_starts value is valid. */
 gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t max_head_dim);
 
+/* What every backend checks of a disentangled attention call (gt_disentangled_args): sizes, dtype,
+ * scale, dropout, strides and the pointers the pass reads or writes (not the values of rel_index
+ * or key_lengths, which may be device memory). */
+gt_status gt_disentangled_check(const gt_disentangled_args *a, int backward);
+
 /* Rows and columns of A and B as stored (before the transposes). */
 static inline size_t gt_gemm_a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
 static inline size_t gt_gemm_a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }

@@ -138,6 +138,44 @@ typedef struct gt_attention_args {
     gt_dtype dt;                   /* f32, f16 or bf16 */
 } gt_attention_args;
 
+/* Disentangled attention, DeBERTa(-v2/v3)'s DisentangledSelfAttention: per batch entry b and
+ * head h, with r = rel_index[i - j + T - 1] the relative-position row of query i and key j,
+ *   S[i, j] = scale * ((q_i . k_j + c2p) + p2c),  c2p = q_i . pos_k[r] (0 without pos_k),
+ *                                                  p2c = k_j . pos_q[r] (0 without pos_q)
+ * (each dot product summed in f32 in increasing d: ops/disentangled_hd.h, which CPU and CUDA both
+ * run); keys j >= key_lengths[b] are masked; P = softmax(S) over the visible keys, lse its
+ * log-sum-exp; out_i = sum_j (P[i, j] M[i, j]) v_j with M the dropout multipliers of element
+ * g = key.offset + ((b * heads + h) * seq + i) * seq + j (core/dropout.h). A query that sees no
+ * key gets out = 0, lse = -inf and zero gradients. transformers' scale is 1 / sqrt(D (1 + number
+ * of c2p/p2c terms)), its rel_index clamp(bucket(i - j) + S, 0, 2S - 1) (log buckets: the layer
+ * builds the table, nn/disentangled.c). Backward (dS = P (M dP - sum_j P M dP), dP = dO V^T):
+ *   dq_i = scale sum_j dS_ij (k_j + pos_k[r]),  dk_j = scale sum_i dS_ij (q_i + pos_q[r]),
+ *   dv_j = sum_i P_ij M_ij dO_i,  dpos_k[r] = scale sum_{b,i,j at r} dS_ij q_i,
+ *   dpos_q[r] = scale sum_{b,i,j at r} dS_ij k_j,
+ * every sum in a fixed order (any thread count gives the same bits); dpos_k and dpos_q are
+ * written (not accumulated). */
+typedef struct gt_disentangled_args {
+    int64_t batch, heads, seq, head_dim;  /* B, H, T, D */
+    int64_t span;                  /* S: pos_k and pos_q have 2 S rows */
+    const int32_t *rel_index;      /* (2T - 1,) int32 in [0, 2S), the backend's memory */
+    const void *q, *k, *v;         /* (B, H, T, D) at `in` strides; dtype dt */
+    const void *pos_k;             /* (2S, H, D): row r, head h at r * pos_row + h * D; NULL: no c2p */
+    const void *pos_q;             /* (2S, H, D) likewise; NULL: no p2c */
+    int64_t pos_row;               /* elements between rows of pos_k, pos_q, dpos_k and dpos_q */
+    void *out;                     /* (B, H, T, D) at `out_strides`; forward writes */
+    float *lse;                    /* (B, H, T) f32, contiguous; forward writes, backward reads */
+    const void *dout;              /* backward: (B, H, T, D) at `out_strides` */
+    void *dq, *dk, *dv;            /* backward: at `in` strides, written (NULL: the three not wanted) */
+    void *dpos_k, *dpos_q;         /* backward: as pos_k and pos_q, written where those are given */
+    gt_attn_strides in;            /* strides of q, k, v, dq, dk, dv */
+    gt_attn_strides out_strides;   /* strides of out and dout */
+    float scale;                   /* multiplies the three terms' sum */
+    const int64_t *key_lengths;    /* (B,) keys visible per batch entry, in [0, T], or NULL */
+    double dropout_p;              /* probability dropout in [0, 1] (0: none) */
+    gt_dropout_key dropout_key;    /* Philox key of the probability dropout */
+    gt_dtype dt;                   /* f32, f16 or bf16 */
+} gt_disentangled_args;
+
 /* Rotary position embedding in Hugging Face's `rotate_half` layout (transformers'
  * apply_rotary_pos_emb): per batch entry b, head h, position t and i < R / 2 (R = rotary_dim),
  * with x1 = x[i], x2 = x[i + R / 2] of the (b, h, t) row and a = attention_factor:
@@ -409,6 +447,11 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_ATTENTION_WORKSPACE(P, A) A(gt_attention_args, args) P(int, threads)
 #define GT_PARAMS_ATTENTION(P, A) A(gt_attention_args, args)
 
+/* Disentangled attention (gt_disentangled_args): scratch bytes for `args` with up to `threads`
+ * threads, forward (writes out and lse) and backward (writes dq, dk, dv, dpos_k, dpos_q). */
+#define GT_PARAMS_DISENTANGLED_WORKSPACE(P, A) A(gt_disentangled_args, args) P(int, threads)
+#define GT_PARAMS_DISENTANGLED(P, A) A(gt_disentangled_args, args)
+
 /* Sequence masks and pooling (checked by the plan).
  * lengths[b] = number of nonzero entries of mask[b, 0:seq] (row b at mask + b * stride),
  * for b < batch: the keys a query of sequence b sees. */
@@ -537,6 +580,9 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, key_starts, GT_PARAMS_KEY_STARTS, NO_SKIP)                                \
     X(LAUNCH, scale, GT_PARAMS_SCALE, NO_SKIP)                                          \
     X(LAUNCH, copy_2d, GT_PARAMS_COPY_2D, NO_SKIP)                                      \
+    X(QUERY, disentangled_workspace_bytes, GT_PARAMS_DISENTANGLED_WORKSPACE, NO_SKIP)   \
+    X(LAUNCH, disentangled_forward, GT_PARAMS_DISENTANGLED, NO_SKIP)                    \
+    X(LAUNCH, disentangled_backward, GT_PARAMS_DISENTANGLED, NO_SKIP)                   \
     X(LAUNCH, xent_count, GT_PARAMS_XENT_COUNT, NO_SKIP)                                \
     X(LAUNCH, softmax_xent_counted, GT_PARAMS_SOFTMAX_XENT_COUNTED, NO_SKIP)            \
     /* end of the list */

@@ -46,7 +46,7 @@ from gputrain._info import precision_note
 from gputrain._resume import GPUTRAIN_STATE_NAME, TRAINER_STATE_NAME
 from gputrain._vocab import parse_device
 from gputrain.amp import GradScaler
-from gputrain.data import DataLoader, RaggedArray
+from gputrain.data import DataLoader, LengthGroupedSampler, RaggedArray
 from gputrain.data.collate import DataCollatorWithPadding, to_numpy
 from gputrain.metrics import EvalPrediction, PredictionOutput
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
@@ -493,14 +493,32 @@ class Trainer:
             data, collate = dataset.dataset, dataset.collator
         else:
             data, collate = (np.asarray(to_numpy(dataset[0])), np.asarray(to_numpy(dataset[1]))), None
+        seed = args.seed if args.data_seed is None else args.data_seed
+        sampler = None
+        if shuffle and args.train_sampling_strategy == "group_by_length":
+            sampler, shuffle = self._length_grouped_sampler(data, batch_size, seed), False
         return DataLoader(data, batch_size=batch_size, shuffle=shuffle and args.train_sampling_strategy != "sequential",
-                          seed=args.seed if args.data_seed is None else args.data_seed, num_workers=workers,
+                          sampler=sampler, seed=seed, num_workers=workers,
                           collate_fn=collate, prefetch_factor=args.dataloader_prefetch_factor,
                           pin_memory=args.dataloader_pin_memory and self.device != "cpu",
                           pin_memory_device=self.device if self.device != "cpu" else "",
                           persistent_workers=args.dataloader_persistent_workers,
                           multiprocessing_context=args.dataloader_multiprocessing_context if workers else None,
                           in_order=args.dataloader_in_order)
+
+    def _length_grouped_sampler(self, data: Any, batch_size: int, seed: int) -> LengthGroupedSampler:
+        """HF's group_by_length order: lengths from the dataset's length_column_name column when
+        it has one, else from its examples' (or ragged column's) first model input."""
+        column = self.args.length_column_name
+        names = getattr(data, "column_names", None) or (list(data) if isinstance(data, Mapping) else [])
+        lengths = data[column] if column in names else None
+        inputs = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+        if isinstance(data, tuple) and lengths is None:
+            raise ValueError("group_by_length=True: an (inputs, labels) pair of arrays has one length; give the "
+                             "examples as dicts with 'input_ids', a datasets.Dataset with a "
+                             f"{column!r} column, or gt.data.tokenize's ragged columns")
+        return LengthGroupedSampler(batch_size, dataset=data, lengths=lengths, model_input_name=inputs[0], seed=seed,
+                                    num_replicas=distributed.get_world_size(), rank=distributed.get_rank())
 
     def _pair(self, name: str, batch: Any) -> tuple[Any, Any]:
         """A loader's batch as (inputs, labels): dicts of columns (HF's) or tuples."""

@@ -348,9 +348,9 @@ class TrainingArguments:
                     notes.append(f"report_to={value!r}: {meaning}")
             elif status in (NOT_APPLICABLE, LEGACY) and value != _field_default(f) and f.name != "group_by_length":
                 notes.append(f"{f.name}={value!r}: {meaning}")
-        if self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
-            notes.append(f"train_sampling_strategy={self.train_sampling_strategy!r}: batches are drawn in random "
-                         "order (each padded to its longest row when a collator pads)")
+        if self.train_sampling_strategy == "batch_rebalance":
+            notes.append("train_sampling_strategy='batch_rebalance': batches are drawn in random order (each padded "
+                         "to its longest row when a collator pads)")
         return notes
 
     def process_log_level(self, main: bool) -> int:
@@ -620,9 +620,11 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "remove_unused_columns": (_HF, "dict batches: columns the model does not read are dropped (False: an "
                                    "unknown column is an error)"),
     "label_names": (_HF, "the batch keys holding the labels (default labels, label, label_ids)"),
-    "train_sampling_strategy": (_HF, "random or sequential; group_by_length and batch_rebalance are accepted and "
-                                     "run random order (reported at start-up)"),
-    "length_column_name": (_NA, "read only by group_by_length, which runs random order here"),
+    "train_sampling_strategy": (_HF, "random, sequential or group_by_length (transformers' LengthGroupedSampler "
+                                     "over a Philox permutation); batch_rebalance is accepted and runs random "
+                                     "order (reported at start-up)"),
+    "length_column_name": (_HF, "group_by_length reads the examples' lengths from this column when the dataset "
+                                "has it"),
     "dataloader_multiprocessing_context": (_HF, "the workers' start method"),
     "dataloader_in_order": (_HF, "batches in sampler order"),
     "activation_checkpointing": (_HF, "transformers 5's name of gradient_checkpointing"),
@@ -689,7 +691,7 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "fsdp_config": (REFUSED, "no FSDP; zero_stage=1 shards the optimizer state"),
     "deepspeed": (REFUSED, "no DeepSpeed; zero_stage=1 is its ZeRO stage 1"),
     "evaluation_strategy": (LEGACY, "transformers 4's name of eval_strategy"),
-    "group_by_length": (LEGACY, "transformers 4's train_sampling_strategy='group_by_length' (random order here)"),
+    "group_by_length": (LEGACY, "transformers 4's train_sampling_strategy='group_by_length'"),
     "overwrite_output_dir": (LEGACY, "removed in transformers 5; output_dir is written into as it is"),
     "logging_dir": (LEGACY, "removed in transformers 5; logs go to output_dir/history.jsonl"),
     "save_safetensors": (LEGACY, "removed in transformers 5; checkpoints are safetensors (False is refused)"),

@@ -17,6 +17,7 @@ from gputrain.data.packing import DataCollatorWithFlattening, pack_sequences
 from gputrain.data.sampler import (
     BatchSampler,
     DistributedSampler,
+    LengthGroupedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -32,6 +33,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DistributedSampler",
+    "LengthGroupedSampler",
     "ImageFolder",
     "IterableDataset",
     "Padded",

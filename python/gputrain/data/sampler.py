@@ -11,12 +11,13 @@ reads its indices once per epoch.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from gputrain import _C, distributed
+from gputrain.data._ragged import RaggedArray
 from gputrain.data._structure import flatten, num_samples
 
 T_co = TypeVar("T_co", covariant=True)
@@ -122,7 +123,22 @@ class SequentialSampler(OrderSampler):
         return self.num_rows
 
 
-class RandomSampler(OrderSampler):
+class _NextEpochSampler(OrderSampler):
+    """An order sampler whose every iteration is the next epoch (PyTorch's RandomSampler draws
+    a new order each time it is iterated)."""
+
+    num_samples: int
+
+    def __iter__(self) -> Iterator[int]:
+        rows = self.rows(self.epoch)
+        self.epoch += 1
+        return iter(rows.tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class RandomSampler(_NextEpochSampler):
     """Samples in a random order: a Philox permutation keyed by (seed, epoch), or
     `num_samples` independent draws when `replacement`. Each iteration advances the epoch,
     so iterating twice gives two different orders, as PyTorch's RandomSampler does."""
@@ -150,14 +166,6 @@ class RandomSampler(OrderSampler):
     def order(self, epoch: int) -> dict[str, Any]:
         kind = ORDER_REPLACEMENT if self.replacement else ORDER_PERMUTED
         return make_order(kind, self.num_samples, seed=self.seed, epoch=epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        rows = self.rows(self.epoch)
-        self.epoch += 1
-        return iter(rows.tolist())
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 def _distributed_default(name: str, env: str, fallback: int) -> int:
@@ -208,6 +216,84 @@ class DistributedSampler(OrderSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+class LengthGroupedSampler(_NextEpochSampler):
+    """transformers' LengthGroupedSampler (TrainingArguments(group_by_length=True)): each epoch a
+    Philox permutation keyed by (seed, epoch) is cut into megabatches of `mega_batch_mult *
+    batch_size` rows (mega_batch_mult: 50, or fewer so that there are 4 megabatches), each sorted
+    by length, longest first (ties keep the permutation's order), and the longest row overall is
+    swapped to the front so that an out-of-memory batch comes first. Lengths are `lengths`, else
+    len(example[model_input_name]) of each example (default "input_ids"), or the row lengths of a
+    ragged column of that name (gt.data.tokenize's). num_replicas > 1 shards the order as
+    transformers' DistributedLengthGroupedSampler does (padded by wrapping around, or truncated
+    when `drop_last`). Each iteration advances the epoch, as RandomSampler's does."""
+
+    def __init__(self, batch_size: int, dataset: Any = None, lengths: Any = None,
+                 model_input_name: str | None = None, generator: Any = None, *, seed: int | None = None,
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> None:
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
+        if not isinstance(num_replicas, int) or num_replicas < 1 or not isinstance(rank, int) \
+                or not 0 <= rank < num_replicas:
+            raise ValueError(f"num_replicas={num_replicas!r}, rank={rank!r}: need 0 <= rank < num_replicas")
+        self.lengths = _example_lengths(dataset, lengths, model_input_name or "input_ids")
+        self.batch_size = int(batch_size)
+        self.seed = seed_from(seed, generator)
+        self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
+        self.num_rows = len(self.lengths)
+        n = self.num_rows
+        self.num_samples = n // num_replicas if drop_last else -(-n // num_replicas)
+        self.epoch = 0
+
+    def grouped_rows(self, epoch: int) -> np.ndarray:
+        """All rows of epoch `epoch` in grouped order (before any sharding)."""
+        n = self.num_rows
+        permuted = _C.sampler_rows(n, make_order(ORDER_PERMUTED, n, seed=self.seed, epoch=epoch))
+        return group_by_length(permuted, self.lengths, self.batch_size)
+
+    def order(self, epoch: int) -> dict[str, Any]:
+        rows = self.grouped_rows(epoch)
+        total = self.num_samples * self.num_replicas
+        if total > len(rows):
+            rows = np.concatenate([rows, np.resize(rows, total - len(rows))])
+        rows = rows[self.rank:total:self.num_replicas]
+        return make_order(ORDER_ARRAY, len(rows), indices=np.ascontiguousarray(rows, dtype=np.int64))
+
+
+def group_by_length(permuted: np.ndarray, lengths: np.ndarray, batch_size: int) -> np.ndarray:
+    """transformers' get_length_grouped_indices over a given permutation of the rows."""
+    n = len(permuted)
+    mega = max(min(n // (batch_size * 4), 50), 1) * batch_size
+    groups = []
+    for start in range(0, n, mega):
+        rows = permuted[start:start + mega]
+        groups.append(rows[np.argsort(-lengths[rows], kind="stable")])
+    longest = int(np.argmax([lengths[g[0]] for g in groups]))  # the first of equal maxima
+    groups[0][0], groups[longest][0] = groups[longest][0], groups[0][0]
+    return np.concatenate(groups)
+
+
+def _example_lengths(dataset: Any, lengths: Any, name: str) -> np.ndarray:
+    """The examples' lengths as an int64 array (LengthGroupedSampler's sources)."""
+    if lengths is None:
+        if dataset is None:
+            raise ValueError("One of dataset and lengths must be provided.")
+        if isinstance(dataset, Mapping) and isinstance(dataset.get(name), RaggedArray):
+            lengths = np.diff(dataset[name].offsets)
+        elif len(dataset) and isinstance(dataset[0], Mapping) and name in dataset[0]:
+            lengths = [len(example[name]) for example in dataset]
+        else:
+            raise ValueError("Can only automatically infer lengths for datasets whose items are dictionaries with "
+                             f"an '{name}' key (or a mapping with a ragged '{name}' column)")
+    try:
+        array = np.asarray(lengths)
+    except (TypeError, ValueError):
+        raise TypeError("lengths must be a sequence of ints") from None
+    if array.ndim != 1 or len(array) == 0 or array.dtype.kind not in "iu" or np.any(array < 0):
+        raise ValueError(f"lengths must be a non-empty 1-D sequence of non-negative ints, got {array.dtype} "
+                         f"of shape {array.shape}")
+    return array.astype(np.int64)
 
 
 class BatchSampler(Sampler[list[int]]):

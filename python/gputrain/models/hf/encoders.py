@@ -386,23 +386,51 @@ class _EncoderHead(Module):
         if isinstance(config, Mapping):
             values = dict(config)
             hf = HFConfig(values, "config")
-            config = parse_encoder_config(hf)
+            config = self._parse_config(hf)
             hf.dtype()  # the saved precision: from_pretrained(dtype="auto") reads it
             hf.finish(config.family)
-        elif not isinstance(config, EncoderConfig):
-            raise TypeError(f"config must be an EncoderConfig or a config.json mapping, not {type(config).__name__}")
+        elif not isinstance(config, self._config_type):
+            raise TypeError(f"config must be an {self._config_type.__name__} or a config.json mapping, not "
+                            f"{type(config).__name__}")
         family = getattr(type(self), "family", "")
         if family and config.family != family:
             raise ValueError(f"config: model_type {config.family!r} is not {type(self).__name__}'s {family!r}")
         self.config = config
         self.hf_values = values
-        self.base_name = "distilbert" if config.family == "distilbert" else \
-            "bert" if config.family == "bert" else "roberta"
-        self.encoder = EncoderModel(config, self.pooler and config.family == "bert")
+        self.base_name = self._base_prefix(config.family)
+        self.encoder = self._build_encoder(config)
         self._build_head()
         self._compile()
         if init_weights:
             self._init_weights(random.next_seed())
+
+    # -- what a family with its own encoder (deberta.py) replaces ----------------------------
+    _config_type: type = EncoderConfig
+
+    @staticmethod
+    def _parse_config(config: HFConfig) -> Any:
+        return parse_encoder_config(config)
+
+    @staticmethod
+    def _base_prefix(family: str) -> str:
+        """The encoder's name in transformers' state_dict."""
+        return "distilbert" if family == "distilbert" else "bert" if family == "bert" else "roberta"
+
+    def _build_encoder(self, config: Any) -> Module:
+        return EncoderModel(config, self.pooler and config.family == "bert")
+
+    @staticmethod
+    def _folder_tensors(spec: tuple[Any, dict[str, Any], type]) -> dict[str, tuple[int, ...]]:
+        return _tensors(spec)
+
+    @staticmethod
+    def _folder_canonical(family: str) -> Any:
+        return _canonical_for(family)
+
+    @property
+    def _table_width(self) -> int:
+        """Columns of the word + token-type table."""
+        return self.config.hidden_size
 
     def _build_head(self) -> None:
         raise NotImplementedError
@@ -485,8 +513,9 @@ class _EncoderHead(Module):
             words, types = np.asarray(words), np.asarray(types)
             for name, array, rows in ((self._table_name, words, c.vocab_size), (self._types_name, types,
                                                                                 c.type_vocab_size)):
-                if array.shape != (rows, c.hidden_size):
-                    raise ValueError(f"state_dict[{name!r}]: expected shape {(rows, c.hidden_size)}, got {array.shape}")
+                if array.shape != (rows, self._table_width):
+                    raise ValueError(f"state_dict[{name!r}]: expected shape {(rows, self._table_width)}, got "
+                                     f"{array.shape}")
             state[self._table_name] = np.concatenate([words, types])
         return super()._stage_state_dict(state, strict)
 
@@ -571,12 +600,12 @@ class _EncoderHead(Module):
         if problem_type is not None:
             values["problem_type"] = problem_type
         hf = HFConfig(values, config.path)
-        parsed = parse_encoder_config(hf)
+        parsed = cls._parse_config(hf)
         precision = hf_folder._precision(dtype, hf)
         hf.finish(family)
         spec = (parsed, values, cls)
-        expected, canonical = _tensors(spec), _canonical_for(family)
-        base = "distilbert" if family == "distilbert" else "bert" if family == "bert" else "roberta"
+        expected, canonical = cls._folder_tensors(spec), cls._folder_canonical(family)
+        base = cls._base_prefix(family)
         found = {}
         for name, ref in checkpoint_tensors(folder).items():
             key = canonical(name, spec)

@@ -118,6 +118,11 @@ class GPT2LMHeadModel(GPT):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """Takes transformers' state_dict (Conv1D weights (in, out)); a ``lm_head.weight`` of a
         tied model must equal ``transformer.wte.weight``. Checked before anything is copied."""
+        super().load_state_dict(state_dict, strict)  # Module's: _stage_state_dict (below), then the copy
+
+    def _stage_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> tuple[Any, ...]:
+        """Module's checks of transformers' state_dict with the Conv1D weights transposed to the
+        Parameters' layout; the Trainer's checkpoints (load_best_model_at_end, resume) stage through it."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping, not {type(state_dict).__name__}")
         state = dict(state_dict)
@@ -134,7 +139,7 @@ class GPT2LMHeadModel(GPT):
                 raise ValueError(f"state_dict[{name!r}]: expected shape {own[name].shape[::-1]} (a Conv1D weight, "
                                  f"(in, out)), got {array.shape}")
             state[name] = array.T
-        super().load_state_dict(state, strict)
+        return super()._stage_state_dict(state, strict)
 
     def __call__(self, input_ids: Any, attention_mask: Any = None) -> np.ndarray:
         """Logits (batch, T, vocab_size) of int ids (batch, T). attention_mask (batch, T) of 0/1
