@@ -203,6 +203,41 @@ gt_status gt_cuda_softmax_xent(gt_backend *be, float *losses, int64_t *count, vo
     return gt_cuda_check_launch("softmax_xent_kernel launch");
 }
 
+gt_status gt_cuda_xent_count(gt_backend *be, int64_t *count, const int64_t *targets, int64_t rows, int64_t classes,
+                             int64_t ignore_index) {
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_ptr(count, "count"));
+    if (rows > 0)
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    return count_targets(state, count, targets, rows, classes, ignore_index);
+}
+
+// softmax_xent's kernel over rows whose targets xent_count counted (and checked: a bad one left
+// the error slot set, so the kernel skips its work), with the given count's gradient scale.
+gt_status gt_cuda_softmax_xent_counted(gt_backend *be, float *losses, const int64_t *count, void *dlogits,
+                                       const void *logits, const int64_t *targets, int64_t rows, int64_t classes,
+                                       float label_smoothing, int64_t ignore_index, const float *loss_scale,
+                                       float dloss_divisor, gt_dtype dt) {
+    GT_TRY(check_xent(rows, classes, label_smoothing, dt));
+    GT_TRY(gt_op_check_ptr(count, "count"));
+    if (rows == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(targets, "targets"));
+    GT_TRY(gt_op_check_ptr(losses, "losses"));
+    GT_TRY(gt_op_check_ptr(logits, "logits"));
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    gt_cuda_op_error error = {GT_CUDA_CHECK_TARGETS, 0, 0, classes, ignore_index};
+    GT_TRY(gt_cuda_check_entries(state, targets, (size_t)rows, error));
+    XentRule rule = {(size_t)classes, label_smoothing, ignore_index, loss_scale, dloss_divisor};
+    unsigned grid = (unsigned)((size_t)rows < kMaxBlocks ? (size_t)rows : kMaxBlocks);
+    GT_LAUNCH_DT(dt, softmax_xent_kernel, grid, kRowThreads, 0, stream_of(state), losses, dlogits, logits, targets,
+                 count, scratch_words(state), (size_t)rows, rule);
+    return gt_cuda_check_launch("softmax_xent_kernel launch");
+}
+
 gt_status gt_cuda_mse(gt_backend *be, float *loss, void *dpred, const void *pred, const float *target, int64_t n,
                       const float *loss_scale, float dloss_divisor, gt_dtype dt) {
     GT_TRY(gt_op_check_dtype(dt, "dt"));

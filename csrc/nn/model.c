@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "core/cast.h"
+#include "nn/head_loss.h"
 #include "nn/init.h"
 #include "nn/kind.h"
 #include "nn/plan.h"
@@ -343,6 +344,7 @@ typedef struct gt_tail_sizes {
     size_t losses;        /* per-row losses */
     size_t input;         /* device copy of a host input (device model), else 0 */
     size_t targets;       /* device copy of host targets (device model), else 0 */
+    size_t head_logits;   /* a chunked head's (chunk, classes) logits (nn/head_loss.c), else 0 */
 } gt_tail_sizes;
 
 /* The sizes after the layers (walk done) and the plan's totals, every sum and product checked. */
@@ -356,7 +358,11 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     cast.dtype = dt;
     GT_TRY(gt_tensor_checked_bytes(&cast, what, &bytes));
     GT_TRY(add_piece(&loss, dt != GT_F32 && input->dtype != GT_I64 ? bytes : 0, what, &t->cast));
-    GT_TRY(gt_tensor_checked_bytes(out, what, &bytes));
+    gt_tensor dout = *out;  /* a chunked head: the gradient of its input; else of the output */
+    if (plan->head_chunk_rows)
+        dout = model->root.children[model->root.num_children - 1].in_shape;
+    dout.dtype = dt;
+    GT_TRY(gt_tensor_checked_bytes(&dout, what, &bytes));
     GT_TRY(add_piece(&loss, bytes, what, &t->dout));
     GT_TRY(gt_size_mul(rows, sizeof(float), what, &bytes));
     GT_TRY(add_piece(&loss, bytes, what, &t->losses));
@@ -366,7 +372,15 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     size_t labels = 0, values = 0;
     GT_TRY(gt_size_mul(rows, sizeof(int64_t), what, &labels));
     GT_TRY(gt_size_mul(gt_tensor_numel(out), sizeof(float), what, &values));
+    if (plan->head_chunk_rows)  /* cross-entropy only: labels */
+        values = 0;
     GT_TRY(add_piece(&loss, copies_input ? (labels > values ? labels : values) : 0, what, &t->targets));
+    bytes = 0;
+    if (plan->head_chunk_rows) {  /* (chunk, classes) in dt */
+        GT_TRY(gt_size_mul((size_t)plan->head_chunk_rows, (size_t)out->shape[out->ndim - 1], what, &bytes));
+        GT_TRY(gt_size_mul(bytes, gt_dtype_size(dt), what, &bytes));
+    }
+    GT_TRY(add_piece(&loss, bytes, what, &t->head_logits));
     plan->scratch_bytes = scratch;
     plan->loss_bytes = loss;
     GT_TRY(gt_size_align(walk->recompute_bytes, what, &plan->recompute_bytes));
@@ -404,6 +418,7 @@ static void place_tail(gt_model *model, char *base, int levels, const gt_tail_si
     char *io = cursor + t->cast + t->dout + t->losses;
     model->input_device = t->input ? io : NULL;
     model->targets_device = t->targets ? io + t->input : NULL;
+    model->head_logits = t->head_logits ? io + t->input + t->targets : NULL;
     model->backend.workspace = plan->workspace_bytes ? cursor + plan->loss_bytes : NULL;
     model->backend.workspace_bytes = plan->workspace_bytes;
 }
@@ -413,11 +428,27 @@ static gt_status fill_model(void *ctx, void *dst, const void *src, size_t bytes)
     return model_memcpy(ctx, dst, src, bytes);
 }
 
+/* Plans the root's layers; with `chunk` rows per block (> 0) all but the head, then the head
+ * without a buffer for its logits (nn/head_loss.c), noting the block's rows in the plan. */
+static gt_status plan_root(gt_model *model, gt_plan_walk *walk, const gt_tensor *in, int64_t chunk,
+                           gt_plan_cursor *region, gt_model_plan *plan) {
+    plan->head_chunk_rows = 0;
+    if (chunk <= 0)
+        return gt_plan_layer(walk, &model->root, in, -1, 0, "", region);
+    model->root.num_children--;  /* the head is planned apart */
+    gt_status status = gt_plan_layer(walk, &model->root, in, -1, 0, "", region);
+    model->root.num_children++;
+    GT_TRY(status);
+    int64_t rows = gt_rows_of(&model->root.out);
+    plan->head_chunk_rows = rows < chunk ? (rows > 0 ? rows : 1) : chunk;
+    return gt_head_plan(walk, model, plan->head_chunk_rows);
+}
+
 /* One walk over the layers, counting (base NULL) or placing buffers; fills `plan`. Errors name
  * the input as `input_name`. A counting walk clears the layers' placed pointers (see
  * restore_placement). */
-static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpointing,
-                           gt_dtype dt, const char *input_name, char *base, gt_model_plan *plan) {
+static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpointing, gt_dtype dt,
+                           int64_t chunk, const char *input_name, char *base, gt_model_plan *plan) {
     gt_tensor in = *input;  /* inside the model, features are in dt (model_input casts them) */
     in.ptr = NULL;
     if (in.dtype != GT_I64)
@@ -434,7 +465,7 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     walk.persistent = &main_region;
     walk.fill = base ? fill_model : NULL;
     walk.fill_ctx = model;
-    GT_TRY(gt_plan_layer(&walk, &model->root, &in, -1, 0, "", &main_region));
+    GT_TRY(plan_root(model, &walk, &in, chunk, &main_region, plan));
     plan->activation_bytes = main_region.used;
     plan->nesting_levels = walk.levels;
     gt_tail_sizes tail = {0};
@@ -456,8 +487,8 @@ static gt_status restore_placement(gt_model *model) {
     if (!model->planned)
         return GT_OK;
     gt_model_plan current = model->plan;
-    return walk_plan(model, &model->planned_input, model->checkpointing, model->dt, "x",
-                     model->activations.block.ptr, &current);
+    return walk_plan(model, &model->planned_input, model->checkpointing, model->dt, current.head_chunk_rows,
+                     "x", model->activations.block.ptr, &current);
 }
 
 void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out) {
@@ -470,10 +501,16 @@ void gt_model_live_arenas(const gt_model *model, gt_model_arenas *out) {
     out->step_scratch = gt_block_reserved_bytes(model->step_scratch.bytes);
 }
 
+/* Rows per block of the LM head that the next plan wants: 0 (whole logits) while a forward
+ * returns them, else loss_chunk_rows. */
+static int64_t wanted_chunk(const gt_model *model) {
+    return model->full_head ? 0 : model->loss_chunk_rows;
+}
+
 gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int checkpointing,
                                 gt_dtype dt, gt_model_plan *out) {
     memset(out, 0, sizeof *out);
-    gt_status status = walk_plan(model, input, checkpointing, dt, "shape", NULL, out);
+    gt_status status = walk_plan(model, input, checkpointing, dt, wanted_chunk(model), "shape", NULL, out);
     GT_TRY(restore_placement(model));
     return status;
 }
@@ -526,7 +563,8 @@ static void reinstate_activations(gt_model *model, const gt_model_plan *previous
 /* Lays the counted `plan` for `input` out in the model's activation arena and makes it current. */
 static gt_status adopt_plan(gt_model *model, const gt_tensor *input, gt_model_plan *plan) {
     model->planned = 0;
-    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, "x", model->activations.block.ptr, plan));
+    GT_TRY(walk_plan(model, input, model->checkpointing, model->dt, plan->head_chunk_rows, "x",
+                     model->activations.block.ptr, plan));
     model->plan = *plan;
     model->planned_input = *input;
     model->planned_input.ptr = NULL;
@@ -535,13 +573,14 @@ static gt_status adopt_plan(gt_model *model, const gt_tensor *input, gt_model_pl
 }
 
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
-    if (model->planned && same_shape(input, &model->planned_input))
+    if (model->planned && same_shape(input, &model->planned_input) &&
+        (model->plan.head_chunk_rows > 0) == (wanted_chunk(model) > 0))
         return GT_OK;
     gt_model_plan plan, previous = model->plan;
     memset(&plan, 0, sizeof plan);
     int was_planned = model->planned;
     gt_arena fresh = {0};
-    gt_status status = walk_plan(model, input, model->checkpointing, model->dt, "x", NULL, &plan);
+    gt_status status = walk_plan(model, input, model->checkpointing, model->dt, wanted_chunk(model), "x", NULL, &plan);
     if (status == GT_OK && model->activations.block.ptr && region_bytes(&plan) <= model->activations.block.bytes)
         return adopt_plan(model, input, &plan);  /* the arena it has holds it: nothing is allocated */
     if (status == GT_OK)
@@ -557,6 +596,13 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     gt_arena_destroy(&model->activations);
     model->activations = fresh;
     return adopt_plan(model, input, &plan);
+}
+
+gt_status gt_model_prepare_forward(gt_model *model, const gt_tensor *input) {
+    model->full_head = 1;
+    gt_status status = gt_model_prepare(model, input);
+    model->full_head = 0;
+    return status;
 }
 
 /* The run of a pass over the first layer's input `in` (the position ids are a channel of it). */
@@ -601,21 +647,46 @@ static const void *forward_input(const gt_model *model, const gt_tensor *input) 
     return input_copy(model, input) ? model->input_device : input->ptr;
 }
 
-gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
-                           gt_tensor *output) {
+gt_status gt_model_forward_step(gt_model *model, const gt_tensor *input, uint64_t micro,
+                                gt_tensor *output) {
     GT_TRY(gt_model_prepare(model, input));
     GT_TRY(gt_batchnorm2d_check_tree(&model->root, model->training));
     const void *in = NULL;
     GT_TRY(model_input(model, input, &in));
     gt_run run = make_run(model, in, micro, 0);
-    GT_TRY(gt_sequential_forward(&model->root, in, &run));
+    if (model->plan.head_chunk_rows)  /* the head runs in the loss and the backward */
+        GT_TRY(gt_head_forward_body(model, in, &run));
+    else
+        GT_TRY(gt_sequential_forward(&model->root, in, &run));
     *output = model->root.out;
+    return GT_OK;
+}
+
+gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
+                           gt_tensor *output) {
+    model->full_head = 1;  /* its result is the logits: planned whole */
+    gt_status status = gt_model_forward_step(model, input, micro, output);
+    model->full_head = 0;
+    return status;
+}
+
+gt_status gt_model_set_loss_chunk_rows(gt_model *model, int64_t rows) {
+    GT_TRY(gt_head_check_chunk_rows(model, rows));
+    if (rows != model->loss_chunk_rows)
+        model->planned = 0;  /* re-planned (in the arena it has when the plan fits) at the next forward */
+    model->loss_chunk_rows = rows;
     return GT_OK;
 }
 
 gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets) {
     const gt_tensor *out = &model->root.out;
     GT_TRY(gt_rdrop_check(loss, out));
+    if (model->plan.head_chunk_rows && loss->kind != GT_LOSS_CROSS_ENTROPY)
+        return GT_FAIL(GT_ERR_VALUE, "loss_chunk_rows: the chunked LM-head loss is a cross-entropy; set "
+                       "loss_chunk_rows=0 for another loss");
+    if (model->plan.head_chunk_rows && loss->rdrop_alpha > 0.0f)
+        return GT_FAIL(GT_ERR_VALUE, "loss_chunk_rows: R-Drop's loss (rdrop_alpha) is not chunked; set "
+                       "loss_chunk_rows=0 to train with R-Drop");
     if (loss->kind == GT_LOSS_CROSS_ENTROPY) {
         if (targets->dtype != GT_I64)
             return GT_FAIL(GT_ERR_TYPE, "y: cross-entropy targets are integer class labels, got %s",
@@ -657,14 +728,18 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
         return add_mean(model, &results->mse, 1, NULL, loss_sum);
     }
     int64_t rows = gt_rows_of(out), classes = out->shape[out->ndim - 1];
+    if (model->plan.head_chunk_rows) {
+        GT_TRY(gt_head_loss(model, loss, target_data, &results->count, loss_scale, dloss_divisor));
+        return add_mean(model, model->losses, rows, &results->count, loss_sum);
+    }
     if (loss->rdrop_alpha > 0.0f)
         GT_TRY(ops->softmax_xent_rdrop(&model->backend, model->losses, &results->count, model->dout, out->ptr,
                                        target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
                                        loss->rdrop_alpha, loss_scale, dloss_divisor, model->dt));
     else
         GT_TRY(ops->softmax_xent(&model->backend, model->losses, &results->count, model->dout, out->ptr,
-                             target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
-                             loss_scale, dloss_divisor, model->dt));
+                                 target_data, rows, classes, loss->label_smoothing, loss->ignore_index,
+                                 loss_scale, dloss_divisor, model->dt));
     return add_mean(model, model->losses, rows, &results->count, loss_sum);
 }
 
@@ -673,6 +748,8 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
     if (!model->planned)
         return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
     gt_run run = make_run(model, forward_input(model, input), micro, accumulate);
+    if (model->plan.head_chunk_rows)
+        return gt_head_backward(model, forward_input(model, input), &run);
     return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
 }
 
@@ -706,6 +783,8 @@ gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint
     run.hooked = &model->root;
     run.child_done = top_layer_done;
     run.hook_ctx = (void *)hook;
+    if (model->plan.head_chunk_rows)
+        return gt_head_backward(model, forward_input(model, input), &run);
     return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
 }
 

@@ -41,6 +41,8 @@ typedef struct gt_model_plan {
     size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */
     size_t total_bytes;       /* sum of the above */
     int nesting_levels;       /* levels with scratch buffers */
+    int64_t head_chunk_rows;  /* rows per block of a chunked LM head + loss (nn/head_loss.c);
+                                 0: the logits are planned whole */
     /* What the allocator reserves for each arena of this plan (gt_block_reserved_bytes of the
      * bytes the model requests; the sizes its allocations use): */
     size_t param_arena_bytes;       /* the parameter arena; the gradient arena is the same size */
@@ -88,6 +90,18 @@ typedef struct gt_model_arenas {
 } gt_model_arenas;
 
 
+/* What a chunked loss (nn/head_loss.c) leaves for the backward of the same micro-batch. */
+typedef struct gt_head_pending {
+    const void *input;        /* the first layer's input of the last forward (the head's, for a lone head) */
+    const int64_t *targets;   /* (rows,) labels in the model's memory */
+    const int64_t *count;     /* rows counted, in the model's memory */
+    const float *loss_scale;  /* as gt_model_loss's */
+    float dloss_divisor;      /* as gt_model_loss's */
+    float label_smoothing;    /* the loss's */
+    int64_t ignore_index;     /* the loss's */
+    int ready;                /* 1 once a chunked loss ran since the last forward */
+} gt_head_pending;
+
 typedef struct gt_model {
     gt_layer root;              /* the top-level Sequential */
     gt_backend backend;         /* ops used by every layer */
@@ -109,6 +123,11 @@ typedef struct gt_model {
     gt_tensor planned_input;    /* input shape/dtype the activations are planned for */
     int planned;                /* 1 when `activations` matches planned_input */
     gt_model_plan plan;         /* bytes of the current plan */
+    int64_t loss_chunk_rows;    /* 0: the training step's LM head writes the logits of all rows; > 0:
+                                   it and the cross-entropy run this many rows at a time */
+    int full_head;              /* 1 while gt_model_forward plans the logits whole (they are its result) */
+    void *head_logits;          /* (head_chunk_rows, classes) dt logits of one block, then their gradient */
+    gt_head_pending head;       /* what the chunked loss left for the backward */
     void *input_cast;           /* (input numel,) dt copy of a float input in half mode */
     void *input_device;         /* (input bytes,) device copy of a host input (device model), else NULL */
     void *targets_device;       /* device copy of host targets (device model): room for (rows,) int64
@@ -152,6 +171,9 @@ gt_status gt_model_compute_plan(gt_model *model, const gt_tensor *input, int che
  * a new arena that replaces it. */
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input);
 
+/* gt_model_prepare for gt_model_forward, whose result (the logits) is planned whole. */
+gt_status gt_model_prepare_forward(gt_model *model, const gt_tensor *input);
+
 /* Re-initialises every parameter from `seed` (PyTorch's default distributions). */
 gt_status gt_model_init_params(gt_model *model, uint64_t seed);
 
@@ -161,6 +183,15 @@ gt_status gt_model_refresh_lowp(gt_model *model);
 /* Forward of the whole model on `input`; returns the output tensor (in the arena). */
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
                            gt_tensor *output);
+
+/* gt_model_forward for a training step: with loss_chunk_rows the LM head is left to the loss and
+ * the backward (the plan has no whole logits), and *output has the logits' shape but no data. */
+gt_status gt_model_forward_step(gt_model *model, const gt_tensor *input, uint64_t micro,
+                                gt_tensor *output);
+
+/* Sets loss_chunk_rows (0: off); fails, naming it, for a negative count or a model whose last
+ * layer is not a Linear, changing nothing. The activations are re-planned. */
+gt_status gt_model_set_loss_chunk_rows(gt_model *model, int64_t rows);
 
 /* Checks `targets` (dtype, count) against the planned output for `loss`, before any forward. */
 gt_status gt_model_check_targets(const gt_model *model, const gt_loss *loss, const gt_tensor *targets);

@@ -99,6 +99,19 @@ static gt_status check_xent(int64_t rows, int64_t classes, float label_smoothing
     return GT_OK;
 }
 
+/* The rows of one call, in blocks over the threads (the blocks do not change any row's bits). */
+static void run_xent(float *losses, void *dlogits, const void *logits, const int64_t *targets,
+                     int64_t rows, const xent_rule *rule, gt_dtype dt) {
+    __typeof__(&xent_scalar) kernel = GT_CPU_RUN(xent);
+    size_t block = GT_CPU_CHUNK / rule->classes / 8 + 1;  /* rows per block; exp is costly */
+    size_t blocks = ((size_t)rows + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t end = (b + 1) * block < (size_t)rows ? (b + 1) * block : (size_t)rows;
+        kernel(losses, dlogits, logits, targets, b * block, end, rule, dt);
+    }
+}
+
 gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, void *dlogits,
                               const void *logits, const int64_t *targets, int64_t rows,
                               int64_t classes, float label_smoothing, int64_t ignore_index,
@@ -110,14 +123,32 @@ gt_status gt_cpu_softmax_xent(gt_backend *be, float *losses, int64_t *count, voi
     GT_TRY(count_targets(count, targets, rows, classes, ignore_index));
     xent_rule rule = {(size_t)classes, label_smoothing, ignore_index,
                       *count > 0 ? gt_dloss_scale(loss_scale, dloss_divisor) / (float)*count : 0.0f};
-    __typeof__(&xent_scalar) kernel = GT_CPU_RUN(xent);
-    size_t block = GT_CPU_CHUNK / (size_t)classes / 8 + 1;  /* rows per block; exp is costly */
-    size_t blocks = ((size_t)rows + block - 1) / block;
-#pragma omp parallel for schedule(static) if (blocks > 1)
-    for (size_t b = 0; b < blocks; b++) {
-        size_t end = (b + 1) * block < (size_t)rows ? (b + 1) * block : (size_t)rows;
-        kernel(losses, dlogits, logits, targets, b * block, end, &rule, dt);
-    }
+    run_xent(losses, dlogits, logits, targets, rows, &rule, dt);
+    return GT_OK;
+}
+
+gt_status gt_cpu_xent_count(gt_backend *be, int64_t *count, const int64_t *targets, int64_t rows,
+                            int64_t classes, int64_t ignore_index) {
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_ptr(count, "count"));
+    if (rows > 0)
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
+    return count_targets(count, targets, rows, classes, ignore_index);
+}
+
+gt_status gt_cpu_softmax_xent_counted(gt_backend *be, float *losses, const int64_t *count, void *dlogits,
+                                      const void *logits, const int64_t *targets, int64_t rows,
+                                      int64_t classes, float label_smoothing, int64_t ignore_index,
+                                      const float *loss_scale, float dloss_divisor, gt_dtype dt) {
+    GT_TRY(check_xent(rows, classes, label_smoothing, dt));
+    GT_TRY(gt_op_check_ptr(count, "count"));
+    if (rows > 0)
+        GT_TRY(gt_op_check_ptr(targets, "targets"));
+    int64_t here = 0;  /* these rows' targets checked again: a bad one never indexes the logits */
+    GT_TRY(count_targets(&here, targets, rows, classes, ignore_index));
+    xent_rule rule = {(size_t)classes, label_smoothing, ignore_index,
+                      *count > 0 ? gt_dloss_scale(loss_scale, dloss_divisor) / (float)*count : 0.0f};
+    run_xent(losses, dlogits, logits, targets, rows, &rule, dt);
     return GT_OK;
 }
 

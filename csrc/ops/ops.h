@@ -413,6 +413,20 @@ typedef struct gt_pool2d_args {
     P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) P(float, label_smoothing) \
     P(int64_t, ignore_index) P(float, alpha) P(const float *, loss_scale) P(float, dloss_divisor) \
     P(gt_dtype, dt)
+/* The two halves of softmax_xent for a loss computed a block of rows at a time (nn/head_loss.c:
+ * the LM head's logits never exist for a whole micro-batch). xent_count: *count = the rows of
+ * targets (rows,) not equal to ignore_index (backend memory, as softmax_xent's), the others checked
+ * against [0, classes) as softmax_xent checks them. softmax_xent_counted: softmax_xent's losses
+ * and dlogits for `rows` rows whose targets xent_count has checked, with the gradient scale
+ * dloss_scale / *count taken from the given count (the whole micro-batch's), so that every row's
+ * loss and gradient are bit-identical to those one softmax_xent over all rows gives. */
+#define GT_PARAMS_XENT_COUNT(P, A) \
+    P(int64_t *, count) P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) \
+    P(int64_t, ignore_index)
+#define GT_PARAMS_SOFTMAX_XENT_COUNTED(P, A) \
+    P(float *, losses) P(const int64_t *, count) P(void *, dlogits) P(const void *, logits) \
+    P(const int64_t *, targets) P(int64_t, rows) P(int64_t, classes) P(float, label_smoothing) \
+    P(int64_t, ignore_index) P(const float *, loss_scale) P(float, dloss_divisor) P(gt_dtype, dt)
 /* Mean squared error over n elements: *loss = mean((pred - target)^2) (loss is the
  * backend's memory, written when the stream runs the op);
  * dpred (if non-NULL) = dloss_scale * 2 (pred - target) / n, dloss_scale as softmax_xent's.
@@ -582,6 +596,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, disentangled_forward, GT_PARAMS_DISENTANGLED, NO_SKIP)                    \
     X(LAUNCH, disentangled_backward, GT_PARAMS_DISENTANGLED, NO_SKIP)                   \
     X(LAUNCH, softmax_xent_rdrop, GT_PARAMS_SOFTMAX_XENT_RDROP, NO_SKIP)                \
+    X(LAUNCH, xent_count, GT_PARAMS_XENT_COUNT, NO_SKIP)                                \
+    X(LAUNCH, softmax_xent_counted, GT_PARAMS_SOFTMAX_XENT_COUNTED, NO_SKIP)            \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

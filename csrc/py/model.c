@@ -643,7 +643,7 @@ static PyObject *forward_device(PyObject *module, gt_model *model, gt_tensor *in
     gt_status status;
     gt_tensor output;
     Py_BEGIN_ALLOW_THREADS
-    status = gt_model_prepare(model, input);
+    status = gt_model_prepare_forward(model, input);
     if (status == GT_OK && (status = gtpy_array_input_begin(in, NULL)) == GT_OK) {
         status = gt_model_forward(model, input, 0, &output);
         gt_status end = gtpy_array_input_end(in, NULL);
@@ -670,7 +670,7 @@ static PyObject *forward(PyObject *op, PyObject *arg) {
         return NULL;
     gt_status status;
     Py_BEGIN_ALLOW_THREADS
-    status = gt_model_prepare(&self->model, &input);  /* the shape is checked before any copy */
+    status = gt_model_prepare_forward(&self->model, &input);  /* the shape is checked before any copy */
     Py_END_ALLOW_THREADS
     PyArrayObject *x = status == GT_OK ? gtpy_input_data(module, given, "x", kind, &input) : NULL;
     Py_DECREF(given);
@@ -908,6 +908,22 @@ static int put_checkpointing(PyObject *op, PyObject *value) {
     return 0;
 }
 
+static PyObject *get_loss_chunk_rows(PyObject *op, void *c) {
+    return PyLong_FromLongLong(((ModelObject *)op)->model.loss_chunk_rows);
+}
+
+static int put_loss_chunk_rows(PyObject *op, PyObject *value) {
+    if (!value || !PyLong_Check(value) || PyBool_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "loss_chunk_rows must be an int (0: off)");
+        return -1;
+    }
+    long long rows = PyLong_AsLongLong(value);
+    if (rows == -1 && PyErr_Occurred())
+        return -1;
+    gt_status status = gt_model_set_loss_chunk_rows(&((ModelObject *)op)->model, rows);
+    return status == GT_OK ? 0 : gtpy_raise_int(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+}
+
 static int put_step(PyObject *op, PyObject *value) {
     unsigned long step = value ? PyLong_AsUnsignedLong(value) : (unsigned long)-1;
     if (step == (unsigned long)-1 && PyErr_Occurred())
@@ -1007,6 +1023,9 @@ static int set_training(PyObject *op, PyObject *value, void *c) { return exclusi
 static int set_grads_valid(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_grads_valid); }
 static int set_checkpointing(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_checkpointing); }
 static int set_step(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_step); }
+static int set_loss_chunk_rows(PyObject *op, PyObject *value, void *c) {
+    return exclusive_set(op, value, put_loss_chunk_rows);
+}
 static int set_precision(PyObject *op, PyObject *value, void *c) { return exclusive_set(op, value, put_precision); }
 
 static PyObject *get_busy(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->busy); }
@@ -1039,6 +1058,8 @@ static PyMethodDef model_methods[] = {
 static PyGetSetDef model_getset[] = {
     {"training", get_training, set_training, "Dropout active when True.", NULL},
     {"checkpointing", get_checkpointing, set_checkpointing, "Residual blocks recompute in backward.", NULL},
+    {"loss_chunk_rows", get_loss_chunk_rows, set_loss_chunk_rows,
+     "Rows per block of the training step's LM head + cross-entropy (0: all rows' logits at once).", NULL},
     {"grads_valid", get_grads_valid, set_grads_valid, "False after zero_grad(set_to_none=True).", NULL},
     {"step", get_step, set_step, "Optimizer steps taken (keys dropout masks).", NULL},
     {"precision", get_precision, set_precision, "Activation precision: 'f32', 'f16' or 'bf16'.", NULL},

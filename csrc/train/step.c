@@ -111,7 +111,7 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
         gt_tensor output;
         int accumulate = m > 0 || !cfg->set_to_none;  /* the gradients hold this step's sums */
         GT_TRY(poll_interrupt(model, cfg, accumulate));
-        GT_TRY(gt_model_forward(model, &x, micro, &output));
+        GT_TRY(gt_model_forward_step(model, &x, micro, &output));
         GT_TRY(gt_model_loss(model, &cfg->loss, &y, loss_scale, dloss_divisor, loss_sum));
         GT_TRY(poll_interrupt(model, cfg, accumulate));
         int overlap = cfg->comm && model->device->host_memory && !sharded(cfg) &&

@@ -50,6 +50,7 @@ class Model:
     def __init__(self, spec: list[tuple[Any, ...]], seed: int, device: str | None = ..., precision: str = ...) -> None: ...
     training: bool
     checkpointing: bool
+    loss_chunk_rows: int
     grads_valid: bool
     step: int
     precision: str

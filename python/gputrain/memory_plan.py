@@ -175,20 +175,30 @@ def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tup
 
 def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision: Any = "fp32",
                   checkpointing: bool = False, optimizer: OptimizerSpec | None = None, ema: bool = False,
-                  ema_on_host: bool = False, scaler: bool = False, loader: LoaderSpec | None = None) -> MemoryPlan:
+                  ema_on_host: bool = False, scaler: bool = False, loader: LoaderSpec | None = None,
+                  loss_chunk_rows: int | None = None) -> MemoryPlan:
     """The plan of a run of TrainStep over `model` with micro-batches of `micro_batch_shape`.
 
     precision: "fp32", "bf16" or "fp16" (or an alias such as "f16" or np.float16); checkpointing:
     gradient checkpointing; optimizer: the optimizer's spec (None: no optimizer state); ema: an EMA
     of every parameter (on the device, or in pinned memory with ema_on_host); scaler: a dynamic
     loss scaler (fp16); loader: the training DataLoader's spec (with its device=, its device
-    batches too). Shapes the model cannot take raise ValueError; sizes beyond any memory,
+    batches too); loss_chunk_rows: the LM head + cross-entropy in blocks of that many rows
+    (TrainStep's; None: the model's current setting, 0: whole logits). Shapes the model cannot take raise ValueError; sizes beyond any memory,
     gputrain.OutOfMemoryError.
     """
     if not isinstance(model, Module):
         raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
     precision = parse_precision(precision)
     compiled = model.compiled
+    if loss_chunk_rows is not None and loss_chunk_rows != compiled.loss_chunk_rows:
+        previous = compiled.loss_chunk_rows
+        compiled.loss_chunk_rows = loss_chunk_rows  # checked in C
+        try:
+            return plan_training(model, micro_batch_shape, precision=precision, checkpointing=checkpointing,
+                                 optimizer=optimizer, ema=ema, ema_on_host=ema_on_host, scaler=scaler, loader=loader)
+        finally:
+            compiled.loss_chunk_rows = previous
     device, shape, dt = compiled.device, tuple(micro_batch_shape), c_dtype(precision)
     regions: dict[str, dict[str, int]] = {device: {}}
     activation_arena = _model_regions(regions, compiled, shape, dt, checkpointing)
@@ -214,6 +224,8 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
     settings = {"precision": precision, "gradient_checkpointing": checkpointing,
                 "cpu_offload_fraction": optimizer.cpu_offload_fraction if optimizer is not None else 0.0,
                 "ema": ema, "loss_scaler": scaler}
+    if compiled.loss_chunk_rows:
+        settings["loss_chunk_rows"] = compiled.loss_chunk_rows
     if optimizer is not None and optimizer.zero_shards > 1:  # optimizer bytes are one rank's
         settings["zero_stage"] = 1
         settings["optimizer_shards"] = optimizer.zero_shards

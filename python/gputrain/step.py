@@ -348,7 +348,16 @@ def _stacked_pair(x: Any, y: Any, micro_batches: int) -> tuple[np.ndarray, np.nd
 
 
 class TrainStep:
-    """A compiled training step for one model, loss and optimizer."""
+    """A compiled training step for one model, loss and optimizer.
+
+    loss_chunk_rows=C (> 0) runs a model's last Linear (the LM head) and the cross-entropy C rows at
+    a time, so the step holds C x vocabulary logits instead of the micro-batch's (csrc/nn/head_loss.c;
+    the memory plan counts the block). The loss and the gradients below the head keep the unchunked
+    bits when the GEMM library gives each row the same bits for any number of rows (oneDNN here: blocks
+    of >= 16 rows); the head's weight gradient sums one GEMM per block (f32 rounding). It costs one more
+    logits GEMM per block. Refused for other losses and for a model not ending in a Linear (e.g. a
+    soft-capped Gemma 2/3 head). 0 (default): off. Forward, evaluate and predict still return whole logits.
+    """
 
     def __init__(
         self,
@@ -369,6 +378,7 @@ class TrainStep:
         spike_guard: SpikeGuard | None = None,
         sync: bool = True,
         rdrop_alpha: float = 0.0,
+        loss_chunk_rows: int = 0,
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -403,6 +413,15 @@ class TrainStep:
         if not sync and scaler is not None and scaler.is_enabled():
             _check_deferrable(optimizer, scheduler)
         self.rdrop_alpha = _rdrop_alpha(rdrop_alpha, loss_fn, model, sync)  # R-Drop's KL weight (0: off)
+        if isinstance(loss_chunk_rows, bool) or not isinstance(loss_chunk_rows, int):
+            raise TypeError(f"loss_chunk_rows must be an int (0: off), not {type(loss_chunk_rows).__name__}")
+        if loss_chunk_rows and not isinstance(loss_fn, CrossEntropyLoss):
+            raise ValueError(f"loss_chunk_rows={loss_chunk_rows}: the chunked LM-head loss is a cross-entropy, "
+                             f"not {type(loss_fn).__name__}; use loss_chunk_rows=0")
+        if loss_chunk_rows and self.rdrop_alpha > 0:
+            raise ValueError(f"loss_chunk_rows={loss_chunk_rows}: R-Drop's loss (rdrop_alpha) is not chunked; use "
+                             "loss_chunk_rows=0 to train with R-Drop")
+        model.compiled.loss_chunk_rows = loss_chunk_rows  # checked in C (>= 0, a model ending with a Linear)
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer

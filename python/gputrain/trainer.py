@@ -555,7 +555,7 @@ class Trainer:
         self._step = TrainStep(self.model, self.loss_fn, self.optimizer, precision=args.precision,
                                gradient_checkpointing=args.gradient_checkpointing, max_grad_norm=max_grad_norm,
                                scaler=self.scaler, scheduler=self.lr_scheduler, log_grad_norm=True, tf32=args.tf32,
-                               rdrop_alpha=args.rdrop_alpha)
+                               rdrop_alpha=args.rdrop_alpha, loss_chunk_rows=args.loss_chunk_rows)
 
     @staticmethod
     def _interval(value: float, max_steps: int) -> int:
@@ -625,7 +625,7 @@ class Trainer:
         return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
                                 checkpointing=args.gradient_checkpointing, optimizer=optimizer,
                                 ema=args.ema_decay is not None, scaler=args.fp16,
-                                loader=mp.LoaderSpec.of(self.train_dataloader))
+                                loader=mp.LoaderSpec.of(self.train_dataloader), loss_chunk_rows=args.loss_chunk_rows)
 
     def _fit_memory(self) -> None:
         """Plans the run before anything of it is allocated. Over the memory limit: with

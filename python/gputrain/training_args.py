@@ -139,6 +139,9 @@ class TrainingArguments:
             or as a share of the device's memory, set when the Trainer is built (at most one).
             The Trainer plans the run before allocating it: a plan over the cap fails at
             construction with gputrain.OutOfMemoryError (or is fitted, see auto_find_batch_size).
+        loss_chunk_rows: rows per block of the training step's LM head + cross-entropy (TrainStep's
+            loss_chunk_rows; 0, the default: the logits of a whole micro-batch at once). With C > 0
+            only C x vocabulary logits are ever held; the model must end with a Linear.
         ema_decay: keep an EMA of the weights (gt.optim.EMA); evaluate()/predict() use it.
         llrd: layer-wise learning-rate decay over the model's top-level children (in (0, 1]).
         rdrop_alpha: R-Drop's weight (Liang et al. 2021; TrainStep(rdrop_alpha=...)): > 0 runs every
@@ -275,6 +278,7 @@ class TrainingArguments:
     zero_stage: int = 0
     memory_limit: int | None = None
     memory_fraction: float | None = None
+    loss_chunk_rows: int = 0
     ema_decay: float | None = None
     llrd: float | None = None
     rdrop_alpha: float = 0.0
@@ -489,6 +493,7 @@ class TrainingArguments:
                 raise ValueError("memory_fraction must be in (0, 1], got 0.0")
         if self.ema_decay is not None:
             _check_float("ema_decay", self.ema_decay, 0.0, 1.0)
+        _check_int("loss_chunk_rows", self.loss_chunk_rows, 0)
         if self.llrd is not None:
             _check_float("llrd", self.llrd, 0.0, 1.0)
             if self.llrd == 0.0:
@@ -695,6 +700,7 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "zero_stage": (GPUTRAIN, "1: ZeRO-1, the AdamW state sharded over the ranks"),
     "memory_limit": (GPUTRAIN, "a cap on gputrain's allocator, in bytes"),
     "memory_fraction": (GPUTRAIN, "a cap on gputrain's allocator, a share of the device"),
+    "loss_chunk_rows": (GPUTRAIN, "rows per block of the LM head + cross-entropy (0: whole logits)"),
     "ema_decay": (GPUTRAIN, "keep an EMA of the weights; evaluate()/predict() use it"),
     "llrd": (GPUTRAIN, "layer-wise learning-rate decay"),
     "rdrop_alpha": (GPUTRAIN, "R-Drop's KL weight: two dropout passes per micro-batch"),
