@@ -170,6 +170,9 @@ def test_bad_settings_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match=r"loss_chunk_rows: .* ends with layer .*soft-capped head"):
         gt.TrainStep(gemma3, gt.nn.CrossEntropyLoss(), loss_chunk_rows=8)
     assert gemma3.compiled.loss_chunk_rows == 0
+    with pytest.raises(ValueError, match="loss_chunk_rows=8: R-Drop's loss"):
+        gt.TrainStep(model, gt.nn.CrossEntropyLoss(), loss_chunk_rows=8, rdrop_alpha=1.0)
+    assert compiled.loss_chunk_rows == 0
     with pytest.raises(ValueError, match="loss_chunk_rows must be >= 0"):
         gt.TrainingArguments(output_dir="unused", loss_chunk_rows=-4)
 
