@@ -21,6 +21,7 @@ Y = np.arange(40)
 @pytest.mark.parametrize("kwargs,message", [
     (dict(num_workers=-1), "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."),
     (dict(timeout=-1), "timeout option should be non-negative"),
+    (dict(timeout=1.5e16), "timeout must be a finite number of seconds up to 2147483"),
     (dict(prefetch_factor=2), "prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 "
                               "to enable multiprocessing, otherwise set prefetch_factor to None."),
     (dict(num_workers=1, prefetch_factor=-1), "prefetch_factor option should be non-negative"),

@@ -43,6 +43,7 @@ from gputrain.data.dataset import ITERABLE
 _PARENT_CHECK_S = 1.0  # an idle worker checks this often whether its parent still lives
 _JOIN_S = 2.0  # how long shutdown waits for workers to exit before terminating them
 _ERROR_JOIN_S = 0.1  # the same after an error (a timeout, Ctrl-C, a dead worker)
+_LONGEST_POLL_S = 2_147_483  # epoll's longest timeout: 2**31 - 1 milliseconds
 
 
 def _picklable_error(where: str) -> WorkerError:
@@ -221,6 +222,8 @@ class WorkerPool:
     def receive(self, timeout: float | None) -> list[tuple[Any, ...]]:
         """Results that arrived (waiting up to `timeout` seconds, None: forever, for the first);
         raises WorkerDied when a worker process exited and left no result behind."""
+        if timeout is not None:
+            timeout = min(timeout, _LONGEST_POLL_S)  # a longer wait overflows epoll's int milliseconds
         ready = connection.wait(self.results + [p.sentinel for p in self.processes], timeout)
         messages = []
         for conn in self.results:

@@ -61,6 +61,7 @@ _STATE_VERSION = 1
 MAX_NUM_WORKERS = 256  # worker threads per loader: far past the point where gathering is memory-bound
 _SLOT_ALIGN = 64  # bytes; each field of a slot starts on this boundary (GT_ALIGN in csrc/core/alloc.h)
 _DETACH_S = 0.25  # seconds a stopped engine's shutdown waits before detaching a worker stuck in a hook
+MAX_TIMEOUT_S = 2_147_483  # the longest wait the workers' result poll takes (epoll: 2**31 - 1 ms)
 _FROZEN_ATTRIBUTES = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers",
                       "columns")
 
@@ -343,8 +344,9 @@ class DataLoader:
             raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
-        if not math.isfinite(timeout):
-            raise ValueError(f"timeout must be a finite number of seconds (0: wait forever), got {timeout}")
+        if not math.isfinite(timeout) or timeout > MAX_TIMEOUT_S:
+            raise ValueError(f"timeout must be a finite number of seconds up to {MAX_TIMEOUT_S} (about 24 days; "
+                             f"0: wait forever), got {timeout}")
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError("prefetch_factor option could only be specified in multiprocessing."
                              "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
