@@ -21,16 +21,19 @@ Without --model it runs on a fresh machine in a few minutes, in three stages:
   3. BertForSequenceClassification.from_pretrained(folder, num_labels=3) puts a new head on that
      encoder and fine-tunes it on a generated pair task over frequent docstring words: 36 nouns
      (file, socket, queue, ...) and 12 pairs of opposite adjectives (open/closed, empty/full, ...).
-     The premise states --facts facts "the <noun> is <adjective>", distinct nouns and each fact an
-     adjective of its own pair ("the file is open and the queue is empty"); the hypothesis is one fact:
-       entailment:    a fact of the premise ("the queue is empty"),
-       contradiction: a noun of the premise with the other adjective of its pair ("the queue is full"),
-       neutral:       a noun the premise does not mention, with either adjective of the pair of one
-                      of the premise's facts ("the socket is empty" or "the socket is full").
+     The premise states --facts facts "the <noun> is [not] <adjective>", distinct nouns and each fact
+     an adjective of its own pair ("the file is open and the queue is not empty"); the hypothesis
+     is one fact:
+       entailment:    a fact of the premise ("the queue is not empty"),
+       contradiction: a fact of the premise, negated if stated and stated if negated ("the queue
+                      is empty"),
+       neutral:       a noun the premise does not mention with the adjective of one of the
+                      premise's facts, stated or negated at random ("the socket is empty").
      The labels are balanced (chance 1/3), and by construction each sentence alone is at chance:
      the premise is drawn without looking at the label, and whatever the label the hypothesis is a
-     uniformly drawn noun with a uniformly drawn adjective of a uniformly drawn pair. The model has
-     to compare them: is the hypothesis's noun in the premise, and is its adjective the one there?
+     uniformly drawn noun with a uniformly drawn adjective, negated or not with probability 1/2. The
+     model has to compare them: is the hypothesis's noun in the premise, and does the premise negate
+     its fact as the hypothesis does?
      Beside the model's scores the example prints chance and a bag-of-words softmax regression
      fitted on the hypotheses alone and on the premises alone (both near 1/3). The test pairs are
      other draws than the training pairs.
@@ -191,35 +194,37 @@ def pretrain(folder: str, tokenizer: Any, paragraphs: list[str], args: argparse.
 
 # ---- the generated pair task -------------------------------------------------------------------
 
-def premise_facts(rng: np.random.Generator, facts: int) -> tuple[list[tuple[int, int, int]], int]:
-    """`facts` (subject, category, value) triples for a premise: distinct SUBJECTS, each with one
-    value of its own category of ATTRIBUTES; and one more subject, not among them."""
+def premise_facts(rng: np.random.Generator, facts: int) -> tuple[list[tuple[int, int, int, int]], int]:
+    """`facts` (subject, category, value, negated) facts for a premise: distinct SUBJECTS, each with
+    one value of its own category of ATTRIBUTES, stated or negated; and one more subject, not among them."""
     categories = rng.choice(len(ATTRIBUTES), facts, replace=False)
     subjects = rng.choice(len(SUBJECTS), facts + 1, replace=False)
-    values = rng.integers(0, 2, facts)
-    return [(int(s), int(c), int(v)) for s, c, v in zip(subjects, categories, values)], int(subjects[facts])
+    values, negated = rng.integers(0, 2, facts), rng.integers(0, 2, facts)
+    return [(int(s), int(c), int(v), int(n)) for s, c, v, n in zip(subjects, categories, values, negated)], \
+        int(subjects[facts])
 
 
-def sentence(subject: int, category: int, value: int) -> str:
-    return f"the {SUBJECTS[subject]} is {ATTRIBUTES[category][value]}"
+def sentence(subject: int, category: int, value: int, negated: int) -> str:
+    return f"the {SUBJECTS[subject]} is {'not ' if negated else ''}{ATTRIBUTES[category][value]}"
 
 
 def make_pairs(n: int, facts: int, rng: np.random.Generator) -> tuple[list[str], list[str], np.ndarray]:
     """n (premise, hypothesis, label) triples with balanced labels: the hypothesis takes a fact of
-    the premise and keeps it (entailment), gives its subject the category's other value
-    (contradiction), or gives it a subject the premise does not mention and either value (neutral)."""
+    the premise and keeps it (entailment), negates it if the premise states it and states it if the
+    premise negates it (contradiction), or gives a subject the premise does not mention the fact's
+    adjective, stated or negated at random (neutral)."""
     premises, hypotheses = [], []
     labels = rng.permutation(np.arange(n) % 3)
     for label in labels:
         triples, absent = premise_facts(rng, facts)
         clauses = [sentence(*fact) for fact in triples]
         premises.append(" and ".join([", ".join(clauses[:-1]), clauses[-1]] if facts > 1 else clauses))
-        subject, category, value = triples[int(rng.integers(facts))]
+        subject, category, value, negated = triples[int(rng.integers(facts))]
         if NLI_LABELS[label] == "contradiction":
-            value = 1 - value
+            negated = 1 - negated
         elif NLI_LABELS[label] == "neutral":
-            subject, value = absent, int(rng.integers(2))
-        hypotheses.append(sentence(subject, category, value))
+            subject, negated = absent, int(rng.integers(2))
+        hypotheses.append(sentence(subject, category, value, negated))
     return premises, hypotheses, labels.astype(np.int64)
 
 

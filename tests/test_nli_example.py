@@ -60,27 +60,32 @@ def test_the_generated_labels_need_both_sentences(facts):
     nli = load_example()
     premises, hypotheses, labels = nli.make_pairs(3000, facts, np.random.default_rng(0))
     assert np.bincount(labels, minlength=3).tolist() == [1000, 1000, 1000]
-    opposite = {word: pair[1 - i] for pair in nli.ATTRIBUTES for i, word in enumerate(pair)}
+    adjectives = {word for pair in nli.ATTRIBUTES for word in pair}
+
+    def fact(clause):  # "the <noun> is [not] <adjective>" -> (noun, (adjective, negated))
+        words = clause.split()
+        assert words[0] == "the" and words[2] == "is" and words[-1] in adjectives and len(words) in (4, 5)
+        return words[1], (words[-1], len(words) == 5 and words[3] == "not")
+
     for premise, hypothesis, label in zip(premises, hypotheses, labels):
         clauses = premise.replace(" and ", ", ").split(", ")
-        stated = {clause.split()[1]: clause.split()[3] for clause in clauses}
-        assert len(clauses) == len(stated) == facts and all(c.startswith("the ") for c in clauses)
-        _, subject, _, attribute = hypothesis.split()
-        assert attribute in opposite
+        stated = dict(fact(clause) for clause in clauses)
+        assert len(clauses) == len(stated) == facts
+        subject, (attribute, negated) = fact(hypothesis)
         if nli.NLI_LABELS[label] == "entailment":
-            assert stated.get(subject) == attribute, (premise, hypothesis)
+            assert stated.get(subject) == (attribute, negated), (premise, hypothesis)
         elif nli.NLI_LABELS[label] == "contradiction":
-            assert stated.get(subject) == opposite[attribute], (premise, hypothesis)
+            assert stated.get(subject) == (attribute, not negated), (premise, hypothesis)
         else:
-            assert subject not in stated, (premise, hypothesis)
+            assert subject not in stated and attribute in {a for a, _ in stated.values()}, (premise, hypothesis)
     # a bag-of-words regression on either sentence alone stays at chance on other draws ...
     test = nli.make_pairs(1500, facts, np.random.default_rng(1))
     for side in (0, 1):
         accuracy, f1 = nli.bag_of_words_baseline([premises, hypotheses][side], labels, test[side], test[2])
         assert accuracy < 0.39 and f1 < 0.39, (side, accuracy, f1)
-    # ... while it does find a label that one sentence leaks (the old task's "not" in contradictions)
-    leaky = [h.replace(" is ", " is not ") if y == 2 else h for h, y in zip(hypotheses, labels)]
-    leaky_test = [h.replace(" is ", " is not ") if y == 2 else h for h, y in zip(test[1], test[2])]
+    # ... while it does find a label that one sentence leaks (a word only contradictions have)
+    leaky = [h + " never" if y == 2 else h for h, y in zip(hypotheses, labels)]
+    leaky_test = [h + " never" if y == 2 else h for h, y in zip(test[1], test[2])]
     accuracy, _ = nli.bag_of_words_baseline(leaky, labels, leaky_test, test[2])
     assert accuracy > 0.6
 
