@@ -21,7 +21,7 @@ def int8_vectorwise_quant(w: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def int8_vectorwise_dequant(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """float32 q * (scale / 127) per row (bitsandbytes' int8_vectorwise_dequant)."""
+    """float32 (q * scale) * (1 / 127) per row, as bitsandbytes' int8_vectorwise_dequant rounds it."""
     q, scale = np.asarray(q), np.asarray(scale)
     if q.dtype != np.int8 or q.ndim != 2:
         raise ValueError(f"q must be a 2-D int8 array, got {q.dtype} {q.shape}")

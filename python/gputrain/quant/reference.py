@@ -106,6 +106,7 @@ def int8_rowwise(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def int8_rowwise_dequantize(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """f32 w ~ q * scale / 127 (bitsandbytes' int8 dequant: q * (scale * (1 / 127)) in f32)."""
-    mult = (np.asarray(scale, np.float32) * np.float32(1.0 / 127.0)).astype(np.float32)
-    return (np.asarray(q, np.int8).astype(np.float32) * mult[:, None]).astype(np.float32)
+    """f32 w ~ q * scale / 127 as bitsandbytes' int8_vectorwise_dequant computes it:
+    f32(f32(q * scale) * f32(7.874015718698502e-3))."""
+    prod = (np.asarray(q, np.int8).astype(np.float32) * np.asarray(scale, np.float32)[:, None]).astype(np.float32)
+    return (prod * np.float32(7.874015718698502e-3)).astype(np.float32)
