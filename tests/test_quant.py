@@ -77,6 +77,7 @@ def test_4bit_matches_bitsandbytes(key):
     for device in ("cpu", "sim:0"):
         c_packed, state = quant.quantize_4bit(as_array(x, dt), blocksize=bs, quant_type=qt, device=device)
         assert same_bits(c_packed, packed) and same_bits(state.absmax, absmax), device
+        assert same_bits(state.code, FIX["code_fp4" if fp4 else "code_nf4"])
         got = quant.dequantize_4bit(c_packed, state, device=device)
         assert fp4_deq_matches(got, deq, dt, x.size) if fp4 else same_bits(got, deq), device
     ref_deq = reference.dequantize_4bit(packed, absmax, code, bs, x.size)

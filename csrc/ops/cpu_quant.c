@@ -67,6 +67,25 @@ gt_status gt_cpu_quantize_blockwise(gt_backend *be, uint8_t *codes, float *absma
     return GT_OK;
 }
 
+/* Block b of 4-bit codes: its 16 possible outputs (gt_quant_decode_store of each code, the same
+ * bits as element by element) looked up per element. */
+static void dequantize4_block(void *out, const uint8_t *codes, float scale, const float *code, size_t begin,
+                              size_t end, gt_dtype dt) {
+    float l32[16];
+    uint16_t l16[16];
+    for (uint8_t k = 0; k < 16; k++)
+        gt_quant_decode_store(dt == GT_F32 ? (void *)l32 : (void *)l16, k, code, k, scale, dt);
+    if (dt == GT_F32) {
+        float *o = out;
+        for (size_t i = begin; i < end; i++)
+            o[i] = l32[gt_quant_code_at(codes, i, 4)];
+    } else {
+        uint16_t *o = out;
+        for (size_t i = begin; i < end; i++)
+            o[i] = l16[gt_quant_code_at(codes, i, 4)];
+    }
+}
+
 gt_status gt_cpu_dequantize_blockwise(gt_backend *be, void *out, const uint8_t *codes, const float *absmax,
                                       const float *code, int64_t n, int64_t blocksize, int bits, gt_dtype dt) {
     (void)be;
@@ -76,8 +95,12 @@ gt_status gt_cpu_dequantize_blockwise(gt_backend *be, void *out, const uint8_t *
     for (size_t b = 0; b < blocks; b++) {
         size_t end = (b + 1) * bs < count ? (b + 1) * bs : count;
         float scale = absmax[b];
+        if (bits == 4) {
+            dequantize4_block(out, codes, scale, code, b * bs, end, dt);
+            continue;
+        }
         for (size_t i = b * bs; i < end; i++)
-            gt_quant_decode_store(out, i, code, gt_quant_code_at(codes, i, bits), scale, dt);
+            gt_quant_decode_store(out, i, code, codes[i], scale, dt);
     }
     return GT_OK;
 }

@@ -91,6 +91,7 @@ def dtype_name(dtype: Any) -> str:
 
 
 def check_blocksize(blocksize: Any, allowed: tuple[int, ...] | None) -> int:
+    """blocksize as an int: > 0, and one of `allowed` unless that is None."""
     if isinstance(blocksize, bool) or not isinstance(blocksize, (int, np.integer)):
         raise TypeError(f"blocksize must be an int, not {type(blocksize).__name__}")
     if allowed is not None and int(blocksize) not in allowed:

@@ -37,6 +37,7 @@ class QuantState:
 
     @property
     def nested(self) -> bool:
+        """Whether absmax is double-quantized (compress_statistics)."""
         return self.nested_absmax is not None
 
     def block_absmax(self, device: str = "cpu") -> np.ndarray:
@@ -57,7 +58,9 @@ def quantize_4bit(x: Any, blocksize: int = 64, quant_type: str = "nf4", compress
     then 8-bit blockwise (blocksize 256, the signed dynamic map) of absmax - offset."""
     dt = blockwise.value_bits(x)[1]
     packed, absmax = blockwise.quantize_4bit_codes(x, quant_type, blocksize, device)
-    state = QuantState(quant_type, int(blocksize), tuple(np.shape(x)), dt, absmax, code_table(quant_type).copy())
+    quant_map = code_table(quant_type).copy()
+    quant_map[quant_map == 0] = 0.0  # bitsandbytes' quant_map (get_4bit_type) holds +0.0 at FP4's code 8
+    state = QuantState(quant_type, int(blocksize), tuple(np.shape(x)), dt, absmax, quant_map)
     if compress_statistics:
         offset = np.float32(np.mean(absmax, dtype=np.float64))
         qabs, abs2 = blockwise.quantize_codes((absmax - offset).astype(np.float32), DYNAMIC_SIGNED,
