@@ -77,11 +77,21 @@ static void dequantize4_block(void *out, const uint8_t *codes, float scale, cons
         gt_quant_decode_store(dt == GT_F32 ? (void *)l32 : (void *)l16, k, code, k, scale, dt);
     if (dt == GT_F32) {
         float *o = out;
-        for (size_t i = begin; i < end; i++)
+        size_t i = begin;  /* even: blocksize is even */
+        for (; i + 1 < end; i += 2) {
+            o[i] = l32[codes[i >> 1] >> 4];
+            o[i + 1] = l32[codes[i >> 1] & 0x0F];
+        }
+        if (i < end)
             o[i] = l32[gt_quant_code_at(codes, i, 4)];
     } else {
         uint16_t *o = out;
-        for (size_t i = begin; i < end; i++)
+        size_t i = begin;
+        for (; i + 1 < end; i += 2) {
+            o[i] = l16[codes[i >> 1] >> 4];
+            o[i + 1] = l16[codes[i >> 1] & 0x0F];
+        }
+        if (i < end)
             o[i] = l16[gt_quant_code_at(codes, i, 4)];
     }
 }
