@@ -147,8 +147,8 @@ static PyObject *quantize_blockwise(PyObject *module, PyObject *args, PyObject *
     if (!(a[0] = checked(x_obj, "x", value_type(c.dt), c.dt == GT_F16 ? NPY_HALF : -1, c.n)) ||
         !(a[1] = checked(bounds_obj, "bounds", NPY_FLOAT, -1, (1 << bits) - 1)) ||
         !(a[2] = checked(order_obj, "order", NPY_UINT8, -1, 1 << bits)) ||
-        !(a[3] = (PyArrayObject *)PyArray_ZEROS(1, &dims_codes, NPY_UINT8, 0)) ||
-        !(a[4] = (PyArrayObject *)PyArray_ZEROS(1, &dims_absmax, NPY_FLOAT, 0)))
+        !(a[3] = (PyArrayObject *)PyArray_SimpleNew(1, &dims_codes, NPY_UINT8)) ||
+        !(a[4] = (PyArrayObject *)PyArray_SimpleNew(1, &dims_absmax, NPY_FLOAT)))
         return finish(NULL, a, 5);
     if (!dispatch(module, device, &c, a))
         return finish(NULL, a, 5);
@@ -176,7 +176,7 @@ static PyObject *dequantize_blockwise(PyObject *module, PyObject *args, PyObject
     if (!(a[0] = checked(codes_obj, "codes", NPY_UINT8, -1, bits == 8 ? n : (n + 1) / 2)) ||
         !(a[1] = checked(absmax_obj, "absmax", NPY_FLOAT, -1, (n + blocksize - 1) / blocksize)) ||
         !(a[2] = checked(code_obj, "code", NPY_FLOAT, -1, 1 << bits)) ||
-        !(a[3] = (PyArrayObject *)PyArray_ZEROS(1, &dims, c.dt == GT_F16 ? NPY_HALF : value_type(c.dt), 0)))
+        !(a[3] = (PyArrayObject *)PyArray_SimpleNew(1, &dims, c.dt == GT_F16 ? NPY_HALF : value_type(c.dt))))
         return finish(NULL, a, 4);
     if (!dispatch(module, device, &c, a))
         return finish(NULL, a, 4);
