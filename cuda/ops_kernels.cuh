@@ -218,6 +218,8 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(disentangled_backward)     \
     X(xent_count)                \
     X(softmax_xent_counted)      \
+    X(quantize_blockwise)        \
+    X(dequantize_blockwise)      \
     /* end of the list */
 
 #define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;

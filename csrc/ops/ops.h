@@ -543,6 +543,23 @@ typedef struct gt_pool2d_args {
  * the transpose rotation (in = dout, out = din). */
 #define GT_PARAMS_ROPE(P, A) A(gt_rope_args, args)
 
+/* bitsandbytes' blockwise quantization (ops/quant_hd.h; bits 4: NF4/FP4, bits 8: the dynamic
+ * maps). Blocks of `blocksize` elements (the last may be partial): absmax[b] = max |in| over block
+ * b (f32; a partial block's clamped to 1e-38), each element scaled into [-1, 1] and encoded as
+ * order[i] for the first i with scaled <= bounds[i] ((1 << bits) - 1 sorted bounds, the midpoints
+ * of the sorted code; order maps sorted position to code). bits 8: codes (n,) bytes; bits 4:
+ * ceil(n / 2) bytes, the even element in the high nibble, an odd n padded with the code of 0.
+ * The CPU (and sim) op refuses (GT_ERR_VALUE) a non-finite input element before writing anything;
+ * the CUDA op does not look (gputrain.quant checks its input first). */
+#define GT_PARAMS_QUANTIZE_BLOCKWISE(P, A) \
+    P(uint8_t *, codes) P(float *, absmax) P(const void *, in) P(int64_t, n) P(int64_t, blocksize) \
+    P(const float *, bounds) P(const uint8_t *, order) P(int, bits) P(gt_dtype, dt)
+/* out[i] = dt(code[c_i] * absmax[i / blocksize]) with c_i the i-th code of `codes` (layout as
+ * above; code has 1 << bits f32 entries). */
+#define GT_PARAMS_DEQUANTIZE_BLOCKWISE(P, A) \
+    P(void *, out) P(const uint8_t *, codes) P(const float *, absmax) P(const float *, code) \
+    P(int64_t, n) P(int64_t, blocksize) P(int, bits) P(gt_dtype, dt)
+
 /* Every op: X(kind, name, params, skip), in table order (append a new op above the end marker).
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
@@ -598,6 +615,8 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, softmax_xent_rdrop, GT_PARAMS_SOFTMAX_XENT_RDROP, NO_SKIP)                \
     X(LAUNCH, xent_count, GT_PARAMS_XENT_COUNT, NO_SKIP)                                \
     X(LAUNCH, softmax_xent_counted, GT_PARAMS_SOFTMAX_XENT_COUNTED, NO_SKIP)            \
+    X(LAUNCH, quantize_blockwise, GT_PARAMS_QUANTIZE_BLOCKWISE, NO_SKIP)                \
+    X(LAUNCH, dequantize_blockwise, GT_PARAMS_DEQUANTIZE_BLOCKWISE, NO_SKIP)            \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -60,6 +60,7 @@ int gtpy_add_buffer(PyObject *module);
 int gtpy_add_model(PyObject *module);
 int gtpy_add_step(PyObject *module);
 int gtpy_add_cast(PyObject *module);
+int gtpy_add_quant(PyObject *module);
 int gtpy_add_cuda(PyObject *module);
 int gtpy_add_cuda_copy(PyObject *module);
 int gtpy_add_cuda_stream(PyObject *module);

@@ -34,6 +34,7 @@ static const registration registrations[] = {
     gtpy_add_model,
     gtpy_add_step,
     gtpy_add_cast,
+    gtpy_add_quant,
     gtpy_add_cuda,
     gtpy_add_cuda_copy,
     gtpy_add_cuda_stream,

@@ -183,6 +183,16 @@ def cast(
     array: np.ndarray, dtype: str, *, src_dtype: str | None = ..., out: np.ndarray | None = ...
 ) -> np.ndarray: ...
 
+# --- quant (csrc/py/quant.c) ---
+def quantize_blockwise(
+    x: np.ndarray, dt: str, bounds: np.ndarray, order: np.ndarray, blocksize: int, bits: int,
+    device: str = ...,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def dequantize_blockwise(
+    codes: np.ndarray, absmax: np.ndarray, code: np.ndarray, n: int, blocksize: int, bits: int, dt: str,
+    device: str = ...,
+) -> np.ndarray: ...
+
 # --- data loader (csrc/py/loader.c, loader_slot.c, loader_sampler.c; gputrain.data) ---
 def sampler_rows(num_rows: int, order: dict[str, Any]) -> np.ndarray: ...
 
