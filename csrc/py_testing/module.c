@@ -2,6 +2,7 @@
  * defines what csrc/py/module.c defines for _C (the NumPy API table, gtpy_module_def,
  * gtpy_state_of), since it links _C's other objects; its exception types are _C's own. */
 #define GTPY_IMPORTS_NUMPY
+#include "sim/cpu_table.h"
 #include "sim/sim.h"
 #include "py_testing/testing.h"
 #include "py/external.h"
@@ -49,6 +50,7 @@ static int module_exec(PyObject *module) {
     gt_cuda_install_hooks();
 #endif
     gt_sim_install();
+    gt_cpu_device_install();
     gt_blas_init();
     gt_threads_init();
     for (size_t i = 0; i < sizeof registrations / sizeof registrations[0]; i++)

@@ -95,6 +95,7 @@ class DebertaConfig:
 
     @property
     def head_dim(self) -> int:
+        """Features per attention head (hidden_size / num_attention_heads)."""
         return self.hidden_size // self.num_heads
 
 
@@ -353,6 +354,7 @@ class _DebertaHead:
         return self.config.embedding_size
 
     def extra_repr(self) -> str:
+        """The family, sizes, relative-position span and buckets, for repr(model)."""
         c = self.config
         return (f"{c.family}: layers={c.num_layers}, hidden={c.hidden_size}, heads={c.num_heads}, "
                 f"vocab={c.vocab_size}, span={c.span}, buckets={c.position_buckets}")
