@@ -34,8 +34,10 @@ static void quantize_block(uint8_t *codes, float *absmax, const void *in, size_t
     size_t begin = b * bs, end = begin + bs < n ? begin + bs : n;
     int partial = end - begin < bs;
     float amax = 0.0f;
-    for (size_t i = begin; i < end; i++)
-        amax = fmaxf(amax, fabsf(gt_cpu_load(in, i, dt)));
+    for (size_t i = begin; i < end; i++) {  /* finite values (checked): a compare, not fmaxf, whose */
+        float a = fabsf(gt_cpu_load(in, i, dt));  /* vectorised reduction crashes aarch64's gcc 12 */
+        amax = a > amax ? a : amax;
+    }
     float divisor = gt_quant_divisor(amax), inv = 1.0f / divisor;
     absmax[b] = partial ? divisor : amax;
     int nbounds = (1 << bits) - 1;
