@@ -39,7 +39,23 @@ static gt_status device_pool_of(gt_device device, gt_pool **out) {
     return GT_OK;
 }
 
+/* fork() copies only the forking thread: the host pools' locks are taken around it, so a
+ * DataLoader worker forked while another thread allocated can still allocate. */
+static void lock_host_pools(void) {
+    pthread_mutex_lock(&cpu_pool.lock);
+    pthread_mutex_lock(&pinned_pool.lock);
+}
+
+static void unlock_host_pools(void) {
+    pthread_mutex_unlock(&pinned_pool.lock);
+    pthread_mutex_unlock(&cpu_pool.lock);
+}
+
+static void lock_host_pools_around_fork(void) { pthread_atfork(lock_host_pools, unlock_host_pools, unlock_host_pools); }
+
 static gt_status pool_of(gt_device device, gt_pool **out) {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, lock_host_pools_around_fork);
     if (device.kind == GT_DEVICE_CPU) {
         *out = &cpu_pool;
         return GT_OK;

@@ -55,7 +55,16 @@ static gt_status dnnl_fail(dnnl_status_t status, const char *what) {
     return GT_FAIL(GT_ERR_RUNTIME, "oneDNN %s failed (dnnl_status_t %d)", what, (int)status);
 }
 
-void gt_blas_init(void) {}
+/* fork() copies only the forking thread: the primitive cache's lock is taken around it, so a
+ * DataLoader worker forked while another thread held it can still run a GEMM. */
+static void lock_cache(void) { pthread_mutex_lock(&cache_lock); }
+static void unlock_cache(void) { pthread_mutex_unlock(&cache_lock); }
+static void lock_cache_around_fork(void) { pthread_atfork(lock_cache, unlock_cache, unlock_cache); }
+
+void gt_blas_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, lock_cache_around_fork);
+}
 
 static int isa_has(dnnl_cpu_isa_t isa) {
     return ((unsigned)dnnl_get_effective_cpu_isa() & (unsigned)isa) == (unsigned)isa;
