@@ -51,6 +51,28 @@ TRAIN_THEN_FORK = textwrap.dedent("""
 """)
 
 
+SIM_GARBAGE_THEN_FORK = textwrap.dedent("""
+    import gc, os, sys
+    import numpy as np
+    import gputrain as gt
+
+    loader = gt.DataLoader(np.arange(64, dtype=np.float32).reshape(16, 4), batch_size=4, device="sim")
+    it = iter(loader)
+    batch = next(it)           # a device batch in flight on sim's streams
+    cycle = [it, batch]
+    cycle.append(cycle)        # garbage the parent has not collected yet
+    del it, batch, cycle
+    gc.disable()
+    pid = os.fork()
+    if pid == 0:
+        gc.collect()           # the child finalises the parent's loader: it must not wait for sim's threads
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    gc.enable()
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+""")
+
+
 def run(script: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_DIR, os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
@@ -83,3 +105,11 @@ def test_dataloader_workers_run_gputrain_ops_after_the_parent_did():
     loader = gt.DataLoader(dataset, batch_size=2, num_workers=2, timeout=60)
     batches = [np.array(b) for b in loader]
     np.testing.assert_array_equal(np.concatenate(batches), np.stack(in_parent))
+
+
+def test_a_forked_child_collects_the_parents_sim_loader_without_waiting():
+    """A forked child inherits the parent's sim streams but not their threads: finalising the
+    parent's garbage there (a DataLoader worker's collection did) must not wait for them."""
+    result = run(SIM_GARBAGE_THEN_FORK)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "child exit 0" in result.stdout, result.stdout + result.stderr

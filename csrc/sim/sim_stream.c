@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { QUEUE_JOBS = 1024 };  /* jobs a stream holds before the queueing thread waits */
 
@@ -26,6 +27,7 @@ struct gt_stream {
     gt_status failed;          /* first failure of a job since the last synchronisation */
     gt_error_state failure;    /* its message */
     unsigned seed;             /* state of the random delays */
+    pid_t owner;               /* the process whose thread `worker` is (a forked child has none) */
     struct gt_stream *next;    /* next stream of the same device */
 };
 
@@ -118,6 +120,7 @@ static gt_status new_stream(int index, gt_stream **out) {
         return GT_FAIL(GT_ERR_OOM, "sim: out of host memory for a stream");
     }
     s->device = index;
+    s->owner = getpid();
     s->jobs = jobs;
     s->seed = (unsigned)(uintptr_t)s ^ (unsigned)time(NULL);
     pthread_mutex_init(&s->lock, NULL);
@@ -165,6 +168,11 @@ gt_status gt_sim_stream_create(int index, gt_stream **out) {
     return register_stream(index, out);
 }
 
+/* A stream inherited by a forked child: its worker thread stayed in the parent and its lock may
+ * have been held there, so the child neither waits for it nor touches its lock. (A loader's
+ * garbage from the parent, collected in a DataLoader worker, synchronises such streams.) */
+static int orphaned(const gt_stream *s) { return s->owner != getpid(); }
+
 /* Blocks until the jobs queued so far have run; the caller holds s->lock. */
 static void wait_idle_locked(gt_stream *s) {
     uint64_t target = s->queued;
@@ -183,7 +191,7 @@ static void unregister(int index, gt_stream *s) {
 }
 
 void gt_sim_stream_destroy(int index, gt_stream *s) {
-    if (!s)
+    if (!s || orphaned(s))
         return;
     unregister(index, s);
     pthread_mutex_lock(&s->lock);
@@ -203,6 +211,9 @@ gt_status gt_sim_enqueue(int index, gt_stream *stream, gt_sim_job_fn fn, const v
     if (args_bytes > GT_SIM_ARGS_BYTES)
         return GT_FAIL(GT_ERR_RUNTIME, "sim: %zu bytes of job arguments (at most %d)", args_bytes,
                        GT_SIM_ARGS_BYTES);
+    if (orphaned(s))
+        return GT_FAIL(GT_ERR_RUNTIME, "sim:%d: this process was forked from the one whose stream this is; "
+                       "use sim in a process started with 'spawn' or 'forkserver'", index);
     pthread_mutex_lock(&s->lock);
     while (s->queued - s->done == QUEUE_JOBS)
         pthread_cond_wait(&s->changed, &s->lock);
@@ -218,6 +229,8 @@ gt_status gt_sim_enqueue(int index, gt_stream *stream, gt_sim_job_fn fn, const v
 gt_status gt_sim_stream_synchronize(int index, gt_stream *stream) {
     gt_stream *s = NULL;
     GT_TRY(resolve(index, stream, &s));
+    if (orphaned(s))
+        return GT_OK;  /* nothing of this process is queued there */
     pthread_mutex_lock(&s->lock);
     wait_idle_locked(s);
     gt_status failed = s->failed;
@@ -232,6 +245,8 @@ void gt_sim_device_synchronize(int index) {
         return;
     pthread_mutex_lock(&registry_lock);
     for (gt_stream *s = device_streams[index]; s; s = s->next) {
+        if (orphaned(s))
+            continue;
         pthread_mutex_lock(&s->lock);
         wait_idle_locked(s);
         pthread_mutex_unlock(&s->lock);
