@@ -11,7 +11,7 @@ import pytest
 
 from gputrain import quant
 from gputrain._cast import bfloat16
-from gputrain.quant import blockwise, codes, reference
+from gputrain.quant import codes, reference
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "quant")
 FIX = np.load(os.path.join(HERE, "bnb_quant.npz"))
