@@ -9,7 +9,10 @@ ignore_index rows), in f32 and bf16:
   same count, and dX reduces over the vocabulary, which blocks of rows do not split; the bits of a
   row of the logits and of dX are then those of the CPU library's GEMM for that number of rows, and
   oneDNN's kernels for fewer than 16 rows sum in another order (1 ulp here and there: the blocks of
-  1 and 7 rows are checked to 1e-6 relative on the loss, 1e-5 on the gradients, not to the bit);
+  1 and 7 rows are checked to 1e-6 relative on the loss, 1e-5 on the gradients, not to the bit).
+  On an AVX2-only CPU (qemu's Haswell) oneDNN's f32 kernels give a row bits that depend on its
+  place in the block (rows 24-31 of 32 take a tail kernel), so the small classifier below asks the
+  GEMM library first (gemm_rows_keep_their_bits) and holds the chunked step to rounding there;
 - the head's weight gradient (the token embedding's when tied): within f32 rounding of the
   unchunked one (the blocks split that GEMM's reduction over rows).
 The simulated device gives the CPU's bits; its allocator peaks at the plan, which is smaller by
@@ -32,6 +35,23 @@ from gputrain.models import from_pretrained
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
 HEAD = {"gpt2": "lm_head.weight", "llama": "lm_head.weight", "qwen2": "model.embed_tokens.weight"}
 ALIGN = 64  # GT_ALIGN: every planned piece starts on this boundary
+
+
+def gemm_rows_keep_their_bits(rows, block, n, k):
+    """Whether the CPU's f32 GEMM (rows x k) @ (k x n) gives every row the same bits when run in
+    blocks of `block` rows: what the chunked head's input gradient needs to be bit-identical."""
+    from gputrain import _C_testing
+
+    def gemm(a, b):
+        c = np.zeros((a.shape[0], n), np.float32)
+        _C_testing.run_op("cpu", "gemm", [a, b, c], (False, False, a.shape[0], n, k, 1.0, "f32", k, "f32", n, 0.0,
+                                                      "f32", n, 1, 0, 0, 0))
+        return c
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((rows, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    blocks = [gemm(a[i:i + block].copy(), b) for i in range(0, rows, block)]
+    return np.array_equal(np.concatenate(blocks), gemm(a, b))
 
 
 def batch(family):
@@ -195,10 +215,14 @@ def test_a_plain_classifier_head_with_a_bias(layers, precision):
                             loss_chunk_rows=chunk)
         results.append((step(x, y).loss, [p.grad.copy() for p in model.parameters()]))
     (base_loss, base), (loss, grads), (loss20, grads20) = results
-    assert loss == base_loss
-    assert loss20 == pytest.approx(base_loss, rel=1e-6)
+    assert loss20 == pytest.approx(base_loss, rel=1e-6) and loss == pytest.approx(base_loss, rel=1e-6)
+    # The bits below the head are the GEMM library's: equal where its rows keep their bits in blocks of
+    # 16 (this machine's oneDNN; not on an AVX2-only CPU, where the test holds them to rounding only).
+    exact = gemm_rows_keep_their_bits(32, 16, 32, 40)
+    if exact:
+        assert loss == base_loss
     for i, (g, g20, b) in enumerate(zip(grads, grads20, base)):
-        if i < len(base) - 2:  # the body's: from the head's input gradient
+        if i < len(base) - 2 and exact:  # the body's: from the head's input gradient
             np.testing.assert_array_equal(g, b)
         assert relative_error(g, b) <= 1e-6 and relative_error(g20, b) <= 1e-5
 

@@ -353,8 +353,8 @@ class TrainStep:
     loss_chunk_rows=C (> 0) runs a model's last Linear (the LM head) and the cross-entropy C rows at
     a time, so the step holds C x vocabulary logits instead of the micro-batch's (csrc/nn/head_loss.c;
     the memory plan counts the block). The loss and the gradients below the head keep the unchunked
-    bits when the GEMM library gives each row the same bits for any number of rows (oneDNN here: blocks
-    of >= 16 rows); the head's weight gradient sums one GEMM per block (f32 rounding). It costs one more
+    bits when the GEMM library gives each row the same bits for any number of rows (oneDNN with
+    AVX-512: blocks of >= 16 rows; not oneDNN's AVX2 f32 kernels, within rounding there); the head's weight gradient sums one GEMM per block (f32 rounding). It costs one more
     logits GEMM per block. Refused for other losses and for a model not ending in a Linear (e.g. a
     soft-capped Gemma 2/3 head). 0 (default): off. Forward, evaluate and predict still return whole logits.
     """
