@@ -3,7 +3,8 @@
 Protocol (stdin/stdout, binary): once imported, the worker writes one READY byte; then the parent
 writes a 4-byte big-endian length and a pickled list of cases (case_id, target name,
 {argument: spec}); the worker answers the same way with a list of result dicts. Anything the
-library or a case prints goes to stderr. A crash ends the process with a signal; the parent then re-runs the batch case by case (tests/fuzz/_fuzz_runner.py).
+library or a case prints goes to stderr. A crash ends the process with a signal; the parent then
+re-runs the batch case by case (tests/fuzz/_fuzz_runner.py).
 
     python tests/fuzz/_fuzz_worker.py --repro BASE64   # one case, in the foreground, with traceback
 """
