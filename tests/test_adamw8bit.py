@@ -399,3 +399,20 @@ def test_a_bad_state_dict_is_refused_and_changes_nothing():
             for k in before[i]:
                 assert_bits(np.asarray(after[i][k]), before[i][k], f"{i}.{k}")
     opt.load_state_dict(good)  # and the good one loads
+
+
+@pytest.mark.sim
+def test_a_deferred_scaled_step_is_refused_before_it_changes_anything():
+    x, y = _classes(32)
+    m = _model().to("sim")
+    opt = AdamW8bit(m.parameters())
+    before = m.state_dict()
+    batches = iter(gt.DataLoader((x, y), batch_size=32, device="sim"))
+    step = gt.TrainStep(m, nn.CrossEntropyLoss(), opt, precision="fp16", scaler=gt.amp.GradScaler(), sync=False)
+    with pytest.raises(ValueError, match="8-bit AdamW runs its update synchronously"):
+        step(*next(batches))
+    assert opt.step_count == 0
+    for name, value in m.state_dict().items():
+        assert_bits(value, before[name], name)
+    synchronous = gt.TrainStep(m, nn.CrossEntropyLoss(), opt, precision="fp16", scaler=gt.amp.GradScaler())
+    assert not synchronous(x, y).skipped and opt.step_count == 1
