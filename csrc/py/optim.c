@@ -554,8 +554,10 @@ static PyType_Slot optimizer_slots[] = {
     {Py_tp_methods, optimizer_methods},
     {Py_tp_getset, optimizer_getset},
     {Py_tp_doc, "Optimizer(kind, params, groups, hparams, *, grads=None, numerics='exact', "
-                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0)\n--\n\n"
-                "The fused C AdamW ('adamw') or SGD ('sgd') over float32 parameter arrays. zero_size > 0: "
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0, "
+                "min_8bit_size=4096)\n--\n\n"
+                "The fused C AdamW ('adamw'), 8-bit AdamW ('adamw8bit': parameters of at least min_8bit_size "
+                "elements keep 8-bit moments) or SGD ('sgd') over float32 parameter arrays. zero_size > 0: "
                 "they are rank zero_rank's shard of a model's parameters (ZeRO-1), and a training step "
                 "with this optimizer reduce-scatters the gradients and all-gathers the parameters."},
     {0, NULL},

@@ -445,8 +445,10 @@ static PyType_Slot model_optimizer_slots[] = {
     {Py_tp_methods, model_optimizer_methods},
     {Py_tp_getset, model_optimizer_getset},
     {Py_tp_doc, "ModelOptimizer(kind, model, indices, groups, hparams, trainable, *, numerics='exact', "
-                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0)\n--\n\n"
-                "The fused C AdamW ('adamw') or SGD ('sgd') over slices of a _C.Model's parameter and "
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0, "
+                "min_8bit_size=4096)\n--\n\n"
+                "The fused C AdamW ('adamw'), 8-bit AdamW ('adamw8bit') or SGD ('sgd') over slices of a "
+                "_C.Model's parameter and "
                 "gradient arenas on the model's device: parameter i is parameter_layout()[indices[i]], in "
                 "group groups[i] (hparams[g]: its hyperparameters), updated when trainable[i]. zero_size > 0 "
                 "(ZeRO-1): only each parameter's part in chunk zero_rank of the arena cut into zero_size "

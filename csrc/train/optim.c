@@ -108,7 +108,8 @@ static gt_status check_config8(const gt_optimizer_config *c) {
         return GT_OK;
     if (c->cpu_offload_fraction != 0.0)
         return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: 8-bit AdamW keeps its whole state on the device (the "
-                       "offload path stages float32 state by element, not 8-bit blocks); got %g", c->cpu_offload_fraction);
+                       "offload path stages float32 state by element, not 8-bit blocks); got %g",
+                       c->cpu_offload_fraction);
     if (c->zero_size > 1)
         return GT_FAIL(GT_ERR_VALUE, "zero_size: 8-bit AdamW's state cannot be sharded with ZeRO-1");
     return GT_OK;
@@ -195,7 +196,8 @@ static size_t table_bytes(size_t num_groups) {
 /* 1 for an optimizer that may run deferred steps: on an accelerator, its whole state on the device
  * (no offload) and not a ZeRO-1 shard (deferred steps take no collectives). */
 static int may_defer(const gt_optimizer_config *config) {
-    return config->kind != GT_OPTIM_ADAMW8BIT && gt_device_is_accelerator(config->device) && config->cpu_offload_fraction == 0.0 && config->zero_size == 0;
+    return config->kind != GT_OPTIM_ADAMW8BIT &&  /* 8-bit AdamW: no update table (train/optim8.h) */
+           gt_device_is_accelerator(config->device) && config->cpu_offload_fraction == 0.0 && config->zero_size == 0;
 }
 
 /* Bytes the arena of an optimizer that may defer adds: the update count, then the table. */

@@ -624,7 +624,8 @@ class Trainer:
         shards = distributed.get_world_size() if args.zero_stage else 1  # ZeRO-1: one rank's share
         param_groups = self._param_groups()
         groups = ({},) * len(param_groups)  # a device optimizer's update table has a row per group
-        numels = (tuple(p.numel() for g in param_groups for p in g["params"]) if kind == "adamw8bit"  # per-parameter blocks
+        # AdamW8bit's state is planned per parameter (blocks of 256 start at each); AdamW's by the total
+        numels = (tuple(p.numel() for g in param_groups for p in g["params"]) if kind == "adamw8bit"
                   else (self.model.compiled.num_parameters,))
         optimizer = mp.OptimizerSpec(kind, numels, groups,
                                      cpu_offload_fraction=offload, zero_shards=shards)
