@@ -416,3 +416,21 @@ def test_a_deferred_scaled_step_is_refused_before_it_changes_anything():
         assert_bits(value, before[name], name)
     synchronous = gt.TrainStep(m, nn.CrossEntropyLoss(), opt, precision="fp16", scaler=gt.amp.GradScaler())
     assert not synchronous(x, y).skipped and opt.step_count == 1
+
+
+def test_pickle_and_add_param_group_keep_the_8bit_state_exactly():
+    import pickle
+
+    p, q = Parameter(np.ones(5000, np.float32)), Parameter(np.ones(10, np.float32))
+    opt = AdamW8bit([p, q], min_8bit_size=300)
+    p.grad, q.grad = np.linspace(-1, 1, 5000).astype(np.float32), np.ones(10, np.float32)
+    opt.step()
+    before = opt.state_dict()["state"]
+    copy = pickle.loads(pickle.dumps(opt))
+    assert copy.min_8bit_size == 300
+    opt.add_param_group({"params": [Parameter(np.ones(600, np.float32))], "lr": 1e-2})
+    for other in (copy.state_dict()["state"], opt.state_dict()["state"]):
+        assert other.keys() == before.keys()
+        for i in before:
+            for key in before[i]:
+                assert_bits(np.asarray(other[i][key]), np.asarray(before[i][key]), f"{i}.{key}")
