@@ -117,8 +117,11 @@ typedef struct gt_model {
     gt_arena grads;             /* (num_params,) f32 */
     gt_arena lowp_params;       /* (num_params,) f16/bf16 when dt is half */
     size_t buffer_bytes;        /* bytes of the buffers, laid out in state_dict order */
-    gt_arena buffers;           /* (buffer_bytes,) running statistics (f32) and counts (int64), then
-                                   (buffer_bytes,) their copy at the start of a training step */
+    size_t stat_bytes;          /* the first stat_bytes of them: the running statistics (a failed step
+                                   restores these); frozen buffers (nn/kind.h) follow */
+    gt_arena buffers;           /* (buffer_bytes,) running statistics (f32) and counts (int64) and
+                                   frozen buffers, then (stat_bytes,) the statistics' copy at the
+                                   start of a training step */
     gt_arena activations;       /* everything sized by the input shape */
     gt_tensor planned_input;    /* input shape/dtype the activations are planned for */
     int planned;                /* 1 when `activations` matches planned_input */
