@@ -208,6 +208,14 @@ def test_a_quantized_decoder_on_sim_gives_the_cpu_logits():
     assert ref.same_bits(cpu(ids), sim(ids))
 
 
+def test_generate_runs_on_the_dequantized_weights():
+    prompt = np.load(os.path.join(HF, "llama-tiny-bnb.npz"))["ids"][:1, :4]
+    model = from_pretrained(os.path.join(HF, "llama-tiny-bnb-nf4"))
+    tokens = model.generate(prompt, max_new_tokens=3)
+    logits = model(tokens[:, :-1])
+    assert np.array_equal(tokens[0, 4:], logits[0, 3:].argmax(-1))  # greedy: the model's own choices
+
+
 # -- bad input -------------------------------------------------------------------------------
 def test_bad_quantization_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="quantization must be one of"):
