@@ -216,6 +216,26 @@ def test_generate_runs_on_the_dequantized_weights():
     assert np.array_equal(tokens[0, 4:], logits[0, 3:].argmax(-1))  # greedy: the model's own choices
 
 
+def test_a_trainer_fine_tunes_around_the_frozen_weights_and_resumes_bit_identically(tmp_path):
+    ids = np.random.default_rng(6).integers(0, 96, (4, 8))
+    x = np.stack([ids, np.ones_like(ids), np.tile(np.arange(8), (4, 1))], 1).astype(np.int64)
+
+    def run(resume=None):
+        model = from_pretrained(LLAMA, quantization="nf4")
+        args = gt.TrainingArguments(output_dir=str(tmp_path), num_train_epochs=2, per_device_train_batch_size=2,
+                                    learning_rate=1e-2, save_strategy="epoch", bf16=True)
+        gt.Trainer(model, args, train_dataset=(x, model.shift_labels(ids))).train(resume_from_checkpoint=resume)
+        return model.state_dict()
+
+    start = from_pretrained(LLAMA, quantization="nf4").state_dict()
+    trained = run()
+    for name, value in trained.items():  # the norms, biases, embedding and head train; the 4-bit weights do not
+        assert np.array_equal(value, start[name]) == (value.dtype == np.uint8 or name.endswith(".absmax")), name
+    first = sorted(os.listdir(tmp_path))[0]
+    resumed = run(str(tmp_path / first))
+    assert all(ref.same_bits(trained[k], resumed[k]) for k in trained)
+
+
 # -- bad input -------------------------------------------------------------------------------
 def test_bad_quantization_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="quantization must be one of"):
