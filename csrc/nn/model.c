@@ -172,7 +172,10 @@ static gt_status create_buffers(gt_model *model) {
     GT_TRY(layout_buffers(&model->root, &model->buffer_bytes));
     model->stat_bytes = model->buffer_bytes;
     GT_TRY(layout_frozen(&model->root, &model->buffer_bytes));
-    GT_TRY(gt_size_check(model->buffer_bytes + model->stat_bytes + 2 * GT_ALIGN, "the buffers of the model"));
+    size_t request = 0;  /* buffer_arena_request's sum, checked */
+    GT_TRY(gt_size_align(model->buffer_bytes, "the buffers of the model", &request));
+    GT_TRY(gt_size_add(request, model->stat_bytes + GT_ALIGN, "the buffers of the model", &request));
+    GT_TRY(gt_size_check(request, "the buffers of the model"));
     GT_TRY(gt_arena_create(&model->buffers, model->backend.device, buffer_arena_request(model)));
     if (model->buffer_bytes == 0)
         return GT_OK;

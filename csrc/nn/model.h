@@ -32,7 +32,8 @@ typedef struct gt_model_plan {
     size_t grad_bytes;        /* f32 gradients (same layout) */
     size_t lowp_param_bytes;  /* half copy of the parameters (f16/bf16 mode), else 0 */
     size_t buffer_bytes;      /* buffers: BatchNorm2d running statistics (not parameters) and the
-                                 copy a failed training step restores them from */
+                                 copy a failed training step restores them from, and frozen
+                                 buffers (QLinear's packed weights and absmax) */
     size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
     size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
     size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */

@@ -217,7 +217,8 @@ static gt_status qlinear_forward(gt_layer *layer, const void *in, gt_run *run) {
     for (int64_t r0 = 0; r0 < layer->out_features; r0 += step) {
         int64_t t = layer->out_features - r0 < step ? layer->out_features - r0 : step;
         GT_TRY(dequantize_rows(layer, r0, t, run));
-        gt_gemm_args args = forward_gemm(layer, gt_rows_of(&layer->in_shape), in, run->backend->workspace, r0, t, run->dt);
+        gt_gemm_args args = forward_gemm(layer, gt_rows_of(&layer->in_shape), in, run->backend->workspace, r0, t,
+                                         run->dt);
         GT_TRY(gemm_after(run->backend, tile + acc, &args));
     }
     if (!layer->has_bias)
