@@ -89,6 +89,39 @@ def test_resume_counts_only_delivered_device_batches(device):
     assert [yb.tolist() for _, yb in resumed] == expected
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("settings", [dict(num_workers=2), dict(num_workers=2, prefetch_factor=1, in_order=False),
+                                      dict(num_workers=0)], ids=["2 workers", "unordered", "no workers"])
+@pytest.mark.parametrize("keep", [False, True], ids=["for loop", "all batches kept"])
+def test_a_device_loader_never_holds_more_slots_than_planned(device, settings, keep):
+    """The transfer hands back a copy's host slot before queuing the next copy (transfer.c's
+    reclaim_all), so a device loader holds num_workers * prefetch_factor + 2 slots, its plan,
+    however the copy stream lags and however many device batches the caller keeps. When the
+    transfer handed slots back lazily, the loader allocated up to 2 more within an epoch or two
+    (the recipe's pinned pool peaked a slot above its plan)."""
+    gc.collect()
+    gc.disable()  # an unrelated object freed meanwhile would lower the baseline
+    try:
+        base = gt.memory_stats("pinned")["reserved_bytes"]
+        gt.reset_peak_memory_stats("pinned")
+        loader = gt.DataLoader((X, Y), batch_size=8, shuffle=True, seed=5, pin_memory=True, device=device,
+                               persistent_workers=settings["num_workers"] > 0, **settings)
+        for epoch in range(12):
+            loader.set_epoch(epoch)
+            it = iter(loader)
+            kept = [batch for batch in it] if keep else [None for _ in it]
+            stats = it.engine.engine.stats()
+            assert stats["num_slots"] == stats["initial_slots"], (epoch, stats)
+            del kept
+        peak = gt.memory_stats("pinned")["peak_reserved_bytes"] - base
+    finally:
+        gc.enable()
+    workers = settings["num_workers"]
+    planned = gt._C.loader_plan((X, Y), 8, workers, settings.get("prefetch_factor", 2), True, device=device)
+    assert stats["initial_slots"] == planned["num_slots"] == workers * settings.get("prefetch_factor", 2) + 2
+    assert peak == planned["bytes"]  # the pinned pool's (a slot whose page locking is refused counts there too)
+
+
 def test_transfer_needs_a_device():
     it = iter(gt.DataLoader(Y, batch_size=4, num_workers=1))
     if gt.cuda.is_available():

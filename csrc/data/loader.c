@@ -112,7 +112,8 @@ static gt_status slot_new(gt_loader *l, gt_slot **out) {
     return GT_OK;
 }
 
-/* A FREE slot, allocating one more when the caller holds all of them (lock held). */
+/* A FREE slot, allocating one more when none is (lock held): only when the caller keeps more than
+ * the 2 delivered slots initial_slots_of counts. */
 static gt_status slot_take(gt_loader *l, gt_slot **out) {
     for (size_t i = 0; i < l->num_slots; i++) {
         if (l->slots[i]->state == GT_SLOT_FREE) {
@@ -220,9 +221,10 @@ static void cancel_locked(gt_loader *l) {
 
 /* ---- workers ---------------------------------------------------------------------------- */
 
-/* Marks a gathered slot READY, or drops it when its epoch was cancelled meanwhile. */
+/* Marks a gathered slot READY, or drops it when its epoch was cancelled meanwhile. `filling`
+ * drops last: a cancel waiting for it then finds a dropped slot FREE (discard unlocks around the
+ * release_user hook), so the next epoch's claims never meet a slot still being dropped. */
 static void finish_gather(gt_loader *l, gt_slot *slot, size_t bytes, gt_status status) {
-    l->filling--;
     if (status != GT_OK)
         record_failure(l, status);
     if (slot->generation != l->generation || status != GT_OK) {
@@ -234,6 +236,7 @@ static void finish_gather(gt_loader *l, gt_slot *slot, size_t bytes, gt_status s
         l->batches_gathered++;
         l->bytes_gathered += bytes;
     }
+    l->filling--;
     pthread_cond_broadcast(&l->ready_cv);
 }
 
@@ -382,7 +385,15 @@ static gt_device slot_pool_of(const gt_loader_config *c) {
     return c->pin_memory ? gt_pinned_device() : gt_cpu_device();
 }
 
-/* Slots made at creation: one per batch in flight, one for the caller, one being filled. */
+/* Slots made at creation, and all a loader ever has while its caller references at most 2
+ * delivered slots. The bound: a slot is FREE, claimed (FILLING or READY: at most depth =
+ * num_workers * prefetch_factor, as a worker claims only while in_flight < depth, and a cancelled
+ * epoch's claims are all dropped before the next epoch's begin, see finish_gather) or delivered and
+ * referenced (at most 2); a claim thus finds at most depth - 1 + 2 of depth + 2 slots taken. A
+ * `for` loop over host batches references 2 (the batch in hand while the next is delivered); a
+ * device loader's caller references the one delivered until it submits it, and its transfer 1 once
+ * a submit returns (transfer.c's reclaim_all), 2 as well. A caller that keeps more host batches
+ * alive makes slot_take allocate more (counted by the allocator, never planned). */
 static size_t initial_slots_of(const gt_loader_config *c) { return c->num_workers * c->prefetch_factor + 2; }
 
 gt_status gt_loader_plan(const gt_loader_config *c, gt_loader_memory *out) {

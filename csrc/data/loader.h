@@ -1,8 +1,9 @@
 /* The loader engine: worker threads gather whole batches into slots of one accounted pool.
  *
  * Slots: depth + 2 are allocated when the loader is created (depth = num_workers x
- * prefetch_factor batches in flight; the caller holds one while the next is delivered);
- * more are allocated only when the caller keeps batches alive, never by overwriting one.
+ * prefetch_factor batches in flight; the caller holds one while the next is delivered, and a
+ * device transfer (data/transfer.h) holds one once its submit returns); more are allocated only
+ * when the caller keeps more batches alive, never by overwriting one (loader.c, initial_slots_of).
  * A slot is FREE, FILLING (a worker gathers into it), READY (gathered, not yet delivered)
  * or DELIVERED (referenced by the caller's views). It becomes FREE when its last reference
  * is released, so a batch the caller holds is never overwritten.

@@ -90,24 +90,31 @@ static gt_status new_batch(gt_transfer *t, gt_device_batch **out) {
     return GT_OK;
 }
 
-/* A device batch the caller does not hold, preferring one whose last copy has finished. */
-static gt_status free_batch(gt_transfer *t, gt_device_batch **out) {
-    gt_device_batch *pending = NULL;
+/* Hands back the host slot of every device batch, waiting for a copy still running (the copy
+ * stream runs them in order: at most the one the previous submit queued, which the caller reads
+ * next anyway). Every submit starts here, so once it returns the transfer holds one host slot,
+ * the one it just queued, however the copy stream lags and however many device batches the
+ * caller keeps: that is the "+ 1 held by the transfer" of the loader's slot bound (loader.c,
+ * initial_slots_of). Handing slots back lazily instead (when a later submit saw the copy done)
+ * let a lagging copy stream keep 3 slots here, and the loader allocate 2 beyond its plan. */
+static gt_status reclaim_all(gt_transfer *t) {
     for (size_t i = 0; i < t->num_batches; i++) {
-        gt_device_batch *b = t->batches[i];
-        GT_TRY(reclaim_host(t, b, 0));
-        if (!b->in_use && !b->host) {
-            *out = b;
+        GT_TRY(reclaim_host(t, t->batches[i], 0));  /* a copy that is done costs no host wait */
+        GT_TRY(reclaim_host(t, t->batches[i], 1));
+    }
+    return GT_OK;
+}
+
+/* A device batch the caller does not hold, with no host slot (all were handed back). */
+static gt_status free_batch(gt_transfer *t, gt_device_batch **out) {
+    GT_TRY(reclaim_all(t));
+    for (size_t i = 0; i < t->num_batches; i++) {
+        if (!t->batches[i]->in_use) {
+            *out = t->batches[i];
             return GT_OK;
         }
-        if (!b->in_use && !pending)
-            pending = b;
     }
-    if (!pending)
-        return new_batch(t, out);
-    GT_TRY(reclaim_host(t, pending, 1));
-    *out = pending;
-    return GT_OK;
+    return new_batch(t, out);
 }
 
 gt_status gt_transfer_submit(gt_transfer *t, gt_slot *slot, gt_device_batch **out) {

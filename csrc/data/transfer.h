@@ -44,7 +44,9 @@ gt_status gt_transfer_plan(gt_device device, size_t slot_bytes, size_t *batch_by
 gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_bytes, gt_transfer **out);
 
 /* Queues the copy of `slot` (the caller's reference passes to the transfer) into a free
- * device batch, allocating one when all are in use; returns it marked in use. */
+ * device batch, allocating one when all are in use; returns it marked in use. It first hands
+ * back the host slots of the earlier copies, waiting for one still running, so the transfer
+ * holds at most one loader slot when it returns (the loader's plan counts on it). */
 gt_status gt_transfer_submit(gt_transfer *transfer, gt_slot *slot, gt_device_batch **out);
 
 /* Blocks until the copy into `batch` is done. */
