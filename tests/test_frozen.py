@@ -1,0 +1,264 @@
+"""Frozen parameters (requires_grad=False) cost nothing they do not need: no gradient storage, no
+weight-gradient work, and a memory plan that shows it to the byte (issue 23, item 2).
+
+The reference of every bit-identity check is the same model with nothing frozen and an optimizer
+over the same trainable parameters: both runs execute the same GEMM shapes for what they share
+(a frozen layer only skips work), so the trainable parameters and the losses agree bit for bit on
+any CPU (the qemu Haswell stage included)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import gputrain as gt
+from gputrain import memory_plan as mp
+from gputrain import nn
+from gputrain.models import from_pretrained
+from gputrain.step import pack_for
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf")
+IDS = np.random.default_rng(0).integers(0, 96, (4, 12))
+LABELS = np.roll(IDS, -1, axis=1)  # next tokens (the last wraps around: any label will do)
+
+
+def load(family, device="cpu"):
+    model = from_pretrained(os.path.join(FIXTURES, f"{family}-tiny"))
+    return model.to(device) if device != "cpu" else model
+
+
+def batch_shape(model, family):
+    """The shape of a batch of IDS as the model's first layer reads it (a decoder's packed ids)."""
+    return pack_for(model, IDS, None, None, None).shape if family == "llama" else IDS.shape
+
+
+def trainable_names(model, family):
+    """The last decoder layer and the final norm train; the rest (embeddings, first layer, head) is frozen."""
+    last = ".h.1." if family == "gpt2" else ".layers.1."
+    final = ("transformer.ln_f.", "model.norm.")
+    return [n for n, _ in model.named_parameters() if last in n or n.startswith(final)]
+
+
+def freeze_all_but(model, names):
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in names)
+
+
+def frozen_numel(model):
+    return sum(p.numel() for p in model.parameters() if not p.requires_grad)
+
+
+def run(family, freeze, *, device="cpu", precision="fp32", steps=2):
+    """Two AdamW steps over the trainable parameters of a fixture, the others frozen or not."""
+    model = load(family, device)
+    names = trainable_names(model, family)
+    if freeze:
+        freeze_all_but(model, names)
+    optimizer = gt.optim.AdamW([p for n, p in model.named_parameters() if n in names], lr=1e-2)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
+    before = {n: p.data.copy() for n, p in model.named_parameters()}
+    losses = [step(IDS, LABELS).loss for _ in range(steps)]
+    after = {n: p.data.copy() for n, p in model.named_parameters()}
+    return model, names, losses, before, after
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_trainable_parameters_and_losses_are_bit_identical_and_frozen_ones_untouched(family, precision, device):
+    _, names, losses, _, after = run(family, False, device=device, precision=precision)
+    model, names_f, losses_f, before_f, after_f = run(family, True, device=device, precision=precision)
+    assert names == names_f and losses_f == losses
+    for name in names:
+        np.testing.assert_array_equal(after_f[name], after[name], err_msg=name)
+        assert not np.array_equal(after_f[name], before_f[name]), f"{name} did not train"
+    for name, param in model.named_parameters():
+        if name not in names:
+            np.testing.assert_array_equal(after_f[name], before_f[name], err_msg=name)
+            assert param.grad is None, name
+        else:
+            assert param.grad is not None and param.grad.shape == param.shape, name
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_plan_shrinks_by_exactly_the_frozen_gradient_bytes(family):
+    model = load(family)
+    batch = batch_shape(model, family)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), precision="bf16")
+    full = step.memory_plan(batch)
+    full_arenas = model.compiled.arena_plan((batch[0], *batch[1:]), precision="bf16")
+    freeze_all_but(model, trainable_names(model, family))
+    frozen = frozen_numel(model)
+    assert 0 < frozen < model.compiled.num_parameters
+    small = step.memory_plan(batch)  # re-planned: the step notices the requires_grad change
+    assert full["gradients"] - small["gradients"] == 4 * frozen
+    assert small["gradients"] == 4 * model.compiled.num_gradients
+    assert full["total"] - small["total"] == 4 * frozen
+    assert {k: v for k, v in small.items() if k not in ("gradients", "total")} == \
+           {k: v for k, v in full.items() if k not in ("gradients", "total")}
+    arenas = model.compiled.arena_plan((batch[0], *batch[1:]), precision="bf16")
+    assert arenas["gradients"] < full_arenas["gradients"]
+    assert arenas["parameters"] == full_arenas["parameters"]  # the f32 master copy stays (see the report)
+    assert model.compiled.live_arenas()["gradients"] == arenas["gradients"]
+    for param in model.parameters():  # unfreezing plans them all again
+        param.requires_grad_(True)
+    assert step.memory_plan(batch) == full
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_sim_run_with_a_frozen_base_peaks_at_its_plan(precision):
+    """tests/test_memory_plan.py's sim check, with most of a Llama frozen: the device pool's peak
+    over a step is the step's plan, to the byte (the smaller gradient arena included)."""
+    model = load("llama", "sim")
+    names = trainable_names(model, "llama")
+    freeze_all_but(model, names)
+    optimizer = gt.optim.AdamW([p for n, p in model.named_parameters() if n in names], lr=1e-2)
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
+    batch = batch_shape(model, "llama")
+    gc.collect()
+    gc.disable()
+    try:
+        gt.reset_peak_memory_stats("sim:0")
+        plan = mp.plan_step(step, batch)
+        step(IDS, LABELS)
+        peak = gt.memory_stats("sim:0")["peak_reserved_bytes"]
+    finally:
+        gc.enable()
+    assert plan["sim:0"]["gradients"] < plan["sim:0"]["parameters"]
+    assert peak == plan.total("sim:0"), str(plan)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+def test_freeze_step_unfreeze_step_matches_a_run_that_adds_the_parameters_later(device):
+    """freeze -> step -> unfreeze -> step re-plans twice and computes what a run without freezing
+    computes when the later parameters join the optimizer after its first step."""
+    results = []
+    for freeze in (True, False):
+        model = load("llama", device)
+        names = trainable_names(model, "llama")
+        later = [p for n, p in model.named_parameters() if n not in names]
+        if freeze:
+            freeze_all_but(model, names)
+        optimizer = gt.optim.AdamW([p for n, p in model.named_parameters() if n in names], lr=1e-2)
+        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision="bf16")
+        first = step(IDS, LABELS).loss
+        assert model.compiled.num_gradients == (sum(p.numel() for n, p in model.named_parameters() if n in names)
+                                                if freeze else model.compiled.num_parameters)
+        for param in later:
+            param.requires_grad_(True)
+        optimizer.add_param_group({"params": later})
+        second = step(IDS, LABELS).loss
+        assert model.compiled.num_gradients == model.compiled.num_parameters
+        assert all(p.grad is not None for p in model.parameters())
+        results.append((first, second, {n: p.data.copy() for n, p in model.named_parameters()}))
+    (first, second, params), (first_ref, second_ref, params_ref) = results
+    assert (first, second) == (first_ref, second_ref)
+    for name, values in params_ref.items():
+        np.testing.assert_array_equal(params[name], values, err_msg=name)
+
+
+def test_bitfit_freezes_every_weight_and_trains_the_biases():
+    """GPT-2 with only its biases trainable (BitFit): LayerNorm computes its bias gradient alone,
+    Linear its bias and input gradients only; same bits as the unfrozen run over the biases."""
+    results = []
+    for freeze in (True, False):
+        model = load("gpt2")
+        biases = [n for n, _ in model.named_parameters() if n.endswith(".bias")]
+        if freeze:
+            freeze_all_but(model, biases)
+        optimizer = gt.optim.AdamW([p for n, p in model.named_parameters() if n in biases], lr=1e-2)
+        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer)
+        losses = [step(IDS, LABELS).loss for _ in range(2)]
+        results.append((losses, {n: p.data.copy() for n, p in model.named_parameters()}))
+        if freeze:
+            assert model.compiled.num_gradients == sum(p.numel() for n, p in model.named_parameters() if n in biases)
+    (losses, params), (losses_ref, params_ref) = results
+    assert losses == losses_ref
+    for name, values in params_ref.items():
+        np.testing.assert_array_equal(params[name], values, err_msg=name)
+
+
+def param(model, name):
+    return dict(model.named_parameters())[name]
+
+
+def small_classifier():
+    gt.random.manual_seed(0)
+    return nn.Sequential(nn.Embedding(20, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.RMSNorm(8), nn.Linear(8, 5))
+
+
+def test_a_frozen_embedding_and_its_neighbours_get_no_gradient_and_the_rest_matches():
+    ids = np.random.default_rng(1).integers(0, 20, (6,))
+    labels = np.random.default_rng(2).integers(0, 5, (6,))
+    results = []
+    for freeze in (True, False):
+        model = small_classifier()
+        if freeze:  # the table, the LayerNorm's weight and the first Linear: only its input gradient flows
+            for name in ("0.weight", "1.weight", "2.weight", "2.bias"):
+                param(model, name).requires_grad_(False)
+        trained = ["1.bias", "3.weight", "4.weight", "4.bias"]
+        optimizer = gt.optim.SGD([p for n, p in model.named_parameters() if n in trained], lr=0.1)
+        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer)
+        losses = [step(ids, labels).loss for _ in range(3)]
+        grads = {n: None if p.grad is None else p.grad.copy() for n, p in model.named_parameters()}
+        results.append((losses, grads, {n: p.data.copy() for n, p in model.named_parameters()}))
+    (losses, grads, params), (losses_ref, grads_ref, params_ref) = results
+    assert losses == losses_ref
+    for name in ("0.weight", "1.weight", "2.weight", "2.bias"):
+        assert grads[name] is None and grads_ref[name] is not None
+        np.testing.assert_array_equal(params[name], params_ref[name])
+    for name in ("1.bias", "3.weight", "4.weight", "4.bias"):
+        np.testing.assert_array_equal(grads[name], grads_ref[name], err_msg=name)
+        np.testing.assert_array_equal(params[name], params_ref[name], err_msg=name)
+
+
+def test_a_layer_that_cannot_skip_its_gradient_is_refused_by_name_and_nothing_changes():
+    gt.random.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3))
+    x = np.random.default_rng(0).standard_normal((2, 1, 4, 4)).astype(np.float32)
+    y = np.array([0, 2])
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.1))
+    step(x, y)
+    plan = step.memory_plan(x.shape)
+    grad = param(model, "0.weight").grad.copy()
+    weight = param(model, "0.weight")
+    weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"0\.weight: requires_grad=False, but a Conv2d layer cannot skip"):
+        step(x, y)
+    with pytest.raises(ValueError, match=r"0\.weight"):
+        step.memory_plan(x.shape)
+    assert model.compiled.num_gradients == model.compiled.num_parameters
+    np.testing.assert_array_equal(weight.grad, grad)  # the gradient arena was not touched
+    weight.requires_grad_(True)
+    assert step.memory_plan(x.shape) == plan
+    step(x, y)
+    # the Linear after it can be frozen alone
+    param(model, "2.weight").requires_grad_(False)
+    step(x, y)
+    assert param(model, "2.weight").grad is None
+    with pytest.raises(ValueError, match="frozen: expected 4 flags"):
+        model.compiled.set_frozen([True])
+
+
+def test_gradient_arrays_taken_before_a_re_plan_stay_readable():
+    """A NumPy view of the gradients kept across a change of the frozen parameters still reads
+    the (retired) arena it viewed, which lives until the view dies (run under ASan by CI)."""
+    model = small_classifier()
+    ids = np.arange(6) % 20
+    labels = np.arange(6) % 5
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.SGD(model.parameters(), lr=0.1))
+    step(ids, labels)
+    kept = param(model, "4.weight").grad
+    copy = kept.copy()
+    param(model, "0.weight").requires_grad_(False)
+    step(ids, labels)
+    np.testing.assert_array_equal(kept, copy)  # the old arena, not the new one
+    assert not np.array_equal(param(model, "4.weight").grad, copy)
+    with pytest.raises(RuntimeError, match="frozen"):
+        param(model, "0.weight").grad = np.zeros((20, 8), np.float32)
+    del kept
+    gc.collect()
