@@ -262,3 +262,29 @@ def test_gradient_arrays_taken_before_a_re_plan_stay_readable():
         param(model, "0.weight").grad = np.zeros((20, 8), np.float32)
     del kept
     gc.collect()
+
+
+@pytest.mark.sim
+def test_a_sim_trainer_run_with_a_frozen_base_peaks_at_its_plan(tmp_path):
+    """The Trainer's plan (what its start-up block prints) of a GPT-2 whose base is frozen is the
+    device pool's peak, and its start-up block counts the frozen parameters."""
+    model = load("gpt2", "sim")
+    freeze_all_but(model, trainable_names(model, "gpt2"))
+    x, y = np.repeat(IDS, 3, axis=0), np.repeat(LABELS, 3, axis=0)
+    args = gt.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=6, learning_rate=1e-3,
+                                save_strategy="no", logging_steps=50, disable_tqdm=True, seed=3, device="sim",
+                                max_steps=2, bf16=True)
+    gc.collect()
+    trainer = gt.Trainer(model, args, train_dataset=(x, y))
+    gt.reset_peak_memory_stats("sim:0")  # after the model's first gradient arena (all trainable) was replaced
+    plan = trainer.memory_plan()
+    frozen = frozen_numel(model)
+    assert f"({frozen:,} frozen: no gradient)" in trainer._startup_block()
+    assert plan["sim:0"]["gradients"] == model.compiled.arena_plan(x[:6].shape, precision="bf16")["gradients"]
+    before = {n: p.data.copy() for n, p in model.named_parameters() if not p.requires_grad}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert gt.memory_stats("sim:0")["peak_reserved_bytes"] == plan.total("sim:0"), str(plan)
+    for name, param in model.named_parameters():
+        if name in before:
+            np.testing.assert_array_equal(param.data, before[name], err_msg=name)
