@@ -255,6 +255,10 @@ def test_gradient_arrays_taken_before_a_re_plan_stay_readable():
     kept = param(model, "4.weight").grad
     copy = kept.copy()
     param(model, "0.weight").requires_grad_(False)
+    step.memory_plan(ids.shape)  # re-plans: the gradients that stay are kept, at their new place
+    assert param(model, "0.weight").grad is None
+    np.testing.assert_array_equal(param(model, "4.weight").grad, copy)
+    assert param(model, "4.weight").grad is not kept
     step(ids, labels)
     np.testing.assert_array_equal(kept, copy)  # the old arena, not the new one
     assert not np.array_equal(param(model, "4.weight").grad, copy)
@@ -288,3 +292,52 @@ def test_a_sim_trainer_run_with_a_frozen_base_peaks_at_its_plan(tmp_path):
     for name, param in model.named_parameters():
         if name in before:
             np.testing.assert_array_equal(param.data, before[name], err_msg=name)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+def test_a_frozen_table_shared_with_the_lm_head_is_frozen_in_both_uses(device):
+    """tie_word_embeddings: the token table is also the head's weight; frozen, neither use computes
+    its gradient (the head its input gradient only), and the rest trains as without freezing."""
+    from gputrain.models.hf import decoder_models as dm
+
+    config = {"model_type": "llama", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "tie_word_embeddings": True}
+    results = []
+    for freeze in (True, False):
+        gt.random.manual_seed(0)
+        model = dm.LlamaForCausalLM(config)
+        model = model.to(device) if device != "cpu" else model
+        names = [n for n, _ in model.named_parameters()]
+        assert "lm_head.weight" not in names  # one parameter, two uses
+        table = param(model, "model.embed_tokens.weight")
+        if freeze:
+            table.requires_grad_(False)
+        optimizer = gt.optim.AdamW([p for n, p in model.named_parameters() if n != "model.embed_tokens.weight"],
+                                   lr=1e-2)
+        step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer)
+        losses = [step(IDS, LABELS).loss for _ in range(2)]
+        if freeze:
+            assert table.grad is None
+            assert model.compiled.num_gradients == model.compiled.num_parameters - table.numel()
+        results.append((losses, {n: p.data.copy() for n, p in model.named_parameters()}))
+    (losses, params), (losses_ref, params_ref) = results
+    assert losses == losses_ref
+    for name, values in params_ref.items():
+        np.testing.assert_array_equal(params[name], values, err_msg=name)
+
+
+@pytest.mark.sim
+def test_zero_stage_1_refuses_a_model_with_frozen_parameters():
+    """ZeRO-1 cuts the gradient arena as the parameter arena: with frozen parameters they differ,
+    so a device optimizer's shard is refused by name (and built without them frozen)."""
+    model = small_classifier().to("sim")
+    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss())
+    n = len(list(model.parameters()))
+    make = lambda: gt._C.ModelOptimizer("adamw", model.compiled, list(range(n)), [0] * n, [{"lr": 0.1}],  # noqa: E731
+                                        [p.requires_grad for p in model.parameters()], zero_size=2, zero_rank=0)
+    make()
+    param(model, "0.weight").requires_grad_(False)
+    step.memory_plan((6,))
+    with pytest.raises(ValueError, match="zero_stage=1: the model has frozen parameters"):
+        make()
