@@ -161,12 +161,13 @@ def test_freeze_step_unfreeze_step_matches_a_run_that_adds_the_parameters_later(
         np.testing.assert_array_equal(params[name], values, err_msg=name)
 
 
-def test_bitfit_freezes_every_weight_and_trains_the_biases():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+def test_bitfit_freezes_every_weight_and_trains_the_biases(device):
     """GPT-2 with only its biases trainable (BitFit): LayerNorm computes its bias gradient alone,
     Linear its bias and input gradients only; same bits as the unfrozen run over the biases."""
     results = []
     for freeze in (True, False):
-        model = load("gpt2")
+        model = load("gpt2", device)
         biases = [n for n, _ in model.named_parameters() if n.endswith(".bias")]
         if freeze:
             freeze_all_but(model, biases)
@@ -191,16 +192,20 @@ def small_classifier():
     return nn.Sequential(nn.Embedding(20, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.RMSNorm(8), nn.Linear(8, 5))
 
 
-def test_a_frozen_embedding_and_its_neighbours_get_no_gradient_and_the_rest_matches():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+def test_a_frozen_embedding_and_its_neighbours_get_no_gradient_and_the_rest_matches(device):
     ids = np.random.default_rng(1).integers(0, 20, (6,))
     labels = np.random.default_rng(2).integers(0, 5, (6,))
     results = []
     for freeze in (True, False):
         model = small_classifier()
-        if freeze:  # the table, the LayerNorm's weight and the first Linear: only its input gradient flows
-            for name in ("0.weight", "1.weight", "2.weight", "2.bias"):
+        model = model.to(device) if device != "cpu" else model
+        # all frozen but LayerNorm's bias and the head: input gradients flow through the frozen rest
+        frozen = ("0.weight", "1.weight", "2.weight", "2.bias", "3.weight")
+        if freeze:
+            for name in frozen:
                 param(model, name).requires_grad_(False)
-        trained = ["1.bias", "3.weight", "4.weight", "4.bias"]
+        trained = ["1.bias", "4.weight", "4.bias"]
         optimizer = gt.optim.SGD([p for n, p in model.named_parameters() if n in trained], lr=0.1)
         step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer)
         losses = [step(ids, labels).loss for _ in range(3)]
@@ -208,10 +213,10 @@ def test_a_frozen_embedding_and_its_neighbours_get_no_gradient_and_the_rest_matc
         results.append((losses, grads, {n: p.data.copy() for n, p in model.named_parameters()}))
     (losses, grads, params), (losses_ref, grads_ref, params_ref) = results
     assert losses == losses_ref
-    for name in ("0.weight", "1.weight", "2.weight", "2.bias"):
+    for name in ("0.weight", "1.weight", "2.weight", "2.bias", "3.weight"):
         assert grads[name] is None and grads_ref[name] is not None
         np.testing.assert_array_equal(params[name], params_ref[name])
-    for name in ("1.bias", "3.weight", "4.weight", "4.bias"):
+    for name in ("1.bias", "4.weight", "4.bias"):
         np.testing.assert_array_equal(grads[name], grads_ref[name], err_msg=name)
         np.testing.assert_array_equal(params[name], params_ref[name], err_msg=name)
 
@@ -341,3 +346,38 @@ def test_zero_stage_1_refuses_a_model_with_frozen_parameters():
     step.memory_plan((6,))
     with pytest.raises(ValueError, match="zero_stage=1: the model has frozen parameters"):
         make()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("op", ["layernorm", "rmsnorm"])
+def test_norm_backward_ops_skip_a_frozen_weight(backend, op):
+    """A NULL dweight (a frozen weight): the same input gradient (and LayerNorm's bias gradient,
+    alone) as with it, on each backend's own table."""
+    from gputrain import _C_testing
+
+    rng = np.random.default_rng(7)
+    rows, cols = 37, 45
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    dout = rng.standard_normal((rows, cols)).astype(np.float32)
+    weight, bias = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    rstd, mean = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
+    if op == "layernorm":
+        _C_testing.run_op(backend, "layernorm_forward", [np.empty_like(x), mean, rstd, x, weight, bias],
+                          (rows, cols, 1e-5, "f32"))
+        run = lambda dweight, dbias, din: _C_testing.run_op(  # noqa: E731
+            backend, "layernorm_backward", [din, dweight, dbias, dout, x, weight, mean, rstd], (rows, cols, "f32", False))
+    else:
+        _C_testing.run_op(backend, "rmsnorm_forward", [np.empty_like(x), rstd, x, weight], (rows, cols, 1e-6, "f32", 0))
+        run = lambda dweight, dbias, din: _C_testing.run_op(  # noqa: E731
+            backend, "rmsnorm_backward", [din, dweight, dout, x, weight, rstd], (rows, cols, "f32", False, 0))
+    din, dweight, dbias = np.zeros_like(x), np.zeros(cols, np.float32), np.zeros(cols, np.float32)
+    run(dweight, dbias, din)
+    din_frozen, dbias_frozen = np.zeros_like(x), np.zeros(cols, np.float32)
+    run(None, dbias_frozen, din_frozen)
+    np.testing.assert_array_equal(din_frozen, din)
+    assert np.any(dweight != 0)
+    if op == "layernorm":
+        np.testing.assert_array_equal(dbias_frozen, dbias)
+        din_both = np.zeros_like(x)
+        run(None, None, din_both)  # weight and bias frozen: the input gradient alone
+        np.testing.assert_array_equal(din_both, din)
