@@ -365,7 +365,8 @@ def test_norm_backward_ops_skip_a_frozen_weight(backend, op):
         _C_testing.run_op(backend, "layernorm_forward", [np.empty_like(x), mean, rstd, x, weight, bias],
                           (rows, cols, 1e-5, "f32"))
         run = lambda dweight, dbias, din: _C_testing.run_op(  # noqa: E731
-            backend, "layernorm_backward", [din, dweight, dbias, dout, x, weight, mean, rstd], (rows, cols, "f32", False))
+            backend, "layernorm_backward", [din, dweight, dbias, dout, x, weight, mean, rstd],
+            (rows, cols, "f32", False))
     else:
         _C_testing.run_op(backend, "rmsnorm_forward", [np.empty_like(x), rstd, x, weight], (rows, cols, 1e-6, "f32", 0))
         run = lambda dweight, dbias, din: _C_testing.run_op(  # noqa: E731
