@@ -112,7 +112,8 @@ __global__ void layernorm_dparams_kernel(float *dweight, float *dbias, const voi
     }
     if (y == 0 && c < cols) {
         float dw = __double2float_rn(sum_w[0][x]), db = __double2float_rn(sum_b[0][x]);
-        dweight[c] = accumulate ? __fadd_rn(dweight[c], dw) : dw;
+        if (dweight)  // NULL: a frozen weight
+            dweight[c] = accumulate ? __fadd_rn(dweight[c], dw) : dw;
         if (dbias)
             dbias[c] = accumulate ? __fadd_rn(dbias[c], db) : db;
     }
@@ -156,7 +157,6 @@ gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, 
                                      const void *in, const float *weight, const float *mean, const float *rstd,
                                      int64_t rows, int64_t cols, gt_dtype dt, int accumulate) {
     GT_TRY(check_layernorm(in, weight, rows, cols, dt));
-    GT_TRY(gt_op_check_ptr(dweight, "dweight"));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (cols == 0)
@@ -169,9 +169,11 @@ gt_status gt_cuda_layernorm_backward(gt_backend *be, void *din, float *dweight, 
     cudaStream_t stream = stream_of(state);
     dim3 param_block(kParamCols, kParamLanes);
     unsigned param_grid = (unsigned)(((size_t)cols + kParamCols - 1) / kParamCols);
-    GT_LAUNCH_DT(dt, layernorm_dparams_kernel, param_grid, param_block, 0, stream, dweight, dbias, dout, in, mean,
-                 rstd, (size_t)rows, (size_t)cols, accumulate);
-    GT_TRY(gt_cuda_check_launch("layernorm_dparams_kernel launch"));
+    if (dweight || dbias) {  // both NULL: frozen weight and bias, din only
+        GT_LAUNCH_DT(dt, layernorm_dparams_kernel, param_grid, param_block, 0, stream, dweight, dbias, dout, in,
+                     mean, rstd, (size_t)rows, (size_t)cols, accumulate);
+        GT_TRY(gt_cuda_check_launch("layernorm_dparams_kernel launch"));
+    }
     if (rows == 0 || !din)  // a NULL din (the model's first layer): parameter gradients only
         return GT_OK;
     GT_LAUNCH_DT(dt, layernorm_din_kernel, grid_for((size_t)rows, kRowsPerBlock), kThreads, 0, stream, din, dout,

@@ -67,8 +67,8 @@ gt_status gt_cuda_rmsnorm_backward(gt_backend *be, void *din, float *dweight, co
                                    gt_dtype dt,
                                    int accumulate) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
-    if ((weight == NULL) != (dweight == NULL))
-        return GT_FAIL(GT_ERR_VALUE, "dweight: must be given exactly when weight is");
+    if (dweight && !weight)  /* a NULL dweight with a weight: a frozen weight, no gradient */
+        return GT_FAIL(GT_ERR_VALUE, "dweight: needs a weight (none given)");
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     cudaStream_t stream = stream_of(state);

@@ -34,13 +34,14 @@ static gt_status bias_forward(gt_layer *layer, const void *in, gt_run *run) {
 static gt_status bias_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
     const gt_ops *ops = run->backend->ops;
     int64_t cols = layer->in_features;
-    GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, gt_layer_out_numel(layer) / cols, cols,
-                              run->dt, gt_layer_accumulates(layer, run)));
+    if (!layer->bias.frozen)
+        GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, gt_layer_out_numel(layer) / cols, cols,
+                                  run->dt, gt_layer_accumulates(layer, run)));
     if (!din)
         return GT_OK;
     return ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out));
 }
 
 const gt_layer_type gt_layer_type_bias = {
-    "bias", "Bias", GT_LAYER_ARGS(bias_args), GT_KIND_PARAMS, NULL, describe_bias, bias_params, plan_bias,
+    "bias", "Bias", GT_LAYER_ARGS(bias_args), GT_KIND_PARAMS | GT_KIND_FREEZES, NULL, describe_bias, bias_params, plan_bias,
     bias_forward, bias_backward};

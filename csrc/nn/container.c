@@ -14,6 +14,24 @@ gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run) {
     return GT_OK;
 }
 
+int gt_layer_trains(const gt_layer *layer) {
+    if ((layer->weight.numel && !layer->weight.frozen) || (layer->bias.numel && !layer->bias.frozen))
+        return 1;
+    for (size_t i = 0; i < layer->num_children; i++)
+        if (gt_layer_trains(&layer->children[i]))
+            return 1;
+    return 0;
+}
+
+size_t gt_first_trained_child(const gt_layer *layer, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (gt_layer_trains(&layer->children[i]))
+            return i;
+    return n;
+}
+
+/* Without an input gradient wanted (din NULL), the children before the first one that trains
+ * need no backward (nothing before them has a gradient), and that one no input gradient. */
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run) {
     size_t n = layer->num_children;
@@ -21,12 +39,18 @@ gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, c
         return din ? run->backend->ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out))
                    : GT_OK;
     int level = layer->children[0].level;
+    size_t first = din ? 0 : gt_first_trained_child(layer, n);
     const void *cur = dout;
     int next = 0;
     for (size_t i = n; i-- > 0;) {
         gt_layer *child = &layer->children[i];
+        if (i < first) {  /* skipped: still tell the hook (no gradient changes below) */
+            if (layer == run->hooked && i > 0)
+                GT_TRY(run->child_done(run, i));
+            continue;
+        }
         const void *child_in = i > 0 ? layer->children[i - 1].out.ptr : in;
-        void *target = i > 0 ? run->scratch[level][next] : din;
+        void *target = i > first ? run->scratch[level][next] : din;  /* i == first > 0: din is NULL */
         GT_TRY(gt_layer_backward(child, target, cur, child_in, run));
         if (layer == run->hooked && i > 0)  /* after the first layer the backward is over */
             GT_TRY(run->child_done(run, i));

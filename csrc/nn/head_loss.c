@@ -131,6 +131,8 @@ static gt_status head_blocks_backward(gt_model *model, const gt_run *outer) {
     size_t row_bytes = (size_t)head->in_features * gt_dtype_size(model->dt);
     const char *x = head_input(model);
     gt_run run = block_run(model);
+    size_t below = model->root.num_children - 1;  /* layers before the head */
+    int wants_dx = gt_first_trained_child(&model->root, below) < below;  /* else nothing below trains */
     for (int64_t first = 0; first < rows; first += chunk) {
         int64_t n = rows - first < chunk ? rows - first : chunk;
         gt_layer view = block_view(model, n);
@@ -139,7 +141,7 @@ static gt_status head_blocks_backward(gt_model *model, const gt_run *outer) {
                                          model->head_logits, p->targets + first, n, classes, p->label_smoothing,
                                          p->ignore_index, p->loss_scale, p->dloss_divisor, model->dt));
         run.accumulate = outer->accumulate || first > 0;  /* the first block writes, unless the step adds */
-        void *dx = model->root.num_children > 1 ? (char *)model->dout + (size_t)first * row_bytes : NULL;
+        void *dx = wants_dx ? (char *)model->dout + (size_t)first * row_bytes : NULL;
         GT_TRY(gt_linear_backward(&view, dx, model->head_logits,
                                   x + (size_t)first * row_bytes, &run));
     }
@@ -158,12 +160,18 @@ gt_status gt_head_backward(gt_model *model, const void *in, gt_run *run) {
     if (n < 2)
         return GT_OK;
     int level = root->children[0].level;
+    size_t start = gt_first_trained_child(root, n - 1);  /* as gt_sequential_backward's `first` */
     const void *cur = model->dout;
     int next = 0;
     for (size_t i = n - 1; i-- > 0;) {  /* gt_sequential_backward from the layer before the head */
         gt_layer *child = &root->children[i];
+        if (i < start) {
+            if (root == run->hooked && i > 0)
+                GT_TRY(run->child_done(run, i));
+            continue;
+        }
         const void *child_in = i > 0 ? root->children[i - 1].out.ptr : in;
-        void *target = i > 0 ? run->scratch[level][next] : NULL;
+        void *target = i > start ? run->scratch[level][next] : NULL;
         GT_TRY(gt_layer_backward(child, target, cur, child_in, run));
         if (root == run->hooked && i > 0)
             GT_TRY(run->child_done(run, i));

@@ -70,6 +70,8 @@ enum {
     GT_KIND_NO_BUFFER = 4,    /* plans no output buffer: its output is a view or a child's */
     GT_KIND_CONTAINER = 8,    /* holds layers (children) and computes nothing else of its own */
     GT_KIND_READS_IDS = 16,   /* reads the model's int64 ids (a model starting with it takes ids) */
+    GT_KIND_FREEZES = 32,     /* its backward honours frozen parameters (gt_param.frozen: grad NULL,
+                                 no work on it); a kind without it refuses them */
 };
 
 enum { GT_MAX_FROZEN_PIECES = 4 };

@@ -58,7 +58,7 @@ static gt_status linear_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_linear = {
-    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS, NULL, describe_linear, linear_params,
+    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS | GT_KIND_FREEZES, NULL, describe_linear, linear_params,
     gt_plan_linear, gt_linear_forward, gt_linear_backward};
 
 /* ---- Activation: ("activation", function) ---- */
@@ -96,7 +96,7 @@ static gt_status layernorm_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_layernorm = {
-    "layernorm", "LayerNorm", GT_LAYER_ARGS(layernorm_args), GT_KIND_PARAMS, NULL, describe_layernorm,
+    "layernorm", "LayerNorm", GT_LAYER_ARGS(layernorm_args), GT_KIND_PARAMS | GT_KIND_FREEZES, NULL, describe_layernorm,
     layernorm_params, gt_plan_layernorm, gt_layernorm_forward, gt_layernorm_backward};
 
 /* ---- Embedding: ("embedding", num_embeddings, embedding_dim) ---- */
@@ -120,7 +120,7 @@ static gt_status embedding_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_embedding = {
-    "embedding", "Embedding", GT_LAYER_ARGS(embedding_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, NULL,
+    "embedding", "Embedding", GT_LAYER_ARGS(embedding_args), GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES, NULL,
     describe_embedding, embedding_params, gt_plan_embedding, gt_embedding_forward,
     gt_embedding_backward};
 
@@ -177,7 +177,7 @@ static gt_status tokens_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_tokens = {
-    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS, check_tokens,
+    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES, check_tokens,
     describe_tokens, tokens_params, gt_plan_tokens, gt_tokens_forward, gt_tokens_backward};
 
 /* ---- SequencePool: ("pool", mode): "cls", "mean" or "last" (run->last_tokens) ---- */
@@ -207,7 +207,7 @@ static gt_status check_position(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_position = {
-    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args), GT_KIND_PARAMS, check_position,
+    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args), GT_KIND_PARAMS | GT_KIND_FREEZES, check_position,
     describe_position,
     embedding_params, gt_plan_position, gt_position_forward, gt_position_backward};
 

@@ -53,9 +53,12 @@ typedef struct gt_layer gt_layer;
 /* A parameter of a layer: where it lives in the parameter and gradient arenas. */
 typedef struct gt_param {
     float *data;          /* (numel,) in the parameter arena */
-    float *grad;          /* (numel,) in the gradient arena, same offset */
+    float *grad;          /* (numel,) in the gradient arena at grad_offset; NULL when frozen */
     void *lowp;           /* (numel,) half-precision copy for GEMMs in f16/bf16 mode, else NULL */
-    size_t offset;        /* elements from the start of the arenas */
+    size_t offset;        /* elements from the start of the parameter arena (and its half copy) */
+    size_t grad_offset;   /* elements from the start of the gradient arena (trainable only) */
+    int frozen;           /* 1: requires_grad False (gt_model_set_frozen): no gradient, no
+                             weight-gradient work in backward */
     size_t numel;         /* elements */
     int ndim;             /* 1, 2 or 4 */
     int64_t shape[4];     /* (out, in) for weights, (out, in / groups, kh, kw) for convolution
@@ -242,6 +245,12 @@ gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, con
 
 /* 1 when the layer adds its parameter gradients (run->accumulate, or a shared use's rule). */
 int gt_layer_accumulates(const gt_layer *layer, const gt_run *run);
+
+/* 1 when `layer` or a layer inside it has a parameter that is not frozen. */
+int gt_layer_trains(const gt_layer *layer);
+
+/* The first of children [0, n) of `layer` that trains (gt_layer_trains); n when none does. */
+size_t gt_first_trained_child(const gt_layer *layer, size_t n);
 
 /* Rows of a tensor seen as (rows, last dim). */
 int64_t gt_rows_of(const gt_tensor *t);

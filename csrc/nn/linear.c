@@ -2,7 +2,8 @@
  * Backward: dW (+)= dout^T @ in, db (+)= sum of dout rows, din = dout @ W. In half-precision
  * mode the GEMMs read the half copy of W; dW accumulates in f32. A Linear tied to a
  * TokenEmbedding's table uses its first out_features rows; the rows after them (token types) get
- * zeros unless the gradients accumulate (the TokenEmbedding adds to them next). */
+ * zeros unless the gradients accumulate (the TokenEmbedding adds to them next). A frozen weight
+ * or bias (gt_param.frozen) has no gradient: its GEMM or row sum is skipped. */
 #include "nn/layer.h"
 
 /* W as the GEMMs read it: the half copy in f16/bf16 mode, else the f32 master. */
@@ -26,15 +27,15 @@ gt_status gt_linear_forward(gt_layer *layer, const void *in, gt_run *run) {
                                        layer->out_features, run->dt);
 }
 
-gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const void *in,
-                             gt_run *run) {
+/* dW (+)= dout^T @ in (f32); a tied TokenEmbedding's token-type rows after W get zeros unless
+ * the gradients accumulate. */
+static gt_status linear_dweight(gt_layer *layer, const void *dout, const void *in, int accumulate,
+                                gt_run *run) {
     const gt_ops *ops = run->backend->ops;
-    int64_t rows = gt_rows_of(&layer->in_shape);
-    int accumulate = gt_layer_accumulates(layer, run);
     gt_gemm_args dweight = {
-        .trans_a = 1, .trans_b = 0, .m = layer->out_features, .n = layer->in_features, .k = rows,
-        .alpha = 1.0f, .a = dout, .a_dt = run->dt, .lda = layer->out_features,
-        .b = in, .b_dt = run->dt, .ldb = layer->in_features,
+        .trans_a = 1, .trans_b = 0, .m = layer->out_features, .n = layer->in_features,
+        .k = gt_rows_of(&layer->in_shape), .alpha = 1.0f, .a = dout, .a_dt = run->dt,
+        .lda = layer->out_features, .b = in, .b_dt = run->dt, .ldb = layer->in_features,
         .beta = accumulate ? 1.0f : 0.0f, .c = layer->weight.grad, .c_dt = GT_F32,
         .ldc = layer->in_features, .batch = 1,
     };
@@ -42,7 +43,17 @@ gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const
     size_t used = (size_t)(layer->out_features * layer->in_features);
     if (!accumulate && layer->weight.numel > used)  /* a tied TokenEmbedding's token-type rows */
         GT_TRY(ops->zero(run->backend, layer->weight.grad + used, (layer->weight.numel - used) * sizeof(float)));
-    if (layer->has_bias)
+    return GT_OK;
+}
+
+gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                             gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    int64_t rows = gt_rows_of(&layer->in_shape);
+    int accumulate = gt_layer_accumulates(layer, run);
+    if (!layer->weight.frozen)
+        GT_TRY(linear_dweight(layer, dout, in, accumulate, run));
+    if (layer->has_bias && !layer->bias.frozen)
         GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features,
                                   run->dt, accumulate));
     if (!din)

@@ -1,5 +1,6 @@
 /* Model lifetime: parameter layout (one f32 arena each for parameters and gradients, packed in
- * state_dict order), activation planning and allocation, forward, loss and backward.
+ * state_dict order; the gradient arena holds the trainable parameters only, gt_model_set_frozen),
+ * activation planning and allocation, forward, loss and backward.
  *
  * A model runs its device's op table (core/device_backend.h: cpu, cuda:N, sim:N) on the
  * device's default stream, so its work is ordered with the optimizer's and with blocking copies;
@@ -14,6 +15,7 @@
 #include "nn/model.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,8 +54,27 @@ static gt_status set_param(gt_param *param, size_t *offset, const char *layer) {
     GT_TRY(gt_size_align(bytes, what, &bytes));
     param->offset = *offset;
     param->numel = numel;
+    param->frozen = 0;
     *offset = end;
     return GT_OK;
+}
+
+/* Gives every trainable parameter its offset in the gradient arena, in state_dict order (frozen
+ * ones none); a later use of a module takes its first use's parameters again (their flags). */
+static void layout_grads(gt_layer *layer, size_t *offset) {
+    if (layer->tied) {
+        layer->weight = layer->tied->weight;
+        layer->bias = layer->tied->bias;
+        return;
+    }
+    gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int i = 0; i < 2; i++) {
+        params[i]->grad_offset = params[i]->numel && !params[i]->frozen ? *offset : 0;
+        if (params[i]->numel && !params[i]->frozen)
+            *offset += params[i]->numel;  /* at most num_params: checked by the layout */
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        layout_grads(&layer->children[i], offset);
 }
 
 /* Gives every parameter its shape (the kind's params hook) and offset (pass 1) in state_dict
@@ -194,7 +215,7 @@ static void point_param(gt_param *param, gt_model *model) {
     if (param->numel == 0)
         return;
     param->data = (float *)model->params.block.ptr + param->offset;
-    param->grad = (float *)model->grads.block.ptr + param->offset;
+    param->grad = param->frozen ? NULL : (float *)model->grads.block.ptr + param->grad_offset;
     param->lowp = model->lowp_params.block.ptr
                       ? (char *)model->lowp_params.block.ptr + param->offset * gt_dtype_size(model->dt)
                       : NULL;
@@ -208,10 +229,13 @@ static void point_layer(gt_layer *layer, gt_model *model) {
         point_layer(&layer->children[i], model);
 }
 
-/* Bytes the model requests for its parameter arena (the gradient arena is the same). */
+/* Bytes the model requests for its parameter arena. */
 static size_t param_arena_request(const gt_model *model) {
     return gt_align_up(model->num_params * sizeof(float));  /* checked by the layout */
 }
+
+/* Bytes of a gradient arena for `num_grads` f32 elements (at most num_params: checked). */
+static size_t grad_arena_request(size_t num_grads) { return gt_align_up(num_grads * sizeof(float)); }
 
 /* Bytes the model requests for its half copy in `dt` (0: no arena, in f32). */
 static size_t lowp_arena_request(const gt_model *model, gt_dtype dt) {
@@ -274,12 +298,13 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
     GT_TRY(layout_layer(&model->root, &model->num_params));  /* checks every size before anything is allocated */
+    layout_grads(&model->root, &model->num_grads);             /* every parameter trainable */
     GT_TRY(gt_block_alloc(device, step_scratch_request(model), &model->step_scratch));
-    size_t bytes = param_arena_request(model);
-    GT_TRY(gt_arena_create(&model->params, device, bytes));
-    GT_TRY(gt_arena_create(&model->grads, device, bytes));
-    if (model->num_params)
-        GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr, bytes));
+    GT_TRY(gt_arena_create(&model->params, device, param_arena_request(model)));
+    GT_TRY(gt_arena_create(&model->grads, device, grad_arena_request(model->num_grads)));
+    if (model->num_grads)
+        GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
+                                        grad_arena_request(model->num_grads)));
     point_layer(&model->root, model);
     GT_TRY(create_buffers(model));
     GT_TRY(gt_model_init_params(model, seed));
@@ -416,7 +441,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     GT_TRY(gt_size_align(walk->recompute_bytes, what, &plan->recompute_bytes));
     GT_TRY(gt_size_align(walk->workspace_bytes, what, &plan->workspace_bytes));
     plan->param_bytes = model->num_params * sizeof(float);  /* checked by the layout */
-    plan->grad_bytes = plan->param_bytes;
+    plan->grad_bytes = model->num_grads * sizeof(float);
     plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_params * gt_dtype_size(dt);
     plan->buffer_bytes = buffer_arena_request(model);
     size_t total = 0;
@@ -427,6 +452,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
         GT_TRY(gt_size_add(total, parts[i], what, &total));
     plan->total_bytes = total;
     plan->param_arena_bytes = gt_block_reserved_bytes(param_arena_request(model));
+    plan->grad_arena_bytes = gt_block_reserved_bytes(grad_arena_request(model->num_grads));
     plan->lowp_arena_bytes = gt_block_reserved_bytes(lowp_arena_request(model, dt));
     plan->buffer_arena_bytes = gt_block_reserved_bytes(buffer_arena_request(model));
     plan->activation_arena_bytes = gt_block_reserved_bytes(region_bytes(plan));
@@ -783,13 +809,13 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
     return gt_sequential_backward(&model->root, NULL, model->dout, forward_input(model, input), &run);
 }
 
-/* The end (f32 elements) of the furthest parameter gradient that `layer` or a layer inside it
- * writes (shared parameters included), at least `end`. */
+/* The end (f32 elements of the gradient arena) of the furthest parameter gradient that `layer`
+ * or a layer inside it writes (shared parameters included; frozen ones have none), at least `end`. */
 static size_t written_end(const gt_layer *layer, size_t end) {
     const gt_param *params[2] = {&layer->weight, &layer->bias};
     for (int i = 0; i < 2; i++)
-        if (params[i]->numel && params[i]->offset + params[i]->numel > end)
-            end = params[i]->offset + params[i]->numel;
+        if (params[i]->numel && !params[i]->frozen && params[i]->grad_offset + params[i]->numel > end)
+            end = params[i]->grad_offset + params[i]->numel;
     for (size_t c = 0; c < layer->num_children; c++)
         end = written_end(&layer->children[c], end);
     return end;
@@ -823,7 +849,7 @@ gt_status gt_model_read_parameters(gt_model *model, float *host) {
 }
 
 gt_status gt_model_read_gradients(gt_model *model, float *host) {
-    return model_memcpy(model, host, model->grads.block.ptr, model->num_params * sizeof(float));
+    return model_memcpy(model, host, model->grads.block.ptr, model->num_grads * sizeof(float));
 }
 
 gt_status gt_model_write_parameters(gt_model *model, const float *host) {
@@ -859,10 +885,10 @@ gt_status gt_model_restore_buffers(gt_model *model) {
 }
 
 gt_status gt_model_zero_gradients(gt_model *model) {
-    if (model->num_params == 0)
+    if (model->num_grads == 0)
         return GT_OK;
     return model->backend.ops->zero(&model->backend, model->grads.block.ptr,
-                                    model->num_params * sizeof(float));
+                                    model->num_grads * sizeof(float));
 }
 
 gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host) {
@@ -877,5 +903,140 @@ gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host)
     if (status == GT_OK)
         status = gt_cast(staging.ptr, t->dtype, host, GT_F32, n);
     gt_block_free(&staging);
+    return status;
+}
+
+/* The parameters of `layer` and inside it in parameter_layout's order (a shared module's once):
+ * the first `max` into out, *n counting them all. */
+static void collect_params(const gt_layer *layer, const gt_param **out, size_t max, size_t *n) {
+    if (layer->tied)
+        return;
+    const gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int i = 0; i < 2; i++) {
+        if (!params[i]->numel)
+            continue;
+        if (*n < max)
+            out[*n] = params[i];
+        (*n)++;
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        collect_params(&layer->children[i], out, max, n);
+}
+
+size_t gt_model_list_params(const gt_model *model, const gt_param **out, size_t max) {
+    size_t n = 0;
+    collect_params(&model->root, out, max, &n);
+    return n;
+}
+
+int gt_layer_can_freeze(const gt_layer *layer) {
+    return (gt_layer_type_of(layer->kind)->flags & GT_KIND_FREEZES) != 0;
+}
+
+/* Marks in refused[0:count) the parameters of `list` that a layer (any use of a module) of a kind
+ * that cannot skip their gradient reads, with that kind's name in kinds[]. */
+static void mark_refused(const gt_layer *layer, const gt_param **list, size_t count, const char **kinds) {
+    const gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int p = 0; p < 2 && !gt_layer_can_freeze(layer); p++)
+        for (size_t i = 0; params[p]->numel && i < count; i++)
+            if (list[i]->offset == params[p]->offset)
+                kinds[i] = gt_layer_type_of(layer->kind)->title;
+    for (size_t i = 0; i < layer->num_children; i++)
+        mark_refused(&layer->children[i], list, count, kinds);
+}
+
+gt_status gt_model_freezable(const gt_model *model, unsigned char *out, size_t count) {
+    const gt_param **list = calloc(count ? count : 1, sizeof *list);
+    const char **kinds = calloc(count ? count : 1, sizeof *kinds);
+    gt_status status = GT_OK;
+    if (!list || !kinds)
+        status = GT_FAIL(GT_ERR_OOM, "frozen: out of host memory for %zu parameters", count);
+    else if (gt_model_list_params(model, list, count) != count)
+        status = GT_FAIL(GT_ERR_VALUE, "frozen: expected %zu flags (one per parameter), got %zu",
+                         gt_model_list_params(model, NULL, 0), count);
+    if (status == GT_OK) {
+        mark_refused(&model->root, list, count, kinds);
+        for (size_t i = 0; i < count; i++)
+            out[i] = kinds[i] == NULL;
+    }
+    free(kinds);
+    free(list);
+    return status;
+}
+
+/* Refuses a frozen flag on a parameter that a kind without GT_KIND_FREEZES reads; counts the
+ * trainable elements into *num_grads. */
+static gt_status check_frozen(const gt_model *model, const gt_param **list, const unsigned char *frozen,
+                              size_t count, size_t *num_grads) {
+    const char **kinds = calloc(count ? count : 1, sizeof *kinds);
+    if (!kinds)
+        return GT_FAIL(GT_ERR_OOM, "frozen: out of host memory for %zu parameters", count);
+    mark_refused(&model->root, list, count, kinds);
+    gt_status status = GT_OK;
+    *num_grads = 0;
+    for (size_t i = 0; i < count && status == GT_OK; i++) {
+        if (frozen[i] && kinds[i])
+            status = GT_FAIL(GT_ERR_VALUE, "frozen: parameter %zu is read by a %s, which cannot skip its gradient; "
+                             "keep it trainable (requires_grad=True)", i, kinds[i]);
+        if (!frozen[i])
+            *num_grads += list[i]->numel;
+    }
+    free(kinds);
+    return status;
+}
+
+/* A new zeroed gradient arena for `num_grads` elements holding the gradients of the parameters
+ * trainable now and after (frozen: the new flags), at their new place. */
+static gt_status build_grads(gt_model *model, const gt_param **list, const unsigned char *frozen,
+                             size_t count, size_t num_grads, gt_arena *fresh) {
+    GT_TRY(gt_arena_create(fresh, model->backend.device, grad_arena_request(num_grads)));
+    gt_status status = num_grads ? model->backend.ops->zero(&model->backend, fresh->block.ptr,
+                                                            grad_arena_request(num_grads)) : GT_OK;
+    size_t at = 0;
+    for (size_t i = 0; i < count && status == GT_OK; i++) {
+        if (frozen[i])
+            continue;
+        if (!list[i]->frozen)
+            status = model->backend.ops->copy(&model->backend, (float *)fresh->block.ptr + at, list[i]->grad,
+                                              list[i]->numel * sizeof(float));
+        at += list[i]->numel;
+    }
+    if (status != GT_OK)
+        gt_arena_destroy(fresh);
+    return status;
+}
+
+gt_status gt_model_set_frozen(gt_model *model, const unsigned char *frozen, size_t count, gt_arena *retired) {
+    if (retired)
+        memset(retired, 0, sizeof *retired);
+    size_t n = gt_model_list_params(model, NULL, 0);
+    if (count != n)
+        return GT_FAIL(GT_ERR_VALUE, "frozen: expected %zu flags (one per parameter), got %zu", n, count);
+    const gt_param **list = calloc(n ? n : 1, sizeof *list);
+    if (!list)
+        return GT_FAIL(GT_ERR_OOM, "frozen: out of host memory for %zu parameters", n);
+    gt_model_list_params(model, list, n);
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= (frozen[i] != 0) == (list[i]->frozen != 0);
+    size_t num_grads = 0;
+    gt_arena fresh = {0};
+    gt_status status = check_frozen(model, list, frozen, n, &num_grads);
+    if (status == GT_OK && !same)
+        status = build_grads(model, list, frozen, n, num_grads, &fresh);
+    if (status == GT_OK && !same) {  /* nothing fails from here on */
+        for (size_t i = 0; i < n; i++)
+            ((gt_param *)list[i])->frozen = frozen[i] != 0;
+        model->num_grads = 0;
+        layout_grads(&model->root, &model->num_grads);
+        if (retired)
+            *retired = model->grads;
+        else
+            gt_arena_destroy(&model->grads);
+        model->grads = fresh;
+        point_layer(&model->root, model);
+        model->planned = 0;  /* the plan's gradient bytes change (re-planned in the arena it has) */
+    }
+    free(list);
     return status;
 }

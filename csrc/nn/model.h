@@ -29,7 +29,7 @@ typedef struct gt_loss {
 /* Bytes of every region of a model for one input shape, computed before allocating. */
 typedef struct gt_model_plan {
     size_t param_bytes;       /* f32 parameters */
-    size_t grad_bytes;        /* f32 gradients (same layout) */
+    size_t grad_bytes;        /* f32 gradients of the trainable (not frozen) parameters */
     size_t lowp_param_bytes;  /* half copy of the parameters (f16/bf16 mode), else 0 */
     size_t buffer_bytes;      /* buffers: BatchNorm2d running statistics (not parameters) and the
                                  copy a failed training step restores them from, and frozen
@@ -46,7 +46,8 @@ typedef struct gt_model_plan {
                                  0: the logits are planned whole */
     /* What the allocator reserves for each arena of this plan (gt_block_reserved_bytes of the
      * bytes the model requests; the sizes its allocations use): */
-    size_t param_arena_bytes;       /* the parameter arena; the gradient arena is the same size */
+    size_t param_arena_bytes;       /* the parameter arena */
+    size_t grad_arena_bytes;        /* the gradient arena (0 when every parameter is frozen) */
     size_t lowp_arena_bytes;        /* the half copy's arena (0 in f32) */
     size_t buffer_arena_bytes;      /* the buffer arena (0 without buffers) */
     size_t activation_arena_bytes;  /* activations, recompute, scratch, loss buffers, workspace */
@@ -114,8 +115,9 @@ typedef struct gt_model {
     int checkpointing;          /* 1: Residual blocks recompute their inside in backward */
     int grads_valid;            /* 0 after zero_grad(set_to_none): next backward writes */
     size_t num_params;          /* f32 elements in the parameter arena */
+    size_t num_grads;           /* f32 elements in the gradient arena: the trainable parameters' */
     gt_arena params;            /* (num_params,) f32 */
-    gt_arena grads;             /* (num_params,) f32 */
+    gt_arena grads;             /* (num_grads,) f32, the trainable parameters in state_dict order */
     gt_arena lowp_params;       /* (num_params,) f16/bf16 when dt is half */
     size_t buffer_bytes;        /* bytes of the buffers, laid out in state_dict order */
     size_t stat_bytes;          /* the first stat_bytes of them: the running statistics (a failed step
@@ -229,7 +231,28 @@ gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t mi
 /* Changes the activation precision; the half copy is (re)built. */
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt);
 
-/* Copies the (num_params,) f32 parameters or gradients to host memory `host` (from the device
+/* Freezes parameters: frozen[i] (1: requires_grad False) for parameter i of parameter_layout's
+ * order (state_dict order, a shared module's once), `count` of them. A frozen parameter has no
+ * gradient (the gradient arena holds the trainable ones only, packed in that order) and its
+ * layer spends no work on its gradient. Refuses (GT_ERR_VALUE naming the parameter) a kind that
+ * cannot skip a parameter's gradient; on any failure the model is as it was. The gradients of
+ * parameters trainable before and after are kept; newly trainable ones start at zero. The old
+ * gradient arena is handed to *retired (its memory may still be viewed by the caller; it frees it
+ * with gt_arena_destroy), or freed when retired is NULL. */
+gt_status gt_model_set_frozen(gt_model *model, const unsigned char *frozen, size_t count, gt_arena *retired);
+
+/* 1 when a parameter of `layer`'s kind can be frozen (the kind skips its gradient). */
+int gt_layer_can_freeze(const gt_layer *layer);
+
+/* out[i] = 1 when parameter i (parameter_layout's order, `count` of them) may be frozen: every
+ * layer that reads it is of a kind that can skip its gradient. */
+gt_status gt_model_freezable(const gt_model *model, unsigned char *out, size_t count);
+
+/* The parameters in parameter_layout's order (a shared module's once): up to `max` pointers into
+ * out; returns how many there are. */
+size_t gt_model_list_params(const gt_model *model, const gt_param **out, size_t max);
+
+/* Copies the (num_params,) f32 parameters or (num_grads,) gradients to host memory `host` (from the device
  * for a device model), or writes the parameters from `host` (the half copy is refreshed). */
 gt_status gt_model_read_parameters(gt_model *model, float *host);
 gt_status gt_model_read_gradients(gt_model *model, float *host);

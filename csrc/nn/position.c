@@ -25,12 +25,12 @@ gt_status gt_position_forward(gt_layer *layer, const void *in, gt_run *run) {
                          gt_layer_out_numel(layer) / cols, cols, run->dt);
 }
 
-gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, const void *in,
-                               gt_run *run) {
+/* The table's gradient: the column sums of dout in its rows [skip, skip + T), zeros elsewhere
+ * unless the gradients accumulate. */
+static gt_status position_dweight(gt_layer *layer, const void *dout, int accumulate, gt_run *run) {
     const gt_ops *ops = run->backend->ops;
     int64_t cols = position_cols(layer);
     size_t skip = position_skip(layer);
-    int accumulate = gt_layer_accumulates(layer, run);
     GT_TRY(ops->bias_backward(run->backend, layer->weight.grad + skip, dout,
                               gt_layer_out_numel(layer) / cols, cols, run->dt, accumulate));
     size_t unused = layer->weight.numel - skip - (size_t)cols;
@@ -38,7 +38,15 @@ gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, con
         GT_TRY(ops->zero(run->backend, layer->weight.grad, skip * sizeof(float)));
     if (!accumulate && unused > 0)
         GT_TRY(ops->zero(run->backend, layer->weight.grad + skip + cols, unused * sizeof(float)));
+    return GT_OK;
+}
+
+gt_status gt_position_backward(gt_layer *layer, void *din, const void *dout, const void *in,
+                               gt_run *run) {
+    int accumulate = gt_layer_accumulates(layer, run);
+    if (!layer->weight.frozen)  /* a frozen table has no gradient */
+        GT_TRY(position_dweight(layer, dout, accumulate, run));
     if (!din)
         return GT_OK;
-    return ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out));
+    return run->backend->ops->copy(run->backend, din, dout, gt_tensor_bytes(&layer->out));
 }

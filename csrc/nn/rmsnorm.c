@@ -92,10 +92,11 @@ static gt_status rmsnorm_backward(gt_layer *layer, void *din, const void *dout, 
     rmsnorm_config config = config_of(layer);
     int affine = config.affine;
     return run->backend->ops->rmsnorm_backward(
-        run->backend, din, affine ? layer->weight.grad : NULL, dout, in, affine ? layer->weight.data : NULL,
+        run->backend, din, affine && !layer->weight.frozen ? layer->weight.grad : NULL, dout, in,
+        affine ? layer->weight.data : NULL,
         config.plus_one, layer->rstd, op_rows(layer), layer->in_features, run->dt, gt_layer_accumulates(layer, run));
 }
 
 const gt_layer_type gt_layer_type_rmsnorm = {
-    "rmsnorm", "RMSNorm", GT_LAYER_ARGS(rmsnorm_args), GT_KIND_PARAMS, check_rmsnorm,
+    "rmsnorm", "RMSNorm", GT_LAYER_ARGS(rmsnorm_args), GT_KIND_PARAMS | GT_KIND_FREEZES, check_rmsnorm,
     describe_rmsnorm, rmsnorm_params, plan_rmsnorm, rmsnorm_forward, rmsnorm_backward};

@@ -80,6 +80,8 @@ gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const
     int64_t seq = layer->in_shape.shape[2], vocab = layer->num_embeddings, dim = layer->embedding_dim;
     size_t row = (size_t)(seq * dim) * dsize(run);
     int accumulate = gt_layer_accumulates(layer, run);
+    if (layer->weight.frozen)  /* a frozen table: no scatter-add (and ids have no gradient) */
+        return GT_OK;
     for (int64_t b = 0; b < batch; b++) {
         const char *grad = (const char *)dout + (size_t)b * row;
         const int64_t *entry = ids + b * channels * seq;

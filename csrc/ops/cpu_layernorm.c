@@ -113,7 +113,8 @@ GT_INLINE void ln_dparams_body(float *dweight, float *dbias, const void *dout, c
     }
     for (size_t c = 0; c < width; c++) {
         float w = (float)sum_w[c], b = (float)sum_b[c];
-        dweight[col_begin + c] = accumulate ? dweight[col_begin + c] + w : w;
+        if (dweight)  /* NULL: a frozen weight */
+            dweight[col_begin + c] = accumulate ? dweight[col_begin + c] + w : w;
         if (dbias)
             dbias[col_begin + c] = accumulate ? dbias[col_begin + c] + b : b;
     }
@@ -125,15 +126,15 @@ GT_CPU_KERNEL(ln_dparams, (float *dweight, float *dbias, const void *dout, const
 
 /* The weight and bias gradients come first: din may then alias dout (each row of dout is read
  * completely before its din row is written). A NULL din (the model's first layer: no input
- * gradient is wanted) computes the parameter gradients only. */
+ * gradient is wanted) computes the parameter gradients only; a NULL dweight or dbias (a frozen
+ * parameter) is not computed. */
 gt_status gt_cpu_layernorm_backward(gt_backend *be, void *din, float *dweight, float *dbias,
                                     const void *dout, const void *in, const float *weight,
                                     const float *mean, const float *rstd, int64_t rows,
                                     int64_t cols, gt_dtype dt, int accumulate) {
     GT_TRY(check_layernorm(in, weight, rows, cols, dt));
-    GT_TRY(gt_op_check_ptr(dweight, "dweight"));
     __typeof__(&ln_dparams_scalar) dparams = GT_CPU_RUN(ln_dparams);
-    size_t col_blocks = ((size_t)cols + GT_LN_COLS - 1) / GT_LN_COLS;
+    size_t col_blocks = dweight || dbias ? ((size_t)cols + GT_LN_COLS - 1) / GT_LN_COLS : 0;  /* 0: both frozen */
 #pragma omp parallel for schedule(static) if (col_blocks > 1 && rows * cols > GT_CPU_CHUNK)
     for (size_t b = 0; b < col_blocks; b++) {
         size_t begin = b * GT_LN_COLS;

@@ -47,8 +47,8 @@ gt_status gt_cpu_rmsnorm_backward(gt_backend *be, void *din, float *dweight, con
                                   const float *weight, int plus_one, const float *rstd, int64_t rows, int64_t cols,
                                   gt_dtype dt, int accumulate) {
     GT_TRY(check_rmsnorm(in, rows, cols, dt));
-    if ((weight == NULL) != (dweight == NULL))
-        return GT_FAIL(GT_ERR_VALUE, "dweight: must be given exactly when weight is");
+    if (dweight && !weight)  /* a NULL dweight with a weight: a frozen weight, no gradient */
+        return GT_FAIL(GT_ERR_VALUE, "dweight: needs a weight (none given)");
     size_t n = (size_t)rows, c = (size_t)cols, blocks = (c + GT_RMS_COLS - 1) / GT_RMS_COLS;
     if (dweight) {
 #pragma omp parallel for schedule(static) if (blocks > 1 && n * c > GT_CPU_CHUNK)

@@ -293,9 +293,54 @@ static int parse_layer(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     return parse_kind(spec, kind, layer, ctx);
 }
 
+/* What a gradient view's base holds: an arena it frees once it owns it (retired). */
+typedef struct grads_keep {
+    gt_arena arena;  /* a retired gradient arena, once owned */
+    int owned;       /* 1 when `arena` is this keeper's to free */
+} grads_keep;
+
+static const char grads_keep_name[] = "gputrain._C.gradients";
+
+static void grads_keep_free(PyObject *capsule) {
+    grads_keep *keep = PyCapsule_GetPointer(capsule, grads_keep_name);
+    if (keep && keep->owned)
+        gt_arena_destroy(&keep->arena);
+    PyMem_RawFree(keep);
+}
+
+/* The keeper of the model's current gradient arena (borrowed; made on first use), or NULL with
+ * an exception. */
+static PyObject *grads_keeper(ModelObject *self) {
+    if (self->grads_keeper)
+        return self->grads_keeper;
+    grads_keep *keep = PyMem_RawCalloc(1, sizeof *keep);
+    if (!keep)
+        return PyErr_NoMemory();
+    self->grads_keeper = PyCapsule_New(keep, grads_keep_name, grads_keep_free);
+    if (!self->grads_keeper)
+        PyMem_RawFree(keep);
+    return self->grads_keeper;
+}
+
+/* Hands `arena`, no longer the model's, to the keeper of its views (freed with the last of
+ * them; at once when there is none), and empties *arena. */
+static void retire_grads(ModelObject *self, gt_arena *arena) {
+    if (self->grads_keeper) {
+        grads_keep *keep = PyCapsule_GetPointer(self->grads_keeper, grads_keep_name);
+        keep->arena = *arena;
+        keep->owned = 1;
+        Py_CLEAR(self->grads_keeper);
+    } else {
+        gt_arena_destroy(arena);
+    }
+    memset(arena, 0, sizeof *arena);
+}
+
 static void model_dealloc(PyObject *op) {
     ModelObject *self = (ModelObject *)op;
     PyTypeObject *type = Py_TYPE(op);
+    if (self->created && self->grads_keeper)  /* views of the gradients outlive the model */
+        retire_grads(self, &self->model.grads);
     if (self->created)
         gt_model_destroy(&self->model);
     type->tp_free(op);
@@ -373,12 +418,13 @@ static PyObject *model_parameter_arrays(PyObject *op, PyObject *Py_UNUSED(ignore
                             "parameter_arrays: the parameters of this model live on '%s', where NumPy cannot "
                             "view them; copy them with read_parameters()/write_parameters()", name);
     }
-    size_t n = self->model.num_params;
+    size_t n = self->model.num_params, m = self->model.num_grads;
     static float empty[1];
     float *params = n ? self->model.params.block.ptr : empty;
-    float *grads = n ? self->model.grads.block.ptr : empty;
-    PyObject *p = float_view(op, params, n);
-    PyObject *g = p ? float_view(op, grads, n) : NULL;
+    float *grads = m ? self->model.grads.block.ptr : empty;
+    PyObject *keeper = grads_keeper(self);
+    PyObject *p = keeper ? float_view(op, params, n) : NULL;
+    PyObject *g = p ? float_view(keeper, grads, m) : NULL;
     if (!g) {
         Py_XDECREF(p);
         return NULL;
@@ -421,6 +467,88 @@ static PyObject *model_parameter_layout(PyObject *op, PyObject *Py_UNUSED(ignore
     if (list && collect_layout(list, &((ModelObject *)op)->model.root) < 0)
         Py_CLEAR(list);
     return list;
+}
+
+/* The parameters of a model in layout order (PyMem), *count of them; NULL with an exception. */
+static const gt_param **param_list(const gt_model *model, size_t *count) {
+    *count = gt_model_list_params(model, NULL, 0);
+    const gt_param **list = PyMem_Calloc(*count ? *count : 1, sizeof *list);
+    if (!list)
+        return (const gt_param **)PyErr_NoMemory();
+    gt_model_list_params(model, list, *count);
+    return list;
+}
+
+static PyObject *model_gradient_layout(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    size_t n = 0;
+    const gt_param **list = param_list(&((ModelObject *)op)->model, &n);
+    PyObject *out = list ? PyList_New((Py_ssize_t)n) : NULL;
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *item = list[i]->frozen ? Py_NewRef(Py_None) : PyLong_FromSize_t(list[i]->grad_offset);
+        if (!item)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+    }
+    PyMem_Free(list);
+    return out;
+}
+
+static PyObject *model_freezable(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    gt_model *model = &((ModelObject *)op)->model;
+    size_t n = gt_model_list_params(model, NULL, 0);
+    unsigned char *flags = PyMem_Calloc(n ? n : 1, 1);
+    if (!flags)
+        return PyErr_NoMemory();
+    gt_status status = gt_model_freezable(model, flags, n);
+    PyObject *out = status == GT_OK ? PyList_New((Py_ssize_t)n)
+                                    : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+    for (size_t i = 0; out && i < n; i++)
+        PyList_SET_ITEM(out, (Py_ssize_t)i, PyBool_FromLong(flags[i]));
+    PyMem_Free(flags);
+    return out;
+}
+
+/* frozen[i] of a sequence of bools, one per parameter (PyMem), or NULL with an exception. */
+static unsigned char *parse_frozen(PyObject *arg, size_t *count) {
+    PyObject *seq = PySequence_Fast(arg, "frozen must be a sequence of bools");
+    if (!seq)
+        return NULL;
+    *count = (size_t)PySequence_Fast_GET_SIZE(seq);
+    unsigned char *flags = PyMem_Calloc(*count ? *count : 1, 1);
+    if (!flags)
+        PyErr_NoMemory();
+    for (size_t i = 0; flags && i < *count; i++) {
+        int value = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+        if (value < 0) {
+            PyMem_Free(flags);
+            flags = NULL;
+        } else
+            flags[i] = (unsigned char)value;
+    }
+    Py_DECREF(seq);
+    return flags;
+}
+
+static PyObject *model_set_frozen(PyObject *op, PyObject *arg) {
+    ModelObject *self = (ModelObject *)op;
+    size_t count = 0;
+    unsigned char *flags = parse_frozen(arg, &count);
+    if (!flags)
+        return NULL;
+    if (!gtpy_model_enter(op)) {
+        PyMem_Free(flags);
+        return NULL;
+    }
+    gt_arena retired;
+    gt_status status = gt_model_set_frozen(&self->model, flags, count, &retired);
+    gtpy_model_leave(op);
+    PyMem_Free(flags);
+    if (status != GT_OK)
+        return gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
+    if (retired.block.ptr)  /* the arena changed: its views keep the old one */
+        retire_grads(self, &retired);
+    Py_RETURN_NONE;
 }
 
 static int append_buffer(PyObject *list, size_t offset, PyObject *shape, const char *dtype) {
@@ -762,7 +890,7 @@ static int parse_shape(PyObject *module, PyObject *obj, int64_t *shape) {
 static PyObject *arenas_to_dict(const gt_model_plan *plan) {
     PyObject *d = PyDict_New();
     if (!d || put_size(d, "parameters", plan->param_arena_bytes) < 0 ||
-        put_size(d, "gradients", plan->param_arena_bytes) < 0 ||
+        put_size(d, "gradients", plan->grad_arena_bytes) < 0 ||
         put_size(d, "half_parameters", plan->lowp_arena_bytes) < 0 ||
         put_size(d, "buffers", plan->buffer_arena_bytes) < 0 ||
         put_size(d, "activations", plan->activation_arena_bytes) < 0 ||
@@ -820,10 +948,10 @@ static PyObject *init_parameters(PyObject *op, PyObject *arg) {
                            : gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
 }
 
-/* A new (num_params,) float32 array read by `read` (parameters or gradients). */
-static PyObject *read_flat(PyObject *op, gt_status (*read)(gt_model *, float *)) {
+/* A new (count,) float32 array read by `read` (parameters or gradients). */
+static PyObject *read_flat(PyObject *op, gt_status (*read)(gt_model *, float *), size_t count) {
     ModelObject *self = (ModelObject *)op;
-    npy_intp dims[1] = {(npy_intp)self->model.num_params};
+    npy_intp dims[1] = {(npy_intp)count};
     PyObject *array = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
     if (!array)
         return NULL;
@@ -839,11 +967,11 @@ static PyObject *read_flat(PyObject *op, gt_status (*read)(gt_model *, float *))
 }
 
 static PyObject *read_parameters(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    return read_flat(op, gt_model_read_parameters);
+    return read_flat(op, gt_model_read_parameters, ((ModelObject *)op)->model.num_params);
 }
 
 static PyObject *read_gradients(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    return read_flat(op, gt_model_read_gradients);
+    return read_flat(op, gt_model_read_gradients, ((ModelObject *)op)->model.num_grads);
 }
 
 static PyObject *write_parameters(PyObject *op, PyObject *arg) {
@@ -884,6 +1012,7 @@ static PyObject *get_grads_valid(PyObject *op, void *c) { return PyBool_FromLong
 static PyObject *get_step(PyObject *op, void *c) { return PyLong_FromUnsignedLong(((ModelObject *)op)->model.step); }
 static PyObject *get_seed(PyObject *op, void *c) { return PyLong_FromUnsignedLongLong(((ModelObject *)op)->model.seed); }
 static PyObject *get_num_parameters(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_params); }
+static PyObject *get_num_gradients(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_grads); }
 static PyObject *get_precision(PyObject *op, void *c) { return PyUnicode_FromString(gt_dtype_name(((ModelObject *)op)->model.dt)); }
 
 static PyObject *get_device(PyObject *op, void *c) {
@@ -1050,6 +1179,13 @@ static PyObject *get_busy(PyObject *op, void *c) { return PyBool_FromLong(((Mode
 static PyMethodDef model_methods[] = {
     {"parameter_arrays", model_parameter_arrays, METH_NOARGS, "(parameters, gradients) as flat float32 views."},
     {"parameter_layout", model_parameter_layout, METH_NOARGS, "[(offset, shape)] in state_dict order."},
+    {"gradient_layout", model_gradient_layout, METH_NOARGS,
+     "[offset in the gradient arena, or None when frozen] of each parameter, in state_dict order."},
+    {"freezable", model_freezable, METH_NOARGS,
+     "[bool] per parameter (state_dict order): True when every layer reading it can skip its gradient."},
+    {"set_frozen", model_set_frozen, METH_O,
+     "set_frozen(frozen)\n--\n\nFreeze parameters (one bool per parameter, state_dict order): no gradient, "
+     "no weight-gradient work; the gradient arena is laid out again (kept gradients stay, new ones are zeros)."},
     {"forward", model_forward, METH_O, "Forward on x; returns a new float32 array."},
     {"plan", (PyCFunction)(void (*)(void))model_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(shape, checkpointing=False, precision=None)\n--\n\nBytes of every region for an input shape."},
@@ -1081,6 +1217,7 @@ static PyGetSetDef model_getset[] = {
     {"step", get_step, set_step, "Optimizer steps taken (keys dropout masks).", NULL},
     {"precision", get_precision, set_precision, "Activation precision: 'f32', 'f16' or 'bf16'.", NULL},
     {"num_parameters", get_num_parameters, NULL, "Number of f32 parameters.", NULL},
+    {"num_gradients", get_num_gradients, NULL, "Number of f32 gradients: the trainable parameters' elements.", NULL},
     {"device", get_device, NULL, "Where the arenas live and the ops run: 'cpu' or 'cuda:N'.", NULL},
     {"seed", get_seed, NULL, "The initialisation and dropout seed.", NULL},
     {"current_plan", get_current_plan, NULL, "Bytes of the allocated plan, or None.", NULL},

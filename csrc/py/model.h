@@ -10,6 +10,10 @@ typedef struct {
     PyObject_HEAD
     gt_model model;  /* the compiled layer tree and its arenas */
     int created;     /* 1 once gt_model_create ran (its arenas must be freed) */
+    PyObject *grads_keeper; /* NULL, or the capsule that the NumPy views of the current gradient
+                               arena have as base: it takes that arena over when the arena is
+                               retired (gt_model_set_frozen) or the model dies, and frees it with
+                               the last view */
     int busy;        /* 1 while a call (a training step, an EMA update, ...) uses it without the
                         GIL: every other call that reads or changes the model raises */
 } ModelObject;

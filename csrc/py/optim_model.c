@@ -89,14 +89,11 @@ static void cut_to_shard(size_t first, size_t end, size_t *offset, size_t *numel
     *numel = lo < hi ? hi - lo : 0;
 }
 
-/* One descriptor per optimizer parameter, pointing into the model's arenas; with config->zero_size
- * > 0, at the part of it in shard zero_rank of the arena (gt_comm_chunk's, as gputrain.optim.zero). */
-static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *layout, const param_args *a,
-                       const gt_optimizer_config *config, gt_optim_param_desc *descs) {
+/* build_descs over `list`, the model's parameters in layout order; [first, first + count) is the
+ * shard (the whole arena without ZeRO-1, where grads share the parameters' offsets). */
+static int build_descs_in(ModelOptimizerObject *self, gt_model *model, PyObject *layout, const gt_param **list,
+                          const param_args *a, size_t first, size_t count, gt_optim_param_desc *descs) {
     Py_ssize_t num_layout = PyList_GET_SIZE(layout);
-    size_t first = 0, count = model->num_params;
-    if (config->zero_size > 0)
-        gt_comm_chunk(model->num_params, config->zero_size, config->zero_rank, &first, &count);
     for (size_t i = 0; i < self->num_params; i++) {
         Py_ssize_t at = index_in(a->indices, (Py_ssize_t)i, "indices", num_layout);
         Py_ssize_t group = at < 0 ? -1 : index_in(a->groups, (Py_ssize_t)i, "groups", (Py_ssize_t)self->num_groups);
@@ -105,12 +102,44 @@ static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *la
         if (trainable < 0 || layout_entry(PyList_GET_ITEM(layout, at), (size_t)at, model->num_params, &offset,
                                           &self->numels[i]) < 0)
             return -1;
+        size_t skip = offset;  /* elements of the parameter before its shard */
         cut_to_shard(first, first + count, &offset, &self->numels[i]);
-        float *grad = trainable ? (float *)model->grads.block.ptr + offset : NULL;
+        skip = offset - skip;
+        const gt_param *param = list[at];
+        float *grad = trainable && !param->frozen && self->numels[i] ? param->grad + skip : NULL;
         descs[i] = (gt_optim_param_desc){(float *)model->params.block.ptr + offset, grad, self->numels[i],
                                          (size_t)group};
     }
     return 0;
+}
+
+/* One descriptor per optimizer parameter, pointing into the model's arenas; with config->zero_size
+ * > 0, at the part of it in shard zero_rank of the arena (gt_comm_chunk's, as gputrain.optim.zero). */
+static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *layout, const param_args *a,
+                       const gt_optimizer_config *config, gt_optim_param_desc *descs) {
+    Py_ssize_t num_layout = PyList_GET_SIZE(layout);
+    size_t first = 0, count = model->num_params;
+    if (config->zero_size > 0 && model->num_grads != model->num_params) {
+        PyErr_SetString(PyExc_ValueError, "zero_stage=1: the model has frozen parameters (requires_grad=False), "
+                        "whose gradient arena is not laid out as its parameters; ZeRO-1 shards both alike: "
+                        "unfreeze them or leave zero_stage at 0");
+        return -1;
+    }
+    if (config->zero_size > 0)
+        gt_comm_chunk(model->num_params, config->zero_size, config->zero_rank, &first, &count);
+    const gt_param **list = PyMem_Calloc((size_t)num_layout ? (size_t)num_layout : 1, sizeof *list);
+    if (!list) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (gt_model_list_params(model, list, (size_t)num_layout) != (size_t)num_layout) {
+        PyMem_Free(list);
+        PyErr_SetString(PyExc_RuntimeError, "model: parameter_layout() does not match its parameters");
+        return -1;
+    }
+    int rc = build_descs_in(self, model, layout, list, a, first, count, descs);
+    PyMem_Free(list);
+    return rc;
 }
 
 static int create_core(ModelOptimizerObject *self, PyObject *module, gt_optimizer_config *config,

@@ -655,7 +655,7 @@ static const op_spec specs[] = {
     {"scale", 2, {"out", "in"}, 0, parse_scale, run_scale, 0},
     {"layernorm_forward", 6, {"out", "mean", "rstd", "in", "weight", "bias"}, 1u << 5, parse_layernorm_forward,
      run_layernorm_forward, 0},
-    {"layernorm_backward", 8, {"din", "dweight", "dbias", "dout", "in", "weight", "mean", "rstd"}, 1u << 0 | 1u << 2,
+    {"layernorm_backward", 8, {"din", "dweight", "dbias", "dout", "in", "weight", "mean", "rstd"}, 1u << 0 | 1u << 1 | 1u << 2,
      parse_layernorm_backward, run_layernorm_backward, 0},
     {"rmsnorm_forward", 4, {"out", "rstd", "in", "weight"}, 1u << 3, parse_rmsnorm_forward, run_rmsnorm_forward, 0},
     {"rmsnorm_backward", 6, {"din", "dweight", "dout", "in", "weight", "rstd"}, 1u << 0 | 1u << 1 | 1u << 4,

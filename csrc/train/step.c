@@ -73,7 +73,7 @@ static gt_status final_grads(void *ctx, size_t final_from) {
 static gt_status backward_summed(gt_model *model, const gt_tensor *x, uint64_t micro, int accumulate,
                                  gt_comm *comm) {
     gt_comm_overlap ov;
-    GT_TRY(gt_comm_overlap_begin(comm, model->grads.block.ptr, model->num_params, comm->bucket_elems, &ov));
+    GT_TRY(gt_comm_overlap_begin(comm, model->grads.block.ptr, model->num_grads, comm->bucket_elems, &ov));
     gt_backward_hook hook = {.final = final_grads, .ctx = &ov};
     gt_status status = gt_model_backward_hooked(model, x, micro, accumulate, &hook);
     if (status != GT_OK) {
@@ -101,9 +101,9 @@ static gt_status accumulate_gradients(gt_model *model, const gt_tensor *inputs,
     int64_t rows = inputs->shape[0] / cfg->micro_batches;
     float dloss_divisor = (float)(cfg->micro_batches * world_size(cfg));
     GT_TRY(poll_interrupt(model, cfg, 0));
-    if (!cfg->set_to_none && model->num_params)
+    if (!cfg->set_to_none && model->num_grads)
         GT_TRY(model->backend.ops->zero(&model->backend, model->grads.block.ptr,
-                                        model->num_params * sizeof(float)));
+                                        model->num_grads * sizeof(float)));
     uint64_t first_micro = cfg->comm ? (uint64_t)cfg->comm->rank * (uint64_t)cfg->micro_batches : 0;
     for (int m = 0; m < cfg->micro_batches; m++) {
         uint64_t micro = first_micro + (uint64_t)m;  /* its index in the step of all ranks (dropout) */
@@ -152,7 +152,7 @@ static gt_status sum_over_ranks(gt_model *model, const gt_step_config *cfg, cons
     if (!sharded(cfg))
         return GT_OK;
     *sums_done = 1;
-    gt_status status = gt_zero_sums(cfg->comm, model->grads.block.ptr, model->num_params, scaler, want_norm,
+    gt_status status = gt_zero_sums(cfg->comm, model->grads.block.ptr, model->num_grads, scaler, want_norm,
                                     &record->found_inf, &record->grad_sumsq);
     if (status != GT_OK)
         model->grads_valid = 0;  /* part of them may be summed */

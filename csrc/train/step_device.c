@@ -50,7 +50,7 @@ gt_status gt_step_device_unscale(gt_model *model) {
     gt_scaler *state = &scratch_of(model)->scaler;
     gt_step_record *record = current(model);
     GT_TRY(model->device->scaler_unscale_check(index_of(model), NULL, state, model->grads.block.ptr,
-                                               model->num_params, &record->found_inf));
+                                               model->num_grads, &record->found_inf));
     return gt_step_device_scaler_update(model);
 }
 
@@ -65,12 +65,12 @@ void gt_step_device_scaler_ran(gt_model *model, int found_inf) {
 
 gt_status gt_step_device_sumsq(gt_model *model) {
     gt_step_record *record = current(model);
-    return model->device->grad_sumsq_async(index_of(model), NULL, model->grads.block.ptr, model->num_params,
+    return model->device->grad_sumsq_async(index_of(model), NULL, model->grads.block.ptr, model->num_grads,
                                            &record->grad_sumsq, record->sumsq_totals);
 }
 
 gt_status gt_step_device_clip(gt_model *model, double max_norm) {
-    return model->device->grad_clip(index_of(model), NULL, model->grads.block.ptr, model->num_params,
+    return model->device->grad_clip(index_of(model), NULL, model->grads.block.ptr, model->num_grads,
                                     &current(model)->grad_sumsq, max_norm);
 }
 
@@ -87,6 +87,6 @@ gt_status gt_step_device_gather_shards(gt_model *model, gt_comm *comm) {
 }
 
 gt_status gt_step_device_sum_over_ranks(gt_model *model, gt_comm *comm) {
-    return gt_comm_device_allreduce(comm, model->device, index_of(model), model->grads.block.ptr, model->num_params,
+    return gt_comm_device_allreduce(comm, model->device, index_of(model), model->grads.block.ptr, model->num_grads,
                                     &current(model)->loss_sum);
 }

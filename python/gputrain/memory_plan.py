@@ -193,6 +193,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
     precision = parse_precision(precision)
     compiled = model.compiled
+    model._sync_frozen()  # parameters with requires_grad False have no gradient to plan
     if loss_chunk_rows is not None and loss_chunk_rows != compiled.loss_chunk_rows:
         previous = compiled.loss_chunk_rows
         compiled.loss_chunk_rows = loss_chunk_rows  # checked in C

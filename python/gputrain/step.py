@@ -477,6 +477,7 @@ class TrainStep:
         """Refuses an optimizer with a parameter that is not the model's: the step computes the
         gradients of the model's parameters only, so it would update nothing or apply stale
         gradients, on any device. (Non-optimizers are checked in C.)"""
+        self.model._sync_frozen()  # requires_grad False: no gradient, no weight-gradient work
         compiled = self.model._compiled
         if not isinstance(self.optimizer, Optimizer) or compiled is None:
             return
@@ -680,4 +681,5 @@ class TrainStep:
                              f"(micro_batches); use a batch size divisible by {steps}")
         micro = (shape[0] // steps * (2 if self.rdrop_alpha > 0 else 1), *shape[1:])  # R-Drop: stacked twice
         compiled = self.model.compiled
+        self.model._sync_frozen()  # the frozen parameters' gradients are not planned
         return compiled.plan(micro, checkpointing=compiled.checkpointing, precision=compiled.precision)

@@ -622,12 +622,11 @@ class Trainer:
         rows *= 2 if args.rdrop_alpha else 1  # R-Drop: the step stacks each micro-batch on itself
         kind = "sgd" if args.optim == "sgd" else "adamw8bit" if args.optim in EIGHT_BIT_NAMES else "adamw"
         shards = distributed.get_world_size() if args.zero_stage else 1  # ZeRO-1: one rank's share
-        param_groups = self._param_groups()
+        param_groups = self._param_groups()  # the parameters with requires_grad: frozen ones keep no state
         groups = ({},) * len(param_groups)  # a device optimizer's update table has a row per group
         # AdamW8bit's state is planned per parameter (blocks of 256 start at each); AdamW's by the total
-        numels = (tuple(p.numel() for g in param_groups for p in g["params"]) if kind == "adamw8bit"
-                  else (self.model.compiled.num_parameters,))
-        optimizer = mp.OptimizerSpec(kind, numels, groups,
+        numels = tuple(p.numel() for group in param_groups for p in group["params"])
+        optimizer = mp.OptimizerSpec(kind, numels if kind == "adamw8bit" else (sum(numels),), groups,
                                      cpu_offload_fraction=offload, zero_shards=shards)
         return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
                                 checkpointing=args.gradient_checkpointing, optimizer=optimizer,
@@ -715,6 +714,9 @@ class Trainer:
         loader = self.train_dataloader
         examples = self._num_examples()
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # the rest is frozen
+        total = self.model.compiled.num_parameters
+        frozen = f" ({total - trainable:,} frozen: no gradient)" if trainable < total else ""
         lines = [
             "***** Running training *****",
             f"  Num examples = {examples:,}" if examples is not None else "  Num examples = unknown (iterable)",
@@ -724,7 +726,7 @@ class Trainer:
             f"{per_step * distributed.get_world_size():,}",
             f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}",
             f"  Total optimization steps = {self.state.max_steps:,}",
-            f"  Number of trainable parameters = {self.model.compiled.num_parameters:,}",
+            f"  Number of trainable parameters = {trainable:,}{frozen}",
             f"  Optimization steps = {self._updates_per_epoch} per epoch x {self.state.num_train_epochs} epochs: "
             f"{self.state.max_steps} in all",
             f"  Batch = {args.per_device_train_batch_size} per device x {args.gradient_accumulation_steps} "

@@ -67,6 +67,7 @@ class _Compiled:
         self.device = device
         self.on_host = self.model.device == "cpu"  # False: arenas in device memory, no NumPy views
         self.params_flat, self.grads_flat = self.model.parameter_arrays() if self.on_host else (None, None)
+        self.frozen: list[bool] | None = None  # what set_frozen was last given (None: nothing frozen yet)
 
     @property
     def grads_valid(self) -> bool:
@@ -233,6 +234,7 @@ class Module:
         compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device, precision)
         self._keep_buffers(compiled, previous_buffers)
         layout = compiled.model.parameter_layout()
+        grad_layout = compiled.model.gradient_layout()
         slots = list(self._unique_param_slots())
         if len(slots) != len(layout):
             raise RuntimeError(f"internal: {len(slots)} parameter names for {len(layout)} parameters")
@@ -247,7 +249,7 @@ class Module:
             compiled.model.write_parameters(flat)  # refreshes the half copy too
         for index, ((module, local, full), (offset, shape)) in enumerate(zip(slots, layout)):
             if not compiled.on_host:  # device memory: Parameters that read copies
-                slot = DeviceSlot(compiled, index, offset, tuple(shape))
+                slot = DeviceSlot(compiled, index, offset, tuple(shape), grad_layout[index])
                 if local in module._params:
                     module._params[local]._move_to_device(slot, full)
                 else:
@@ -270,6 +272,47 @@ class Module:
         self._compiled = compiled
         self._apply_training(self.training)
         return compiled
+
+    def _sync_frozen(self) -> None:
+        """Freezes in the compiled model (this root's) the parameters whose requires_grad is False and
+        unfreezes the others: a frozen one gets no gradient storage and no weight-gradient work
+        (the gradient arena holds the trainable ones only). Run when a TrainStep is built or called
+        and by the memory plans; free unless some requires_grad changed. A parameter that a layer
+        which cannot skip its gradient reads (Conv2d, BatchNorm2d) raises ValueError naming it,
+        changing nothing."""
+        if self._owner is not None:  # a layer of a compiled container: its root's model
+            self._owner._sync_frozen()
+            return
+        compiled = self._compiled
+        if compiled is None:
+            return
+        slots = list(self._unique_param_slots())
+        frozen = [not module._params[local].requires_grad for module, local, _ in slots]
+        if frozen == (compiled.frozen or [False] * len(slots)):
+            return
+        for (module, local, full), freeze, ok in zip(slots, frozen, compiled.model.freezable()):
+            if freeze and not ok:
+                raise ValueError(f"{full}: requires_grad=False, but a {type(module).__name__} layer cannot skip the "
+                                 "gradient of its parameters; keep them trainable (requires_grad=True)")
+        compiled.model.set_frozen(frozen)
+        compiled.frozen = frozen
+        self._point_gradients(compiled, slots)
+
+    def _point_gradients(self, compiled: _Compiled, slots: list[tuple[Module, str, str]]) -> None:
+        """Re-points every Parameter at its place in the (re-laid-out) gradient arena."""
+        grad_layout = compiled.model.gradient_layout()
+        layout = compiled.model.parameter_layout()
+        if compiled.on_host:
+            compiled.params_flat, compiled.grads_flat = compiled.model.parameter_arrays()
+        for index, ((module, local, _), (offset, shape), grad_offset) in enumerate(zip(slots, layout, grad_layout)):
+            param = module._params[local]
+            if not compiled.on_host:
+                param._device = DeviceSlot(compiled, index, offset, tuple(shape), grad_offset)
+            elif grad_offset is None:
+                param._grad_storage = None
+            else:
+                param._grad_storage = compiled.grads_flat[grad_offset:grad_offset + int(np.prod(shape))].reshape(shape)
+        Parameter.generation = next(Parameter._generations)  # optimizers re-point their C cores
 
     def _keep_buffers(self, compiled: _Compiled, values: dict[tuple[int, str], np.ndarray]) -> None:
         """Writes the buffers the modules already had into the new model `compiled`."""

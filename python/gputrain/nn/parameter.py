@@ -16,6 +16,10 @@ A Parameter is one object wherever its module goes: when a container compiles a 
 its arenas, the layer's Parameter objects are moved there (`_move_to_arena`), not replaced.
 `Parameter.generation` changes whenever a parameter moves or its requires_grad changes, so an
 optimizer re-checks what its C core points into only then.
+
+A parameter of a model with requires_grad False is frozen once the model is next planned (a
+TrainStep built or called, a memory plan made: Module._sync_frozen): it then has no gradient
+storage at all (`.grad` reads None), and the model's gradient arena holds the trainable ones only.
 """
 
 from __future__ import annotations
@@ -38,20 +42,31 @@ class GradOwner(Protocol):
 
 class DeviceSlot:
     """Where a parameter of a model on a device lives: entry `index` of its C model's
-    parameter_layout(), `shape` at element `offset` of the parameter and gradient arenas. One
-    object per placement (a move makes a new one), so optimizers compare them by identity."""
+    parameter_layout(), `shape` at element `offset` of the parameter arena and `grad_offset` of the
+    gradient arena (None: frozen, no gradient). One object per placement (a move or a change of
+    the frozen parameters makes a new one), so optimizers compare them by identity."""
 
-    __slots__ = ("compiled", "index", "offset", "shape")
+    __slots__ = ("compiled", "grad_offset", "index", "offset", "shape")
 
-    def __init__(self, compiled: Any, index: int, offset: int, shape: tuple[int, ...]) -> None:
+    def __init__(self, compiled: Any, index: int, offset: int, shape: tuple[int, ...],
+                 grad_offset: int | None) -> None:
         self.compiled = compiled  # the module's _Compiled (its .model is the _C.Model)
         self.index = index
         self.offset = offset
         self.shape = shape
+        self.grad_offset = grad_offset
 
     def read(self, flat: np.ndarray) -> np.ndarray:
         """This parameter's slice of a host copy of a flat arena, read-only."""
         array = flat[self.offset:self.offset + int(np.prod(self.shape))].reshape(self.shape)
+        array.flags.writeable = False
+        return array
+
+    def read_grad(self, flat: np.ndarray) -> np.ndarray | None:
+        """This parameter's slice of a host copy of the gradient arena, read-only; None when frozen."""
+        if self.grad_offset is None:
+            return None
+        array = flat[self.grad_offset:self.grad_offset + int(np.prod(self.shape))].reshape(self.shape)
         array.flags.writeable = False
         return array
 
@@ -197,7 +212,9 @@ class Parameter:
         if not valid:
             return None
         if self._device is not None:
-            return self._device.read(self._device.compiled.model.read_gradients())
+            if self._device.grad_offset is None:  # frozen: no gradient (no copy of the arena made)
+                return None
+            return self._device.read_grad(self._device.compiled.model.read_gradients())
         return self._grad_storage
 
     @grad.setter
@@ -210,6 +227,9 @@ class Parameter:
         if self._device is not None:
             raise RuntimeError(f"grad: this parameter lives on '{self.device}', where the training step writes "
                                "its gradient; it can only be set to None")
+        if self._owner is not None and self._grad_storage is None:
+            raise RuntimeError(f"grad: parameter {self.name!r} is frozen (requires_grad=False): it has no gradient "
+                               "storage; set requires_grad=True and run a step (or a memory plan) first")
         array = np.asarray(value)
         if array.shape != self._data.shape:
             raise ValueError(f"grad: expected shape {self._data.shape}, got {array.shape}")

@@ -66,6 +66,8 @@ class Shard:
         self.rank, self.size = comm.rank, comm.size
         self.on_device = params[0]._device is not None  # the C optimizer cuts the shard (ModelOptimizer)
         model = next(iter(owners.values())).model
+        self._model = model
+        self.check_unfrozen()
         self._flat, self._flat_grads = (None, None) if self.on_device else model.parameter_arrays()
         self.n = int(model.num_parameters if self.on_device else self._flat.size)
         self.first, self.end = shard_range(self.n, self.size, self.rank)
@@ -104,8 +106,18 @@ class Shard:
             out.append((self._flat[offset + lo:offset + hi], grad))
         return out
 
+    def check_unfrozen(self) -> None:
+        """ValueError when the model has frozen parameters: its gradient arena then holds the trainable
+        ones only, so it is not cut as the parameter arena (ZeRO-1 cuts both alike)."""
+        if self._model.num_gradients != self._model.num_parameters:
+            raise ValueError("zero_stage=1: the model has frozen parameters (requires_grad=False), whose gradient "
+                             "arena is not laid out as its parameters; ZeRO-1 shards both alike: unfreeze them "
+                             "or leave zero_stage at 0")
+
     def check_unmoved(self, params: list[Any]) -> None:
-        """RuntimeError when a parameter moved since the shard was cut (its model was rebuilt)."""
+        """RuntimeError when a parameter moved since the shard was cut (its model was rebuilt);
+        ValueError when the model has frozen parameters since (check_unfrozen)."""
+        self.check_unfrozen()
         if any(self._placement(p) is not placed for p, placed in zip(params, self._placed)):
             raise RuntimeError("zero_stage=1: a parameter moved to another arena after the optimizer was built; "
                                "build the optimizer after the model")
