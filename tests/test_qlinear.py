@@ -111,6 +111,27 @@ def test_the_input_gradient_is_a_linears_and_the_weight_has_none(precision):
         q.requires_grad_(True)
 
 
+def test_a_frozen_bias_gets_no_gradient_and_the_layers_below_still_train():
+    """QLinear honours frozen parameters (the frozen-parameter rule): its frozen bias has no gradient
+    and stays as it was, while the Linear below it gets the same gradient as with the bias trainable."""
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((32, 24)).astype(np.float32), rng.integers(0, 48, 32).astype(np.int64)
+    results = []
+    for freeze in (False, True):
+        gt.random.manual_seed(0)
+        q, _ = pair(48, 96)
+        model = nn.Sequential(nn.Linear(24, 96), q)
+        q.bias.requires_grad_(not freeze)
+        bias = q.bias.data.copy()
+        step = gt.TrainStep(model, nn.CrossEntropyLoss(), None)
+        loss = step(x, y).loss
+        results.append((loss, model[0].weight.grad.copy(), q.bias.grad))
+        assert ref.same_bits(q.bias.data, bias)
+    (loss, below, bias_grad), (frozen_loss, frozen_below, frozen_bias_grad) = results
+    assert loss == frozen_loss and ref.same_bits(below, frozen_below)
+    assert bias_grad is not None and frozen_bias_grad is None
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_tiles_give_the_reference_within_the_gemms_rounding(precision):
     """tile_rows 16 (rounded to whole blocks: 16 rows of 96 = 24 blocks): three tiles; forward and

@@ -231,7 +231,7 @@ static gt_status qlinear_backward(gt_layer *layer, void *din, const void *dout, 
     (void)in;
     const gt_ops *ops = run->backend->ops;
     int64_t rows = gt_rows_of(&layer->in_shape);
-    if (layer->has_bias)
+    if (layer->has_bias && !layer->bias.frozen)
         GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features, run->dt,
                                   gt_layer_accumulates(layer, run)));
     if (!din)
@@ -254,5 +254,5 @@ static gt_status qlinear_backward(gt_layer *layer, void *din, const void *dout, 
 }
 
 const gt_layer_type gt_layer_type_qlinear = {
-    "qlinear", "QLinear", GT_LAYER_ARGS(qlinear_args), GT_KIND_PARAMS, check_qlinear, describe_qlinear,
-    qlinear_params, plan_qlinear, qlinear_forward, qlinear_backward, qlinear_frozen};
+    "qlinear", "QLinear", GT_LAYER_ARGS(qlinear_args), GT_KIND_PARAMS | GT_KIND_FREEZES, check_qlinear,
+    describe_qlinear, qlinear_params, plan_qlinear, qlinear_forward, qlinear_backward, qlinear_frozen};
