@@ -28,6 +28,7 @@
     X(SCALE, scale)             /* elementwise x * dt(factor) */                                    \
     X(BIAS, bias)               /* (..., C) + b (C,): an LM head's bias after a tied_linear */      \
     X(DISENTANGLED_ATTENTION, disentangled_attention) /* (B, T, 3E) -> (B, T, E): DeBERTa's */ \
+    X(LORA, lora)               /* (..., in) -> (..., out): frozen Linear + LoRA's B A path */      \
     /* end of the list */
 
 #endif
