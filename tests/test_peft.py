@@ -22,6 +22,7 @@ from gputrain.peft import LoraConfig, LoraLinear, PeftModel, get_peft_model
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = os.path.join(HERE, "fixtures", "hf", "llama-tiny")
 LORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-lora")
+DORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-dora")
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -34,6 +35,13 @@ def ref():
     return np.load(LORA + ".npz")
 
 
+@pytest.fixture(scope="module", params=["lora", "dora"])
+def adapter(request):
+    """(folder, reference) of PEFT's LoRA and DoRA adapters."""
+    folder = LORA if request.param == "lora" else DORA
+    return folder, np.load(folder + ".npz")
+
+
 def adapted_logits(model, ref):
     return model(ref["input_ids"], attention_mask=ref["attention_mask"])
 
@@ -44,11 +52,14 @@ def real(ref):
 
 def internal_name(key):
     """PEFT's file key -> the parameter's name in the model (PEFT's state_dict: adapter 'default')."""
+    if key.endswith(".lora_magnitude_vector"):
+        return key + ".default.weight"
     return key.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
 
 
-def test_logits_match_peft(ref):
-    model = PeftModel.from_pretrained(from_pretrained(BASE), LORA)
+def test_logits_match_peft(adapter):
+    folder, ref = adapter
+    model = PeftModel.from_pretrained(from_pretrained(BASE), folder)
     assert not model.training and not any(p.requires_grad for p in model.parameters())
     logits = adapted_logits(model, ref)
     assert relative_error(logits[real(ref)], ref["logits"][real(ref)]) <= 1e-5
@@ -56,11 +67,12 @@ def test_logits_match_peft(ref):
     assert relative_error(base[real(ref)], ref["logits"][real(ref)]) > 1e-2  # the adapter matters
 
 
-def test_loss_and_adapter_gradients_match_peft(ref):
-    model = PeftModel.from_pretrained(from_pretrained(BASE), LORA, is_trainable=True)
+def test_loss_and_adapter_gradients_match_peft(adapter):
+    folder, ref = adapter
+    model = PeftModel.from_pretrained(from_pretrained(BASE), folder, is_trainable=True)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     keys = [k.removeprefix("grad/") for k in ref.files if k.startswith("grad/")]
-    assert trainable == {internal_name(k) for k in keys} and len(keys) == 28
+    assert trainable == {internal_name(k) for k in keys} and len(keys) == (28 if folder == LORA else 18)
     out = gt.TrainStep(model, gt.nn.CrossEntropyLoss())(ref["input_ids"], model.shift_labels(ref["labels"]),
                                                         attention_mask=ref["attention_mask"])
     assert out.loss == pytest.approx(float(ref["loss"]), rel=1e-5)
@@ -69,17 +81,18 @@ def test_loss_and_adapter_gradients_match_peft(ref):
         assert relative_error(params[internal_name(key)].grad, ref[f"grad/{key}"]) <= 1e-4, key
 
 
-def test_saved_adapter_is_peft_s_files(tmp_path, ref):
-    model = PeftModel.from_pretrained(from_pretrained(BASE), LORA, is_trainable=True)
+def test_saved_adapter_is_peft_s_files(tmp_path, adapter):
+    folder, ref = adapter
+    model = PeftModel.from_pretrained(from_pretrained(BASE), folder, is_trainable=True)
     model.save_pretrained(tmp_path)
     ours = safetensors.numpy.load_file(str(tmp_path / "adapter_model.safetensors"))
-    theirs = safetensors.numpy.load_file(os.path.join(LORA, "adapter_model.safetensors"))
+    theirs = safetensors.numpy.load_file(os.path.join(folder, "adapter_model.safetensors"))
     assert sorted(ours) == sorted(theirs)
     for key in theirs:
         assert ours[key].dtype == np.float32 and np.array_equal(ours[key], theirs[key]), key
     with open(tmp_path / "adapter_config.json") as f:
         config = json.load(f)
-    with open(os.path.join(LORA, "adapter_config.json")) as f:
+    with open(os.path.join(folder, "adapter_config.json")) as f:
         peft_config = json.load(f)
     assert set(config) == set(peft_config) - {"peft_version"}  # gputrain claims no PEFT version
     for field in ("r", "lora_alpha", "lora_dropout", "use_rslora", "use_dora", "bias", "peft_type", "inference_mode"):
@@ -89,8 +102,9 @@ def test_saved_adapter_is_peft_s_files(tmp_path, ref):
     assert np.array_equal(adapted_logits(again, ref), adapted_logits(model.eval(), ref))
 
 
-def test_merge_and_unload(ref):
-    model = PeftModel.from_pretrained(from_pretrained(BASE), LORA)
+def test_merge_and_unload(adapter):
+    folder, ref = adapter
+    model = PeftModel.from_pretrained(from_pretrained(BASE), folder)
     adapted = adapted_logits(model, ref)
     merged = model.merge_and_unload()
     assert not any(isinstance(m, LoraLinear) for m in merged.modules())
@@ -158,10 +172,27 @@ def lora_reference(x, w, b, a, bb, scaling, dy, mask=None):
     return y, scaling * dy.T @ h, dh.T @ xd, dx
 
 
-def small_model(p=0.0, scaling=0.75):
+def dora_reference(x, w, b, a, bb, m, s, dy, mask=None):
+    """PEFT's DoRA (weight norm a constant) and its gradients for upstream dy (float64): y, dB, dA, dx, dm."""
+    keep = np.ones_like(x) if mask is None else mask
+    xd = x * keep
+    h = xd @ a.T
+    u, v = xd @ w.T, h @ bb.T
+    n = np.linalg.norm(w + s * bb @ a, axis=1)
+    g = m / n
+    y = x @ w.T + b + (g - 1) * u + g * v * s
+    dm = (dy * (u + s * v)).sum(0) / n
+    dh = s * (g * dy) @ bb
+    dx = dy @ w + keep * (((g - 1) * dy) @ w + dh @ a)
+    return y, s * (g * dy).T @ h, dh.T @ xd, dx, dm
+
+
+def small_model(p=0.0, scaling=0.75, use_dora=False):
     gt.random.manual_seed(11)
     base = gt.nn.Linear(6, 5)
-    lora = LoraLinear(base, r=3, lora_alpha=scaling * 3, lora_dropout=p, init_lora_weights=False)
+    lora = LoraLinear(base, r=3, lora_alpha=scaling * 3, lora_dropout=p, init_lora_weights=False, use_dora=use_dora)
+    if use_dora:  # a magnitude away from its starting norms, so m / n is not 1
+        lora.lora_magnitude_vector.default.weight.data = np.linspace(0.5, 2.0, 5, dtype=np.float32)
     return gt.nn.Sequential(gt.nn.Linear(4, 6), lora), lora
 
 
@@ -169,6 +200,34 @@ def numpy_params(lora):
     get = lambda p: p.data.astype(np.float64)
     return (get(lora.base_layer.weight), get(lora.base_layer.bias), get(lora.lora_A.default.weight),
             get(lora.lora_B.default.weight))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5])
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_dora_kind_matches_numpy(p, device):
+    """DoRA's forward and gradients (MSE loss) in training, the dropout mask as in the LoRA test below."""
+    model, lora = small_model(p, use_dora=True)
+    model._compile(device, seed=99)
+    probe = gt.nn.Sequential(gt.nn.Linear(4, 6), gt.nn.Dropout(p))
+    probe._compile("cpu", seed=99)
+    probe[0].load_state_dict(model[0].state_dict())
+    model.train(), probe.train()
+    x = np.random.default_rng(1).normal(size=(7, 4)).astype(np.float32)
+    target = np.random.default_rng(2).normal(size=(7, 5))
+    w, b, a, bb = numpy_params(lora)
+    m = lora.lora_magnitude_vector.default.weight.data.astype(np.float64)
+    hidden = x.astype(np.float64) @ model[0].weight.data.T.astype(np.float64) + model[0].bias.data
+    mask = np.where(probe(x) == 0, 0.0, 1.0 / (1.0 - p)) if p else None
+    y, *_ = dora_reference(hidden, w, b, a, bb, m, 0.75, np.zeros((7, 5)), mask)
+    assert np.allclose(model(x), y, rtol=1e-5, atol=1e-6)
+    gt.TrainStep(model, gt.nn.MSELoss())(x, target.astype(np.float32))
+    dy = 2.0 * (y - target) / y.size
+    _, dB, dA, dx, dm = dora_reference(hidden, w, b, a, bb, m, 0.75, dy, mask)
+    params = dict(model.named_parameters())
+    assert relative_error(params["1.lora_B.default.weight"].grad, dB) <= 1e-5
+    assert relative_error(params["1.lora_A.default.weight"].grad, dA) <= 1e-5
+    assert relative_error(params["1.lora_magnitude_vector.default.weight"].grad, dm) <= 1e-5
+    assert relative_error(params["0.weight"].grad, dx.T @ x) <= 1e-5
 
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])
@@ -294,8 +353,8 @@ def test_adapter_for_another_base_names_the_key(tmp_path):
     with open(folder / "adapter_config.json") as f:
         config = json.load(f)
     with open(folder / "adapter_config.json", "w") as f:
-        json.dump({**config, "use_dora": True}, f)
-    with pytest.raises(ValueError, match="use_dora=True is not implemented"):
+        json.dump({**config, "fan_in_fan_out": True}, f)
+    with pytest.raises(ValueError, match="fan_in_fan_out=True is not implemented"):
         PeftModel.from_pretrained(model, folder)
     assert_unchanged(model, before)
 

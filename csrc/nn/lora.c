@@ -12,15 +12,24 @@
  * The base weight and bias are frozen: no weight-gradient GEMM and no bias reduction for them, ever
  * (their gradient slices, where the model has them, are written as zeros so that a gradient norm
  * over the arena sees none). Buffers: the output (rows, out), h (rows, r) and, with dropout, xd
- * (rows, in), which backward reuses for dh A before its dropout backward. The kind's whole
- * definition: its row, plan, forward and backward. */
+ * (rows, in), which backward reuses for dh A before its dropout backward.
+ *
+ * DoRA (use_dora, PEFT's DoraLinearLayer): a fourth child, ("bias", out), holds the magnitude m (out,)
+ * (PEFT's lora_magnitude_vector). With u = xd W^T (the base without bias; x W^T without dropout),
+ * v = xd A^T B^T, the row norms n = ||W + scaling B A|| (f32 masters, a constant in backward: PEFT
+ * detaches weight_norm) and g = m / n:
+ *     y = x W^T + b + ((g - 1) u + (g v) scaling)                        (PEFT's result + result_dora)
+ *     dm (+)= sum_rows dy (u + v scaling) / n;  dv = scaling g dy;  dB, dA as LoRA's from g dy;
+ *     dx = (g dy) W + dh A, or with dropout dy W + dropout_backward(((g - 1) dy) W + dh A).
+ * More buffers: u, v (rows, out), the combined weight (out, in) f32 and g, n (out,) f32. The kind's
+ * whole definition: its row, plan, forward and backward. */
 #include <float.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "nn/kind.h"
 
-enum { LORA_BASE = 0, LORA_A = 1, LORA_B = 2, LORA_CHILDREN = 3 };
+enum { LORA_BASE = 0, LORA_A = 1, LORA_B = 2, LORA_CHILDREN = 3, LORA_MAGNITUDE = 3 };
 
 /* LoRA's own hyper-parameters and buffers (in gt_layer.config). */
 typedef struct lora_config {
@@ -28,6 +37,12 @@ typedef struct lora_config {
     double scaling; /* the low-rank path's factor (finite) */
     void *h;        /* (rows, r) dt: xd A^T, kept for dB (planned) */
     void *xd;       /* (rows, in) dt: dropout(x), kept for dA; NULL without dropout (planned) */
+    int use_dora;   /* 1: DoRA, with the magnitude child; the buffers below are planned */
+    void *u;        /* DoRA: (rows, out) dt: xd W^T */
+    void *v;        /* DoRA: (rows, out) dt: xd A^T B^T; g dy in backward */
+    float *weight;  /* DoRA: (out, in) f32: W + scaling B A */
+    float *scale;   /* DoRA: (out,) f32: g = m / n */
+    float *norm;    /* DoRA: (out,) f32: n, the row norms of weight */
 } lora_config;
 _Static_assert(sizeof(lora_config) <= GT_LAYER_CONFIG_BYTES, "LoRA's config fits gt_layer.config");
 
@@ -45,6 +60,7 @@ static const gt_layer_arg lora_args[] = {
     GT_ARG_SIZE_AT("r", GT_ARG_CONFIG(lora_config, r)),
     {"scaling", GT_ARG_DOUBLE, GT_ARG_CONFIG(lora_config, scaling), -DBL_MAX, DBL_MAX, 0, NULL},
     GT_ARG_PROBABILITY_AT("dropout", GT_ARG_FIELD(p)),
+    GT_ARG_FLAG_AT("use_dora", GT_ARG_CONFIG(lora_config, use_dora)),
     {"modules", GT_ARG_LAYERS, 0, 0, 0, 0, NULL}};
 
 /* 1 when `child` is an untied Linear (in, out) with or without a bias as `bias` says (-1: either). */
@@ -57,8 +73,9 @@ static int is_linear(const gt_layer *child, int64_t in, int64_t out, int bias) {
  * without biases; the layer takes the base's sizes. */
 static gt_status check_lora(gt_layer *layer) {
     lora_config config = config_of(layer);
-    if (layer->num_children != LORA_CHILDREN)
-        return GT_FAIL(GT_ERR_VALUE, "LoraLinear takes 3 modules (base_layer, lora_A, lora_B), got %zu",
+    if (layer->num_children != LORA_CHILDREN + (config.use_dora ? 1 : 0))
+        return GT_FAIL(GT_ERR_VALUE, "LoraLinear takes %d modules (base_layer, lora_A, lora_B%s), got %zu",
+                       LORA_CHILDREN + (config.use_dora ? 1 : 0), config.use_dora ? ", lora_magnitude_vector" : "",
                        layer->num_children);
     const gt_layer *base = &layer->children[LORA_BASE];
     if (base->kind != GT_LAYER_LINEAR || base->tied)
@@ -70,6 +87,10 @@ static gt_status check_lora(gt_layer *layer) {
     if (!is_linear(&layer->children[LORA_B], config.r, out, 0))
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear's lora_B must be Linear(%lld, %lld, bias=False) for r=%lld",
                        (long long)config.r, (long long)out, (long long)config.r);
+    const gt_layer *m = config.use_dora ? &layer->children[LORA_MAGNITUDE] : NULL;
+    if (m && (m->kind != GT_LAYER_BIAS || m->tied || m->in_features != out))
+        return GT_FAIL(GT_ERR_VALUE, "LoraLinear's lora_magnitude_vector must be a Bias(%lld) of its own",
+                       (long long)out);
     if (!isfinite(config.scaling))
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear's scaling must be finite");
     layer->in_features = in;
@@ -79,8 +100,36 @@ static gt_status check_lora(gt_layer *layer) {
 }
 
 static void describe_lora(const gt_layer *layer, char *buf, size_t bytes) {
-    snprintf(buf, bytes, "LoraLinear(%lld, %lld, r=%lld)", (long long)layer->in_features,
-             (long long)layer->out_features, (long long)config_of(layer).r);
+    snprintf(buf, bytes, "LoraLinear(%lld, %lld, r=%lld%s)", (long long)layer->in_features,
+             (long long)layer->out_features, (long long)config_of(layer).r, config_of(layer).use_dora ? ", DoRA" : "");
+}
+
+/* Takes `bytes` from the layer's region for `what` (checked product count * size). */
+static gt_status take(const gt_plan_site *site, size_t count, size_t size, const char *what, void **out) {
+    size_t bytes = 0;
+    GT_TRY(gt_size_mul(count, size, what, &bytes));
+    return gt_plan_take(site->region, bytes, what, out);
+}
+
+/* DoRA's buffers: u, v (rows, out) dt, the combined weight (out, in) f32, g and n (out,) f32; the
+ * ops on this backend; the f32 GEMM of B A. */
+static gt_status plan_dora(gt_plan_walk *w, gt_layer *layer, int64_t rows, const gt_plan_site *site,
+                           lora_config *config) {
+    char name[GT_LAYER_PATH_BYTES + 64];
+    if (!w->ops->dora_norm || !w->ops->dora_combine || !w->ops->col_scale || !w->ops->dora_magnitude_backward)
+        return GT_FAIL(GT_ERR_RUNTIME, "model: %s (DoRA) has no implementation on the '%s' backend yet; run "
+                       "this model on the CPU", gt_layer_describe(name, sizeof name, layer, site->path), w->ops->name);
+    size_t n_out = (size_t)layer->out_features, act = gt_dtype_size(w->dt);
+    void *weight = NULL, *scale = NULL, *norm = NULL;
+    GT_TRY(take(site, (size_t)rows * n_out, act, "DoRA's base output", &config->u));
+    GT_TRY(take(site, (size_t)rows * n_out, act, "DoRA's low-rank output", &config->v));
+    GT_TRY(take(site, n_out * (size_t)layer->in_features, sizeof(float), "DoRA's combined weight", &weight));
+    GT_TRY(take(site, n_out, sizeof(float), "DoRA's scale", &scale));
+    GT_TRY(take(site, n_out, sizeof(float), "DoRA's norms", &norm));
+    config->weight = weight;
+    config->scale = scale;
+    config->norm = norm;
+    return gt_plan_gemm_workspace(w, 0, 0, layer->out_features, layer->in_features, config->r, GT_F32, 1);
 }
 
 /* The output as a Linear's; h (rows, r) and, with dropout, xd (rows, in) from the layer's region;
@@ -98,6 +147,8 @@ static gt_status plan_lora(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
                            "LoRA's dropped-out input", &xd_bytes));
         GT_TRY(gt_plan_take(site->region, xd_bytes, "LoRA's dropped-out input", &config.xd));
     }
+    if (config.use_dora)
+        GT_TRY(plan_dora(w, layer, rows, site, &config));
     set_config(layer, &config);
     int64_t n_in = layer->in_features, n_out = layer->out_features;
     GT_TRY(gt_plan_gemm_workspace(w, 0, 1, rows, r, n_in, w->dt, 0));       /* h = xd A^T */
@@ -132,7 +183,83 @@ static gt_dropout_key dropout_key(const gt_layer *layer, const gt_run *run) {
     return key;
 }
 
+static gt_status zero_base_grads(gt_layer *layer, gt_run *run);
+
+/* DoRA's forward (the file's comment): u, the output y = x W^T + b, v, g and n, then y's DoRA terms. */
+static gt_status dora_forward(gt_layer *layer, const void *in, gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    const gt_layer *base = &layer->children[LORA_BASE];
+    const gt_layer *a = &layer->children[LORA_A], *b = &layer->children[LORA_B];
+    lora_config config = config_of(layer);
+    int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
+    int64_t r = config.r;
+    const void *w = compute_copy(&base->weight, run);
+    GT_TRY(gemm(run, 0, 1, rows, n_out, n_in, 1.0f, in, n_in, w, n_in, 0.0f, config.u, run->dt, n_out));
+    GT_TRY(ops->copy(run->backend, layer->out.ptr, config.u, gt_tensor_bytes(&layer->out)));
+    if (base->has_bias)
+        GT_TRY(ops->bias_add(run->backend, layer->out.ptr, base->bias.data, rows, n_out, run->dt));
+    const void *xd = in;
+    if (dropout_active(layer, run)) {
+        GT_TRY(ops->dropout_forward(run->backend, config.xd, in, rows * n_in, layer->p, dropout_key(layer, run),
+                                    run->dt));
+        xd = config.xd;
+        GT_TRY(gemm(run, 0, 1, rows, n_out, n_in, 1.0f, xd, n_in, w, n_in, 0.0f, config.u, run->dt, n_out));
+    }
+    GT_TRY(gemm(run, 0, 1, rows, r, n_in, 1.0f, xd, n_in, compute_copy(&a->weight, run), n_in, 0.0f, config.h,
+                run->dt, r));
+    GT_TRY(gemm(run, 0, 1, rows, n_out, r, 1.0f, config.h, r, compute_copy(&b->weight, run), r, 0.0f, config.v,
+                run->dt, n_out));
+    /* n = ||W + scaling B A|| per row, from the f32 masters */
+    GT_TRY(ops->copy(run->backend, config.weight, base->weight.data, (size_t)(n_out * n_in) * sizeof(float)));
+    gt_gemm_args ba = {.trans_a = 0, .trans_b = 0, .m = n_out, .n = n_in, .k = r, .alpha = (float)config.scaling,
+                       .a = b->weight.data, .a_dt = GT_F32, .lda = r, .b = a->weight.data, .b_dt = GT_F32,
+                       .ldb = n_in, .beta = 1.0f, .c = config.weight, .c_dt = GT_F32, .ldc = n_in, .batch = 1};
+    GT_TRY(ops->gemm(run->backend, &ba));
+    GT_TRY(ops->dora_norm(run->backend, config.scale, config.norm, config.weight,
+                          layer->children[LORA_MAGNITUDE].bias.data, n_out, n_in));
+    return ops->dora_combine(run->backend, layer->out.ptr, config.u, config.v, config.scale, (float)config.scaling,
+                             rows, n_out, run->dt);
+}
+
+/* DoRA's backward (the file's comment); v's buffer takes g dy, h's dh, u's (g - 1) dy and xd's the
+ * dropped path's input gradient, each once its forward value is read. */
+static gt_status dora_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
+    const gt_ops *ops = run->backend->ops;
+    lora_config config = config_of(layer);
+    gt_layer *a = &layer->children[LORA_A], *b = &layer->children[LORA_B];
+    int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
+    int64_t r = config.r;
+    int accumulate = gt_layer_accumulates(layer, run);
+    float s = (float)config.scaling, beta = accumulate ? 1.0f : 0.0f;
+    GT_TRY(zero_base_grads(layer, run));
+    GT_TRY(ops->dora_magnitude_backward(run->backend, layer->children[LORA_MAGNITUDE].bias.grad, dout, config.u,
+                                        config.v, config.norm, s, rows, n_out, run->dt, accumulate));
+    void *gdy = config.v, *dh = config.h;
+    GT_TRY(ops->col_scale(run->backend, gdy, dout, config.scale, 0.0f, rows, n_out, run->dt));
+    GT_TRY(gemm(run, 1, 0, n_out, r, rows, s, gdy, n_out, config.h, r, beta, b->weight.grad, GT_F32, r));
+    GT_TRY(gemm(run, 0, 0, rows, r, n_out, s, gdy, n_out, compute_copy(&b->weight, run), r, 0.0f, dh, run->dt, r));
+    int dropped = dropout_active(layer, run);
+    GT_TRY(gemm(run, 1, 0, r, n_in, rows, 1.0f, dh, r, dropped ? config.xd : in, n_in, beta, a->weight.grad,
+                GT_F32, n_in));
+    if (!din)
+        return GT_OK;
+    const void *w = compute_copy(&layer->children[LORA_BASE].weight, run), *wa = compute_copy(&a->weight, run);
+    if (!dropped) {
+        GT_TRY(gemm(run, 0, 0, rows, n_in, n_out, 1.0f, gdy, n_out, w, n_in, 0.0f, din, run->dt, n_in));
+        return gemm(run, 0, 0, rows, n_in, r, 1.0f, dh, r, wa, n_in, 1.0f, din, run->dt, n_in);
+    }
+    GT_TRY(gemm(run, 0, 0, rows, n_in, n_out, 1.0f, dout, n_out, w, n_in, 0.0f, din, run->dt, n_in));
+    GT_TRY(ops->col_scale(run->backend, config.u, dout, config.scale, -1.0f, rows, n_out, run->dt));
+    GT_TRY(gemm(run, 0, 0, rows, n_in, n_out, 1.0f, config.u, n_out, w, n_in, 0.0f, config.xd, run->dt, n_in));
+    GT_TRY(gemm(run, 0, 0, rows, n_in, r, 1.0f, dh, r, wa, n_in, 1.0f, config.xd, run->dt, n_in));
+    GT_TRY(ops->dropout_backward(run->backend, config.xd, config.xd, rows * n_in, layer->p,
+                                 dropout_key(layer, run), run->dt));
+    return ops->add(run->backend, din, din, config.xd, rows * n_in, run->dt);
+}
+
 static gt_status lora_forward(gt_layer *layer, const void *in, gt_run *run) {
+    if (config_of(layer).use_dora)
+        return dora_forward(layer, in, run);
     const gt_ops *ops = run->backend->ops;
     const gt_layer *base = &layer->children[LORA_BASE];
     lora_config config = config_of(layer);
@@ -169,6 +296,8 @@ static gt_status zero_base_grads(gt_layer *layer, gt_run *run) {
 /* dB (+)= s dy^T h; dh = s dy B (into h's buffer, read by then); dA (+)= dh^T xd;
  * dx = dy W + dropout_backward(dh A) (dh A into xd's buffer, read by then). */
 static gt_status lora_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
+    if (config_of(layer).use_dora)
+        return dora_backward(layer, din, dout, in, run);
     const gt_ops *ops = run->backend->ops;
     lora_config config = config_of(layer);
     gt_layer *a = &layer->children[LORA_A], *b = &layer->children[LORA_B];

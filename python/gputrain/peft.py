@@ -10,16 +10,22 @@ tree and parameter names are PEFT's::
     base_model.model.<name>.base_layer.weight          the frozen base Linear (and .bias)
     base_model.model.<name>.lora_A.default.weight      (r, in_features), trained
     base_model.model.<name>.lora_B.default.weight      (out_features, r), trained
+    base_model.model.<name>.lora_magnitude_vector.default.weight   (out_features,), DoRA's m, trained
+
+DoRA (``use_dora=True``) is PEFT's DoraLinearLayer: ``m`` starts as the row norms of
+``W + scaling B A``, and ``y = base_layer(x) + (m / n - 1) * (x W^T) + (m / n) * lora_B(lora_A(x)) *
+scaling`` with ``n = ||W + scaling B A||`` per output row, treated as a constant in backward (PEFT
+detaches it); with dropout in training, both DoRA terms read the dropped-out input, as PEFT's.
 
 ``save_pretrained(folder)`` writes PEFT's ``adapter_config.json`` and ``adapter_model.safetensors``
 (keys without the adapter name: ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``,
-and ``base_model.model.<name>.weight`` for ``modules_to_save``), which ``peft.PeftModel.from_pretrained``
+``...q_proj.lora_magnitude_vector`` for DoRA, ``base_model.model.<name>.weight`` for ``modules_to_save``), which ``peft.PeftModel.from_pretrained``
 loads; :meth:`PeftModel.from_pretrained` loads PEFT's. Targets follow PEFT's rule: a string is a
 regular expression the full module name must match; a list names modules by their full name or
 its last parts (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``); ``"all-linear"`` is
 every Linear but the output layer (``lm_head``; a classifier's ``score``/``classifier``).
 
-Not here (refused by name, never ignored): DoRA (``use_dora``), LoRA on anything but a Linear
+Not here (refused by name, never ignored): LoRA on anything but a Linear
 (embeddings, convolutions, a tied LM head), ``bias`` other than "none", ``fan_in_fan_out``,
 rank/alpha patterns, ``layers_to_transform``, ``exclude_modules`` and several adapters at once
 (one adapter, named "default"). ``modules_to_save`` modules are trained in place: PEFT keeps a
@@ -60,7 +66,7 @@ OUTPUT_LAYERS = ("lm_head", "score", "classifier")  # what "all-linear" leaves o
 _UNSUPPORTED = {"bias": "none", "fan_in_fan_out": False, "rank_pattern": {}, "alpha_pattern": {},
                 "layers_to_transform": None, "layers_pattern": None, "layer_replication": None, "lora_bias": False,
                 "exclude_modules": None, "target_parameters": None, "trainable_token_indices": None,
-                "use_qalora": False, "use_bdlora": None, "use_dora": False, "alora_invocation_tokens": None}
+                "use_qalora": False, "use_bdlora": None, "alora_invocation_tokens": None}
 
 
 def _positive_rank(value: Any) -> int:
@@ -94,7 +100,7 @@ class LoraConfig:
     r: rank (int >= 1); lora_alpha: scaling numerator; lora_dropout: dropout probability on the
     adapter's input, in [0, 1); target_modules: names, a regular expression, "all-linear", or None
     (PEFT's default for the model's family); modules_to_save: modules trained and saved whole;
-    use_rslora: scaling lora_alpha / sqrt(r); init_lora_weights: True (A as nn.Linear's
+    use_rslora: scaling lora_alpha / sqrt(r); use_dora: DoRA's magnitude vector; init_lora_weights: True (A as nn.Linear's
     kaiming-uniform, B zeros: the adapter starts as the identity), "gaussian" (A ~ N(0, 1/r), B
     zeros) or False (A and B both as nn.Linear's: a non-zero adapter, for tests)."""
 
@@ -120,10 +126,7 @@ class LoraConfig:
         for flag, value in (("use_rslora", use_rslora), ("use_dora", use_dora)):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
-        if use_dora:
-            raise NotImplementedError("use_dora=True: DoRA is not implemented in gputrain yet; use LoRA "
-                                      "(use_dora=False)")
-        self.use_rslora, self.use_dora = bool(use_rslora), False
+        self.use_rslora, self.use_dora = bool(use_rslora), bool(use_dora)
         if init_lora_weights not in (True, False, "gaussian"):
             raise ValueError(f"init_lora_weights must be True, False or 'gaussian', got {init_lora_weights!r}")
         self.init_lora_weights = init_lora_weights
@@ -174,7 +177,8 @@ class LoraConfig:
         try:
             return cls(r=values["r"], lora_alpha=values.get("lora_alpha", 8), lora_dropout=values.get("lora_dropout", 0.0),
                        target_modules=values["target_modules"], modules_to_save=values.get("modules_to_save"),
-                       use_rslora=values.get("use_rslora", False), init_lora_weights=values.get("init_lora_weights", True),
+                       use_rslora=values.get("use_rslora", False), use_dora=values.get("use_dora", False),
+                       init_lora_weights=values.get("init_lora_weights", True),
                        task_type=values.get("task_type"), base_model_name_or_path=values.get("base_model_name_or_path"))
         except (TypeError, ValueError) as error:
             raise ValueError(f"{where}: {error}") from None
@@ -182,7 +186,8 @@ class LoraConfig:
     def __repr__(self) -> str:
         return (f"LoraConfig(r={self.r}, lora_alpha={self.lora_alpha}, lora_dropout={self.lora_dropout}, "
                 f"target_modules={self.target_modules!r}, modules_to_save={self.modules_to_save!r}, "
-                f"use_rslora={self.use_rslora}, init_lora_weights={self.init_lora_weights!r})")
+                f"use_rslora={self.use_rslora}, use_dora={self.use_dora}, "
+                f"init_lora_weights={self.init_lora_weights!r})")
 
 
 class _AdapterDict(Module):
@@ -199,17 +204,42 @@ class _AdapterDict(Module):
         return self.default._spec_in(tied)
 
 
+class _Magnitude(Module):
+    """DoRA's magnitude vector m (out_features,) (PEFT's DoraLinearLayer, parameter ``weight``), held by
+    the C kind lora in a child of kind bias."""
+
+    _param_names = ("weight",)
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.features = features
+        self._compile()
+
+    def _spec(self) -> tuple:
+        return ("bias", self.features)
+
+    def extra_repr(self) -> str:
+        return f"{self.features}"
+
+
+def _dora_norm(weight: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """PEFT's get_weight_norm: ||W + scaling B A|| per output row, float32."""
+    return np.linalg.norm((weight + delta).astype(np.float32), axis=1).astype(np.float32)
+
+
 class LoraLinear(Module):
     """PEFT's lora.Linear around a frozen ``base_layer`` Linear: ``lora_A.default`` (r, in) and
-    ``lora_B.default`` (out, r) Linear layers without bias, run as the C kind ``lora``."""
+    ``lora_B.default`` (out, r) Linear layers without bias, run as the C kind ``lora``; with
+    use_dora, ``lora_magnitude_vector.default`` (out,) too, starting as the row norms of W + scaling B A."""
 
     def __init__(self, base_layer: Linear, r: int, lora_alpha: float, lora_dropout: float = 0.0,
-                 use_rslora: bool = False, init_lora_weights: bool | str = True) -> None:
+                 use_rslora: bool = False, init_lora_weights: bool | str = True, use_dora: bool = False) -> None:
         super().__init__()
         if type(base_layer) is not Linear:
             raise TypeError(f"LoraLinear wraps a gputrain.nn.Linear, not {type(base_layer).__name__}")
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, use_rslora=use_rslora,
-                            init_lora_weights=init_lora_weights)
+                            init_lora_weights=init_lora_weights, use_dora=use_dora)
+        self.use_dora = config.use_dora
         self.r, self.lora_alpha, self.scaling = config.r, config.lora_alpha, config.scaling
         self.lora_dropout = config.lora_dropout
         self.in_features, self.out_features = base_layer.in_features, base_layer.out_features
@@ -222,6 +252,11 @@ class LoraLinear(Module):
             b.weight.data = np.zeros_like(b.weight.data)
         self.base_layer = base_layer
         self.lora_A, self.lora_B = _AdapterDict(a), _AdapterDict(b)
+        self.lora_magnitude_vector = None
+        if self.use_dora:
+            magnitude = _Magnitude(self.out_features)
+            magnitude.weight.data = _dora_norm(base_layer.weight.data, self.delta_weight())
+            self.lora_magnitude_vector = _AdapterDict(magnitude)
         for p in base_layer._params.values():
             p.requires_grad = False
 
@@ -229,6 +264,8 @@ class LoraLinear(Module):
         yield "base_layer", self.base_layer
         yield "lora_A", self.lora_A
         yield "lora_B", self.lora_B
+        if self.lora_magnitude_vector is not None:
+            yield "lora_magnitude_vector", self.lora_magnitude_vector
 
     def _check_frozen(self) -> None:
         """The C kind never computes the base's gradients: a trainable base parameter is refused."""
@@ -240,17 +277,29 @@ class LoraLinear(Module):
 
     def _spec_in(self, tied: dict[int, int]) -> tuple:
         self._check_frozen()
-        return ("lora", self.r, float(self.scaling), float(self.lora_dropout),
-                [self.base_layer._spec_in(tied), self.lora_A._spec_in(tied), self.lora_B._spec_in(tied)])
+        children = [self.base_layer._spec_in(tied), self.lora_A._spec_in(tied), self.lora_B._spec_in(tied)]
+        if self.lora_magnitude_vector is not None:
+            children.append(self.lora_magnitude_vector._spec_in(tied))
+        return ("lora", self.r, float(self.scaling), float(self.lora_dropout), self.use_dora, children)
 
     def delta_weight(self) -> np.ndarray:
         """scaling * B @ A (out, in) in float32, PEFT's get_delta_weight."""
         a, b = self.lora_A.default.weight.data, self.lora_B.default.weight.data
         return (b @ a) * np.float32(self.scaling)
 
+    def merged_weight(self) -> np.ndarray:
+        """The base weight with the adapter merged (PEFT's merge): W + scaling B A, and for DoRA
+        (m / n)[:, None] * (W + scaling B A) with n the row norms of W + scaling B A."""
+        weight, delta = self.base_layer.weight.data, self.delta_weight()
+        if not self.use_dora:
+            return weight + delta
+        factor = self.lora_magnitude_vector.default.weight.data / _dora_norm(weight, delta)
+        return factor[:, None] * (weight + delta)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
-                f"lora_alpha={self.lora_alpha}, scaling={self.scaling:g}, lora_dropout={self.lora_dropout}")
+                f"lora_alpha={self.lora_alpha}, scaling={self.scaling:g}, lora_dropout={self.lora_dropout}"
+                + (", use_dora=True" if self.use_dora else ""))
 
 
 def _parent_slot(root: Module, name: str) -> tuple[Module, str, int | None]:
@@ -372,7 +421,7 @@ class PeftModel(Module):
         old = model._compiled.model if model._compiled is not None else None
         for name, linear in found:
             _replace(model, name, LoraLinear(linear, config.r, config.lora_alpha, config.lora_dropout,
-                                             config.use_rslora, config.init_lora_weights))
+                                             config.use_rslora, config.init_lora_weights, config.use_dora))
         self.peft_config = {ADAPTER: config}
         self.active_adapter = ADAPTER
         self.base_model = _LoraModel(model)
@@ -448,9 +497,11 @@ class PeftModel(Module):
         """The adapter's tensors under PEFT's file keys (float32 copies)."""
         state = self.state_dict()
         out: dict[str, np.ndarray] = {}
-        for name, _ in self.lora_layers():
+        for name, layer in self.lora_layers():
             for part in ("lora_A", "lora_B"):
                 out[f"{PREFIX}{name}.{part}.weight"] = state[f"{PREFIX}{name}.{part}.{ADAPTER}.weight"]
+            if layer.use_dora:  # PEFT's file key has no ".weight"
+                out[f"{PREFIX}{name}.lora_magnitude_vector"] = state[f"{PREFIX}{name}.lora_magnitude_vector.{ADAPTER}.weight"]
         for name, module in _saved_modules(self.base_model.model, self.peft_config[ADAPTER]):
             for local in module._param_names:
                 if module._has_param(local):
@@ -482,7 +533,7 @@ class PeftModel(Module):
         its own again (same device, precision, seed and step). This PeftModel is left unusable."""
         model = self.base_model.model
         layers = list(self.lora_layers())
-        merged = {name: lora.base_layer.weight.data + lora.delta_weight() for name, lora in layers}
+        merged = {name: lora.merged_weight() for name, lora in layers}
         old = self._compiled.model
         for name, lora in layers:
             _replace(model, name, lora.base_layer)
@@ -524,6 +575,8 @@ class PeftModel(Module):
         for name, linear in found:
             expected[f"{PREFIX}{name}.lora_A.weight"] = (config.r, linear.in_features)
             expected[f"{PREFIX}{name}.lora_B.weight"] = (linear.out_features, config.r)
+            if config.use_dora:
+                expected[f"{PREFIX}{name}.lora_magnitude_vector"] = (linear.out_features,)
         for name, module in _saved_modules(model, config):
             for local in module._param_names:
                 if module._has_param(local):
@@ -543,14 +596,23 @@ class PeftModel(Module):
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"{weights_path}: tensor {key!r} holds NaN or infinite values")
         peft = cls(model, config, _targets_found=found)
-        state = {key.replace(".lora_A.weight", f".lora_A.{ADAPTER}.weight").replace(
-            ".lora_B.weight", f".lora_B.{ADAPTER}.weight"): value for key, value in tensors.items()}
+        state = {_internal_key(key): value for key, value in tensors.items()}
         peft.load_state_dict(state, strict=False)
         if not is_trainable:
             for p in peft.parameters():
                 p.requires_grad = False
             peft.eval()
         return peft
+
+
+def _internal_key(key: str) -> str:
+    """A file key -> the parameter's name in the model (PEFT's state_dict, adapter "default")."""
+    for part in ("lora_A", "lora_B"):
+        if key.endswith(f".{part}.weight"):
+            return key.removesuffix(f".{part}.weight") + f".{part}.{ADAPTER}.weight"
+    if key.endswith(".lora_magnitude_vector"):
+        return key + f".{ADAPTER}.weight"
+    return key
 
 
 def get_peft_model(model: Module, peft_config: LoraConfig) -> PeftModel:
