@@ -270,13 +270,15 @@ def test_kind_dropout_and_gradients_match_numpy(p):
     assert relative_error(model[0].weight.grad, dx.T @ x) <= 1e-5  # the input gradient, through the layer below
 
 
-def test_same_on_sim_and_with_checkpointing(ref):
-    cpu = PeftModel.from_pretrained(from_pretrained(BASE), LORA, is_trainable=True)
+def test_same_on_sim_and_with_checkpointing(adapter):
+    """The sim device runs the CPU ops (the DoRA ops included) on its streams: the same bits."""
+    folder, ref = adapter
+    cpu = PeftModel.from_pretrained(from_pretrained(BASE), folder, is_trainable=True)
     labels = cpu.shift_labels(ref["labels"])
     gt.TrainStep(cpu, gt.nn.CrossEntropyLoss())(ref["input_ids"], labels, attention_mask=ref["attention_mask"])
     grads = {n: p.grad.copy() for n, p in cpu.named_parameters() if p.requires_grad}
     for device, checkpointing in (("sim", False), ("cpu", True)):
-        model = PeftModel.from_pretrained(from_pretrained(BASE), LORA, is_trainable=True).to(device)
+        model = PeftModel.from_pretrained(from_pretrained(BASE), folder, is_trainable=True).to(device)
         gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gradient_checkpointing=checkpointing)(
             ref["input_ids"], labels, attention_mask=ref["attention_mask"])
         for name, p in model.named_parameters():
@@ -365,3 +367,19 @@ def test_trainable_base_weight_is_refused_by_name(ref):
     dict(model.named_parameters())[name].requires_grad = True
     with pytest.raises(ValueError, match=name.replace(".", "\\.") + ": the base layer of a LoRA Linear is frozen"):
         gt.TrainStep(model, gt.nn.CrossEntropyLoss())
+
+
+def test_a_model_that_cannot_compile_is_left_as_it_was(monkeypatch):
+    model = from_pretrained(BASE)
+    before = snapshot(model)
+
+    def refuse(*args, **kwargs):
+        raise MemoryError("out of memory (test)")
+
+    monkeypatch.setattr(PeftModel, "_compile", refuse)
+    with pytest.raises(MemoryError):
+        get_peft_model(model, LoraConfig(r=2, target_modules="all-linear", use_dora=True))
+    assert_unchanged(model, before)
+    assert all(p.requires_grad for p in model.parameters())
+    model(np.array([[1, 2, 3]]))
+

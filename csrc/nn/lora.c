@@ -232,15 +232,19 @@ static gt_status dora_backward(gt_layer *layer, void *din, const void *dout, con
     int accumulate = gt_layer_accumulates(layer, run);
     float s = (float)config.scaling, beta = accumulate ? 1.0f : 0.0f;
     GT_TRY(zero_base_grads(layer, run));
-    GT_TRY(ops->dora_magnitude_backward(run->backend, layer->children[LORA_MAGNITUDE].bias.grad, dout, config.u,
-                                        config.v, config.norm, s, rows, n_out, run->dt, accumulate));
+    float *dm = layer->children[LORA_MAGNITUDE].bias.grad;
+    if (dm)  /* NULL: a frozen adapter without a gradient buffer */
+        GT_TRY(ops->dora_magnitude_backward(run->backend, dm, dout, config.u, config.v, config.norm, s, rows, n_out,
+                                            run->dt, accumulate));
     void *gdy = config.v, *dh = config.h;
     GT_TRY(ops->col_scale(run->backend, gdy, dout, config.scale, 0.0f, rows, n_out, run->dt));
-    GT_TRY(gemm(run, 1, 0, n_out, r, rows, s, gdy, n_out, config.h, r, beta, b->weight.grad, GT_F32, r));
+    if (b->weight.grad)
+        GT_TRY(gemm(run, 1, 0, n_out, r, rows, s, gdy, n_out, config.h, r, beta, b->weight.grad, GT_F32, r));
     GT_TRY(gemm(run, 0, 0, rows, r, n_out, s, gdy, n_out, compute_copy(&b->weight, run), r, 0.0f, dh, run->dt, r));
     int dropped = dropout_active(layer, run);
-    GT_TRY(gemm(run, 1, 0, r, n_in, rows, 1.0f, dh, r, dropped ? config.xd : in, n_in, beta, a->weight.grad,
-                GT_F32, n_in));
+    if (a->weight.grad)
+        GT_TRY(gemm(run, 1, 0, r, n_in, rows, 1.0f, dh, r, dropped ? config.xd : in, n_in, beta, a->weight.grad,
+                    GT_F32, n_in));
     if (!din)
         return GT_OK;
     const void *w = compute_copy(&layer->children[LORA_BASE].weight, run), *wa = compute_copy(&a->weight, run);
@@ -305,12 +309,14 @@ static gt_status lora_backward(gt_layer *layer, void *din, const void *dout, con
     int64_t r = config.r;
     float s = (float)config.scaling, beta = gt_layer_accumulates(layer, run) ? 1.0f : 0.0f;
     GT_TRY(zero_base_grads(layer, run));
-    GT_TRY(gemm(run, 1, 0, n_out, r, rows, s, dout, n_out, config.h, r, beta, b->weight.grad, GT_F32, r));
+    if (b->weight.grad)  /* NULL: a frozen adapter without a gradient buffer */
+        GT_TRY(gemm(run, 1, 0, n_out, r, rows, s, dout, n_out, config.h, r, beta, b->weight.grad, GT_F32, r));
     void *dh = config.h;  /* h is read: its buffer holds dh from here on */
     GT_TRY(gemm(run, 0, 0, rows, r, n_out, s, dout, n_out, compute_copy(&b->weight, run), r, 0.0f, dh, run->dt, r));
     int dropped = dropout_active(layer, run);
     const void *xd = dropped ? config.xd : in;
-    GT_TRY(gemm(run, 1, 0, r, n_in, rows, 1.0f, dh, r, xd, n_in, beta, a->weight.grad, GT_F32, n_in));
+    if (a->weight.grad)
+        GT_TRY(gemm(run, 1, 0, r, n_in, rows, 1.0f, dh, r, xd, n_in, beta, a->weight.grad, GT_F32, n_in));
     if (!din)
         return GT_OK;
     const void *w = compute_copy(&layer->children[LORA_BASE].weight, run);

@@ -419,18 +419,28 @@ class PeftModel(Module):
             raise ValueError("model: a submodule of a compiled model; adapt the whole model")
         found = _targets(model, config) if _targets_found is None else _targets_found
         old = model._compiled.model if model._compiled is not None else None
-        for name, linear in found:
-            _replace(model, name, LoraLinear(linear, config.r, config.lora_alpha, config.lora_dropout,
-                                             config.use_rslora, config.init_lora_weights, config.use_dora))
+        frozen = {id(p): p.requires_grad for _, linear in found for p in linear._params.values()}
+        replaced: list[tuple[str, Linear]] = []
         self.peft_config = {ADAPTER: config}
         self.active_adapter = ADAPTER
         self.base_model = _LoraModel(model)
         training = model.training
-        if old is not None:
-            self._compile(old.device, seed=old.seed, precision=old.precision)
-            self._compiled.model.step, self._compiled.model.checkpointing = old.step, old.checkpointing
-        else:
-            self._compile()
+        try:
+            for name, linear in found:
+                _replace(model, name, LoraLinear(linear, config.r, config.lora_alpha, config.lora_dropout,
+                                                 config.use_rslora, config.init_lora_weights, config.use_dora))
+                replaced.append((name, linear))
+            if old is not None:
+                self._compile(old.device, seed=old.seed, precision=old.precision)
+                self._compiled.model.step, self._compiled.model.checkpointing = old.step, old.checkpointing
+            else:
+                self._compile()
+        except BaseException:  # e.g. out of memory: the model is left as it was (compiling touches no module first)
+            for name, linear in reversed(replaced):
+                _replace(model, name, linear)
+                for p in linear._params.values():
+                    p.requires_grad = frozen[id(p)]
+            raise
         self.train(training)
         keep = {id(m.default) for m in self.modules() if isinstance(m, _AdapterDict)}
         for _, saved in _saved_modules(model, config):
