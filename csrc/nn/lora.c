@@ -2,7 +2,7 @@
  *     y = x W^T + b + (dropout(x) A^T) B^T * scaling,
  * W (out, in) and b (out,) the base's (frozen), A (r, in), B (out, r), scaling = lora_alpha / r (or
  * lora_alpha / sqrt(r) with rsLoRA; Python passes the value). Dropout (the model's Philox masks) is on
- * the adapter's input only, as PEFT's lora_dropout. Spec: ("lora", r, scaling, dropout,
+ * the adapter's input only, as PEFT's lora_dropout. Spec: ("lora", r, scaling, dropout, use_dora,
  * [("linear", in, out, bias), ("linear", in, r, False), ("linear", r, out, False)]): the children are
  * base_layer, lora_A and lora_B (their parameters are laid out in that order, PEFT's state_dict
  * order); this kind runs their math itself, in one forward and one backward:

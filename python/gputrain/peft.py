@@ -19,9 +19,9 @@ detaches it); with dropout in training, both DoRA terms read the dropped-out inp
 
 ``save_pretrained(folder)`` writes PEFT's ``adapter_config.json`` and ``adapter_model.safetensors``
 (keys without the adapter name: ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``,
-``...q_proj.lora_magnitude_vector`` for DoRA, ``base_model.model.<name>.weight`` for ``modules_to_save``), which ``peft.PeftModel.from_pretrained``
-loads; :meth:`PeftModel.from_pretrained` loads PEFT's. Targets follow PEFT's rule: a string is a
-regular expression the full module name must match; a list names modules by their full name or
+``...q_proj.lora_magnitude_vector`` for DoRA, ``base_model.model.<name>.weight`` for
+``modules_to_save``), which ``peft.PeftModel.from_pretrained`` loads; :meth:`PeftModel.from_pretrained`
+loads PEFT's. Targets follow PEFT's rule: a string is a regular expression the full module name must match; a list names modules by their full name or
 its last parts (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``); ``"all-linear"`` is
 every Linear but the output layer (``lm_head``; a classifier's ``score``/``classifier``).
 
@@ -100,9 +100,10 @@ class LoraConfig:
     r: rank (int >= 1); lora_alpha: scaling numerator; lora_dropout: dropout probability on the
     adapter's input, in [0, 1); target_modules: names, a regular expression, "all-linear", or None
     (PEFT's default for the model's family); modules_to_save: modules trained and saved whole;
-    use_rslora: scaling lora_alpha / sqrt(r); use_dora: DoRA's magnitude vector; init_lora_weights: True (A as nn.Linear's
-    kaiming-uniform, B zeros: the adapter starts as the identity), "gaussian" (A ~ N(0, 1/r), B
-    zeros) or False (A and B both as nn.Linear's: a non-zero adapter, for tests)."""
+    use_rslora: scaling lora_alpha / sqrt(r); use_dora: DoRA's magnitude vector; init_lora_weights:
+    True (A as nn.Linear's kaiming-uniform, B zeros: the adapter starts as the identity), "gaussian"
+    (A ~ N(0, 1/r), B zeros) or False (A and B both as nn.Linear's: a non-zero adapter, for tests).
+    The unsupported fields (bias other than "none") raise NotImplementedError."""
 
     def __init__(self, r: int = 8, lora_alpha: float = 8, lora_dropout: float = 0.0,
                  target_modules: Sequence[str] | str | None = None, modules_to_save: Sequence[str] | None = None,
