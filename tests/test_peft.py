@@ -383,3 +383,24 @@ def test_a_model_that_cannot_compile_is_left_as_it_was(monkeypatch):
     assert all(p.requires_grad for p in model.parameters())
     model(np.array([[1, 2, 3]]))
 
+
+
+def test_trainer_fine_tunes_a_dora_adapter(tmp_path):
+    """Trainer(model=get_peft_model(...)): the loss falls and only the adapter (A, B, m) moves."""
+    gt.random.manual_seed(0)
+    model = get_peft_model(from_pretrained(BASE), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                             use_dora=True))
+    ids = np.stack([(np.arange(10) * (i % 5 + 1) + i % 7) % 90 + 3 for i in range(32)]).astype(np.int64)
+    data = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids}
+    before = model.state_dict()
+    args = gt.TrainingArguments(output_dir=str(tmp_path), max_steps=12, per_device_train_batch_size=8,
+                                learning_rate=1e-2, save_strategy="no", report_to="none", disable_tqdm=True,
+                                logging_steps=4)
+    trainer = gt.Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    after = model.state_dict()
+    for name, value in before.items():
+        moved = not np.array_equal(after[name], value)
+        assert moved == any(part in name for part in (".lora_A.", ".lora_B.", ".lora_magnitude_vector.")), name
