@@ -172,6 +172,13 @@ gt_status adamw(int index, gt_stream *stream, gt_numerics numerics, const gt_ada
     return gt_cuda_adamw(index, numerics, s, p, g, m, v, v_max, n, st);
 }
 
+gt_status adamw8bit(int index, gt_stream *stream, const gt_adamw8_scalars *s, float *p, const float *g,
+                    uint8_t *c1, uint8_t *c2, float *absmax1, float *absmax2, size_t n) {
+    cudaStream_t st = nullptr;
+    GT_TRY(resolve(index, stream, &st));
+    return gt_cuda_adamw8bit(index, s, p, g, c1, c2, absmax1, absmax2, n, st);
+}
+
 gt_status sgd(int index, gt_stream *stream, const gt_sgd_scalars *s, float *p, const float *g, float *buf,
               size_t n) {
     cudaStream_t st = nullptr;
@@ -312,6 +319,8 @@ const gt_device_backend cuda_table = {
     stream_from_native, pointer_device, grad_sumsq_async, loss_accumulate, grad_clip, scaler_update,
     allreduce_sum, broadcast, allgather,
     adamw_table, sgd_table, count_update,
+    0,  // host_memory
+    adamw8bit,
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "core/adamw.h"
+#include "core/adamw8bit.h"
 #include "core/device_backend.h"
 #include "core/sgd.h"
 #include "core/status.h"
@@ -17,6 +18,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Queues adamw8bit_kernel (cuda/optim8.cu) over one parameter of n elements on device `device`:
+ * c1, c2 (n,) codes and absmax1, absmax2 (ceil(n / GT_ADAMW8_BLOCK),) updated in place. */
+gt_status gt_cuda_adamw8bit(int device, const gt_adamw8_scalars *s, float *p, const float *g, uint8_t *c1,
+                            uint8_t *c2, float *absmax1, float *absmax2, size_t n, void *stream);
 
 /* Queues adamw_kernel over n elements on device `device` (device pointers; v_max only with
  * s->amsgrad). Returns after the launch. */

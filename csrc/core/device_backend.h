@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "core/adamw.h"
+#include "core/adamw8bit.h"
 #include "core/device.h"
 #include "core/scaler_rules.h"
 #include "core/sgd.h"
@@ -162,6 +163,11 @@ typedef struct gt_device_backend {
     /* 1 when the device's memory is the host's own (the cpu): the host may read and write it
      * directly, and a host input needs no copy in; 0 for an accelerator (cuda, sim). */
     int host_memory;
+
+    /* 8-bit AdamW over one parameter of n elements (ops/adamw8bit_hd.h; blocks start at p[0]):
+     * c1, c2 (n,) codes and absmax1, absmax2 (ceil(n / GT_ADAMW8_BLOCK),) updated in place. */
+    gt_status (*adamw8bit)(int index, gt_stream *stream, const gt_adamw8_scalars *s, float *p, const float *g,
+                           uint8_t *c1, uint8_t *c2, float *absmax1, float *absmax2, size_t n);
 } gt_device_backend;
 
 /* What gputrain asked of a device through its table since the last reset, counted by the table

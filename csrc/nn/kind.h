@@ -72,6 +72,20 @@ enum {
     GT_KIND_READS_IDS = 16,   /* reads the model's int64 ids (a model starting with it takes ids) */
 };
 
+enum { GT_MAX_FROZEN_PIECES = 4 };
+
+/* One frozen buffer of a layer (a kind's frozen hook). */
+typedef struct gt_frozen_piece {
+    size_t offset;     /* bytes from the layer's frozen_offset in the buffer arena (GT_ALIGN-aligned) */
+    size_t bytes;      /* its bytes */
+    gt_dtype dtype;    /* GT_U8, GT_I8 or GT_F32 */
+    int ndim;          /* 1 or 2 */
+    int64_t shape[2];  /* its shape as state_dict shows it */
+} gt_frozen_piece;
+
+/* Bytes of a layer's frozen buffers (the end of its last piece, GT_ALIGN-aligned; 0: none). */
+size_t gt_layer_frozen_bytes(const gt_layer *layer);
+
 /* One layer kind. Hooks that a kind does not need are NULL where said. */
 typedef struct gt_layer_type {
     const char *name;             /* spec name, as in GT_LAYER_KIND_LIST */
@@ -91,6 +105,11 @@ typedef struct gt_layer_type {
     gt_status (*forward)(gt_layer *layer, const void *in, gt_run *run);
     /* din may be NULL (the model's first layer: no input gradient wanted) */
     gt_status (*backward)(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run);
+    /* Frozen buffers (a quantized weight: codes and scales; never optimised, no gradient, not
+     * restored by a failed step) in the buffer arena after the running statistics: fills
+     * pieces[0:count] (offsets from the layer's frozen_offset, in state_dict order) and returns
+     * count (<= GT_MAX_FROZEN_PIECES); NULL: none */
+    size_t (*frozen)(const gt_layer *layer, gt_frozen_piece *pieces);
 } gt_layer_type;
 
 #define GT_LAYER_TYPE_DECL(NAME, name) extern const gt_layer_type gt_layer_type_##name;

@@ -321,6 +321,13 @@ int gt_layer_kind_named(const char *name, gt_layer_kind *kind) {
     return 0;
 }
 
+size_t gt_layer_frozen_bytes(const gt_layer *layer) {
+    const gt_layer_type *type = types[layer->kind];
+    gt_frozen_piece pieces[GT_MAX_FROZEN_PIECES];
+    size_t count = type->frozen ? type->frozen(layer, pieces) : 0;
+    return count ? gt_align_up(pieces[count - 1].offset + pieces[count - 1].bytes) : 0;
+}
+
 const char *gt_layer_describe(char *buf, size_t bytes, const gt_layer *layer, const char *path) {
     const gt_layer_type *type = types[layer->kind];
     char text[128] = "";

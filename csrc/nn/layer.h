@@ -132,6 +132,11 @@ struct gt_layer {
     float *running_mean;       /* BatchNorm2d: (C,) f32, or NULL without running statistics */
     float *running_var;        /* BatchNorm2d: (C,) f32 unbiased running variance, or NULL */
     int64_t *num_batches_tracked; /* BatchNorm2d: (1,) batches folded in, or NULL */
+    size_t frozen_offset;      /* a kind with frozen buffers (nn/kind.h; QLinear's packed weight):
+                                  bytes from the start of the buffer arena to its first piece */
+    char *frozen;              /* the buffer arena at frozen_offset (NULL without frozen buffers) */
+    const float *quant_code;   /* QLinear: (16,) f32 decoding table in the activation arena, written
+                                  by the plan when it places the layer */
     int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };

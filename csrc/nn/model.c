@@ -137,20 +137,50 @@ static void reset_buffers(const gt_layer *layer, char *host, const char *base) {
     *count = 0;
 }
 
-/* Bytes the model requests for its buffer arena: the buffers and, after them, the copy a training
- * step restores when it fails (0 without buffers). */
+/* Gives every layer with frozen buffers (a quantized weight) its place after the running
+ * statistics, in state_dict order; a later use of a module shares its first use's. */
+static gt_status layout_frozen(gt_layer *layer, size_t *offset) {
+    if (layer->tied) {
+        layer->frozen_offset = layer->tied->frozen_offset;
+        return GT_OK;
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        GT_TRY(layout_frozen(&layer->children[i], offset));
+    size_t bytes = gt_layer_frozen_bytes(layer);
+    if (bytes == 0)
+        return GT_OK;
+    GT_TRY(gt_size_align(*offset, "the frozen weights of the model", offset));
+    layer->frozen_offset = *offset;
+    return gt_size_add(*offset, bytes, "the frozen weights of the model", offset);
+}
+
+/* Points every layer with frozen buffers into the buffer arena at `base`. */
+static void point_frozen(gt_layer *layer, char *base) {
+    for (size_t i = 0; i < layer->num_children; i++)
+        point_frozen(&layer->children[i], base);
+    layer->frozen = gt_layer_frozen_bytes(layer) ? base + layer->frozen_offset : NULL;
+}
+
+/* Bytes the model requests for its buffer arena: the buffers and, after them, the copy of the
+ * running statistics a training step restores when it fails (0 without buffers). */
 static size_t buffer_arena_request(const gt_model *model) {
-    return 2 * gt_align_up(model->buffer_bytes);  /* checked by the layout */
+    return gt_align_up(model->buffer_bytes) + gt_align_up(model->stat_bytes);  /* checked by the layout */
 }
 
 /* The buffer arena: laid out, allocated, pointed at and reset (staged on the host). */
 static gt_status create_buffers(gt_model *model) {
     GT_TRY(layout_buffers(&model->root, &model->buffer_bytes));
-    GT_TRY(gt_size_check(buffer_arena_request(model), "the running statistics of the model"));
+    model->stat_bytes = model->buffer_bytes;
+    GT_TRY(layout_frozen(&model->root, &model->buffer_bytes));
+    size_t request = 0;  /* buffer_arena_request's sum, checked */
+    GT_TRY(gt_size_align(model->buffer_bytes, "the buffers of the model", &request));
+    GT_TRY(gt_size_add(request, model->stat_bytes + GT_ALIGN, "the buffers of the model", &request));
+    GT_TRY(gt_size_check(request, "the buffers of the model"));
     GT_TRY(gt_arena_create(&model->buffers, model->backend.device, buffer_arena_request(model)));
     if (model->buffer_bytes == 0)
         return GT_OK;
     point_buffers(&model->root, model->buffers.block.ptr);
+    point_frozen(&model->root, model->buffers.block.ptr);
     gt_block staging = {0};
     GT_TRY(gt_block_alloc(gt_cpu_device(), model->buffer_bytes, &staging));
     memset(staging.ptr, 0, model->buffer_bytes);
@@ -815,17 +845,17 @@ static void *buffer_backup(const gt_model *model) {
 }
 
 gt_status gt_model_save_buffers(gt_model *model) {
-    if (model->buffer_bytes == 0)
+    if (model->stat_bytes == 0)
         return GT_OK;
     return model->backend.ops->copy(&model->backend, buffer_backup(model), model->buffers.block.ptr,
-                                    model->buffer_bytes);
+                                    model->stat_bytes);
 }
 
 gt_status gt_model_restore_buffers(gt_model *model) {
-    if (model->buffer_bytes == 0)
+    if (model->stat_bytes == 0)
         return GT_OK;
     return model->backend.ops->copy(&model->backend, model->buffers.block.ptr, buffer_backup(model),
-                                    model->buffer_bytes);
+                                    model->stat_bytes);
 }
 
 gt_status gt_model_zero_gradients(gt_model *model) {

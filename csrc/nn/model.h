@@ -32,7 +32,8 @@ typedef struct gt_model_plan {
     size_t grad_bytes;        /* f32 gradients (same layout) */
     size_t lowp_param_bytes;  /* half copy of the parameters (f16/bf16 mode), else 0 */
     size_t buffer_bytes;      /* buffers: BatchNorm2d running statistics (not parameters) and the
-                                 copy a failed training step restores them from */
+                                 copy a failed training step restores them from, and frozen
+                                 buffers (QLinear's packed weights and absmax) */
     size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
     size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
     size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */
@@ -117,8 +118,11 @@ typedef struct gt_model {
     gt_arena grads;             /* (num_params,) f32 */
     gt_arena lowp_params;       /* (num_params,) f16/bf16 when dt is half */
     size_t buffer_bytes;        /* bytes of the buffers, laid out in state_dict order */
-    gt_arena buffers;           /* (buffer_bytes,) running statistics (f32) and counts (int64), then
-                                   (buffer_bytes,) their copy at the start of a training step */
+    size_t stat_bytes;          /* the first stat_bytes of them: the running statistics (a failed step
+                                   restores these); frozen buffers (nn/kind.h) follow */
+    gt_arena buffers;           /* (buffer_bytes,) running statistics (f32) and counts (int64) and
+                                   frozen buffers, then (stat_bytes,) the statistics' copy at the
+                                   start of a training step */
     gt_arena activations;       /* everything sized by the input shape */
     gt_tensor planned_input;    /* input shape/dtype the activations are planned for */
     int planned;                /* 1 when `activations` matches planned_input */

@@ -40,14 +40,25 @@ static int sum_numels(PyObject *module, PyObject *numels_obj, size_t *total) {
     return rc;
 }
 
-static int parse_optim_kind(const char *kind, gt_optim_kind *out) {
-    if (strcmp(kind, "adamw") == 0 || strcmp(kind, "sgd") == 0) {
-        *out = kind[0] == 'a' ? GT_OPTIM_ADAMW : GT_OPTIM_SGD;
-        return 0;
+/* The element counts (checked by sum_numels) as a new array (PyMem_Free it). */
+static int numels_array(PyObject *numels_obj, size_t **out, size_t *count) {
+    PyObject *seq = PySequence_Fast(numels_obj, "numels must be a sequence of ints");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    *out = PyMem_Calloc(n ? (size_t)n : 1, sizeof **out);
+    *count = (size_t)n;
+    for (Py_ssize_t i = 0; *out && i < n; i++)
+        (*out)[i] = (size_t)PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+    Py_DECREF(seq);
+    if (!*out) {
+        PyErr_NoMemory();
+        return -1;
     }
-    PyErr_Format(PyExc_ValueError, "kind must be 'adamw' or 'sgd', got '%s'", kind);
-    return -1;
+    return 0;
 }
+
+static int parse_optim_kind(const char *kind, gt_optim_kind *out) { return gtpy_optim_parse_kind(kind, out); }
 
 static PyObject *optimizer_memory_to_dict(gt_device device, const gt_optimizer_memory *m) {
     PyObject *d = PyDict_New();
@@ -64,17 +75,19 @@ static PyObject *optimizer_memory_to_dict(gt_device device, const gt_optimizer_m
 
 static PyObject *optimizer_plan(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"kind", "numels", "hparams", "device", "cpu_offload_fraction",
-                               "offload_chunk_numel", "zero_shards", NULL};
+                               "offload_chunk_numel", "zero_shards", "min_8bit_size", NULL};
     const char *kind = NULL;
     PyObject *numels_obj, *hparams_obj, *device_obj = Py_None;
     double fraction = 0.0;
-    Py_ssize_t chunk = 0;
+    Py_ssize_t chunk = 0, min_8bit_size = GT_ADAMW8_MIN_SIZE;
     int shards = 1;  // ZeRO-1: numels are one rank's shard of this many (a shard never defers its update)
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOO|$Odni:optimizer_plan", keywords, &kind, &numels_obj,
-                                     &hparams_obj, &device_obj, &fraction, &chunk, &shards))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOO|$Odnin:optimizer_plan", keywords, &kind, &numels_obj,
+                                     &hparams_obj, &device_obj, &fraction, &chunk, &shards, &min_8bit_size))
         return NULL;
+    if (min_8bit_size < 0)
+        return PyErr_Format(PyExc_ValueError, "min_8bit_size must be >= 0, got %zd", min_8bit_size);
     gt_optimizer_config config = {.cpu_offload_fraction = fraction, .offload_chunk_numel = (size_t)chunk,
-                                  .zero_size = shards > 1 ? shards : 0};
+                                  .zero_size = shards > 1 ? shards : 0, .min_8bit_size = (size_t)min_8bit_size};
     size_t total = 0;
     if (chunk < 0)
         return PyErr_Format(PyExc_ValueError, "offload_chunk_numel must be >= 0, got %zd", chunk);
@@ -92,11 +105,15 @@ static PyObject *optimizer_plan(PyObject *module, PyObject *args, PyObject *kwar
     int rc = groups ? gtpy_optim_parse_all_hparams(hparams, groups) : (PyErr_NoMemory(), -1);
     gt_optimizer_memory memory;
     PyObject *result = NULL;
+    size_t *numels = NULL, num_params = 0;
+    if (rc == 0)
+        rc = numels_array(numels_obj, &numels, &num_params);
     if (rc == 0) {
-        gt_status status = gt_optimizer_plan(&config, groups, (size_t)num_groups, total, &memory);
+        gt_status status = gt_optimizer_plan_params(&config, groups, (size_t)num_groups, numels, num_params, &memory);
         result = status == GT_OK ? optimizer_memory_to_dict(config.device, &memory) : gtpy_raise(module, status);
     }
     PyMem_Free(groups);
+    PyMem_Free(numels);
     Py_DECREF(hparams);
     return result;
 }
@@ -180,7 +197,7 @@ static PyObject *loader_plan(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef memory_plan_methods[] = {
     {"optimizer_plan", (PyCFunction)(void (*)(void))optimizer_plan, METH_VARARGS | METH_KEYWORDS,
      "optimizer_plan(kind, numels, hparams, *, device='cpu', cpu_offload_fraction=0.0, offload_chunk_numel=0,\n"
-     "               zero_shards=1)\n--\n\n"
+     "               zero_shards=1, min_8bit_size=4096)\n--\n\n"
      "Bytes an Optimizer of these parameter sizes and groups will reserve, on the device and pinned\n"
      "(zero_shards > 1: numels are one rank's ZeRO-1 shard)."},
     {"ema_plan", (PyCFunction)(void (*)(void))ema_plan, METH_VARARGS | METH_KEYWORDS,

@@ -430,6 +430,21 @@ static int append_buffer(PyObject *list, size_t offset, PyObject *shape, const c
     return rc;
 }
 
+/* The frozen buffers of a layer (a quantized weight's codes and scales) as buffers. */
+static int collect_frozen(PyObject *list, const gt_layer *layer) {
+    gt_frozen_piece pieces[GT_MAX_FROZEN_PIECES];
+    size_t count = gt_layer_type_of(layer->kind)->frozen(layer, pieces);
+    for (size_t i = 0; i < count; i++) {
+        const gt_frozen_piece *p = &pieces[i];
+        const char *dtype = p->dtype == GT_U8 ? "uint8" : (p->dtype == GT_I8 ? "int8" : "float32");
+        PyObject *shape = p->ndim == 1 ? Py_BuildValue("(L)", (long long)p->shape[0])
+                                       : Py_BuildValue("(LL)", (long long)p->shape[0], (long long)p->shape[1]);
+        if (append_buffer(list, layer->frozen_offset + p->offset, shape, dtype) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* (byte offset, shape, dtype) of every buffer in state_dict order (a shared module's once). */
 static int collect_buffers(PyObject *list, const gt_layer *layer) {
     if (layer->tied)
@@ -437,6 +452,8 @@ static int collect_buffers(PyObject *list, const gt_layer *layer) {
     for (size_t i = 0; i < layer->num_children; i++)
         if (collect_buffers(list, &layer->children[i]) < 0)
             return -1;
+    if (gt_layer_type_of(layer->kind)->frozen)
+        return collect_frozen(list, layer);
     if (!layer->track_running_stats)
         return 0;
     size_t c = (size_t)layer->in_features, count = (size_t)((const char *)layer->num_batches_tracked -

@@ -107,14 +107,8 @@ int gtpy_optim_parse_hparams(PyObject *dict, gt_optim_hparams *hp) {
 }
 
 static int parse_kind(PyObject *module, const char *kind, const char *numerics, gt_optimizer_config *config) {
-    if (strcmp(kind, "adamw") == 0)
-        config->kind = GT_OPTIM_ADAMW;
-    else if (strcmp(kind, "sgd") == 0)
-        config->kind = GT_OPTIM_SGD;
-    else {
-        PyErr_Format(PyExc_ValueError, "kind must be 'adamw' or 'sgd', got '%s'", kind);
+    if (gtpy_optim_parse_kind(kind, &config->kind) < 0)
         return -1;
-    }
     if (strcmp(numerics, "exact") == 0)
         config->numerics = GT_NUMERICS_EXACT;
     else if (strcmp(numerics, "fast") == 0)
@@ -215,15 +209,20 @@ static PyObject *none_tuple(Py_ssize_t n) {
 
 static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"kind", "params", "groups", "hparams", "grads", "numerics",
-                               "cpu_offload_fraction", "offload_chunk_numel", "zero_size", "zero_rank", NULL};
+                               "cpu_offload_fraction", "offload_chunk_numel", "zero_size", "zero_rank",
+                               "min_8bit_size", NULL};
     const char *kind = NULL, *numerics = "exact";
     PyObject *params_obj, *groups_obj, *hparams_obj, *grads_obj = Py_None;
     gt_optimizer_config config = {.device = gt_cpu_device()};
-    Py_ssize_t chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOO|$Osdnii:Optimizer", keywords, &kind, &params_obj,
+    Py_ssize_t chunk = 0, min_8bit_size = GT_ADAMW8_MIN_SIZE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOO|$Osdniin:Optimizer", keywords, &kind, &params_obj,
                                      &groups_obj, &hparams_obj, &grads_obj, &numerics,
-                                     &config.cpu_offload_fraction, &chunk, &config.zero_size, &config.zero_rank))
+                                     &config.cpu_offload_fraction, &chunk, &config.zero_size, &config.zero_rank,
+                                     &min_8bit_size))
         return NULL;
+    if (min_8bit_size < 0)
+        return PyErr_Format(PyExc_ValueError, "min_8bit_size must be >= 0, got %zd", min_8bit_size);
+    config.min_8bit_size = (size_t)min_8bit_size;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     if (!module || parse_kind(module, kind, numerics, &config) < 0)
         return NULL;
@@ -407,6 +406,8 @@ static int put_slot(PyObject *module, gt_optimizer *opt, PyObject *dict, size_t 
 }
 
 PyObject *gtpy_optim_read_state(PyObject *module, gt_optimizer *opt, size_t index, npy_intp numel) {
+    if (gt_optimizer_state8(opt))
+        return gtpy_optim8_read_state(module, opt, index);
     int64_t step = 0;
     gt_optimizer_get_param_step(opt, index, &step);
     PyObject *dict = PyDict_New(), *step_obj = PyLong_FromLongLong(step);
@@ -455,6 +456,8 @@ static int read_slots(const gt_optimizer *opt, Py_ssize_t index, PyObject *slots
 
 PyObject *gtpy_optim_write_state(PyObject *module, gt_optimizer *opt, Py_ssize_t index, Py_ssize_t step,
                                  PyObject *slots, npy_intp numel) {
+    if (gt_optimizer_state8(opt))
+        return gtpy_optim8_write_state(module, opt, index, step, slots);
     if (step < 0)
         return PyErr_Format(PyExc_ValueError, "step must be >= 0, got %zd", step);
     PyObject *result = NULL;
@@ -551,8 +554,10 @@ static PyType_Slot optimizer_slots[] = {
     {Py_tp_methods, optimizer_methods},
     {Py_tp_getset, optimizer_getset},
     {Py_tp_doc, "Optimizer(kind, params, groups, hparams, *, grads=None, numerics='exact', "
-                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0)\n--\n\n"
-                "The fused C AdamW ('adamw') or SGD ('sgd') over float32 parameter arrays. zero_size > 0: "
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0, "
+                "min_8bit_size=4096)\n--\n\n"
+                "The fused C AdamW ('adamw'), 8-bit AdamW ('adamw8bit': parameters of at least min_8bit_size "
+                "elements keep 8-bit moments) or SGD ('sgd') over float32 parameter arrays. zero_size > 0: "
                 "they are rank zero_rank's shard of a model's parameters (ZeRO-1), and a training step "
                 "with this optimizer reduce-scatters the gradients and all-gathers the parameters."},
     {0, NULL},

@@ -26,14 +26,13 @@ typedef struct {
 static PyObject *module_of(PyObject *self) { return PyType_GetModuleByDef(Py_TYPE(self), &gtpy_module_def); }
 
 static int parse_kind(const char *kind, const char *numerics, gt_optimizer_config *config) {
-    int kind_ok = strcmp(kind, "adamw") == 0 || strcmp(kind, "sgd") == 0;
     int numerics_ok = strcmp(numerics, "exact") == 0 || strcmp(numerics, "fast") == 0;
-    if (!kind_ok || !numerics_ok) {
-        PyErr_Format(PyExc_ValueError, "kind must be 'adamw' or 'sgd' and numerics 'exact' or 'fast', got '%s', '%s'",
-                     kind, numerics);
+    if (gtpy_optim_parse_kind(kind, &config->kind) < 0)
+        return -1;
+    if (!numerics_ok) {
+        PyErr_Format(PyExc_ValueError, "numerics must be 'exact' or 'fast', got '%s'", numerics);
         return -1;
     }
-    config->kind = strcmp(kind, "sgd") == 0 ? GT_OPTIM_SGD : GT_OPTIM_ADAMW;
     config->numerics = strcmp(numerics, "fast") == 0 ? GT_NUMERICS_FAST : GT_NUMERICS_EXACT;
     return 0;
 }
@@ -174,15 +173,20 @@ static int check_offload(double fraction, Py_ssize_t chunk) {
 
 static PyObject *model_optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"kind", "model", "indices", "groups", "hparams", "trainable", "numerics",
-                               "cpu_offload_fraction", "offload_chunk_numel", "zero_size", "zero_rank", NULL};
+                               "cpu_offload_fraction", "offload_chunk_numel", "zero_size", "zero_rank",
+                               "min_8bit_size", NULL};
     const char *kind = NULL, *numerics = "exact";
     PyObject *model_obj, *indices, *groups, *hparams_obj, *trainable;
     gt_optimizer_config config = {.compute_stream = NULL};
-    Py_ssize_t chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOOO|$sdnii:ModelOptimizer", keywords, &kind, &model_obj,
+    Py_ssize_t chunk = 0, min_8bit_size = GT_ADAMW8_MIN_SIZE;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "sOOOOO|$sdniin:ModelOptimizer", keywords, &kind, &model_obj,
                                      &indices, &groups, &hparams_obj, &trainable, &numerics,
-                                     &config.cpu_offload_fraction, &chunk, &config.zero_size, &config.zero_rank))
+                                     &config.cpu_offload_fraction, &chunk, &config.zero_size, &config.zero_rank,
+                                     &min_8bit_size))
         return NULL;
+    if (min_8bit_size < 0)
+        return PyErr_Format(PyExc_ValueError, "min_8bit_size must be >= 0, got %zd", min_8bit_size);
+    config.min_8bit_size = (size_t)min_8bit_size;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     if (!module || parse_kind(kind, numerics, &config) < 0 || check_offload(config.cpu_offload_fraction, chunk) < 0)
         return NULL;
@@ -441,8 +445,10 @@ static PyType_Slot model_optimizer_slots[] = {
     {Py_tp_methods, model_optimizer_methods},
     {Py_tp_getset, model_optimizer_getset},
     {Py_tp_doc, "ModelOptimizer(kind, model, indices, groups, hparams, trainable, *, numerics='exact', "
-                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0)\n--\n\n"
-                "The fused C AdamW ('adamw') or SGD ('sgd') over slices of a _C.Model's parameter and "
+                "cpu_offload_fraction=0.0, offload_chunk_numel=0, zero_size=0, zero_rank=0, "
+                "min_8bit_size=4096)\n--\n\n"
+                "The fused C AdamW ('adamw'), 8-bit AdamW ('adamw8bit') or SGD ('sgd') over slices of a "
+                "_C.Model's parameter and "
                 "gradient arenas on the model's device: parameter i is parameter_layout()[indices[i]], in "
                 "group groups[i] (hparams[g]: its hyperparameters), updated when trainable[i]. zero_size > 0 "
                 "(ZeRO-1): only each parameter's part in chunk zero_rank of the arena cut into zero_size "

@@ -24,4 +24,12 @@ PyObject *gtpy_optim_read_state(PyObject *module, gt_optimizer *opt, size_t inde
 PyObject *gtpy_optim_write_state(PyObject *module, gt_optimizer *opt, Py_ssize_t index, Py_ssize_t step,
                                  PyObject *slots, npy_intp numel);
 
+/* The two above for an 8-bit AdamW (csrc/py/optim8.c): its fields, by this parameter's format. */
+PyObject *gtpy_optim8_read_state(PyObject *module, gt_optimizer *opt, size_t index);
+PyObject *gtpy_optim8_write_state(PyObject *module, gt_optimizer *opt, Py_ssize_t index, Py_ssize_t step,
+                                  PyObject *slots);
+
+/* "adamw", "sgd" or "adamw8bit" as a gt_optim_kind; -1 with ValueError naming `kind` otherwise. */
+int gtpy_optim_parse_kind(const char *kind, gt_optim_kind *out);
+
 #endif

@@ -70,14 +70,13 @@ static gt_status run_on_device(const device_run *run) {
 }
 
 static int parse_names(const char *kind, const char *numerics, gt_optimizer_config *config) {
-    int kind_ok = strcmp(kind, "adamw") == 0 || strcmp(kind, "sgd") == 0;
     int numerics_ok = strcmp(numerics, "exact") == 0 || strcmp(numerics, "fast") == 0;
-    if (!kind_ok || !numerics_ok) {
-        PyErr_Format(PyExc_ValueError, "kind must be 'adamw' or 'sgd' and numerics 'exact' or 'fast', got %s, %s",
-                     kind, numerics);
+    if (gtpy_optim_parse_kind(kind, &config->kind) < 0)  /* "adamw8bit": min_8bit_size 0, every parameter 8-bit */
+        return -1;
+    if (!numerics_ok) {
+        PyErr_Format(PyExc_ValueError, "numerics must be 'exact' or 'fast', got %s", numerics);
         return -1;
     }
-    config->kind = strcmp(kind, "sgd") == 0 ? GT_OPTIM_SGD : GT_OPTIM_ADAMW;
     config->numerics = strcmp(numerics, "fast") == 0 ? GT_NUMERICS_FAST : GT_NUMERICS_EXACT;
     return 0;
 }

@@ -17,6 +17,7 @@
 #include "dist/comm_device.h"
 #include "ops/cpu_ops.h"
 #include "train/grad_norm.h"
+#include "train/optim8_cpu.h"
 #include "train/optim_cpu.h"
 #include "train/scaler.h"
 
@@ -164,6 +165,13 @@ static gt_status adamw(int index, gt_stream *stream, gt_numerics numerics, const
         if (lo < hi)
             gt_adamw_cpu(numerics, s, p + lo, g + lo, m + lo, v + lo, v_max ? v_max + lo : NULL, hi - lo);
     }
+    return GT_OK;
+}
+
+static gt_status adamw8bit(int index, gt_stream *stream, const gt_adamw8_scalars *s, float *p, const float *g,
+                           uint8_t *c1, uint8_t *c2, float *absmax1, float *absmax2, size_t n) {
+    (void)index, (void)stream;
+    gt_adamw8bit_cpu(s, p, g, c1, c2, absmax1, absmax2, n);
     return GT_OK;
 }
 
@@ -361,6 +369,7 @@ static const gt_device_backend cpu_table = {
     .adamw_table = adamw_table,
     .sgd_table = sgd_table,
     .count_update = count_update,
+    .adamw8bit = adamw8bit,
 };
 
 void gt_cpu_device_install(void) { gt_device_backend_install(GT_DEVICE_CPU, &cpu_table); }

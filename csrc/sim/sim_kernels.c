@@ -3,6 +3,7 @@
 #include "core/loss_mean.h"
 #include "sim/sim_stream.h"
 #include "train/grad_norm.h"
+#include "train/optim8_cpu.h"
 #include "train/optim_cpu.h"
 #include "train/scaler.h"
 
@@ -25,6 +26,27 @@ gt_status gt_sim_adamw(int index, gt_stream *stream, gt_numerics numerics, const
                        const float *g, float *m, float *v, float *v_max, size_t n) {
     adamw_job job = {numerics, *s, p, g, m, v, v_max, n};
     return n ? gt_sim_enqueue(index, stream, run_adamw, &job, sizeof job) : GT_OK;
+}
+
+typedef struct adamw8bit_job {
+    gt_adamw8_scalars s;           /* the step's constants, copied at the launch */
+    float *p;                      /* (n,) parameters */
+    const float *g;                /* (n,) gradients */
+    uint8_t *c1, *c2;              /* (n,) codes of the moments */
+    float *absmax1, *absmax2;      /* (blocks,) their absmax per block */
+    size_t n;                      /* elements */
+} adamw8bit_job;
+
+static gt_status run_adamw8bit(void *args) {
+    adamw8bit_job *j = args;
+    gt_adamw8bit_cpu(&j->s, j->p, j->g, j->c1, j->c2, j->absmax1, j->absmax2, j->n);
+    return GT_OK;
+}
+
+gt_status gt_sim_adamw8bit(int index, gt_stream *stream, const gt_adamw8_scalars *s, float *p, const float *g,
+                           uint8_t *c1, uint8_t *c2, float *absmax1, float *absmax2, size_t n) {
+    adamw8bit_job job = {*s, p, g, c1, c2, absmax1, absmax2, n};
+    return n ? gt_sim_enqueue(index, stream, run_adamw8bit, &job, sizeof job) : GT_OK;
 }
 
 typedef struct sgd_job {

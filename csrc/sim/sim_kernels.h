@@ -6,6 +6,8 @@
 
 #include "core/device_backend.h"
 
+gt_status gt_sim_adamw8bit(int index, gt_stream *stream, const gt_adamw8_scalars *s, float *p, const float *g,
+                           uint8_t *c1, uint8_t *c2, float *absmax1, float *absmax2, size_t n);
 gt_status gt_sim_adamw(int index, gt_stream *stream, gt_numerics numerics, const gt_adamw_scalars *s, float *p,
                        const float *g, float *m, float *v, float *v_max, size_t n);
 gt_status gt_sim_sgd(int index, gt_stream *stream, const gt_sgd_scalars *s, float *p, const float *g,

@@ -88,6 +88,7 @@ static const gt_device_backend sim_table = {
     .adamw_table = gt_sim_adamw_table,
     .sgd_table = gt_sim_sgd_table,
     .count_update = gt_sim_count_update,
+    .adamw8bit = gt_sim_adamw8bit,
 };
 
 void gt_sim_install(void) { gt_device_backend_install(GT_DEVICE_SIM, &sim_table); }

@@ -10,6 +10,7 @@
 #include "train/copy_stream.h"
 #include "train/grad_norm.h"
 #include "train/offload.h"
+#include "train/optim8.h"
 #include "train/optim_cpu.h"
 
 
@@ -68,6 +69,7 @@ struct gt_optimizer {
     uint64_t resolved_updates;        /* deferred updates known to have been applied */
     uint64_t deferred_calls;          /* deferred steps queued so far */
     size_t pending;                   /* deferred steps not yet resolved */
+    gt_optim8 *state8;                /* AdamW8bit: its state (train/optim8.h); NULL for the other kinds */
 };
 
 /* ------------------------------------------------------------ validation ---------- */
@@ -78,7 +80,9 @@ gt_status gt_optim_hparams_check(gt_optim_kind kind, const gt_optim_hparams *hp)
     if (!(hp->weight_decay >= 0.0 && isfinite(hp->weight_decay)))
         return GT_FAIL(GT_ERR_VALUE, "weight_decay: invalid value %g (must be finite and >= 0)",
                        hp->weight_decay);
-    if (kind == GT_OPTIM_ADAMW) {
+    if (kind == GT_OPTIM_ADAMW8BIT && hp->amsgrad)
+        return GT_FAIL(GT_ERR_VALUE, "amsgrad: 8-bit AdamW has no AMSGrad (bitsandbytes' AdamW8bit neither)");
+    if (kind == GT_OPTIM_ADAMW || kind == GT_OPTIM_ADAMW8BIT) {
         if (!(hp->beta1 >= 0.0 && hp->beta1 < 1.0))
             return GT_FAIL(GT_ERR_VALUE, "betas[0]: invalid beta %g (must be in [0, 1))", hp->beta1);
         if (!(hp->beta2 >= 0.0 && hp->beta2 < 1.0))
@@ -98,9 +102,23 @@ gt_status gt_optim_hparams_check(gt_optim_kind kind, const gt_optim_hparams *hp)
     return GT_OK;
 }
 
+/* What 8-bit AdamW does not take: its state is whole on the optimizer's device, unsharded. */
+static gt_status check_config8(const gt_optimizer_config *c) {
+    if (c->kind != GT_OPTIM_ADAMW8BIT)
+        return GT_OK;
+    if (c->cpu_offload_fraction != 0.0)
+        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: 8-bit AdamW keeps its whole state on the device (the "
+                       "offload path stages float32 state by element, not 8-bit blocks); got %g",
+                       c->cpu_offload_fraction);
+    if (c->zero_size > 1)
+        return GT_FAIL(GT_ERR_VALUE, "zero_size: 8-bit AdamW's state cannot be sharded with ZeRO-1");
+    return GT_OK;
+}
+
 static gt_status check_config(const gt_optimizer_config *c) {
-    if (c->kind != GT_OPTIM_ADAMW && c->kind != GT_OPTIM_SGD)
+    if (c->kind != GT_OPTIM_ADAMW && c->kind != GT_OPTIM_SGD && c->kind != GT_OPTIM_ADAMW8BIT)
         return GT_FAIL(GT_ERR_VALUE, "kind: unknown optimizer kind %d", (int)c->kind);
+    GT_TRY(check_config8(c));
     if (c->numerics != GT_NUMERICS_EXACT && c->numerics != GT_NUMERICS_FAST)
         return GT_FAIL(GT_ERR_VALUE, "numerics: unknown numerics %d", (int)c->numerics);
     if (!(c->cpu_offload_fraction >= 0.0 && c->cpu_offload_fraction <= 1.0))
@@ -137,7 +155,7 @@ static gt_status check_params(const gt_optim_param_desc *params, size_t num_para
 static void slots_of(gt_optim_kind kind, const gt_optim_hparams *groups, size_t num_groups,
                      int has_slot[GT_SLOT_COUNT]) {
     memset(has_slot, 0, GT_SLOT_COUNT * sizeof *has_slot);
-    for (size_t g = 0; g < num_groups; g++) {
+    for (size_t g = 0; g < num_groups && kind != GT_OPTIM_ADAMW8BIT; g++) {  /* 8-bit: train/optim8.h */
         if (kind == GT_OPTIM_ADAMW) {
             has_slot[GT_SLOT_EXP_AVG] = has_slot[GT_SLOT_EXP_AVG_SQ] = 1;
             has_slot[GT_SLOT_MAX_EXP_AVG_SQ] |= groups[g].amsgrad != 0;
@@ -178,7 +196,8 @@ static size_t table_bytes(size_t num_groups) {
 /* 1 for an optimizer that may run deferred steps: on an accelerator, its whole state on the device
  * (no offload) and not a ZeRO-1 shard (deferred steps take no collectives). */
 static int may_defer(const gt_optimizer_config *config) {
-    return gt_device_is_accelerator(config->device) && config->cpu_offload_fraction == 0.0 && config->zero_size == 0;
+    return config->kind != GT_OPTIM_ADAMW8BIT &&  /* 8-bit AdamW: no update table (train/optim8.h) */
+           gt_device_is_accelerator(config->device) && config->cpu_offload_fraction == 0.0 && config->zero_size == 0;
 }
 
 /* Bytes the arena of an optimizer that may defer adds: the update count, then the table. */
@@ -267,6 +286,24 @@ static gt_status allocate_tables(gt_optimizer *opt, size_t num_groups, size_t nu
     return GT_OK;
 }
 
+/* AdamW8bit's state, in its own arena on the device. */
+static gt_status create_state8(gt_optimizer *opt, const gt_optim_param_desc *params) {
+    if (opt->config.kind != GT_OPTIM_ADAMW8BIT)
+        return GT_OK;
+    size_t *numels = calloc(opt->num_params ? opt->num_params : 1, sizeof *numels);
+    opt->state8 = calloc(1, sizeof *opt->state8);
+    if (!numels || !opt->state8) {
+        free(numels);
+        return GT_FAIL(GT_ERR_OOM, "optimizer: out of host memory for %zu parameters", opt->num_params);
+    }
+    for (size_t i = 0; i < opt->num_params; i++)
+        numels[i] = params[i].numel;
+    gt_status status = gt_optim8_create(opt->state8, opt->config.device, numels, opt->num_params,
+                                        opt->config.min_8bit_size);
+    free(numels);
+    return status;
+}
+
 static gt_status build(gt_optimizer *opt, const gt_optim_hparams *groups, size_t num_groups,
                        const gt_optim_param_desc *params, size_t num_params) {
     GT_TRY(allocate_tables(opt, num_groups, num_params));
@@ -275,6 +312,7 @@ static gt_status build(gt_optimizer *opt, const gt_optim_hparams *groups, size_t
     GT_TRY(copy_params(opt, params));
     slots_of(opt->config.kind, opt->groups, opt->num_groups, opt->has_slot);
     GT_TRY(create_device_state(opt));
+    GT_TRY(create_state8(opt, params));
     return create_offload(opt);
 }
 
@@ -307,6 +345,23 @@ gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hp
     return GT_OK;
 }
 
+gt_status gt_optimizer_plan_params(const gt_optimizer_config *config, const gt_optim_hparams *groups,
+                                   size_t num_groups, const size_t *numels, size_t num_params,
+                                   gt_optimizer_memory *out) {
+    size_t total = 0;
+    for (size_t i = 0; i < num_params; i++)
+        total = numels[i] > SIZE_MAX - total ? SIZE_MAX : total + numels[i];
+    GT_TRY(gt_optimizer_plan(config, groups, num_groups, total, out));
+    if (config->kind == GT_OPTIM_ADAMW8BIT) {
+        size_t bytes = gt_optim8_arena_bytes(numels, num_params, config->min_8bit_size);
+        GT_TRY(gt_size_check(bytes, "optimizer state"));
+        out->device_bytes += gt_block_reserved_bytes(bytes);
+    }
+    return GT_OK;
+}
+
+struct gt_optim8 *gt_optimizer_state8(gt_optimizer *opt) { return opt->state8; }
+
 gt_status gt_optimizer_create(const gt_optimizer_config *config, const gt_optim_hparams *groups,
                               size_t num_groups, const gt_optim_param_desc *params,
                               size_t num_params, gt_optimizer **out) {
@@ -334,6 +389,9 @@ void gt_optimizer_destroy(gt_optimizer *opt) {
     if (opt->offload.numel)
         gt_offload_destroy(&opt->offload);
     gt_arena_destroy(&opt->device_arena);
+    if (opt->state8)
+        gt_optim8_destroy(opt->state8);
+    free(opt->state8);
     free(opt->groups);
     free(opt->params);
     free(opt->segments);
@@ -388,7 +446,7 @@ int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot) {
 }
 
 void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out) {
-    out->device_bytes = opt->device_arena.block.bytes;
+    out->device_bytes = opt->device_arena.block.bytes + (opt->state8 ? opt->state8->arena.block.bytes : 0);
     out->host_bytes = opt->offload.host.block.bytes + gt_block_reserved_bytes(opt->results.bytes);
     out->device_numel = opt->device_numel;
     out->host_numel = opt->total_numel - opt->device_numel;
@@ -502,6 +560,21 @@ static gt_status run_device_kernels(gt_optimizer *opt, size_t num_device) {
     return GT_OK;
 }
 
+/* AdamW8bit: one kernel per parameter with a gradient (its blocks start at its first element), with
+ * the constants of its own step count. */
+static gt_status run_adamw8bit(gt_optimizer *opt, float grad_coef) {
+    for (size_t i = 0; i < opt->num_params; i++) {
+        const optim_param *p = &opt->params[i];
+        if (!p->grad || p->numel == 0)
+            continue;
+        const gt_optim_hparams *hp = &opt->groups[p->group];
+        gt_adamw8_scalars s = gt_adamw8_scalars_make(hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay,
+                                                     p->step + 1, grad_coef, hp->maximize);
+        GT_TRY(gt_optim8_update(opt->state8, opt->dev, opt->config.compute_stream, i, &s, p->param, p->grad));
+    }
+    return GT_OK;
+}
+
 typedef struct host_update_ctx {
     gt_optimizer *opt;            /* the optimizer */
     const optim_segment *host;    /* its host runs, indexed by span tag */
@@ -579,7 +652,7 @@ gt_status gt_optimizer_step(gt_optimizer *opt, float grad_coef) {
         return GT_OK;
     if (num_host > 0)
         GT_TRY(gt_offload_begin(&opt->offload));
-    GT_TRY(run_device_kernels(opt, num_device));
+    GT_TRY(opt->state8 ? run_adamw8bit(opt, grad_coef) : run_device_kernels(opt, num_device));
     if (num_host > 0)
         GT_TRY(run_host(opt, num_host));
     advance_steps(opt);
@@ -718,6 +791,9 @@ static gt_status find_group_steps(gt_optimizer *opt) {
 }
 
 static gt_status check_deferred(const gt_optimizer *opt, const double *lrs) {
+    if (opt->config.kind == GT_OPTIM_ADAMW8BIT)
+        return GT_FAIL(GT_ERR_VALUE, "optimizer: 8-bit AdamW runs its update synchronously (no deferred step); use "
+                       "TrainStep(sync=True) or no GradScaler");
     if (opt->config.cpu_offload_fraction != 0.0)
         return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: a deferred step needs the whole optimizer state on the "
                        "accelerator (cpu_offload_fraction=0)");

@@ -27,6 +27,7 @@
 typedef enum gt_optim_kind {
     GT_OPTIM_ADAMW = 0,  /* torch.optim.AdamW */
     GT_OPTIM_SGD = 1,    /* torch.optim.SGD */
+    GT_OPTIM_ADAMW8BIT = 2,  /* bitsandbytes.optim.AdamW8bit: 8-bit blockwise moments (train/optim8.h) */
 } gt_optim_kind;
 
 /* State arrays ("slots") per parameter, named as in PyTorch's state_dict. */
@@ -70,6 +71,7 @@ typedef struct gt_optimizer_config {
     int zero_size;                /* ZeRO-1 (train/zero.h): the params are this rank's shard of a
                                      model's parameters sharded over zero_size ranks; 0: not sharded */
     int zero_rank;                /* ZeRO-1: the rank whose shard they are, in [0, zero_size) */
+    size_t min_8bit_size;         /* AdamW8bit: parameters with fewer elements keep float32 moments */
 } gt_optimizer_config;
 
 typedef struct gt_optimizer gt_optimizer;
@@ -200,6 +202,16 @@ void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out);
  * gt_optimizer_create requests), and the element split. Validates like gt_optimizer_create. */
 gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hparams *groups,
                             size_t num_groups, size_t total_numel, gt_optimizer_memory *out);
+
+/* gt_optimizer_plan from each parameter's element count (AdamW8bit's state depends on them:
+ * train/optim8.h); the other kinds plan their sum. */
+gt_status gt_optimizer_plan_params(const gt_optimizer_config *config, const gt_optim_hparams *groups,
+                                   size_t num_groups, const size_t *numels, size_t num_params,
+                                   gt_optimizer_memory *out);
+
+/* AdamW8bit: the state (train/optim8.h), for reading and writing a parameter's fields after
+ * gt_optimizer_synchronize; NULL for the other kinds. */
+struct gt_optim8 *gt_optimizer_state8(gt_optimizer *opt);
 
 /* clip_grad_norm_'s coefficient: min(1, max_norm / (norm + 1e-6)) in float64, as float32. */
 float gt_clip_coef(double max_norm, double norm);

@@ -4,7 +4,8 @@ A checkpoint is a directory `checkpoint-<step>/` in the output directory:
 
     model.safetensors        the model's state_dict() (PyTorch names)
     model_ema.safetensors    the EMA of the weights (same names), when ema_decay is set
-    optimizer.safetensors    per-parameter state arrays: "<index>.<name>" (exp_avg, exp_avg_sq, ...)
+    optimizer.safetensors    per-parameter state arrays: "<index>.<name>" (exp_avg, exp_avg_sq, ...; AdamW8bit's
+                             uint8 state1, state2 and float32 absmax1, absmax2)
     optimizer.json           param_groups (hyperparameters, parameter indices) and per-parameter steps
     scheduler.json           the LR scheduler's state_dict()
     scaler.json              the GradScaler's state_dict() (fp16 only)
@@ -387,6 +388,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# Optimizer state stored as uint8: AdamW8bit's codes of its moments (gputrain.optim.AdamW8bit); the rest is float32.
+_UINT8_STATE = ("state1", "state2")
+
+
 def save_optimizer(directory: str, state: dict[str, Any]) -> None:
     """Writes an optimizer's state_dict() (taken by the caller: with ZeRO-1 it is a collective)."""
     arrays, steps = {}, {}
@@ -412,7 +417,10 @@ def read_optimizer(files: CheckpointFiles) -> dict[str, Any]:
     if not isinstance(meta["steps"], dict):
         raise files.error("optimizer.json", "steps", f"must be a JSON object, not {type(meta['steps']).__name__}")
     state: dict[int, dict[str, Any]] = {}
-    for key, value in files.arrays("optimizer.safetensors").items():
+    header = _safetensors_dtypes(files._bytes("optimizer.safetensors"),
+                                 lambda message: files.error("optimizer.safetensors", None, message))
+    codes = {key: np.uint8 for key in header if key.partition(".")[2] in _UINT8_STATE}
+    for key, value in files.arrays("optimizer.safetensors", codes).items():
         index, _, name = key.partition(".")
         if not index.isdigit() or not name:
             raise files.error("optimizer.safetensors", key, "is not a '<parameter index>.<state name>' entry")

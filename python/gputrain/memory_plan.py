@@ -36,7 +36,7 @@ _ACTIVATION_PARTS = ("activations", "recompute", "backward_scratch", "loss_buffe
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """An optimizer before it is built: its kind ("adamw" or "sgd"), the element count of each
+    """An optimizer before it is built: its kind ("adamw", "sgd" or "adamw8bit"), the element count of each
     parameter, its groups' hyperparameters (only amsgrad and momentum change its memory) and
     the share of its state offloaded to pinned host memory. zero_shards=N > 1 (ZeRO-1,
     AdamW(zero_stage=1) over N ranks): the plan is one rank's, whose state covers at most
@@ -48,6 +48,7 @@ class OptimizerSpec:
     cpu_offload_fraction: float = 0.0
     offload_chunk_numel: int = 0
     zero_shards: int = 1
+    min_8bit_size: int = 4096  # kind "adamw8bit": parameters with fewer elements keep float32 moments
 
     def per_rank_numels(self) -> list[int]:
         """The element counts of one rank's optimizer state: numels, or the largest ZeRO-1 shard."""
@@ -65,7 +66,8 @@ class OptimizerSpec:
         return cls(optimizer._kind, tuple(p.numel() for p in optimizer._params()),
                    tuple(optimizer._hparams(g) for g in optimizer.param_groups),
                    optimizer.cpu_offload_fraction, optimizer.offload_chunk_numel,
-                   optimizer._shard.size if optimizer._shard is not None else 1)
+                   optimizer._shard.size if optimizer._shard is not None else 1,
+                   getattr(optimizer, "min_8bit_size", 4096))
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         memory = _C.optimizer_plan(optimizer.kind, optimizer.per_rank_numels(), list(optimizer.hparams), device=device,
                                    cpu_offload_fraction=optimizer.cpu_offload_fraction,
                                    offload_chunk_numel=optimizer.offload_chunk_numel,
-                                   zero_shards=optimizer.zero_shards)
+                                   zero_shards=optimizer.zero_shards, min_8bit_size=optimizer.min_8bit_size)
         _add(regions, device, "optimizer_state", memory["device_bytes"])
         _add(regions, "pinned", "optimizer_offload", memory["pinned_bytes"])
     if ema:

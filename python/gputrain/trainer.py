@@ -52,7 +52,7 @@ from gputrain.metrics import EvalPrediction, PredictionOutput
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.sequence import TokenEmbedding, _first_leaf, pack_for
-from gputrain.optim import EMA, SGD, AdamW, get_scheduler, param_groups_llrd, param_groups_weight_decay
+from gputrain.optim import EMA, SGD, AdamW, AdamW8bit, get_scheduler, param_groups_llrd, param_groups_weight_decay
 from gputrain.step import TrainStep
 from gputrain.trainer_callback import (
     CallbackHandler,
@@ -63,7 +63,7 @@ from gputrain.trainer_callback import (
     TrainerControl,
     TrainerState,
 )
-from gputrain.training_args import TrainingArguments
+from gputrain.training_args import EIGHT_BIT_NAMES, TrainingArguments
 
 __all__ = ["TRAINER_KEYWORDS", "EvalPrediction", "PredictionOutput", "TrainOutput", "Trainer",
            "trainer_keywords_markdown"]
@@ -574,6 +574,9 @@ class Trainer:
         groups = self._param_groups()
         if args.optim == "sgd":
             return SGD(groups, lr=args.learning_rate)
+        if args.optim in EIGHT_BIT_NAMES:
+            return AdamW8bit(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                             eps=args.adam_epsilon, weight_decay=args.weight_decay)
         return AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
                      weight_decay=args.weight_decay, cpu_offload_fraction=self._offload, zero_stage=args.zero_stage)
 
@@ -617,10 +620,14 @@ class Trainer:
         args, group = self.args, self._group_rows()
         rows = group // _micro_batches(group, micro_cap or group)
         rows *= 2 if args.rdrop_alpha else 1  # R-Drop: the step stacks each micro-batch on itself
-        kind = "sgd" if args.optim == "sgd" else "adamw"
+        kind = "sgd" if args.optim == "sgd" else "adamw8bit" if args.optim in EIGHT_BIT_NAMES else "adamw"
         shards = distributed.get_world_size() if args.zero_stage else 1  # ZeRO-1: one rank's share
-        groups = ({},) * len(self._param_groups())  # a device optimizer's update table has a row per group
-        optimizer = mp.OptimizerSpec(kind, (self.model.compiled.num_parameters,), groups,
+        param_groups = self._param_groups()
+        groups = ({},) * len(param_groups)  # a device optimizer's update table has a row per group
+        # AdamW8bit's state is planned per parameter (blocks of 256 start at each); AdamW's by the total
+        numels = (tuple(p.numel() for g in param_groups for p in g["params"]) if kind == "adamw8bit"
+                  else (self.model.compiled.num_parameters,))
+        optimizer = mp.OptimizerSpec(kind, numels, groups,
                                      cpu_offload_fraction=offload, zero_shards=shards)
         return mp.plan_training(self.model, (rows, *self._sample_shape()), precision=args.precision,
                                 checkpointing=args.gradient_checkpointing, optimizer=optimizer,
@@ -640,7 +647,7 @@ class Trainer:
         if not plan.over(available):
             return
         if self.args.auto_find_batch_size:
-            can_offload = self.args.optim != "sgd"
+            can_offload = self.args.optim not in ("sgd", *EIGHT_BIT_NAMES)
             sizes = mp.micro_batch_sizes(self._group_rows(), self._micro_cap)
             fitted = mp.fit(self._plan_for, available, sizes, self._offload, can_offload)
             if fitted is not None:

@@ -30,7 +30,9 @@ __all__ = ["FIELD_TABLE", "IntervalStrategy", "OPTIMIZER_NAMES", "TrainingArgume
 logger = logging.getLogger(__name__)
 
 IntervalStrategy = ("no", "steps", "epoch")  # logging/eval/save strategies, as HF's IntervalStrategy
-OPTIMIZER_NAMES = ("adamw_torch", "adamw_torch_fused", "adamw", "sgd")  # all AdamW names run the fused C AdamW
+OPTIMIZER_NAMES = ("adamw_torch", "adamw_torch_fused", "adamw", "sgd",  # all AdamW names run the fused C AdamW
+                   "adamw_8bit", "adamw_bnb_8bit")  # gt.optim.AdamW8bit (bitsandbytes' AdamW8bit)
+EIGHT_BIT_NAMES = ("adamw_8bit", "adamw_bnb_8bit")
 
 
 def _is_number(value: Any) -> bool:
@@ -113,7 +115,10 @@ class TrainingArguments:
             sums over rows are rounded in another order.
         label_smoothing_factor: CrossEntropyLoss(label_smoothing=...).
         optim: "adamw_torch" (HF's default), "adamw_torch_fused", "adamw" (all the fused C
-            AdamW) or "sgd" (SGD with learning_rate only, as HF's).
+            AdamW), "adamw_8bit" or "adamw_bnb_8bit" (gt.optim.AdamW8bit, bitsandbytes' 8-bit
+            AdamW: 2 bytes of state per parameter; no cpu_offload_fraction, no zero_stage) or
+            "sgd" (SGD with learning_rate only, as HF's). "paged_adamw_8bit" (bitsandbytes' state
+            in CUDA unified memory) is refused: its paging has no counterpart here.
         dataloader_num_workers, dataloader_prefetch_factor, dataloader_pin_memory,
         dataloader_persistent_workers, dataloader_drop_last: gputrain.DataLoader's options.
         disable_tqdm: no progress bar (the log lines are printed anyway, as HF's PrinterCallback).
@@ -464,6 +469,10 @@ class TrainingArguments:
         if self.fp16 and self.bf16:
             raise ValueError("At most one of fp16 and bf16 can be True, but not both")
         _check_float("label_smoothing_factor", self.label_smoothing_factor, 0.0, 1.0)
+        if self.optim in ("paged_adamw_8bit", "paged_adamw_32bit"):
+            raise ValueError(f"optim={self.optim!r}: paged optimizer state (bitsandbytes' CUDA unified memory) is not "
+                             f"supported; use one of {list(OPTIMIZER_NAMES)} (AdamW's state offloads with "
+                             "cpu_offload_fraction)")
         _check_choice("optim", self.optim, OPTIMIZER_NAMES)
         _check_int("dataloader_num_workers", self.dataloader_num_workers, 0)
         if self.dataloader_prefetch_factor is not None:
@@ -480,7 +489,12 @@ class TrainingArguments:
         if self.cpu_offload_fraction > 0 and self.optim == "sgd":
             raise ValueError("cpu_offload_fraction > 0 needs an AdamW optimizer (optim='adamw_torch'); "
                              "SGD keeps no offloadable state")
+        if self.cpu_offload_fraction > 0 and self.optim in EIGHT_BIT_NAMES:
+            raise ValueError(f"cpu_offload_fraction > 0 needs optim='adamw_torch'; optim={self.optim!r} keeps its "
+                             "8-bit state on the device")
         self.zero_stage = check_zero_stage(self.zero_stage)
+        if self.zero_stage and self.optim in EIGHT_BIT_NAMES:
+            raise ValueError(f"zero_stage=1 shards AdamW's state (optim='adamw_torch'), not optim={self.optim!r}'s")
         if self.zero_stage and self.optim == "sgd":
             raise ValueError("zero_stage=1 shards AdamW's state (optim='adamw_torch'); SGD keeps none to shard")
         if self.memory_limit is not None and self.memory_fraction is not None:
@@ -601,7 +615,8 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "auto_find_batch_size": (_HF, "fit micro-batches (then offload) to the memory plan; retry a step once after "
                                   "an OutOfMemoryError"),
     "label_smoothing_factor": (_HF, "CrossEntropyLoss(label_smoothing=...)"),
-    "optim": (_HF, "adamw_torch, adamw_torch_fused, adamw (the fused C AdamW) or sgd"),
+    "optim": (_HF, "adamw_torch, adamw_torch_fused, adamw (the fused C AdamW), adamw_8bit / adamw_bnb_8bit "
+                   "(gt.optim.AdamW8bit) or sgd"),
     "dataloader_num_workers": (_HF, "gputrain.DataLoader's workers"),
     "dataloader_prefetch_factor": (_HF, "batches prefetched per worker"),
     "dataloader_pin_memory": (_HF, "pinned loader slots (on a device)"),

@@ -24,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_fuzz_worker.py")
 BATCH_TIMEOUT = float(os.environ.get("GPUTRAIN_FUZZ_BATCH_TIMEOUT", "120"))  # seconds
 CASE_TIMEOUT = 30.0  # seconds for one case while a crashed or hung batch is re-run
+READY = b"R"  # a worker's first byte: imported, so its start-up is not timed as a case
+START_TIMEOUT = 300.0  # seconds for a worker to import numpy and gputrain (a loaded CI machine, qemu)
 
 
 class WorkerDied(Exception):
@@ -51,6 +53,11 @@ class Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE] + sys.path))
         self.process = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.stderr, env=env)
+        try:  # the batch and case timeouts time the cases, not the imports
+            if self._read(self.process, 1, START_TIMEOUT) != READY:
+                raise WorkerDied("the worker's first byte was not its ready byte", "")
+        except WorkerDied as died:
+            raise WorkerDied(f"while starting: {died.why}", self._stop()) from None
         return self.process
 
     def run(self, batch: list[Any], timeout: float) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """The fuzz worker: a child process that runs batches of cases and reports each one's outcome.
 
-Protocol (stdin/stdout, binary): the parent writes a 4-byte big-endian length and a pickled list
-of cases (case_id, target name, {argument: spec}); the worker answers the same way with a list of
-result dicts. Anything the library or a case prints goes to stderr. A crash ends the process
-with a signal; the parent then re-runs the batch case by case (tests/fuzz/_fuzz_runner.py).
+Protocol (stdin/stdout, binary): once imported, the worker writes one READY byte; then the parent
+writes a 4-byte big-endian length and a pickled list of cases (case_id, target name,
+{argument: spec}); the worker answers the same way with a list of result dicts. Anything the
+library or a case prints goes to stderr. A crash ends the process with a signal; the parent then
+re-runs the batch case by case (tests/fuzz/_fuzz_runner.py).
 
     python tests/fuzz/_fuzz_worker.py --repro BASE64   # one case, in the foreground, with traceback
 """
@@ -23,6 +24,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 import gputrain as gt
+from _fuzz_runner import READY
 from _fuzz_targets import TARGETS, Target, snapshot
 from _fuzz_values import make
 
@@ -118,6 +120,8 @@ def serve() -> None:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints of the library or of a case never reach the protocol
     sys.stdout = sys.stderr
+    replies.write(READY)  # imported: the parent's timeouts count from here
+    replies.flush()
     while (batch := read_message(requests)) is not None:
         write_message(replies, [run_case(*case) for case in batch])
 

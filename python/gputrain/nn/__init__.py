@@ -6,6 +6,7 @@ from gputrain.nn.embedding import Bias, PositionEmbedding, TiedLinear
 from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
+from gputrain.nn.qlinear import QLinear
 from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [*layers.__all__,
@@ -15,6 +16,7 @@ __all__ = [*layers.__all__,
            "Module",
            "Parameter",
            "PositionEmbedding",
+           "QLinear",
            "SequencePool",
            "TiedLinear",
            "TokenEmbedding",

@@ -40,7 +40,14 @@ from gputrain.nn.parameter import DeviceSlot, Parameter
 
 def _buffer_value(value: Any, name: str, like: np.ndarray) -> np.ndarray:
     """A checked copy of `value` for the buffer `like`: float32 statistics (finite; a variance
-    >= 0) of its shape, or an integer count >= 0."""
+    >= 0) of its shape, an integer count >= 0, or a quantized weight's uint8/int8 codes (that
+    dtype and shape exactly)."""
+    if like.dtype in (np.uint8, np.int8):
+        array = np.asarray(value)
+        if array.dtype != like.dtype or array.shape != like.shape:
+            raise ValueError(f"{name} must be {like.dtype} of shape {like.shape} (quantized codes), got "
+                             f"{array.dtype} of shape {array.shape}")
+        return np.ascontiguousarray(array)
     if like.dtype != np.int64:
         return float32_array(value, name, shape=like.shape, nonnegative=name.endswith("running_var']"))
     array = np.asarray(value)

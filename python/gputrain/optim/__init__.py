@@ -1,4 +1,5 @@
-"""gputrain.optim: fused AdamW and SGD, clipping, schedules, parameter groups and EMA.
+"""gputrain.optim: fused AdamW, 8-bit AdamW (bitsandbytes' AdamW8bit) and SGD, clipping, schedules,
+parameter groups and EMA.
 
     optimizer = gt.optim.AdamW(gt.optim.param_groups_weight_decay(model, 0.01), lr=3e-3)
     scheduler = gt.optim.get_scheduler("cosine", optimizer, num_warmup_steps=100,
@@ -6,6 +7,7 @@
 """
 
 from gputrain.optim.adamw import AdamW
+from gputrain.optim.adamw8bit import AdamW8bit
 from gputrain.optim.clip import clip_coefficient, clip_grad_norm_, total_norm
 from gputrain.optim.ema import EMA
 from gputrain.optim.groups import no_weight_decay, param_groups_llrd, param_groups_weight_decay
@@ -28,6 +30,7 @@ __all__ = [
     "SGD",
     "EMA",
     "AdamW",
+    "AdamW8bit",
     "LambdaLR",
     "Optimizer",
     "SchedulerType",

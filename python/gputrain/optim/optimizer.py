@@ -237,12 +237,16 @@ class Optimizer(DeferredSteps):
                                      [self._hparams(g) for g in self.param_groups],
                                      [trainable for _, trainable in views], numerics=self.numerics,
                                      cpu_offload_fraction=self.cpu_offload_fraction,
-                                     offload_chunk_numel=self.offload_chunk_numel, **zero)
+                                     offload_chunk_numel=self.offload_chunk_numel, **zero, **self._core_kwargs())
         return _C.Optimizer(self._kind, [data for data, _ in views], group_of,
                             [self._hparams(g) for g in self.param_groups],
                             grads=[grad for _, grad in views], numerics=self.numerics,
                             cpu_offload_fraction=self.cpu_offload_fraction,
-                            offload_chunk_numel=self.offload_chunk_numel, **zero)
+                            offload_chunk_numel=self.offload_chunk_numel, **zero, **self._core_kwargs())
+
+    def _core_kwargs(self) -> dict[str, Any]:
+        """Arguments of the C optimizer particular to a subclass (AdamW8bit: min_8bit_size)."""
+        return {}
 
     def _rebuild_core(self) -> None:
         """A new C optimizer over the current parameter arrays, keeping every parameter's state

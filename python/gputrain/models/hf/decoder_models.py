@@ -45,6 +45,7 @@ from gputrain.models.hf.safetensors_io import checkpoint_tensors
 from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear, RMSNorm
 from gputrain.nn.module import Module
+from gputrain.nn.qlinear import LinearFactory, QLinear
 from gputrain.nn.sequence import TokenEmbedding
 
 
@@ -63,17 +64,17 @@ class DecoderAttention(Module):
     """``self_attn``: q_proj (+ q_norm), k_proj (+ k_norm), v_proj, the rotary embedding,
     grouped-query attention (causal, within the layer's sliding window) and o_proj."""
 
-    def __init__(self, config: DecoderConfig, layer: int) -> None:
+    def __init__(self, config: DecoderConfig, layer: int, linear: LinearFactory = Linear) -> None:
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.window = c.windows[layer]
         self.rope = c.ropes[layer]
         self.scale = c.attention_scale
-        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim, c.qkv_bias)
-        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias)
-        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias)
-        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size, c.o_bias)
+        self.q_proj = linear(c.hidden_size, c.num_heads * c.head_dim, c.qkv_bias)
+        self.k_proj = linear(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias)
+        self.v_proj = linear(c.hidden_size, c.num_kv_heads * c.head_dim, c.qkv_bias)
+        self.o_proj = linear(c.num_heads * c.head_dim, c.hidden_size, c.o_bias)
         self.q_norm = _norm(c, c.head_dim, c.num_heads) if c.qk_norm else None
         self.k_norm = _norm(c, c.head_dim, c.num_kv_heads) if c.qk_norm else None
 
@@ -88,7 +89,7 @@ class DecoderAttention(Module):
         yield "o_proj", self.o_proj
 
     def _layers(self, tied: dict[int, int]) -> list[tuple]:
-        def projection(proj: Linear, norm: RMSNorm | None) -> tuple:
+        def projection(proj: Module, norm: RMSNorm | None) -> tuple:
             spec = proj._spec_in(tied)
             return spec if norm is None else ("sequential", [spec, norm._spec_in(tied)])
 
@@ -106,13 +107,13 @@ class DecoderAttention(Module):
 class DecoderMLP(Module):
     """``mlp``: down_proj(act(gate_proj(x)) * up_proj(x)), act SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
 
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: DecoderConfig, linear: LinearFactory = Linear) -> None:
         super().__init__()
         c = config
         self.activation = c.activation
-        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
-        self.up_proj = Linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
-        self.down_proj = Linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
+        self.gate_proj = linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.up_proj = linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.down_proj = linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
         return iter((("gate_proj", self.gate_proj), ("up_proj", self.up_proj), ("down_proj", self.down_proj)))
@@ -130,15 +131,15 @@ class DecoderLayer(Module):
     (sandwich norms): x + post_attention_layernorm(attention(input_layernorm(x))), then
     x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))."""
 
-    def __init__(self, config: DecoderConfig, layer: int) -> None:
+    def __init__(self, config: DecoderConfig, layer: int, linear: LinearFactory = Linear) -> None:
         super().__init__()
         size = config.hidden_size
         self.sandwich = config.sandwich_norms
         self.input_layernorm = _norm(config, size)
-        self.self_attn = DecoderAttention(config, layer)
+        self.self_attn = DecoderAttention(config, layer, linear)
         self.post_attention_layernorm = _norm(config, size)
         self.pre_feedforward_layernorm = _norm(config, size) if self.sandwich else None
-        self.mlp = DecoderMLP(config)
+        self.mlp = DecoderMLP(config, linear)
         self.post_feedforward_layernorm = _norm(config, size) if self.sandwich else None
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
@@ -165,13 +166,13 @@ class DecoderLayer(Module):
 class DecoderModel(Module):
     """``model``: embed_tokens (times sqrt(hidden_size) in Gemma), the layers, the final norm."""
 
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: DecoderConfig, linear: LinearFactory = Linear) -> None:
         super().__init__()
         c = config
         self.embed_tokens = TokenEmbedding(c.vocab_size, c.hidden_size, 0, attention_mask=True, position_ids=True,
                                            pad_token_id=c.pad_token_id)
         self.embed_scale = c.embed_scale
-        self.layers = [DecoderLayer(c, i) for i in range(c.num_layers)]
+        self.layers = [DecoderLayer(c, i, linear) for i in range(c.num_layers)]
         self.norm = _norm(c, c.hidden_size)
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
@@ -191,10 +192,13 @@ class _DecoderHead(Module):
 
     family = ""  # model_type, set by each family's subclass
 
-    def __init__(self, config: DecoderConfig | Mapping[str, Any], *, init_weights: bool = True) -> None:
+    def __init__(self, config: DecoderConfig | Mapping[str, Any], *, init_weights: bool = True,
+                 linear: LinearFactory = Linear) -> None:
         """config: a config.json mapping (as transformers' ...Config fields) or a parsed
         DecoderConfig. init_weights=False skips transformers' initialisation (from_pretrained,
-        which writes every parameter next, builds so)."""
+        which writes every parameter next, builds so). linear builds the decoder blocks' Linear
+        layers (quantized_linears(...): QLinear with frozen 4-bit weights; the embedding and the
+        head stay float)."""
         super().__init__()
         if isinstance(config, Mapping):
             config, values = _parse_values(dict(config), self.family)
@@ -206,7 +210,7 @@ class _DecoderHead(Module):
             raise ValueError(f"config: model_type {config.family!r} is not {type(self).__name__}'s {self.family!r}")
         self.config = config
         self.hf_values = values  # config.json's fields as read (None: built from a DecoderConfig)
-        self.model = DecoderModel(config)
+        self.model = DecoderModel(config, linear)
         self._build_head()
         self._compile()
         if init_weights:
@@ -230,14 +234,21 @@ class _DecoderHead(Module):
         weights 1 (Gemma's (1 + w) norms: 0)."""
         rng = np.random.default_rng(seed)
         values = {}
+        quantized = {name: module for name, module in self.named_modules() if isinstance(module, QLinear)}
+        for name, module in quantized.items():  # N(0, std), quantized
+            module.quantize_(rng.normal(0.0, std, (module.out_features, module.in_features)).astype(np.float32))
         for name, value in self.state_dict().items():
+            if name.rsplit(".", 1)[0] in quantized or name.endswith(".weight.absmax"):
+                if name.endswith(".bias"):
+                    values[name] = np.zeros_like(value)
+                continue
             if name.endswith("bias"):
                 values[name] = np.zeros_like(value)
             elif value.ndim == 1:  # a norm's weight
                 values[name] = np.full_like(value, 0.0 if self.config.norm_plus_one else 1.0)
             else:
                 values[name] = rng.normal(0.0, std, value.shape).astype(np.float32)
-        self.load_state_dict(values)
+        self.load_state_dict(values, strict=not quantized)  # quantized layers: written above
 
     def __call__(self, input_ids: Any, attention_mask: Any = None, position_ids: Any = None) -> np.ndarray:
         """The logits: (batch, T, vocab_size) for a causal LM, (batch, num_labels) for a
@@ -247,16 +258,33 @@ class _DecoderHead(Module):
         return super().__call__(input_ids, attention_mask, None, position_ids)
 
     # -- the folder format (gputrain.models.hf.folder) --------------------------------------
-    def _hf_load_tensor(self, name: str, array: np.ndarray) -> None:
+    def _hf_targets(self) -> tuple[dict[str, Any], dict[str, QLinear]]:
+        """(parameters by name, QLinear layers by their weight's name), kept while loading."""
         if "_hf_slots" not in self.__dict__:
             self._hf_slots = dict(self.named_parameters())
-        self._hf_slots[name].data = array
+            self._hf_quantized = {n + ".weight": m for n, m in self.named_modules() if isinstance(m, QLinear)}
+        return self._hf_slots, self._hf_quantized
+
+    def _hf_load_tensor(self, name: str, array: np.ndarray) -> None:
+        slots, quantized = self._hf_targets()
+        if name in quantized:  # quantized as it loads: one float weight in memory at a time
+            quantized[name].quantize_(array)
+            return
+        slots[name].data = array
+
+    def _hf_load_quantized(self, name: str, packed: np.ndarray, state: Any) -> None:
+        """A bnb-4bit weight (packed bytes and its QuantState) into the QLinear `name` names."""
+        self._hf_targets()[1][name].load_quantized(packed, state)
 
     def _hf_loaded(self) -> None:
         self.__dict__.pop("_hf_slots", None)
+        self.__dict__.pop("_hf_quantized", None)
         self.compiled.refresh_half_parameters()
 
     def _hf_config(self) -> dict[str, Any]:
+        if any(isinstance(m, QLinear) for m in self.modules()):
+            raise ValueError("save_pretrained: this model holds quantized (QLinear) layers; gputrain saves "
+                             "float folders only (dequantize the layers into a float model to save it)")
         if self.hf_values is None:
             raise ValueError("save_pretrained: this model was built from a DecoderConfig; build it from a "
                              "config.json mapping (e.g. LlamaForCausalLM({...})) to save it as a folder")
@@ -306,10 +334,16 @@ class DecoderForCausalLM(_DecoderHead):
 
     def generate(self, input_ids: Any, max_new_tokens: int, **kwargs: Any) -> np.ndarray:
         """See gputrain.models.hf.generation.generate: the prompt followed by the new tokens,
-        greedy unless do_sample=True (transformers' default)."""
+        greedy unless do_sample=True (transformers' default). Its NumPy loop reads float32
+        weights: a quantized (QLinear) layer's are dequantized for it (held while it runs)."""
         from gputrain.models.hf.generation import generate
 
-        return generate(self.config, self.state_dict(), input_ids, max_new_tokens, **kwargs)
+        state = self.state_dict()
+        for name, module in self.named_modules():
+            if isinstance(module, QLinear):
+                del state[name + ".weight.absmax"]
+                state[name + ".weight"] = module.dequantize()
+        return generate(self.config, state, input_ids, max_new_tokens, **kwargs)
 
 
 class DecoderForSequenceClassification(_DecoderHead):
@@ -425,6 +459,15 @@ def _canonical(name: str, spec: tuple[DecoderConfig, dict[str, Any], type]) -> s
     return "model." + name  # a bare ...Model checkpoint's names
 
 
+def _quantizable(spec: tuple[DecoderConfig, dict[str, Any], type]) -> list[str]:
+    """The weights of the decoder blocks' Linear layers (what quantization= quantizes; the
+    embedding, the norms and the head stay float, as bitsandbytes' default skips lm_head)."""
+    c = spec[0]
+    return [f"model.layers.{i}.{proj}.weight" for i in range(c.num_layers)
+            for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+
+
 def _register(model_type: str, causal: type, classify: type, bare: str) -> None:
     heads = {cls.__name__: cls for cls in (causal, classify)}
 
@@ -433,15 +476,15 @@ def _register(model_type: str, causal: type, classify: type, bare: str) -> None:
         cls = heads.get(names[0], causal)  # the bare model's checkpoint builds the causal LM
         return parse_decoder_config(config), dict(config.values), cls
 
-    def build(spec: tuple[DecoderConfig, dict[str, Any], type]) -> _DecoderHead:
+    def build(spec: tuple[DecoderConfig, dict[str, Any], type], linear: LinearFactory = Linear) -> _DecoderHead:
         config, values, cls = spec
-        model = cls(config, init_weights=False)
+        model = cls(config, init_weights=False, linear=linear)
         model.hf_values = values
         return model
 
     hf_folder.register_family(hf_folder.Family(
         model_type=model_type, architectures=(causal.__name__, classify.__name__, bare), parse=parse,
-        tensors=_tensors, canonical=_canonical, build=build))
+        tensors=_tensors, canonical=_canonical, build=build, quantizable=_quantizable))
 
 
 class LlamaForCausalLM(DecoderForCausalLM):

@@ -20,6 +20,7 @@ and how to describe a model as config.json fields when saving.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -30,9 +31,11 @@ from typing import Any
 import numpy as np
 
 from gputrain._vocab import c_dtype, parse_precision
+from gputrain.models.hf import quantized
 from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import FLOAT_DTYPES, INDEX, SINGLE, checkpoint_tensors, read_tensor, shard_names
 from gputrain.nn.module import Module
+from gputrain.nn.qlinear import quantized_linears
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,10 @@ class Family:
     build(spec) -> model: the model, its parameters still at their initial values. The model has
         ``_hf_load_tensor(name, array)`` (one stored tensor into its parameter, unchecked values
         aside), ``_hf_loaded()`` (after the last one) and ``_hf_config()`` (config.json fields).
+    quantizable(spec) -> [weight names]: the Linear weights ``quantization=`` stores quantized
+        (None: the family cannot be quantized); then ``build(spec, linear=factory)`` builds those
+        layers with the factory (gputrain.models.hf.quantized) and the model also has
+        ``_hf_load_quantized(name, packed, state)`` (a bnb-4bit weight as stored).
     """
 
     model_type: str
@@ -56,7 +63,8 @@ class Family:
     parse: Callable[[HFConfig], Any]
     tensors: Callable[[Any], dict[str, tuple[int, ...]]]
     canonical: Callable[[str, Any], str | None]
-    build: Callable[[Any], Module]
+    build: Callable[..., Module]
+    quantizable: Callable[[Any], list[str]] | None = None
 
 
 FAMILIES: dict[str, Family] = {}  # model_type -> family
@@ -108,9 +116,11 @@ def _precision(dtype: Any, config: HFConfig) -> str:
     return parse_precision(dtype, "dtype")  # gputrain's one vocabulary: names, NumPy or torch dtypes
 
 
-def _match(family: Family, spec: Any, stored: dict[str, Any], folder: str) -> dict[str, Any]:
-    """{expected name: TensorRef}, every expected tensor present once, float, of its shape."""
-    expected = family.tensors(spec)
+def _match(family: Family, spec: Any, stored: dict[str, Any], folder: str, skip: set[str] | None = None
+           ) -> dict[str, Any]:
+    """{expected name: TensorRef}, every expected tensor present once, float, of its shape (but
+    the names in `skip`, read elsewhere)."""
+    expected = {name: shape for name, shape in family.tensors(spec).items() if name not in (skip or ())}
     found: dict[str, Any] = {}
     for name, ref in stored.items():
         canonical = family.canonical(name, spec)
@@ -135,7 +145,8 @@ def _match(family: Family, spec: Any, stored: dict[str, Any], folder: str) -> di
     return found
 
 
-def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device: str | None = None) -> Module:
+def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device: str | None = None,
+                    quantization: str | None = None, blocksize: int = 64) -> Module:
     """The model of a Hugging Face folder (config.json + safetensors weights), in eval mode as
     transformers returns it.
 
@@ -143,6 +154,9 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     (or gputrain's 'fp32'/'bf16'/'fp16'), or 'auto' for config.json's ``dtype``/``torch_dtype``;
     the parameters stay float32 master weights whatever the file stored (a TrainStep's
     precision= sets it anew). device: None or 'cpu', else a device string as Module.to takes.
+    quantization: None, or 'nf4' / 'fp4' for frozen 4-bit weights in the decoder blocks'
+    Linear layers (QLinear, blocks of `blocksize`), quantized while loading; a folder bitsandbytes
+    saved in 4 bits loads its packed weights as they are (see gputrain.models.hf.quantized).
     Families: :data:`FAMILIES` (``gpt2`` today)."""
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
@@ -151,11 +165,28 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
         raise TypeError(f"device must be None or a str, not {type(device).__name__}")
     config = HFConfig.load(folder)
     family = _family_of(config)
+    quant = quantized.parse(quantization, blocksize, config)
     spec = family.parse(config)
     precision = _precision(dtype, config)
     config.finish(family.model_type)
-    refs = _match(family, spec, checkpoint_tensors(folder), folder)
-    return load_tensors(family.build(spec), refs, precision, device)
+    if quant is None:
+        refs = _match(family, spec, checkpoint_tensors(folder), folder)
+        return load_tensors(family.build(spec), refs, precision, device)
+    if family.quantizable is None:
+        raise ValueError(f"quantization: gputrain's {family.model_type} family cannot be quantized (the decoder "
+                         "families can)")
+    names = family.quantizable(spec)
+    stored = checkpoint_tensors(folder)
+    groups: dict[str, Any] = {}
+    if quant.prequantized:
+        stored, groups = quantized.split_stored(stored, names, lambda n: family.canonical(n, spec))
+        shapes = family.tensors(spec)
+        quant = dataclasses.replace(quant, blocksize=quantized.check_groups(groups, {n: shapes[n] for n in names},
+                                                                            quant.quant_type, folder))
+    refs = _match(family, spec, stored, folder, skip=set(names) if quant.prequantized else set())
+    model = family.build(spec, linear=quantized_linears(quant.quant_type, quant.blocksize))
+    quantized.load_groups(model, groups, names if quant.prequantized else [])
+    return load_tensors(model, refs, precision, device)
 
 
 def load_tensors(model: Module, refs: dict[str, Any], precision: str, device: str | None) -> Module:

@@ -1,0 +1,258 @@
+/* QLinear: out = in @ dequant(W)^T + b over a frozen 4-bit weight W (out_features, in_features)
+ * stored as bitsandbytes stores it (NF4 or FP4 codes, two per byte, the even element in the high
+ * nibble, row-major; one f32 absmax per block of `blocksize` elements of the flattened weight). Spec: ("qlinear",
+ * in_features, out_features, bias, quant_type "nf4" | "fp4", blocksize, tile_rows).
+ *
+ * The weight never exists dequantized as a whole: forward dequantizes blocks of tile_rows rows of
+ * W into a tile (the compute dtype: f32, f16 or bf16, each element code[k] * absmax rounded once,
+ * ops.h dequantize_blockwise) at the start of the workspace and runs the backend's GEMM on it,
+ * out[:, r0:r0+t] = in @ tile^T, tile by tile. Backward computes din only (W is frozen: no weight
+ * gradient ever): din = dout @ W as one GEMM when one tile holds W (the same GEMM a Linear holding
+ * dequant(W) runs), else the sum over tiles of dout[:, r0:r0+t] @ tile accumulated in f32 (in the
+ * workspace after the tile in half precision, then cast once). The bias (if any) is an ordinary
+ * trainable f32 parameter. The codes and absmax are frozen buffers (nn/kind.h) in the buffer arena,
+ * named 'weight' ((ceil(out * in / 2), 1) uint8, bitsandbytes' packed shape) and 'weight.absmax'. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nn/kind.h"
+
+enum { GT_QLINEAR_NF4 = 0, GT_QLINEAR_FP4 = 1 };
+enum { GT_QLINEAR_TILE_ELEMENTS = 1 << 23 };  /* tile_rows 0: about this many elements per tile (16 MiB in bf16) */
+
+/* QLinear's own hyper-parameters (in gt_layer.config). */
+typedef struct qlinear_config {
+    int quant_type;     /* GT_QLINEAR_NF4 or GT_QLINEAR_FP4 */
+    int64_t blocksize;  /* elements per absmax block (of the flattened weight), even */
+    int64_t tile_rows;  /* rows of W dequantized per GEMM; 0: automatic */
+} qlinear_config;
+_Static_assert(sizeof(qlinear_config) <= GT_LAYER_CONFIG_BYTES, "QLinear's config fits gt_layer.config");
+
+/* bitsandbytes 0.50's decoding tables as f32 bit patterns (python/gputrain/quant/codes.py: NF4,
+ * and FP4 with code 8 decoded as -0.0 as its kernels do). */
+static const uint32_t nf4_bits[16] = {
+    0xbf800000, 0xbf3239b1, 0xbf066b30, 0xbeca32a0, 0xbe91a24d, 0xbe3d353f, 0xbdba7871, 0x00000000,
+    0x3da2faff, 0x3e24cae3, 0x3e7c04dd, 0x3ead033a, 0x3ee1a4b8, 0x3f1007ab, 0x3f3913b3, 0x3f800000};
+static const uint32_t fp4_bits[16] = {
+    0x00000000, 0x3baaaaab, 0x3f2aaaab, 0x3f800000, 0x3eaaaaab, 0x3f000000, 0x3e2aaaab, 0x3e800000,
+    0x80000000, 0xbbaaaaab, 0xbf2aaaab, 0xbf800000, 0xbeaaaaab, 0xbf000000, 0xbe2aaaab, 0xbe800000};
+
+static qlinear_config config_of(const gt_layer *layer) {
+    qlinear_config c;
+    memcpy(&c, layer->config, sizeof c);
+    return c;
+}
+
+static const gt_enum_name quant_type_names[] = {{"nf4", GT_QLINEAR_NF4}, {"fp4", GT_QLINEAR_FP4}, {NULL, 0}};
+static const gt_layer_arg qlinear_args[] = {
+    GT_ARG_SIZE_AT("in_features", GT_ARG_FIELD(in_features)),
+    GT_ARG_SIZE_AT("out_features", GT_ARG_FIELD(out_features)), GT_ARG_FLAG_AT("bias", GT_ARG_FIELD(has_bias)),
+    {"quant_type", GT_ARG_ENUM, GT_ARG_CONFIG(qlinear_config, quant_type), 0, 0, 0, quant_type_names},
+    {"blocksize", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, blocksize), 2, 4096, 0, NULL},
+    {"tile_rows", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, tile_rows), 0, INT_MAX, 0, NULL}};
+/* tile_rows is rounded up to whole blocks (tile_rows above). */
+
+static void describe_qlinear(const gt_layer *layer, char *buf, size_t bytes) {
+    snprintf(buf, bytes, "QLinear(%lld, %lld, %s)", (long long)layer->in_features, (long long)layer->out_features,
+             config_of(layer).quant_type == GT_QLINEAR_NF4 ? "nf4" : "fp4");
+}
+
+/* GEMM dimensions fit a BLAS int. (Blocks run over the flattened weight, as bitsandbytes' do: a
+ * block may span two rows; tiles start on a block boundary.) */
+static gt_status check_qlinear(gt_layer *layer) {
+    char name[128];
+    describe_qlinear(layer, name, sizeof name);
+    if (layer->in_features > INT_MAX || layer->out_features > INT_MAX)
+        return GT_FAIL(GT_ERR_VALUE, "%s: in_features and out_features must be at most %d (a GEMM dimension)",
+                       name, INT_MAX);
+    if (config_of(layer).blocksize % 2)
+        return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be even (two 4-bit codes a byte), got %lld", name,
+                       (long long)config_of(layer).blocksize);
+    return GT_OK;
+}
+
+/* bias (out,) = 0 (a new QLinear's weight is 0 too, until codes are written); the weight is no
+ * parameter. */
+static gt_status qlinear_params(gt_layer *layer) {
+    if (layer->has_bias)
+        gt_layer_param(&layer->bias, 1, &layer->out_features, GT_INIT_CONSTANT, 0.0f);
+    return GT_OK;
+}
+
+/* 'weight': (ceil(n / 2), 1) uint8 codes; 'weight.absmax': (ceil(n / blocksize),) f32; n = out * in. */
+static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
+    size_t n = (size_t)layer->out_features * (size_t)layer->in_features, bs = (size_t)config_of(layer).blocksize;
+    size_t blocks = (n + bs - 1) / bs;
+    pieces[0] = (gt_frozen_piece){0, (n + 1) / 2, GT_U8, 2, {(int64_t)((n + 1) / 2), 1}};
+    pieces[1] = (gt_frozen_piece){gt_align_up(pieces[0].bytes), blocks * sizeof(float), GT_F32, 1,
+                                  {(int64_t)blocks, 0}};
+    return 2;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* Rows of W per tile: a multiple of blocksize / gcd(in, blocksize), so that every tile starts on a
+ * block boundary (and on a byte: blocksize is even), or all the rows. */
+static int64_t tile_rows(const gt_layer *layer) {
+    qlinear_config c = config_of(layer);
+    int64_t align = c.blocksize / gcd64(layer->in_features, c.blocksize);
+    int64_t rows = c.tile_rows ? c.tile_rows : GT_QLINEAR_TILE_ELEMENTS / layer->in_features;
+    rows = (rows + align - 1) / align * align;
+    rows = rows < align ? align : rows;
+    return rows < layer->out_features ? rows : layer->out_features;
+}
+
+/* Workspace bytes before the GEMM's own: the tile, then (several tiles, half precision) the f32
+ * accumulator of din (rows, in). */
+static gt_status scratch_bytes(const gt_layer *layer, int64_t rows, gt_dtype dt, size_t *tile, size_t *acc) {
+    const char *what = "the dequantized tile of a QLinear";
+    GT_TRY(gt_size_mul((size_t)tile_rows(layer) * (size_t)layer->in_features, gt_dtype_size(dt), what, tile));
+    GT_TRY(gt_size_align(*tile, what, tile));
+    *acc = 0;
+    if (tile_rows(layer) < layer->out_features && dt != GT_F32) {
+        GT_TRY(gt_size_mul((size_t)rows * (size_t)layer->in_features, sizeof(float), what, acc));
+        GT_TRY(gt_size_align(*acc, what, acc));
+    }
+    return GT_OK;
+}
+
+/* The forward GEMM of rows r0..r0+t of W (tile at `tile`). */
+static gt_gemm_args forward_gemm(const gt_layer *layer, int64_t rows, const void *in, const void *tile, int64_t r0,
+                                 int64_t t, gt_dtype dt) {
+    return (gt_gemm_args){
+        .trans_a = 0, .trans_b = 1, .m = rows, .n = t, .k = layer->in_features, .alpha = 1.0f, .a = in,
+        .a_dt = dt, .lda = layer->in_features, .b = tile, .b_dt = dt, .ldb = layer->in_features, .beta = 0.0f,
+        .c = layer->out.ptr ? (char *)layer->out.ptr + (size_t)r0 * gt_dtype_size(dt) : NULL, .c_dt = dt,
+        .ldc = layer->out_features, .batch = 1};
+}
+
+/* The backward GEMM of rows r0..r0+t of W: c (+)= dout[:, r0:r0+t] @ tile, c in c_dt. */
+static gt_gemm_args backward_gemm(const gt_layer *layer, int64_t rows, const void *dout, const void *tile, void *c,
+                                  gt_dtype c_dt, int64_t r0, int64_t t, gt_dtype dt) {
+    return (gt_gemm_args){
+        .trans_a = 0, .trans_b = 0, .m = rows, .n = layer->in_features, .k = t, .alpha = 1.0f,
+        .a = dout ? (const char *)dout + (size_t)r0 * gt_dtype_size(dt) : NULL, .a_dt = dt,
+        .lda = layer->out_features, .b = tile, .b_dt = dt, .ldb = layer->in_features, .beta = r0 ? 1.0f : 0.0f,
+        .c = c, .c_dt = c_dt, .ldc = layer->in_features, .batch = 1};
+}
+
+/* Raises *need to what a GEMM of `args` needs (beta 0 and 1 alike). */
+static gt_status note_gemm(const gt_plan_walk *w, gt_gemm_args args, size_t *need) {
+    for (int accumulate = 0; accumulate <= 1; accumulate++) {
+        args.beta = accumulate ? 1.0f : 0.0f;
+        size_t bytes = w->ops->gemm_workspace_bytes(&args);
+        GT_TRY(gt_size_check(bytes, "workspace of a QLinear's GEMM"));
+        *need = bytes > *need ? bytes : *need;
+    }
+    return GT_OK;
+}
+
+/* (..., in) -> (..., out); the decoding table placed once; the workspace holds the tile, the
+ * accumulator and the GEMMs' own scratch after them. */
+static gt_status plan_qlinear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
+    GT_TRY(gt_plan_check_features(w, in, layer->in_features, layer, site->path));
+    layer->out.shape[in->ndim - 1] = layer->out_features;
+    int64_t rows = gt_rows_of(in);
+    if (rows > INT_MAX) {
+        char name[GT_LAYER_PATH_BYTES + 64];
+        return GT_FAIL(GT_ERR_VALUE, "%s: %lld rows per micro-batch are more than the GEMMs of %s can take (%d)",
+                       w->input_name, (long long)rows, gt_layer_describe(name, sizeof name, layer, site->path),
+                       INT_MAX);
+    }
+    float table[16];
+    memcpy(table, config_of(layer).quant_type == GT_QLINEAR_NF4 ? nf4_bits : fp4_bits, sizeof table);
+    void *placed = NULL;
+    GT_TRY(gt_plan_constant(w, table, sizeof table, "the code table of a QLinear", &placed));
+    layer->quant_code = placed;
+    size_t tile = 0, acc = 0, gemm = 0, need = 0;
+    GT_TRY(scratch_bytes(layer, rows, w->dt, &tile, &acc));
+    int64_t t = tile_rows(layer);
+    GT_TRY(note_gemm(w, forward_gemm(layer, rows, NULL, NULL, 0, t, w->dt), &gemm));
+    gt_dtype c_dt = t < layer->out_features ? GT_F32 : w->dt;
+    GT_TRY(note_gemm(w, backward_gemm(layer, rows, NULL, NULL, NULL, c_dt, 0, t, w->dt), &gemm));
+    GT_TRY(gt_size_add(tile + acc, gemm, "the workspace of a QLinear", &need));
+    if (need > w->workspace_bytes)
+        w->workspace_bytes = need;
+    return GT_OK;
+}
+
+/* The GEMM of `args` with the backend's workspace starting `skip` bytes further on (the tile and
+ * accumulator before it stay untouched). */
+static gt_status gemm_after(gt_backend *be, size_t skip, const gt_gemm_args *args) {
+    void *workspace = be->workspace;
+    size_t bytes = be->workspace_bytes;
+    be->workspace = (char *)workspace + skip;
+    be->workspace_bytes = bytes - skip;
+    gt_status status = be->ops->gemm(be, args);
+    be->workspace = workspace;
+    be->workspace_bytes = bytes;
+    return status;
+}
+
+/* Rows r0..r0+t of W, dequantized into the tile at the workspace's start. */
+static gt_status dequantize_rows(gt_layer *layer, int64_t r0, int64_t t, gt_run *run) {
+    qlinear_config c = config_of(layer);
+    size_t first = (size_t)r0 * (size_t)layer->in_features;
+    const uint8_t *codes = (const uint8_t *)layer->frozen + first / 2;
+    const float *absmax = (const float *)(layer->frozen + gt_align_up(((size_t)layer->out_features *
+                                                                      (size_t)layer->in_features + 1) / 2)) +
+                          first / (size_t)c.blocksize;
+    return run->backend->ops->dequantize_blockwise(run->backend, run->backend->workspace, codes, absmax,
+                                                   layer->quant_code, t * layer->in_features, c.blocksize, 4,
+                                                   run->dt);
+}
+
+static gt_status qlinear_forward(gt_layer *layer, const void *in, gt_run *run) {
+    size_t tile = 0, acc = 0;
+    GT_TRY(scratch_bytes(layer, gt_rows_of(&layer->in_shape), run->dt, &tile, &acc));
+    int64_t step = tile_rows(layer);
+    for (int64_t r0 = 0; r0 < layer->out_features; r0 += step) {
+        int64_t t = layer->out_features - r0 < step ? layer->out_features - r0 : step;
+        GT_TRY(dequantize_rows(layer, r0, t, run));
+        gt_gemm_args args = forward_gemm(layer, gt_rows_of(&layer->in_shape), in, run->backend->workspace, r0, t,
+                                         run->dt);
+        GT_TRY(gemm_after(run->backend, tile + acc, &args));
+    }
+    if (!layer->has_bias)
+        return GT_OK;
+    return run->backend->ops->bias_add(run->backend, layer->out.ptr, layer->bias.data, gt_rows_of(&layer->in_shape),
+                                       layer->out_features, run->dt);
+}
+
+static gt_status qlinear_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
+    (void)in;
+    const gt_ops *ops = run->backend->ops;
+    int64_t rows = gt_rows_of(&layer->in_shape);
+    if (layer->has_bias)
+        GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features, run->dt,
+                                  gt_layer_accumulates(layer, run)));
+    if (!din)
+        return GT_OK;
+    size_t tile = 0, acc = 0;
+    GT_TRY(scratch_bytes(layer, rows, run->dt, &tile, &acc));
+    int64_t step = tile_rows(layer);
+    int tiled = step < layer->out_features;
+    void *c = tiled && run->dt != GT_F32 ? (char *)run->backend->workspace + tile : din;
+    gt_dtype c_dt = tiled ? GT_F32 : run->dt;
+    for (int64_t r0 = 0; r0 < layer->out_features; r0 += step) {
+        int64_t t = layer->out_features - r0 < step ? layer->out_features - r0 : step;
+        GT_TRY(dequantize_rows(layer, r0, t, run));
+        gt_gemm_args args = backward_gemm(layer, rows, dout, run->backend->workspace, c, c_dt, r0, t, run->dt);
+        GT_TRY(gemm_after(run->backend, tile + acc, &args));
+    }
+    if (c == din)
+        return GT_OK;
+    return ops->cast(run->backend, din, run->dt, c, GT_F32, rows * layer->in_features);
+}
+
+const gt_layer_type gt_layer_type_qlinear = {
+    "qlinear", "QLinear", GT_LAYER_ARGS(qlinear_args), GT_KIND_PARAMS, check_qlinear, describe_qlinear,
+    qlinear_params, plan_qlinear, qlinear_forward, qlinear_backward, qlinear_frozen};

@@ -1,0 +1,170 @@
+"""``from_pretrained(folder, quantization=...)``: decoder blocks with frozen 4-bit weights (QLinear).
+
+Two sources, one result (every Linear of the decoder blocks a :class:`~gputrain.nn.QLinear`; the
+embedding, the norms and the LM head stay float, as bitsandbytes leaves ``lm_head`` by default):
+
+* a float folder with ``quantization="nf4"`` or ``"fp4"``: each weight is read on its own and
+  quantized as it loads (gputrain.quant.quantize_4bit: bitsandbytes' codes, bit for bit), so no
+  more than one float weight is ever in memory;
+* a folder bitsandbytes saved in 4 bits (config.json ``quantization_config`` with
+  ``load_in_4bit``; each weight stored as packed uint8 plus ``.absmax``, ``.quant_map``, optional
+  ``.nested_absmax`` / ``.nested_quant_map`` and ``.quant_state.bitsandbytes__nf4`` / ``__fp4``):
+  the packed codes load as they are (a double-quantized absmax is expanded to float32, bit-exact
+  with bitsandbytes' dequantization). ``quantization=`` may be omitted or must name its type.
+
+Everything is checked (names, dtypes, shapes, quant states' JSON) before the model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gputrain.models.hf.config import HFConfig
+from gputrain.models.hf.safetensors_io import TensorRef
+from gputrain.nn.qlinear import QUANT_TYPES, check_quantization
+from gputrain.quant import QuantState, from_tensors
+
+SUPPORTED = QUANT_TYPES  # "int8" (LLM.int8 row-wise) is not built yet: refused by name
+_RAW_DTYPES = {"U8": np.uint8, "F32": np.float32}
+_STATE_KEYS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How from_pretrained stores the decoder blocks' Linear weights."""
+
+    quant_type: str     # "nf4" or "fp4"
+    blocksize: int      # elements per absmax block (64: bitsandbytes' default)
+    prequantized: bool  # True: the folder holds bitsandbytes' packed weights
+
+
+def parse(quantization: Any, blocksize: Any, config: HFConfig) -> Quantization | None:
+    """The quantization of from_pretrained's argument and config.json's ``quantization_config``
+    (read here, so config.finish accepts it); None for a float model. ValueError names the bad
+    argument or field."""
+    if quantization is not None:
+        if quantization == "int8":
+            raise ValueError("quantization='int8' (LLM.int8 row-wise) is not supported by from_pretrained yet; "
+                             f"use one of {SUPPORTED}")
+        check_quantization(quantization, blocksize, where="from_pretrained")
+    stored = config.raw("quantization_config", None)
+    config.irrelevant("quantization_config")
+    if stored is None:
+        return None if quantization is None else Quantization(quantization, blocksize, False)
+    quant_type = _stored_type(stored, config.path)
+    if quantization is not None and quantization != quant_type:
+        raise ValueError(f"quantization={quantization!r}: {config.path} holds weights bitsandbytes quantized to "
+                         f"{quant_type!r} (field 'quantization_config'); pass {quant_type!r} or None")
+    return Quantization(quant_type, 0, True)  # the block size comes from the weights' quant states
+
+
+def _stored_type(stored: Any, path: str) -> str:
+    """The quant_type of a bitsandbytes quantization_config; refuses what gputrain cannot load."""
+    where = f"{path}: field 'quantization_config'"
+    if not isinstance(stored, dict):
+        raise ValueError(f"{where} must be an object, got {type(stored).__name__}")
+    if stored.get("quant_method", "bitsandbytes") != "bitsandbytes":
+        raise ValueError(f"{where}: quant_method {stored.get('quant_method')!r} is not supported "
+                         "(bitsandbytes 4-bit only)")
+    if stored.get("load_in_8bit") or stored.get("_load_in_8bit"):
+        raise ValueError(f"{where}: load_in_8bit checkpoints (LLM.int8) are not supported; 4-bit ones are")
+    if not (stored.get("load_in_4bit") or stored.get("_load_in_4bit")):
+        raise ValueError(f"{where}: expected load_in_4bit true (a bnb-4bit checkpoint)")
+    quant_type = stored.get("bnb_4bit_quant_type", "fp4")
+    if quant_type not in QUANT_TYPES:
+        raise ValueError(f"{where}: bnb_4bit_quant_type {quant_type!r} is not one of {QUANT_TYPES}")
+    if stored.get("bnb_4bit_quant_storage", "uint8") != "uint8":
+        raise ValueError(f"{where}: bnb_4bit_quant_storage {stored.get('bnb_4bit_quant_storage')!r} is not "
+                         "supported (uint8 only)")
+    skip = stored.get("llm_int8_skip_modules")
+    if skip is not None and (not isinstance(skip, list) or not all(isinstance(s, str) for s in skip)):
+        raise ValueError(f"{where}: llm_int8_skip_modules must be a list of names or null, got {skip!r}")
+    return quant_type
+
+
+def split_stored(stored: dict[str, TensorRef], quantized: list[str], canonical: Any
+                 ) -> tuple[dict[str, TensorRef], dict[str, dict[str, TensorRef]]]:
+    """(the float tensors, {weight name: {"" : packed, "absmax": ..., ...}}) of a bnb-4bit folder:
+    every stored name under one of the `quantized` weight names (after `canonical`) goes to the
+    second."""
+    wanted = set(quantized)
+    floats: dict[str, TensorRef] = {}
+    groups: dict[str, dict[str, TensorRef]] = {}
+    for name, ref in stored.items():
+        base, suffix = _quant_base(name, canonical, wanted)
+        if base is None:
+            floats[name] = ref
+        else:
+            groups.setdefault(base, {})[suffix] = ref
+    return floats, groups
+
+
+def _quant_base(name: str, canonical: Any, wanted: set[str]) -> tuple[str | None, str]:
+    """(weight name, suffix) when `name` is a quantized weight or one of its state tensors."""
+    if canonical(name) in wanted:
+        return canonical(name), ""
+    for key in (*_STATE_KEYS, "quant_state.bitsandbytes__nf4", "quant_state.bitsandbytes__fp4"):
+        if name.endswith("." + key):
+            base = canonical(name[: -len(key) - 1])
+            if base in wanted:
+                return base, key
+    return None, ""
+
+
+def read_raw(ref: TensorRef) -> np.ndarray:
+    """A uint8 or float32 tensor as stored (the pieces of a bnb-4bit weight)."""
+    if ref.dtype not in _RAW_DTYPES:
+        raise ValueError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; a bnb-4bit weight's pieces are "
+                         "U8 or F32")
+    with open(ref.path, "rb") as file:
+        file.seek(ref.start)
+        raw = file.read(ref.nbytes)
+    if len(raw) != ref.nbytes:
+        raise ValueError(f"{ref.path}: tensor {ref.name!r}: truncated (read {len(raw)} of {ref.nbytes} bytes)")
+    return np.frombuffer(raw, _RAW_DTYPES[ref.dtype]).reshape(ref.shape).copy()
+
+
+def check_groups(groups: dict[str, dict[str, TensorRef]], shapes: dict[str, tuple[int, ...]], quant_type: str,
+                 folder: str) -> int:
+    """Checks every bnb-4bit weight (present, packed uint8 of its shape, its quant state's JSON and
+    tensors) reading only the small pieces; returns the one block size they share."""
+    blocksizes = set()
+    for name in shapes:
+        group = groups.get(name)
+        if group is None or "" not in group:
+            raise ValueError(f"{folder}: the packed 4-bit weight {name!r} is missing (a bnb-4bit checkpoint "
+                             "quantizes every Linear of the decoder blocks; gputrain needs all of them)")
+        state = _small_state(group, name)
+        where = f"{group[''].path}: {name}"
+        if state.quant_type != quant_type:
+            raise ValueError(f"{where}: quant_type {state.quant_type!r} differs from quantization_config's "
+                             f"{quant_type!r}")
+        if tuple(state.shape) != tuple(shapes[name]):
+            raise ValueError(f"{where}: quant state shape {tuple(state.shape)}, config.json implies {shapes[name]}")
+        packed = group[""]
+        size = -(-int(np.prod(shapes[name])) // 2)
+        if packed.dtype != "U8" or int(np.prod(packed.shape)) != size:
+            raise ValueError(f"{where}: packed weight is {packed.dtype} of shape {packed.shape}, expected {size} "
+                             "U8 bytes")
+        blocksizes.add(state.blocksize)
+    if len(blocksizes) > 1:
+        raise ValueError(f"{folder}: the 4-bit weights use several block sizes {sorted(blocksizes)}; gputrain loads "
+                         "one block size per model")
+    return blocksizes.pop() if blocksizes else 64
+
+
+def _small_state(group: dict[str, TensorRef], name: str) -> QuantState:
+    """The QuantState of a weight's group, read and checked whole (its pieces are small: absmax
+    is one byte or float per block)."""
+    tensors = {key: read_raw(ref) for key, ref in group.items() if key}
+    return from_tensors(tensors, f"{group[''].path}: {name}")
+
+
+def load_groups(model: Any, groups: dict[str, dict[str, TensorRef]], names: list[str]) -> None:
+    """Reads each bnb-4bit weight (packed bytes and state) into its QLinear, one at a time."""
+    for name in names:
+        group = groups[name]
+        model._hf_load_quantized(name, read_raw(group[""]), _small_state(group, name))

@@ -1,0 +1,164 @@
+"""QLinear: a Linear whose weight is frozen and stored quantized (QLoRA's base layers).
+
+The weight is held as bitsandbytes' Linear4bit holds it -- NF4 or FP4 codes packed two per byte
+(the buffer ``weight``, uint8 of shape (ceil(out * in / 2), 1)) and one float32 absmax per block of
+``blocksize`` elements of the flattened weight (``weight.absmax``) -- in the model's buffer arena,
+so it is never optimised and has no gradient; the C layer (csrc/nn/qlinear.c) dequantizes blocks of rows into a tile in the
+compute dtype and runs the backend's GEMM on it, so the whole weight never exists dequantized.
+Backward computes the input gradient only. The bias, if any, is an ordinary trainable Parameter.
+
+Codes come from :mod:`gputrain.quant` (bit-exact with bitsandbytes): :meth:`QLinear.quantize_`
+quantizes a float weight, :meth:`QLinear.load_quantized` takes bitsandbytes' packed bytes and a
+:class:`~gputrain.quant.QuantState` (double-quantized absmax is expanded to float32 on loading),
+and :meth:`QLinear.dequantize` gives the weight back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gputrain.nn.layers import Linear, _positive_int
+from gputrain.nn.module import Module
+from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
+from gputrain.quant.codes import code_table
+
+QUANT_TYPES = ("nf4", "fp4")
+
+# Builds a model's Linear layers: (in_features, out_features, bias) -> module (a Linear, or a
+# QLinear: the decoder blocks of from_pretrained(..., quantization=...)).
+LinearFactory = Callable[[int, int, bool], Module]
+
+
+def quantized_linears(quant_type: str, blocksize: int = 64) -> LinearFactory:
+    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4') with `blocksize`."""
+    check_quantization(quant_type, blocksize)
+    return lambda i, o, bias: QLinear(i, o, bias, quant_type, blocksize)
+
+
+def check_quantization(quant_type: Any, blocksize: Any, where: str = "") -> None:
+    """Refuses an unknown quantization name or a block size bitsandbytes does not have; `where`
+    names the layer in messages. (Blocks run over the flattened weight, as bitsandbytes' do, so any
+    width quantizes: a block may span two rows.)"""
+    at = f"{where}: " if where else ""
+    if not isinstance(quant_type, str) or quant_type not in QUANT_TYPES:
+        raise ValueError(f"{at}quantization must be one of {QUANT_TYPES}, got {quant_type!r}")
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize not in BLOCKSIZES_4BIT:
+        raise ValueError(f"{at}blocksize must be one of {BLOCKSIZES_4BIT} (bitsandbytes' 4-bit block sizes), "
+                         f"got {blocksize!r}")
+
+
+class QLinear(Module):
+    """y = x dequant(W)^T + b with a frozen NF4/FP4 weight W of shape (out_features, in_features).
+
+    A new QLinear's codes and absmax are zeros (W = 0) until quantize_() or load_quantized()
+    writes them. tile_rows: rows of W dequantized per GEMM (0: about 2**23 elements a tile)."""
+
+    _param_names = ("bias",)
+    _buffer_names = ("weight", "weight.absmax")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, quant_type: str = "nf4",
+                 blocksize: int = 64, tile_rows: int = 0) -> None:
+        super().__init__()
+        self.in_features = _positive_int(in_features, "in_features")
+        self.out_features = _positive_int(out_features, "out_features")
+        check_quantization(quant_type, blocksize, where="QLinear")
+        if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows < 0:
+            raise ValueError(f"tile_rows must be an int >= 0, got {tile_rows!r}")
+        self.has_bias = bool(bias)
+        self.quant_type = quant_type
+        self.blocksize = blocksize
+        self.tile_rows = tile_rows
+        self._compile()
+
+    def _has_param(self, name: str) -> bool:
+        return self.has_bias
+
+    def _spec(self) -> tuple:
+        return ("qlinear", self.in_features, self.out_features, self.has_bias, self.quant_type, self.blocksize,
+                self.tile_rows)
+
+    @property
+    def packed_shape(self) -> tuple[int, int]:
+        """The shape of the packed codes: (ceil(out * in / 2), 1), bitsandbytes' Params4bit."""
+        return (-(-self.in_features * self.out_features // 2), 1)
+
+    @property
+    def num_blocks(self) -> int:
+        """Absmax blocks of the weight."""
+        return -(-self.in_features * self.out_features // self.blocksize)
+
+    def quant_state(self) -> QuantState:
+        """The weight's QuantState (float32 absmax, no double quantization)."""
+        absmax = np.asarray(getattr(self, "weight.absmax"), np.float32).copy()
+        code = code_table(self.quant_type).copy()
+        code[code == 0] = 0.0
+        return QuantState(self.quant_type, self.blocksize, (self.out_features, self.in_features), "f32", absmax,
+                          code)
+
+    def dequantize(self) -> np.ndarray:
+        """The weight as float32 (out_features, in_features): code * absmax per element."""
+        return dequantize_4bit(np.asarray(self.weight), self.quant_state())
+
+    def quantize_(self, weight: Any) -> QLinear:
+        """Quantizes a float32/float16/bfloat16 weight of shape (out_features, in_features) into this
+        layer (gputrain.quant.quantize_4bit: bitsandbytes' codes, bit for bit)."""
+        shape = (self.out_features, self.in_features)
+        if np.shape(weight) != shape:
+            raise ValueError(f"weight: expected shape {shape}, got {np.shape(weight)}")
+        packed, state = quantize_4bit(weight if isinstance(weight, np.ndarray) else np.asarray(weight, np.float32),
+                                      self.blocksize, self.quant_type)
+        self._write_codes(packed, state.absmax)
+        return self
+
+    def load_quantized(self, packed: Any, state: QuantState) -> QLinear:
+        """Takes a 4-bit weight as bitsandbytes stores it (packed uint8 bytes and its QuantState; a
+        double-quantized absmax is expanded to float32, bit-exact with bitsandbytes' dequantization)."""
+        if not isinstance(state, QuantState):
+            raise TypeError(f"state must be a gputrain.quant.QuantState, not {type(state).__name__}")
+        if state.quant_type != self.quant_type or state.blocksize != self.blocksize:
+            raise ValueError(f"state: {state.quant_type} with blocksize {state.blocksize} does not fit this layer's "
+                             f"{self.quant_type} with blocksize {self.blocksize}")
+        if tuple(state.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"state: shape {tuple(state.shape)} is not this layer's "
+                             f"{(self.out_features, self.in_features)}")
+        self._write_codes(np.asarray(packed), state.block_absmax())
+        return self
+
+    def _write_codes(self, packed: np.ndarray, absmax: np.ndarray) -> None:
+        if packed.dtype != np.uint8 or packed.size != self.packed_shape[0]:
+            raise ValueError(f"packed: expected {self.packed_shape[0]} uint8 bytes, got {packed.size} {packed.dtype}")
+        if absmax.size != self.num_blocks:
+            raise ValueError(f"absmax: expected {self.num_blocks} blocks, got {absmax.size}")
+        self.load_state_dict({"weight": packed.reshape(self.packed_shape),
+                              "weight.absmax": np.asarray(absmax, np.float32).reshape(-1)}, strict=False)
+
+    @classmethod
+    def from_linear(cls, linear: Linear, quant_type: str = "nf4", blocksize: int = 64, tile_rows: int = 0) -> QLinear:
+        """A QLinear holding `linear`'s weight quantized and a copy of its bias."""
+        q = cls(linear.in_features, linear.out_features, linear.has_bias, quant_type, blocksize, tile_rows)
+        q.quantize_(linear.weight.data)
+        if linear.has_bias:
+            q.load_state_dict({"bias": linear.bias.data}, strict=False)
+        return q
+
+    def requires_grad_(self, requires_grad: bool = True) -> QLinear:
+        """Sets the bias's requires_grad; the quantized weight is frozen and refuses True."""
+        if requires_grad:
+            raise ValueError(f"{self!r}: the quantized weight is frozen (it has no gradient); train an adapter "
+                             "on it, or use a Linear with the dequantized weight (QLinear.dequantize())")
+        if self.has_bias:
+            self.bias.requires_grad = False
+        return self
+
+    def merge_(self, delta: Any) -> None:
+        """Merging a delta (an adapter) into the quantized weight is refused: re-quantizing would
+        change the base's other bits; dequantize() into a Linear and merge there."""
+        raise ValueError(f"{self!r}: cannot merge into a quantized (frozen) weight; dequantize it into a Linear "
+                         "first (QLinear.dequantize()) and merge into that")
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, "
+                f"quant_type={self.quant_type!r}, blocksize={self.blocksize}")
