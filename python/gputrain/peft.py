@@ -26,7 +26,7 @@ its last parts (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``); ``"al
 every Linear but the output layer (``lm_head``; a classifier's ``score``/``classifier``).
 
 Not here (refused by name, never ignored): LoRA on anything but a Linear
-(embeddings, convolutions, a tied LM head), ``bias`` other than "none", ``fan_in_fan_out``,
+(embeddings, convolutions, a tied LM head, a quantized QLinear: QLoRA), ``bias`` other than "none", ``fan_in_fan_out``,
 rank/alpha patterns, ``layers_to_transform``, ``exclude_modules`` and several adapters at once
 (one adapter, named "default"). ``modules_to_save`` modules are trained in place: PEFT keeps a
 trained copy beside the original module, which only matters for switching adapters.
@@ -48,6 +48,7 @@ from gputrain import random
 from gputrain.models.hf.safetensors_io import read_header, read_tensor
 from gputrain.nn.layers import Linear
 from gputrain.nn.module import Module
+from gputrain.nn.qlinear import QLinear
 
 __all__ = ["LoraConfig", "LoraLinear", "PeftModel", "get_peft_model"]
 
@@ -372,14 +373,19 @@ def _targets(model: Module, config: LoraConfig) -> list[tuple[str, Linear]]:
             raise ValueError(f"get_peft_model: the model already has a LoRA adapter ({name!r}); gputrain "
                              "holds one adapter per model")
     if targets == "all-linear":
-        found = [(n, m) for n, m in modules if type(m) is Linear and n.rpartition(".")[2] not in OUTPUT_LAYERS]
-        config.target_modules = sorted(n for n, _ in found)  # PEFT saves the names it found
+        found = [(n, m) for n, m in modules if isinstance(m, (Linear, QLinear)) and
+                 n.rpartition(".")[2] not in OUTPUT_LAYERS]
     else:
         found = [(n, m) for n, m in modules if n and _matches(config, n)]
-        for n, m in found:
-            if type(m) is not Linear:
-                raise ValueError(f"target_modules: {n!r} is a {type(m).__name__}; gputrain puts LoRA on Linear "
-                                 "layers only")
+    for n, m in found:
+        if isinstance(m, QLinear):
+            raise NotImplementedError(f"target_modules: {n!r} is a QLinear (a 4-bit base): LoRA on a quantized "
+                                      "base (QLoRA) is not implemented yet; load the model without quantization")
+        if type(m) is not Linear:
+            raise ValueError(f"target_modules: {n!r} is a {type(m).__name__}; gputrain puts LoRA on Linear "
+                             "layers only")
+    if targets == "all-linear":
+        config.target_modules = sorted(n for n, _ in found)  # PEFT saves the names it found
     if not found:
         raise ValueError(f"target_modules {targets!r} matched no module of {type(model).__name__}; its Linear "
                          f"layers are named like {[n for n, m in modules if type(m) is Linear][:4]}")
