@@ -220,6 +220,10 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(softmax_xent_counted)      \
     X(quantize_blockwise)        \
     X(dequantize_blockwise)      \
+    X(dora_norm)                 \
+    X(dora_combine)              \
+    X(col_scale)                 \
+    X(dora_magnitude_backward)   \
     /* end of the list */
 
 #define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;

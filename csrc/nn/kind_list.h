@@ -29,6 +29,7 @@
     X(BIAS, bias)               /* (..., C) + b (C,): an LM head's bias after a tied_linear */      \
     X(DISENTANGLED_ATTENTION, disentangled_attention) /* (B, T, 3E) -> (B, T, E): DeBERTa's */ \
     X(QLINEAR, qlinear)         /* Linear over a frozen NF4/FP4 weight, dequantized tile by tile */ \
+    X(LORA, lora)               /* (..., in) -> (..., out): frozen Linear + LoRA's B A path */      \
     /* end of the list */
 
 #endif

@@ -560,6 +560,28 @@ typedef struct gt_pool2d_args {
     P(void *, out) P(const uint8_t *, codes) P(const float *, absmax) P(const float *, code) \
     P(int64_t, n) P(int64_t, blocksize) P(int, bits) P(gt_dtype, dt)
 
+/* DoRA (PEFT's DoraLinearLayer; the kind lora with use_dora, nn/lora.c). dora_norm: for the
+ * (rows, cols) f32 matrix w = W + scaling B A, norm[r] = ||w[r, :]||_2 (f32, summed in column
+ * order) and scale[r] = magnitude[r] / norm[r] (PEFT's mag_norm_scale, weight_norm detached). */
+#define GT_PARAMS_DORA_NORM(P, A) \
+    P(float *, scale) P(float *, norm) P(const float *, w) P(const float *, magnitude) P(int64_t, rows) \
+    P(int64_t, cols)
+/* out[r, c] = dt(out[r, c] + ((scale[c] - 1) u[r, c] + (scale[c] v[r, c]) scaling)) over (rows, cols),
+ * in f32 (PEFT's result + result_dora, its order: (mag_norm_scale - 1) * base_result +
+ * mag_norm_scale * lora_result * scaling). */
+#define GT_PARAMS_DORA_COMBINE(P, A) \
+    P(void *, out) P(const void *, u) P(const void *, v) P(const float *, scale) P(float, scaling) \
+    P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt)
+/* out[r, c] = dt(in[r, c] * (scale[c] + offset)) over (rows, cols); out may alias in. */
+#define GT_PARAMS_COL_SCALE(P, A) \
+    P(void *, out) P(const void *, in) P(const float *, scale) P(float, offset) P(int64_t, rows) \
+    P(int64_t, cols) P(gt_dtype, dt)
+/* dmagnitude[c] (+)= (sum over r, in row order, of dout[r, c] (u[r, c] + v[r, c] scaling)) / norm[c]
+ * (f32): the magnitude's gradient through dora_combine with the norm a constant. */
+#define GT_PARAMS_DORA_MAGNITUDE_BACKWARD(P, A) \
+    P(float *, dmagnitude) P(const void *, dout) P(const void *, u) P(const void *, v) P(const float *, norm) \
+    P(float, scaling) P(int64_t, rows) P(int64_t, cols) P(gt_dtype, dt) P(int, accumulate)
+
 /* Every op: X(kind, name, params, skip), in table order (append a new op above the end marker).
  *   kind  QUERY: returns size_t, takes no backend and launches nothing (a workspace size);
  *         LAUNCH: on a device, queued on the backend's stream (returns without waiting);
@@ -617,6 +639,10 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, softmax_xent_counted, GT_PARAMS_SOFTMAX_XENT_COUNTED, NO_SKIP)            \
     X(LAUNCH, quantize_blockwise, GT_PARAMS_QUANTIZE_BLOCKWISE, NO_SKIP)                \
     X(LAUNCH, dequantize_blockwise, GT_PARAMS_DEQUANTIZE_BLOCKWISE, NO_SKIP)            \
+    X(LAUNCH, dora_norm, GT_PARAMS_DORA_NORM, NO_SKIP)                                  \
+    X(LAUNCH, dora_combine, GT_PARAMS_DORA_COMBINE, NO_SKIP)                            \
+    X(LAUNCH, col_scale, GT_PARAMS_COL_SCALE, NO_SKIP)                                  \
+    X(LAUNCH, dora_magnitude_backward, GT_PARAMS_DORA_MAGNITUDE_BACKWARD, NO_SKIP)      \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -14,6 +14,7 @@ from gputrain import amp, backends
 from gputrain import functional
 from gputrain import models, nn, random
 from gputrain import optim
+from gputrain import peft
 from gputrain.step import DeferredStepOutput, SpikeGuard, StepOutput, TrainStep
 from gputrain._C import Buffer, CudaError, OutOfMemoryError
 from gputrain.checkpoint import CheckpointError
@@ -95,6 +96,7 @@ __all__ = [
     "models",
     "nn",
     "optim",
+    "peft",
     "random",
     "Buffer",
     "CheckpointError",

@@ -382,6 +382,10 @@ class TrainStep:
     ) -> None:
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
+        for m in model.modules():  # a layer whose frozen parameters must stay frozen (gputrain.peft's LoRA)
+            check = getattr(type(m), "_check_frozen", None)
+            if check is not None:
+                check(m)
         if not isinstance(loss_fn, (CrossEntropyLoss, MSELoss)):
             raise TypeError(f"loss_fn must be CrossEntropyLoss or MSELoss, not {type(loss_fn).__name__}")
         if gradient_accumulation_steps is not None:
