@@ -9,9 +9,8 @@
  *     forward:  y = x W^T (+ b);  xd = dropout(x);  h = xd A^T (r columns);  y += scaling * h B^T
  *     backward: dh = scaling * dy B;  dB (+)= scaling * dy^T h;  dA (+)= dh^T xd;
  *               dx = dy W + dropout_backward(dh A)
- * The base weight and bias are frozen: no weight-gradient GEMM and no bias reduction for them, ever
- * (their gradient slices, where the model has them, are written as zeros so that a gradient norm
- * over the arena sees none). Buffers: the output (rows, out), h (rows, r) and, with dropout, xd
+ * The base weight and bias are frozen (no gradient buffer: a backward with one refuses), so no
+ * weight-gradient GEMM and no bias reduction for them, ever. Buffers: the output (rows, out), h (rows, r) and, with dropout, xd
  * (rows, in), which backward reuses for dh A before its dropout backward.
  *
  * DoRA (use_dora, PEFT's DoraLinearLayer): a fourth child, ("bias", out), holds the magnitude m (out,)
@@ -183,7 +182,7 @@ static gt_dropout_key dropout_key(const gt_layer *layer, const gt_run *run) {
     return key;
 }
 
-static gt_status zero_base_grads(gt_layer *layer, gt_run *run);
+static gt_status check_base_frozen(const gt_layer *layer);
 
 /* DoRA's forward (the file's comment): u, the output y = x W^T + b, v, g and n, then y's DoRA terms. */
 static gt_status dora_forward(gt_layer *layer, const void *in, gt_run *run) {
@@ -231,7 +230,7 @@ static gt_status dora_backward(gt_layer *layer, void *din, const void *dout, con
     int64_t r = config.r;
     int accumulate = gt_layer_accumulates(layer, run);
     float s = (float)config.scaling, beta = accumulate ? 1.0f : 0.0f;
-    GT_TRY(zero_base_grads(layer, run));
+    GT_TRY(check_base_frozen(layer));
     float *dm = layer->children[LORA_MAGNITUDE].bias.grad;
     if (dm)  /* NULL: a frozen adapter without a gradient buffer */
         GT_TRY(ops->dora_magnitude_backward(run->backend, dm, dout, config.u, config.v, config.norm, s, rows, n_out,
@@ -285,15 +284,12 @@ static gt_status lora_forward(gt_layer *layer, const void *in, gt_run *run) {
                 compute_copy(&layer->children[LORA_B].weight, run), r, 1.0f, layer->out.ptr, run->dt, n_out);
 }
 
-/* The frozen base's gradient slices (when the model has them) hold zeros once written. */
-static gt_status zero_base_grads(gt_layer *layer, gt_run *run) {
+/* The frozen base has no gradient buffers (gt_model_set_frozen); TrainStep refuses an unfrozen one. */
+static gt_status check_base_frozen(const gt_layer *layer) {
     const gt_layer *base = &layer->children[LORA_BASE];
-    const gt_param *params[2] = {&base->weight, &base->bias};
-    if (gt_layer_accumulates(layer, run))
-        return GT_OK;
-    for (size_t i = 0; i < 2; i++)
-        if (params[i]->numel && params[i]->grad)
-            GT_TRY(run->backend->ops->zero(run->backend, params[i]->grad, params[i]->numel * sizeof(float)));
+    if (base->weight.grad || base->bias.grad)
+        return GT_FAIL(GT_ERR_VALUE, "a LoRA layer's base Linear is frozen: set requires_grad=False on its weight "
+                       "and bias");
     return GT_OK;
 }
 
@@ -308,7 +304,7 @@ static gt_status lora_backward(gt_layer *layer, void *din, const void *dout, con
     int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
     int64_t r = config.r;
     float s = (float)config.scaling, beta = gt_layer_accumulates(layer, run) ? 1.0f : 0.0f;
-    GT_TRY(zero_base_grads(layer, run));
+    GT_TRY(check_base_frozen(layer));
     if (b->weight.grad)  /* NULL: a frozen adapter without a gradient buffer */
         GT_TRY(gemm(run, 1, 0, n_out, r, rows, s, dout, n_out, config.h, r, beta, b->weight.grad, GT_F32, r));
     void *dh = config.h;  /* h is read: its buffer holds dh from here on */
