@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -94,3 +96,25 @@ def test_plan_only_builds_what_memory_cannot_hold() -> None:
         model = gt.nn.Sequential(gt.nn.Linear(1_000_000, 1_000_000, bias=False))
     plan = mp.plan_training(model, (1, 1_000_000), precision="bf16")
     assert plan["cpu"]["parameters"] >= 4 * 10**12 and plan["cpu"]["half_parameters"] >= 2 * 10**12
+
+
+def test_memory_plans_script_plans_every_row() -> None:
+    """benchmarks/memory_plans.py (the README's table) on Qwen3-0.6B: every row a plan, or, for the NF4
+    + LoRA rows only, gputrain.peft's refusal of LoRA on a QLinear; the LoRA rows train r*(in+out)
+    per adapted Linear and nothing else."""
+    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "memory_plans.py"
+    done = subprocess.run([sys.executable, str(script), "--models", "qwen3-0.6b", "--chunks", "512", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {r["row"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert sorted(rows) == sorted(("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "frozen"))
+    for name, row in rows.items():
+        if "refused" in row:
+            assert name.startswith("nf4-lora") and "QLinear" in row["refused"]
+        else:
+            assert row["device_total"] == sum(row["device_regions"].values()) > 0
+    per_layer = 16 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 2 * (1024 + 3072) + (3072 + 1024))
+    assert rows["lora"]["trainable"] == rows["lora8"]["trainable"] == 28 * per_layer
+    assert rows["full"]["trainable"] == rows["full"]["parameters"]
+    assert rows["frozen"]["trainable"] == rows["nf4"]["trainable"] == 0
+    assert rows["full8"]["device_regions"]["optimizer_state"] < rows["full"]["device_regions"]["optimizer_state"] / 3
