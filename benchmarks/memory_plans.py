@@ -22,7 +22,7 @@ model plans on a small machine (tests/test_memory_plan_planning.py checks that s
 those of allocated models, to the byte).
 
     python benchmarks/memory_plans.py [--models llama-3.2-1b,...] [--rows full,lora,...] [--chunks 0,512]
-                                      [--batch 1] [--tokens 2048] [--json]
+                                      [--batch 1] [--tokens 2048] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -84,6 +84,31 @@ def plan_row(model: gt.nn.Module, row: str, tokens: int, chunk: int, batch: int 
                             optimizer=optimizer_of(model, row), loss_chunk_rows=chunk)
 
 
+HEADER = ("model", "row", "chunk", "params", "trainable", "device GiB", "parameters+half", "gradients",
+          "optimizer", "buffers", "activation arena", "other")
+WIDTHS = (-14, -9, 5, 14, 12, 10, 15, 9, 9, 7, 16, 5)  # text columns (negative: left-aligned)
+
+
+def cells(name: str, row: str, chunk: int, model: gt.nn.Module, plan: mp.MemoryPlan) -> tuple:
+    """One table row: the counts, and the device pool's regions in GiB (other: what the named
+    columns leave of the total, i.e. the step scratch)."""
+    gib = 2**30
+    regions = plan[plan.device]
+    weights = regions.get("parameters", 0) + regions.get("half_parameters", 0)
+    named = (weights, regions.get("gradients", 0), regions.get("optimizer_state", 0), regions.get("buffers", 0),
+             plan.activation_arena)
+    total = plan.total(plan.device)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return (name, row, str(chunk), f"{model.compiled.num_parameters:,}", f"{trainable:,}",
+            *(f"{v / gib:.2f}" for v in (total, *named, total - sum(named))))
+
+
+def line(values: tuple, markdown: bool) -> str:
+    if markdown:
+        return "| " + " | ".join(values) + " |"
+    return " ".join(f"{v:<{-w}}" if w < 0 else f"{v:>{w}}" for v, w in zip(values, WIDTHS)).rstrip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -91,38 +116,34 @@ def main() -> None:
     parser.add_argument("--chunks", default="0,512", help="loss_chunk_rows values (0: whole logits)")
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=1, help="sequences per micro-batch")
-    parser.add_argument("--json", action="store_true", help="one JSON line per plan, with every region")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="one JSON line per plan, with every region")
+    output.add_argument("--markdown", action="store_true", help="the table in Markdown")
     args = parser.parse_args()
-    gib = 2**30
     if not args.json:
-        print(f"{'model':<14} {'row':<9} {'chunk':>5} {'params':>14} {'trainable':>12} {'device GiB':>10}  "
-              "parameters+half  gradients  optimizer  buffers  activation arena  other")
+        print(line(HEADER, args.markdown))
+        if args.markdown:
+            print("|" + "|".join("---" if w < 0 else "---:" for w in WIDTHS) + "|")
     for name in args.models.split(","):
         for row in args.rows.split(","):
             try:
                 model = build(name, row)
             except NotImplementedError as refusal:
+                refused = (name, row, f"refused: {refusal}") + ("",) * (len(HEADER) - 3) * args.markdown
                 print(json.dumps({"model": name, "row": row, "refused": str(refusal)}) if args.json
-                      else f"{name:<14} {row:<9} refused: {refusal}", flush=True)
+                      else line(refused, args.markdown), flush=True)
                 continue
             for chunk in (int(c) for c in args.chunks.split(",")):
                 plan = plan_row(model, row, args.tokens, chunk, args.batch)
-                regions = {k: v for k, v in plan[plan.device].items() if k != "total"}
-                trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-                total = plan.total(plan.device)
                 if args.json:
                     print(json.dumps({"model": name, "row": row, "loss_chunk_rows": chunk, "batch": args.batch,
-                                      "tokens": args.tokens,
-                                      "parameters": model.compiled.num_parameters, "trainable": trainable,
-                                      "device_total": total, "device_regions": regions}), flush=True)
-                    continue
-                weights = regions.get("parameters", 0) + regions.get("half_parameters", 0)
-                shown = (weights + regions.get("gradients", 0) + regions.get("optimizer_state", 0) +
-                         regions.get("buffers", 0) + plan.activation_arena)
-                print(f"{name:<14} {row:<9} {chunk:>5} {model.compiled.num_parameters:>14,} {trainable:>12,} "
-                      f"{total / gib:>10.2f}  {weights / gib:>15.2f}  {regions.get('gradients', 0) / gib:>9.2f}  "
-                      f"{regions.get('optimizer_state', 0) / gib:>9.2f}  {regions.get('buffers', 0) / gib:>7.2f}  "
-                      f"{plan.activation_arena / gib:>16.2f}  {(total - shown) / gib:>5.2f}", flush=True)
+                                      "tokens": args.tokens, "parameters": model.compiled.num_parameters,
+                                      "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                                      "device_total": plan.total(plan.device),
+                                      "device_regions": {k: v for k, v in plan[plan.device].items() if k != "total"}}),
+                          flush=True)
+                else:
+                    print(line(cells(name, row, chunk, model, plan), args.markdown), flush=True)
 
 
 if __name__ == "__main__":

@@ -118,3 +118,8 @@ def test_memory_plans_script_plans_every_row() -> None:
     assert rows["full"]["trainable"] == rows["full"]["parameters"]
     assert rows["frozen"]["trainable"] == rows["nf4"]["trainable"] == 0
     assert rows["full8"]["device_regions"]["optimizer_state"] < rows["full"]["device_regions"]["optimizer_state"] / 3
+    table = subprocess.run([sys.executable, str(script), "--models", "qwen3-0.6b", "--rows", "nf4,nf4-lora", "--chunks",
+                            "512", "--markdown"], capture_output=True, text=True, timeout=600)
+    assert table.returncode == 0, table.stderr[-4000:]
+    lines = table.stdout.splitlines()
+    assert len(lines) == 4 and len({line.count("|") for line in lines}) == 1  # header, rule, plan, refusal
