@@ -188,15 +188,20 @@ static size_t buffer_arena_request(const gt_model *model) {
     return gt_align_up(model->buffer_bytes) + gt_align_up(model->stat_bytes);  /* checked by the layout */
 }
 
-/* The buffer arena: laid out, allocated, pointed at and reset (staged on the host). */
-static gt_status create_buffers(gt_model *model) {
+/* The buffer arena's layout: every buffer's offset, buffer_bytes and stat_bytes, checked. */
+static gt_status layout_buffer_arena(gt_model *model) {
     GT_TRY(layout_buffers(&model->root, &model->buffer_bytes));
     model->stat_bytes = model->buffer_bytes;
     GT_TRY(layout_frozen(&model->root, &model->buffer_bytes));
     size_t request = 0;  /* buffer_arena_request's sum, checked */
     GT_TRY(gt_size_align(model->buffer_bytes, "the buffers of the model", &request));
     GT_TRY(gt_size_add(request, model->stat_bytes + GT_ALIGN, "the buffers of the model", &request));
-    GT_TRY(gt_size_check(request, "the buffers of the model"));
+    return gt_size_check(request, "the buffers of the model");
+}
+
+/* The buffer arena: laid out, allocated, pointed at and reset (staged on the host). */
+static gt_status create_buffers(gt_model *model) {
+    GT_TRY(layout_buffer_arena(model));
     GT_TRY(gt_arena_create(&model->buffers, model->backend.device, buffer_arena_request(model)));
     if (model->buffer_bytes == 0)
         return GT_OK;
@@ -287,8 +292,8 @@ static gt_status init_backend(gt_model *model, gt_device device) {
     return GT_OK;
 }
 
-gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_dtype dt,
-                          uint64_t seed) {
+/* What gt_model_create and gt_model_create_plan_only share: the backend and the parameters' layout. */
+static gt_status layout_model(gt_model *model, gt_layer root, gt_device device, gt_dtype dt, uint64_t seed) {
     memset(model, 0, sizeof *model);
     model->root = root;
     model->dt = dt;
@@ -299,6 +304,25 @@ gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_d
     GT_TRY(init_backend(model, device));
     GT_TRY(layout_layer(&model->root, &model->num_params));  /* checks every size before anything is allocated */
     layout_grads(&model->root, &model->num_grads);             /* every parameter trainable */
+    return GT_OK;
+}
+
+gt_status gt_model_create_plan_only(gt_model *model, gt_layer root, gt_device device, gt_dtype dt) {
+    GT_TRY(layout_model(model, root, device, dt, 0));
+    model->plan_only = 1;
+    return layout_buffer_arena(model);
+}
+
+gt_status gt_model_check_values(const gt_model *model, const char *what) {
+    if (model->plan_only)
+        return GT_FAIL(GT_ERR_VALUE, "%s: this model was built for planning only (no parameter, gradient or "
+                       "buffer memory was allocated); build it again outside planning to run or read it", what);
+    return GT_OK;
+}
+
+gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_dtype dt,
+                          uint64_t seed) {
+    GT_TRY(layout_model(model, root, device, dt, seed));
     GT_TRY(gt_block_alloc(device, step_scratch_request(model), &model->step_scratch));
     GT_TRY(gt_arena_create(&model->params, device, param_arena_request(model)));
     GT_TRY(gt_arena_create(&model->grads, device, grad_arena_request(model->num_grads)));
@@ -351,6 +375,7 @@ static gt_status init_params_staged(gt_model *model, uint64_t seed) {
 }
 
 gt_status gt_model_init_params(gt_model *model, uint64_t seed) {
+    GT_TRY(gt_model_check_values(model, "initialising the parameters"));
     if (!host_memory(model) && model->num_params > 0)
         GT_TRY(init_params_staged(model, seed));
     else
@@ -360,6 +385,7 @@ gt_status gt_model_init_params(gt_model *model, uint64_t seed) {
 }
 
 gt_status gt_model_refresh_lowp(gt_model *model) {
+    GT_TRY(gt_model_check_values(model, "the half copy of the parameters"));
     if (!model->lowp_params.block.ptr)
         return GT_OK;
     return model->backend.ops->cast(&model->backend, model->lowp_params.block.ptr, model->dt,
@@ -367,6 +393,7 @@ gt_status gt_model_refresh_lowp(gt_model *model) {
 }
 
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt) {
+    GT_TRY(gt_model_check_values(model, "changing the precision"));
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     if (dt == model->dt)
@@ -629,6 +656,7 @@ static gt_status adopt_plan(gt_model *model, const gt_tensor *input, gt_model_pl
 }
 
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
+    GT_TRY(gt_model_check_values(model, "running the model"));
     if (model->planned && same_shape(input, &model->planned_input) &&
         (model->plan.head_chunk_rows > 0) == (wanted_chunk(model) > 0))
         return GT_OK;
@@ -769,6 +797,7 @@ static gt_status add_mean(gt_model *model, const float *values, int64_t rows, co
 
 gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *targets,
                         const float *loss_scale, float dloss_divisor, double *loss_sum) {
+    GT_TRY(gt_model_check_values(model, "computing the loss"));
     const gt_tensor *out = &model->root.out;
     GT_TRY(gt_model_check_targets(model, loss, targets));
     const gt_ops *ops = model->backend.ops;
@@ -801,6 +830,7 @@ gt_status gt_model_loss(gt_model *model, const gt_loss *loss, const gt_tensor *t
 
 gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,
                             int accumulate) {
+    GT_TRY(gt_model_check_values(model, "running the backward"));
     if (!model->planned)
         return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
     gt_run run = make_run(model, forward_input(model, input), micro, accumulate);
@@ -833,6 +863,7 @@ static gt_status top_layer_done(const gt_run *run, size_t child) {
 
 gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint64_t micro, int accumulate,
                                    const gt_backward_hook *hook) {
+    GT_TRY(gt_model_check_values(model, "running the backward"));
     if (!model->planned)
         return GT_FAIL(GT_ERR_RUNTIME, "backward called before forward");
     gt_run run = make_run(model, forward_input(model, input), micro, accumulate);
@@ -845,23 +876,28 @@ gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint
 }
 
 gt_status gt_model_read_parameters(gt_model *model, float *host) {
+    GT_TRY(gt_model_check_values(model, "reading the parameters"));
     return model_memcpy(model, host, model->params.block.ptr, model->num_params * sizeof(float));
 }
 
 gt_status gt_model_read_gradients(gt_model *model, float *host) {
+    GT_TRY(gt_model_check_values(model, "reading the gradients"));
     return model_memcpy(model, host, model->grads.block.ptr, model->num_grads * sizeof(float));
 }
 
 gt_status gt_model_write_parameters(gt_model *model, const float *host) {
+    GT_TRY(gt_model_check_values(model, "writing the parameters"));
     GT_TRY(model_memcpy(model, model->params.block.ptr, host, model->num_params * sizeof(float)));
     return gt_model_refresh_lowp(model);
 }
 
 gt_status gt_model_read_buffers(gt_model *model, void *host) {
+    GT_TRY(gt_model_check_values(model, "reading the buffers"));
     return model_memcpy(model, host, model->buffers.block.ptr, model->buffer_bytes);
 }
 
 gt_status gt_model_write_buffers(gt_model *model, const void *host) {
+    GT_TRY(gt_model_check_values(model, "writing the buffers"));
     return model_memcpy(model, model->buffers.block.ptr, host, model->buffer_bytes);
 }
 
@@ -871,6 +907,7 @@ static void *buffer_backup(const gt_model *model) {
 }
 
 gt_status gt_model_save_buffers(gt_model *model) {
+    GT_TRY(gt_model_check_values(model, "saving the buffers"));
     if (model->stat_bytes == 0)
         return GT_OK;
     return model->backend.ops->copy(&model->backend, buffer_backup(model), model->buffers.block.ptr,
@@ -878,6 +915,7 @@ gt_status gt_model_save_buffers(gt_model *model) {
 }
 
 gt_status gt_model_restore_buffers(gt_model *model) {
+    GT_TRY(gt_model_check_values(model, "restoring the buffers"));
     if (model->stat_bytes == 0)
         return GT_OK;
     return model->backend.ops->copy(&model->backend, model->buffers.block.ptr, buffer_backup(model),
@@ -885,6 +923,7 @@ gt_status gt_model_restore_buffers(gt_model *model) {
 }
 
 gt_status gt_model_zero_gradients(gt_model *model) {
+    GT_TRY(gt_model_check_values(model, "zeroing the gradients"));
     if (model->num_grads == 0)
         return GT_OK;
     return model->backend.ops->zero(&model->backend, model->grads.block.ptr,
@@ -892,6 +931,7 @@ gt_status gt_model_zero_gradients(gt_model *model) {
 }
 
 gt_status gt_model_read_tensor(gt_model *model, const gt_tensor *t, float *host) {
+    GT_TRY(gt_model_check_values(model, "reading a tensor"));
     size_t n = gt_tensor_numel(t);
     if (host_memory(model))
         return model->backend.ops->cast(&model->backend, host, GT_F32, t->ptr, t->dtype, (int64_t)n);
@@ -1022,7 +1062,7 @@ gt_status gt_model_set_frozen(gt_model *model, const unsigned char *frozen, size
     size_t num_grads = 0;
     gt_arena fresh = {0};
     gt_status status = check_frozen(model, list, frozen, n, &num_grads);
-    if (status == GT_OK && !same)
+    if (status == GT_OK && !same && !model->plan_only)  /* a model built for planning has no arena */
         status = build_grads(model, list, frozen, n, num_grads, &fresh);
     if (status == GT_OK && !same) {  /* nothing fails from here on */
         for (size_t i = 0; i < n; i++)
@@ -1034,7 +1074,8 @@ gt_status gt_model_set_frozen(gt_model *model, const unsigned char *frozen, size
         else
             gt_arena_destroy(&model->grads);
         model->grads = fresh;
-        point_layer(&model->root, model);
+        if (!model->plan_only)
+            point_layer(&model->root, model);
         model->planned = 0;  /* the plan's gradient bytes change (re-planned in the arena it has) */
     }
     free(list);

@@ -157,11 +157,23 @@ typedef struct gt_model {
                                    so a step allocates nothing */
     gt_scaler scaler_mirror;    /* what step_scratch's scaler holds once the queued work has run */
     int scaler_mirrored;        /* 1 when scaler_mirror is known (0: the next scaled step copies it in) */
+    int plan_only;              /* 1: built by gt_model_create_plan_only: laid out, no arena allocated;
+                                   it plans (and freezes), and refuses everything that needs values */
 } gt_model;
 
 /* Takes ownership of root's children; lays out and initialises the parameters from `seed`. */
 gt_status gt_model_create(gt_model *model, gt_layer root, gt_device device, gt_dtype dt,
                           uint64_t seed);
+
+/* gt_model_create without its arenas (a model built for planning, e.g. one larger than this
+ * machine's memory): the parameters, gradients and buffers are laid out and every size checked,
+ * but nothing is allocated, initialised or pointed at. gt_model_compute_plan and
+ * gt_model_set_frozen work (its plans equal a created model's, to the byte); everything that
+ * reads, writes or runs values refuses (gt_model_check_values). */
+gt_status gt_model_create_plan_only(gt_model *model, gt_layer root, gt_device device, gt_dtype dt);
+
+/* GT_ERR_VALUE naming `what` for a model built for planning only (it holds no values), else GT_OK. */
+gt_status gt_model_check_values(const gt_model *model, const char *what);
 
 void gt_model_destroy(gt_model *model);
 

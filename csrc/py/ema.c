@@ -43,6 +43,9 @@ static int array_params(EmaObject *self, float **pointers) {
 
 /* Pointers and sizes of the parameters of `model` named by parameter_layout() index. */
 static int model_params(EmaObject *self, gt_model *model, PyObject *model_obj, float **pointers) {
+    gt_status checked = gt_model_check_values(model, "an EMA of the model");
+    if (checked != GT_OK)
+        return gtpy_raise_int(PyType_GetModuleByDef(Py_TYPE((PyObject *)self), &gtpy_module_def), checked);
     PyObject *layout = PyObject_CallMethod(model_obj, "parameter_layout", NULL);
     if (!layout)
         return -1;

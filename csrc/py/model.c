@@ -348,12 +348,13 @@ static void model_dealloc(PyObject *op) {
 }
 
 static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"spec", "seed", "device", "precision", NULL};
+    static char *keywords[] = {"spec", "seed", "device", "precision", "plan_only", NULL};
     PyObject *spec = NULL, *device_obj = Py_None;
     unsigned long long seed = 0;
     const char *precision = "f32";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OK|Os:Model", keywords, &spec, &seed,
-                                     &device_obj, &precision))
+    int plan_only = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OK|Osp:Model", keywords, &spec, &seed,
+                                     &device_obj, &precision, &plan_only))
         return NULL;
     PyObject *module = PyType_GetModuleByDef(type, &gtpy_module_def);
     gt_device device;
@@ -386,7 +387,8 @@ static PyObject *model_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = gt_model_create(&self->model, root, device, dt, (uint64_t)seed);
+    status = plan_only ? gt_model_create_plan_only(&self->model, root, device, dt)
+                       : gt_model_create(&self->model, root, device, dt, (uint64_t)seed);
     Py_END_ALLOW_THREADS
     self->created = 1;
     if (status != GT_OK) {
@@ -418,6 +420,9 @@ static PyObject *model_parameter_arrays(PyObject *op, PyObject *Py_UNUSED(ignore
                             "parameter_arrays: the parameters of this model live on '%s', where NumPy cannot "
                             "view them; copy them with read_parameters()/write_parameters()", name);
     }
+    gt_status status = gt_model_check_values(&self->model, "parameter_arrays");
+    if (status != GT_OK)
+        return gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
     size_t n = self->model.num_params, m = self->model.num_grads;
     static float empty[1];
     float *params = n ? self->model.params.block.ptr : empty;
@@ -608,6 +613,9 @@ static PyObject *model_buffer_bytes(PyObject *op, PyObject *Py_UNUSED(ignored)) 
         return PyErr_Format(PyExc_RuntimeError, "buffer_bytes: the buffers of this model live on '%s', where "
                             "NumPy cannot view them; copy them with read_buffers()/write_buffers()", name);
     }
+    gt_status status = gt_model_check_values(&self->model, "buffer_bytes");
+    if (status != GT_OK)
+        return gtpy_raise(PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def), status);
     static char empty[8];
     npy_intp dims[1] = {(npy_intp)self->model.buffer_bytes};
     PyObject *array = PyArray_SimpleNewFromData(1, dims, NPY_UINT8,
@@ -1013,6 +1021,7 @@ static PyObject *get_step(PyObject *op, void *c) { return PyLong_FromUnsignedLon
 static PyObject *get_seed(PyObject *op, void *c) { return PyLong_FromUnsignedLongLong(((ModelObject *)op)->model.seed); }
 static PyObject *get_num_parameters(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_params); }
 static PyObject *get_num_gradients(PyObject *op, void *c) { return PyLong_FromSize_t(((ModelObject *)op)->model.num_grads); }
+static PyObject *get_plan_only(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.plan_only); }
 static PyObject *get_precision(PyObject *op, void *c) { return PyUnicode_FromString(gt_dtype_name(((ModelObject *)op)->model.dt)); }
 
 static PyObject *get_device(PyObject *op, void *c) {
@@ -1220,6 +1229,7 @@ static PyGetSetDef model_getset[] = {
     {"num_gradients", get_num_gradients, NULL, "Number of f32 gradients: the trainable parameters' elements.", NULL},
     {"device", get_device, NULL, "Where the arenas live and the ops run: 'cpu' or 'cuda:N'.", NULL},
     {"seed", get_seed, NULL, "The initialisation and dropout seed.", NULL},
+    {"plan_only", get_plan_only, NULL, "True for a model built for planning only (no arenas; it plans, never runs).", NULL},
     {"current_plan", get_current_plan, NULL, "Bytes of the allocated plan, or None.", NULL},
     {"busy", get_busy, NULL, "True while a call in some thread (e.g. a training step) holds the model.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -117,6 +117,9 @@ static int build_descs_in(ModelOptimizerObject *self, gt_model *model, PyObject 
  * > 0, at the part of it in shard zero_rank of the arena (gt_comm_chunk's, as gputrain.optim.zero). */
 static int build_descs(ModelOptimizerObject *self, gt_model *model, PyObject *layout, const param_args *a,
                        const gt_optimizer_config *config, gt_optim_param_desc *descs) {
+    gt_status checked = gt_model_check_values(model, "an optimizer over the model");
+    if (checked != GT_OK)
+        return gtpy_raise_int(PyType_GetModuleByDef(Py_TYPE((PyObject *)self), &gtpy_module_def), checked);
     Py_ssize_t num_layout = PyList_GET_SIZE(layout);
     size_t first = 0, count = model->num_params;
     if (config->zero_size > 0 && model->num_grads != model->num_params) {

@@ -11,6 +11,14 @@ the model's step scratch, the optimizer's device and pinned arenas, the EMA
 shadow, the loader's slots and, with its device=, its device batches), as the allocator reserves it (whole GT_ALIGN blocks); Python only
 adds them up per memory kind: "cpu", "pinned", "cuda:N" and "sim:N", the pools of
 gputrain.memory_stats.
+
+A model too large for this machine's memory is planned by building it inside planning():
+
+    with gt.memory_plan.planning():   # laid out, never allocated (it plans, it does not run)
+        model = gt.models.LlamaForCausalLM(config, init_weights=False).to("sim")
+    plan = gt.memory_plan.plan_training(model, (1, 3, 2048), precision="bf16", ...)
+
+Its plans equal those of the same model built outside, to the byte.
 """
 
 from __future__ import annotations
@@ -24,12 +32,12 @@ import numpy as np
 from gputrain import _C
 from gputrain._vocab import c_dtype, parse_precision
 from gputrain.memory import format_bytes
-from gputrain.nn.module import Module
+from gputrain.nn.module import Module, planning
 from gputrain.optim.optimizer import Optimizer
 from gputrain.step import TrainStep
 
 __all__ = ["LoaderSpec", "MemoryPlan", "OptimizerSpec", "available_memory", "describe_over", "fit",
-           "micro_batch_sizes", "plan_step", "plan_training"]
+           "micro_batch_sizes", "plan_step", "plan_training", "planning"]
 
 _ACTIVATION_PARTS = ("activations", "recompute", "backward_scratch", "loss_buffers", "workspace")
 

@@ -47,7 +47,7 @@ import numpy as np
 from gputrain import random
 from gputrain.models.hf.safetensors_io import read_header, read_tensor
 from gputrain.nn.layers import Linear
-from gputrain.nn.module import Module
+from gputrain.nn.module import Module, planning_active
 from gputrain.nn.qlinear import QLinear
 
 __all__ = ["LoraConfig", "LoraLinear", "PeftModel", "get_peft_model"]
@@ -246,7 +246,9 @@ class LoraLinear(Module):
         self.lora_dropout = config.lora_dropout
         self.in_features, self.out_features = base_layer.in_features, base_layer.out_features
         a, b = Linear(self.in_features, self.r, bias=False), Linear(self.r, self.out_features, bias=False)
-        if init_lora_weights is True:  # A keeps nn.Linear's kaiming-uniform (a=sqrt(5)): U(+-1/sqrt(in))
+        if planning_active():  # a model built for planning holds no values to initialise
+            pass
+        elif init_lora_weights is True:  # A keeps nn.Linear's kaiming-uniform (a=sqrt(5)): U(+-1/sqrt(in))
             b.weight.data = np.zeros_like(b.weight.data)
         elif init_lora_weights == "gaussian":
             rng = np.random.default_rng(random.next_seed())

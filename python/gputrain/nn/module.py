@@ -26,8 +26,10 @@ copies through state_dict()/load_state_dict()."""
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -59,13 +61,38 @@ def _buffer_value(value: Any, name: str, like: np.ndarray) -> np.ndarray:
     return np.array(count, dtype=np.int64)
 
 
+_planning = threading.local()  # .depth > 0 inside planning() in this thread
+
+
+def planning_active() -> bool:
+    """True inside gputrain.memory_plan.planning() (in this thread): models compile for planning only."""
+    return getattr(_planning, "depth", 0) > 0
+
+
+@contextmanager
+def planning() -> Iterator[None]:
+    """Inside it (this thread), every module compiles into a C model built for planning only: its
+    parameters, gradients and buffers are laid out but never allocated, so a model larger than this
+    machine's memory can be built and planned (gputrain.memory_plan.plan_training gives the bytes a
+    built model's plan gives). Such a model keeps no values: running it, reading or writing its
+    parameters, or building an optimizer or EMA over it raises ValueError; build it again outside
+    to train it."""
+    _planning.depth = getattr(_planning, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _planning.depth -= 1
+
+
 class _Compiled:
     """A compiled model and the flat views of its arenas; the gradient owner of its Parameters."""
 
-    def __init__(self, spec: list[tuple], seed: int, device: str, precision: str = "f32") -> None:
-        self.model = _C.Model(spec, seed, device=device, precision=precision)
+    def __init__(self, spec: list[tuple], seed: int, device: str, precision: str = "f32",
+                 plan_only: bool = False) -> None:
+        self.model = _C.Model(spec, seed, device=device, precision=precision, plan_only=plan_only)
         self.device = device
-        self.on_host = self.model.device == "cpu"  # False: arenas in device memory, no NumPy views
+        # False: arenas in device memory (or none, planning only), no NumPy views
+        self.on_host = self.model.device == "cpu" and not plan_only
         self.params_flat, self.grads_flat = self.model.parameter_arrays() if self.on_host else (None, None)
         self.frozen: list[bool] | None = None  # what set_frozen was last given (None: nothing frozen yet)
 
@@ -229,9 +256,11 @@ class Module:
         return values
 
     def _compile(self, device: str = "cpu", seed: int | None = None, precision: str = "f32") -> _Compiled:
-        previous = self._current_values()
-        previous_buffers = self._buffer_copies()
-        compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device, precision)
+        plan_only = planning_active()  # no values to keep: a model built for planning holds none
+        previous = {} if plan_only else self._current_values()
+        previous_buffers = {} if plan_only else self._buffer_copies()
+        compiled = _Compiled(self._spec_list(), random.next_seed() if seed is None else seed, device, precision,
+                             plan_only=plan_only)
         self._keep_buffers(compiled, previous_buffers)
         layout = compiled.model.parameter_layout()
         grad_layout = compiled.model.gradient_layout()
@@ -239,14 +268,15 @@ class Module:
         if len(slots) != len(layout):
             raise RuntimeError(f"internal: {len(slots)} parameter names for {len(layout)} parameters")
         # Everything that can fail happens before a module is touched: a failure leaves them as they were.
-        flat = compiled.params_flat if compiled.on_host else compiled.model.read_parameters()
-        for (_, _, full), (offset, shape) in zip(slots, layout):
-            if full in previous:  # keep values a submodule already had as a root of its own
-                flat[offset:offset + int(np.prod(shape))] = previous[full].reshape(-1)
-        if compiled.on_host:
-            compiled.model.refresh_half_parameters()
-        else:
-            compiled.model.write_parameters(flat)  # refreshes the half copy too
+        if not plan_only:
+            flat = compiled.params_flat if compiled.on_host else compiled.model.read_parameters()
+            for (_, _, full), (offset, shape) in zip(slots, layout):
+                if full in previous:  # keep values a submodule already had as a root of its own
+                    flat[offset:offset + int(np.prod(shape))] = previous[full].reshape(-1)
+            if compiled.on_host:
+                compiled.model.refresh_half_parameters()
+            else:
+                compiled.model.write_parameters(flat)  # refreshes the half copy too
         for index, ((module, local, full), (offset, shape)) in enumerate(zip(slots, layout)):
             if not compiled.on_host:  # device memory: Parameters that read copies
                 slot = DeviceSlot(compiled, index, offset, tuple(shape), grad_layout[index])

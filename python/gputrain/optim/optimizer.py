@@ -213,6 +213,9 @@ class Optimizer(DeferredSteps):
         """The _Compiled model on a device whose parameters this optimizer updates, or None when
         they are host arrays; ValueError naming params when they mix devices or models."""
         params = self._params()
+        if any(p._device is not None and p._device.compiled.model.plan_only for p in params):
+            raise ValueError("params: parameters of a model built for planning only (gputrain.memory_plan.planning()) "
+                             "have no values to optimize; build the model outside planning to train it")
         devices = sorted({p.device for p in params})
         if len(devices) > 1:
             raise ValueError(f"params: the parameters of one optimizer must be on one device, found {devices}")
