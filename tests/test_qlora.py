@@ -8,8 +8,7 @@ tile (every projection of the tiny Llama) its GEMMs have the shapes of the float
 twin's numbers agree to fp32 rounding (1e-6 relative, far below the ~1e-1 an NF4 weight moves the
 logits); several tiles are checked against float64 NumPy. Adapters save as PEFT's files and load onto
 the float base; DoRA and merge_and_unload on a 4-bit base are refused by name with nothing changed.
-PEFT + bitsandbytes' own numbers (tests/fixtures/make_qlora_fixtures.py) are compared where the
-fixture exists.
+PEFT + bitsandbytes' own numbers (tests/fixtures/make_qlora_fixtures.py) are compared too.
 """
 
 from __future__ import annotations
@@ -275,7 +274,6 @@ def test_a_saved_qlora_adapter_is_peft_s_files_and_loads_onto_the_float_base(tmp
     assert np.array_equal(again(batch["input_ids"], attention_mask=batch["attention_mask"]), ours)
 
 
-@pytest.mark.skipif(not os.path.isdir(QLORA), reason="no PEFT + bitsandbytes fixture (make_qlora_fixtures.py)")
 def test_peft_and_bitsandbytes_numbers(batch):
     """PEFT's LoRA on bitsandbytes' Linear4bit (the nf4 folder, double-quantized absmax), float32 on
     the CPU: logits within 1e-5 and adapter gradients within 1e-4 (relative), as tests/test_peft.py
