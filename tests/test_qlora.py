@@ -204,6 +204,18 @@ def test_checkpointing_gives_the_same_gradients(batch):
 
 
 # -- training ----------------------------------------------------------------------------------
+def test_print_trainable_parameters_is_peft_s_text(capsys):
+    """PEFT counts a bitsandbytes 4-bit weight at its full size: the float base's count."""
+    model = get_peft_model(from_pretrained(BNB_NF4), LoraConfig(r=2, target_modules=["q_proj"],
+                                                                modules_to_save=["lm_head"]))
+    model.print_trainable_parameters()
+    # PEFT 0.21.2 on transformers + bitsandbytes 0.50's 4-bit folder printed this for the same config
+    assert capsys.readouterr().out == "trainable params: 6,784 || all params: 81,728 || trainable%: 8.3007\n"
+    model = get_peft_model(from_pretrained(BASE, quantization="fp4"), LoraConfig(r=4, lora_alpha=8,
+                                                                                  target_modules="all-linear"))
+    assert model.get_nb_trainable_parameters() == (7424, 82368)  # PEFT's numbers on the bnb folder
+
+
 def test_training_moves_only_the_adapter(batch):
     gt.random.manual_seed(3)
     model = get_peft_model(from_pretrained(BASE, quantization="nf4"),
@@ -317,6 +329,10 @@ def test_dora_on_a_quantized_base_is_refused_by_name(tmp_path):
     assert_unchanged(model, before)
     with pytest.raises(NotImplementedError, match="use_dora: 'base_layer' is a QLinear"):
         LoraLinear(nn.QLinear(8, 4), r=2, lora_alpha=2, use_dora=True)
+    lora = LoraLinear(nn.Linear(8, 4), r=2, lora_alpha=2, use_dora=True)
+    lora.base_layer = nn.QLinear(8, 4).requires_grad_(False)  # past the Python check: the C kind refuses too
+    with pytest.raises(ValueError, match="LoraLinear: use_dora on a QLinear \\(4-bit\\) base_layer is not implemented"):
+        nn.Sequential(lora)
     assert all(p.requires_grad for p in model.parameters())
     model(np.array([[1, 2, 3]]))  # still runs as it was
 

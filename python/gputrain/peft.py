@@ -508,7 +508,8 @@ class PeftModel(Module):
     # -- PEFT's methods --------------------------------------------------------------------
     def get_nb_trainable_parameters(self) -> tuple[int, int]:
         """(trainable, all) parameter counts; as PEFT, `all` counts a modules_to_save module twice
-        (PEFT keeps its original beside the trained copy)."""
+        (PEFT keeps its original beside the trained copy) and a QLinear's packed 4-bit weight as two
+        parameters a byte (PEFT's count of a bitsandbytes Params4bit: the weight's full size)."""
         trainable = total = 0
         saved = {id(p) for _, m in _saved_modules(self.base_model.model, self.peft_config[ADAPTER])
                  for p in m.parameters()}
@@ -516,6 +517,7 @@ class PeftModel(Module):
             count = p.numel()
             total += count * (2 if id(p) in saved else 1)
             trainable += count if p.requires_grad else 0
+        total += sum(2 * m.packed_shape[0] for m in self.modules() if isinstance(m, QLinear))
         return trainable, total
 
     def print_trainable_parameters(self) -> None:
