@@ -404,11 +404,3 @@ def test_trainer_fine_tunes_a_dora_adapter(tmp_path):
     for name, value in before.items():
         moved = not np.array_equal(after[name], value)
         assert moved == any(part in name for part in (".lora_A.", ".lora_B.", ".lora_magnitude_vector.")), name
-
-
-def test_lora_on_a_quantized_base_is_refused_by_name():
-    model = from_pretrained(BASE, quantization="nf4")
-    before = snapshot(model)
-    with pytest.raises(NotImplementedError, match="'model.layers.0.self_attn.q_proj' is a QLinear"):
-        get_peft_model(model, LoraConfig(r=2, target_modules="all-linear"))
-    assert_unchanged(model, before)

@@ -21,7 +21,15 @@
  *     dm (+)= sum_rows dy (u + v scaling) / n;  dv = scaling g dy;  dB, dA as LoRA's from g dy;
  *     dx = (g dy) W + dh A, or with dropout dy W + dropout_backward(((g - 1) dy) W + dh A).
  * More buffers: u, v (rows, out), the combined weight (out, in) f32 and g, n (out,) f32. The kind's
- * whole definition: its row, plan, forward and backward. */
+ * whole definition: its row, plan, forward and backward.
+ *
+ * QLoRA: the base_layer may be a QLinear ("qlinear", in, out, bias, ...: a frozen NF4/FP4 weight).
+ * Then the base's terms run through the child's own kind (nn/qlinear.c), so its tile-by-tile
+ * dequantizing GEMMs are reused: forward y = qlinear(x) (written straight into this layer's
+ * output, which the adapter path then adds to), backward dx = qlinear's input gradient (+ the
+ * adapter's, as above); the child is planned by its kind's plan (its workspace holds the tile) and
+ * takes no output buffer of its own. The packed weight never gets a gradient (it has none). DoRA on
+ * a 4-bit base is refused (its norms need the dequantized weight). */
 #include <float.h>
 #include <stdio.h>
 #include <string.h>
@@ -62,6 +70,9 @@ static const gt_layer_arg lora_args[] = {
     GT_ARG_FLAG_AT("use_dora", GT_ARG_CONFIG(lora_config, use_dora)),
     {"modules", GT_ARG_LAYERS, 0, 0, 0, 0, NULL}};
 
+/* 1 when the base_layer is a QLinear (a 4-bit weight): its kind runs the base's terms. */
+static int quantized_base(const gt_layer *layer) { return layer->children[LORA_BASE].kind == GT_LAYER_QLINEAR; }
+
 /* 1 when `child` is an untied Linear (in, out) with or without a bias as `bias` says (-1: either). */
 static int is_linear(const gt_layer *child, int64_t in, int64_t out, int bias) {
     return child->kind == GT_LAYER_LINEAR && !child->tied && child->in_features == in &&
@@ -77,8 +88,12 @@ static gt_status check_lora(gt_layer *layer) {
                        LORA_CHILDREN + (config.use_dora ? 1 : 0), config.use_dora ? ", lora_magnitude_vector" : "",
                        layer->num_children);
     const gt_layer *base = &layer->children[LORA_BASE];
-    if (base->kind != GT_LAYER_LINEAR || base->tied)
-        return GT_FAIL(GT_ERR_VALUE, "LoraLinear's base_layer must be a Linear of its own (not a tied one)");
+    if ((base->kind != GT_LAYER_LINEAR && base->kind != GT_LAYER_QLINEAR) || base->tied)
+        return GT_FAIL(GT_ERR_VALUE, "LoraLinear's base_layer must be a Linear or a QLinear of its own (not a "
+                       "tied one)");
+    if (config.use_dora && quantized_base(layer))
+        return GT_FAIL(GT_ERR_VALUE, "LoraLinear: use_dora on a QLinear (4-bit) base_layer is not implemented (DoRA's "
+                       "norms need the dequantized weight); use LoRA without DoRA on a quantized base");
     int64_t in = base->in_features, out = base->out_features;
     if (!is_linear(&layer->children[LORA_A], in, config.r, 0))
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear's lora_A must be Linear(%lld, %lld, bias=False) for r=%lld",
@@ -131,10 +146,28 @@ static gt_status plan_dora(gt_plan_walk *w, gt_layer *layer, int64_t rows, const
     return gt_plan_gemm_workspace(w, 0, 0, layer->out_features, layer->in_features, config->r, GT_F32, 1);
 }
 
-/* The output as a Linear's; h (rows, r) and, with dropout, xd (rows, in) from the layer's region;
- * the workspace of the low-rank GEMMs. */
+/* A QLinear base_layer planned by its kind for `in` as gt_plan_layer would, but with no output
+ * buffer of its own (its forward writes this layer's); this layer's output shape is its. */
+static gt_status plan_quantized_base(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
+    gt_layer *base = &layer->children[LORA_BASE];
+    char path[GT_LAYER_PATH_BYTES];
+    snprintf(path, sizeof path, "%s%sbase_layer", site->path, site->path[0] ? "." : "");
+    const gt_plan_site child = {path, site->level, site->inside_checkpoint, site->region};
+    base->in_shape = *in;
+    base->in_shape.ptr = NULL;
+    base->out = layer->out;
+    GT_TRY(gt_layer_type_of(base->kind)->plan(w, base, in, &child));
+    layer->out.shape[in->ndim - 1] = layer->out_features;
+    return GT_OK;
+}
+
+/* The output as a Linear's (a QLinear base: as its kind plans it); h (rows, r) and, with dropout,
+ * xd (rows, in) from the layer's region; the workspace of the low-rank GEMMs. */
 static gt_status plan_lora(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
-    GT_TRY(gt_plan_linear(w, layer, in, site));
+    if (quantized_base(layer))
+        GT_TRY(plan_quantized_base(w, layer, in, site));
+    else
+        GT_TRY(gt_plan_linear(w, layer, in, site));
     lora_config config = config_of(layer);
     int64_t rows = gt_rows_of(in), r = config.r;
     size_t h_bytes = 0, xd_bytes = 0;
@@ -260,18 +293,41 @@ static gt_status dora_backward(gt_layer *layer, void *din, const void *dout, con
     return ops->add(run->backend, din, din, config.xd, rows * n_in, run->dt);
 }
 
+/* y = x W^T (+ b) into the layer's output: the Linear base's GEMM, or the QLinear base's own forward
+ * writing there (its output pointer is this layer's, set here: the child has no buffer of its own). */
+static gt_status base_forward(gt_layer *layer, const void *in, gt_run *run) {
+    gt_layer *base = &layer->children[LORA_BASE];
+    if (quantized_base(layer)) {
+        base->out.ptr = layer->out.ptr;
+        return gt_layer_forward(base, in, run);
+    }
+    int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
+    GT_TRY(gemm(run, 0, 1, rows, n_out, n_in, 1.0f, in, n_in, compute_copy(&base->weight, run), n_in, 0.0f,
+                layer->out.ptr, run->dt, n_out));
+    if (!base->has_bias)
+        return GT_OK;
+    return run->backend->ops->bias_add(run->backend, layer->out.ptr, base->bias.data, rows, n_out, run->dt);
+}
+
+/* dx = dy W: the Linear base's GEMM, or the QLinear base's own backward (input gradient only: its
+ * weight has no gradient, its bias is frozen). */
+static gt_status base_input_gradient(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
+    gt_layer *base = &layer->children[LORA_BASE];
+    if (quantized_base(layer))
+        return gt_layer_backward(base, din, dout, in, run);
+    int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
+    return gemm(run, 0, 0, rows, n_in, n_out, 1.0f, dout, n_out, compute_copy(&base->weight, run), n_in, 0.0f, din,
+                run->dt, n_in);
+}
+
 static gt_status lora_forward(gt_layer *layer, const void *in, gt_run *run) {
     if (config_of(layer).use_dora)
         return dora_forward(layer, in, run);
     const gt_ops *ops = run->backend->ops;
-    const gt_layer *base = &layer->children[LORA_BASE];
     lora_config config = config_of(layer);
     int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
     int64_t r = config.r;
-    GT_TRY(gemm(run, 0, 1, rows, n_out, n_in, 1.0f, in, n_in, compute_copy(&base->weight, run), n_in, 0.0f,
-                layer->out.ptr, run->dt, n_out));
-    if (base->has_bias)
-        GT_TRY(ops->bias_add(run->backend, layer->out.ptr, base->bias.data, rows, n_out, run->dt));
+    GT_TRY(base_forward(layer, in, run));
     const void *xd = in;
     if (dropout_active(layer, run)) {
         GT_TRY(ops->dropout_forward(run->backend, config.xd, in, rows * n_in, layer->p, dropout_key(layer, run),
@@ -315,8 +371,7 @@ static gt_status lora_backward(gt_layer *layer, void *din, const void *dout, con
         GT_TRY(gemm(run, 1, 0, r, n_in, rows, 1.0f, dh, r, xd, n_in, beta, a->weight.grad, GT_F32, n_in));
     if (!din)
         return GT_OK;
-    const void *w = compute_copy(&layer->children[LORA_BASE].weight, run);
-    GT_TRY(gemm(run, 0, 0, rows, n_in, n_out, 1.0f, dout, n_out, w, n_in, 0.0f, din, run->dt, n_in));
+    GT_TRY(base_input_gradient(layer, din, dout, in, run));
     if (!dropped)
         return gemm(run, 0, 0, rows, n_in, r, 1.0f, dh, r, compute_copy(&a->weight, run), n_in, 1.0f, din,
                     run->dt, n_in);

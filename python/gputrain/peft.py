@@ -25,8 +25,15 @@ loads PEFT's. Targets follow PEFT's rule: a string is a regular expression the f
 its last parts (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``); ``"all-linear"`` is
 every Linear but the output layer (``lm_head``; a classifier's ``score``/``classifier``).
 
-Not here (refused by name, never ignored): LoRA on anything but a Linear
-(embeddings, convolutions, a tied LM head, a quantized QLinear: QLoRA), ``bias`` other than "none", ``fan_in_fan_out``,
+QLoRA: a target may be a :class:`~gputrain.nn.QLinear` (``from_pretrained(folder, quantization="nf4")``):
+the base's terms then run through the QLinear's own tile-by-tile dequantizing forward and input
+gradient; the adapter is the same and saves under the same keys as on a float base (PEFT's keys for
+a bitsandbytes base), so it loads onto a quantized or a float base. On a 4-bit base, ``use_dora``
+is refused (DoRA's norms need the dequantized weight) and so is ``merge_and_unload`` (the merged
+weight would have to be rounded back to 4 bits).
+
+Not here (refused by name, never ignored): LoRA on anything but a Linear or QLinear
+(embeddings, convolutions, a tied LM head), DoRA on a QLinear, ``bias`` other than "none", ``fan_in_fan_out``,
 rank/alpha patterns, ``layers_to_transform``, ``exclude_modules`` and several adapters at once
 (one adapter, named "default"). ``modules_to_save`` modules are trained in place: PEFT keeps a
 trained copy beside the original module, which only matters for switching adapters.
@@ -224,23 +231,34 @@ class _Magnitude(Module):
         return f"{self.features}"
 
 
+_DORA_4BIT = ("use_dora: {name!r} is a QLinear (a 4-bit base); DoRA on a quantized base is not implemented "
+              "(its norms need the dequantized weight); use use_dora=False, or load the model without quantization")
+_MERGE_4BIT = ("merge_and_unload: {name!r} has a QLinear (4-bit) base; gputrain refuses to merge into it: W + "
+               "scaling B A would be rounded back to 4 bits, and that rounding (PEFT warns of it) loses most of "
+               "the adapter's small update. Save the adapter (save_pretrained), load the base without "
+               "quantization and merge there (PeftModel.from_pretrained(...).merge_and_unload())")
+
+
 def _dora_norm(weight: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """PEFT's get_weight_norm: ||W + scaling B A|| per output row, float32."""
     return np.linalg.norm((weight + delta).astype(np.float32), axis=1).astype(np.float32)
 
 
 class LoraLinear(Module):
-    """PEFT's lora.Linear around a frozen ``base_layer`` Linear: ``lora_A.default`` (r, in) and
-    ``lora_B.default`` (out, r) Linear layers without bias, run as the C kind ``lora``; with
-    use_dora, ``lora_magnitude_vector.default`` (out,) too, starting as the row norms of W + scaling B A."""
+    """PEFT's lora.Linear around a frozen ``base_layer`` Linear or QLinear (QLoRA; no DoRA on it):
+    ``lora_A.default`` (r, in) and ``lora_B.default`` (out, r) Linear layers without bias, run as
+    the C kind ``lora``; with use_dora, ``lora_magnitude_vector.default`` (out,) too, starting as the
+    row norms of W + scaling B A."""
 
-    def __init__(self, base_layer: Linear, r: int, lora_alpha: float, lora_dropout: float = 0.0,
+    def __init__(self, base_layer: Linear | QLinear, r: int, lora_alpha: float, lora_dropout: float = 0.0,
                  use_rslora: bool = False, init_lora_weights: bool | str = True, use_dora: bool = False) -> None:
         super().__init__()
-        if type(base_layer) is not Linear:
-            raise TypeError(f"LoraLinear wraps a gputrain.nn.Linear, not {type(base_layer).__name__}")
+        if type(base_layer) not in (Linear, QLinear):
+            raise TypeError(f"LoraLinear wraps a gputrain.nn.Linear or QLinear, not {type(base_layer).__name__}")
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, use_rslora=use_rslora,
                             init_lora_weights=init_lora_weights, use_dora=use_dora)
+        if config.use_dora and isinstance(base_layer, QLinear):
+            raise NotImplementedError(_DORA_4BIT.format(name="base_layer"))
         self.use_dora = config.use_dora
         self.r, self.lora_alpha, self.scaling = config.r, config.lora_alpha, config.scaling
         self.lora_dropout = config.lora_dropout
@@ -359,9 +377,10 @@ def _model_type(model: Module) -> str | None:
     return getattr(config, "model_type", None) if config is not None else None
 
 
-def _targets(model: Module, config: LoraConfig) -> list[tuple[str, Linear]]:
-    """The (name, Linear) pairs the config targets, checked (nothing is changed): ValueError for
-    targets that match nothing (naming the patterns) or a matched module that is not a Linear."""
+def _targets(model: Module, config: LoraConfig) -> list[tuple[str, Linear | QLinear]]:
+    """The (name, Linear or QLinear) pairs the config targets, checked (nothing is changed):
+    ValueError for targets that match nothing (naming the patterns) or a matched module that is not
+    a Linear or QLinear; NotImplementedError for use_dora on a QLinear."""
     targets = config.target_modules
     if targets is None:
         kind = _model_type(model)
@@ -380,12 +399,11 @@ def _targets(model: Module, config: LoraConfig) -> list[tuple[str, Linear]]:
     else:
         found = [(n, m) for n, m in modules if n and _matches(config, n)]
     for n, m in found:
-        if isinstance(m, QLinear):
-            raise NotImplementedError(f"target_modules: {n!r} is a QLinear (a 4-bit base): LoRA on a quantized "
-                                      "base (QLoRA) is not implemented yet; load the model without quantization")
-        if type(m) is not Linear:
+        if isinstance(m, QLinear) and config.use_dora:
+            raise NotImplementedError(_DORA_4BIT.format(name=n))
+        if type(m) not in (Linear, QLinear):
             raise ValueError(f"target_modules: {n!r} is a {type(m).__name__}; gputrain puts LoRA on Linear "
-                             "layers only")
+                             "(or QLinear) layers only")
     if targets == "all-linear":
         config.target_modules = sorted(n for n, _ in found)  # PEFT saves the names it found
     if not found:
@@ -420,7 +438,8 @@ class PeftModel(Module):
     the adapted model is; trains with TrainStep/Trainer like any model (only parameters with
     requires_grad train)."""
 
-    def __init__(self, model: Module, config: LoraConfig, _targets_found: list[tuple[str, Linear]] | None = None) -> None:
+    def __init__(self, model: Module, config: LoraConfig,
+                 _targets_found: list[tuple[str, Linear | QLinear]] | None = None) -> None:
         super().__init__()
         if not isinstance(model, Module):
             raise TypeError(f"model must be a gputrain.nn.Module, not {type(model).__name__}")
@@ -429,7 +448,7 @@ class PeftModel(Module):
         found = _targets(model, config) if _targets_found is None else _targets_found
         old = model._compiled.model if model._compiled is not None else None
         frozen = {id(p): p.requires_grad for _, linear in found for p in linear._params.values()}
-        replaced: list[tuple[str, Linear]] = []
+        replaced: list[tuple[str, Linear | QLinear]] = []
         self.peft_config = {ADAPTER: config}
         self.active_adapter = ADAPTER
         self.base_model = _LoraModel(model)
@@ -491,7 +510,8 @@ class PeftModel(Module):
     # -- PEFT's methods --------------------------------------------------------------------
     def get_nb_trainable_parameters(self) -> tuple[int, int]:
         """(trainable, all) parameter counts; as PEFT, `all` counts a modules_to_save module twice
-        (PEFT keeps its original beside the trained copy)."""
+        (PEFT keeps its original beside the trained copy) and a QLinear's packed 4-bit weight as two
+        parameters a byte (PEFT's count of a bitsandbytes Params4bit: the weight's full size)."""
         trainable = total = 0
         saved = {id(p) for _, m in _saved_modules(self.base_model.model, self.peft_config[ADAPTER])
                  for p in m.parameters()}
@@ -499,6 +519,7 @@ class PeftModel(Module):
             count = p.numel()
             total += count * (2 if id(p) in saved else 1)
             trainable += count if p.requires_grad else 0
+        total += sum(2 * m.packed_shape[0] for m in self.modules() if isinstance(m, QLinear))
         return trainable, total
 
     def print_trainable_parameters(self) -> None:
@@ -549,9 +570,13 @@ class PeftModel(Module):
     def merge_and_unload(self) -> Module:
         """The adapted model with every adapter merged into its base (W + scaling B A, float32,
         PEFT's merge) and the LoRA layers replaced by their base Linear; the model is compiled on
-        its own again (same device, precision, seed and step). This PeftModel is left unusable."""
+        its own again (same device, precision, seed and step). This PeftModel is left unusable.
+        A 4-bit (QLinear) base is refused with nothing changed (see _MERGE_4BIT's message)."""
         model = self.base_model.model
         layers = list(self.lora_layers())
+        for name, lora in layers:
+            if isinstance(lora.base_layer, QLinear):
+                raise ValueError(_MERGE_4BIT.format(name=name))
         merged = {name: lora.merged_weight() for name, lora in layers}
         old = self._compiled.model
         for name, lora in layers:
