@@ -2,7 +2,9 @@
 
 A checkpoint is a directory `checkpoint-<step>/` in the output directory:
 
-    model.safetensors        the model's state_dict() (PyTorch names)
+    model.safetensors        the model's state_dict() (PyTorch names); for a gputrain.peft.PeftModel instead
+    adapter_model.safetensors  PEFT's adapter files (the adapter and modules_to_save under PEFT's keys; the
+    adapter_config.json        frozen base is not saved: a resume rebuilds it), as PeftModel.save_pretrained writes
     model_ema.safetensors    the EMA of the weights (same names), when ema_decay is set
     optimizer.safetensors    per-parameter state arrays: "<index>.<name>" (exp_avg, exp_avg_sq, ...; AdamW8bit's
                              uint8 state1, state2 and float32 absmax1, absmax2)
@@ -101,6 +103,11 @@ def save_arrays(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 def load_arrays(path: str) -> dict[str, np.ndarray]:
     return _safetensors().load_file(path)
+
+
+def save_bytes(path: str, data: bytes) -> None:
+    """Writes bytes made elsewhere (a PEFT adapter's files: gputrain.peft.PeftModel.adapter_files)."""
+    _write_bytes(path, data)
 
 
 def save_json(path: str, value: Any) -> None:
