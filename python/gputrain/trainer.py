@@ -28,7 +28,8 @@ save_model() writes both (model.safetensors and model_ema.safetensors).
 With a gputrain.peft.PeftModel (get_peft_model), as transformers' Trainer with a PEFT model,
 checkpoints and save_model() hold PEFT's adapter files (adapter_config.json,
 adapter_model.safetensors) instead of model.safetensors, and the optimizer keeps state for the
-trainable parameters only: the frozen base is not saved. A resume (or load_best_model_at_end)
+trainable parameters only: the frozen base is not saved (but in model_ema.safetensors with
+ema_decay: the EMA averages every parameter). A resume (or load_best_model_at_end)
 needs the model rebuilt as it was (the same base and LoraConfig); a checkpoint of another adapter
 (another r, target set, ...) or of a whole model is refused naming the field or tensor.
 """
