@@ -8,6 +8,7 @@ On the tiny Llama fixture: every run is a few steps of 16 rows of 10 tokens."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
 import json
 import logging
@@ -187,6 +188,44 @@ def test_a_checkpoint_of_another_adapter_or_none_is_refused_by_name_with_nothing
     trainer(from_pretrained(BASE), tmp_path / "full", max_steps=3).train()
     check_refused(trainer(adapted(), tmp_path / "onto-peft"), tmp_path / "full" / "checkpoint-3",
                   r"model\.safetensors: the checkpoint holds a whole model and no PEFT adapter")
+
+
+Q = "base_model.model.model.layers.0.self_attn.q_proj"
+# (what is done to adapter_model.safetensors, the error's field and message)
+TAMPERED = {
+    "missing": (lambda a: a.pop(f"{Q}.lora_A.weight"), rf"{Q}\.lora_A\.weight: missing"),
+    "unexpected": (lambda a: a.update({f"{Q}.lora_C.weight": a[f"{Q}.lora_A.weight"]}),
+                   rf"{Q}\.lora_C\.weight: is not a tensor of the model's adapter"),
+    "shape": (lambda a: a.update({f"{Q}.lora_A.weight": a[f"{Q}.lora_A.weight"][:2]}),
+              rf"{Q}\.lora_A\.weight: has shape \(2, 64\)"),
+    "float16": (lambda a: a.update({f"{Q}.lora_B.weight": a[f"{Q}.lora_B.weight"].astype(np.float16)}),
+                rf"{Q}\.lora_B\.weight: stored as F16, expected F32"),
+    "nan": (lambda a: a[f"{Q}.lora_B.weight"].__setitem__((0, 0), np.nan),
+            rf"{Q}\.lora_B\.weight: holds NaN or infinite values"),
+}
+
+
+def rewrite_manifest(folder):
+    """The manifest of the files as they are now: only the field checks can find the change."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name in manifest["files"]:
+        data = (folder / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("change", TAMPERED.values(), ids=list(TAMPERED))
+def test_adapter_tensors_that_are_not_the_model_s_are_refused_by_name_with_nothing_changed(tmp_path, change):
+    trainer(adapted(), tmp_path / "peft", max_steps=3).train()
+    folder = tmp_path / "peft" / "checkpoint-3"
+    arrays = dict(safetensors.numpy.load_file(str(folder / "adapter_model.safetensors")))
+    change[0](arrays)
+    (folder / "adapter_model.safetensors").write_bytes(safetensors.numpy.save(arrays))
+    rewrite_manifest(folder)
+    t = trainer(adapted(), tmp_path / "resumed")
+    check_refused(t, folder, r"adapter_model\.safetensors: " + change[1])
+    with pytest.raises(gt.CheckpointError, match=change[1]):  # load_best_model_at_end's reader
+        t._load_weights(str(folder))
 
 
 @pytest.fixture

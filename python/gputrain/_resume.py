@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from gputrain import checkpoint as ckpt
 from gputrain import peft
 from gputrain.checkpoint import CheckpointError, CheckpointFiles
@@ -219,6 +221,8 @@ def check_adapter(files: CheckpointFiles, model: Any) -> Any:
         if value.shape != expected[key].shape:
             raise files.error(peft.WEIGHTS_NAME, key, f"has shape {value.shape}, the model's adapter "
                                                       f"{expected[key].shape}")
+        if not np.isfinite(value).all():
+            raise files.error(peft.WEIGHTS_NAME, key, "holds NaN or infinite values")
     state = {peft._internal_key(key): value for key, value in arrays.items()}
     return _staged(files, peft.WEIGHTS_NAME, lambda s: model._stage_state_dict(s, strict=False), state)
 
