@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -164,6 +165,15 @@ def test_load_best_model_at_end_reloads_the_best_adapter(tmp_path):
     assert any(not np.array_equal(best[key], last[key]) for key in best)
 
 
+def rewrite_manifest(folder):
+    """The manifest of the files as they are now: only the field checks can find the change."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name in manifest["files"]:
+        data = (folder / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
 def check_refused(t, folder, match):
     """The resume raises CheckpointError matching `match` and changes neither the model nor the trainer."""
     weights, state, step = t.model.state_dict(), optimizer_state(t), t.state.global_step
@@ -184,6 +194,14 @@ def test_a_checkpoint_of_another_adapter_or_none_is_refused_by_name_with_nothing
     check_refused(trainer(adapted(target_modules=["q_proj", "k_proj"]), tmp_path / "qk"), folder,
                   r"adapter_config\.json: target_modules: is \['q_proj', 'v_proj'\]")
     check_refused(trainer(adapted(use_dora=True), tmp_path / "dora"), folder, r"adapter_config\.json: use_dora")
+    edited = tmp_path / "alpha_pattern"  # PEFT's per-module scaling, which gputrain does not implement
+    shutil.copytree(folder, edited)
+    config = json.loads((edited / "adapter_config.json").read_text())
+    (edited / "adapter_config.json").write_text(json.dumps({**config, "alpha_pattern": {"q_proj": 32}}))
+    rewrite_manifest(edited)
+    check_refused(trainer(adapted(), tmp_path / "ap"), edited,
+                  r"adapter_config\.json: alpha_pattern: is \{'q_proj': 32\} in the checkpoint, but the model's "
+                  r"adapter has \{\}")
     gt.random.manual_seed(0)
     trainer(from_pretrained(BASE), tmp_path / "full", max_steps=3).train()
     check_refused(trainer(adapted(), tmp_path / "onto-peft"), tmp_path / "full" / "checkpoint-3",
@@ -203,15 +221,6 @@ TAMPERED = {
     "nan": (lambda a: a[f"{Q}.lora_B.weight"].__setitem__((0, 0), np.nan),
             rf"{Q}\.lora_B\.weight: holds NaN or infinite values"),
 }
-
-
-def rewrite_manifest(folder):
-    """The manifest of the files as they are now: only the field checks can find the change."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    for name in manifest["files"]:
-        data = (folder / name).read_bytes()
-        manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("change", TAMPERED.values(), ids=list(TAMPERED))

@@ -185,7 +185,8 @@ def check_model(files: CheckpointFiles, model: Any) -> Any:
 # adapter_config.json fields that decide the adapter's tensors or its math: a resume needs the model's values
 # (init_lora_weights does not: the checkpoint's tensors replace the initial ones)
 _ADAPTER_FIELDS = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "lora_dropout", "target_modules",
-                   "modules_to_save", "bias")
+                   "modules_to_save", "bias", "rank_pattern", "alpha_pattern", "layers_to_transform",
+                   "exclude_modules", "fan_in_fan_out", "lora_bias")
 
 
 def _comparable(value: Any) -> Any:
