@@ -18,7 +18,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from gputrain import checkpoint as ckpt
+from gputrain import peft
 from gputrain.checkpoint import CheckpointError, CheckpointFiles
 from gputrain.trainer_callback import TrainerState
 
@@ -165,10 +168,64 @@ def check_gputrain_state(files: CheckpointFiles, global_step: int) -> dict[str, 
 
 def check_model(files: CheckpointFiles, model: Any) -> Any:
     """model.safetensors: the model's names, each array stored in its parameter's dtype (no silent
-    cast) and of its shape, every value finite."""
+    cast) and of its shape, every value finite. For a PeftModel, its adapter files instead
+    (check_adapter)."""
+    if isinstance(model, peft.PeftModel):
+        return check_adapter(files, model)
+    if not files.has("model.safetensors") and files.has(peft.WEIGHTS_NAME):
+        raise files.error(peft.WEIGHTS_NAME, None, "the checkpoint holds a PEFT adapter and no base weights, but "
+                                                   f"the model is a {type(model).__name__} without an adapter: "
+                                                   "resume it onto gputrain.peft.get_peft_model(base, config) "
+                                                   f"with the config of its {peft.CONFIG_NAME}")
     own = model.state_dict()
     weights = files.arrays("model.safetensors", {name: value.dtype for name, value in own.items()})
     return _staged(files, "model.safetensors", model._stage_state_dict, weights)
+
+
+# adapter_config.json fields that decide the adapter's tensors or its math: a resume needs the model's values
+# (init_lora_weights does not: the checkpoint's tensors replace the initial ones)
+_ADAPTER_FIELDS = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "lora_dropout", "target_modules",
+                   "modules_to_save", "bias", "rank_pattern", "alpha_pattern", "layers_to_transform",
+                   "exclude_modules", "fan_in_fan_out", "lora_bias")
+
+
+def _comparable(value: Any) -> Any:
+    """A config value as compared: a list of names as a sorted list (PEFT's order is a set's)."""
+    return sorted(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else value
+
+
+def check_adapter(files: CheckpointFiles, model: Any) -> Any:
+    """adapter_config.json and adapter_model.safetensors (PEFT's files) for a PeftModel: the
+    config's fields that make the adapter (r, lora_alpha, target_modules, use_dora, ...) are the
+    model's, the tensors exactly the model's adapter keys, float32, of their shapes, finite."""
+    if not files.has(peft.CONFIG_NAME) and files.has("model.safetensors"):
+        raise files.error("model.safetensors", None, "the checkpoint holds a whole model and no PEFT adapter, but "
+                                                     "the model is a PeftModel: resume it onto the model it was "
+                                                     "trained as")
+    config = files.json(peft.CONFIG_NAME)
+    if not isinstance(config, dict):
+        raise files.error(peft.CONFIG_NAME, None, f"must be a JSON object, not {type(config).__name__}")
+    own = model.peft_config[peft.ADAPTER].to_dict()
+    for field in _ADAPTER_FIELDS:
+        if _comparable(config.get(field)) != _comparable(own[field]):
+            raise files.error(peft.CONFIG_NAME, field, f"is {config.get(field)!r} in the checkpoint, but the model's "
+                                                       f"adapter has {own[field]!r} (build the model with the "
+                                                       "checkpoint's LoraConfig)")
+    expected = model.adapter_state_dict()
+    arrays = files.arrays(peft.WEIGHTS_NAME)
+    for key in expected:
+        if key not in arrays:
+            raise files.error(peft.WEIGHTS_NAME, key, "missing: the model's adapter has this tensor")
+    for key, value in arrays.items():
+        if key not in expected:
+            raise files.error(peft.WEIGHTS_NAME, key, "is not a tensor of the model's adapter")
+        if value.shape != expected[key].shape:
+            raise files.error(peft.WEIGHTS_NAME, key, f"has shape {value.shape}, the model's adapter "
+                                                      f"{expected[key].shape}")
+        if not np.isfinite(value).all():
+            raise files.error(peft.WEIGHTS_NAME, key, "holds NaN or infinite values")
+    state = {peft._internal_key(key): value for key, value in arrays.items()}
+    return _staged(files, peft.WEIGHTS_NAME, lambda s: model._stage_state_dict(s, strict=False), state)
 
 
 def check_ema(files: CheckpointFiles, ema: Any, names: list[str]) -> Any:

@@ -2,10 +2,15 @@
 
 A checkpoint is a directory `checkpoint-<step>/` in the output directory:
 
-    model.safetensors        the model's state_dict() (PyTorch names)
-    model_ema.safetensors    the EMA of the weights (same names), when ema_decay is set
+    model.safetensors        the model's state_dict() (PyTorch names); for a gputrain.peft.PeftModel, instead:
+    adapter_model.safetensors    the adapter and modules_to_save under PEFT's keys (float32), and
+    adapter_config.json          its LoraConfig: PEFT's files, as PeftModel.save_pretrained writes them (the
+                                 frozen base is not saved: a resume needs the same base and get_peft_model)
+    model_ema.safetensors    the EMA of the weights (same names), when ema_decay is set (of every parameter:
+                             a PeftModel's frozen base too)
     optimizer.safetensors    per-parameter state arrays: "<index>.<name>" (exp_avg, exp_avg_sq, ...; AdamW8bit's
-                             uint8 state1, state2 and float32 absmax1, absmax2)
+                             uint8 state1, state2 and float32 absmax1, absmax2) of the parameters the
+                             optimizer steps (the Trainer's own: those with requires_grad)
     optimizer.json           param_groups (hyperparameters, parameter indices) and per-parameter steps
     scheduler.json           the LR scheduler's state_dict()
     scaler.json              the GradScaler's state_dict() (fp16 only)
@@ -21,9 +26,9 @@ The directory is written under a temporary name, every file and the directory ar
 and it is renamed into place, so a run killed at any moment leaves either the complete
 checkpoint or none (a leftover temporary directory is removed by the next save). No pickle.
 
-Every file is written through save_arrays / save_json / save_text, which hash the bytes they
-write; write_checkpoint then writes manifest.json from those hashes. read_checkpoint_files
-reads a checkpoint's files once and checks them against its manifest, so a flipped byte, a
+Every file is written through save_arrays / save_bytes / save_json / save_text, which hash the
+bytes they write; write_checkpoint then writes manifest.json from those hashes.
+read_checkpoint_files reads a checkpoint's files once and checks them against its manifest, so a flipped byte, a
 truncated file or an edited header is found before anything is parsed. A damaged checkpoint
 raises CheckpointError (a ValueError) naming the file and the field. A checkpoint written
 before the manifest existed (no format version anywhere) still loads, with a
@@ -103,6 +108,11 @@ def load_arrays(path: str) -> dict[str, np.ndarray]:
     return _safetensors().load_file(path)
 
 
+def save_bytes(path: str, data: bytes) -> None:
+    """Writes bytes made elsewhere (a PEFT adapter's files: gputrain.peft.PeftModel.adapter_files)."""
+    _write_bytes(path, data)
+
+
 def save_json(path: str, value: Any) -> None:
     save_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
@@ -126,9 +136,9 @@ def _fsync_path(path: str, directory: bool = False) -> None:
 
 def write_checkpoint(output_dir: str, step: int, write: Callable[[str], None]) -> str:
     """Creates output_dir/checkpoint-<step> atomically: `write(directory)` fills a temporary
-    directory through save_arrays / save_json / save_text, manifest.json is written last from the
-    hashes they recorded (RuntimeError for a file written by other means), and the files are
-    fsynced before the directory is renamed into place; returns the path. An existing
+    directory through save_arrays / save_bytes / save_json / save_text, manifest.json is written
+    last from the hashes they recorded (RuntimeError for a file written by other means), and the
+    files are fsynced before the directory is renamed into place; returns the path. An existing
     checkpoint of the same step is replaced."""
     import shutil  # here, not at `import gputrain`
 

@@ -548,24 +548,28 @@ class PeftModel(Module):
                     out[f"{PREFIX}{name}.{local}"] = state[f"{PREFIX}{name}.{local}"]
         return out
 
-    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """PEFT's adapter folder: adapter_config.json and adapter_model.safetensors (float32), each
-        written to a temporary name and renamed."""
+    def adapter_files(self) -> dict[str, bytes]:
+        """The bytes of PEFT's two adapter files, {adapter_model.safetensors: float32 tensors under
+        PEFT's keys, adapter_config.json: the config as PEFT writes it}: what save_pretrained writes
+        (and the Trainer's checkpoints, through its hashing writers)."""
         import safetensors.numpy
 
-        folder = os.fspath(save_directory)
-        os.makedirs(folder, exist_ok=True)
         tensors = {k: np.ascontiguousarray(v) for k, v in self.adapter_state_dict().items()}
         config = self.peft_config[ADAPTER].to_dict()
         config["inference_mode"] = True  # as PEFT writes it
-        tmp = os.path.join(folder, WEIGHTS_NAME + ".tmp")
-        safetensors.numpy.save_file(tensors, tmp, metadata={"format": "pt"})
-        os.replace(tmp, os.path.join(folder, WEIGHTS_NAME))
-        tmp = os.path.join(folder, CONFIG_NAME + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(config, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, os.path.join(folder, CONFIG_NAME))
+        return {WEIGHTS_NAME: safetensors.numpy.save(tensors, metadata={"format": "pt"}),
+                CONFIG_NAME: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")}
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """PEFT's adapter folder: adapter_config.json and adapter_model.safetensors (float32), each
+        written to a temporary name and renamed."""
+        folder = os.fspath(save_directory)
+        os.makedirs(folder, exist_ok=True)
+        for name, data in self.adapter_files().items():
+            tmp = os.path.join(folder, name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(folder, name))
 
     def merge_and_unload(self) -> Module:
         """The adapted model with every adapter merged into its base (W + scaling B A, float32,

@@ -24,6 +24,14 @@ bit-identical to an uninterrupted one. A resume reads and checks every file of t
 anything; a damaged checkpoint raises gputrain.CheckpointError. With ema_decay set, evaluate() and predict() run with
 the averaged weights; the trained weights are what the model holds outside them, and
 save_model() writes both (model.safetensors and model_ema.safetensors).
+
+With a gputrain.peft.PeftModel (get_peft_model), as transformers' Trainer with a PEFT model,
+checkpoints and save_model() hold PEFT's adapter files (adapter_config.json,
+adapter_model.safetensors) instead of model.safetensors, and the optimizer keeps state for the
+trainable parameters only: the frozen base is not saved (but in model_ema.safetensors with
+ema_decay: the EMA averages every parameter). A resume (or load_best_model_at_end)
+needs the model rebuilt as it was (the same base and LoraConfig); a checkpoint of another adapter
+(another r, target set, ...) or of a whole model is refused naming the field or tensor.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.sequence import TokenEmbedding, _first_leaf, pack_for
 from gputrain.optim import EMA, SGD, AdamW, AdamW8bit, get_scheduler, param_groups_llrd, param_groups_weight_decay
+from gputrain.peft import PeftModel, _internal_key
 from gputrain.step import TrainStep
 from gputrain.trainer_callback import (
     CallbackHandler,
@@ -1096,7 +1105,9 @@ class Trainer:
     # -- saving and loading -------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None) -> None:
         """Writes model.safetensors (the trained weights), model_ema.safetensors (the EMA, when
-        kept) and training_args.json to output_dir (default: args.output_dir)."""
+        kept) and training_args.json to output_dir (default: args.output_dir). For a
+        gputrain.peft.PeftModel, PEFT's adapter files (adapter_config.json, adapter_model.safetensors:
+        what PeftModel.save_pretrained writes, which PEFT loads) instead of model.safetensors."""
         directory = self.args.output_dir if output_dir is None else output_dir
         if distributed.is_main_process():  # the ranks hold the same weights: rank 0 writes them
             os.makedirs(directory, exist_ok=True)
@@ -1104,10 +1115,25 @@ class Trainer:
         distributed.barrier()
 
     def _write_model(self, directory: str) -> None:
-        ckpt.save_arrays(os.path.join(directory, "model.safetensors"), dict(self.model.state_dict()))
+        if isinstance(self.model, PeftModel):  # only the adapter, in PEFT's files: the base is frozen
+            self._check_adapter_holds_the_trained()
+            for name, data in self.model.adapter_files().items():
+                ckpt.save_bytes(os.path.join(directory, name), data)
+        else:
+            ckpt.save_arrays(os.path.join(directory, "model.safetensors"), dict(self.model.state_dict()))
         if self.ema is not None:
             ckpt.save_ema(directory, self.ema, self._param_names())
         ckpt.save_text(os.path.join(directory, "training_args.json"), self.args.to_json_string())
+
+    def _check_adapter_holds_the_trained(self) -> None:
+        """A PeftModel's files hold the adapter and modules_to_save: a parameter trained besides
+        them (requires_grad set by hand) would be lost, so it is refused by name."""
+        saved = {_internal_key(key) for key in self.model.adapter_state_dict()}
+        lost = [name for name, p in self.model.named_parameters() if p.requires_grad and name not in saved]
+        if lost:
+            raise ValueError(f"model: {lost[0]!r} is trained but is not part of the PEFT adapter's files (the "
+                             "adapter and modules_to_save), so a checkpoint would lose it; freeze it or name its "
+                             "module in LoraConfig(modules_to_save=...)")
 
     def _param_names(self) -> list[str]:
         return [name for name, _ in self.model.named_parameters()]

@@ -682,7 +682,8 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "ddp_backend": (_NA, "gputrain.distributed has its own backend"),
     "ddp_timeout": (_NA, "gputrain.distributed has its own timeouts"),
     "debug": (_NA, "no debug modes; gputrain.guards checks values"),
-    "push_to_hub": (REFUSED, "no Hub upload: save_model() writes model.safetensors; upload output_dir with "
+    "push_to_hub": (REFUSED, "no Hub upload: save_model() writes model.safetensors (a PeftModel's adapter "
+                             "files); upload output_dir with "
                              "huggingface_hub's upload_folder"),
     "hub_token": (_NA, "only with push_to_hub, which is refused"),
     "hub_private_repo": (_NA, "only with push_to_hub, which is refused"),
