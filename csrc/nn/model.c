@@ -392,6 +392,53 @@ gt_status gt_model_refresh_lowp(gt_model *model) {
                                     model->params.block.ptr, GT_F32, (int64_t)model->num_params);
 }
 
+/* Parameter elements [start, end) of the arenas, adjacent trainable parameters merged. */
+typedef struct param_run {
+    size_t start;  /* first element */
+    size_t end;    /* one past the last element */
+} param_run;
+
+/* Casts `run` of the parameters into the half copy (nothing for an empty run). */
+static gt_status cast_run(gt_model *model, const param_run *run) {
+    if (run->end == run->start)
+        return GT_OK;
+    char *lowp = (char *)model->lowp_params.block.ptr + run->start * gt_dtype_size(model->dt);
+    const float *master = (const float *)model->params.block.ptr + run->start;
+    return model->backend.ops->cast(&model->backend, lowp, model->dt, master, GT_F32,
+                                    (int64_t)(run->end - run->start));
+}
+
+/* Casts the trainable parameters of `layer`'s tree (a later use of a module: its first use's),
+ * extending `run` while they are adjacent and casting it where they are not. */
+static gt_status cast_trainable(gt_model *model, const gt_layer *layer, param_run *run) {
+    if (layer->tied)
+        return GT_OK;
+    const gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int i = 0; i < 2; i++) {
+        if (!params[i]->numel || params[i]->frozen)
+            continue;
+        if (params[i]->offset != run->end) {
+            GT_TRY(cast_run(model, run));
+            run->start = params[i]->offset;
+        }
+        run->end = params[i]->offset + params[i]->numel;
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        GT_TRY(cast_trainable(model, &layer->children[i], run));
+    return GT_OK;
+}
+
+gt_status gt_model_refresh_trainable_lowp(gt_model *model) {
+    if (model->num_grads == model->num_params)  /* nothing frozen: the whole copy at once */
+        return gt_model_refresh_lowp(model);
+    GT_TRY(gt_model_check_values(model, "the half copy of the parameters"));
+    if (!model->lowp_params.block.ptr)
+        return GT_OK;
+    param_run run = {0, 0};
+    GT_TRY(cast_trainable(model, &model->root, &run));
+    return cast_run(model, &run);
+}
+
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt) {
     GT_TRY(gt_model_check_values(model, "changing the precision"));
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)

@@ -198,6 +198,10 @@ gt_status gt_model_init_params(gt_model *model, uint64_t seed);
 /* Refreshes the half-precision copy of the parameters (after an update or a load). */
 gt_status gt_model_refresh_lowp(gt_model *model);
 
+/* Refreshes the half copy of the trainable parameters only: after an optimizer step, which
+ * leaves frozen parameters (no gradient) as they were, so their half copy is still theirs. */
+gt_status gt_model_refresh_trainable_lowp(gt_model *model);
+
 /* Forward of the whole model on `input`; returns the output tensor (in the arena). */
 gt_status gt_model_forward(gt_model *model, const gt_tensor *input, uint64_t micro,
                            gt_tensor *output);

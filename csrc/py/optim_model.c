@@ -339,7 +339,7 @@ static gt_status step_pass(gt_model *model, gt_optimizer *opt, float coef) {
     if (!model->grads_valid)
         return GT_OK;
     GT_TRY(gt_optimizer_step(opt, coef));
-    return gt_model_refresh_lowp(model);
+    return gt_model_refresh_trainable_lowp(model);
 }
 
 static PyObject *model_optimizer_step(PyObject *op, PyObject *args, PyObject *kwargs) {

@@ -283,7 +283,7 @@ static gt_status deferred_update(gt_model *model, const gt_step_config *cfg) {
     const gt_step_record *record = gt_step_device_record(model, cfg->record);
     GT_TRY(gt_optimizer_step_deferred(cfg->optimizer, &record->found_inf, cfg->lrs, record,
                                       offsetof(gt_step_record, sumsq_totals)));
-    GT_TRY(gt_model_refresh_lowp(model));
+    GT_TRY(gt_model_refresh_trainable_lowp(model));
     model->step++;
     return GT_OK;
 }
@@ -320,7 +320,7 @@ static gt_status train_step(gt_model *model, const gt_tensor *inputs, const gt_t
         GT_TRY(gt_optimizer_step(cfg->optimizer, grad_coef));
         if (sharded(cfg))
             GT_TRY(gather_shards(model, cfg->comm));
-        GT_TRY(gt_model_refresh_lowp(model));
+        GT_TRY(gt_model_refresh_trainable_lowp(model));
     }
     if (scaler && !out->outlier)  /* a device model's made the same update there (gt_step_device_unscale) */
         gt_scaler_update(scaler, found_inf);
