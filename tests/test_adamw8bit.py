@@ -300,6 +300,7 @@ def test_a_model_on_sim_trains_the_cpu_bits(tmp_path):
 
 
 # -- training ---------------------------------------------------------------------------------------
+@pytest.mark.native_only  # a 60-step loss curve, twice: the 8-bit kernels run under qemu in the tests above
 def test_the_loss_curve_follows_fp32_adamw():
     x, y = _classes(256, seed=4)
     curves = {}

@@ -385,6 +385,7 @@ def test_a_model_that_cannot_compile_is_left_as_it_was(monkeypatch):
 
 
 
+@pytest.mark.native_only  # a Trainer run end to end: its kernels run under qemu in the quicker tests
 def test_trainer_fine_tunes_a_dora_adapter(tmp_path):
     """Trainer(model=get_peft_model(...)): the loss falls and only the adapter (A, B, m) moves."""
     gt.random.manual_seed(0)

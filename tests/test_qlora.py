@@ -238,6 +238,7 @@ def test_training_moves_only_the_adapter(batch):
         assert (p.grad is not None) == p.requires_grad, name
 
 
+@pytest.mark.native_only  # a Trainer run end to end: its kernels run under qemu in the quicker tests
 def test_trainer_fine_tunes_a_bf16_qlora_adapter(tmp_path):
     gt.random.manual_seed(0)
     model = get_peft_model(from_pretrained(BASE, quantization="nf4", dtype="bf16"),

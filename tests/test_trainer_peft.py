@@ -67,6 +67,7 @@ def folder_bytes(folder):
     return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
 
 
+@pytest.mark.native_only  # a Trainer run end to end: its kernels run under qemu in the quicker tests
 def test_a_checkpoint_holds_peft_s_adapter_files_and_the_adapter_s_optimizer_state(tmp_path):
     model = adapted()
     t = trainer(model, tmp_path / "peft", max_steps=3)
@@ -118,6 +119,7 @@ RESUMES = {"lora": {}, "dora": {"use_dora": True},
            "ema": {"ema_decay": 0.9}}
 
 
+@pytest.mark.native_only  # a Trainer run end to end: its kernels run under qemu in the quicker tests
 @pytest.mark.parametrize("config", RESUMES.values(), ids=list(RESUMES))
 def test_a_resume_onto_a_fresh_base_is_bit_identical_to_an_uninterrupted_run(tmp_path, config):
     config = dict(config)
@@ -148,6 +150,7 @@ def test_a_resume_onto_a_fresh_base_is_bit_identical_to_an_uninterrupted_run(tmp
         assert np.array_equal(resumed.model.state_dict()[key], value), key
 
 
+@pytest.mark.native_only  # a Trainer run end to end: its kernels run under qemu in the quicker tests
 def test_load_best_model_at_end_reloads_the_best_adapter(tmp_path):
     order = itertools.count()
     model = adapted()
@@ -184,6 +187,7 @@ def check_refused(t, folder, match):
     assert optimizer_state(t).keys() == state.keys() and t.state.global_step == step
 
 
+@pytest.mark.native_only  # a Trainer run end to end: its kernels run under qemu in the quicker tests
 def test_a_checkpoint_of_another_adapter_or_none_is_refused_by_name_with_nothing_changed(tmp_path):
     trainer(adapted(), tmp_path / "peft", max_steps=3).train()
     folder = tmp_path / "peft" / "checkpoint-3"
