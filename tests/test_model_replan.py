@@ -137,8 +137,8 @@ def simulated_device(monkeypatch):
     CUDA model is (the Python device path of .to())."""
     original = nn_module._Compiled.__init__
 
-    def compile_for(self, spec, seed, device, precision="f32"):
-        original(self, spec, seed, "cpu" if device == "sim:0" else device, precision)
+    def compile_for(self, spec, seed, device, precision="f32", plan_only=False):
+        original(self, spec, seed, "cpu" if device == "sim:0" else device, precision, plan_only=plan_only)
         if device == "sim:0":  # Module.to passes the canonical name
             self.device, self.on_host, self.params_flat, self.grads_flat = "sim:0", False, None, None
 
