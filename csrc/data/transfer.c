@@ -142,7 +142,11 @@ gt_status gt_transfer_submit(gt_transfer *t, gt_slot *slot, gt_device_batch **ou
 }
 
 gt_status gt_transfer_wait(gt_transfer *t, gt_device_batch *b) {
-    return reclaim_host(t, b, 1);
+    return t->dev->event_synchronize(t->device.index, b->copied);
+}
+
+gt_status gt_transfer_reclaim(gt_transfer *t, gt_device_batch *b) {
+    return reclaim_host(t, b, 0);
 }
 
 gt_status gt_transfer_consume_begin(gt_transfer *t, gt_device_batch *b, gt_stream *consumer) {

@@ -49,8 +49,13 @@ gt_status gt_transfer_create(gt_loader *loader, gt_device device, size_t slot_by
  * holds at most one loader slot when it returns (the loader's plan counts on it). */
 gt_status gt_transfer_submit(gt_transfer *transfer, gt_slot *slot, gt_device_batch **out);
 
-/* Blocks until the copy into `batch` is done. */
+/* Blocks until the copy into `batch` is done. It changes nothing of the transfer's, so it may run
+ * without the lock that serialises the other calls (the GIL, in the bindings) while another
+ * thread submits; gt_transfer_reclaim then hands the batch's host slot back under that lock. */
 gt_status gt_transfer_wait(gt_transfer *transfer, gt_device_batch *batch);
+
+/* Hands `batch`'s host slot back to the loader if the copy from it is done (without waiting). */
+gt_status gt_transfer_reclaim(gt_transfer *transfer, gt_device_batch *batch);
 
 /* Work queued on `consumer` (a stream of the transfer's device, NULL: its default stream) from
  * now on runs after the copy into `batch` (the host is not blocked). */

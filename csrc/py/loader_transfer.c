@@ -69,6 +69,9 @@ static PyObject *raise_status(PyObject *obj, gt_status status) {
     return module ? gtpy_raise(module, status) : NULL;
 }
 
+/* The device wait runs without the GIL; handing the host slot back, which a submit on another
+ * thread also does (to every batch), runs with it: done without it, both could see the slot still
+ * held and hand it back twice. */
 static PyObject *device_slot_wait(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     DeviceSlotObject *self = (DeviceSlotObject *)op;
     gt_status status = GT_OK;
@@ -76,6 +79,8 @@ static PyObject *device_slot_wait(PyObject *op, PyObject *Py_UNUSED(ignored)) {
         Py_BEGIN_ALLOW_THREADS
         status = gt_transfer_wait(transfer_of(self->owner), self->batch);
         Py_END_ALLOW_THREADS
+        if (status == GT_OK)
+            status = gt_transfer_reclaim(transfer_of(self->owner), self->batch);
     }
     return status == GT_OK ? Py_NewRef(Py_None) : raise_status(op, status);
 }
