@@ -58,8 +58,8 @@ static gt_status linear_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_linear = {
-    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS | GT_KIND_FREEZES, NULL, describe_linear, linear_params,
-    gt_plan_linear, gt_linear_forward, gt_linear_backward};
+    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS | GT_KIND_FREEZES | GT_KIND_HALF_WEIGHT, NULL,
+    describe_linear, linear_params, gt_plan_linear, gt_linear_forward, gt_linear_backward};
 
 /* ---- Activation: ("activation", function) ---- */
 static const gt_enum_name activation_names[] = {
@@ -240,8 +240,8 @@ static gt_status conv2d_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_conv2d = {
-    "conv2d", "Conv2d", GT_LAYER_ARGS(conv2d_args), GT_KIND_PARAMS, check_conv2d, describe_conv2d,
-    conv2d_params, gt_plan_conv2d, gt_conv2d_layer_forward, gt_conv2d_layer_backward};
+    "conv2d", "Conv2d", GT_LAYER_ARGS(conv2d_args), GT_KIND_PARAMS | GT_KIND_HALF_WEIGHT, check_conv2d,
+    describe_conv2d, conv2d_params, gt_plan_conv2d, gt_conv2d_layer_forward, gt_conv2d_layer_backward};
 
 /* ---- BatchNorm2d: ("batchnorm2d", num_features, eps, momentum (< 0: cumulative average), affine,
  * track_running_stats) ---- */

@@ -1,5 +1,6 @@
 /* Model lifetime: parameter layout (one f32 arena each for parameters and gradients, packed in
- * state_dict order; the gradient arena holds the trainable parameters only, gt_model_set_frozen),
+ * state_dict order; the gradient arena holds the trainable parameters only, gt_model_set_frozen;
+ * in f16/bf16 mode a half copy holds the weights that GEMMs read, GT_KIND_HALF_WEIGHT),
  * activation planning and allocation, forward, loss and backward.
  *
  * A model runs its device's op table (core/device_backend.h: cpu, cuda:N, sim:N) on the
@@ -101,6 +102,32 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
     for (size_t i = 0; i < layer->num_children; i++)
         GT_TRY(layout_layer(&layer->children[i], offset));
     return GT_OK;
+}
+
+/* Marks the weights that GEMMs read in half precision (GT_KIND_HALF_WEIGHT); a tied layer's in
+ * its first use (an LM head tied to the tokens reads the TokenEmbedding's table). */
+static void mark_lowp(gt_layer *layer) {
+    if ((gt_layer_type_of(layer->kind)->flags & GT_KIND_HALF_WEIGHT) && layer->weight.numel)
+        ((gt_param *)(layer->tied ? &layer->tied->weight : &layer->weight))->has_lowp = 1;
+    for (size_t i = 0; i < layer->num_children; i++)
+        mark_lowp(&layer->children[i]);
+}
+
+/* Gives every marked weight its offset in the half copy, in state_dict order (after mark_lowp);
+ * a later use of a module takes its first use's again. Norms, embeddings read by a lookup and
+ * biases have none: in half-precision mode they are read in f32. */
+static void layout_lowp(gt_layer *layer, size_t *offset) {
+    if (layer->tied) {
+        layer->weight = layer->tied->weight;
+        layer->bias = layer->tied->bias;
+        return;
+    }
+    if (layer->weight.has_lowp) {
+        layer->weight.lowp_offset = *offset;
+        *offset += layer->weight.numel;  /* at most num_params: checked by the layout */
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        layout_lowp(&layer->children[i], offset);
 }
 
 /* Bytes from the start of the buffer arena to a BatchNorm2d's num_batches_tracked: after its
@@ -221,8 +248,8 @@ static void point_param(gt_param *param, gt_model *model) {
         return;
     param->data = (float *)model->params.block.ptr + param->offset;
     param->grad = param->frozen ? NULL : (float *)model->grads.block.ptr + param->grad_offset;
-    param->lowp = model->lowp_params.block.ptr
-                      ? (char *)model->lowp_params.block.ptr + param->offset * gt_dtype_size(model->dt)
+    param->lowp = model->lowp_params.block.ptr && param->has_lowp
+                      ? (char *)model->lowp_params.block.ptr + param->lowp_offset * gt_dtype_size(model->dt)
                       : NULL;
 }
 
@@ -244,9 +271,9 @@ static size_t grad_arena_request(size_t num_grads) { return gt_align_up(num_grad
 
 /* Bytes the model requests for its half copy in `dt` (0: no arena, in f32). */
 static size_t lowp_arena_request(const gt_model *model, gt_dtype dt) {
-    if (dt == GT_F32 || model->num_params == 0)
+    if (dt == GT_F32 || model->num_lowp == 0)
         return 0;
-    return gt_align_up(model->num_params * gt_dtype_size(dt));
+    return gt_align_up(model->num_lowp * gt_dtype_size(dt));
 }
 
 /* Bytes of the block the backend allocates for itself when the model is created. */
@@ -258,6 +285,50 @@ static size_t step_scratch_request(const gt_model *model) {
     return GT_MODEL_STEP_SCRATCH_BYTES;
 }
 
+/* Weight elements [start, end) of the parameter arena whose half copies are adjacent too. */
+typedef struct param_run {
+    size_t start;       /* first element in the parameter arena */
+    size_t end;         /* one past the last */
+    size_t lowp_start;  /* the first's element in the half copy */
+} param_run;
+
+/* Casts `run` of the f32 master into the half copy at `lowp` in `dt` (nothing for an empty run). */
+static gt_status cast_run(gt_model *model, char *lowp, gt_dtype dt, const param_run *run) {
+    if (run->end == run->start)
+        return GT_OK;
+    return model->backend.ops->cast(&model->backend, lowp + run->lowp_start * gt_dtype_size(dt), dt,
+                                    (const float *)model->params.block.ptr + run->start, GT_F32,
+                                    (int64_t)(run->end - run->start));
+}
+
+/* Casts the half-copied weights of `layer`'s tree (the trainable ones only: `trainable_only`; a
+ * later use of a module: its first use's), extending `run` while they are adjacent in both arenas
+ * and casting it where they are not. */
+static gt_status cast_tree(gt_model *model, const gt_layer *layer, char *lowp, gt_dtype dt, int trainable_only,
+                           param_run *run) {
+    if (layer->tied)
+        return GT_OK;
+    const gt_param *w = &layer->weight;
+    if (w->has_lowp && !(trainable_only && w->frozen)) {
+        if (w->offset != run->end || w->lowp_offset != run->lowp_start + (run->end - run->start)) {
+            GT_TRY(cast_run(model, lowp, dt, run));
+            *run = (param_run){w->offset, w->offset, w->lowp_offset};
+        }
+        run->end = w->offset + w->numel;
+    }
+    for (size_t i = 0; i < layer->num_children; i++)
+        GT_TRY(cast_tree(model, &layer->children[i], lowp, dt, trainable_only, run));
+    return GT_OK;
+}
+
+/* Fills the half copy at `lowp` (in `dt`) from the f32 master: every weight that has one, or
+ * (trainable_only: after an optimizer step, when some are frozen) the trainable ones. */
+static gt_status cast_halves(gt_model *model, char *lowp, gt_dtype dt, int trainable_only) {
+    param_run run = {0, 0, 0};
+    GT_TRY(cast_tree(model, &model->root, lowp, dt, trainable_only, &run));
+    return cast_run(model, lowp, dt, &run);
+}
+
 /* A new half-precision copy of the parameters in `dt` (an empty arena for f32), filled from the
  * f32 master; the model is not touched, so a failure leaves it as it was. */
 static gt_status build_lowp(gt_model *model, gt_dtype dt, gt_arena *out) {
@@ -266,8 +337,7 @@ static gt_status build_lowp(gt_model *model, gt_dtype dt, gt_arena *out) {
     if (lowp_arena_request(model, dt) == 0)
         return GT_OK;
     GT_TRY(gt_arena_create(out, model->backend.device, lowp_arena_request(model, dt)));
-    gt_status status = model->backend.ops->cast(&model->backend, out->block.ptr, dt, model->params.block.ptr,
-                                                GT_F32, (int64_t)model->num_params);
+    gt_status status = cast_halves(model, out->block.ptr, dt, 0);
     if (status != GT_OK)
         gt_arena_destroy(out);
     return status;
@@ -304,6 +374,8 @@ static gt_status layout_model(gt_model *model, gt_layer root, gt_device device, 
     GT_TRY(init_backend(model, device));
     GT_TRY(layout_layer(&model->root, &model->num_params));  /* checks every size before anything is allocated */
     layout_grads(&model->root, &model->num_grads);             /* every parameter trainable */
+    mark_lowp(&model->root);
+    layout_lowp(&model->root, &model->num_lowp);
     return GT_OK;
 }
 
@@ -388,55 +460,14 @@ gt_status gt_model_refresh_lowp(gt_model *model) {
     GT_TRY(gt_model_check_values(model, "the half copy of the parameters"));
     if (!model->lowp_params.block.ptr)
         return GT_OK;
-    return model->backend.ops->cast(&model->backend, model->lowp_params.block.ptr, model->dt,
-                                    model->params.block.ptr, GT_F32, (int64_t)model->num_params);
-}
-
-/* Parameter elements [start, end) of the arenas, adjacent trainable parameters merged. */
-typedef struct param_run {
-    size_t start;  /* first element */
-    size_t end;    /* one past the last element */
-} param_run;
-
-/* Casts `run` of the parameters into the half copy (nothing for an empty run). */
-static gt_status cast_run(gt_model *model, const param_run *run) {
-    if (run->end == run->start)
-        return GT_OK;
-    char *lowp = (char *)model->lowp_params.block.ptr + run->start * gt_dtype_size(model->dt);
-    const float *master = (const float *)model->params.block.ptr + run->start;
-    return model->backend.ops->cast(&model->backend, lowp, model->dt, master, GT_F32,
-                                    (int64_t)(run->end - run->start));
-}
-
-/* Casts the trainable parameters of `layer`'s tree (a later use of a module: its first use's),
- * extending `run` while they are adjacent and casting it where they are not. */
-static gt_status cast_trainable(gt_model *model, const gt_layer *layer, param_run *run) {
-    if (layer->tied)
-        return GT_OK;
-    const gt_param *params[2] = {&layer->weight, &layer->bias};
-    for (int i = 0; i < 2; i++) {
-        if (!params[i]->numel || params[i]->frozen)
-            continue;
-        if (params[i]->offset != run->end) {
-            GT_TRY(cast_run(model, run));
-            run->start = params[i]->offset;
-        }
-        run->end = params[i]->offset + params[i]->numel;
-    }
-    for (size_t i = 0; i < layer->num_children; i++)
-        GT_TRY(cast_trainable(model, &layer->children[i], run));
-    return GT_OK;
+    return cast_halves(model, model->lowp_params.block.ptr, model->dt, 0);
 }
 
 gt_status gt_model_refresh_trainable_lowp(gt_model *model) {
-    if (model->num_grads == model->num_params)  /* nothing frozen: the whole copy at once */
-        return gt_model_refresh_lowp(model);
     GT_TRY(gt_model_check_values(model, "the half copy of the parameters"));
     if (!model->lowp_params.block.ptr)
         return GT_OK;
-    param_run run = {0, 0};
-    GT_TRY(cast_trainable(model, &model->root, &run));
-    return cast_run(model, &run);
+    return cast_halves(model, model->lowp_params.block.ptr, model->dt, model->num_grads != model->num_params);
 }
 
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt) {
@@ -516,7 +547,7 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
     GT_TRY(gt_size_align(walk->workspace_bytes, what, &plan->workspace_bytes));
     plan->param_bytes = model->num_params * sizeof(float);  /* checked by the layout */
     plan->grad_bytes = model->num_grads * sizeof(float);
-    plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_params * gt_dtype_size(dt);
+    plan->lowp_param_bytes = dt == GT_F32 ? 0 : model->num_lowp * gt_dtype_size(dt);
     plan->buffer_bytes = buffer_arena_request(model);
     size_t total = 0;
     const size_t parts[] = {plan->param_bytes, plan->grad_bytes, plan->lowp_param_bytes, plan->buffer_bytes,
