@@ -124,8 +124,8 @@ def small_qlora(p, tile_rows):
 def test_kind_on_a_quantized_base_matches_numpy(p, tile_rows, precision):
     """Forward, the adapter's gradients and the input gradient (through the Linear below) of an MSE,
     in training, against float64 with W = dequant(codes); dropout's mask from a probe Dropout with
-    the same model seed and layer id (training_case, shared with tests/test_peft.py). fp32: 1e-5 (the GEMMs' f32 rounding,
-    tiles summed in a different order); bf16: 3e-2 (inputs and tiles rounded to 8 bits)."""
+    the same model seed and layer id (training_case, as tests/test_peft.py). fp32: 1e-5 (the GEMMs'
+    f32 rounding, tiles summed in a different order); bf16: 3e-2 (inputs and tiles rounded to 8 bits)."""
     model, lora = small_qlora(p, tile_rows)
     model._compile("cpu", seed=99, precision=gt._vocab.c_dtype(precision))
     x, target, hidden, mask = training_case(model, p)
