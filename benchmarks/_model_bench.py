@@ -1,6 +1,6 @@
-"""What the model benchmarks (bench_gpt.py, bench_cnn.py, bench_decoder_step.py, bench_encoder_step.py)
-share: gputrain's and PyTorch's AdamW steps on the same model, PyTorch's timed beside ours, and the
-metrics each reports."""
+"""What the model benchmarks (bench_gpt.py, bench_cnn.py, bench_decoder_step.py, bench_encoder_step.py,
+bench_lora_step.py) share: gputrain's and PyTorch's AdamW steps on the same model, a baseline step
+timed beside ours, and the metrics each reports."""
 
 from __future__ import annotations
 
@@ -85,6 +85,19 @@ def benchmark_step(benchmark: Any, gputrain_benchmark: Any, precision: str, step
     baseline = torch_baseline(precision, torch_step)
     timed = pedantic(benchmark, step, setup=baseline[1] if baseline else None, rounds=rounds, warmup_rounds=1)
     report(timed, gputrain_benchmark, baseline, unit, units_per_step, flops, peak, precision=precision, **facts)
+
+
+def benchmark_beside(benchmark: Any, gputrain_benchmark: Any, step: Callable[[], Any],
+                     baseline: tuple[str, Callable[[], Any]], rounds: int, unit: str, units_per_step: float,
+                     flops: float, **facts: Any) -> None:
+    """Times gputrain's `step` for `rounds` (after the sgemm peak), the named baseline step (warmed up
+    here) before each round, and reports both (report)."""
+    peak = sgemm_peak()
+    name, baseline_step = baseline
+    timed_baseline = Timed(baseline_step)
+    timed_baseline.fn()  # warm-up
+    timed = pedantic(benchmark, step, setup=timed_baseline, rounds=rounds, warmup_rounds=1)
+    report(timed, gputrain_benchmark, (name, timed_baseline), unit, units_per_step, flops, peak, **facts)
 
 
 def report(rounds: Rounds, gputrain_benchmark: Any, baseline: tuple[str, Timed] | None, unit: str,

@@ -35,8 +35,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import env_int, logits_loss, report, torch_fused_adamw, torch_train_step
-from _timing import Timed, pedantic, sgemm_peak
+from _model_bench import benchmark_beside, env_int, logits_loss, torch_fused_adamw, torch_train_step
 
 LAYERS, SEQ = env_int("DECODER_BENCH_LAYERS", 4), env_int("DECODER_BENCH_T", 256)
 ROUNDS = env_int("DECODER_BENCH_ROUNDS", 3)
@@ -113,12 +112,9 @@ def test_decoder_step(benchmark, gputrain_benchmark, family, precision):
     torch_step = torch_train_step(torch, torch_optimizer, lambda: hf(input_ids=tx).logits,
                                   lambda logits: logits_loss(torch, logits, ty), precision == "bf16")
 
-    peak = sgemm_peak()
     name = "torch_autocast_bf16" if precision == "bf16" else "torch_fp32"
-    baseline = Timed(torch_step)
-    baseline.fn()  # warm-up
-    timed = pedantic(benchmark, lambda: step(x, y), setup=baseline, rounds=ROUNDS, warmup_rounds=1)
-    report(timed, gputrain_benchmark, (name, baseline), "tokens", SEQ, step_flops(config), peak,
-           precision=precision, family=family, torch_adamw=adamw_kind, torch_version=torch.__version__,
-           sizes=f"{LAYERS} layers, hidden {config.hidden_size}, T {SEQ}, batch 1, vocab {config.vocab_size}",
-           parameters=ours.compiled.num_parameters)
+    benchmark_beside(benchmark, gputrain_benchmark, lambda: step(x, y), (name, torch_step), ROUNDS, "tokens", SEQ,
+                     step_flops(config), precision=precision, family=family, torch_adamw=adamw_kind,
+                     torch_version=torch.__version__,
+                     sizes=f"{LAYERS} layers, hidden {config.hidden_size}, T {SEQ}, batch 1, vocab {config.vocab_size}",
+                     parameters=ours.compiled.num_parameters)

@@ -34,8 +34,7 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-from _model_bench import env_int, logits_loss, report, torch_fused_adamw, torch_train_step
-from _timing import Timed, pedantic, sgemm_peak
+from _model_bench import benchmark_beside, env_int, logits_loss, torch_fused_adamw, torch_train_step
 from bench_decoder_step import CONFIGS
 
 LAYERS, SEQ = env_int("LORA_BENCH_LAYERS", 2), env_int("LORA_BENCH_T", 256)
@@ -94,12 +93,8 @@ def test_lora_vs_full(benchmark, gputrain_benchmark, precision):
     full = gputrain_step(full_model, precision)
     lora_model = gt.peft.get_peft_model(gputrain_model(), lora_config())
     lora = gputrain_step(lora_model, precision)
-    peak = sgemm_peak()
-    baseline = Timed(lambda: full(x, y))
-    baseline.fn()  # warm-up
-    timed = pedantic(benchmark, lambda: lora(x, y), setup=baseline, rounds=ROUNDS, warmup_rounds=1)
-    report(timed, gputrain_benchmark, ("gputrain_full_finetune", baseline), "tokens", SEQ, step_flops(True), peak,
-           **facts(lora_model, precision))
+    benchmark_beside(benchmark, gputrain_benchmark, lambda: lora(x, y), ("gputrain_full_finetune", lambda: full(x, y)),
+                     ROUNDS, "tokens", SEQ, step_flops(True), **facts(lora_model, precision))
 
 
 def peft_models() -> tuple[Any, gt.nn.Module]:
@@ -134,10 +129,7 @@ def test_lora_vs_peft(benchmark, gputrain_benchmark, precision):
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
     torch_step = torch_train_step(torch, torch_optimizer, lambda: hf(input_ids=tx).logits,
                                   lambda logits: logits_loss(torch, logits, ty), precision == "bf16")
-    peak = sgemm_peak()
     name = "peft_torch_autocast_bf16" if precision == "bf16" else "peft_torch_fp32"
-    baseline = Timed(torch_step)
-    baseline.fn()  # warm-up
-    timed = pedantic(benchmark, lambda: step(x, y), setup=baseline, rounds=ROUNDS, warmup_rounds=1)
-    report(timed, gputrain_benchmark, (name, baseline), "tokens", SEQ, step_flops(True), peak,
-           torch_adamw=adamw_kind, torch_version=torch.__version__, **facts(ours, precision))
+    benchmark_beside(benchmark, gputrain_benchmark, lambda: step(x, y), (name, torch_step), ROUNDS, "tokens", SEQ,
+                     step_flops(True), torch_adamw=adamw_kind, torch_version=torch.__version__,
+                     **facts(ours, precision))

@@ -19,15 +19,9 @@ import gputrain as gt
 from gputrain.models import from_pretrained
 from gputrain.peft import LoraConfig, LoraLinear, PeftModel, get_peft_model
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BASE = os.path.join(HERE, "fixtures", "hf", "llama-tiny")
-LORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-lora")
-DORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-dora")
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def relative_error(actual, expected):
-    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+from _peft_helpers import (ADAPTER, BASE, DORA, LORA, assert_peft_s_loss_and_gradients, assert_trainer_fine_tunes,
+                           assert_training_moves_only_the_adapter, assert_unchanged, grad_keys, internal_name,
+                           lora_reference, relative_error, snapshot, training_case)
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +44,6 @@ def real(ref):
     return ref["attention_mask"].astype(bool)
 
 
-def internal_name(key):
-    """PEFT's file key -> the parameter's name in the model (PEFT's state_dict: adapter 'default')."""
-    if key.endswith(".lora_magnitude_vector"):
-        return key + ".default.weight"
-    return key.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")
-
-
 def test_logits_match_peft(adapter):
     folder, ref = adapter
     model = PeftModel.from_pretrained(from_pretrained(BASE), folder)
@@ -71,14 +58,9 @@ def test_loss_and_adapter_gradients_match_peft(adapter):
     folder, ref = adapter
     model = PeftModel.from_pretrained(from_pretrained(BASE), folder, is_trainable=True)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    keys = [k.removeprefix("grad/") for k in ref.files if k.startswith("grad/")]
+    keys = grad_keys(ref)
     assert trainable == {internal_name(k) for k in keys} and len(keys) == (28 if folder == LORA else 18)
-    out = gt.TrainStep(model, gt.nn.CrossEntropyLoss())(ref["input_ids"], model.shift_labels(ref["labels"]),
-                                                        attention_mask=ref["attention_mask"])
-    assert out.loss == pytest.approx(float(ref["loss"]), rel=1e-5)
-    params = dict(model.named_parameters())
-    for key in keys:
-        assert relative_error(params[internal_name(key)].grad, ref[f"grad/{key}"]) <= 1e-4, key
+    assert_peft_s_loss_and_gradients(model, ref)
 
 
 def test_saved_adapter_is_peft_s_files(tmp_path, adapter):
@@ -118,17 +100,7 @@ def test_training_moves_only_the_adapter(ref):
     gt.random.manual_seed(3)
     model = get_peft_model(from_pretrained(BASE), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
                                                              target_modules="all-linear"))
-    model.train()
-    before = model.state_dict()
-    opt = gt.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), opt)
-    labels = model.shift_labels(ref["labels"])
-    losses = [step(ref["input_ids"], labels, attention_mask=ref["attention_mask"]).loss for _ in range(8)]
-    assert losses[-1] < 0.9 * losses[0]
-    after = model.state_dict()
-    for name, value in before.items():
-        moved = not np.array_equal(after[name], value)
-        assert moved == (".lora_B." in name or ".lora_A." in name), name
+    assert_training_moves_only_the_adapter(model, ref)
 
 
 def test_all_linear_targets_peft_s_set():
@@ -162,16 +134,6 @@ def test_modules_to_save_round_trip(tmp_path, ref):
 
 
 # -- the C kind alone against float64 NumPy ----------------------------------------------------
-def lora_reference(x, w, b, a, bb, scaling, dy, mask=None):
-    """y = x W^T + b + (m * x) A^T B^T s and the adapter's gradients for upstream dy (float64)."""
-    xd = x if mask is None else x * mask
-    h = xd @ a.T
-    y = x @ w.T + b + scaling * h @ bb.T
-    dh = scaling * dy @ bb
-    dx = dy @ w + (dh @ a if mask is None else (dh @ a) * mask)
-    return y, scaling * dy.T @ h, dh.T @ xd, dx
-
-
 def dora_reference(x, w, b, a, bb, m, s, dy, mask=None):
     """PEFT's DoRA (weight norm a constant) and its gradients for upstream dy (float64): y, dB, dA, dx, dm."""
     keep = np.ones_like(x) if mask is None else mask
@@ -208,16 +170,9 @@ def test_dora_kind_matches_numpy(p, device):
     """DoRA's forward and gradients (MSE loss) in training, the dropout mask as in the LoRA test below."""
     model, lora = small_model(p, use_dora=True)
     model._compile(device, seed=99)
-    probe = gt.nn.Sequential(gt.nn.Linear(4, 6), gt.nn.Dropout(p))
-    probe._compile("cpu", seed=99)
-    probe[0].load_state_dict(model[0].state_dict())
-    model.train(), probe.train()
-    x = np.random.default_rng(1).normal(size=(7, 4)).astype(np.float32)
-    target = np.random.default_rng(2).normal(size=(7, 5))
+    x, target, hidden, mask = training_case(model, p)
     w, b, a, bb = numpy_params(lora)
     m = lora.lora_magnitude_vector.default.weight.data.astype(np.float64)
-    hidden = x.astype(np.float64) @ model[0].weight.data.T.astype(np.float64) + model[0].bias.data
-    mask = np.where(probe(x) == 0, 0.0, 1.0 / (1.0 - p)) if p else None
     y, *_ = dora_reference(hidden, w, b, a, bb, m, 0.75, np.zeros((7, 5)), mask)
     assert np.allclose(model(x), y, rtol=1e-5, atol=1e-6)
     gt.TrainStep(model, gt.nn.MSELoss())(x, target.astype(np.float32))
@@ -243,22 +198,13 @@ def test_kind_matches_numpy(device):
 
 @pytest.mark.parametrize("p", [0.0, 0.5])
 def test_kind_dropout_and_gradients_match_numpy(p):
-    """Forward and the adapter's gradients (MSE loss) in training. The adapter's dropout is the
-    model's Philox dropout of its input: a Dropout layer with the same model seed and layer id
-    (the first dropout layer of both models) drops the same inputs, which gives the reference its mask."""
+    """Forward and the adapter's gradients (MSE loss) in training, the dropout mask from a probe
+    Dropout layer (training_case)."""
     model, lora = small_model(p)
     model._compile("cpu", seed=99)
-    probe = gt.nn.Sequential(gt.nn.Linear(4, 6), gt.nn.Dropout(p))
-    probe._compile("cpu", seed=99)
-    probe[0].load_state_dict(model[0].state_dict())
-    model.train(), probe.train()
-    x = np.random.default_rng(1).normal(size=(7, 4)).astype(np.float32)
-    target = np.random.default_rng(2).normal(size=(7, 5))
+    x, target, hidden, mask = training_case(model, p)
     w, b, a, bb = numpy_params(lora)
-    hidden = x.astype(np.float64) @ model[0].weight.data.T.astype(np.float64) + model[0].bias.data
-    mask = None
     if p:
-        mask = np.where(probe(x) == 0, 0.0, 1.0 / (1.0 - p))
         assert 0 < mask.mean() < 2  # some kept, some dropped
     y, *_ = lora_reference(hidden, w, b, a, bb, 0.75, np.zeros((7, 5)), mask)
     assert np.allclose(model(x), y, rtol=1e-5, atol=1e-6)
@@ -297,16 +243,6 @@ def test_bf16_close_to_fp32(ref):
 
 
 # -- bad input: clear exceptions, nothing applied ---------------------------------------------
-def snapshot(model):
-    return [(n, type(m).__name__) for n, m in model.named_modules()], model.state_dict()
-
-
-def assert_unchanged(model, before):
-    names, state = snapshot(model)
-    assert names == before[0]
-    assert all(np.array_equal(state[k], v) for k, v in before[1].items())
-
-
 @pytest.mark.parametrize("targets", [["q_projection", "nothing"], "model\\.layers\\.9\\..*"])
 def test_targets_matching_nothing_are_named(targets):
     model = from_pretrained(BASE)
@@ -391,17 +327,4 @@ def test_trainer_fine_tunes_a_dora_adapter(tmp_path):
     gt.random.manual_seed(0)
     model = get_peft_model(from_pretrained(BASE), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                              use_dora=True))
-    ids = np.stack([(np.arange(10) * (i % 5 + 1) + i % 7) % 90 + 3 for i in range(32)]).astype(np.int64)
-    data = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids}
-    before = model.state_dict()
-    args = gt.TrainingArguments(output_dir=str(tmp_path), max_steps=12, per_device_train_batch_size=8,
-                                learning_rate=1e-2, save_strategy="no", report_to="none", disable_tqdm=True,
-                                logging_steps=4)
-    trainer = gt.Trainer(model=model, args=args, train_dataset=data)
-    trainer.train()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert len(losses) == 3 and losses[-1] < losses[0]
-    after = model.state_dict()
-    for name, value in before.items():
-        moved = not np.array_equal(after[name], value)
-        assert moved == any(part in name for part in (".lora_A.", ".lora_B.", ".lora_magnitude_vector.")), name
+    assert_trainer_fine_tunes(model, tmp_path, ADAPTER + (".lora_magnitude_vector.",))

@@ -27,18 +27,12 @@ from gputrain.models import from_pretrained
 from gputrain.peft import LoraConfig, LoraLinear, PeftModel, get_peft_model
 
 import _reference as ref
+from _peft_helpers import (ADAPTER, BASE, DORA, HERE, LORA, assert_peft_s_loss_and_gradients,
+                           assert_trainer_fine_tunes, assert_training_moves_only_the_adapter, assert_unchanged,
+                           grad_keys, internal_name, lora_reference, relative_error, snapshot, training_case)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-HF = os.path.join(HERE, "fixtures", "hf")
-BASE = os.path.join(HF, "llama-tiny")
-BNB_NF4 = os.path.join(HF, "llama-tiny-bnb-nf4")
-LORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-lora")  # PEFT's adapter: B non-zero, all projections
-DORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-dora")
+BNB_NF4 = os.path.join(HERE, "fixtures", "hf", "llama-tiny-bnb-nf4")
 QLORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-bnb-nf4-qlora")  # make_qlora_fixtures.py
-
-
-def relative_error(actual, expected):
-    return float(np.linalg.norm(np.asarray(actual, np.float64) - expected) / np.linalg.norm(expected))
 
 
 @pytest.fixture(scope="module")
@@ -113,16 +107,6 @@ def test_bf16_is_the_float_twin_s_in_bf16(batch):
 
 
 # -- the kind alone, several tiles, against float64 NumPy ----------------------------------------
-def lora_reference(x, w, b, a, bb, scaling, dy, mask=None):
-    """y = x W^T + b + s (mask x) A^T B^T and dB, dA, dx for upstream dy (float64)."""
-    xd = x if mask is None else x * mask
-    h = xd @ a.T
-    y = x @ w.T + b + scaling * h @ bb.T
-    dh = scaling * dy @ bb
-    dx = dy @ w + (dh @ a if mask is None else (dh @ a) * mask)
-    return y, scaling * dy.T @ h, dh.T @ xd, dx
-
-
 def small_qlora(p, tile_rows):
     """Linear(4, 96) -> LoRA(r=3, s=0.75) on QLinear(96, 48, nf4, bias): blocks of 64 span rows of 96;
     tile_rows 16: three tiles."""
@@ -140,21 +124,14 @@ def small_qlora(p, tile_rows):
 def test_kind_on_a_quantized_base_matches_numpy(p, tile_rows, precision):
     """Forward, the adapter's gradients and the input gradient (through the Linear below) of an MSE,
     in training, against float64 with W = dequant(codes); dropout's mask from a probe Dropout with
-    the same model seed and layer id (as tests/test_peft.py). fp32: 1e-5 (the GEMMs' f32 rounding,
-    tiles summed in a different order); bf16: 3e-2 (inputs and tiles rounded to 8 bits)."""
+    the same model seed and layer id (training_case, as tests/test_peft.py). fp32: 1e-5 (the GEMMs'
+    f32 rounding, tiles summed in a different order); bf16: 3e-2 (inputs and tiles rounded to 8 bits)."""
     model, lora = small_qlora(p, tile_rows)
     model._compile("cpu", seed=99, precision=gt._vocab.c_dtype(precision))
-    probe = nn.Sequential(nn.Linear(4, 96), nn.Dropout(p))
-    probe._compile("cpu", seed=99)
-    probe[0].load_state_dict(model[0].state_dict())
-    model.train(), probe.train()
-    x = np.random.default_rng(1).normal(size=(7, 4)).astype(np.float32)
-    target = np.random.default_rng(2).normal(size=(7, 48))
+    x, target, hidden, mask = training_case(model, p)
     w = lora.base_layer.dequantize().astype(np.float64)
     b = lora.base_layer.bias.data.astype(np.float64)
     a, bb = (lora.lora_A.default.weight.data.astype(np.float64), lora.lora_B.default.weight.data.astype(np.float64))
-    hidden = x.astype(np.float64) @ model[0].weight.data.T.astype(np.float64) + model[0].bias.data
-    mask = np.where(probe(x) == 0, 0.0, 1.0 / (1.0 - p)) if p else None
     y, *_ = lora_reference(hidden, w, b, a, bb, 0.75, np.zeros((7, 48)), mask)
     tol = 1e-5 if precision == "fp32" else 3e-2
     assert relative_error(model(x), y) <= tol
@@ -221,19 +198,9 @@ def test_training_moves_only_the_adapter(batch):
     model = get_peft_model(from_pretrained(BASE, quantization="nf4"),
                            LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear"))
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {
-        n for n, _ in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
-    model.train()
-    before = model.state_dict()
-    opt = gt.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    train = gt.TrainStep(model, nn.CrossEntropyLoss(), opt)
-    labels = model.shift_labels(batch["labels"])
-    losses = [train(batch["input_ids"], labels, attention_mask=batch["attention_mask"]).loss for _ in range(8)]
-    assert losses[-1] < 0.9 * losses[0]
-    after = model.state_dict()
-    assert any(v.dtype == np.uint8 for v in after.values())  # the packed codes are in the state
-    for name, value in before.items():
-        moved = not np.array_equal(after[name], value)
-        assert moved == (".lora_B." in name or ".lora_A." in name), name
+        n for n, _ in model.named_parameters() if any(part in n for part in ADAPTER)}
+    assert_training_moves_only_the_adapter(model, batch)
+    assert any(v.dtype == np.uint8 for v in model.state_dict().values())  # the packed codes are in the state
     for name, p in model.named_parameters():
         assert (p.grad is not None) == p.requires_grad, name
 
@@ -243,19 +210,7 @@ def test_trainer_fine_tunes_a_bf16_qlora_adapter(tmp_path):
     gt.random.manual_seed(0)
     model = get_peft_model(from_pretrained(BASE, quantization="nf4", dtype="bf16"),
                            LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    ids = np.stack([(np.arange(10) * (i % 5 + 1) + i % 7) % 90 + 3 for i in range(32)]).astype(np.int64)
-    data = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids}
-    before = model.state_dict()
-    args = gt.TrainingArguments(output_dir=str(tmp_path), max_steps=12, per_device_train_batch_size=8,
-                                learning_rate=1e-2, save_strategy="no", report_to="none", disable_tqdm=True,
-                                logging_steps=4, bf16=True)
-    trainer = gt.Trainer(model=model, args=args, train_dataset=data)
-    trainer.train()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert len(losses) == 3 and losses[-1] < losses[0]
-    after = model.state_dict()
-    for name, value in before.items():
-        assert (not np.array_equal(after[name], value)) == (".lora_A." in name or ".lora_B." in name), name
+    assert_trainer_fine_tunes(model, tmp_path, ADAPTER, bf16=True)
 
 
 # -- files -------------------------------------------------------------------------------------
@@ -274,9 +229,7 @@ def test_a_saved_qlora_adapter_is_peft_s_files_and_loads_onto_the_float_base(tmp
     assert len(saved) == 8 and all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in saved)
     state = model.state_dict()
     for key, value in saved.items():
-        internal = key.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight",
-                                                                                  ".lora_B.default.weight")
-        assert value.dtype == np.float32 and np.array_equal(value, state[internal]), key
+        assert value.dtype == np.float32 and np.array_equal(value, state[internal_name(key)]), key
     mask = batch["attention_mask"].astype(bool)
     ours = model.eval()(batch["input_ids"], attention_mask=batch["attention_mask"])
     on_twin = PeftModel.from_pretrained(twin, tmp_path)(batch["input_ids"], attention_mask=batch["attention_mask"])
@@ -296,29 +249,11 @@ def test_peft_and_bitsandbytes_numbers(batch):
     mask = data["attention_mask"].astype(bool)
     logits = model(data["input_ids"], attention_mask=data["attention_mask"])
     assert relative_error(logits[mask], data["logits"][mask]) <= 1e-5
-    out = gt.TrainStep(model, nn.CrossEntropyLoss())(data["input_ids"], model.shift_labels(data["labels"]),
-                                                     attention_mask=data["attention_mask"])
-    assert out.loss == pytest.approx(float(data["loss"]), rel=1e-5)
-    params = dict(model.named_parameters())
-    keys = [k.removeprefix("grad/") for k in data.files if k.startswith("grad/")]
-    assert keys
-    for key in keys:
-        internal = key.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight",
-                                                                                  ".lora_B.default.weight")
-        assert relative_error(params[internal].grad, data[f"grad/{key}"]) <= 1e-4, key
+    assert grad_keys(data)
+    assert_peft_s_loss_and_gradients(model, data)
 
 
 # -- refused by name, nothing changed --------------------------------------------------------------
-def snapshot(model):
-    return [(n, type(m).__name__) for n, m in model.named_modules()], model.state_dict()
-
-
-def assert_unchanged(model, before):
-    names, state = snapshot(model)
-    assert names == before[0]
-    assert all(np.array_equal(state[k], v) for k, v in before[1].items())
-
-
 def test_dora_on_a_quantized_base_is_refused_by_name(tmp_path):
     model = from_pretrained(BASE, quantization="nf4")
     before = snapshot(model)
