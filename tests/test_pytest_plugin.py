@@ -69,14 +69,13 @@ def test_example_runs_quick_and_json_carries_plan_and_machine(inner: pytest.Pyte
     result.assert_outcomes(passed=4)
     benchmarks = json.loads(out.read_text())["benchmarks"]
     assert sorted(b["param"] for b in benchmarks) == ["bf16-0", "bf16-2", "fp32-0", "fp32-2"]
-    weights = 784 * 512 + 512 * 10
-    parameters = weights + 512 + 10
+    parameters = 784 * 512 + 512 + 512 * 10 + 10
     for bench in benchmarks:
         info = bench["extra_info"]
         assert bench["stats"]["rounds"] == 2
         plan = info["memory_plan"]["cpu"]
         assert plan["parameters"] == plan["gradients"] == 4 * parameters
-        assert plan["half_parameters"] == (2 * weights if bench["param"].startswith("bf16") else 0)
+        assert plan["half_parameters"] == (2 * parameters if bench["param"].startswith("bf16") else 0)
         assert plan["total"] == sum(v for k, v in plan.items() if k != "total")
         assert info["memory_peak_bytes"]["cpu"] >= plan["total"]
         assert info["samples_per_step"] == 256

@@ -72,8 +72,8 @@ enum {
     GT_KIND_READS_IDS = 16,   /* reads the model's int64 ids (a model starting with it takes ids) */
     GT_KIND_FREEZES = 32,     /* its backward honours frozen parameters (gt_param.frozen: grad NULL,
                                  no work on it); a kind without it refuses them */
-    GT_KIND_HALF_WEIGHT = 64, /* its GEMMs read its weight's half copy (gt_param.lowp) in f16/bf16
-                                 mode: only such weights (and a table a tied one shares) have one */
+    GT_KIND_LOOKUP = 64,      /* its weight is a table whose rows are looked up in f32: it has no
+                                 half copy (gt_param.lowp) unless a tied GEMM layer reads it too */
 };
 
 enum { GT_MAX_FROZEN_PIECES = 4 };

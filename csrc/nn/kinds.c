@@ -58,8 +58,8 @@ static gt_status linear_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_linear = {
-    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS | GT_KIND_FREEZES | GT_KIND_HALF_WEIGHT, NULL,
-    describe_linear, linear_params, gt_plan_linear, gt_linear_forward, gt_linear_backward};
+    "linear", "Linear", GT_LAYER_ARGS(linear_args), GT_KIND_PARAMS | GT_KIND_FREEZES, NULL, describe_linear,
+    linear_params, gt_plan_linear, gt_linear_forward, gt_linear_backward};
 
 /* ---- Activation: ("activation", function) ---- */
 static const gt_enum_name activation_names[] = {
@@ -120,7 +120,8 @@ static gt_status embedding_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_embedding = {
-    "embedding", "Embedding", GT_LAYER_ARGS(embedding_args), GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES, NULL,
+    "embedding", "Embedding", GT_LAYER_ARGS(embedding_args),
+    GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES | GT_KIND_LOOKUP, NULL,
     describe_embedding, embedding_params, gt_plan_embedding, gt_embedding_forward,
     gt_embedding_backward};
 
@@ -177,7 +178,8 @@ static gt_status tokens_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_tokens = {
-    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args), GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES, check_tokens,
+    "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args),
+    GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES | GT_KIND_LOOKUP, check_tokens,
     describe_tokens, tokens_params, gt_plan_tokens, gt_tokens_forward, gt_tokens_backward};
 
 /* ---- SequencePool: ("pool", mode): "cls", "mean" or "last" (run->last_tokens) ---- */
@@ -207,7 +209,8 @@ static gt_status check_position(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_position = {
-    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args), GT_KIND_PARAMS | GT_KIND_FREEZES, check_position,
+    "position", "PositionEmbedding", GT_LAYER_ARGS(position_args),
+    GT_KIND_PARAMS | GT_KIND_FREEZES | GT_KIND_LOOKUP, check_position,
     describe_position,
     embedding_params, gt_plan_position, gt_position_forward, gt_position_backward};
 
@@ -240,8 +243,8 @@ static gt_status conv2d_params(gt_layer *layer) {
 }
 
 const gt_layer_type gt_layer_type_conv2d = {
-    "conv2d", "Conv2d", GT_LAYER_ARGS(conv2d_args), GT_KIND_PARAMS | GT_KIND_HALF_WEIGHT, check_conv2d,
-    describe_conv2d, conv2d_params, gt_plan_conv2d, gt_conv2d_layer_forward, gt_conv2d_layer_backward};
+    "conv2d", "Conv2d", GT_LAYER_ARGS(conv2d_args), GT_KIND_PARAMS, check_conv2d, describe_conv2d,
+    conv2d_params, gt_plan_conv2d, gt_conv2d_layer_forward, gt_conv2d_layer_backward};
 
 /* ---- BatchNorm2d: ("batchnorm2d", num_features, eps, momentum (< 0: cumulative average), affine,
  * track_running_stats) ---- */

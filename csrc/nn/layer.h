@@ -56,8 +56,8 @@ typedef struct gt_param {
     float *grad;          /* (numel,) in the gradient arena at grad_offset; NULL when frozen */
     void *lowp;           /* (numel,) half-precision copy for GEMMs in f16/bf16 mode, else NULL */
     size_t offset;        /* elements from the start of the parameter arena */
-    int has_lowp;         /* 1: a GEMM reads it in half precision (GT_KIND_HALF_WEIGHT): it has a
-                             half copy in f16/bf16 mode */
+    int has_lowp;         /* 1: it has a half copy in f16/bf16 mode (all but the tables of
+                             GT_KIND_LOOKUP kinds that no GEMM reads) */
     size_t lowp_offset;   /* has_lowp: elements from the start of the half copy */
     size_t grad_offset;   /* elements from the start of the gradient arena (trainable only) */
     int frozen;           /* 1: requires_grad False (gt_model_set_frozen): no gradient, no

@@ -1,6 +1,6 @@
 /* Model lifetime: parameter layout (one f32 arena each for parameters and gradients, packed in
  * state_dict order; the gradient arena holds the trainable parameters only, gt_model_set_frozen;
- * in f16/bf16 mode a half copy holds the weights that GEMMs read, GT_KIND_HALF_WEIGHT),
+ * in f16/bf16 mode a half copy holds all but the lookup tables that no GEMM reads, GT_KIND_LOOKUP),
  * activation planning and allocation, forward, loss and backward.
  *
  * A model runs its device's op table (core/device_backend.h: cpu, cuda:N, sim:N) on the
@@ -104,27 +104,35 @@ static gt_status layout_layer(gt_layer *layer, size_t *offset) {
     return GT_OK;
 }
 
-/* Marks the weights that GEMMs read in half precision (GT_KIND_HALF_WEIGHT); a tied layer's in
- * its first use (an LM head tied to the tokens reads the TokenEmbedding's table). */
+/* Marks the parameters that have a half copy: all but the tables of lookup kinds (GT_KIND_LOOKUP,
+ * read in f32), unless a later use that is no lookup reads the table as its weight (an LM head
+ * tied to the tokens: the first use, earlier in this pre-order walk, is marked again). */
 static void mark_lowp(gt_layer *layer) {
-    if ((gt_layer_type_of(layer->kind)->flags & GT_KIND_HALF_WEIGHT) && layer->weight.numel)
-        ((gt_param *)(layer->tied ? &layer->tied->weight : &layer->weight))->has_lowp = 1;
+    int lookup = (gt_layer_type_of(layer->kind)->flags & GT_KIND_LOOKUP) != 0;
+    if (layer->tied && !lookup)
+        ((gt_param *)&layer->tied->weight)->has_lowp = 1;
+    if (!layer->tied) {
+        layer->weight.has_lowp = layer->weight.numel && !lookup;
+        layer->bias.has_lowp = layer->bias.numel != 0;
+    }
     for (size_t i = 0; i < layer->num_children; i++)
         mark_lowp(&layer->children[i]);
 }
 
-/* Gives every marked weight its offset in the half copy, in state_dict order (after mark_lowp);
- * a later use of a module takes its first use's again. Norms, embeddings read by a lookup and
- * biases have none: in half-precision mode they are read in f32. */
+/* Gives every marked parameter its offset in the half copy, in state_dict order (after
+ * mark_lowp); a later use of a module takes its first use's again. */
 static void layout_lowp(gt_layer *layer, size_t *offset) {
     if (layer->tied) {
         layer->weight = layer->tied->weight;
         layer->bias = layer->tied->bias;
         return;
     }
-    if (layer->weight.has_lowp) {
-        layer->weight.lowp_offset = *offset;
-        *offset += layer->weight.numel;  /* at most num_params: checked by the layout */
+    gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int i = 0; i < 2; i++) {
+        if (!params[i]->has_lowp)
+            continue;
+        params[i]->lowp_offset = *offset;
+        *offset += params[i]->numel;  /* at most num_params: checked by the layout */
     }
     for (size_t i = 0; i < layer->num_children; i++)
         layout_lowp(&layer->children[i], offset);
@@ -285,7 +293,7 @@ static size_t step_scratch_request(const gt_model *model) {
     return GT_MODEL_STEP_SCRATCH_BYTES;
 }
 
-/* Weight elements [start, end) of the parameter arena whose half copies are adjacent too. */
+/* Parameter elements [start, end) of the parameter arena whose half copies are adjacent too. */
 typedef struct param_run {
     size_t start;       /* first element in the parameter arena */
     size_t end;         /* one past the last */
@@ -301,20 +309,23 @@ static gt_status cast_run(gt_model *model, char *lowp, gt_dtype dt, const param_
                                     (int64_t)(run->end - run->start));
 }
 
-/* Casts the half-copied weights of `layer`'s tree (the trainable ones only: `trainable_only`; a
+/* Casts the half-copied parameters of `layer`'s tree (the trainable ones only: `trainable_only`; a
  * later use of a module: its first use's), extending `run` while they are adjacent in both arenas
  * and casting it where they are not. */
 static gt_status cast_tree(gt_model *model, const gt_layer *layer, char *lowp, gt_dtype dt, int trainable_only,
                            param_run *run) {
     if (layer->tied)
         return GT_OK;
-    const gt_param *w = &layer->weight;
-    if (w->has_lowp && !(trainable_only && w->frozen)) {
-        if (w->offset != run->end || w->lowp_offset != run->lowp_start + (run->end - run->start)) {
+    const gt_param *params[2] = {&layer->weight, &layer->bias};
+    for (int i = 0; i < 2; i++) {
+        const gt_param *p = params[i];
+        if (!p->has_lowp || (trainable_only && p->frozen))
+            continue;
+        if (p->offset != run->end || p->lowp_offset != run->lowp_start + (run->end - run->start)) {
             GT_TRY(cast_run(model, lowp, dt, run));
-            *run = (param_run){w->offset, w->offset, w->lowp_offset};
+            *run = (param_run){p->offset, p->offset, p->lowp_offset};
         }
-        run->end = w->offset + w->numel;
+        run->end = p->offset + p->numel;
     }
     for (size_t i = 0; i < layer->num_children; i++)
         GT_TRY(cast_tree(model, &layer->children[i], lowp, dt, trainable_only, run));

@@ -30,7 +30,7 @@ typedef struct gt_loss {
 typedef struct gt_model_plan {
     size_t param_bytes;       /* f32 parameters */
     size_t grad_bytes;        /* f32 gradients of the trainable (not frozen) parameters */
-    size_t lowp_param_bytes;  /* half copy of the weights GEMMs read (f16/bf16 mode), else 0 */
+    size_t lowp_param_bytes;  /* half copy of the parameters but lookup-only tables (f16/bf16), else 0 */
     size_t buffer_bytes;      /* buffers: BatchNorm2d running statistics (not parameters) and the
                                  copy a failed training step restores them from, and frozen
                                  buffers (QLinear's packed weights and absmax) */
@@ -118,7 +118,7 @@ typedef struct gt_model {
     size_t num_grads;           /* f32 elements in the gradient arena: the trainable parameters' */
     gt_arena params;            /* (num_params,) f32 */
     gt_arena grads;             /* (num_grads,) f32, the trainable parameters in state_dict order */
-    size_t num_lowp;            /* elements of the half copy: the weights GEMMs read in half precision */
+    size_t num_lowp;            /* elements of the half copy: the parameters but lookup-only tables */
     gt_arena lowp_params;       /* (num_lowp,) f16/bf16 when dt is half */
     size_t buffer_bytes;        /* bytes of the buffers, laid out in state_dict order */
     size_t stat_bytes;          /* the first stat_bytes of them: the running statistics (a failed step
@@ -196,8 +196,8 @@ gt_status gt_model_prepare_forward(gt_model *model, const gt_tensor *input);
 /* Re-initialises every parameter from `seed` (PyTorch's default distributions). */
 gt_status gt_model_init_params(gt_model *model, uint64_t seed);
 
-/* Refreshes the half-precision copy of the weights GEMMs read in half precision (GT_KIND_HALF_WEIGHT)
- * from the f32 master (after an update or a load). */
+/* Refreshes the half-precision copy of the parameters (all but the lookup tables no GEMM reads,
+ * GT_KIND_LOOKUP) from the f32 master (after an update or a load). */
 gt_status gt_model_refresh_lowp(gt_model *model);
 
 /* Refreshes the half copy of the trainable parameters only: after an optimizer step, which
