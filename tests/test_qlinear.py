@@ -1,11 +1,11 @@
 """QLinear (csrc/nn/qlinear.c, gputrain.nn.QLinear) and from_pretrained(..., quantization=...).
 
-A QLinear holds a frozen NF4/FP4 weight in bitsandbytes' layout (packed codes + float32 absmax in
-the buffer arena) and dequantizes it tile by tile into the GEMM: its forward and input gradient
-are a Linear's holding the dequantized weight -- the same bits where the GEMMs have the same
-shapes (one tile), within the GEMM's rounding otherwise (several tiles split the backward GEMM's
-reduction; CI's AVX2 stage gives a row different bits by the GEMM's row count, so tiled results
-are compared with tolerances). Quantize-while-loading packs the bytes gputrain.quant and its
+A QLinear holds a frozen NF4/FP4 or int8 weight in bitsandbytes' layout (packed codes + float32
+absmax in the buffer arena; int8: a code a byte, an absmax a row) and dequantizes it tile by tile
+into the GEMM: its forward and input gradient are a Linear's holding the dequantized weight -- the
+same bits where the GEMMs have the same shapes (one tile), within the GEMM's rounding otherwise
+(several tiles split the backward GEMM's reduction; CI's AVX2 stage gives a row different bits by
+the GEMM's row count, so tiled results are compared with tolerances). Quantize-while-loading packs the bytes gputrain.quant and its
 NumPy reference pack; bitsandbytes' own 4-bit folders (tests/fixtures/make_qlinear_fixtures.py)
 load without dequantizing and give transformers' logits of the dequantized weights.
 """
@@ -26,6 +26,7 @@ from gputrain.models import from_pretrained
 from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
 from gputrain.quant import quantize_4bit, reference
 from gputrain.quant.codes import code_table
+from gputrain.quant.int8 import int8_vectorwise_quant
 
 import _reference as ref
 
@@ -78,9 +79,34 @@ def test_quantize_while_loading_packs_the_bytes_of_gputrain_quant_and_the_numpy_
     assert isinstance(model.model.layers[1].mlp.down_proj, nn.QLinear)
 
 
+def test_int8_while_loading_packs_the_codes_of_gputrain_quant_and_the_numpy_reference():
+    """quantization="int8": LLM.int8's row-wise codes (bitsandbytes' int8_vectorwise_quant, bit for
+    bit) and one absmax a row (its SCB); the layer computes with code * f32(absmax * f32(1/127)),
+    bitsandbytes' CPU training dequantization, which dequantize() gives."""
+    model = from_pretrained(LLAMA, quantization="int8")
+    state = model.state_dict()
+    stored = checkpoint_tensors(LLAMA)
+    for i in range(2):
+        for proj in PROJS:
+            name = f"model.layers.{i}.{proj}.weight"
+            w = read_tensor(stored[name])
+            codes, scb = int8_vectorwise_quant(w)
+            ref_codes, ref_scb = reference.int8_rowwise(w)
+            assert state[name].dtype == np.int8 and state[name].shape == w.shape
+            assert np.array_equal(state[name], codes) and np.array_equal(state[name], ref_codes)
+            assert ref.same_bits(state[name + ".absmax"], scb) and ref.same_bits(scb, ref_scb)
+            layer = model.get_submodule(f"model.layers.{i}.{proj}")
+            scale = (ref_scb * np.float32(1 / 127)).astype(np.float32)
+            assert ref.same_bits(layer.dequantize(), (ref_codes.astype(np.float32) * scale[:, None]).astype(np.float32))
+    assert not any(n.endswith("_proj.weight") for n, _ in model.named_parameters())
+    ids = np.load(os.path.join(HF, "llama-tiny-bnb.npz"))["ids"]
+    got, want = model(ids), from_pretrained(LLAMA)(ids)
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()  # int8's rounding, not another model
+
+
 # -- forward and input gradient --------------------------------------------------------------
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4", "int8"])
 def test_one_tile_gives_the_bits_of_a_linear_holding_the_dequantized_weight(precision, quant_type):
     q, linear = pair(48, 96, quant_type)  # rows of 96: blocks of 64 span two rows
     x = np.random.default_rng(1).standard_normal((2, 5, 96)).astype(np.float32)
@@ -133,10 +159,11 @@ def test_a_frozen_bias_gets_no_gradient_and_the_layers_below_still_train():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_tiles_give_the_reference_within_the_gemms_rounding(precision):
-    """tile_rows 16 (rounded to whole blocks: 16 rows of 96 = 24 blocks): three tiles; forward and
-    the input gradient against float64 x @ W^T and dout @ W."""
-    q, _ = pair(48, 96, tile_rows=16, bias=False)
+@pytest.mark.parametrize("quant_type", ["nf4", "int8"])
+def test_tiles_give_the_reference_within_the_gemms_rounding(precision, quant_type):
+    """tile_rows 16 (nf4: rounded to whole blocks, 16 rows of 96 = 24 blocks; int8: a block a row):
+    three tiles; forward and the input gradient against float64 x @ W^T and dout @ W."""
+    q, _ = pair(48, 96, quant_type, tile_rows=16, bias=False)
     w = ref.f64(q.dequantize())
     rng = np.random.default_rng(3)
     x = rng.standard_normal((7, 96)).astype(np.float32)
@@ -157,12 +184,13 @@ def test_tiles_give_the_reference_within_the_gemms_rounding(precision):
 
 @pytest.mark.sim
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan(precision):
+@pytest.mark.parametrize("quant_type", ["nf4", "int8"])
+def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan(precision, quant_type):
     def trained(device):
         gc.collect()  # the sim models of earlier tests: their memory is not this plan's
         gt.random.manual_seed(5)
-        model = nn.Sequential(nn.Linear(32, 96), nn.QLinear(96, 48, True, "nf4", 64, 16).quantize_(weights(48, 96)),
-                              nn.ReLU(), nn.Linear(48, 3))
+        q = nn.QLinear(96, 48, True, quant_type, 64, 16).quantize_(weights(48, 96))
+        model = nn.Sequential(nn.Linear(32, 96), q, nn.ReLU(), nn.Linear(48, 3))
         if device != "cpu":
             model = model.to(device)
             gt.reset_peak_memory_stats(device)
@@ -179,7 +207,8 @@ def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan(precision):
     (cpu_losses, cpu_state), (sim_losses, sim_state) = trained("cpu"), trained("sim:0")
     assert cpu_losses == sim_losses
     assert all(ref.same_bits(cpu_state[k], sim_state[k]) for k in cpu_state)
-    assert np.array_equal(cpu_state["1.weight"], nn.QLinear(96, 48).quantize_(weights(48, 96)).weight)  # frozen
+    frozen = nn.QLinear(96, 48, True, quant_type).quantize_(weights(48, 96)).weight
+    assert np.array_equal(cpu_state["1.weight"], frozen)
 
 
 # -- the memory plan -------------------------------------------------------------------------
@@ -195,6 +224,8 @@ def test_the_plan_holds_the_packed_weight_not_a_float_one():
     assert plan["workspace"] >= aligned(n * 2)
     tiled = gt.TrainStep(nn.QLinear(inp, out, bias=False, tile_rows=32), nn.MSELoss(), precision="bf16")
     assert tiled.memory_plan((4, inp))["workspace"] < plan["workspace"]
+    int8 = gt.TrainStep(nn.QLinear(inp, out, bias=False, quant_type="int8"), nn.MSELoss(), precision="bf16")
+    assert int8.memory_plan((4, inp))["buffers"] == aligned(n) + aligned(out * 4)  # a byte a weight + absmax
 
 
 # -- bitsandbytes' folders -------------------------------------------------------------------
@@ -222,10 +253,11 @@ def test_a_bnb_4bit_folder_loads_packed_and_gives_the_reference_logits(quant_typ
 
 
 @pytest.mark.sim
-def test_a_quantized_decoder_on_sim_gives_the_cpu_logits():
+@pytest.mark.parametrize("quant_type", ["nf4", "int8"])
+def test_a_quantized_decoder_on_sim_gives_the_cpu_logits(quant_type):
     ids = np.load(os.path.join(HF, "llama-tiny-bnb.npz"))["ids"]
-    cpu = from_pretrained(LLAMA, quantization="nf4", dtype="bf16")
-    sim = from_pretrained(LLAMA, quantization="nf4", dtype="bf16", device="sim")
+    cpu = from_pretrained(LLAMA, quantization=quant_type, dtype="bf16")
+    sim = from_pretrained(LLAMA, quantization=quant_type, dtype="bf16", device="sim")
     assert ref.same_bits(cpu(ids), sim(ids))
 
 
@@ -261,8 +293,11 @@ def test_a_trainer_fine_tunes_around_the_frozen_weights_and_resumes_bit_identica
 def test_bad_quantization_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="quantization must be one of"):
         from_pretrained(LLAMA, quantization="nf5")
-    with pytest.raises(ValueError, match="int8"):
-        from_pretrained(LLAMA, quantization="int8")
+    with pytest.raises(ValueError, match="load_quantized takes a 4-bit weight"):
+        nn.QLinear(64, 8, quant_type="int8").load_quantized(np.zeros(256, np.uint8),
+                                                             quantize_4bit(weights(8, 64), 64, "nf4")[1])
+    with pytest.raises(ValueError, match="no 4-bit QuantState"):
+        nn.QLinear(64, 8, quant_type="int8").quant_state()
     with pytest.raises(ValueError, match="blocksize must be one of"):
         from_pretrained(LLAMA, quantization="nf4", blocksize=48)
     with pytest.raises(ValueError, match="gpt2 family cannot be quantized"):

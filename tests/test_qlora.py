@@ -1,4 +1,4 @@
-"""QLoRA: LoRA adapters (gputrain.peft) on a frozen 4-bit base (QLinear, csrc/nn/qlinear.c).
+"""QLoRA: LoRA adapters (gputrain.peft) on a frozen 4-bit (or int8) base (QLinear, csrc/nn/qlinear.c).
 
 The `lora` kind runs its QLinear base_layer through the qlinear kind (tile-by-tile dequantizing
 GEMMs), so a QLoRA model is, to the GEMM's rounding, the float LoRA model whose base weights are the
@@ -7,7 +7,7 @@ quantized projection's weight overwritten by QLinear.dequantize()). Where the ql
 tile (every projection of the tiny Llama) its GEMMs have the shapes of the float base's, so the
 twin's numbers agree to fp32 rounding (1e-6 relative, far below the ~1e-1 an NF4 weight moves the
 logits); several tiles are checked against float64 NumPy. Adapters save as PEFT's files and load onto
-the float base; DoRA and merge_and_unload on a 4-bit base are refused by name with nothing changed.
+the float base; DoRA and merge_and_unload on a quantized base are refused by name with nothing changed.
 PEFT + bitsandbytes' own numbers (tests/fixtures/make_qlora_fixtures.py) are compared too.
 """
 
@@ -65,11 +65,12 @@ def adapter_grads(model):
 
 
 # -- the float twin ----------------------------------------------------------------------------
-@pytest.mark.parametrize("folder,quantization", [(BASE, "nf4"), (BASE, "fp4"), (BNB_NF4, None)],
-                         ids=["nf4", "fp4", "bnb-nf4-folder"])
+@pytest.mark.parametrize("folder,quantization", [(BASE, "nf4"), (BASE, "fp4"), (BASE, "int8"), (BNB_NF4, None)],
+                         ids=["nf4", "fp4", "int8", "bnb-nf4-folder"])
 def test_logits_loss_and_adapter_gradients_are_the_float_twin_s(folder, quantization, batch):
-    """PEFT's adapter on the 4-bit base (quantized while loading, or bitsandbytes' own double-quantized
-    folder) against the same adapter on the float twin: fp32 rounding apart."""
+    """PEFT's adapter on the quantized base (4-bit or int8 quantized while loading, or bitsandbytes'
+    own double-quantized 4-bit folder) against the same adapter on the float twin: fp32 rounding
+    apart."""
     qbase = from_pretrained(folder, quantization=quantization)
     twin = PeftModel.from_pretrained(float_twin(qbase), LORA, is_trainable=True)
     model = PeftModel.from_pretrained(qbase, LORA, is_trainable=True)
@@ -81,7 +82,7 @@ def test_logits_loss_and_adapter_gradients_are_the_float_twin_s(folder, quantiza
     assert relative_error(logits[mask], want[mask]) <= 1e-6
     float_lora = PeftModel.from_pretrained(from_pretrained(BASE), LORA)(batch["input_ids"],
                                                                          attention_mask=batch["attention_mask"])
-    assert relative_error(logits[mask], float_lora[mask]) > 1e-3  # the 4-bit rounding shows: the base is used
+    assert relative_error(logits[mask], float_lora[mask]) > 1e-3  # the rounding shows: the quantized base is used
     loss, twin_loss = step(model, batch).loss, step(twin, batch).loss
     assert loss == pytest.approx(twin_loss, rel=1e-6)
     grads, twin_grads = adapter_grads(model), adapter_grads(twin)
@@ -267,7 +268,8 @@ def test_dora_on_a_quantized_base_is_refused_by_name(tmp_path):
         LoraLinear(nn.QLinear(8, 4), r=2, lora_alpha=2, use_dora=True)
     lora = LoraLinear(nn.Linear(8, 4), r=2, lora_alpha=2, use_dora=True)
     lora.base_layer = nn.QLinear(8, 4).requires_grad_(False)  # past the Python check: the C kind refuses too
-    with pytest.raises(ValueError, match="LoraLinear: use_dora on a QLinear \\(4-bit\\) base_layer is not implemented"):
+    with pytest.raises(ValueError, match="LoraLinear: use_dora on a QLinear \\(quantized\\) base_layer is not "
+                                         "implemented"):
         nn.Sequential(lora)
     assert all(p.requires_grad for p in model.parameters())
     model(np.array([[1, 2, 3]]))  # still runs as it was

@@ -29,7 +29,7 @@
  * output, which the adapter path then adds to), backward dx = qlinear's input gradient (+ the
  * adapter's, as above); the child is planned by its kind's plan (its workspace holds the tile) and
  * takes no output buffer of its own. The packed weight never gets a gradient (it has none). DoRA on
- * a 4-bit base is refused (its norms need the dequantized weight). */
+ * a quantized base is refused (its norms need the dequantized weight). */
 #include <float.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,7 +70,7 @@ static const gt_layer_arg lora_args[] = {
     GT_ARG_FLAG_AT("use_dora", GT_ARG_CONFIG(lora_config, use_dora)),
     {"modules", GT_ARG_LAYERS, 0, 0, 0, 0, NULL}};
 
-/* 1 when the base_layer is a QLinear (a 4-bit weight): its kind runs the base's terms. */
+/* 1 when the base_layer is a QLinear (a quantized weight): its kind runs the base's terms. */
 static int quantized_base(const gt_layer *layer) { return layer->children[LORA_BASE].kind == GT_LAYER_QLINEAR; }
 
 /* 1 when `child` is an untied Linear (in, out) with or without a bias as `bias` says (-1: either). */
@@ -92,8 +92,8 @@ static gt_status check_lora(gt_layer *layer) {
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear's base_layer must be a Linear or a QLinear of its own (not a "
                        "tied one)");
     if (config.use_dora && quantized_base(layer))
-        return GT_FAIL(GT_ERR_VALUE, "LoraLinear: use_dora on a QLinear (4-bit) base_layer is not implemented (DoRA's "
-                       "norms need the dequantized weight); use LoRA without DoRA on a quantized base");
+        return GT_FAIL(GT_ERR_VALUE, "LoraLinear: use_dora on a QLinear (quantized) base_layer is not implemented "
+                       "(DoRA's norms need the dequantized weight); use LoRA without DoRA on a quantized base");
     int64_t in = base->in_features, out = base->out_features;
     if (!is_linear(&layer->children[LORA_A], in, config.r, 0))
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear's lora_A must be Linear(%lld, %lld, bias=False) for r=%lld",

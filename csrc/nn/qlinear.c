@@ -1,7 +1,10 @@
-/* QLinear: out = in @ dequant(W)^T + b over a frozen 4-bit weight W (out_features, in_features)
- * stored as bitsandbytes stores it (NF4 or FP4 codes, two per byte, the even element in the high
- * nibble, row-major; one f32 absmax per block of `blocksize` elements of the flattened weight). Spec: ("qlinear",
- * in_features, out_features, bias, quant_type "nf4" | "fp4", blocksize, tile_rows).
+/* QLinear: out = in @ dequant(W)^T + b over a frozen quantized weight W (out_features, in_features)
+ * stored as bitsandbytes stores it: NF4 or FP4 codes, two per byte, the even element in the high
+ * nibble, row-major, one f32 absmax per block of `blocksize` elements of the flattened weight; or
+ * int8 (LLM.int8's row-wise format: one int8 code per element, one f32 absmax per row, "SCB",
+ * dequantized as bitsandbytes' CPU/XPU training path does, code * f32(absmax * f32(1/127))).
+ * Spec: ("qlinear", in_features, out_features, bias, quant_type "nf4" | "fp4" | "int8", blocksize
+ * (4-bit: 2..4096, even; int8: 0, a block is a row), tile_rows).
  *
  * The weight never exists dequantized as a whole: forward dequantizes blocks of tile_rows rows of
  * W into a tile (the compute dtype: f32, f16 or bf16, each element code[k] * absmax rounded once,
@@ -18,13 +21,13 @@
 
 #include "nn/kind.h"
 
-enum { GT_QLINEAR_NF4 = 0, GT_QLINEAR_FP4 = 1 };
+enum { GT_QLINEAR_NF4 = 0, GT_QLINEAR_FP4 = 1, GT_QLINEAR_INT8 = 2 };
 enum { GT_QLINEAR_TILE_ELEMENTS = 1 << 23 };  /* tile_rows 0: about this many elements per tile (16 MiB in bf16) */
 
 /* QLinear's own hyper-parameters (in gt_layer.config). */
 typedef struct qlinear_config {
-    int quant_type;     /* GT_QLINEAR_NF4 or GT_QLINEAR_FP4 */
-    int64_t blocksize;  /* elements per absmax block (of the flattened weight), even */
+    int quant_type;     /* GT_QLINEAR_NF4, GT_QLINEAR_FP4 or GT_QLINEAR_INT8 */
+    int64_t blocksize;  /* 4-bit: elements per absmax block (of the flattened weight), even; int8: 0 */
     int64_t tile_rows;  /* rows of W dequantized per GEMM; 0: automatic */
 } qlinear_config;
 _Static_assert(sizeof(qlinear_config) <= GT_LAYER_CONFIG_BYTES, "QLinear's config fits gt_layer.config");
@@ -38,24 +41,35 @@ static const uint32_t fp4_bits[16] = {
     0x00000000, 0x3baaaaab, 0x3f2aaaab, 0x3f800000, 0x3eaaaaab, 0x3f000000, 0x3e2aaaab, 0x3e800000,
     0x80000000, 0xbbaaaaab, 0xbf2aaaab, 0xbf800000, 0xbeaaaaab, 0xbf000000, 0xbe2aaaab, 0xbe800000};
 
+/* int8: the row's absmax times f32(1 / 127), as bitsandbytes' MatMul8bitFp scales its codes. */
+#define GT_QLINEAR_INT8_SCALE (1.0f / 127.0f)
+
 static qlinear_config config_of(const gt_layer *layer) {
     qlinear_config c;
     memcpy(&c, layer->config, sizeof c);
     return c;
 }
 
-static const gt_enum_name quant_type_names[] = {{"nf4", GT_QLINEAR_NF4}, {"fp4", GT_QLINEAR_FP4}, {NULL, 0}};
+static int is_int8(const gt_layer *layer) { return config_of(layer).quant_type == GT_QLINEAR_INT8; }
+
+/* Elements per absmax block of the flattened weight: a row for int8. */
+static int64_t block_of(const gt_layer *layer) {
+    return is_int8(layer) ? layer->in_features : config_of(layer).blocksize;
+}
+
+static const gt_enum_name quant_type_names[] = {
+    {"nf4", GT_QLINEAR_NF4}, {"fp4", GT_QLINEAR_FP4}, {"int8", GT_QLINEAR_INT8}, {NULL, 0}};
 static const gt_layer_arg qlinear_args[] = {
     GT_ARG_SIZE_AT("in_features", GT_ARG_FIELD(in_features)),
     GT_ARG_SIZE_AT("out_features", GT_ARG_FIELD(out_features)), GT_ARG_FLAG_AT("bias", GT_ARG_FIELD(has_bias)),
     {"quant_type", GT_ARG_ENUM, GT_ARG_CONFIG(qlinear_config, quant_type), 0, 0, 0, quant_type_names},
-    {"blocksize", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, blocksize), 2, 4096, 0, NULL},
+    {"blocksize", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, blocksize), 0, 4096, 0, NULL},
     {"tile_rows", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, tile_rows), 0, INT_MAX, 0, NULL}};
 /* tile_rows is rounded up to whole blocks (tile_rows above). */
 
 static void describe_qlinear(const gt_layer *layer, char *buf, size_t bytes) {
     snprintf(buf, bytes, "QLinear(%lld, %lld, %s)", (long long)layer->in_features, (long long)layer->out_features,
-             config_of(layer).quant_type == GT_QLINEAR_NF4 ? "nf4" : "fp4");
+             quant_type_names[config_of(layer).quant_type].name);
 }
 
 /* GEMM dimensions fit a BLAS int. (Blocks run over the flattened weight, as bitsandbytes' do: a
@@ -66,9 +80,13 @@ static gt_status check_qlinear(gt_layer *layer) {
     if (layer->in_features > INT_MAX || layer->out_features > INT_MAX)
         return GT_FAIL(GT_ERR_VALUE, "%s: in_features and out_features must be at most %d (a GEMM dimension)",
                        name, INT_MAX);
-    if (config_of(layer).blocksize % 2)
-        return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be even (two 4-bit codes a byte), got %lld", name,
-                       (long long)config_of(layer).blocksize);
+    long long blocksize = (long long)config_of(layer).blocksize;
+    if (is_int8(layer) && blocksize != 0)
+        return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be 0 for int8 (one absmax per row), got %lld", name,
+                       blocksize);
+    if (!is_int8(layer) && (blocksize < 2 || blocksize % 2))
+        return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be even and at least 2 (two 4-bit codes a byte), got %lld",
+                       name, blocksize);
     return GT_OK;
 }
 
@@ -80,13 +98,20 @@ static gt_status qlinear_params(gt_layer *layer) {
     return GT_OK;
 }
 
-/* 'weight': (ceil(n / 2), 1) uint8 codes; 'weight.absmax': (ceil(n / blocksize),) f32; n = out * in. */
+/* Bytes of the codes: two per byte in 4 bits, one per byte in int8. */
+static size_t code_bytes(const gt_layer *layer) {
+    size_t n = (size_t)layer->out_features * (size_t)layer->in_features;
+    return is_int8(layer) ? n : (n + 1) / 2;
+}
+
+/* 'weight': (ceil(n / 2), 1) uint8 codes (int8: (out, in) int8); 'weight.absmax': (ceil(n /
+ * blocksize),) f32 (int8: (out,)); n = out * in. */
 static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
-    size_t n = (size_t)layer->out_features * (size_t)layer->in_features, bs = (size_t)config_of(layer).blocksize;
-    size_t blocks = (n + bs - 1) / bs;
-    pieces[0] = (gt_frozen_piece){0, (n + 1) / 2, GT_U8, 2, {(int64_t)((n + 1) / 2), 1}};
-    pieces[1] = (gt_frozen_piece){gt_align_up(pieces[0].bytes), blocks * sizeof(float), GT_F32, 1,
-                                  {(int64_t)blocks, 0}};
+    size_t n = (size_t)layer->out_features * (size_t)layer->in_features, bs = (size_t)block_of(layer);
+    size_t blocks = (n + bs - 1) / bs, bytes = code_bytes(layer);
+    pieces[0] = is_int8(layer) ? (gt_frozen_piece){0, bytes, GT_I8, 2, {layer->out_features, layer->in_features}}
+                               : (gt_frozen_piece){0, bytes, GT_U8, 2, {(int64_t)bytes, 1}};
+    pieces[1] = (gt_frozen_piece){gt_align_up(bytes), blocks * sizeof(float), GT_F32, 1, {(int64_t)blocks, 0}};
     return 2;
 }
 
@@ -103,19 +128,26 @@ static int64_t gcd64(int64_t a, int64_t b) {
  * block boundary (and on a byte: blocksize is even), or all the rows. */
 static int64_t tile_rows(const gt_layer *layer) {
     qlinear_config c = config_of(layer);
-    int64_t align = c.blocksize / gcd64(layer->in_features, c.blocksize);
+    int64_t align = block_of(layer) / gcd64(layer->in_features, block_of(layer));
     int64_t rows = c.tile_rows ? c.tile_rows : GT_QLINEAR_TILE_ELEMENTS / layer->in_features;
     rows = (rows + align - 1) / align * align;
     rows = rows < align ? align : rows;
     return rows < layer->out_features ? rows : layer->out_features;
 }
 
-/* Workspace bytes before the GEMM's own: the tile, then (several tiles, half precision) the f32
- * accumulator of din (rows, in). */
+/* Bytes of the dequantized tile's weights in `dt` (aligned; sizes checked by scratch_bytes first). */
+static size_t tile_weight_bytes(const gt_layer *layer, gt_dtype dt) {
+    return gt_align_up((size_t)tile_rows(layer) * (size_t)layer->in_features * gt_dtype_size(dt));
+}
+
+/* Workspace bytes before the GEMM's own: the tile (int8: then its rows' f32 scales), then
+ * (several tiles, half precision) the f32 accumulator of din (rows, in). */
 static gt_status scratch_bytes(const gt_layer *layer, int64_t rows, gt_dtype dt, size_t *tile, size_t *acc) {
     const char *what = "the dequantized tile of a QLinear";
     GT_TRY(gt_size_mul((size_t)tile_rows(layer) * (size_t)layer->in_features, gt_dtype_size(dt), what, tile));
     GT_TRY(gt_size_align(*tile, what, tile));
+    if (is_int8(layer))
+        GT_TRY(gt_size_add(*tile, gt_align_up((size_t)tile_rows(layer) * sizeof(float)), what, tile));
     *acc = 0;
     if (tile_rows(layer) < layer->out_features && dt != GT_F32) {
         GT_TRY(gt_size_mul((size_t)rows * (size_t)layer->in_features, sizeof(float), what, acc));
@@ -155,6 +187,18 @@ static gt_status note_gemm(const gt_plan_walk *w, gt_gemm_args args, size_t *nee
     return GT_OK;
 }
 
+/* The decoding table of the layer's codes into `table`; returns its entries (int8: code b is the
+ * signed byte's value). */
+static size_t code_table(const gt_layer *layer, float table[256]) {
+    if (is_int8(layer)) {
+        for (int b = 0; b < 256; b++)
+            table[b] = (float)(int8_t)(uint8_t)b;
+        return 256;
+    }
+    memcpy(table, config_of(layer).quant_type == GT_QLINEAR_NF4 ? nf4_bits : fp4_bits, 16 * sizeof(float));
+    return 16;
+}
+
 /* (..., in) -> (..., out); the decoding table placed once; the workspace holds the tile, the
  * accumulator and the GEMMs' own scratch after them. */
 static gt_status plan_qlinear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
@@ -167,10 +211,10 @@ static gt_status plan_qlinear(gt_plan_walk *w, gt_layer *layer, const gt_tensor 
                        w->input_name, (long long)rows, gt_layer_describe(name, sizeof name, layer, site->path),
                        INT_MAX);
     }
-    float table[16];
-    memcpy(table, config_of(layer).quant_type == GT_QLINEAR_NF4 ? nf4_bits : fp4_bits, sizeof table);
+    float table[256];
+    size_t entries = code_table(layer, table);
     void *placed = NULL;
-    GT_TRY(gt_plan_constant(w, table, sizeof table, "the code table of a QLinear", &placed));
+    GT_TRY(gt_plan_constant(w, table, entries * sizeof(float), "the code table of a QLinear", &placed));
     layer->quant_code = placed;
     size_t tile = 0, acc = 0, gemm = 0, need = 0;
     GT_TRY(scratch_bytes(layer, rows, w->dt, &tile, &acc));
@@ -197,17 +241,20 @@ static gt_status gemm_after(gt_backend *be, size_t skip, const gt_gemm_args *arg
     return status;
 }
 
-/* Rows r0..r0+t of W, dequantized into the tile at the workspace's start. */
+/* Rows r0..r0+t of W, dequantized into the tile at the workspace's start (int8: each row's scale,
+ * absmax * f32(1/127) in f32, after the tile first). */
 static gt_status dequantize_rows(gt_layer *layer, int64_t r0, int64_t t, gt_run *run) {
-    qlinear_config c = config_of(layer);
-    size_t first = (size_t)r0 * (size_t)layer->in_features;
-    const uint8_t *codes = (const uint8_t *)layer->frozen + first / 2;
-    const float *absmax = (const float *)(layer->frozen + gt_align_up(((size_t)layer->out_features *
-                                                                      (size_t)layer->in_features + 1) / 2)) +
-                          first / (size_t)c.blocksize;
-    return run->backend->ops->dequantize_blockwise(run->backend, run->backend->workspace, codes, absmax,
-                                                   layer->quant_code, t * layer->in_features, c.blocksize, 4,
-                                                   run->dt);
+    gt_backend *be = run->backend;
+    size_t first = (size_t)r0 * (size_t)layer->in_features, block = (size_t)block_of(layer);
+    const float *absmax = (const float *)(layer->frozen + gt_align_up(code_bytes(layer))) + first / block;
+    int64_t n = t * layer->in_features;
+    if (!is_int8(layer))
+        return be->ops->dequantize_blockwise(be, be->workspace, (const uint8_t *)layer->frozen + first / 2, absmax,
+                                             layer->quant_code, n, (int64_t)block, 4, run->dt);
+    float *scales = (float *)((char *)be->workspace + tile_weight_bytes(layer, run->dt));
+    GT_TRY(be->ops->scale(be, scales, absmax, t, GT_QLINEAR_INT8_SCALE, GT_F32));
+    return be->ops->dequantize_blockwise(be, be->workspace, (const uint8_t *)layer->frozen + first, scales,
+                                         layer->quant_code, n, (int64_t)block, 8, run->dt);
 }
 
 static gt_status qlinear_forward(gt_layer *layer, const void *in, gt_run *run) {

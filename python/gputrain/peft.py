@@ -25,12 +25,12 @@ loads PEFT's. Targets follow PEFT's rule: a string is a regular expression the f
 its last parts (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``); ``"all-linear"`` is
 every Linear but the output layer (``lm_head``; a classifier's ``score``/``classifier``).
 
-QLoRA: a target may be a :class:`~gputrain.nn.QLinear` (``from_pretrained(folder, quantization="nf4")``):
-the base's terms then run through the QLinear's own tile-by-tile dequantizing forward and input
-gradient; the adapter is the same and saves under the same keys as on a float base (PEFT's keys for
-a bitsandbytes base), so it loads onto a quantized or a float base. On a 4-bit base, ``use_dora``
-is refused (DoRA's norms need the dequantized weight) and so is ``merge_and_unload`` (the merged
-weight would have to be rounded back to 4 bits).
+QLoRA: a target may be a :class:`~gputrain.nn.QLinear` (``from_pretrained(folder, quantization="nf4")``,
+``"fp4"`` or ``"int8"``): the base's terms then run through the QLinear's own tile-by-tile
+dequantizing forward and input gradient; the adapter is the same and saves under the same keys as
+on a float base (PEFT's keys for a bitsandbytes base), so it loads onto a quantized or a float
+base. On a quantized base, ``use_dora`` is refused (DoRA's norms need the dequantized weight) and
+so is ``merge_and_unload`` (the merged weight would have to be quantized again).
 
 Not here (refused by name, never ignored): LoRA on anything but a Linear or QLinear
 (embeddings, convolutions, a tied LM head), DoRA on a QLinear, ``bias`` other than "none", ``fan_in_fan_out``,
@@ -231,12 +231,13 @@ class _Magnitude(Module):
         return f"{self.features}"
 
 
-_DORA_4BIT = ("use_dora: {name!r} is a QLinear (a 4-bit base); DoRA on a quantized base is not implemented "
-              "(its norms need the dequantized weight); use use_dora=False, or load the model without quantization")
-_MERGE_4BIT = ("merge_and_unload: {name!r} has a QLinear (4-bit) base; gputrain refuses to merge into it: W + "
-               "scaling B A would be rounded back to 4 bits, and that rounding (PEFT warns of it) loses most of "
-               "the adapter's small update. Save the adapter (save_pretrained), load the base without "
-               "quantization and merge there (PeftModel.from_pretrained(...).merge_and_unload())")
+_DORA_QUANTIZED = ("use_dora: {name!r} is a QLinear (a quantized base); DoRA on a quantized base is not implemented "
+                   "(its norms need the dequantized weight); use use_dora=False, or load the model without "
+                   "quantization")
+_MERGE_QUANTIZED = ("merge_and_unload: {name!r} has a QLinear (quantized) base; gputrain refuses to merge into it: "
+                    "W + scaling B A would be rounded back to its 4 or 8 bits, and that rounding (PEFT warns of "
+                    "it) loses most of the adapter's small update. Save the adapter (save_pretrained), load the "
+                    "base without quantization and merge there (PeftModel.from_pretrained(...).merge_and_unload())")
 
 
 def _dora_norm(weight: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -258,7 +259,7 @@ class LoraLinear(Module):
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, use_rslora=use_rslora,
                             init_lora_weights=init_lora_weights, use_dora=use_dora)
         if config.use_dora and isinstance(base_layer, QLinear):
-            raise NotImplementedError(_DORA_4BIT.format(name="base_layer"))
+            raise NotImplementedError(_DORA_QUANTIZED.format(name="base_layer"))
         self.use_dora = config.use_dora
         self.r, self.lora_alpha, self.scaling = config.r, config.lora_alpha, config.scaling
         self.lora_dropout = config.lora_dropout
@@ -400,7 +401,7 @@ def _targets(model: Module, config: LoraConfig) -> list[tuple[str, Linear | QLin
         found = [(n, m) for n, m in modules if n and _matches(config, n)]
     for n, m in found:
         if isinstance(m, QLinear) and config.use_dora:
-            raise NotImplementedError(_DORA_4BIT.format(name=n))
+            raise NotImplementedError(_DORA_QUANTIZED.format(name=n))
         if type(m) not in (Linear, QLinear):
             raise ValueError(f"target_modules: {n!r} is a {type(m).__name__}; gputrain puts LoRA on Linear "
                              "(or QLinear) layers only")
@@ -575,12 +576,12 @@ class PeftModel(Module):
         """The adapted model with every adapter merged into its base (W + scaling B A, float32,
         PEFT's merge) and the LoRA layers replaced by their base Linear; the model is compiled on
         its own again (same device, precision, seed and step). This PeftModel is left unusable.
-        A 4-bit (QLinear) base is refused with nothing changed (see _MERGE_4BIT's message)."""
+        A quantized (QLinear) base is refused with nothing changed (see _MERGE_QUANTIZED's message)."""
         model = self.base_model.model
         layers = list(self.lora_layers())
         for name, lora in layers:
             if isinstance(lora.base_layer, QLinear):
-                raise ValueError(_MERGE_4BIT.format(name=name))
+                raise ValueError(_MERGE_QUANTIZED.format(name=name))
         merged = {name: lora.merged_weight() for name, lora in layers}
         old = self._compiled.model
         for name, lora in layers:

@@ -2,15 +2,23 @@
 
 The weight is held as bitsandbytes' Linear4bit holds it -- NF4 or FP4 codes packed two per byte
 (the buffer ``weight``, uint8 of shape (ceil(out * in / 2), 1)) and one float32 absmax per block of
-``blocksize`` elements of the flattened weight (``weight.absmax``) -- in the model's buffer arena,
-so it is never optimised and has no gradient; the C layer (csrc/nn/qlinear.c) dequantizes blocks of rows into a tile in the
-compute dtype and runs the backend's GEMM on it, so the whole weight never exists dequantized.
-Backward computes the input gradient only. The bias, if any, is an ordinary trainable Parameter.
+``blocksize`` elements of the flattened weight (``weight.absmax``) -- or, quant_type "int8", as
+its Linear8bitLt holds it (LLM.int8's row-wise format: ``weight`` int8 of shape (out, in) and one
+float32 absmax per row, bitsandbytes' ``SCB``, as ``weight.absmax``), in the model's buffer
+arena, so it is never optimised and has no gradient; the C layer (csrc/nn/qlinear.c)
+dequantizes blocks of rows into a tile in the compute dtype and runs the backend's GEMM on it, so
+the whole weight never exists dequantized. Backward computes the input gradient only. The bias,
+if any, is an ordinary trainable Parameter.
+
+An int8 weight is dequantized as bitsandbytes' CPU training path (MatMul8bitFp) does, code *
+float32(absmax * float32(1 / 127)), and the GEMM runs in the compute dtype: a weight-only int8
+layer. (bitsandbytes' CUDA LLM.int8 also quantizes the activations and splits out outlier
+columns; its logits differ from these by that error.)
 
 Codes come from :mod:`gputrain.quant` (bit-exact with bitsandbytes): :meth:`QLinear.quantize_`
-quantizes a float weight, :meth:`QLinear.load_quantized` takes bitsandbytes' packed bytes and a
-:class:`~gputrain.quant.QuantState` (double-quantized absmax is expanded to float32 on loading),
-and :meth:`QLinear.dequantize` gives the weight back.
+quantizes a float weight, :meth:`QLinear.load_quantized` takes bitsandbytes' packed 4-bit bytes
+and a :class:`~gputrain.quant.QuantState` (double-quantized absmax is expanded to float32 on
+loading), and :meth:`QLinear.dequantize` gives the weight back.
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ from gputrain.nn.layers import Linear, _positive_int
 from gputrain.nn.module import Module
 from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
 from gputrain.quant.codes import code_table
+from gputrain.quant.int8 import int8_vectorwise_quant
 
-QUANT_TYPES = ("nf4", "fp4")
+QUANT_TYPES_4BIT = ("nf4", "fp4")
+QUANT_TYPES = (*QUANT_TYPES_4BIT, "int8")
+INT8_SCALE = np.float32(1 / 127)  # bitsandbytes' MatMul8bitFp: codes * (SCB * f32(1 / 127))
 
 # Builds a model's Linear layers: (in_features, out_features, bias) -> module (a Linear, or a
 # QLinear: the decoder blocks of from_pretrained(..., quantization=...)).
@@ -33,28 +44,32 @@ LinearFactory = Callable[[int, int, bool], Module]
 
 
 def quantized_linears(quant_type: str, blocksize: int = 64) -> LinearFactory:
-    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4') with `blocksize`."""
+    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4' with `blocksize`, or 'int8')."""
     check_quantization(quant_type, blocksize)
     return lambda i, o, bias: QLinear(i, o, bias, quant_type, blocksize)
 
 
 def check_quantization(quant_type: Any, blocksize: Any, where: str = "") -> None:
-    """Refuses an unknown quantization name or a block size bitsandbytes does not have; `where`
-    names the layer in messages. (Blocks run over the flattened weight, as bitsandbytes' do, so any
-    width quantizes: a block may span two rows.)"""
+    """Refuses an unknown quantization name or a 4-bit block size bitsandbytes does not have (int8
+    has one absmax per row: `blocksize` is not used); `where` names the layer in messages. (4-bit
+    blocks run over the flattened weight, as bitsandbytes' do, so any width quantizes: a block may
+    span two rows.)"""
     at = f"{where}: " if where else ""
     if not isinstance(quant_type, str) or quant_type not in QUANT_TYPES:
         raise ValueError(f"{at}quantization must be one of {QUANT_TYPES}, got {quant_type!r}")
+    if quant_type == "int8":
+        return
     if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize not in BLOCKSIZES_4BIT:
         raise ValueError(f"{at}blocksize must be one of {BLOCKSIZES_4BIT} (bitsandbytes' 4-bit block sizes), "
                          f"got {blocksize!r}")
 
 
 class QLinear(Module):
-    """y = x dequant(W)^T + b with a frozen NF4/FP4 weight W of shape (out_features, in_features).
+    """y = x dequant(W)^T + b with a frozen NF4/FP4/int8 weight W of shape (out_features, in_features).
 
     A new QLinear's codes and absmax are zeros (W = 0) until quantize_() or load_quantized()
-    writes them. tile_rows: rows of W dequantized per GEMM (0: about 2**23 elements a tile)."""
+    writes them. blocksize: the 4-bit absmax block (int8: one per row; the argument is not used).
+    tile_rows: rows of W dequantized per GEMM (0: about 2**23 elements a tile)."""
 
     _param_names = ("bias",)
     _buffer_names = ("weight", "weight.absmax")
@@ -69,7 +84,7 @@ class QLinear(Module):
             raise ValueError(f"tile_rows must be an int >= 0, got {tile_rows!r}")
         self.has_bias = bool(bias)
         self.quant_type = quant_type
-        self.blocksize = blocksize
+        self.blocksize = 0 if quant_type == "int8" else blocksize
         self.tile_rows = tile_rows
         self._compile()
 
@@ -82,16 +97,23 @@ class QLinear(Module):
 
     @property
     def packed_shape(self) -> tuple[int, int]:
-        """The shape of the packed codes: (ceil(out * in / 2), 1), bitsandbytes' Params4bit."""
+        """The shape of the codes: (ceil(out * in / 2), 1), bitsandbytes' Params4bit; int8: (out, in)."""
+        if self.quant_type == "int8":
+            return (self.out_features, self.in_features)
         return (-(-self.in_features * self.out_features // 2), 1)
 
     @property
     def num_blocks(self) -> int:
-        """Absmax blocks of the weight."""
+        """Absmax blocks of the weight (int8: its rows)."""
+        if self.quant_type == "int8":
+            return self.out_features
         return -(-self.in_features * self.out_features // self.blocksize)
 
     def quant_state(self) -> QuantState:
-        """The weight's QuantState (float32 absmax, no double quantization)."""
+        """The 4-bit weight's QuantState (float32 absmax, no double quantization)."""
+        if self.quant_type == "int8":
+            raise ValueError(f"{self!r}: an int8 weight has no 4-bit QuantState; its row absmax is "
+                             "getattr(layer, 'weight.absmax') (bitsandbytes' SCB)")
         absmax = np.asarray(getattr(self, "weight.absmax"), np.float32).copy()
         code = code_table(self.quant_type).copy()
         code[code == 0] = 0.0
@@ -99,17 +121,24 @@ class QLinear(Module):
                           code)
 
     def dequantize(self) -> np.ndarray:
-        """The weight as float32 (out_features, in_features): code * absmax per element."""
+        """The weight as float32 (out_features, in_features): code * absmax per element (int8:
+        code * float32(absmax * float32(1 / 127)) per row, as the layer computes it)."""
+        if self.quant_type == "int8":
+            absmax = np.asarray(getattr(self, "weight.absmax"), np.float32)
+            return np.asarray(self.weight).astype(np.float32) * (absmax * INT8_SCALE)[:, None]
         return dequantize_4bit(np.asarray(self.weight), self.quant_state())
 
     def quantize_(self, weight: Any) -> QLinear:
         """Quantizes a float32/float16/bfloat16 weight of shape (out_features, in_features) into this
-        layer (gputrain.quant.quantize_4bit: bitsandbytes' codes, bit for bit)."""
+        layer (gputrain.quant.quantize_4bit or int8_vectorwise_quant: bitsandbytes' codes, bit for bit)."""
         shape = (self.out_features, self.in_features)
         if np.shape(weight) != shape:
             raise ValueError(f"weight: expected shape {shape}, got {np.shape(weight)}")
-        packed, state = quantize_4bit(weight if isinstance(weight, np.ndarray) else np.asarray(weight, np.float32),
-                                      self.blocksize, self.quant_type)
+        weight = weight if isinstance(weight, np.ndarray) else np.asarray(weight, np.float32)
+        if self.quant_type == "int8":
+            self._write_codes(*int8_vectorwise_quant(weight))
+            return self
+        packed, state = quantize_4bit(weight, self.blocksize, self.quant_type)
         self._write_codes(packed, state.absmax)
         return self
 
@@ -118,6 +147,8 @@ class QLinear(Module):
         double-quantized absmax is expanded to float32, bit-exact with bitsandbytes' dequantization)."""
         if not isinstance(state, QuantState):
             raise TypeError(f"state must be a gputrain.quant.QuantState, not {type(state).__name__}")
+        if self.quant_type == "int8":
+            raise ValueError(f"{self!r}: load_quantized takes a 4-bit weight; quantize_() an int8 layer's weight")
         if state.quant_type != self.quant_type or state.blocksize != self.blocksize:
             raise ValueError(f"state: {state.quant_type} with blocksize {state.blocksize} does not fit this layer's "
                              f"{self.quant_type} with blocksize {self.blocksize}")
@@ -128,8 +159,10 @@ class QLinear(Module):
         return self
 
     def _write_codes(self, packed: np.ndarray, absmax: np.ndarray) -> None:
-        if packed.dtype != np.uint8 or packed.size != self.packed_shape[0]:
-            raise ValueError(f"packed: expected {self.packed_shape[0]} uint8 bytes, got {packed.size} {packed.dtype}")
+        dtype = np.int8 if self.quant_type == "int8" else np.uint8
+        count = self.packed_shape[0] * self.packed_shape[1]
+        if packed.dtype != dtype or packed.size != count:
+            raise ValueError(f"packed: expected {count} {np.dtype(dtype)} codes, got {packed.size} {packed.dtype}")
         if absmax.size != self.num_blocks:
             raise ValueError(f"absmax: expected {self.num_blocks} blocks, got {absmax.size}")
         self.load_state_dict({"weight": packed.reshape(self.packed_shape),
@@ -160,5 +193,6 @@ class QLinear(Module):
                          "first (QLinear.dequantize()) and merge into that")
 
     def extra_repr(self) -> str:
+        block = "" if self.quant_type == "int8" else f", blocksize={self.blocksize}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, "
-                f"quant_type={self.quant_type!r}, blocksize={self.blocksize}")
+                f"quant_type={self.quant_type!r}{block}")

@@ -155,8 +155,9 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     the parameters stay float32 master weights whatever the file stored (a TrainStep's
     precision= sets it anew). device: None or 'cpu', else a device string as Module.to takes.
     quantization: None, or 'nf4' / 'fp4' for frozen 4-bit weights in the decoder blocks'
-    Linear layers (QLinear, blocks of `blocksize`), quantized while loading; a folder bitsandbytes
-    saved in 4 bits loads its packed weights as they are (see gputrain.models.hf.quantized).
+    Linear layers (QLinear, blocks of `blocksize`), or 'int8' for LLM.int8's row-wise int8
+    (one absmax per row), quantized while loading; a folder bitsandbytes saved in 4 bits loads its
+    packed weights as they are (see gputrain.models.hf.quantized).
     Families: :data:`FAMILIES` (``gpt2`` today)."""
     folder = os.fspath(folder)
     if not os.path.isdir(folder):

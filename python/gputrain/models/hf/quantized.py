@@ -1,11 +1,11 @@
-"""``from_pretrained(folder, quantization=...)``: decoder blocks with frozen 4-bit weights (QLinear).
+"""``from_pretrained(folder, quantization=...)``: decoder blocks with frozen 4-bit or int8 weights (QLinear).
 
 Two sources, one result (every Linear of the decoder blocks a :class:`~gputrain.nn.QLinear`; the
 embedding, the norms and the LM head stay float, as bitsandbytes leaves ``lm_head`` by default):
 
-* a float folder with ``quantization="nf4"`` or ``"fp4"``: each weight is read on its own and
-  quantized as it loads (gputrain.quant.quantize_4bit: bitsandbytes' codes, bit for bit), so no
-  more than one float weight is ever in memory;
+* a float folder with ``quantization="nf4"``, ``"fp4"`` or ``"int8"``: each weight is read on its
+  own and quantized as it loads (gputrain.quant.quantize_4bit / int8_vectorwise_quant:
+  bitsandbytes' codes, bit for bit), so no more than one float weight is ever in memory;
 * a folder bitsandbytes saved in 4 bits (config.json ``quantization_config`` with
   ``load_in_4bit``; each weight stored as packed uint8 plus ``.absmax``, ``.quant_map``, optional
   ``.nested_absmax`` / ``.nested_quant_map`` and ``.quant_state.bitsandbytes__nf4`` / ``__fp4``):
@@ -24,10 +24,9 @@ import numpy as np
 
 from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import TensorRef
-from gputrain.nn.qlinear import QUANT_TYPES, check_quantization
+from gputrain.nn.qlinear import QUANT_TYPES_4BIT, check_quantization
 from gputrain.quant import QuantState, from_tensors
 
-SUPPORTED = QUANT_TYPES  # "int8" (LLM.int8 row-wise) is not built yet: refused by name
 _RAW_DTYPES = {"U8": np.uint8, "F32": np.float32}
 _STATE_KEYS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 
@@ -36,8 +35,8 @@ _STATE_KEYS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 class Quantization:
     """How from_pretrained stores the decoder blocks' Linear weights."""
 
-    quant_type: str     # "nf4" or "fp4"
-    blocksize: int      # elements per absmax block (64: bitsandbytes' default)
+    quant_type: str     # "nf4", "fp4" or "int8"
+    blocksize: int      # 4-bit: elements per absmax block (64: bitsandbytes' default)
     prequantized: bool  # True: the folder holds bitsandbytes' packed weights
 
 
@@ -46,9 +45,6 @@ def parse(quantization: Any, blocksize: Any, config: HFConfig) -> Quantization |
     (read here, so config.finish accepts it); None for a float model. ValueError names the bad
     argument or field."""
     if quantization is not None:
-        if quantization == "int8":
-            raise ValueError("quantization='int8' (LLM.int8 row-wise) is not supported by from_pretrained yet; "
-                             f"use one of {SUPPORTED}")
         check_quantization(quantization, blocksize, where="from_pretrained")
     stored = config.raw("quantization_config", None)
     config.irrelevant("quantization_config")
@@ -70,12 +66,13 @@ def _stored_type(stored: Any, path: str) -> str:
         raise ValueError(f"{where}: quant_method {stored.get('quant_method')!r} is not supported "
                          "(bitsandbytes 4-bit only)")
     if stored.get("load_in_8bit") or stored.get("_load_in_8bit"):
-        raise ValueError(f"{where}: load_in_8bit checkpoints (LLM.int8) are not supported; 4-bit ones are")
+        raise ValueError(f"{where}: load_in_8bit checkpoints (LLM.int8, stored int8) are not supported; 4-bit ones "
+                         "are, and a float folder quantizes to int8 while loading (quantization='int8')")
     if not (stored.get("load_in_4bit") or stored.get("_load_in_4bit")):
         raise ValueError(f"{where}: expected load_in_4bit true (a bnb-4bit checkpoint)")
     quant_type = stored.get("bnb_4bit_quant_type", "fp4")
-    if quant_type not in QUANT_TYPES:
-        raise ValueError(f"{where}: bnb_4bit_quant_type {quant_type!r} is not one of {QUANT_TYPES}")
+    if quant_type not in QUANT_TYPES_4BIT:
+        raise ValueError(f"{where}: bnb_4bit_quant_type {quant_type!r} is not one of {QUANT_TYPES_4BIT}")
     if stored.get("bnb_4bit_quant_storage", "uint8") != "uint8":
         raise ValueError(f"{where}: bnb_4bit_quant_storage {stored.get('bnb_4bit_quant_storage')!r} is not "
                          "supported (uint8 only)")
