@@ -80,18 +80,19 @@ def test_quantize_while_loading_packs_the_bytes_of_gputrain_quant_and_the_numpy_
 
 
 def test_int8_while_loading_packs_the_codes_of_gputrain_quant_and_the_numpy_reference():
-    """quantization="int8": LLM.int8's row-wise codes (bitsandbytes' int8_vectorwise_quant, bit for
-    bit) and one absmax a row (its SCB); the layer computes with code * f32(absmax * f32(1/127)),
-    bitsandbytes' CPU training dequantization, which dequantize() gives."""
+    """quantization="int8": LLM.int8's row-wise codes of the float16-rounded weight (bitsandbytes'
+    Int8Params, bit for bit: tests/test_qlora.py holds them to its own) and one absmax a row (its
+    SCB); the layer computes with code * f32(absmax * f32(1/127)), bitsandbytes' CPU training
+    dequantization, which dequantize() gives."""
     model = from_pretrained(LLAMA, quantization="int8")
     state = model.state_dict()
     stored = checkpoint_tensors(LLAMA)
     for i in range(2):
         for proj in PROJS:
             name = f"model.layers.{i}.{proj}.weight"
-            w = read_tensor(stored[name])
+            w = read_tensor(stored[name]).astype(np.float16)
             codes, scb = int8_vectorwise_quant(w)
-            ref_codes, ref_scb = reference.int8_rowwise(w)
+            ref_codes, ref_scb = reference.int8_rowwise(w.astype(np.float32))
             assert state[name].dtype == np.int8 and state[name].shape == w.shape
             assert np.array_equal(state[name], codes) and np.array_equal(state[name], ref_codes)
             assert ref.same_bits(state[name + ".absmax"], scb) and ref.same_bits(scb, ref_scb)

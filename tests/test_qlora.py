@@ -33,6 +33,7 @@ from _peft_helpers import (ADAPTER, BASE, DORA, HERE, LORA, assert_peft_s_loss_a
 
 BNB_NF4 = os.path.join(HERE, "fixtures", "hf", "llama-tiny-bnb-nf4")
 QLORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-bnb-nf4-qlora")  # make_qlora_fixtures.py
+INT8_QLORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-int8-qlora")  # make_int8_fixtures.py
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +248,27 @@ def test_peft_and_bitsandbytes_numbers(batch):
     holds float LoRA to PEFT -- the same weights, summed in another order by another GEMM."""
     data = np.load(QLORA + ".npz")
     model = PeftModel.from_pretrained(from_pretrained(BNB_NF4), QLORA, is_trainable=True)
+    mask = data["attention_mask"].astype(bool)
+    logits = model(data["input_ids"], attention_mask=data["attention_mask"])
+    assert relative_error(logits[mask], data["logits"][mask]) <= 1e-5
+    assert grad_keys(data)
+    assert_peft_s_loss_and_gradients(model, data)
+
+
+def test_peft_and_bitsandbytes_int8_numbers():
+    """PEFT's LoRA on bitsandbytes' Linear8bitLt (transformers' load_in_8bit of the float folder),
+    float32 on the CPU in training mode: from_pretrained(quantization="int8") makes bitsandbytes'
+    codes and row absmax bit for bit, and the adapter gives PEFT's logits (1e-5), loss and
+    gradients (1e-4) -- bitsandbytes' CPU training path dequantizes as the qlinear kind does."""
+    data = np.load(INT8_QLORA + ".npz")
+    base = from_pretrained(BASE, quantization="int8")
+    state = base.state_dict()
+    weights = [k.removeprefix("cb/") for k in data.files if k.startswith("cb/")]
+    assert len(weights) == 14
+    for name in weights:
+        assert np.array_equal(state[name], data[f"cb/{name}"]), name
+        assert ref.same_bits(state[name + ".absmax"], data[f"scb/{name}"]), name
+    model = PeftModel.from_pretrained(base, INT8_QLORA, is_trainable=True)
     mask = data["attention_mask"].astype(bool)
     logits = model(data["input_ids"], attention_mask=data["attention_mask"])
     assert relative_error(logits[mask], data["logits"][mask]) <= 1e-5

@@ -64,6 +64,17 @@ def check_quantization(quant_type: Any, blocksize: Any, where: str = "") -> None
                          f"got {blocksize!r}")
 
 
+def _as_float16(weight: np.ndarray) -> np.ndarray:
+    """The weight in float16, as bitsandbytes' Int8Params quantizes it (ValueError beyond float16's range)."""
+    if weight.dtype == np.float16:
+        return weight
+    values = np.asarray(weight, np.float32)
+    if np.isfinite(values).all() and np.abs(values).max(initial=0) > np.finfo(np.float16).max:
+        raise ValueError(f"weight: int8 quantizes from float16, as bitsandbytes does; a value of "
+                         f"{np.abs(values).max():g} is beyond float16's range")
+    return values.astype(np.float16)
+
+
 class QLinear(Module):
     """y = x dequant(W)^T + b with a frozen NF4/FP4/int8 weight W of shape (out_features, in_features).
 
@@ -130,13 +141,14 @@ class QLinear(Module):
 
     def quantize_(self, weight: Any) -> QLinear:
         """Quantizes a float32/float16/bfloat16 weight of shape (out_features, in_features) into this
-        layer (gputrain.quant.quantize_4bit or int8_vectorwise_quant: bitsandbytes' codes, bit for bit)."""
+        layer (gputrain.quant.quantize_4bit, or int8_vectorwise_quant of the weight rounded to float16
+        as bitsandbytes' Int8Params does: bitsandbytes' codes, bit for bit)."""
         shape = (self.out_features, self.in_features)
         if np.shape(weight) != shape:
             raise ValueError(f"weight: expected shape {shape}, got {np.shape(weight)}")
         weight = weight if isinstance(weight, np.ndarray) else np.asarray(weight, np.float32)
         if self.quant_type == "int8":
-            self._write_codes(*int8_vectorwise_quant(weight))
+            self._write_codes(*int8_vectorwise_quant(_as_float16(weight)))
             return self
         packed, state = quantize_4bit(weight, self.blocksize, self.quant_type)
         self._write_codes(packed, state.absmax)

@@ -95,12 +95,14 @@ def dequantize_4bit(packed: np.ndarray, absmax: np.ndarray, code: np.ndarray, bl
 
 def int8_rowwise(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """LLM.int8's weight format (bitsandbytes' int8_vectorwise_quant, threshold 0) of a 2-D f32
-    array: scale[r] = max |w[r]| (f32), q = round_half_even(w * f32(127 / scale[r])) as int8; a
-    zero row has scale 0 and codes 0 (bitsandbytes' 0 * inf = NaN, cast to int8 as 0)."""
+    array: scale[r] = max |w[r]| (f32), q = round_half_even(w * m[r]) as int8 with m[r] =
+    f32(f32(1 / scale[r]) * 127), as torch computes bitsandbytes' 127.0 / scale (a scalar divided
+    by a tensor is its reciprocal times the scalar; f32(127 / scale) differs in the last bit for
+    a quarter of random rows); a zero row has scale 0 and codes 0 (0 * inf = NaN, cast to int8 as 0)."""
     w = np.asarray(w, np.float32)
     scale = np.abs(w).max(axis=1).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mult = (np.float32(127) / scale).astype(np.float32)
+        mult = ((np.float32(1) / scale).astype(np.float32) * np.float32(127)).astype(np.float32)
         q = np.rint(w * mult[:, None])
     return np.nan_to_num(q, nan=0.0).astype(np.int8), scale
 
