@@ -14,6 +14,8 @@ pool "sim:0" that stands for the card; nothing here is estimated):
              float), LoRA r=16 on them (QLoRA: the adapters as on the bf16 base), AdamW on the adapters
   nf4-lora8  the same with 8-bit AdamW
   nf4        the NF4 base alone, every parameter frozen, no optimizer
+  int8-lora  the decoder blocks' Linear layers int8 (QLinear, LLM.int8's row-wise format), LoRA r=16
+             on them, AdamW on the adapters
   frozen     the bf16 base alone, every parameter frozen, no optimizer (lora less its adapters)
 
 The models are built inside gputrain.memory_plan.planning(): laid out, never allocated, so the 8B
@@ -51,7 +53,7 @@ MODELS = {
     "gemma-3-1b": (gt.models.Gemma3ForCausalLM, CONFIGS["gemma3"]),
     "llama-3.1-8b": (gt.models.LlamaForCausalLM, LLAMA_31_8B),
 }
-ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "frozen")
+ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "int8-lora", "frozen")
 LORA = dict(r=16, lora_alpha=32, target_modules="all-linear")
 
 
@@ -59,7 +61,8 @@ def build(name: str, row: str, device: str = "sim") -> gt.nn.Module:
     """The model of `row`, built for planning only on `device`."""
     cls, config = MODELS[name]
     with mp.planning():
-        linear = quantized_linears("nf4") if row.startswith("nf4") else gt.nn.Linear
+        quant = row.split("-")[0] if row.startswith(("nf4", "int8")) else None
+        linear = quantized_linears(quant) if quant else gt.nn.Linear
         model = cls(dict(config), init_weights=False, linear=linear)
         if "lora" in row:  # adapted, then moved
             model = gt.peft.get_peft_model(model, gt.peft.LoraConfig(**LORA))

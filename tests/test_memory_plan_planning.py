@@ -100,20 +100,23 @@ def test_plan_only_builds_what_memory_cannot_hold() -> None:
 
 def test_memory_plans_script_plans_every_row() -> None:
     """benchmarks/memory_plans.py (the README's table) on Qwen3-0.6B: every row a plan whose regions
-    add up; the LoRA rows, on the bf16 or the NF4 base, train r*(in+out) per adapted Linear and
-    nothing else, and the NF4 base plans fewer bytes than the bf16 one."""
+    add up; the LoRA rows, on the bf16, NF4 or int8 base, train r*(in+out) per adapted Linear and
+    nothing else, and the NF4 base plans fewer bytes than the int8 one, which plans fewer than the
+    bf16 one."""
     script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "memory_plans.py"
     done = subprocess.run([sys.executable, str(script), "--models", "qwen3-0.6b", "--chunks", "512", "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = {r["row"]: r for r in map(json.loads, done.stdout.splitlines())}
-    assert sorted(rows) == sorted(("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "frozen"))
+    assert sorted(rows) == sorted(("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "int8-lora",
+                                   "frozen"))
     for row in rows.values():
         assert row["device_total"] == sum(row["device_regions"].values()) > 0
     per_layer = 16 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 2 * (1024 + 3072) + (3072 + 1024))
     assert rows["lora"]["trainable"] == rows["lora8"]["trainable"] == 28 * per_layer
-    assert rows["nf4-lora"]["trainable"] == rows["nf4-lora8"]["trainable"] == 28 * per_layer
-    assert rows["nf4-lora"]["device_total"] < rows["lora"]["device_total"]
+    assert rows["nf4-lora"]["trainable"] == rows["nf4-lora8"]["trainable"] == rows["int8-lora"]["trainable"] \
+        == 28 * per_layer
+    assert rows["nf4-lora"]["device_total"] < rows["int8-lora"]["device_total"] < rows["lora"]["device_total"]
     assert rows["full"]["trainable"] == rows["full"]["parameters"]
     assert rows["frozen"]["trainable"] == rows["nf4"]["trainable"] == 0
     assert rows["full8"]["device_regions"]["optimizer_state"] < rows["full"]["device_regions"]["optimizer_state"] / 3
