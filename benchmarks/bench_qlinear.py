@@ -23,7 +23,8 @@ import gputrain as gt
 from _model_bench import env_int
 from _timing import Timed, machine, pedantic, show
 
-M, ROUNDS, SCALE = env_int("QLINEAR_BENCH_M", 512), env_int("QLINEAR_BENCH_ROUNDS", 5), env_int("QLINEAR_BENCH_SCALE", 1)
+M, ROUNDS = env_int("QLINEAR_BENCH_M", 512), env_int("QLINEAR_BENCH_ROUNDS", 5)
+SCALE = env_int("QLINEAR_BENCH_SCALE", 1)
 SHAPES = {"q_proj": (4096, 4096), "up_proj": (4096, 14336), "down_proj": (14336, 4096)}
 
 

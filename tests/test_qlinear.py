@@ -5,9 +5,10 @@ absmax in the buffer arena; int8: a code a byte, an absmax a row) and dequantize
 into the GEMM: its forward and input gradient are a Linear's holding the dequantized weight -- the
 same bits where the GEMMs have the same shapes (one tile), within the GEMM's rounding otherwise
 (several tiles split the backward GEMM's reduction; CI's AVX2 stage gives a row different bits by
-the GEMM's row count, so tiled results are compared with tolerances). Quantize-while-loading packs the bytes gputrain.quant and its
-NumPy reference pack; bitsandbytes' own 4-bit folders (tests/fixtures/make_qlinear_fixtures.py)
-load without dequantizing and give transformers' logits of the dequantized weights.
+the GEMM's row count, so tiled results are compared with tolerances). Quantize-while-loading
+packs the bytes gputrain.quant and its NumPy reference pack; bitsandbytes' own 4-bit folders
+(tests/fixtures/make_qlinear_fixtures.py) load without dequantizing and give transformers' logits
+of the dequantized weights, and its 8-bit folder (make_int8_fixtures.py) loads its codes as stored.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import gputrain as gt
 import gputrain.memory_plan as mp
 from gputrain import nn
 from gputrain.models import from_pretrained
+from gputrain.models.hf.quantized import read_raw
 from gputrain.models.hf.safetensors_io import checkpoint_tensors, read_tensor
 from gputrain.quant import quantize_4bit, reference
 from gputrain.quant.codes import code_table
@@ -253,6 +255,30 @@ def test_a_bnb_4bit_folder_loads_packed_and_gives_the_reference_logits(quant_typ
     assert from_pretrained(folder, quantization=quant_type).state_dict()[name].tobytes() == raw.tobytes()
 
 
+def test_a_bnb_8bit_folder_loads_its_codes_as_they_are():
+    """transformers' save of the load_in_8bit model (tests/fixtures/make_int8_fixtures.py): each
+    projection's int8 weight and SCB load as stored, and they are the codes quantization="int8"
+    makes from the float folder: the same model, the same logits."""
+    folder = os.path.join(HF, "llama-tiny-bnb-int8")
+    model = from_pretrained(folder)
+    stored = checkpoint_tensors(folder)
+    state = model.state_dict()
+    for i in range(2):
+        for proj in PROJS:
+            name = f"model.layers.{i}.{proj}"
+            assert isinstance(model.get_submodule(name), nn.QLinear)
+            assert np.array_equal(state[name + ".weight"], read_raw(stored[name + ".weight"]))
+            assert ref.same_bits(state[name + ".weight.absmax"], read_raw(stored[name + ".SCB"]))
+    loaded = from_pretrained(LLAMA, quantization="int8")
+    assert all(ref.same_bits(v, loaded.state_dict()[k]) for k, v in state.items())
+    ids = np.load(os.path.join(HF, "llama-tiny-bnb.npz"))["ids"]
+    assert ref.same_bits(model(ids), loaded(ids))
+    assert ref.same_bits(from_pretrained(folder, quantization="int8").state_dict()["model.layers.0.mlp.up_proj.weight"],
+                         state["model.layers.0.mlp.up_proj.weight"])
+    with pytest.raises(ValueError, match="holds weights bitsandbytes quantized to 'int8'"):
+        from_pretrained(folder, quantization="nf4")
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("quant_type", ["nf4", "int8"])
 def test_a_quantized_decoder_on_sim_gives_the_cpu_logits(quant_type):
@@ -294,7 +320,7 @@ def test_a_trainer_fine_tunes_around_the_frozen_weights_and_resumes_bit_identica
 def test_bad_quantization_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="quantization must be one of"):
         from_pretrained(LLAMA, quantization="nf5")
-    with pytest.raises(ValueError, match="load_quantized takes a 4-bit weight"):
+    with pytest.raises(ValueError, match="an int8 layer takes the float32 row absmax"):
         nn.QLinear(64, 8, quant_type="int8").load_quantized(np.zeros(256, np.uint8),
                                                              quantize_4bit(weights(8, 64), 64, "nf4")[1])
     with pytest.raises(ValueError, match="no 4-bit QuantState"):
@@ -309,14 +335,27 @@ def test_bad_quantization_arguments_are_refused_by_name():
         nn.QLinear(64, 8, quant_type="int4")
 
 
-def test_a_bnb_folder_missing_a_piece_is_refused_before_a_model_exists(tmp_path):
+@pytest.mark.parametrize("source, key, change, message", [
+    ("llama-tiny-bnb-fp4", "model.layers.1.mlp.up_proj.weight.absmax", None,
+     r"model.layers.1.mlp.up_proj.weight.*'absmax' is missing"),
+    ("llama-tiny-bnb-int8", "model.layers.1.mlp.up_proj.SCB", None,
+     r"model.layers.1.mlp.up_proj.weight: its SCB \(the row absmax\) is missing"),
+    ("llama-tiny-bnb-int8", "model.layers.0.self_attn.k_proj.SCB", np.zeros(3, np.float32),
+     r"k_proj.weight: its SCB \(the row absmax\) is F32 of shape \(3,\), expected F32 of shape \(48,\)"),
+    ("llama-tiny-bnb-int8", "model.layers.0.self_attn.v_proj.weight_format", np.array(1, np.uint8),
+     "weight_format is not 0"),
+], ids=["4bit-absmax", "int8-scb", "int8-scb-shape", "int8-format"])
+def test_a_bnb_folder_missing_a_piece_is_refused_before_a_model_exists(tmp_path, source, key, change, message):
     folder = tmp_path / "bad"
-    shutil.copytree(os.path.join(HF, "llama-tiny-bnb-fp4"), folder)
+    shutil.copytree(os.path.join(HF, source), folder)
     from safetensors.numpy import load_file, save_file
     tensors = load_file(str(folder / "model.safetensors"))
-    del tensors["model.layers.1.mlp.up_proj.weight.absmax"]
+    if change is None:
+        del tensors[key]
+    else:
+        tensors[key] = change
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"model.layers.1.mlp.up_proj.weight.*'absmax' is missing"):
+    with pytest.raises(ValueError, match=message):
         from_pretrained(folder)
 
 

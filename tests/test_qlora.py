@@ -34,6 +34,7 @@ from _peft_helpers import (ADAPTER, BASE, DORA, HERE, LORA, assert_peft_s_loss_a
 BNB_NF4 = os.path.join(HERE, "fixtures", "hf", "llama-tiny-bnb-nf4")
 QLORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-bnb-nf4-qlora")  # make_qlora_fixtures.py
 INT8_QLORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-int8-qlora")  # make_int8_fixtures.py
+BNB_INT8 = os.path.join(HERE, "fixtures", "hf", "llama-tiny-bnb-int8")  # make_int8_fixtures.py
 
 
 @pytest.fixture(scope="module")
@@ -255,13 +256,15 @@ def test_peft_and_bitsandbytes_numbers(batch):
     assert_peft_s_loss_and_gradients(model, data)
 
 
-def test_peft_and_bitsandbytes_int8_numbers():
+@pytest.mark.parametrize("folder,quantization", [(BASE, "int8"), (BNB_INT8, None)], ids=["int8", "bnb-int8-folder"])
+def test_peft_and_bitsandbytes_int8_numbers(folder, quantization):
     """PEFT's LoRA on bitsandbytes' Linear8bitLt (transformers' load_in_8bit of the float folder),
     float32 on the CPU in training mode: from_pretrained(quantization="int8") makes bitsandbytes'
-    codes and row absmax bit for bit, and the adapter gives PEFT's logits (1e-5), loss and
-    gradients (1e-4) -- bitsandbytes' CPU training path dequantizes as the qlinear kind does."""
+    codes and row absmax bit for bit (and its saved 8-bit folder loads them as stored), and the
+    adapter gives PEFT's logits (1e-5), loss and gradients (1e-4) -- bitsandbytes' CPU training
+    path dequantizes as the qlinear kind does."""
     data = np.load(INT8_QLORA + ".npz")
-    base = from_pretrained(BASE, quantization="int8")
+    base = from_pretrained(folder, quantization=quantization)
     state = base.state_dict()
     weights = [k.removeprefix("cb/") for k in data.files if k.startswith("cb/")]
     assert len(weights) == 14

@@ -60,9 +60,16 @@ static gt_status set_param(gt_param *param, size_t *offset, const char *layer) {
     return GT_OK;
 }
 
-/* Gives every trainable parameter its offset in the gradient arena, in state_dict order (frozen
- * ones none); a later use of a module takes its first use's parameters again (their flags). */
-static void layout_grads(gt_layer *layer, size_t *offset) {
+/* The arenas that hold some parameters only, each laid out by layout_subset. */
+typedef enum param_subset {
+    GRADIENTS,   /* the gradient arena: the trainable parameters (gt_model_set_frozen) */
+    HALF_COPY,   /* the half copy: the parameters mark_lowp marked */
+} param_subset;
+
+/* Gives every parameter in `subset` its offset in that arena (grad_offset or lowp_offset; others
+ * none), in state_dict order; a later use of a module takes its first use's parameters again
+ * (their flags and offsets). */
+static void layout_subset(gt_layer *layer, param_subset subset, size_t *offset) {
     if (layer->tied) {
         layer->weight = layer->tied->weight;
         layer->bias = layer->tied->bias;
@@ -70,12 +77,15 @@ static void layout_grads(gt_layer *layer, size_t *offset) {
     }
     gt_param *params[2] = {&layer->weight, &layer->bias};
     for (int i = 0; i < 2; i++) {
-        params[i]->grad_offset = params[i]->numel && !params[i]->frozen ? *offset : 0;
-        if (params[i]->numel && !params[i]->frozen)
-            *offset += params[i]->numel;  /* at most num_params: checked by the layout */
+        gt_param *p = params[i];
+        int in_subset = subset == GRADIENTS ? p->numel && !p->frozen : p->has_lowp;
+        size_t *at = subset == GRADIENTS ? &p->grad_offset : &p->lowp_offset;
+        *at = in_subset ? *offset : 0;
+        if (in_subset)
+            *offset += p->numel;  /* at most num_params: checked by the layout */
     }
     for (size_t i = 0; i < layer->num_children; i++)
-        layout_grads(&layer->children[i], offset);
+        layout_subset(&layer->children[i], subset, offset);
 }
 
 /* Gives every parameter its shape (the kind's params hook) and offset (pass 1) in state_dict
@@ -117,25 +127,6 @@ static void mark_lowp(gt_layer *layer) {
     }
     for (size_t i = 0; i < layer->num_children; i++)
         mark_lowp(&layer->children[i]);
-}
-
-/* Gives every marked parameter its offset in the half copy, in state_dict order (after
- * mark_lowp); a later use of a module takes its first use's again. */
-static void layout_lowp(gt_layer *layer, size_t *offset) {
-    if (layer->tied) {
-        layer->weight = layer->tied->weight;
-        layer->bias = layer->tied->bias;
-        return;
-    }
-    gt_param *params[2] = {&layer->weight, &layer->bias};
-    for (int i = 0; i < 2; i++) {
-        if (!params[i]->has_lowp)
-            continue;
-        params[i]->lowp_offset = *offset;
-        *offset += params[i]->numel;  /* at most num_params: checked by the layout */
-    }
-    for (size_t i = 0; i < layer->num_children; i++)
-        layout_lowp(&layer->children[i], offset);
 }
 
 /* Bytes from the start of the buffer arena to a BatchNorm2d's num_batches_tracked: after its
@@ -384,9 +375,9 @@ static gt_status layout_model(gt_model *model, gt_layer root, gt_device device, 
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     GT_TRY(init_backend(model, device));
     GT_TRY(layout_layer(&model->root, &model->num_params));  /* checks every size before anything is allocated */
-    layout_grads(&model->root, &model->num_grads);             /* every parameter trainable */
+    layout_subset(&model->root, GRADIENTS, &model->num_grads);  /* every parameter trainable */
     mark_lowp(&model->root);
-    layout_lowp(&model->root, &model->num_lowp);
+    layout_subset(&model->root, HALF_COPY, &model->num_lowp);
     return GT_OK;
 }
 
@@ -1157,7 +1148,7 @@ gt_status gt_model_set_frozen(gt_model *model, const unsigned char *frozen, size
         for (size_t i = 0; i < n; i++)
             ((gt_param *)list[i])->frozen = frozen[i] != 0;
         model->num_grads = 0;
-        layout_grads(&model->root, &model->num_grads);
+        layout_subset(&model->root, GRADIENTS, &model->num_grads);
         if (retired)
             *retired = model->grads;
         else

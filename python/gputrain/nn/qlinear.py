@@ -154,13 +154,20 @@ class QLinear(Module):
         self._write_codes(packed, state.absmax)
         return self
 
-    def load_quantized(self, packed: Any, state: QuantState) -> QLinear:
-        """Takes a 4-bit weight as bitsandbytes stores it (packed uint8 bytes and its QuantState; a
-        double-quantized absmax is expanded to float32, bit-exact with bitsandbytes' dequantization)."""
+    def load_quantized(self, packed: Any, state: QuantState | np.ndarray) -> QLinear:
+        """Takes a weight as bitsandbytes stores it: 4-bit, packed uint8 bytes and its QuantState (a
+        double-quantized absmax is expanded to float32, bit-exact with bitsandbytes'
+        dequantization); int8, the (out, in) int8 codes and their float32 row absmax (Int8Params'
+        CB and SCB)."""
+        if self.quant_type == "int8":
+            scb = np.asarray(state)
+            if scb.dtype != np.float32 or scb.shape != (self.out_features,):
+                raise ValueError(f"state: an int8 layer takes the float32 row absmax (SCB) of shape "
+                                 f"({self.out_features},), got {scb.dtype} {scb.shape}")
+            self._write_codes(np.asarray(packed), scb)
+            return self
         if not isinstance(state, QuantState):
             raise TypeError(f"state must be a gputrain.quant.QuantState, not {type(state).__name__}")
-        if self.quant_type == "int8":
-            raise ValueError(f"{self!r}: load_quantized takes a 4-bit weight; quantize_() an int8 layer's weight")
         if state.quant_type != self.quant_type or state.blocksize != self.blocksize:
             raise ValueError(f"state: {state.quant_type} with blocksize {state.blocksize} does not fit this layer's "
                              f"{self.quant_type} with blocksize {self.blocksize}")

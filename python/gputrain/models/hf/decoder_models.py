@@ -273,7 +273,8 @@ class _DecoderHead(Module):
         slots[name].data = array
 
     def _hf_load_quantized(self, name: str, packed: np.ndarray, state: Any) -> None:
-        """A bnb-4bit weight (packed bytes and its QuantState) into the QLinear `name` names."""
+        """A bitsandbytes weight (packed 4-bit bytes and its QuantState, or int8 codes and their SCB)
+        into the QLinear `name` names."""
         self._hf_targets()[1][name].load_quantized(packed, state)
 
     def _hf_loaded(self) -> None:

@@ -10,7 +10,9 @@ embedding, the norms and the LM head stay float, as bitsandbytes leaves ``lm_hea
   ``load_in_4bit``; each weight stored as packed uint8 plus ``.absmax``, ``.quant_map``, optional
   ``.nested_absmax`` / ``.nested_quant_map`` and ``.quant_state.bitsandbytes__nf4`` / ``__fp4``):
   the packed codes load as they are (a double-quantized absmax is expanded to float32, bit-exact
-  with bitsandbytes' dequantization). ``quantization=`` may be omitted or must name its type.
+  with bitsandbytes' dequantization); or in 8 bits (``load_in_8bit``; each weight int8 of its
+  shape, the module's ``.SCB`` float32 row absmax and ``.weight_format`` 0, "row"): the codes load
+  as they are. ``quantization=`` may be omitted or must name its type.
 
 Everything is checked (names, dtypes, shapes, quant states' JSON) before the model is built.
 """
@@ -27,7 +29,8 @@ from gputrain.models.hf.safetensors_io import TensorRef
 from gputrain.nn.qlinear import QUANT_TYPES_4BIT, check_quantization
 from gputrain.quant import QuantState, from_tensors
 
-_RAW_DTYPES = {"U8": np.uint8, "F32": np.float32}
+_RAW_DTYPES = {"U8": np.uint8, "I8": np.int8, "F32": np.float32}
+_INT8_KEYS = ("SCB", "weight_format")  # stored beside the module's weight, not under it
 _STATE_KEYS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 
 
@@ -64,22 +67,28 @@ def _stored_type(stored: Any, path: str) -> str:
         raise ValueError(f"{where} must be an object, got {type(stored).__name__}")
     if stored.get("quant_method", "bitsandbytes") != "bitsandbytes":
         raise ValueError(f"{where}: quant_method {stored.get('quant_method')!r} is not supported "
-                         "(bitsandbytes 4-bit only)")
+                         "(bitsandbytes 4-bit and 8-bit only)")
+    _check_skip_modules(stored, where)
     if stored.get("load_in_8bit") or stored.get("_load_in_8bit"):
-        raise ValueError(f"{where}: load_in_8bit checkpoints (LLM.int8, stored int8) are not supported; 4-bit ones "
-                         "are, and a float folder quantizes to int8 while loading (quantization='int8')")
+        if stored.get("llm_int8_has_fp16_weight"):
+            raise ValueError(f"{where}: llm_int8_has_fp16_weight true stores float16 weights, not int8 codes; "
+                             "load the float folder with quantization='int8'")
+        return "int8"
     if not (stored.get("load_in_4bit") or stored.get("_load_in_4bit")):
-        raise ValueError(f"{where}: expected load_in_4bit true (a bnb-4bit checkpoint)")
+        raise ValueError(f"{where}: expected load_in_4bit or load_in_8bit true (a bitsandbytes checkpoint)")
     quant_type = stored.get("bnb_4bit_quant_type", "fp4")
     if quant_type not in QUANT_TYPES_4BIT:
         raise ValueError(f"{where}: bnb_4bit_quant_type {quant_type!r} is not one of {QUANT_TYPES_4BIT}")
     if stored.get("bnb_4bit_quant_storage", "uint8") != "uint8":
         raise ValueError(f"{where}: bnb_4bit_quant_storage {stored.get('bnb_4bit_quant_storage')!r} is not "
                          "supported (uint8 only)")
+    return quant_type
+
+
+def _check_skip_modules(stored: dict[str, Any], where: str) -> None:
     skip = stored.get("llm_int8_skip_modules")
     if skip is not None and (not isinstance(skip, list) or not all(isinstance(s, str) for s in skip)):
         raise ValueError(f"{where}: llm_int8_skip_modules must be a list of names or null, got {skip!r}")
-    return quant_type
 
 
 def split_stored(stored: dict[str, TensorRef], quantized: list[str], canonical: Any
@@ -103,6 +112,11 @@ def _quant_base(name: str, canonical: Any, wanted: set[str]) -> tuple[str | None
     """(weight name, suffix) when `name` is a quantized weight or one of its state tensors."""
     if canonical(name) in wanted:
         return canonical(name), ""
+    for key in _INT8_KEYS:
+        if name.endswith("." + key):
+            base = canonical(name[: -len(key)] + "weight")
+            if base in wanted:
+                return base, key
     for key in (*_STATE_KEYS, "quant_state.bitsandbytes__nf4", "quant_state.bitsandbytes__fp4"):
         if name.endswith("." + key):
             base = canonical(name[: -len(key) - 1])
@@ -112,10 +126,10 @@ def _quant_base(name: str, canonical: Any, wanted: set[str]) -> tuple[str | None
 
 
 def read_raw(ref: TensorRef) -> np.ndarray:
-    """A uint8 or float32 tensor as stored (the pieces of a bnb-4bit weight)."""
+    """A uint8, int8 or float32 tensor as stored (the pieces of a bitsandbytes weight)."""
     if ref.dtype not in _RAW_DTYPES:
-        raise ValueError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; a bnb-4bit weight's pieces are "
-                         "U8 or F32")
+        raise ValueError(f"{ref.path}: tensor {ref.name!r} has dtype {ref.dtype}; a bitsandbytes weight's pieces "
+                         "are U8, I8 or F32")
     with open(ref.path, "rb") as file:
         file.seek(ref.start)
         raw = file.read(ref.nbytes)
@@ -126,14 +140,18 @@ def read_raw(ref: TensorRef) -> np.ndarray:
 
 def check_groups(groups: dict[str, dict[str, TensorRef]], shapes: dict[str, tuple[int, ...]], quant_type: str,
                  folder: str) -> int:
-    """Checks every bnb-4bit weight (present, packed uint8 of its shape, its quant state's JSON and
-    tensors) reading only the small pieces; returns the one block size they share."""
+    """Checks every bitsandbytes weight (present; 4-bit: packed uint8 of its shape, its quant state's
+    JSON and tensors; int8: see _check_int8) reading only the small pieces; returns the one block
+    size they share (int8: 0)."""
     blocksizes = set()
     for name in shapes:
         group = groups.get(name)
         if group is None or "" not in group:
-            raise ValueError(f"{folder}: the packed 4-bit weight {name!r} is missing (a bnb-4bit checkpoint "
+            raise ValueError(f"{folder}: the quantized weight {name!r} is missing (a bitsandbytes checkpoint "
                              "quantizes every Linear of the decoder blocks; gputrain needs all of them)")
+        if quant_type == "int8":
+            _check_int8(group, name, shapes[name])
+            continue
         state = _small_state(group, name)
         where = f"{group[''].path}: {name}"
         if state.quant_type != quant_type:
@@ -150,7 +168,24 @@ def check_groups(groups: dict[str, dict[str, TensorRef]], shapes: dict[str, tupl
     if len(blocksizes) > 1:
         raise ValueError(f"{folder}: the 4-bit weights use several block sizes {sorted(blocksizes)}; gputrain loads "
                          "one block size per model")
+    if quant_type == "int8":
+        return 0
     return blocksizes.pop() if blocksizes else 64
+
+
+def _check_int8(group: dict[str, TensorRef], name: str, shape: tuple[int, ...]) -> None:
+    """An 8-bit weight: int8 codes of its shape, a float32 SCB a row, weight_format (if stored) 0."""
+    where = f"{group[''].path}: {name}"
+    codes, scb = group[""], group.get("SCB")
+    if codes.dtype != "I8" or tuple(codes.shape) != tuple(shape):
+        raise ValueError(f"{where}: the weight is {codes.dtype} of shape {tuple(codes.shape)}, expected I8 codes of "
+                         f"shape {tuple(shape)}")
+    if scb is None or scb.dtype != "F32" or tuple(scb.shape) != (shape[0],):
+        got = "missing" if scb is None else f"{scb.dtype} of shape {tuple(scb.shape)}"
+        raise ValueError(f"{where}: its SCB (the row absmax) is {got}, expected F32 of shape ({shape[0]},)")
+    if "weight_format" in group and read_raw(group["weight_format"]).reshape(-1).tolist() != [0]:
+        raise ValueError(f"{where}: weight_format is not 0 (bitsandbytes' row-major int8); other layouts are not "
+                         "supported")
 
 
 def _small_state(group: dict[str, TensorRef], name: str) -> QuantState:
@@ -161,7 +196,9 @@ def _small_state(group: dict[str, TensorRef], name: str) -> QuantState:
 
 
 def load_groups(model: Any, groups: dict[str, dict[str, TensorRef]], names: list[str]) -> None:
-    """Reads each bnb-4bit weight (packed bytes and state) into its QLinear, one at a time."""
+    """Reads each bitsandbytes weight (packed bytes and 4-bit state, or int8 codes and SCB) into its
+    QLinear, one at a time."""
     for name in names:
         group = groups[name]
-        model._hf_load_quantized(name, read_raw(group[""]), _small_state(group, name))
+        state = read_raw(group["SCB"]) if "SCB" in group else _small_state(group, name)
+        model._hf_load_quantized(name, read_raw(group[""]), state)
