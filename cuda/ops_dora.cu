@@ -38,25 +38,15 @@ __global__ void dora_magnitude_backward_kernel(float *dmagnitude, const void *do
     }
 }
 
-gt_status check_matrix(int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(gt_op_check_size(rows, "rows"));
-    GT_TRY(gt_op_check_size(cols, "cols"));
-    return gt_op_check_dtype(dt, "dt");
-}
-
 }  // namespace
 
 gt_status gt_cuda_dora_norm(gt_backend *be, float *scale, float *norm, const float *w, const float *magnitude,
                             int64_t rows, int64_t cols) {
-    GT_TRY(check_matrix(rows, cols, GT_F32));
+    GT_TRY(gt_dora_norm_check(scale, norm, w, magnitude, rows, cols));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (rows == 0)
         return GT_OK;
-    GT_TRY(gt_op_check_ptr(scale, "scale"));
-    GT_TRY(gt_op_check_ptr(norm, "norm"));
-    GT_TRY(gt_op_check_ptr(w, "w"));
-    GT_TRY(gt_op_check_ptr(magnitude, "magnitude"));
     dora_norm_kernel<<<grid_for((size_t)rows), kThreads, 0, stream_of(state)>>>(scale, norm, w, magnitude,
                                                                                  (size_t)rows, (size_t)cols);
     return gt_cuda_check_launch("dora_norm_kernel launch");
@@ -64,15 +54,11 @@ gt_status gt_cuda_dora_norm(gt_backend *be, float *scale, float *norm, const flo
 
 gt_status gt_cuda_dora_combine(gt_backend *be, void *out, const void *u, const void *v, const float *scale,
                                float scaling, int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(check_matrix(rows, cols, dt));
+    GT_TRY(gt_dora_combine_check(out, u, v, scale, rows, cols, dt));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (rows == 0 || cols == 0)
         return GT_OK;
-    GT_TRY(gt_op_check_ptr(out, "out"));
-    GT_TRY(gt_op_check_ptr(u, "u"));
-    GT_TRY(gt_op_check_ptr(v, "v"));
-    GT_TRY(gt_op_check_ptr(scale, "scale"));
     size_t n = (size_t)rows * (size_t)cols;
     GT_LAUNCH_DT(dt, dora_combine_kernel, grid_for(n), kThreads, 0, stream_of(state), out, u, v, scale, scaling, n,
                  (size_t)cols);
@@ -81,14 +67,11 @@ gt_status gt_cuda_dora_combine(gt_backend *be, void *out, const void *u, const v
 
 gt_status gt_cuda_col_scale(gt_backend *be, void *out, const void *in, const float *scale, float offset,
                             int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(check_matrix(rows, cols, dt));
+    GT_TRY(gt_col_scale_check(out, in, scale, rows, cols, dt));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (rows == 0 || cols == 0)
         return GT_OK;
-    GT_TRY(gt_op_check_ptr(out, "out"));
-    GT_TRY(gt_op_check_ptr(in, "in"));
-    GT_TRY(gt_op_check_ptr(scale, "scale"));
     size_t n = (size_t)rows * (size_t)cols;
     GT_LAUNCH_DT(dt, col_scale_kernel, grid_for(n), kThreads, 0, stream_of(state), out, in, scale, offset, n,
                  (size_t)cols);
@@ -98,18 +81,11 @@ gt_status gt_cuda_col_scale(gt_backend *be, void *out, const void *in, const flo
 gt_status gt_cuda_dora_magnitude_backward(gt_backend *be, float *dmagnitude, const void *dout, const void *u,
                                           const void *v, const float *norm, float scaling, int64_t rows,
                                           int64_t cols, gt_dtype dt, int accumulate) {
-    GT_TRY(check_matrix(rows, cols, dt));
+    GT_TRY(gt_dora_magnitude_backward_check(dmagnitude, dout, u, v, norm, rows, cols, dt));
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
     if (cols == 0)
         return GT_OK;
-    GT_TRY(gt_op_check_ptr(dmagnitude, "dmagnitude"));
-    GT_TRY(gt_op_check_ptr(norm, "norm"));
-    if (rows > 0) {
-        GT_TRY(gt_op_check_ptr(dout, "dout"));
-        GT_TRY(gt_op_check_ptr(u, "u"));
-        GT_TRY(gt_op_check_ptr(v, "v"));
-    }
     GT_LAUNCH_DT(dt, dora_magnitude_backward_kernel, grid_for((size_t)cols), kThreads, 0, stream_of(state),
                  dmagnitude, dout, u, v, norm, scaling, (size_t)rows, (size_t)cols, accumulate);
     return gt_cuda_check_launch("dora_magnitude_backward_kernel launch");

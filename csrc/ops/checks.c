@@ -210,3 +210,56 @@ gt_status gt_disentangled_check(const gt_disentangled_args *a, int backward) {
         return GT_FAIL(GT_ERR_VALUE, "dpos_q: must be given with pos_q");
     return GT_OK;
 }
+
+/* Rows and columns >= 0 and an activation dtype: what every DoRA op checks first. */
+static gt_status dora_matrix_check(int64_t rows, int64_t cols, gt_dtype dt) {
+    GT_TRY(gt_op_check_size(rows, "rows"));
+    GT_TRY(gt_op_check_size(cols, "cols"));
+    return gt_op_check_dtype(dt, "dt");
+}
+
+gt_status gt_dora_norm_check(const float *scale, const float *norm, const float *w, const float *magnitude,
+                             int64_t rows, int64_t cols) {
+    GT_TRY(dora_matrix_check(rows, cols, GT_F32));
+    if (rows == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(scale, "scale"));
+    GT_TRY(gt_op_check_ptr(norm, "norm"));
+    GT_TRY(gt_op_check_ptr(w, "w"));
+    return gt_op_check_ptr(magnitude, "magnitude");
+}
+
+gt_status gt_dora_combine_check(const void *out, const void *u, const void *v, const float *scale, int64_t rows,
+                                int64_t cols, gt_dtype dt) {
+    GT_TRY(dora_matrix_check(rows, cols, dt));
+    if (rows == 0 || cols == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(u, "u"));
+    GT_TRY(gt_op_check_ptr(v, "v"));
+    return gt_op_check_ptr(scale, "scale");
+}
+
+gt_status gt_col_scale_check(const void *out, const void *in, const float *scale, int64_t rows, int64_t cols,
+                             gt_dtype dt) {
+    GT_TRY(dora_matrix_check(rows, cols, dt));
+    if (rows == 0 || cols == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(in, "in"));
+    return gt_op_check_ptr(scale, "scale");
+}
+
+gt_status gt_dora_magnitude_backward_check(const float *dmagnitude, const void *dout, const void *u, const void *v,
+                                           const float *norm, int64_t rows, int64_t cols, gt_dtype dt) {
+    GT_TRY(dora_matrix_check(rows, cols, dt));
+    if (cols == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(dmagnitude, "dmagnitude"));
+    GT_TRY(gt_op_check_ptr(norm, "norm"));
+    if (rows == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(dout, "dout"));
+    GT_TRY(gt_op_check_ptr(u, "u"));
+    return gt_op_check_ptr(v, "v");
+}

@@ -43,6 +43,24 @@ gt_status gt_attention_check(const gt_attention_args *a, int backward, int64_t m
  * or key_lengths, which may be device memory). */
 gt_status gt_disentangled_check(const gt_disentangled_args *a, int backward);
 
+/* What every backend checks of the DoRA ops (ops.h), naming the offending argument: rows and
+ * cols >= 0, an activation dtype, and the pointers a non-empty call reads or writes.
+ * dora_norm: f32, its four arrays when rows > 0. */
+gt_status gt_dora_norm_check(const float *scale, const float *norm, const float *w, const float *magnitude,
+                             int64_t rows, int64_t cols);
+
+/* dora_combine: out, u, v and scale, when rows and cols are > 0. */
+gt_status gt_dora_combine_check(const void *out, const void *u, const void *v, const float *scale, int64_t rows,
+                                int64_t cols, gt_dtype dt);
+
+/* col_scale: out, in and scale, when rows and cols are > 0. */
+gt_status gt_col_scale_check(const void *out, const void *in, const float *scale, int64_t rows, int64_t cols,
+                             gt_dtype dt);
+
+/* dora_magnitude_backward: dmagnitude and norm when cols > 0; dout, u and v when rows are too. */
+gt_status gt_dora_magnitude_backward_check(const float *dmagnitude, const void *dout, const void *u, const void *v,
+                                           const float *norm, int64_t rows, int64_t cols, gt_dtype dt);
+
 /* Rows and columns of A and B as stored (before the transposes). */
 static inline size_t gt_gemm_a_rows(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->k : g->m); }
 static inline size_t gt_gemm_a_cols(const gt_gemm_args *g) { return (size_t)(g->trans_a ? g->m : g->k); }

@@ -6,21 +6,9 @@
 #include "ops/cpu_ops.h"
 #include "ops/dora_hd.h"
 
-static gt_status check_matrix(int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(gt_op_check_size(rows, "rows"));
-    GT_TRY(gt_op_check_size(cols, "cols"));
-    return gt_op_check_dtype(dt, "dt");
-}
-
 gt_status gt_cpu_dora_norm(gt_backend *be, float *scale, float *norm, const float *w, const float *magnitude,
                            int64_t rows, int64_t cols) {
-    GT_TRY(check_matrix(rows, cols, GT_F32));
-    if (rows == 0)
-        return GT_OK;
-    GT_TRY(gt_op_check_ptr(scale, "scale"));
-    GT_TRY(gt_op_check_ptr(norm, "norm"));
-    GT_TRY(gt_op_check_ptr(w, "w"));
-    GT_TRY(gt_op_check_ptr(magnitude, "magnitude"));
+    GT_TRY(gt_dora_norm_check(scale, norm, w, magnitude, rows, cols));
 #pragma omp parallel for schedule(static) if (rows * cols > GT_CPU_CHUNK)
     for (int64_t r = 0; r < rows; r++)
         gt_dora_norm_row(scale, norm, w, magnitude, (size_t)r, (size_t)cols);
@@ -29,13 +17,7 @@ gt_status gt_cpu_dora_norm(gt_backend *be, float *scale, float *norm, const floa
 
 gt_status gt_cpu_dora_combine(gt_backend *be, void *out, const void *u, const void *v, const float *scale,
                               float scaling, int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(check_matrix(rows, cols, dt));
-    if (rows == 0 || cols == 0)
-        return GT_OK;
-    GT_TRY(gt_op_check_ptr(out, "out"));
-    GT_TRY(gt_op_check_ptr(u, "u"));
-    GT_TRY(gt_op_check_ptr(v, "v"));
-    GT_TRY(gt_op_check_ptr(scale, "scale"));
+    GT_TRY(gt_dora_combine_check(out, u, v, scale, rows, cols, dt));
     size_t n = (size_t)rows * (size_t)cols;
 #pragma omp parallel for schedule(static) if (n > GT_CPU_CHUNK)
     for (size_t e = 0; e < n; e++)
@@ -45,12 +27,7 @@ gt_status gt_cpu_dora_combine(gt_backend *be, void *out, const void *u, const vo
 
 gt_status gt_cpu_col_scale(gt_backend *be, void *out, const void *in, const float *scale, float offset,
                            int64_t rows, int64_t cols, gt_dtype dt) {
-    GT_TRY(check_matrix(rows, cols, dt));
-    if (rows == 0 || cols == 0)
-        return GT_OK;
-    GT_TRY(gt_op_check_ptr(out, "out"));
-    GT_TRY(gt_op_check_ptr(in, "in"));
-    GT_TRY(gt_op_check_ptr(scale, "scale"));
+    GT_TRY(gt_col_scale_check(out, in, scale, rows, cols, dt));
     size_t n = (size_t)rows * (size_t)cols;
 #pragma omp parallel for schedule(static) if (n > GT_CPU_CHUNK)
     for (size_t e = 0; e < n; e++)
@@ -61,16 +38,7 @@ gt_status gt_cpu_col_scale(gt_backend *be, void *out, const void *in, const floa
 gt_status gt_cpu_dora_magnitude_backward(gt_backend *be, float *dmagnitude, const void *dout, const void *u,
                                          const void *v, const float *norm, float scaling, int64_t rows,
                                          int64_t cols, gt_dtype dt, int accumulate) {
-    GT_TRY(check_matrix(rows, cols, dt));
-    if (cols == 0)
-        return GT_OK;
-    GT_TRY(gt_op_check_ptr(dmagnitude, "dmagnitude"));
-    GT_TRY(gt_op_check_ptr(norm, "norm"));
-    if (rows > 0) {
-        GT_TRY(gt_op_check_ptr(dout, "dout"));
-        GT_TRY(gt_op_check_ptr(u, "u"));
-        GT_TRY(gt_op_check_ptr(v, "v"));
-    }
+    GT_TRY(gt_dora_magnitude_backward_check(dmagnitude, dout, u, v, norm, rows, cols, dt));
 #pragma omp parallel for schedule(static) if (rows * cols > GT_CPU_CHUNK)
     for (int64_t c = 0; c < cols; c++)
         gt_dora_magnitude_column(dmagnitude, dout, u, v, norm, scaling, (size_t)c, (size_t)rows, (size_t)cols, dt,
