@@ -13,7 +13,6 @@ of the dequantized weights, and its 8-bit folder (make_int8_fixtures.py) loads i
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 
@@ -21,7 +20,6 @@ import numpy as np
 import pytest
 
 import gputrain as gt
-import gputrain.memory_plan as mp
 from gputrain import nn
 from gputrain.models import from_pretrained
 from gputrain.models.hf.quantized import read_raw
@@ -31,6 +29,7 @@ from gputrain.quant.codes import code_table
 from gputrain.quant.int8 import int8_vectorwise_quant
 
 import _reference as ref
+from _sim_steps import assert_sim_gives_the_cpu_bits_at_its_plan
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 LLAMA = os.path.join(HF, "llama-tiny")
@@ -189,27 +188,18 @@ def test_tiles_give_the_reference_within_the_gemms_rounding(precision, quant_typ
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("quant_type", ["nf4", "int8"])
 def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan(precision, quant_type):
-    def trained(device):
-        gc.collect()  # the sim models of earlier tests: their memory is not this plan's
+    def build():
         gt.random.manual_seed(5)
         q = nn.QLinear(96, 48, True, quant_type, 64, 16).quantize_(weights(48, 96))
-        model = nn.Sequential(nn.Linear(32, 96), q, nn.ReLU(), nn.Linear(48, 3))
-        if device != "cpu":
-            model = model.to(device)
-            gt.reset_peak_memory_stats(device)
-        step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
-                            precision=precision)
-        plan = mp.plan_step(step, (6, 32))
-        rng = np.random.default_rng(4)
-        losses = [step(rng.standard_normal((6, 32)).astype(np.float32), rng.integers(0, 3, 6)).loss
-                  for _ in range(2)]
-        if device != "cpu":
-            assert gt.memory_stats(device)["peak_reserved_bytes"] == plan.total(device), str(plan)
-        return losses, model.state_dict()
+        return nn.Sequential(nn.Linear(32, 96), q, nn.ReLU(), nn.Linear(48, 3))
 
-    (cpu_losses, cpu_state), (sim_losses, sim_state) = trained("cpu"), trained("sim:0")
-    assert cpu_losses == sim_losses
-    assert all(ref.same_bits(cpu_state[k], sim_state[k]) for k in cpu_state)
+    def make_step(model):
+        return gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
+                            precision=precision)
+
+    rng = np.random.default_rng(4)
+    batches = [(rng.standard_normal((6, 32)).astype(np.float32), rng.integers(0, 3, 6)) for _ in range(2)]
+    cpu_state = assert_sim_gives_the_cpu_bits_at_its_plan(build, make_step, batches, (6, 32))
     frozen = nn.QLinear(96, 48, True, quant_type).quantize_(weights(48, 96)).weight
     assert np.array_equal(cpu_state["1.weight"], frozen)
 

@@ -13,7 +13,6 @@ PEFT + bitsandbytes' own numbers (tests/fixtures/make_qlora_fixtures.py) are com
 
 from __future__ import annotations
 
-import gc
 import os
 
 import numpy as np
@@ -21,7 +20,6 @@ import pytest
 import safetensors.numpy
 
 import gputrain as gt
-import gputrain.memory_plan as mp
 from gputrain import nn
 from gputrain.models import from_pretrained
 from gputrain.peft import LoraConfig, LoraLinear, PeftModel, get_peft_model
@@ -30,6 +28,7 @@ import _reference as ref
 from _peft_helpers import (ADAPTER, BASE, DORA, HERE, LORA, assert_peft_s_loss_and_gradients,
                            assert_trainer_fine_tunes, assert_training_moves_only_the_adapter, assert_unchanged,
                            grad_keys, internal_name, lora_reference, relative_error, snapshot, training_case)
+from _sim_steps import assert_sim_gives_the_cpu_bits_at_its_plan
 
 BNB_NF4 = os.path.join(HERE, "fixtures", "hf", "llama-tiny-bnb-nf4")
 QLORA = os.path.join(HERE, "fixtures", "peft", "llama-tiny-bnb-nf4-qlora")  # make_qlora_fixtures.py
@@ -152,26 +151,19 @@ def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan():
     """The sim device runs the CPU ops on its own streams and memory: a QLoRA step (three tiles,
     dropout) gives the CPU's bits and peaks exactly at the memory plan (the base's tile and the
     adapter's buffers are planned)."""
-    def trained(device):
-        gc.collect()
+    def build():
         model, _ = small_qlora(0.25, 16)
         model._compile("cpu", seed=7)
-        if device != "cpu":
-            model = model.to(device)
-            gt.reset_peak_memory_stats(device)
-        params = [p for p in model.parameters() if p.requires_grad]
-        train = gt.TrainStep(model, nn.MSELoss(), gt.optim.AdamW(params, lr=1e-2), precision="bf16")
-        plan = mp.plan_step(train, (6, 4))
-        rng = np.random.default_rng(4)
-        losses = [train(rng.standard_normal((6, 4)).astype(np.float32),
-                        rng.standard_normal((6, 48)).astype(np.float32)).loss for _ in range(2)]
-        if device != "cpu":
-            assert gt.memory_stats(device)["peak_reserved_bytes"] == plan.total(device), str(plan)
-        return losses, model.state_dict()
+        return model
 
-    (cpu_losses, cpu_state), (sim_losses, sim_state) = trained("cpu"), trained("sim:0")
-    assert cpu_losses == sim_losses
-    assert all(ref.same_bits(cpu_state[k], sim_state[k]) for k in cpu_state)
+    def make_step(model):
+        params = [p for p in model.parameters() if p.requires_grad]
+        return gt.TrainStep(model, nn.MSELoss(), gt.optim.AdamW(params, lr=1e-2), precision="bf16")
+
+    rng = np.random.default_rng(4)
+    batches = [(rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((6, 48)).astype(np.float32))
+               for _ in range(2)]
+    assert_sim_gives_the_cpu_bits_at_its_plan(build, make_step, batches, (6, 4))
 
 
 def test_checkpointing_gives_the_same_gradients(batch):
