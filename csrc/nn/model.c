@@ -323,7 +323,7 @@ static gt_status cast_tree(gt_model *model, const gt_layer *layer, char *lowp, g
     return GT_OK;
 }
 
-/* Fills the half copy at `lowp` (in `dt`) from the f32 master: every weight that has one, or
+/* Fills the half copy at `lowp` (in `dt`) from the f32 master: every parameter that has one, or
  * (trainable_only: after an optimizer step, when some are frozen) the trainable ones. */
 static gt_status cast_halves(gt_model *model, char *lowp, gt_dtype dt, int trainable_only) {
     param_run run = {0, 0, 0};
