@@ -188,7 +188,10 @@ def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout(device)
     with the transport's message naming the silent rank, at the step's one wait."""
     started = time.monotonic()
     done = run_ranks(2, "mlp", "unused", "--die-at-step", "1", "--die-how", "hang", "--timeout", "3", "--device", device)
-    assert done.returncode == 3, done.stdout + done.stderr
+    # Rank 0 exits 3 at its TimeoutError and mpiexec kills the silent rank. Hydra ORs the exit codes
+    # it has seen, and what it has seen depends on the order of its socket and waitpid events
+    # (pmodels/mpich#5930): once, under load, it returned 9 (the killed rank's signal), not 3.
+    assert done.returncode != 0, done.stdout + done.stderr
     assert "rank 0 step 0 done" in done.stdout
     waited = re.search(r"rank 0 TimeoutError after ([0-9.]+) s", done.stdout)
     assert waited and 3.0 <= float(waited.group(1)) < 30, done.stdout  # the step's compute, then the 3 s
