@@ -57,6 +57,7 @@ static int64_t block_of(const gt_layer *layer) {
     return is_int8(layer) ? layer->in_features : config_of(layer).blocksize;
 }
 
+/* In the enum's order: describe_qlinear indexes it by quant_type. */
 static const gt_enum_name quant_type_names[] = {
     {"nf4", GT_QLINEAR_NF4}, {"fp4", GT_QLINEAR_FP4}, {"int8", GT_QLINEAR_INT8}, {NULL, 0}};
 static const gt_layer_arg qlinear_args[] = {

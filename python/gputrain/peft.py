@@ -231,9 +231,9 @@ class _Magnitude(Module):
         return f"{self.features}"
 
 
-_DORA_QUANTIZED = ("use_dora: {name!r} is a QLinear (a quantized base); DoRA on a quantized base is not implemented "
-                   "(its norms need the dequantized weight); use use_dora=False, or load the model without "
-                   "quantization")
+_DORA_QUANTIZED = ("use_dora: {name!r} is a QLinear (a quantized base); gputrain refuses DoRA on a "
+                   "quantized base, whose norms would need the dequantized weight; use use_dora=False, or load "
+                   "the model without quantization")
 _MERGE_QUANTIZED = ("merge_and_unload: {name!r} has a QLinear (quantized) base; gputrain refuses to merge into it: "
                     "W + scaling B A would be rounded back to its 4 or 8 bits, and that rounding (PEFT warns of "
                     "it) loses most of the adapter's small update. Save the adapter (save_pretrained), load the "
