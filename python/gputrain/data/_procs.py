@@ -16,7 +16,6 @@ Result: ("ok", generation, seq, slot id, skeleton, new segment name or None, cap
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import multiprocessing
 import multiprocessing.queues
@@ -30,7 +29,7 @@ import time
 import traceback
 import weakref
 from multiprocessing import connection, resource_tracker, shared_memory
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from gputrain.data import _worker
 from gputrain.data._errors import WorkerError
 from gputrain.data._fetch import Fetcher
 from gputrain.data._shm import Slot, SlotRing, SlotWriter, segment_prefix
+from gputrain.data._sigint import sigint_held
 from gputrain.data.dataset import ITERABLE
 
 _PARENT_CHECK_S = 1.0  # an idle worker checks this often whether its parent still lives
@@ -131,33 +131,6 @@ def _run_task(fetcher: Fetcher, writer: SlotWriter, where: str, task: tuple[Any,
         return ("ok", gen, seq, slot, skeleton, created, capacity)
     except Exception:
         return ("error", gen, seq, slot, _picklable_error(where), None, 0)
-
-
-@contextlib.contextmanager
-def sigint_held() -> Iterator[None]:
-    """Holds Ctrl-C back while worker processes are forked or spawned, then delivers it.
-
-    A KeyboardInterrupt raised inside CPython's at-fork hooks is swallowed there (printed as
-    unraisable), and one raised in logging's hook leaves its module lock held, so that any later
-    logging.getLogger() blocks for good. SIGINT is blocked in this thread (signal.pthread_sigmask)
-    so it stays pending; on the main thread, where Python runs signal handlers, a SIGINT that
-    another thread received meanwhile is recorded by a stand-in handler instead of raising. Both
-    are delivered when the block ends, through the handler that was installed before."""
-    on_main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if on_main else None
-    deferred: list[int] = []
-    swap = callable(previous)  # a Python-level handler (Python's default one included)
-    if swap:
-        signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        if swap:
-            signal.signal(signal.SIGINT, previous)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGINT is delivered here
-        if deferred:
-            signal.raise_signal(signal.SIGINT)
 
 
 class WorkerDied(RuntimeError):
@@ -363,12 +336,13 @@ def _sweep(prefix: str) -> None:
 
 
 def _unlink(name: str) -> None:
-    try:
-        segment = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    segment.close()
-    segment.unlink()
+    with sigint_held():  # opening registers it with the resource tracker, unlink() unregisters it
+        try:
+            segment = shared_memory.SharedMemory(name=name)
+        except FileNotFoundError:
+            return
+        segment.close()
+        segment.unlink()
 
 
 def resolve_context(context: Any) -> Any:

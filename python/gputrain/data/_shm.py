@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gputrain.data._sigint import sigint_held
 from gputrain.data.collate import build_batch, spec_arrays
 
 if TYPE_CHECKING:
@@ -276,7 +277,8 @@ class SlotRing:
             return
         slot.retired = True
         try:
-            segment.unlink()
+            with sigint_held():  # shm_unlink, then the resource tracker's unregister: both or neither
+                segment.unlink()
         except FileNotFoundError:
             pass
         if slot.leases == 0:
