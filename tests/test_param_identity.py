@@ -292,3 +292,20 @@ def test_a_shared_layer_trains_in_half_precision():
 def test_a_tied_spec_must_name_an_earlier_layer_with_parameters(spec):
     with pytest.raises(ValueError, match="a tied layer must name an earlier layer with parameters"):
         gt._C.Model(spec, 0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_assigning_data_is_what_the_next_forward_computes_with(precision):
+    """p.data = x in a half-precision model: the GEMMs read the half copy, which follows at once
+    (as torch's p.data = x takes effect at once); it was stale until the next step."""
+    layer = nn.Linear(8, 4, bias=False)
+    layer.compiled.precision = precision
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    before = layer(x)
+    layer.weight.data = np.ones((4, 8), np.float32)
+    after = layer(x)
+    assert not np.array_equal(before, after)
+    reference = nn.Linear(8, 4, bias=False)
+    reference.load_state_dict({"weight": np.ones((4, 8), np.float32)})
+    reference.compiled.precision = precision
+    assert np.array_equal(after, reference(x))

@@ -107,6 +107,9 @@ class _Compiled:
     def zero_grads(self) -> None:
         self.model.zero_gradients()  # in C on any device; refused while a step in another thread runs
 
+    def values_written(self) -> None:
+        self.model.refresh_half_parameters()
+
 
 class Module:
     """Base class of layers and containers, with PyTorch's model methods."""

@@ -39,6 +39,9 @@ class GradOwner(Protocol):
     def zero_grads(self) -> None:
         """Write zeros into every gradient."""
 
+    def values_written(self) -> None:
+        """Told that parameter values were assigned (the half copy the GEMMs read is refreshed)."""
+
 
 class DeviceSlot:
     """Where a parameter of a model on a device lives: entry `index` of its C model's
@@ -159,6 +162,8 @@ class Parameter:
             raise ValueError(f"data: expected shape {self.shape}, got {array.shape}")
         if self._device is None:
             self._data[...] = array
+            if self._owner is not None:  # a bf16/f16 model's GEMMs read the half copy: refresh it
+                self._owner.values_written()
             return
         model = self._device.compiled.model
         flat = model.read_parameters()
