@@ -8,7 +8,9 @@ pool "sim:0" that stands for the card; nothing here is estimated):
   full       every parameter trains, AdamW (fp32 moments)
   full8      the same with 8-bit AdamW (kind "adamw8bit": 2 bytes of state per element)
   lora       bf16 base frozen, LoRA r=16 (alpha 32) on all linear layers (PEFT's "all-linear": not the
-             LM head), AdamW on the adapters
+             LM head), AdamW on the adapters; the model is built in bf16 (as from_pretrained(folder,
+             dtype="bf16")), so the adapted layers' bases hold their weights in bf16 alone (QLinear
+             "bf16": no float32 master, no half copy); the embeddings, norms and LM head keep theirs
   lora8      the same with 8-bit AdamW
   nf4-lora   the decoder blocks' Linear layers NF4 (QLinear, block 64; embeddings, norms and head
              float), LoRA r=16 on them (QLoRA: the adapters as on the bf16 base), AdamW on the adapters
@@ -16,7 +18,8 @@ pool "sim:0" that stands for the card; nothing here is estimated):
   nf4        the NF4 base alone, every parameter frozen, no optimizer
   int8-lora  the decoder blocks' Linear layers int8 (QLinear, LLM.int8's row-wise format), LoRA r=16
              on them, AdamW on the adapters
-  frozen     the bf16 base alone, every parameter frozen, no optimizer (lora less its adapters)
+  frozen     the base alone, every parameter frozen, no optimizer: float32 masters and their bf16 copy
+             (a model not adapted keeps its masters)
 
 The models are built inside gputrain.memory_plan.planning(): laid out, never allocated, so the 8B
 model plans on a small machine (tests/test_memory_plan_planning.py checks that such plans equal
@@ -64,6 +67,7 @@ def build(name: str, row: str, device: str = "sim") -> gt.nn.Module:
         quant = row.split("-")[0] if row.startswith(("nf4", "int8")) else None
         linear = quantized_linears(quant) if quant else gt.nn.Linear
         model = cls(dict(config), init_weights=False, linear=linear)
+        model.compiled.precision = "bf16"  # from_pretrained(folder, dtype="bf16")
         if "lora" in row:  # adapted, then moved
             model = gt.peft.get_peft_model(model, gt.peft.LoraConfig(**LORA))
         model = model.to(device)

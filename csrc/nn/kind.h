@@ -82,7 +82,7 @@ enum { GT_MAX_FROZEN_PIECES = 4 };
 typedef struct gt_frozen_piece {
     size_t offset;     /* bytes from the layer's frozen_offset in the buffer arena (GT_ALIGN-aligned) */
     size_t bytes;      /* its bytes */
-    gt_dtype dtype;    /* GT_U8, GT_I8 or GT_F32 */
+    gt_dtype dtype;    /* GT_U8, GT_I8, GT_F32, GT_F16 or GT_BF16 */
     int ndim;          /* 1 or 2 */
     int64_t shape[2];  /* its shape as state_dict shows it */
 } gt_frozen_piece;
@@ -128,6 +128,10 @@ int gt_layer_kind_named(const char *name, gt_layer_kind *kind);
 
 /* Gives a parameter its shape dims[0:ndim] (ndim in 1..4) and how it starts (params hooks). */
 void gt_layer_param(gt_param *param, int ndim, const int64_t *dims, gt_init_rule init, float value);
+
+/* A QLinear's stored weight dtype: GT_BF16 or GT_F16 for a weight in half precision alone (its
+ * frozen buffer, (out, in), is the weight itself), else GT_U8 (quantized codes). */
+gt_dtype gt_qlinear_stored_dtype(const gt_layer *layer);
 
 /* "layer 'path' (Linear(16, 8))", or "layer 'path'" for a kind without text, into buf. */
 const char *gt_layer_describe(char *buf, size_t bytes, const gt_layer *layer, const char *path);

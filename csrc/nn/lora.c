@@ -29,7 +29,12 @@
  * output, which the adapter path then adds to), backward dx = qlinear's input gradient (+ the
  * adapter's, as above); the child is planned by its kind's plan (its workspace holds the tile) and
  * takes no output buffer of its own. The packed weight never gets a gradient (it has none). DoRA on
- * a quantized base is refused (its norms need the dequantized weight). */
+ * a quantized base is refused (its norms need the dequantized weight).
+ *
+ * A half base (a QLinear "bf16" | "f16": the weight in half precision alone, no f32 master) runs LoRA
+ * as a quantized base does, and DoRA too, in its own compute dtype: DoRA's GEMMs read the stored
+ * weight where a Linear's read its half copy, and its norms widen it (exactly) where they copy the
+ * f32 master, so a half base gives the bits of a Linear whose master holds its values. */
 #include <float.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,8 +75,13 @@ static const gt_layer_arg lora_args[] = {
     GT_ARG_FLAG_AT("use_dora", GT_ARG_CONFIG(lora_config, use_dora)),
     {"modules", GT_ARG_LAYERS, 0, 0, 0, 0, NULL}};
 
-/* 1 when the base_layer is a QLinear (a quantized weight): its kind runs the base's terms. */
+/* 1 when the base_layer is a QLinear (a quantized or half weight): its kind runs the base's terms. */
 static int quantized_base(const gt_layer *layer) { return layer->children[LORA_BASE].kind == GT_LAYER_QLINEAR; }
+
+/* The base's weight dtype when it is a half base (GT_BF16 or GT_F16), else GT_U8. */
+static gt_dtype half_base_dtype(const gt_layer *layer) {
+    return quantized_base(layer) ? gt_qlinear_stored_dtype(&layer->children[LORA_BASE]) : GT_U8;
+}
 
 /* 1 when `child` is an untied Linear (in, out) with or without a bias as `bias` says (-1: either). */
 static int is_linear(const gt_layer *child, int64_t in, int64_t out, int bias) {
@@ -91,7 +101,7 @@ static gt_status check_lora(gt_layer *layer) {
     if ((base->kind != GT_LAYER_LINEAR && base->kind != GT_LAYER_QLINEAR) || base->tied)
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear's base_layer must be a Linear or a QLinear of its own (not a "
                        "tied one)");
-    if (config.use_dora && quantized_base(layer))
+    if (config.use_dora && quantized_base(layer) && half_base_dtype(layer) == GT_U8)
         return GT_FAIL(GT_ERR_VALUE, "LoraLinear: use_dora on a QLinear (quantized) base_layer is not implemented "
                        "(DoRA's norms need the dequantized weight); use LoRA without DoRA on a quantized base");
     int64_t in = base->in_features, out = base->out_features;
@@ -164,6 +174,11 @@ static gt_status plan_quantized_base(gt_plan_walk *w, gt_layer *layer, const gt_
 /* The output as a Linear's (a QLinear base: as its kind plans it); h (rows, r) and, with dropout,
  * xd (rows, in) from the layer's region; the workspace of the low-rank GEMMs. */
 static gt_status plan_lora(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
+    gt_dtype half = half_base_dtype(layer);
+    if (config_of(layer).use_dora && half != GT_U8 && half != w->dt)
+        return GT_FAIL(GT_ERR_VALUE, "LoraLinear '%s': DoRA on a %s base_layer computes in %s (its GEMMs read the "
+                       "stored weight), not in %s", site->path, gt_dtype_name(half), gt_dtype_name(half),
+                       gt_dtype_name(w->dt));
     if (quantized_base(layer))
         GT_TRY(plan_quantized_base(w, layer, in, site));
     else
@@ -217,6 +232,23 @@ static gt_dropout_key dropout_key(const gt_layer *layer, const gt_run *run) {
 
 static gt_status check_base_frozen(const gt_layer *layer);
 
+/* The base weight as DoRA's GEMMs read it: a half base's stored weight (planned in its dtype), else
+ * the Linear's compute copy. */
+static const void *base_weight(const gt_layer *layer, const gt_run *run) {
+    const gt_layer *base = &layer->children[LORA_BASE];
+    return half_base_dtype(layer) != GT_U8 ? (const void *)base->frozen : compute_copy(&base->weight, run);
+}
+
+/* dst (out, in) f32 = the base weight: the Linear's f32 master, or a half base widened (exactly). */
+static gt_status base_weight_f32(const gt_layer *layer, float *dst, const gt_run *run) {
+    const gt_layer *base = &layer->children[LORA_BASE];
+    int64_t n = layer->out_features * layer->in_features;
+    gt_dtype half = half_base_dtype(layer);
+    if (half != GT_U8)
+        return run->backend->ops->cast(run->backend, dst, GT_F32, base->frozen, half, n);
+    return run->backend->ops->copy(run->backend, dst, base->weight.data, (size_t)n * sizeof(float));
+}
+
 /* DoRA's forward (the file's comment): u, the output y = x W^T + b, v, g and n, then y's DoRA terms. */
 static gt_status dora_forward(gt_layer *layer, const void *in, gt_run *run) {
     const gt_ops *ops = run->backend->ops;
@@ -225,7 +257,7 @@ static gt_status dora_forward(gt_layer *layer, const void *in, gt_run *run) {
     lora_config config = config_of(layer);
     int64_t rows = gt_rows_of(&layer->in_shape), n_in = layer->in_features, n_out = layer->out_features;
     int64_t r = config.r;
-    const void *w = compute_copy(&base->weight, run);
+    const void *w = base_weight(layer, run);
     GT_TRY(gemm(run, 0, 1, rows, n_out, n_in, 1.0f, in, n_in, w, n_in, 0.0f, config.u, run->dt, n_out));
     GT_TRY(ops->copy(run->backend, layer->out.ptr, config.u, gt_tensor_bytes(&layer->out)));
     if (base->has_bias)
@@ -242,7 +274,7 @@ static gt_status dora_forward(gt_layer *layer, const void *in, gt_run *run) {
     GT_TRY(gemm(run, 0, 1, rows, n_out, r, 1.0f, config.h, r, compute_copy(&b->weight, run), r, 0.0f, config.v,
                 run->dt, n_out));
     /* n = ||W + scaling B A|| per row, from the f32 masters */
-    GT_TRY(ops->copy(run->backend, config.weight, base->weight.data, (size_t)(n_out * n_in) * sizeof(float)));
+    GT_TRY(base_weight_f32(layer, config.weight, run));
     gt_gemm_args ba = {.trans_a = 0, .trans_b = 0, .m = n_out, .n = n_in, .k = r, .alpha = (float)config.scaling,
                        .a = b->weight.data, .a_dt = GT_F32, .lda = r, .b = a->weight.data, .b_dt = GT_F32,
                        .ldb = n_in, .beta = 1.0f, .c = config.weight, .c_dt = GT_F32, .ldc = n_in, .batch = 1};
@@ -279,7 +311,7 @@ static gt_status dora_backward(gt_layer *layer, void *din, const void *dout, con
                     GT_F32, n_in));
     if (!din)
         return GT_OK;
-    const void *w = compute_copy(&layer->children[LORA_BASE].weight, run), *wa = compute_copy(&a->weight, run);
+    const void *w = base_weight(layer, run), *wa = compute_copy(&a->weight, run);
     if (!dropped) {
         GT_TRY(gemm(run, 0, 0, rows, n_in, n_out, 1.0f, gdy, n_out, w, n_in, 0.0f, din, run->dt, n_in));
         return gemm(run, 0, 0, rows, n_in, r, 1.0f, dh, r, wa, n_in, 1.0f, din, run->dt, n_in);

@@ -473,11 +473,15 @@ gt_status gt_model_refresh_trainable_lowp(gt_model *model) {
 }
 
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt) {
-    GT_TRY(gt_model_check_values(model, "changing the precision"));
     if (dt != GT_F32 && dt != GT_F16 && dt != GT_BF16)
         return GT_FAIL(GT_ERR_VALUE, "precision must be f32, f16 or bf16, got %s", gt_dtype_name(dt));
     if (dt == model->dt)
         return GT_OK;
+    if (model->plan_only) {  /* nothing is allocated: the plans follow the new precision */
+        model->dt = dt;
+        model->planned = 0;
+        return GT_OK;
+    }
     gt_arena lowp;  /* built before anything changes: a failure leaves the model as it was */
     GT_TRY(build_lowp(model, dt, &lowp));
     swap_lowp(model, dt, &lowp);

@@ -246,7 +246,8 @@ gt_status gt_model_backward_hooked(gt_model *model, const gt_tensor *input, uint
 gt_status gt_model_backward(gt_model *model, const gt_tensor *input, uint64_t micro,
                             int accumulate);
 
-/* Changes the activation precision; the half copy is (re)built. */
+/* Changes the activation precision; the half copy is (re)built (a model built for planning only:
+ * nothing is allocated, its plans follow). */
 gt_status gt_model_set_dtype(gt_model *model, gt_dtype dt);
 
 /* Freezes parameters: frozen[i] (1: requires_grad False) for parameter i of parameter_layout's

@@ -1,10 +1,13 @@
-/* QLinear: out = in @ dequant(W)^T + b over a frozen quantized weight W (out_features, in_features)
- * stored as bitsandbytes stores it: NF4 or FP4 codes, two per byte, the even element in the high
- * nibble, row-major, one f32 absmax per block of `blocksize` elements of the flattened weight; or
- * int8 (LLM.int8's row-wise format: one int8 code per element, one f32 absmax per row, "SCB",
- * dequantized as bitsandbytes' CPU/XPU training path does, code * f32(absmax * f32(1/127))).
- * Spec: ("qlinear", in_features, out_features, bias, quant_type "nf4" | "fp4" | "int8", blocksize
- * (4-bit: 2..4096, even; int8: 0, a block is a row), tile_rows).
+/* QLinear: out = in @ dequant(W)^T + b over a frozen weight W (out_features, in_features) stored
+ * compactly: quantized as bitsandbytes stores it -- NF4 or FP4 codes, two per byte, the even element
+ * in the high nibble, row-major, one f32 absmax per block of `blocksize` elements of the flattened
+ * weight; or int8 (LLM.int8's row-wise format: one int8 code per element, one f32 absmax per row,
+ * "SCB", dequantized as bitsandbytes' CPU/XPU training path does, code * f32(absmax * f32(1/127)))
+ * -- or in half precision alone ("bf16" | "f16": a frozen base with no f32 master, as PEFT's base
+ * in a bf16 model; "dequantizing" is a cast, and in its own compute dtype the GEMMs read the stored
+ * weight itself, with no tile).
+ * Spec: ("qlinear", in_features, out_features, bias, quant_type "nf4" | "fp4" | "int8" | "bf16" |
+ * "f16", blocksize (4-bit: 2..4096, even; int8 and half: 0, no blocks), tile_rows).
  *
  * The weight never exists dequantized as a whole: forward dequantizes blocks of tile_rows rows of
  * W into a tile (the compute dtype: f32, f16 or bf16, each element code[k] * absmax rounded once,
@@ -14,20 +17,21 @@
  * dequant(W) runs), else the sum over tiles of dout[:, r0:r0+t] @ tile accumulated in f32 (in the
  * workspace after the tile in half precision, then cast once). The bias (if any) is an ordinary
  * trainable f32 parameter. The codes and absmax are frozen buffers (nn/kind.h) in the buffer arena,
- * named 'weight' ((ceil(out * in / 2), 1) uint8, bitsandbytes' packed shape) and 'weight.absmax'. */
+ * named 'weight' ((ceil(out * in / 2), 1) uint8, bitsandbytes' packed shape) and 'weight.absmax'; a
+ * half weight is one, 'weight' ((out, in) bf16 or f16). */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "nn/kind.h"
 
-enum { GT_QLINEAR_NF4 = 0, GT_QLINEAR_FP4 = 1, GT_QLINEAR_INT8 = 2 };
+enum { GT_QLINEAR_NF4 = 0, GT_QLINEAR_FP4 = 1, GT_QLINEAR_INT8 = 2, GT_QLINEAR_BF16 = 3, GT_QLINEAR_F16 = 4 };
 enum { GT_QLINEAR_TILE_ELEMENTS = 1 << 23 };  /* tile_rows 0: about this many elements per tile (16 MiB in bf16) */
 
 /* QLinear's own hyper-parameters (in gt_layer.config). */
 typedef struct qlinear_config {
-    int quant_type;     /* GT_QLINEAR_NF4, GT_QLINEAR_FP4 or GT_QLINEAR_INT8 */
-    int64_t blocksize;  /* 4-bit: elements per absmax block (of the flattened weight), even; int8: 0 */
+    int quant_type;     /* GT_QLINEAR_NF4, GT_QLINEAR_FP4, GT_QLINEAR_INT8, GT_QLINEAR_BF16 or GT_QLINEAR_F16 */
+    int64_t blocksize;  /* 4-bit: elements per absmax block (of the flattened weight), even; int8, half: 0 */
     int64_t tile_rows;  /* rows of W dequantized per GEMM; 0: automatic */
 } qlinear_config;
 _Static_assert(sizeof(qlinear_config) <= GT_LAYER_CONFIG_BYTES, "QLinear's config fits gt_layer.config");
@@ -52,14 +56,28 @@ static qlinear_config config_of(const gt_layer *layer) {
 
 static int is_int8(const gt_layer *layer) { return config_of(layer).quant_type == GT_QLINEAR_INT8; }
 
-/* Elements per absmax block of the flattened weight: a row for int8. */
+gt_dtype gt_qlinear_stored_dtype(const gt_layer *layer) {
+    int type = config_of(layer).quant_type;
+    return type == GT_QLINEAR_BF16 ? GT_BF16 : (type == GT_QLINEAR_F16 ? GT_F16 : GT_U8);
+}
+
+static int is_half(const gt_layer *layer) { return gt_qlinear_stored_dtype(layer) != GT_U8; }
+
+/* 1 when the GEMMs read the stored weight itself: a half weight in the compute dtype `dt`. */
+static int reads_stored(const gt_layer *layer, gt_dtype dt) { return gt_qlinear_stored_dtype(layer) == dt; }
+
+/* Elements per absmax block of the flattened weight: a row for int8; 1 for a half weight (no
+ * blocks: a tile may start at any row). */
 static int64_t block_of(const gt_layer *layer) {
+    if (is_half(layer))
+        return 1;
     return is_int8(layer) ? layer->in_features : config_of(layer).blocksize;
 }
 
 /* In the enum's order: describe_qlinear indexes it by quant_type. */
 static const gt_enum_name quant_type_names[] = {
-    {"nf4", GT_QLINEAR_NF4}, {"fp4", GT_QLINEAR_FP4}, {"int8", GT_QLINEAR_INT8}, {NULL, 0}};
+    {"nf4", GT_QLINEAR_NF4}, {"fp4", GT_QLINEAR_FP4}, {"int8", GT_QLINEAR_INT8}, {"bf16", GT_QLINEAR_BF16},
+    {"f16", GT_QLINEAR_F16}, {NULL, 0}};
 static const gt_layer_arg qlinear_args[] = {
     GT_ARG_SIZE_AT("in_features", GT_ARG_FIELD(in_features)),
     GT_ARG_SIZE_AT("out_features", GT_ARG_FIELD(out_features)), GT_ARG_FLAG_AT("bias", GT_ARG_FIELD(has_bias)),
@@ -82,10 +100,10 @@ static gt_status check_qlinear(gt_layer *layer) {
         return GT_FAIL(GT_ERR_VALUE, "%s: in_features and out_features must be at most %d (a GEMM dimension)",
                        name, INT_MAX);
     long long blocksize = (long long)config_of(layer).blocksize;
-    if (is_int8(layer) && blocksize != 0)
-        return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be 0 for int8 (one absmax per row), got %lld", name,
-                       blocksize);
-    if (!is_int8(layer) && (blocksize < 2 || blocksize % 2))
+    if ((is_int8(layer) || is_half(layer)) && blocksize != 0)
+        return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be 0 for %s, got %lld", name,
+                       is_int8(layer) ? "int8 (one absmax per row)" : "a half weight (no blocks)", blocksize);
+    if (!is_int8(layer) && !is_half(layer) && (blocksize < 2 || blocksize % 2))
         return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be even and at least 2 (two 4-bit codes a byte), got %lld",
                        name, blocksize);
     return GT_OK;
@@ -99,17 +117,24 @@ static gt_status qlinear_params(gt_layer *layer) {
     return GT_OK;
 }
 
-/* Bytes of the codes: two per byte in 4 bits, one per byte in int8. */
+/* Bytes of the stored weight: two codes per byte in 4 bits, one per byte in int8, two bytes an
+ * element in half precision. */
 static size_t code_bytes(const gt_layer *layer) {
     size_t n = (size_t)layer->out_features * (size_t)layer->in_features;
+    if (is_half(layer))
+        return n * 2;
     return is_int8(layer) ? n : (n + 1) / 2;
 }
 
-/* 'weight': (ceil(n / 2), 1) uint8 codes (int8: (out, in) int8); 'weight.absmax': (ceil(n /
- * blocksize),) f32 (int8: (out,)); n = out * in. */
+/* 'weight': (ceil(n / 2), 1) uint8 codes (int8: (out, in) int8; half: (out, in) bf16 or f16);
+ * 'weight.absmax': (ceil(n / blocksize),) f32 (int8: (out,); half: none); n = out * in. */
 static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
     size_t n = (size_t)layer->out_features * (size_t)layer->in_features, bs = (size_t)block_of(layer);
     size_t blocks = (n + bs - 1) / bs, bytes = code_bytes(layer);
+    if (is_half(layer)) {
+        pieces[0] = (gt_frozen_piece){0, bytes, gt_qlinear_stored_dtype(layer), 2, {layer->out_features, layer->in_features}};
+        return 1;
+    }
     pieces[0] = is_int8(layer) ? (gt_frozen_piece){0, bytes, GT_I8, 2, {layer->out_features, layer->in_features}}
                                : (gt_frozen_piece){0, bytes, GT_U8, 2, {(int64_t)bytes, 1}};
     pieces[1] = (gt_frozen_piece){gt_align_up(bytes), blocks * sizeof(float), GT_F32, 1, {(int64_t)blocks, 0}};
@@ -126,8 +151,11 @@ static int64_t gcd64(int64_t a, int64_t b) {
 }
 
 /* Rows of W per tile: a multiple of blocksize / gcd(in, blocksize), so that every tile starts on a
- * block boundary (and on a byte: blocksize is even), or all the rows. */
-static int64_t tile_rows(const gt_layer *layer) {
+ * block boundary (and on a byte: blocksize is even), or all the rows (always, when the GEMMs read
+ * the stored weight in `dt`). */
+static int64_t tile_rows(const gt_layer *layer, gt_dtype dt) {
+    if (reads_stored(layer, dt))
+        return layer->out_features;
     qlinear_config c = config_of(layer);
     int64_t align = block_of(layer) / gcd64(layer->in_features, block_of(layer));
     int64_t rows = c.tile_rows ? c.tile_rows : GT_QLINEAR_TILE_ELEMENTS / layer->in_features;
@@ -138,19 +166,22 @@ static int64_t tile_rows(const gt_layer *layer) {
 
 /* Bytes of the dequantized tile's weights in `dt` (aligned; sizes checked by scratch_bytes first). */
 static size_t tile_weight_bytes(const gt_layer *layer, gt_dtype dt) {
-    return gt_align_up((size_t)tile_rows(layer) * (size_t)layer->in_features * gt_dtype_size(dt));
+    return gt_align_up((size_t)tile_rows(layer, dt) * (size_t)layer->in_features * gt_dtype_size(dt));
 }
 
-/* Workspace bytes before the GEMM's own: the tile (int8: then its rows' f32 scales), then
- * (several tiles, half precision) the f32 accumulator of din (rows, in). */
+/* Workspace bytes before the GEMM's own: the tile (int8: then its rows' f32 scales; none when the
+ * GEMMs read the stored weight), then (several tiles, half precision) the f32 accumulator of din
+ * (rows, in). */
 static gt_status scratch_bytes(const gt_layer *layer, int64_t rows, gt_dtype dt, size_t *tile, size_t *acc) {
     const char *what = "the dequantized tile of a QLinear";
-    GT_TRY(gt_size_mul((size_t)tile_rows(layer) * (size_t)layer->in_features, gt_dtype_size(dt), what, tile));
+    *tile = *acc = 0;
+    if (reads_stored(layer, dt))
+        return GT_OK;
+    GT_TRY(gt_size_mul((size_t)tile_rows(layer, dt) * (size_t)layer->in_features, gt_dtype_size(dt), what, tile));
     GT_TRY(gt_size_align(*tile, what, tile));
     if (is_int8(layer))
-        GT_TRY(gt_size_add(*tile, gt_align_up((size_t)tile_rows(layer) * sizeof(float)), what, tile));
-    *acc = 0;
-    if (tile_rows(layer) < layer->out_features && dt != GT_F32) {
+        GT_TRY(gt_size_add(*tile, gt_align_up((size_t)tile_rows(layer, dt) * sizeof(float)), what, tile));
+    if (tile_rows(layer, dt) < layer->out_features && dt != GT_F32) {
         GT_TRY(gt_size_mul((size_t)rows * (size_t)layer->in_features, sizeof(float), what, acc));
         GT_TRY(gt_size_align(*acc, what, acc));
     }
@@ -212,14 +243,16 @@ static gt_status plan_qlinear(gt_plan_walk *w, gt_layer *layer, const gt_tensor 
                        w->input_name, (long long)rows, gt_layer_describe(name, sizeof name, layer, site->path),
                        INT_MAX);
     }
-    float table[256];
-    size_t entries = code_table(layer, table);
-    void *placed = NULL;
-    GT_TRY(gt_plan_constant(w, table, entries * sizeof(float), "the code table of a QLinear", &placed));
-    layer->quant_code = placed;
+    if (!is_half(layer)) {
+        float table[256];
+        size_t entries = code_table(layer, table);
+        void *placed = NULL;
+        GT_TRY(gt_plan_constant(w, table, entries * sizeof(float), "the code table of a QLinear", &placed));
+        layer->quant_code = placed;
+    }
     size_t tile = 0, acc = 0, gemm = 0, need = 0;
     GT_TRY(scratch_bytes(layer, rows, w->dt, &tile, &acc));
-    int64_t t = tile_rows(layer);
+    int64_t t = tile_rows(layer, w->dt);
     GT_TRY(note_gemm(w, forward_gemm(layer, rows, NULL, NULL, 0, t, w->dt), &gemm));
     gt_dtype c_dt = t < layer->out_features ? GT_F32 : w->dt;
     GT_TRY(note_gemm(w, backward_gemm(layer, rows, NULL, NULL, NULL, c_dt, 0, t, w->dt), &gemm));
@@ -242,13 +275,21 @@ static gt_status gemm_after(gt_backend *be, size_t skip, const gt_gemm_args *arg
     return status;
 }
 
-/* Rows r0..r0+t of W, dequantized into the tile at the workspace's start (int8: each row's scale,
- * absmax * f32(1/127) in f32, after the tile first). */
-static gt_status dequantize_rows(gt_layer *layer, int64_t r0, int64_t t, gt_run *run) {
+/* Rows r0..r0+t of W in the compute dtype, for the GEMMs: the stored weight's own rows when they
+ * read it (*rows_at points into it), else dequantized (cast) into the tile at the workspace's start
+ * (int8: each row's scale, absmax * f32(1/127) in f32, after the tile first). */
+static gt_status dequantize_rows(gt_layer *layer, int64_t r0, int64_t t, gt_run *run, const void **rows_at) {
     gt_backend *be = run->backend;
     size_t first = (size_t)r0 * (size_t)layer->in_features, block = (size_t)block_of(layer);
-    const float *absmax = (const float *)(layer->frozen + gt_align_up(code_bytes(layer))) + first / block;
     int64_t n = t * layer->in_features;
+    *rows_at = be->workspace;
+    if (reads_stored(layer, run->dt)) {
+        *rows_at = layer->frozen + first * 2;
+        return GT_OK;
+    }
+    if (is_half(layer))
+        return be->ops->cast(be, be->workspace, run->dt, layer->frozen + first * 2, gt_qlinear_stored_dtype(layer), n);
+    const float *absmax = (const float *)(layer->frozen + gt_align_up(code_bytes(layer))) + first / block;
     if (!is_int8(layer))
         return be->ops->dequantize_blockwise(be, be->workspace, (const uint8_t *)layer->frozen + first / 2, absmax,
                                              layer->quant_code, n, (int64_t)block, 4, run->dt);
@@ -261,12 +302,12 @@ static gt_status dequantize_rows(gt_layer *layer, int64_t r0, int64_t t, gt_run 
 static gt_status qlinear_forward(gt_layer *layer, const void *in, gt_run *run) {
     size_t tile = 0, acc = 0;
     GT_TRY(scratch_bytes(layer, gt_rows_of(&layer->in_shape), run->dt, &tile, &acc));
-    int64_t step = tile_rows(layer);
+    int64_t step = tile_rows(layer, run->dt);
     for (int64_t r0 = 0; r0 < layer->out_features; r0 += step) {
         int64_t t = layer->out_features - r0 < step ? layer->out_features - r0 : step;
-        GT_TRY(dequantize_rows(layer, r0, t, run));
-        gt_gemm_args args = forward_gemm(layer, gt_rows_of(&layer->in_shape), in, run->backend->workspace, r0, t,
-                                         run->dt);
+        const void *weight_rows = NULL;
+        GT_TRY(dequantize_rows(layer, r0, t, run, &weight_rows));
+        gt_gemm_args args = forward_gemm(layer, gt_rows_of(&layer->in_shape), in, weight_rows, r0, t, run->dt);
         GT_TRY(gemm_after(run->backend, tile + acc, &args));
     }
     if (!layer->has_bias)
@@ -286,14 +327,15 @@ static gt_status qlinear_backward(gt_layer *layer, void *din, const void *dout, 
         return GT_OK;
     size_t tile = 0, acc = 0;
     GT_TRY(scratch_bytes(layer, rows, run->dt, &tile, &acc));
-    int64_t step = tile_rows(layer);
+    int64_t step = tile_rows(layer, run->dt);
     int tiled = step < layer->out_features;
     void *c = tiled && run->dt != GT_F32 ? (char *)run->backend->workspace + tile : din;
     gt_dtype c_dt = tiled ? GT_F32 : run->dt;
     for (int64_t r0 = 0; r0 < layer->out_features; r0 += step) {
         int64_t t = layer->out_features - r0 < step ? layer->out_features - r0 : step;
-        GT_TRY(dequantize_rows(layer, r0, t, run));
-        gt_gemm_args args = backward_gemm(layer, rows, dout, run->backend->workspace, c, c_dt, r0, t, run->dt);
+        const void *weight_rows = NULL;
+        GT_TRY(dequantize_rows(layer, r0, t, run, &weight_rows));
+        gt_gemm_args args = backward_gemm(layer, rows, dout, weight_rows, c, c_dt, r0, t, run->dt);
         GT_TRY(gemm_after(run->backend, tile + acc, &args));
     }
     if (c == din)

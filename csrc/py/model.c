@@ -563,13 +563,25 @@ static int append_buffer(PyObject *list, size_t offset, PyObject *shape, const c
     return rc;
 }
 
-/* The frozen buffers of a layer (a quantized weight's codes and scales) as buffers. */
+/* A frozen piece's dtype as buffer_layout names it ("bfloat16": Python views it as ml_dtypes'
+ * bfloat16, or as its uint16 bits without ml_dtypes). */
+static const char *frozen_dtype_name(gt_dtype dtype) {
+    switch (dtype) {
+    case GT_U8: return "uint8";
+    case GT_I8: return "int8";
+    case GT_F16: return "float16";
+    case GT_BF16: return "bfloat16";
+    default: return "float32";
+    }
+}
+
+/* The frozen buffers of a layer (a quantized or half weight, and its scales) as buffers. */
 static int collect_frozen(PyObject *list, const gt_layer *layer) {
     gt_frozen_piece pieces[GT_MAX_FROZEN_PIECES];
     size_t count = gt_layer_type_of(layer->kind)->frozen(layer, pieces);
     for (size_t i = 0; i < count; i++) {
         const gt_frozen_piece *p = &pieces[i];
-        const char *dtype = p->dtype == GT_U8 ? "uint8" : (p->dtype == GT_I8 ? "int8" : "float32");
+        const char *dtype = frozen_dtype_name(p->dtype);
         PyObject *shape = p->ndim == 1 ? Py_BuildValue("(L)", (long long)p->shape[0])
                                        : Py_BuildValue("(LL)", (long long)p->shape[0], (long long)p->shape[1]);
         if (append_buffer(list, layer->frozen_offset + p->offset, shape, dtype) < 0)

@@ -32,6 +32,15 @@ on a float base (PEFT's keys for a bitsandbytes base), so it loads onto a quanti
 base. On a quantized base, ``use_dora`` is refused (DoRA's norms need the dequantized weight) and
 so is ``merge_and_unload`` (the merged weight would have to be quantized again).
 
+A bf16/f16 base, as PEFT's in a bf16 model: when the model computes in bf16 or f16 (``from_pretrained(
+folder, dtype="bf16")``, or ``precision=`` given to compile it), each targeted Linear's frozen weight is
+kept in that precision alone, a ``QLinear(quant_type="bf16" | "f16")`` as ``base_layer`` -- 2 bytes a
+weight instead of a float32 master and its half copy (6 bytes) -- with the values the half copy held, so
+the model computes exactly what it computed before (DoRA's norms widen the half weight where they
+read the master). DoRA on a half base computes in that precision only.
+``merge_and_unload`` gives a float32 Linear of the half weight plus the adapter's delta.
+``from_pretrained(folder, quantization="bf16")`` stores the bases in bf16 while loading.
+
 Not here (refused by name, never ignored): LoRA on anything but a Linear or QLinear
 (embeddings, convolutions, a tied LM head), DoRA on a QLinear, ``bias`` other than "none", ``fan_in_fan_out``,
 rank/alpha patterns, ``layers_to_transform``, ``exclude_modules`` and several adapters at once
@@ -55,7 +64,7 @@ from gputrain import random
 from gputrain.models.hf.safetensors_io import read_header, read_tensor
 from gputrain.nn.layers import Linear
 from gputrain.nn.module import Module, planning_active
-from gputrain.nn.qlinear import QLinear
+from gputrain.nn.qlinear import HALF_TYPES, QLinear
 
 __all__ = ["LoraConfig", "LoraLinear", "PeftModel", "get_peft_model"]
 
@@ -258,7 +267,7 @@ class LoraLinear(Module):
             raise TypeError(f"LoraLinear wraps a gputrain.nn.Linear or QLinear, not {type(base_layer).__name__}")
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, use_rslora=use_rslora,
                             init_lora_weights=init_lora_weights, use_dora=use_dora)
-        if config.use_dora and isinstance(base_layer, QLinear):
+        if config.use_dora and isinstance(base_layer, QLinear) and not base_layer.is_half:
             raise NotImplementedError(_DORA_QUANTIZED.format(name="base_layer"))
         self.use_dora = config.use_dora
         self.r, self.lora_alpha, self.scaling = config.r, config.lora_alpha, config.scaling
@@ -278,7 +287,7 @@ class LoraLinear(Module):
         self.lora_magnitude_vector = None
         if self.use_dora:
             magnitude = _Magnitude(self.out_features)
-            magnitude.weight.data = _dora_norm(base_layer.weight.data, self.delta_weight())
+            magnitude.weight.data = _dora_norm(self.base_weight(), self.delta_weight())
             self.lora_magnitude_vector = _AdapterDict(magnitude)
         for p in base_layer._params.values():
             p.requires_grad = False
@@ -305,6 +314,12 @@ class LoraLinear(Module):
             children.append(self.lora_magnitude_vector._spec_in(tied))
         return ("lora", self.r, float(self.scaling), float(self.lora_dropout), self.use_dora, children)
 
+    def base_weight(self) -> np.ndarray:
+        """The base weight W (out, in) in float32 (a half base's values exactly)."""
+        if isinstance(self.base_layer, QLinear):
+            return self.base_layer.dequantize()
+        return self.base_layer.weight.data
+
     def delta_weight(self) -> np.ndarray:
         """scaling * B @ A (out, in) in float32, PEFT's get_delta_weight."""
         a, b = self.lora_A.default.weight.data, self.lora_B.default.weight.data
@@ -313,7 +328,7 @@ class LoraLinear(Module):
     def merged_weight(self) -> np.ndarray:
         """The base weight with the adapter merged (PEFT's merge): W + scaling B A, and for DoRA
         (m / n)[:, None] * (W + scaling B A) with n the row norms of W + scaling B A."""
-        weight, delta = self.base_layer.weight.data, self.delta_weight()
+        weight, delta = self.base_weight(), self.delta_weight()
         if not self.use_dora:
             return weight + delta
         factor = self.lora_magnitude_vector.default.weight.data / _dora_norm(weight, delta)
@@ -323,6 +338,28 @@ class LoraLinear(Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
                 f"lora_alpha={self.lora_alpha}, scaling={self.scaling:g}, lora_dropout={self.lora_dropout}"
                 + (", use_dora=True" if self.use_dora else ""))
+
+
+def _half_base(linear: Linear, half: str) -> QLinear:
+    """The frozen base of a LoRA layer in a bf16/f16 model: `linear`'s weight in `half` alone (no
+    float32 master copy; rounded to nearest even, the values the model's half copy held) and its
+    bias."""
+    with random.sequence_kept():
+        if planning_active():  # a model built for planning holds no values
+            return QLinear(linear.in_features, linear.out_features, linear.has_bias, half)
+        return QLinear.from_linear(linear, half)
+
+
+def _unloaded_base(base: Linear | QLinear) -> Linear:
+    """The Linear a merged LoRA layer leaves: its base, or for a half base a Linear of its shape
+    (merge_and_unload writes the merged weight; the bias is copied)."""
+    if isinstance(base, Linear):
+        return base
+    with random.sequence_kept():
+        linear = Linear(base.in_features, base.out_features, bias=base.has_bias)
+    if base.has_bias:
+        linear.bias.data = base.bias.data.copy()
+    return linear
 
 
 def _parent_slot(root: Module, name: str) -> tuple[Module, str, int | None]:
@@ -400,7 +437,7 @@ def _targets(model: Module, config: LoraConfig) -> list[tuple[str, Linear | QLin
     else:
         found = [(n, m) for n, m in modules if n and _matches(config, n)]
     for n, m in found:
-        if isinstance(m, QLinear) and config.use_dora:
+        if isinstance(m, QLinear) and not m.is_half and config.use_dora:
             raise NotImplementedError(_DORA_QUANTIZED.format(name=n))
         if type(m) not in (Linear, QLinear):
             raise ValueError(f"target_modules: {n!r} is a {type(m).__name__}; gputrain puts LoRA on Linear "
@@ -454,9 +491,11 @@ class PeftModel(Module):
         self.active_adapter = ADAPTER
         self.base_model = _LoraModel(model)
         training = model.training
+        half = old.precision if old is not None and old.precision in HALF_TYPES else None
         try:
             for name, linear in found:
-                _replace(model, name, LoraLinear(linear, config.r, config.lora_alpha, config.lora_dropout,
+                base = _half_base(linear, half) if half and type(linear) is Linear else linear
+                _replace(model, name, LoraLinear(base, config.r, config.lora_alpha, config.lora_dropout,
                                                  config.use_rslora, config.init_lora_weights, config.use_dora))
                 replaced.append((name, linear))
             if old is not None:
@@ -511,8 +550,9 @@ class PeftModel(Module):
     # -- PEFT's methods --------------------------------------------------------------------
     def get_nb_trainable_parameters(self) -> tuple[int, int]:
         """(trainable, all) parameter counts; as PEFT, `all` counts a modules_to_save module twice
-        (PEFT keeps its original beside the trained copy) and a QLinear's packed 4-bit weight as two
-        parameters a byte (PEFT's count of a bitsandbytes Params4bit: the weight's full size)."""
+        (PEFT keeps its original beside the trained copy) and a QLinear's stored weight as its
+        out * in elements (PEFT's count of a bitsandbytes Params4bit, two a packed byte, and of a
+        bf16 base)."""
         trainable = total = 0
         saved = {id(p) for _, m in _saved_modules(self.base_model.model, self.peft_config[ADAPTER])
                  for p in m.parameters()}
@@ -520,7 +560,7 @@ class PeftModel(Module):
             count = p.numel()
             total += count * (2 if id(p) in saved else 1)
             trainable += count if p.requires_grad else 0
-        total += sum(2 * m.packed_shape[0] for m in self.modules() if isinstance(m, QLinear))
+        total += sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, QLinear))
         return trainable, total
 
     def print_trainable_parameters(self) -> None:
@@ -574,18 +614,20 @@ class PeftModel(Module):
 
     def merge_and_unload(self) -> Module:
         """The adapted model with every adapter merged into its base (W + scaling B A, float32,
-        PEFT's merge) and the LoRA layers replaced by their base Linear; the model is compiled on
-        its own again (same device, precision, seed and step). This PeftModel is left unusable.
-        A quantized (QLinear) base is refused with nothing changed (see _MERGE_QUANTIZED's message)."""
+        PEFT's merge) and the LoRA layers replaced by their base Linear (a half base becomes a
+        Linear with float32 master weights: its values, exactly, plus the adapter's delta); the
+        model is compiled on its own again (same device, precision, seed and step). This PeftModel
+        is left unusable. A quantized (4- or 8-bit QLinear) base is refused with nothing changed
+        (see _MERGE_QUANTIZED's message)."""
         model = self.base_model.model
         layers = list(self.lora_layers())
         for name, lora in layers:
-            if isinstance(lora.base_layer, QLinear):
+            if isinstance(lora.base_layer, QLinear) and not lora.base_layer.is_half:
                 raise ValueError(_MERGE_QUANTIZED.format(name=name))
         merged = {name: lora.merged_weight() for name, lora in layers}
         old = self._compiled.model
         for name, lora in layers:
-            _replace(model, name, lora.base_layer)
+            _replace(model, name, _unloaded_base(lora.base_layer))
         model._compile(old.device, seed=old.seed, precision=old.precision)
         model._compiled.model.step, model._compiled.model.checkpointing = old.step, old.checkpointing
         model.load_state_dict({f"{name}.weight": value for name, value in merged.items()}, strict=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _MASK64 = (1 << 64) - 1
 _base_seed = 0
@@ -24,3 +26,16 @@ def next_seed() -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return z ^ (z >> 31)
+
+
+@contextmanager
+def sequence_kept() -> Iterator[None]:
+    """Modules built inside draw seeds without moving the sequence: for layers that only hold
+    values copied from another (a LoRA base stored anew), so the models built next get the seeds
+    they would have got without them."""
+    global _counter
+    position = next(_counter)
+    try:
+        yield
+    finally:
+        _counter = itertools.count(position)

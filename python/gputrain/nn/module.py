@@ -35,15 +35,41 @@ from typing import Any
 import numpy as np
 
 from gputrain import _C, random
+from gputrain._cast import bfloat16, cast, is_bfloat16
 from gputrain._state_checks import check_keys, check_mapping, float32_array
 from gputrain._vocab import c_dtype, is_dtype, parse_device, parse_precision
 from gputrain.nn.parameter import DeviceSlot, Parameter
 
 
+def _layout_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a buffer_layout() entry: 'bfloat16' is ml_dtypes' bfloat16, or uint16 bit
+    patterns without ml_dtypes (as gputrain.cast returns bf16)."""
+    if name == "bfloat16":
+        return bfloat16() or np.dtype(np.uint16)
+    return np.dtype(name)
+
+
+def _half_value(value: Any, name: str, like: np.ndarray) -> np.ndarray:
+    """A checked copy of `value` for a half weight `like` (bfloat16, its uint16 bits, or float16):
+    an array of its dtype as it is, else finite float values of its shape rounded to nearest even
+    (ValueError for a value beyond float16's range)."""
+    array = np.asarray(value)
+    if array.dtype == like.dtype and array.shape == like.shape:
+        return np.ascontiguousarray(array).copy()
+    target = "f16" if like.dtype == np.float16 else "bf16"
+    values = float32_array(value, name, shape=like.shape)
+    half = cast(values, target).view(like.dtype)
+    if target == "f16" and not np.isfinite(half).all():
+        raise ValueError(f"{name}: a value of {np.abs(values).max():g} is beyond float16's range (a float16 weight)")
+    return half
+
+
 def _buffer_value(value: Any, name: str, like: np.ndarray) -> np.ndarray:
     """A checked copy of `value` for the buffer `like`: float32 statistics (finite; a variance
-    >= 0) of its shape, an integer count >= 0, or a quantized weight's uint8/int8 codes (that
-    dtype and shape exactly)."""
+    >= 0) of its shape, an integer count >= 0, a quantized weight's uint8/int8 codes (that
+    dtype and shape exactly), or a half weight's values (_half_value)."""
+    if like.dtype in (np.uint16, np.float16) or is_bfloat16(like.dtype):
+        return _half_value(value, name, like)
     if like.dtype in (np.uint8, np.int8):
         array = np.asarray(value)
         if array.dtype != like.dtype or array.shape != like.shape:
@@ -209,7 +235,8 @@ class Module:
         arrays = {}
         slots = ((id(module), local) for module, local, _ in self._unique_buffer_slots())
         for key, (offset, shape, dtype) in zip(slots, model.buffer_layout()):
-            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            dtype = _layout_dtype(dtype)
+            size = int(np.prod(shape)) * dtype.itemsize
             arrays[key] = flat[offset:offset + size].view(dtype).reshape(shape)
         return arrays
 
@@ -355,7 +382,8 @@ class Module:
         slots = ((id(module), local) for module, local, _ in self._unique_buffer_slots())
         for key, (offset, shape, dtype) in zip(slots, compiled.model.buffer_layout()):
             if key in values:
-                size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                dtype = _layout_dtype(dtype)
+                size = int(np.prod(shape)) * dtype.itemsize
                 flat[offset:offset + size] = np.ascontiguousarray(values[key], dtype=dtype).reshape(-1).view(np.uint8)
         compiled.model.write_buffers(flat)
 

@@ -1,13 +1,17 @@
-"""QLinear: a Linear whose weight is frozen and stored quantized (QLoRA's base layers).
+"""QLinear: a Linear whose weight is frozen and stored compactly: quantized (QLoRA's base layers)
+or in half precision alone (a LoRA base in a bf16/f16 model, with no float32 master copy).
 
 The weight is held as bitsandbytes' Linear4bit holds it -- NF4 or FP4 codes packed two per byte
 (the buffer ``weight``, uint8 of shape (ceil(out * in / 2), 1)) and one float32 absmax per block of
 ``blocksize`` elements of the flattened weight (``weight.absmax``) -- or, quant_type "int8", as
 its Linear8bitLt holds it (LLM.int8's row-wise format: ``weight`` int8 of shape (out, in) and one
-float32 absmax per row, bitsandbytes' ``SCB``, as ``weight.absmax``), in the model's buffer
+float32 absmax per row, bitsandbytes' ``SCB``, as ``weight.absmax``), or, quant_type "bf16" /
+"f16", as the (out, in) bfloat16 / float16 ``weight`` alone (ml_dtypes' bfloat16, or its uint16
+bit patterns without ml_dtypes, as gputrain.cast returns bf16), in the model's buffer
 arena, so it is never optimised and has no gradient; the C layer (csrc/nn/qlinear.c)
 dequantizes blocks of rows into a tile in the compute dtype and runs the backend's GEMM on it, so
-the whole weight never exists dequantized. Backward computes the input gradient only. The bias,
+the whole weight never exists dequantized (a half weight in its own compute dtype is read as it
+is, with no tile). Backward computes the input gradient only. The bias,
 if any, is an ordinary trainable Parameter.
 
 An int8 weight is dequantized as bitsandbytes' CPU training path (MatMul8bitFp) does, code *
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from gputrain._cast import cast
 from gputrain.nn.layers import Linear, _positive_int
 from gputrain.nn.module import Module
 from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
@@ -35,7 +40,8 @@ from gputrain.quant.codes import code_table
 from gputrain.quant.int8 import int8_vectorwise_quant
 
 QUANT_TYPES_4BIT = ("nf4", "fp4")
-QUANT_TYPES = (*QUANT_TYPES_4BIT, "int8")
+HALF_TYPES = ("bf16", "f16")  # a weight in half precision alone: 2 bytes a weight, no scales
+QUANT_TYPES = (*QUANT_TYPES_4BIT, "int8", *HALF_TYPES)
 INT8_SCALE = np.float32(1 / 127)  # bitsandbytes' MatMul8bitFp: codes * (SCB * f32(1 / 127))
 
 # Builds a model's Linear layers: (in_features, out_features, bias) -> module (a Linear, or a
@@ -44,20 +50,22 @@ LinearFactory = Callable[[int, int, bool], Module]
 
 
 def quantized_linears(quant_type: str, blocksize: int = 64) -> LinearFactory:
-    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4' with `blocksize`, or 'int8')."""
+    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4' with `blocksize`, 'int8', or
+    'bf16' | 'f16')."""
     check_quantization(quant_type, blocksize)
     return lambda i, o, bias: QLinear(i, o, bias, quant_type, blocksize)
 
 
 def check_quantization(quant_type: Any, blocksize: Any, where: str = "") -> None:
     """Refuses an unknown quantization name or a 4-bit block size bitsandbytes does not have (int8
-    has one absmax per row: `blocksize` is not used); `where` names the layer in messages. (4-bit
+    has one absmax per row and a half weight none: `blocksize` is not used); `where` names the
+    layer in messages. (4-bit
     blocks run over the flattened weight, as bitsandbytes' do, so any width quantizes: a block may
     span two rows.)"""
     at = f"{where}: " if where else ""
     if not isinstance(quant_type, str) or quant_type not in QUANT_TYPES:
         raise ValueError(f"{at}quantization must be one of {QUANT_TYPES}, got {quant_type!r}")
-    if quant_type == "int8":
+    if quant_type not in QUANT_TYPES_4BIT:
         return
     if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize not in BLOCKSIZES_4BIT:
         raise ValueError(f"{at}blocksize must be one of {BLOCKSIZES_4BIT} (bitsandbytes' 4-bit block sizes), "
@@ -76,10 +84,12 @@ def _as_float16(weight: np.ndarray) -> np.ndarray:
 
 
 class QLinear(Module):
-    """y = x dequant(W)^T + b with a frozen NF4/FP4/int8 weight W of shape (out_features, in_features).
+    """y = x dequant(W)^T + b with a frozen NF4/FP4/int8/bf16/f16 weight W of shape (out_features,
+    in_features).
 
     A new QLinear's codes and absmax are zeros (W = 0) until quantize_() or load_quantized()
-    writes them. blocksize: the 4-bit absmax block (int8: one per row; the argument is not used).
+    writes them (a half weight: quantize_() rounds a float weight to it). blocksize: the 4-bit
+    absmax block (int8: one per row; half: none; the argument is not used).
     tile_rows: rows of W dequantized per GEMM (0: about 2**23 elements a tile)."""
 
     _param_names = ("bias",)
@@ -95,12 +105,20 @@ class QLinear(Module):
             raise ValueError(f"tile_rows must be an int >= 0, got {tile_rows!r}")
         self.has_bias = bool(bias)
         self.quant_type = quant_type
-        self.blocksize = 0 if quant_type == "int8" else blocksize
+        self.blocksize = blocksize if quant_type in QUANT_TYPES_4BIT else 0
         self.tile_rows = tile_rows
         self._compile()
 
     def _has_param(self, name: str) -> bool:
         return self.has_bias
+
+    def _has_buffer(self, name: str) -> bool:
+        return name == "weight" or not self.is_half
+
+    @property
+    def is_half(self) -> bool:
+        """True for a weight held in half precision alone (quant_type 'bf16' or 'f16')."""
+        return self.quant_type in HALF_TYPES
 
     def _spec(self) -> tuple:
         return ("qlinear", self.in_features, self.out_features, self.has_bias, self.quant_type, self.blocksize,
@@ -108,14 +126,17 @@ class QLinear(Module):
 
     @property
     def packed_shape(self) -> tuple[int, int]:
-        """The shape of the codes: (ceil(out * in / 2), 1), bitsandbytes' Params4bit; int8: (out, in)."""
-        if self.quant_type == "int8":
+        """The shape of the codes: (ceil(out * in / 2), 1), bitsandbytes' Params4bit; int8 and half:
+        (out, in)."""
+        if self.quant_type not in QUANT_TYPES_4BIT:
             return (self.out_features, self.in_features)
         return (-(-self.in_features * self.out_features // 2), 1)
 
     @property
     def num_blocks(self) -> int:
-        """Absmax blocks of the weight (int8: its rows)."""
+        """Absmax blocks of the weight (int8: its rows; half: none)."""
+        if self.is_half:
+            return 0
         if self.quant_type == "int8":
             return self.out_features
         return -(-self.in_features * self.out_features // self.blocksize)
@@ -125,6 +146,8 @@ class QLinear(Module):
         if self.quant_type == "int8":
             raise ValueError(f"{self!r}: an int8 weight has no 4-bit QuantState; its row absmax is "
                              "getattr(layer, 'weight.absmax') (bitsandbytes' SCB)")
+        if self.is_half:
+            raise ValueError(f"{self!r}: a {self.quant_type} weight is not quantized (it has no QuantState)")
         absmax = np.asarray(getattr(self, "weight.absmax"), np.float32).copy()
         code = code_table(self.quant_type).copy()
         code[code == 0] = 0.0
@@ -133,7 +156,11 @@ class QLinear(Module):
 
     def dequantize(self) -> np.ndarray:
         """The weight as float32 (out_features, in_features): code * absmax per element (int8:
-        code * float32(absmax * float32(1 / 127)) per row, as the layer computes it)."""
+        code * float32(absmax * float32(1 / 127)) per row, as the layer computes it; half: the
+        stored values, exactly)."""
+        if self.is_half:
+            weight = np.asarray(self.weight)
+            return cast(weight, "f32", src_dtype="bf16" if weight.dtype == np.uint16 else None)
         if self.quant_type == "int8":
             absmax = np.asarray(getattr(self, "weight.absmax"), np.float32)
             return np.asarray(self.weight).astype(np.float32) * (absmax * INT8_SCALE)[:, None]
@@ -142,11 +169,15 @@ class QLinear(Module):
     def quantize_(self, weight: Any) -> QLinear:
         """Quantizes a float32/float16/bfloat16 weight of shape (out_features, in_features) into this
         layer (gputrain.quant.quantize_4bit, or int8_vectorwise_quant of the weight rounded to float16
-        as bitsandbytes' Int8Params does: bitsandbytes' codes, bit for bit)."""
+        as bitsandbytes' Int8Params does: bitsandbytes' codes, bit for bit; half: the weight rounded
+        to nearest even, as torch's .to(dtype))."""
         shape = (self.out_features, self.in_features)
         if np.shape(weight) != shape:
             raise ValueError(f"weight: expected shape {shape}, got {np.shape(weight)}")
         weight = weight if isinstance(weight, np.ndarray) else np.asarray(weight, np.float32)
+        if self.is_half:
+            self.load_state_dict({"weight": weight}, strict=False)
+            return self
         if self.quant_type == "int8":
             self._write_codes(*int8_vectorwise_quant(_as_float16(weight)))
             return self
@@ -158,7 +189,9 @@ class QLinear(Module):
         """Takes a weight as bitsandbytes stores it: 4-bit, packed uint8 bytes and its QuantState (a
         double-quantized absmax is expanded to float32, bit-exact with bitsandbytes'
         dequantization); int8, the (out, in) int8 codes and their float32 row absmax (Int8Params'
-        CB and SCB)."""
+        CB and SCB). A half weight has no codes: quantize_() writes it."""
+        if self.is_half:
+            raise ValueError(f"{self!r}: a {self.quant_type} weight has no quantized codes; write it with quantize_()")
         if self.quant_type == "int8":
             scb = np.asarray(state)
             if scb.dtype != np.float32 or scb.shape != (self.out_features,):
@@ -197,10 +230,10 @@ class QLinear(Module):
         return q
 
     def requires_grad_(self, requires_grad: bool = True) -> QLinear:
-        """Sets the bias's requires_grad; the quantized weight is frozen and refuses True."""
+        """Sets the bias's requires_grad; the stored weight is frozen and refuses True."""
         if requires_grad:
-            raise ValueError(f"{self!r}: the quantized weight is frozen (it has no gradient); train an adapter "
-                             "on it, or use a Linear with the dequantized weight (QLinear.dequantize())")
+            raise ValueError(f"{self!r}: the stored {self.quant_type} weight is frozen (it has no gradient); train "
+                             "an adapter on it, or use a Linear with the dequantized weight (QLinear.dequantize())")
         if self.has_bias:
             self.bias.requires_grad = False
         return self
@@ -212,6 +245,6 @@ class QLinear(Module):
                          "first (QLinear.dequantize()) and merge into that")
 
     def extra_repr(self) -> str:
-        block = "" if self.quant_type == "int8" else f", blocksize={self.blocksize}"
+        block = f", blocksize={self.blocksize}" if self.quant_type in QUANT_TYPES_4BIT else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, "
                 f"quant_type={self.quant_type!r}{block}")

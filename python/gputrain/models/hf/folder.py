@@ -153,11 +153,13 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     dtype: the precision it computes in -- None or 'float32' (default), 'bfloat16', 'float16'
     (or gputrain's 'fp32'/'bf16'/'fp16'), or 'auto' for config.json's ``dtype``/``torch_dtype``;
     the parameters stay float32 master weights whatever the file stored (a TrainStep's
-    precision= sets it anew). device: None or 'cpu', else a device string as Module.to takes.
-    quantization: None, or 'nf4' / 'fp4' for frozen 4-bit weights in the decoder blocks'
-    Linear layers (QLinear, blocks of `blocksize`), or 'int8' for LLM.int8's row-wise int8
-    (one absmax per row), quantized while loading; a folder bitsandbytes saved in 4 bits loads its
-    packed weights as they are (see gputrain.models.hf.quantized).
+    precision= sets it anew; gputrain.peft.get_peft_model on a bf16/f16 model keeps the adapted
+    layers' frozen weights in that precision alone). device: None or 'cpu', else a device string
+    as Module.to takes. quantization: None, or 'nf4' / 'fp4' for frozen 4-bit weights in the
+    decoder blocks' Linear layers (QLinear, blocks of `blocksize`), 'int8' for LLM.int8's
+    row-wise int8 (one absmax per row), or 'bf16' / 'f16' for those weights frozen in half
+    precision alone (no float32 master), stored while loading; a folder bitsandbytes saved in 4
+    bits loads its packed weights as they are (see gputrain.models.hf.quantized).
     Families: :data:`FAMILIES` (``gpt2`` today)."""
     folder = os.fspath(folder)
     if not os.path.isdir(folder):

@@ -5,7 +5,9 @@ embedding, the norms and the LM head stay float, as bitsandbytes leaves ``lm_hea
 
 * a float folder with ``quantization="nf4"``, ``"fp4"`` or ``"int8"``: each weight is read on its
   own and quantized as it loads (gputrain.quant.quantize_4bit / int8_vectorwise_quant:
-  bitsandbytes' codes, bit for bit), so no more than one float weight is ever in memory;
+  bitsandbytes' codes, bit for bit), so no more than one float weight is ever in memory (with
+  ``"bf16"`` or ``"f16"`` each is rounded to that half weight instead: not quantized, but stored
+  the same way);
 * a folder bitsandbytes saved in 4 bits (config.json ``quantization_config`` with
   ``load_in_4bit``; each weight stored as packed uint8 plus ``.absmax``, ``.quant_map``, optional
   ``.nested_absmax`` / ``.nested_quant_map`` and ``.quant_state.bitsandbytes__nf4`` / ``__fp4``):
@@ -38,7 +40,7 @@ _STATE_KEYS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 class Quantization:
     """How from_pretrained stores the decoder blocks' Linear weights."""
 
-    quant_type: str     # "nf4", "fp4" or "int8"
+    quant_type: str     # "nf4", "fp4", "int8", or "bf16" / "f16" (half weights, not quantized)
     blocksize: int      # 4-bit: elements per absmax block (64: bitsandbytes' default)
     prequantized: bool  # True: the folder holds bitsandbytes' packed weights
 
