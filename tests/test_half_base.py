@@ -158,10 +158,10 @@ def batch():
     return ids, np.where(rng.random((2, 9)) < 0.2, -100, rng.integers(0, 96, (2, 9)))
 
 
-def train(peft, steps: int = 2):
+def train(peft, steps: int = 2, loss_chunk_rows: int = 0):
     peft.train()
     opt = gt.optim.AdamW(peft.parameters(), lr=1e-2)
-    step = gt.TrainStep(peft, gt.nn.CrossEntropyLoss(), opt, precision="bf16")
+    step = gt.TrainStep(peft, gt.nn.CrossEntropyLoss(), opt, precision="bf16", loss_chunk_rows=loss_chunk_rows)
     ids, labels = batch()
     losses = [step(ids, peft.shift_labels(labels)).loss for _ in range(steps)]
     return losses, {n: p.data.copy() for n, p in peft.named_parameters() if p.requires_grad}
@@ -169,6 +169,7 @@ def train(peft, steps: int = 2):
 
 @pytest.mark.parametrize("use_dora", [False, True])
 def test_a_bf16_model_s_bases_are_half_weights_with_the_fp32_master_path_s_bits(use_dora):
+    """Also the untied LM head, which the adapter leaves frozen: it is a half weight too."""
     half, master = adapted("bf16", use_dora=use_dora), adapted("fp32", use_dora=use_dora)
     bases = [lora.base_layer for _, lora in half.lora_layers()]
     assert bases and all(isinstance(b, nn.QLinear) and b.quant_type == "bf16" for b in bases)
@@ -187,29 +188,54 @@ def test_a_bf16_model_s_bases_are_half_weights_with_the_fp32_master_path_s_bits(
     assert half.adapter_files() == master.adapter_files()
 
 
+def test_a_chunked_loss_runs_the_half_head_block_by_block_with_the_master_path_s_bits():
+    half, master = adapted("bf16"), adapted("fp32")
+    assert isinstance(half.base_model.model.lm_head, nn.QLinear)
+    master.compiled.precision = "bf16"
+    (half_losses, half_params), (master_losses, master_params) = (train(half, loss_chunk_rows=5),
+                                                                   train(master, loss_chunk_rows=5))
+    assert half_losses == master_losses
+    assert all(ref.same_bits(half_params[n], master_params[n]) for n in half_params)
+    whole_losses, _ = train(adapted("bf16"))
+    assert half_losses[0] == whole_losses[0]  # the loss keeps its bits for any chunk size
+
+
+def test_a_narrower_adapter_leaves_the_other_projections_half_and_modules_to_save_float():
+    model = from_pretrained(BASE, dtype="bf16")
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]))
+    layer = peft.base_model.model.model.layers[0]
+    assert isinstance(layer.self_attn.k_proj, nn.QLinear) and isinstance(layer.mlp.down_proj, nn.QLinear)
+    assert isinstance(layer.self_attn.q_proj.base_layer, nn.QLinear)
+    head = peft.base_model.model.lm_head
+    assert type(head) is nn.Linear and head.weight.requires_grad  # trained in place, float32 master
+
+
 def test_the_plan_drops_the_bases_master_and_half_copy_exactly():
     half, master = adapted("bf16"), adapted("fp32")
     master.compiled.precision = "bf16"
     shape = (2, 3, 9)  # ids, attention mask and position ids
     got = gt.TrainStep(half, gt.nn.CrossEntropyLoss(), precision="bf16").memory_plan(shape)
     want = gt.TrainStep(master, gt.nn.CrossEntropyLoss(), precision="bf16").memory_plan(shape)
-    bases = [lora.base_layer for _, lora in half.lora_layers()]
-    weights = sum(b.in_features * b.out_features for b in bases)
+    halves = [m for m in half.modules() if isinstance(m, nn.QLinear)]  # the bases and the untied head
+    assert len(halves) == len(list(half.lora_layers())) + 1
+    assert isinstance(half.base_model.model.lm_head, nn.QLinear)
+    weights = sum(b.in_features * b.out_features for b in halves)
     assert want["gradients"] == got["gradients"]
     assert want["parameters"] - got["parameters"] == 4 * weights
     assert want["half_parameters"] - got["half_parameters"] == 2 * weights
-    assert got["buffers"] - want["buffers"] == sum(aligned(2 * b.in_features * b.out_features) for b in bases)
+    assert got["buffers"] - want["buffers"] == sum(aligned(2 * b.in_features * b.out_features) for b in halves)
 
 
 @pytest.mark.sim
-def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan():
+@pytest.mark.parametrize("loss_chunk_rows", [0, 5])
+def test_a_sim_step_gives_the_cpu_bits_and_peaks_at_its_plan(loss_chunk_rows):
     def build():
         return adapted("bf16")
 
     def make_step(model):
         model.train()
         return gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
-                            precision="bf16")
+                            precision="bf16", loss_chunk_rows=loss_chunk_rows)
 
     ids, labels = batch()
     labels = np.concatenate([labels[:, 1:], np.full((2, 1), -100)], axis=1)
@@ -249,3 +275,12 @@ def test_an_adapter_loads_onto_a_bf16_model_and_from_pretrained_can_store_bf16_b
     assert ref.same_bits(stored(ids), from_pretrained(BASE, dtype="bf16")(ids))
     assert isinstance(get_peft_model(stored, LoraConfig(r=4, target_modules=["down_proj"])).get_submodule(
         "base_model.model.model.layers.1.mlp.down_proj"), LoraLinear)
+
+
+def test_generate_runs_on_a_model_with_half_weights():
+    stored = from_pretrained(BASE, quantization="bf16")
+    ids, _ = batch()
+    plain = from_pretrained(BASE)
+    plain.load_state_dict({k: rounded(v, "bf16") if k.endswith("_proj.weight") else v
+                           for k, v in plain.state_dict().items()})
+    assert np.array_equal(stored.generate(ids[:1, :4], 5), plain.generate(ids[:1, :4], 5))

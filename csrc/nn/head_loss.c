@@ -9,7 +9,9 @@
  * reduces over the classes, which blocks of rows do not split; dW sums the blocks' GEMMs, one
  * rounding per block (within f32 rounding of one GEMM over all rows). The cost: the logits GEMM
  * runs twice (4 head GEMMs instead of 3). A softcapped head (Gemma 2/3's scale, tanh, scale after
- * the Linear) is refused, not fused. */
+ * the Linear) is refused, not fused. The head may also be a QLinear (a frozen quantized or half
+ * weight, e.g. the untied head of a bf16 model get_peft_model froze): its own kind runs each block
+ * (its dequantizing or stored-weight GEMMs; no dW, it has no weight gradient). */
 #include "nn/head_loss.h"
 
 #include <stdio.h>
@@ -27,7 +29,7 @@ gt_status gt_head_check_chunk_rows(const gt_model *model, int64_t rows) {
         return GT_FAIL(GT_ERR_VALUE, "loss_chunk_rows: must be >= 0 (0: the logits of all rows at once), got %lld",
                        (long long)rows);
     const gt_layer *head = head_of(model);
-    if (rows == 0 || (head && head->kind == GT_LAYER_LINEAR))
+    if (rows == 0 || (head && (head->kind == GT_LAYER_LINEAR || head->kind == GT_LAYER_QLINEAR)))
         return GT_OK;
     char name[GT_LAYER_PATH_BYTES + 64] = "nothing";
     if (head) {
@@ -35,8 +37,8 @@ gt_status gt_head_check_chunk_rows(const gt_model *model, int64_t rows) {
         snprintf(path, sizeof path, "%zu", model->root.num_children - 1);
         gt_layer_describe(name, sizeof name, head, path);
     }
-    return GT_FAIL(GT_ERR_VALUE, "loss_chunk_rows: a chunked loss needs a model whose last layer is a Linear (the "
-                   "LM head), but it ends with %s (a soft-capped head, Gemma 2/3's scale-tanh-scale, is not "
+    return GT_FAIL(GT_ERR_VALUE, "loss_chunk_rows: a chunked loss needs a model whose last layer is a Linear or "
+                   "QLinear (the LM head), but it ends with %s (a soft-capped head, Gemma 2/3's scale-tanh-scale, is not "
                    "fused); use loss_chunk_rows=0", name);
 }
 
@@ -52,7 +54,7 @@ gt_status gt_head_plan(gt_plan_walk *w, gt_model *model, int64_t chunk) {
     gt_plan_cursor none = {NULL, 0};
     const gt_plan_site site = {path, 0, 0, &none};
     head->level = 0;
-    GT_TRY(gt_plan_linear(w, head, &block, &site));
+    GT_TRY(gt_layer_type_of(head->kind)->plan(w, head, &block, &site));
     head->in_shape = hidden;
     head->in_shape.ptr = NULL;
     head->out = hidden;
@@ -80,7 +82,8 @@ static const char *head_input(const gt_model *model) {
     return n > 1 ? model->root.children[n - 2].out.ptr : model->head.input;
 }
 
-/* The head as a Linear over rows [first, first + rows) of its input, writing model->head_logits. */
+/* The head (a Linear or QLinear) over rows [first, first + rows) of its input, writing
+ * model->head_logits. */
 static gt_layer block_view(const gt_model *model, int64_t rows) {
     gt_layer view = *head_of(model);
     view.in_shape.ndim = 2;
@@ -112,7 +115,7 @@ gt_status gt_head_loss(gt_model *model, const gt_loss *loss, const int64_t *targ
     for (int64_t first = 0; first < rows; first += chunk) {
         int64_t n = rows - first < chunk ? rows - first : chunk;
         gt_layer view = block_view(model, n);
-        GT_TRY(gt_linear_forward(&view, x + (size_t)first * row_bytes, &run));
+        GT_TRY(gt_layer_type_of(view.kind)->forward(&view, x + (size_t)first * row_bytes, &run));
         GT_TRY(ops->softmax_xent_counted(&model->backend, model->losses + first, count, NULL, model->head_logits,
                                          targets + first, n, classes, loss->label_smoothing, loss->ignore_index,
                                          loss_scale, dloss_divisor, model->dt));
@@ -136,14 +139,14 @@ static gt_status head_blocks_backward(gt_model *model, const gt_run *outer) {
     for (int64_t first = 0; first < rows; first += chunk) {
         int64_t n = rows - first < chunk ? rows - first : chunk;
         gt_layer view = block_view(model, n);
-        GT_TRY(gt_linear_forward(&view, x + (size_t)first * row_bytes, &run));
+        const gt_layer_type *kind = gt_layer_type_of(view.kind);
+        GT_TRY(kind->forward(&view, x + (size_t)first * row_bytes, &run));
         GT_TRY(ops->softmax_xent_counted(&model->backend, model->losses + first, p->count, model->head_logits,
                                          model->head_logits, p->targets + first, n, classes, p->label_smoothing,
                                          p->ignore_index, p->loss_scale, p->dloss_divisor, model->dt));
         run.accumulate = outer->accumulate || first > 0;  /* the first block writes, unless the step adds */
         void *dx = wants_dx ? (char *)model->dout + (size_t)first * row_bytes : NULL;
-        GT_TRY(gt_linear_backward(&view, dx, model->head_logits,
-                                  x + (size_t)first * row_bytes, &run));
+        GT_TRY(kind->backward(&view, dx, model->head_logits, x + (size_t)first * row_bytes, &run));
     }
     return GT_OK;
 }

@@ -35,7 +35,9 @@ so is ``merge_and_unload`` (the merged weight would have to be quantized again).
 A bf16/f16 base, as PEFT's in a bf16 model: when the model computes in bf16 or f16 (``from_pretrained(
 folder, dtype="bf16")``, or ``precision=`` given to compile it), each targeted Linear's frozen weight is
 kept in that precision alone, a ``QLinear(quant_type="bf16" | "f16")`` as ``base_layer`` -- 2 bytes a
-weight instead of a float32 master and its half copy (6 bytes) -- with the values the half copy held, so
+weight instead of a float32 master and its half copy (6 bytes) -- and so is every other untied Linear
+left frozen (an untied LM head, the projections a narrower ``target_modules`` skips; not
+``modules_to_save``), with the values the half copy held, so
 the model computes exactly what it computed before (DoRA's norms widen the half weight where they
 read the master). DoRA on a half base computes in that precision only.
 ``merge_and_unload`` gives a float32 Linear of the half weight plus the adapter's delta.
@@ -350,6 +352,17 @@ def _half_base(linear: Linear, half: str) -> QLinear:
         return QLinear.from_linear(linear, half)
 
 
+def _other_frozen_linears(model: Module, config: LoraConfig, targets: list[tuple[str, Linear | QLinear]]
+                          ) -> list[tuple[str, Linear]]:
+    """(name, Linear) of the untied Linear layers the adapter leaves frozen and does not adapt (an
+    untied LM head; the projections a narrower target_modules skips): not the targets, nothing in
+    modules_to_save."""
+    targeted = {id(m) for _, m in targets}
+    saved = {id(m) for _, module in _saved_modules(model, config) for m in module.modules()}
+    return [(n, m) for n, m in model.named_modules()
+            if type(m) is Linear and id(m) not in targeted and id(m) not in saved]
+
+
 def _unloaded_base(base: Linear | QLinear) -> Linear:
     """The Linear a merged LoRA layer leaves: its base, or for a half base a Linear of its shape
     (merge_and_unload writes the merged weight; the bias is copied)."""
@@ -492,7 +505,11 @@ class PeftModel(Module):
         self.base_model = _LoraModel(model)
         training = model.training
         half = old.precision if old is not None and old.precision in HALF_TYPES else None
+        others = _other_frozen_linears(model, config, found) if half else []
         try:
+            for name, linear in others:
+                _replace(model, name, _half_base(linear, half))
+                replaced.append((name, linear))
             for name, linear in found:
                 base = _half_base(linear, half) if half and type(linear) is Linear else linear
                 _replace(model, name, LoraLinear(base, config.r, config.lora_alpha, config.lora_dropout,

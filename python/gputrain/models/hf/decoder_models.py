@@ -336,13 +336,13 @@ class DecoderForCausalLM(_DecoderHead):
     def generate(self, input_ids: Any, max_new_tokens: int, **kwargs: Any) -> np.ndarray:
         """See gputrain.models.hf.generation.generate: the prompt followed by the new tokens,
         greedy unless do_sample=True (transformers' default). Its NumPy loop reads float32
-        weights: a quantized (QLinear) layer's are dequantized for it (held while it runs)."""
+        weights: a quantized or half (QLinear) layer's are dequantized for it (held while it runs)."""
         from gputrain.models.hf.generation import generate
 
         state = self.state_dict()
         for name, module in self.named_modules():
             if isinstance(module, QLinear):
-                del state[name + ".weight.absmax"]
+                state.pop(name + ".weight.absmax", None)  # a half weight has none
                 state[name + ".weight"] = module.dequantize()
         return generate(self.config, state, input_ids, max_new_tokens, **kwargs)
 
