@@ -284,3 +284,17 @@ def test_generate_runs_on_a_model_with_half_weights():
     plain.load_state_dict({k: rounded(v, "bf16") if k.endswith("_proj.weight") else v
                            for k, v in plain.state_dict().items()})
     assert np.array_equal(stored.generate(ids[:1, :4], 5), plain.generate(ids[:1, :4], 5))
+
+
+def test_a_model_with_half_weights_saves_a_float_folder_of_its_values(tmp_path):
+    stored = from_pretrained(BASE, quantization="bf16")
+    stored.save_pretrained(tmp_path / "saved")
+    again = from_pretrained(tmp_path / "saved")
+    want = from_pretrained(BASE).state_dict()
+    got = again.state_dict()
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        expected = rounded(value, "bf16") if key.endswith("_proj.weight") else value
+        assert ref.same_bits(got[key], expected), key
+    with pytest.raises(ValueError, match="quantized"):  # 4-bit codes are not saved as floats
+        from_pretrained(BASE, quantization="nf4").save_pretrained(tmp_path / "nf4")

@@ -37,12 +37,13 @@ def data(rows=16, tokens=10):
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": ids}
 
 
-def adapted(seed=0, **config):
-    """A freshly built base with an adapter (the same seed: the same dropout stream and initial adapter)."""
+def adapted(seed=0, dtype=None, **config):
+    """A freshly built base with an adapter (the same seed: the same dropout stream and initial adapter);
+    dtype "bf16": its frozen Linear weights in bf16 alone."""
     gt.random.manual_seed(seed)
     options = dict(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
     options.update(config)
-    return get_peft_model(from_pretrained(BASE), LoraConfig(**options))
+    return get_peft_model(from_pretrained(BASE, dtype=dtype), LoraConfig(**options))
 
 
 def trainer(model, output_dir, eval_dataset=None, compute_metrics=None, **overrides):
@@ -113,8 +114,8 @@ def test_a_parameter_trained_outside_the_adapter_is_refused_by_name(tmp_path):
     assert not os.path.exists(tmp_path / "checkpoint-1")
 
 
-TRAINER_OPTIONS = ("optim", "ema_decay")
-RESUMES = {"lora": {}, "dora": {"use_dora": True},
+TRAINER_OPTIONS = ("optim", "ema_decay", "bf16")
+RESUMES = {"lora": {}, "dora": {"use_dora": True}, "bf16_base": {"dtype": "bf16", "bf16": True, "use_dora": True},
            "adamw_8bit": {"modules_to_save": ["lm_head"], "optim": "adamw_8bit"},  # lm_head: 6,144 >= min_8bit_size
            "ema": {"ema_decay": 0.9}}
 
@@ -126,6 +127,8 @@ def test_a_resume_onto_a_fresh_base_is_bit_identical_to_an_uninterrupted_run(tmp
     optim = {key: config.pop(key) for key in TRAINER_OPTIONS if key in config}
     whole = trainer(adapted(**config), tmp_path / "whole", **optim)
     whole.train()
+    if "dtype" in config:  # the frozen projections hold their weights in bf16 alone
+        assert sum(isinstance(m, gt.nn.QLinear) for m in whole.model.modules()) == 15  # 2 x 7 and the head
     if "optim" in optim:
         assert any(k == "state1" and v.dtype == np.uint8 for (_, k), v in optimizer_state(whole).items())
     fresh = adapted(**config)

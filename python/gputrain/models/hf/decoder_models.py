@@ -283,7 +283,7 @@ class _DecoderHead(Module):
         self.compiled.refresh_half_parameters()
 
     def _hf_config(self) -> dict[str, Any]:
-        if any(isinstance(m, QLinear) for m in self.modules()):
+        if any(isinstance(m, QLinear) and not m.is_half for m in self.modules()):
             raise ValueError("save_pretrained: this model holds quantized (QLinear) layers; gputrain saves "
                              "float folders only (dequantize the layers into a float model to save it)")
         if self.hf_values is None:

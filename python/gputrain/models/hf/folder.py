@@ -35,7 +35,7 @@ from gputrain.models.hf import quantized
 from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import FLOAT_DTYPES, INDEX, SINGLE, checkpoint_tensors, read_tensor, shard_names
 from gputrain.nn.module import Module
-from gputrain.nn.qlinear import quantized_linears
+from gputrain.nn.qlinear import QLinear, quantized_linears
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,11 @@ def save_pretrained(model: Module, folder: str | os.PathLike,
                         "(build it with gputrain.models.from_pretrained or a family's class)")
     limit = _shard_size(max_shard_size)
     config = model._hf_config()  # refuses a model the family cannot describe, before writing anything
-    state = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in model.state_dict().items()}
+    state = model.state_dict()
+    for name, module in model.named_modules():  # a half weight (QLinear "bf16"/"f16"), widened exactly
+        if isinstance(module, QLinear) and module.is_half:
+            state[f"{name}.weight"] = module.dequantize()
+    state = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     shards: list[list[str]] = [[]]
