@@ -328,3 +328,25 @@ def test_trainer_fine_tunes_a_dora_adapter(tmp_path):
     model = get_peft_model(from_pretrained(BASE), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                              use_dora=True))
     assert_trainer_fine_tunes(model, tmp_path, ADAPTER + (".lora_magnitude_vector.",))
+
+
+def test_an_encoder_s_adapter_is_in_the_model_it_runs():
+    """The encoders hold each projection twice (the attribute their spec reads and the tree their
+    names come from): an adapter put only in the tree was never run. Now it runs, and merging it
+    gives the adapted logits."""
+    folder = os.path.join(os.path.dirname(BASE), "bert-seqcls-tiny")
+    ids = np.random.default_rng(0).integers(0, 90, (2, 7))
+    base = from_pretrained(folder)
+    base.eval()
+    plain = base(ids)
+    gt.random.manual_seed(1)
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["query", "value", "dense"]))
+    for _, lora in peft.lora_layers():
+        b = lora.lora_B.default.weight
+        b.data = np.random.default_rng(2).standard_normal(b.data.shape).astype(np.float32) * 0.1
+    peft.eval()
+    adapted = peft(ids)
+    assert np.abs(adapted - plain).max() > 1e-3
+    merged = peft.merge_and_unload()
+    merged.eval()
+    assert np.abs(merged(ids) - adapted).max() <= 1e-5 * np.abs(adapted).max() + 1e-6

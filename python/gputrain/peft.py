@@ -375,24 +375,21 @@ def _unloaded_base(base: Linear | QLinear) -> Linear:
     return linear
 
 
-def _parent_slot(root: Module, name: str) -> tuple[Module, str, int | None]:
-    """(parent, attribute, list index or None) holding the submodule `name` of `root`."""
-    parent_name, _, _ = name.rpartition(".")
-    child = root.get_submodule(name)
-    # a list of children is named "layers.0": walk up until a module's attribute holds the child
-    while True:
-        parent = root.get_submodule(parent_name) if _is_module(root, parent_name) else None
-        if parent is not None:
-            for attr, value in vars(parent).items():
-                if value is child:
-                    return parent, attr, None
-                if isinstance(value, list):
-                    for i, item in enumerate(value):
-                        if item is child:
-                            return parent, attr, i
-        if not parent_name:
-            raise RuntimeError(f"internal: no attribute holds the module {name!r}")
-        parent_name = parent_name.rpartition(".")[0]
+def _swapped(value: Any, old: Module, new: Module) -> Any:
+    """`value` with `old` replaced by `new`: the value itself, a list's or dict's items in place, a
+    tuple rebuilt (nested ones too)."""
+    if value is old:
+        return new
+    if isinstance(value, list):
+        value[:] = [_swapped(item, old, new) for item in value]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            value[key] = _swapped(item, old, new)
+    elif isinstance(value, tuple):
+        items = tuple(_swapped(item, old, new) for item in value)
+        if any(a is not b for a, b in zip(items, value)):
+            return items
+    return value
 
 
 def _is_module(root: Module, name: str) -> bool:
@@ -404,11 +401,17 @@ def _is_module(root: Module, name: str) -> bool:
 
 
 def _replace(root: Module, name: str, new: Module) -> None:
-    parent, attr, index = _parent_slot(root, name)
-    if index is None:
-        setattr(parent, attr, new)
-    else:
-        getattr(parent, attr)[index] = new
+    """Puts `new` in the place of the submodule `name` of `root`, wherever a module of the tree
+    refers to it: models hold a layer in more than one structure (an attribute their spec reads
+    and the tree their named_children walk: the encoders' self.q and attention.self.query)."""
+    old = root.get_submodule(name)
+    for module in list(root.modules()):
+        for attr, value in list(vars(module).items()):
+            if attr in ("_owner", "_compiled", "_params", "_buffer_values"):
+                continue
+            swapped = _swapped(value, old, new)
+            if swapped is not value:
+                setattr(module, attr, swapped)
 
 
 def _matches(config: LoraConfig, name: str) -> bool:
@@ -552,11 +555,15 @@ class PeftModel(Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         """The adapted model's outputs, called with the adapted model's arguments."""
-        signature = inspect.signature(type(self.base_model.model).__call__)
+        model = self.base_model.model
+        signature = inspect.signature(type(model).__call__)
         bound = signature.bind(None, *args, **kwargs).arguments
         x = bound.get("input_ids", bound.get("x"))
-        return Module.__call__(self, x, bound.get("attention_mask"), bound.get("token_type_ids"),
-                               bound.get("position_ids"))
+        mask, types = bound.get("attention_mask"), bound.get("token_type_ids")
+        pack = getattr(model, "pack", None)  # an encoder's rows (its defaults for the mask and types)
+        if pack is not None and not (np.ndim(x) == 3 and mask is None and types is None):
+            return self.compiled.forward(pack(x, mask, types))
+        return Module.__call__(self, x, mask, types, bound.get("position_ids"))
 
     def _check_trainable(self) -> None:
         """Refuses a trainable base parameter of a LoRA layer (its gradient is never computed)."""

@@ -228,12 +228,12 @@ class _Named(Module):
 
     def __init__(self, *children: tuple[str, Module]) -> None:
         super().__init__()
-        self._children = dict(children)
+        self._child_names = [name for name, _ in children]
         for name, child in children:
             setattr(self, name, child)
 
-    def named_children(self) -> Iterator[tuple[str, Module]]:
-        return iter(self._children.items())
+    def named_children(self) -> Iterator[tuple[str, Module]]:  # the attributes: a swapped child is seen
+        return ((name, getattr(self, name)) for name in self._child_names)
 
 
 class EncoderEmbeddings(Module):
