@@ -8,6 +8,8 @@ is refused; the limit is removed afterwards."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,9 @@ def memory_limit():
 
 
 def reserved() -> int:
+    """The pool's reserved bytes of live models: earlier tests' models not yet collected would count,
+    and be freed inside the call that should run out of memory."""
+    gc.collect()
     return gt.memory_stats("cpu")["reserved_bytes"]
 
 
