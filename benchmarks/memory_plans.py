@@ -9,13 +9,13 @@ pool "sim:0" that stands for the card; nothing here is estimated):
   full8      the same with 8-bit AdamW (kind "adamw8bit": 2 bytes of state per element)
   lora       bf16 base frozen, LoRA r=16 (alpha 32) on all linear layers (PEFT's "all-linear": not the
              LM head), AdamW on the adapters; the model is built in bf16 (as from_pretrained(folder,
-             dtype="bf16")), so the adapted layers' bases and an untied LM head hold their weights in
-             bf16 alone (QLinear "bf16": no float32 master, no half copy); the embeddings and norms
-             keep theirs
+             dtype="bf16")), so the adapted layers' bases and an untied LM head and token table hold
+             their weights in bf16 alone (QLinear "bf16", HalfTokenEmbedding: no float32 master, no
+             half copy); the norms and a tied table keep theirs
   lora8      the same with 8-bit AdamW
-  nf4-lora   the decoder blocks' Linear layers NF4 (QLinear, block 64; embeddings and norms float,
-             an untied head in bf16 alone as in lora), LoRA r=16 on them (QLoRA: the adapters as on
-             the bf16 base), AdamW on the adapters
+  nf4-lora   the decoder blocks' Linear layers NF4 (QLinear, block 64; norms float, an untied head
+             and table in bf16 alone as in lora), LoRA r=16 on them (QLoRA: the adapters as on the
+             bf16 base), AdamW on the adapters
   nf4-lora8  the same with 8-bit AdamW
   nf4        the NF4 base alone, every parameter frozen, no optimizer
   int8-lora  the decoder blocks' Linear layers int8 (QLinear, LLM.int8's row-wise format), LoRA r=16

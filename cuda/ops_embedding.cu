@@ -1,4 +1,5 @@
-// CUDA embedding: out[i, :] = table[ids[i], :] (rounded to dt) and the scatter-add gradient
+// CUDA embedding: out[i, :] = table[ids[i], :] (the table f32, f16 or bf16; rounded to dt) and the
+// scatter-add gradient
 // dtable[ids[i], :] (+)= dout[i, :]. The ids are checked on the device first, without waiting: the
 // first id outside [0, num) goes to the backend's error slot (GT_ERR_INDEX naming it, as on the CPU,
 // at the stream's next wait) and the op's kernels then skip their work.
@@ -17,13 +18,16 @@ constexpr unsigned kIdTile = 1024;     // ids staged in shared memory at a time
 constexpr unsigned kPartitions = 128;  // table-row partitions of the backward grid, at most
 
 template <gt_dtype DT>
-__global__ void embedding_forward_kernel(void *out, const int64_t *ids, const float *table, size_t n, size_t dim,
-                                         const unsigned long long *first_bad) {
+__global__ void embedding_forward_kernel(void *out, const int64_t *ids, const void *table, gt_dtype table_dt,
+                                         size_t n, size_t dim, const unsigned long long *first_bad) {
     if (gt_check_failed(first_bad))
         return;
     GT_GRID_STRIDE(i, n * dim) {
-        size_t row = i / dim, c = i % dim;
-        store_elem<DT>(out, i, table[(size_t)ids[row] * dim + c]);
+        size_t row = i / dim, c = i % dim, at = (size_t)ids[row] * dim + c;
+        float value = table_dt == GT_F32   ? static_cast<const float *>(table)[at]
+                      : table_dt == GT_F16 ? load_elem<GT_F16>(table, at)
+                                           : load_elem<GT_BF16>(table, at);
+        store_elem<DT>(out, i, value);
     }
 }
 
@@ -67,17 +71,18 @@ gt_status check_embedding(const gt_cuda_backend_state *state, const int64_t *ids
 
 }  // namespace
 
-gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *ids, const float *table, int64_t n,
-                                    int64_t num, int64_t dim, gt_dtype dt) {
+gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *ids, const void *table,
+                                    gt_dtype table_dt, int64_t n, int64_t num, int64_t dim, gt_dtype dt) {
     gt_cuda_backend_state *state = NULL;
     GT_TRY(gt_cuda_op_begin(be, &state));
+    GT_TRY(gt_op_check_dtype(table_dt, "table_dt"));
     GT_TRY(check_embedding(state, ids, n, num, dim, dt));
     if (n == 0 || dim == 0)
         return GT_OK;
     GT_TRY(gt_op_check_ptr(out, "out"));
     GT_TRY(gt_op_check_ptr(table, "table"));
     GT_LAUNCH_DT(dt, embedding_forward_kernel, grid_for((size_t)n * (size_t)dim), kThreads, 0, stream_of(state),
-                 out, ids, table, (size_t)n, (size_t)dim, scratch_words(state));
+                 out, ids, table, table_dt, (size_t)n, (size_t)dim, scratch_words(state));
     return gt_cuda_check_launch("embedding_forward_kernel launch");
 }
 

@@ -10,6 +10,8 @@ on the CPU and on sim, and its plan is smaller by exactly the master and its cop
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -219,11 +221,15 @@ def test_the_plan_drops_the_bases_master_and_half_copy_exactly():
     halves = [m for m in half.modules() if isinstance(m, nn.QLinear)]  # the bases and the untied head
     assert len(halves) == len(list(half.lora_layers())) + 1
     assert isinstance(half.base_model.model.lm_head, nn.QLinear)
+    table = half.base_model.model.model.embed_tokens  # untied: held in bf16 alone too
+    assert isinstance(table, nn.HalfTokenEmbedding)
     weights = sum(b.in_features * b.out_features for b in halves)
+    rows = table.num_embeddings * table.embedding_dim
     assert want["gradients"] == got["gradients"]
-    assert want["parameters"] - got["parameters"] == 4 * weights
-    assert want["half_parameters"] - got["half_parameters"] == 2 * weights
-    assert got["buffers"] - want["buffers"] == sum(aligned(2 * b.in_features * b.out_features) for b in halves)
+    assert want["parameters"] - got["parameters"] == 4 * (weights + rows)
+    assert want["half_parameters"] - got["half_parameters"] == 2 * weights  # a lookup table has no half copy
+    assert got["buffers"] - want["buffers"] == (sum(aligned(2 * b.in_features * b.out_features) for b in halves)
+                                                + aligned(2 * rows))
 
 
 @pytest.mark.sim
@@ -298,3 +304,61 @@ def test_a_model_with_half_weights_saves_a_float_folder_of_its_values(tmp_path):
         assert ref.same_bits(got[key], expected), key
     with pytest.raises(ValueError, match="quantized"):  # 4-bit codes are not saved as floats
         from_pretrained(BASE, quantization="nf4").save_pretrained(tmp_path / "nf4")
+
+
+# -- the token table -------------------------------------------------------------------------
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("half", ["bf16", "f16"])
+def test_a_half_table_looks_up_the_bits_of_a_float32_table_holding_its_values(precision, half):
+    table = nn.TokenEmbedding(40, 6, 2, attention_mask=True)
+    table.load_state_dict({"weight": rounded(table.weight.data * 3, half)})
+    stored = nn.HalfTokenEmbedding.from_token_embedding(table, half)
+    rng = np.random.default_rng(6)
+    ids = np.stack([rng.integers(0, 40, (3, 5)), rng.integers(0, 2, (3, 5)), np.ones((3, 5), np.int64)], axis=1)
+    stored.compiled.precision = table.compiled.precision = gt._vocab.c_dtype(precision)
+    want = table(ids)
+    for level in ref.simd_levels():  # the lookup's kernel at each SIMD level
+        with ref.simd_level(level):
+            assert ref.same_bits(stored(ids), want), level
+    assert [n for n, _ in stored.named_parameters()] == [] and list(stored.state_dict()) == ["weight"]
+    assert ref.same_bits(stored.table(), table.weight.data)
+
+
+def test_a_half_table_refuses_training_and_tying():
+    stored = nn.HalfTokenEmbedding(16, 4, stored_dtype="bf16")
+    with pytest.raises(ValueError, match="frozen"):
+        stored.requires_grad_(True)
+    with pytest.raises(ValueError, match="a TiedLinear reads a float32 table"):
+        nn.TiedLinear(stored)
+    with pytest.raises(ValueError, match="cannot read a TokenEmbedding table held in half precision alone"):
+        gt._C.Model([("tokens", 16, 4, 0, False, False, -1, "bf16"), ("tied_linear", 0)], 0)
+    with pytest.raises(ValueError, match="stored_dtype"):
+        nn.HalfTokenEmbedding(16, 4, stored_dtype="f32")
+
+
+def test_a_tied_table_keeps_its_float32_master():
+    gemma = from_pretrained(os.path.join(os.path.dirname(BASE), "gemma-tiny"), dtype="bf16")
+    peft = get_peft_model(gemma, LoraConfig(r=4, target_modules="all-linear"))
+    assert type(peft.base_model.model.model.embed_tokens) is nn.TokenEmbedding
+    assert all(isinstance(lora.base_layer, nn.QLinear) for _, lora in peft.lora_layers())
+
+
+def test_an_encoder_s_table_is_held_in_bf16_with_the_fp32_master_path_s_bits():
+    folder = os.path.join(os.path.dirname(BASE), "bert-seqcls-tiny")
+
+    def build(precision):
+        model = from_pretrained(folder, dtype=precision)
+        model.load_state_dict({k: rounded(v, "bf16") for k, v in model.state_dict().items()})
+        gt.random.manual_seed(3)
+        return get_peft_model(model, LoraConfig(r=4, target_modules=["query", "value"]))
+
+    half, master = build("bf16"), build("fp32")
+    master.compiled.precision = "bf16"
+    assert any(isinstance(m, nn.HalfTokenEmbedding) for m in half.modules())
+    rng = np.random.default_rng(8)
+    ids = rng.integers(0, 90, (2, 7))
+    half.eval(), master.eval()
+    assert ref.same_bits(half(ids), master(ids))
+    got, want = half.state_dict(), master.state_dict()
+    assert got.keys() == want.keys()
+    assert all(ref.same_bits(np.asarray(got[k]).astype(np.float32), want[k]) for k in want)

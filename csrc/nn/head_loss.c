@@ -38,8 +38,8 @@ gt_status gt_head_check_chunk_rows(const gt_model *model, int64_t rows) {
         gt_layer_describe(name, sizeof name, head, path);
     }
     return GT_FAIL(GT_ERR_VALUE, "loss_chunk_rows: a chunked loss needs a model whose last layer is a Linear or "
-                   "QLinear (the LM head), but it ends with %s (a soft-capped head, Gemma 2/3's scale-tanh-scale, is not "
-                   "fused); use loss_chunk_rows=0", name);
+                   "QLinear (the LM head), but it ends with %s (a soft-capped head, Gemma 2/3's scale-tanh-scale, "
+                   "is not fused); use loss_chunk_rows=0", name);
 }
 
 gt_status gt_head_plan(gt_plan_walk *w, gt_model *model, int64_t chunk) {

@@ -149,21 +149,32 @@ const gt_layer_type gt_layer_type_residual = {
 /* ---- Attention: its row is in nn/attention.c ---- */
 
 /* ---- TokenEmbedding: ("tokens", num_embeddings, embedding_dim, type_vocab_size, attention_mask,
- * position_ids, pad_token_id) ---- */
+ * position_ids, pad_token_id, stored_dtype "f32" | "bf16" | "f16") ---- */
+static const gt_enum_name table_dtype_names[] = {{"f32", GT_F32}, {"bf16", GT_BF16}, {"f16", GT_F16}, {NULL, 0}};
 _Static_assert(sizeof(gt_tokens_config) <= GT_LAYER_CONFIG_BYTES, "Tokens' config fits gt_layer.config");
 static const gt_layer_arg tokens_args[] = {
     GT_SIZE("num_embeddings", num_embeddings), GT_SIZE("embedding_dim", embedding_dim),
     {"type_vocab_size", GT_ARG_INT, GT_ARG_FIELD(type_vocab), 0, GT_ARG_INT64_MAX, 0, NULL},
     GT_FLAG("attention_mask", has_mask),
     GT_ARG_FLAG_AT("position_ids", GT_ARG_CONFIG(gt_tokens_config, position_ids)),
-    {"pad_token_id", GT_ARG_INT, GT_ARG_CONFIG(gt_tokens_config, pad_token_id), -1, GT_ARG_INT64_MAX, 0, NULL}};
+    {"pad_token_id", GT_ARG_INT, GT_ARG_CONFIG(gt_tokens_config, pad_token_id), -1, GT_ARG_INT64_MAX, 0, NULL},
+    {"stored_dtype", GT_ARG_ENUM, GT_ARG_CONFIG(gt_tokens_config, stored_dtype), 0, 0, 0, table_dtype_names}};
 
-/* Segments come from the mask and the position ids together. */
+/* Segments come from the mask and the position ids together; a table held in half alone has a
+ * size in bytes (the parameter layout checks an f32 one). */
 static gt_status check_tokens(gt_layer *layer) {
     if (gt_tokens_has_positions(layer) && !layer->has_mask)
         return GT_FAIL(GT_ERR_VALUE, "TokenEmbedding: position_ids needs attention_mask (the segments of "
                        "a row come from both)");
-    return GT_OK;
+    gt_dtype dt = gt_tokens_table_dtype(layer);
+    if (dt == GT_F32)
+        return GT_OK;
+    const char *what = "the half table of a TokenEmbedding";
+    size_t rows = 0, elements = 0, bytes = 0;
+    GT_TRY(gt_size_add((size_t)layer->num_embeddings, (size_t)layer->type_vocab, what, &rows));
+    GT_TRY(gt_size_mul(rows, (size_t)layer->embedding_dim, what, &elements));
+    GT_TRY(gt_size_mul(elements, gt_dtype_size(dt), what, &bytes));
+    return gt_size_check(bytes, what);
 }
 
 static void describe_tokens(const gt_layer *layer, char *buf, size_t bytes) {
@@ -171,16 +182,28 @@ static void describe_tokens(const gt_layer *layer, char *buf, size_t bytes) {
              (long long)layer->embedding_dim);
 }
 
-/* One table: the token rows, then the token-type rows. */
+/* One table: the token rows, then the token-type rows; a parameter unless held in half alone. */
 static gt_status tokens_params(gt_layer *layer) {
-    table_param(layer, layer->num_embeddings + layer->type_vocab);
+    if (gt_tokens_table_dtype(layer) == GT_F32)
+        table_param(layer, layer->num_embeddings + layer->type_vocab);
     return GT_OK;
+}
+
+/* A table held in half alone: 'weight' (rows, dim) f16/bf16, frozen; none otherwise. */
+static size_t tokens_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
+    gt_dtype dt = gt_tokens_table_dtype(layer);
+    if (dt == GT_F32)
+        return 0;
+    int64_t rows = layer->num_embeddings + layer->type_vocab;
+    pieces[0] = (gt_frozen_piece){0, (size_t)rows * (size_t)layer->embedding_dim * gt_dtype_size(dt), dt, 2,
+                                  {rows, layer->embedding_dim}};
+    return 1;
 }
 
 const gt_layer_type gt_layer_type_tokens = {
     "tokens", "TokenEmbedding", GT_LAYER_ARGS(tokens_args),
     GT_KIND_PARAMS | GT_KIND_READS_IDS | GT_KIND_FREEZES | GT_KIND_LOOKUP, check_tokens,
-    describe_tokens, tokens_params, gt_plan_tokens, gt_tokens_forward, gt_tokens_backward};
+    describe_tokens, tokens_params, gt_plan_tokens, gt_tokens_forward, gt_tokens_backward, tokens_frozen};
 
 /* ---- SequencePool: ("pool", mode): "cls", "mean" or "last" (run->last_tokens) ---- */
 static const gt_enum_name pool_names[] = {

@@ -213,8 +213,12 @@ typedef struct gt_tokens_config {
     int position_ids;      /* 1: the input's last channel holds position ids (decoders) */
     int64_t pad_token_id;  /* the id of padding, whose rightmost non-pad token is the last token;
                               -1: none (the last token is T - 1) */
+    int stored_dtype;      /* GT_F32: the table is a parameter; GT_BF16 / GT_F16: a frozen buffer
+                              (rows, dim) in that precision alone (no f32 master, no gradient) */
 } gt_tokens_config;
 int gt_tokens_has_positions(const gt_layer *layer);
+/* The table's dtype: GT_F32 (a parameter), or GT_BF16 / GT_F16 (a frozen buffer). */
+gt_dtype gt_tokens_table_dtype(const gt_layer *layer);
 int64_t gt_tokens_pad_token_id(const gt_layer *layer);
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const void *in,

@@ -21,7 +21,7 @@ gt_status gt_layernorm_backward(gt_layer *layer, void *din, const void *dout, co
 
 gt_status gt_embedding_forward(gt_layer *layer, const void *in, gt_run *run) {
     return run->backend->ops->embedding_forward(
-        run->backend, layer->out.ptr, (const int64_t *)in, layer->weight.data,
+        run->backend, layer->out.ptr, (const int64_t *)in, layer->weight.data, GT_F32,
         (int64_t)gt_tensor_numel(&layer->in_shape), layer->num_embeddings, layer->embedding_dim,
         run->dt);
 }

@@ -132,7 +132,8 @@ static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
     size_t n = (size_t)layer->out_features * (size_t)layer->in_features, bs = (size_t)block_of(layer);
     size_t blocks = (n + bs - 1) / bs, bytes = code_bytes(layer);
     if (is_half(layer)) {
-        pieces[0] = (gt_frozen_piece){0, bytes, gt_qlinear_stored_dtype(layer), 2, {layer->out_features, layer->in_features}};
+        pieces[0] = (gt_frozen_piece){0, bytes, gt_qlinear_stored_dtype(layer), 2,
+                                      {layer->out_features, layer->in_features}};
         return 1;
     }
     pieces[0] = is_int8(layer) ? (gt_frozen_piece){0, bytes, GT_I8, 2, {layer->out_features, layer->in_features}}

@@ -10,7 +10,9 @@
  * A decoder's Tokens (position_ids) reads a last channel of position ids, which the model hands
  * every Rope (gt_run.positions), and writes instead of lengths the (B, T) key starts of each query's
  * segment (ops.h: key_starts), which every Attention reads; with a pad_token_id it writes the (B,)
- * last tokens (the rightmost that is not padding), which Pool "last" reads.
+ * last tokens (the rightmost that is not padding), which Pool "last" reads. The table may be held
+ * in f16/bf16 alone (stored_dtype: a frozen buffer, e.g. a bf16 PEFT model's untied embedding): the
+ * lookup widens its rows (exactly) as it reads them, and there is no gradient.
  *
  * Pool: out[b] = in[b, 0] (first token), the mean of in[b, t] over t < lengths[b], or
  * in[b, last_tokens[b]] (last token). */
@@ -27,6 +29,8 @@ static gt_tokens_config tokens_config(const gt_layer *layer) {
 int gt_tokens_has_positions(const gt_layer *layer) { return tokens_config(layer).position_ids; }
 
 int64_t gt_tokens_pad_token_id(const gt_layer *layer) { return tokens_config(layer).pad_token_id; }
+
+gt_dtype gt_tokens_table_dtype(const gt_layer *layer) { return (gt_dtype)tokens_config(layer).stored_dtype; }
 
 /* The key starts and last tokens of a decoder's input rows (either may be unplanned: NULL). */
 static gt_status tokens_segments(gt_layer *layer, const int64_t *ids, gt_run *run) {
@@ -58,15 +62,17 @@ gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
         GT_TRY(ops->mask_lengths(run->backend, layer->lengths, ids + (channels - 1) * seq, batch, seq,
                                  channels * seq));
     void *types = run->scratch[layer->level][0];  /* free in forward: backward alone uses it */
+    gt_dtype table_dt = gt_tokens_table_dtype(layer);
+    const char *table = table_dt == GT_F32 ? (const char *)layer->weight.data : layer->frozen;
+    const char *type_rows = table + (size_t)(vocab * dim) * gt_dtype_size(table_dt);
     for (int64_t b = 0; b < batch; b++) {
         char *out = (char *)layer->out.ptr + (size_t)b * row;
         const int64_t *entry = ids + b * channels * seq;
-        GT_TRY(ops->embedding_forward(run->backend, out, entry, layer->weight.data, seq, vocab, dim, run->dt));
+        GT_TRY(ops->embedding_forward(run->backend, out, entry, table, table_dt, seq, vocab, dim, run->dt));
         if (layer->type_vocab == 0)
             continue;
-        GT_TRY(ops->embedding_forward(run->backend, types, entry + seq,
-                                      layer->weight.data + (size_t)(vocab * dim), seq, layer->type_vocab,
-                                      dim, run->dt));
+        GT_TRY(ops->embedding_forward(run->backend, types, entry + seq, type_rows, table_dt, seq,
+                                      layer->type_vocab, dim, run->dt));
         GT_TRY(ops->add(run->backend, out, out, types, seq * dim, run->dt));
     }
     return GT_OK;
@@ -80,7 +86,8 @@ gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const
     int64_t seq = layer->in_shape.shape[2], vocab = layer->num_embeddings, dim = layer->embedding_dim;
     size_t row = (size_t)(seq * dim) * dsize(run);
     int accumulate = gt_layer_accumulates(layer, run);
-    if (layer->weight.frozen)  /* a frozen table: no scatter-add (and ids have no gradient) */
+    if (layer->weight.frozen || gt_tokens_table_dtype(layer) != GT_F32)  /* a frozen table: no scatter-add
+                                                                             (and ids have no gradient) */
         return GT_OK;
     for (int64_t b = 0; b < batch; b++) {
         const char *grad = (const char *)dout + (size_t)b * row;

@@ -1,4 +1,5 @@
-/* CPU embedding: out[i, :] = table[ids[i], :] (rounded to dt) and the scatter-add gradient
+/* CPU embedding: out[i, :] = table[ids[i], :] (the table f32, f16 or bf16; rounded to dt) and the
+ * scatter-add gradient
  * dtable[ids[i], :] (+)= dout[i, :]. The backward splits the columns into blocks run in
  * parallel; inside a block the rows i are added in increasing order, so every element of
  * dtable receives its contributions in the same order for any thread count. */
@@ -29,22 +30,27 @@ static gt_status check_embedding(const int64_t *ids, int64_t n, int64_t num, int
     return check_ids(ids, n, num);
 }
 
-GT_INLINE void emb_forward_body(void *out, const int64_t *ids, const float *table,
+GT_INLINE void emb_forward_body(void *out, const int64_t *ids, const void *table, gt_dtype table_dt,
                                 size_t row_begin, size_t row_end, size_t dim, gt_dtype dt) {
     for (size_t i = row_begin; i < row_end; i++) {
-        const float *src = table + (size_t)ids[i] * dim;
-        for (size_t c = 0; c < dim; c++)
-            gt_cpu_store(out, i * dim + c, src[c], dt);
+        size_t src = (size_t)ids[i] * dim;
+        if (table_dt == GT_F32)
+            for (size_t c = 0; c < dim; c++)
+                gt_cpu_store(out, i * dim + c, ((const float *)table)[src + c], dt);
+        else
+            for (size_t c = 0; c < dim; c++)
+                gt_cpu_store(out, i * dim + c, gt_cpu_load(table, src + c, table_dt), dt);
     }
 }
-GT_CPU_KERNEL(emb_forward, (void *out, const int64_t *ids, const float *table, size_t row_begin,
-                            size_t row_end, size_t dim, gt_dtype dt),
-              out, ids, table, row_begin, row_end, dim)
+GT_CPU_KERNEL(emb_forward, (void *out, const int64_t *ids, const void *table, gt_dtype table_dt,
+                            size_t row_begin, size_t row_end, size_t dim, gt_dtype dt),
+              out, ids, table, table_dt, row_begin, row_end, dim)
 
 gt_status gt_cpu_embedding_forward(gt_backend *be, void *out, const int64_t *ids,
-                                   const float *table, int64_t n, int64_t num, int64_t dim,
+                                   const void *table, gt_dtype table_dt, int64_t n, int64_t num, int64_t dim,
                                    gt_dtype dt) {
     GT_TRY(check_embedding(ids, n, num, dim, dt));
+    GT_TRY(gt_op_check_dtype(table_dt, "table_dt"));
     if (n == 0 || dim == 0)
         return GT_OK;
     __typeof__(&emb_forward_scalar) kernel = GT_CPU_RUN(emb_forward);
@@ -52,7 +58,7 @@ gt_status gt_cpu_embedding_forward(gt_backend *be, void *out, const int64_t *ids
 #pragma omp parallel for schedule(static) if (blocks > 1)
     for (size_t b = 0; b < blocks; b++) {
         size_t end = (b + 1) * block < (size_t)n ? (b + 1) * block : (size_t)n;
-        kernel(out, ids, table, b * block, end, (size_t)dim, dt);
+        kernel(out, ids, table, table_dt, b * block, end, (size_t)dim, dt);
     }
     return GT_OK;
 }

@@ -378,11 +378,12 @@ typedef struct gt_pool2d_args {
     P(const float *, weight) P(const float *, mean) P(const float *, rstd) P(int64_t, rows) \
     P(int64_t, cols) P(gt_dtype, dt) P(int, accumulate)
 
-/* out[i, :] = table[ids[i], :] for i < n; ids checked against num (GT_ERR_INDEX; a device
- * backend may return it at its stream's next synchronisation). */
+/* out[i, :] = table[ids[i], :] for i < n, the table in table_dt (f32, or a frozen f16/bf16 table),
+ * out in dt; ids checked against num (GT_ERR_INDEX; a device backend may return it at its stream's
+ * next synchronisation). */
 #define GT_PARAMS_EMBEDDING_FORWARD(P, A) \
-    P(void *, out) P(const int64_t *, ids) P(const float *, table) P(int64_t, n) P(int64_t, num) \
-    P(int64_t, dim) P(gt_dtype, dt)
+    P(void *, out) P(const int64_t *, ids) P(const void *, table) P(gt_dtype, table_dt) P(int64_t, n) \
+    P(int64_t, num) P(int64_t, dim) P(gt_dtype, dt)
 /* dtable[ids[i], :] (+)= dout[i, :]; deterministic (fixed order per row of dtable). */
 #define GT_PARAMS_EMBEDDING_BACKWARD(P, A) \
     P(float *, dtable) P(const void *, dout) P(const int64_t *, ids) P(int64_t, n) P(int64_t, num) \

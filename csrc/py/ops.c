@@ -281,7 +281,7 @@ static PyObject *op_embedding(PyObject *module, PyObject *args, PyObject *kwargs
                                                        PyArray_DATA(ids), n, num, dim, dt, accumulate));
     else
         GTPY_RUN_OP(module, be.ops->embedding_forward(&be, PyArray_DATA(x), PyArray_DATA(ids),
-                                                      PyArray_DATA(table), n, num, dim, dt));
+                                                      PyArray_DATA(table), GT_F32, n, num, dim, dt));
     Py_RETURN_NONE;
 }
 

@@ -326,8 +326,8 @@ static int parse_embedding_backward(PyObject *module, PyObject *args, op_call *c
 }
 
 static gt_status run_embedding_forward(gt_backend *be, op_call *call) {
-    return be->ops->embedding_forward(be, call->ptr[0], call->ptr[1], call->ptr[2], call->size[0], call->size[1],
-                                      call->size[2], call->dt[0]);
+    return be->ops->embedding_forward(be, call->ptr[0], call->ptr[1], call->ptr[2], GT_F32, call->size[0],
+                                      call->size[1], call->size[2], call->dt[0]);
 }
 
 static gt_status run_embedding_backward(gt_backend *be, op_call *call) {

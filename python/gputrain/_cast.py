@@ -86,3 +86,9 @@ def cast(
         raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
     _C.cast(source, target, src_dtype=src_dtype, out=out.view(np.uint16) if _is_bfloat16(out) else out)
     return out
+
+
+def widen(array: np.ndarray) -> np.ndarray:
+    """float32 values of a half array held as gputrain holds one: float16, ml_dtypes' bfloat16, or
+    bfloat16's uint16 bit patterns (without ml_dtypes). Exact."""
+    return cast(array, "f32", src_dtype="bf16" if array.dtype == np.uint16 else None)

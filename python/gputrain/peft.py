@@ -37,7 +37,8 @@ folder, dtype="bf16")``, or ``precision=`` given to compile it), each targeted L
 kept in that precision alone, a ``QLinear(quant_type="bf16" | "f16")`` as ``base_layer`` -- 2 bytes a
 weight instead of a float32 master and its half copy (6 bytes) -- and so is every other untied Linear
 left frozen (an untied LM head, the projections a narrower ``target_modules`` skips; not
-``modules_to_save``), with the values the half copy held, so
+``modules_to_save``), and an untied token table (a :class:`~gputrain.nn.HalfTokenEmbedding`; a table
+the head is tied to keeps its master), with the values the half copy held, so
 the model computes exactly what it computed before (DoRA's norms widen the half weight where they
 read the master). DoRA on a half base computes in that precision only.
 ``merge_and_unload`` gives a float32 Linear of the half weight plus the adapter's delta.
@@ -64,9 +65,11 @@ import numpy as np
 
 from gputrain import random
 from gputrain.models.hf.safetensors_io import read_header, read_tensor
+from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear
 from gputrain.nn.module import Module, planning_active
 from gputrain.nn.qlinear import HALF_TYPES, QLinear
+from gputrain.nn.sequence import HalfTokenEmbedding, TokenEmbedding
 
 __all__ = ["LoraConfig", "LoraLinear", "PeftModel", "get_peft_model"]
 
@@ -352,15 +355,24 @@ def _half_base(linear: Linear, half: str) -> QLinear:
         return QLinear.from_linear(linear, half)
 
 
-def _other_frozen_linears(model: Module, config: LoraConfig, targets: list[tuple[str, Linear | QLinear]]
-                          ) -> list[tuple[str, Linear]]:
-    """(name, Linear) of the untied Linear layers the adapter leaves frozen and does not adapt (an
-    untied LM head; the projections a narrower target_modules skips): not the targets, nothing in
-    modules_to_save."""
-    targeted = {id(m) for _, m in targets}
-    saved = {id(m) for _, module in _saved_modules(model, config) for m in module.modules()}
+def _other_frozen_layers(model: Module, config: LoraConfig, targets: list[tuple[str, Linear | QLinear]]
+                         ) -> list[tuple[str, Linear | TokenEmbedding]]:
+    """(name, layer) of the untied Linear and TokenEmbedding layers the adapter leaves frozen and does
+    not adapt (an untied LM head and token embedding; the projections a narrower target_modules
+    skips): not the targets, nothing in modules_to_save, no table a TiedLinear reads."""
+    skipped = {id(m) for _, m in targets}
+    skipped |= {id(m) for _, module in _saved_modules(model, config) for m in module.modules()}
+    skipped |= {id(m.embedding) for m in model.modules() if isinstance(m, TiedLinear)}
     return [(n, m) for n, m in model.named_modules()
-            if type(m) is Linear and id(m) not in targeted and id(m) not in saved]
+            if type(m) in (Linear, TokenEmbedding) and id(m) not in skipped]
+
+
+def _half_layer(layer: Linear | TokenEmbedding, half: str) -> QLinear | HalfTokenEmbedding:
+    """A frozen layer of a bf16/f16 model with its weight in `half` alone (_half_base for a Linear)."""
+    if type(layer) is Linear:
+        return _half_base(layer, half)
+    with random.sequence_kept():
+        return HalfTokenEmbedding.from_token_embedding(layer, half)
 
 
 def _unloaded_base(base: Linear | QLinear) -> Linear:
@@ -502,17 +514,17 @@ class PeftModel(Module):
         found = _targets(model, config) if _targets_found is None else _targets_found
         old = model._compiled.model if model._compiled is not None else None
         frozen = {id(p): p.requires_grad for _, linear in found for p in linear._params.values()}
-        replaced: list[tuple[str, Linear | QLinear]] = []
+        replaced: list[tuple[str, Module]] = []
         self.peft_config = {ADAPTER: config}
         self.active_adapter = ADAPTER
         self.base_model = _LoraModel(model)
         training = model.training
         half = old.precision if old is not None and old.precision in HALF_TYPES else None
-        others = _other_frozen_linears(model, config, found) if half else []
+        others = _other_frozen_layers(model, config, found) if half else []
         try:
-            for name, linear in others:
-                _replace(model, name, _half_base(linear, half))
-                replaced.append((name, linear))
+            for name, layer in others:
+                _replace(model, name, _half_layer(layer, half))
+                replaced.append((name, layer))
             for name, linear in found:
                 base = _half_base(linear, half) if half and type(linear) is Linear else linear
                 _replace(model, name, LoraLinear(base, config.r, config.lora_alpha, config.lora_dropout,
@@ -524,10 +536,10 @@ class PeftModel(Module):
             else:
                 self._compile()
         except BaseException:  # e.g. out of memory: the model is left as it was (compiling touches no module first)
-            for name, linear in reversed(replaced):
-                _replace(model, name, linear)
-                for p in linear._params.values():
-                    p.requires_grad = frozen[id(p)]
+            for name, layer in reversed(replaced):
+                _replace(model, name, layer)
+                for p in layer._params.values():
+                    p.requires_grad = frozen.get(id(p), p.requires_grad)  # a target's, as it was
             raise
         self.train(training)
         keep = {id(m.default) for m in self.modules() if isinstance(m, _AdapterDict)}
@@ -576,7 +588,7 @@ class PeftModel(Module):
         """(trainable, all) parameter counts; as PEFT, `all` counts a modules_to_save module twice
         (PEFT keeps its original beside the trained copy) and a QLinear's stored weight as its
         out * in elements (PEFT's count of a bitsandbytes Params4bit, two a packed byte, and of a
-        bf16 base)."""
+        bf16 base), a HalfTokenEmbedding's table as its elements."""
         trainable = total = 0
         saved = {id(p) for _, m in _saved_modules(self.base_model.model, self.peft_config[ADAPTER])
                  for p in m.parameters()}
@@ -585,6 +597,7 @@ class PeftModel(Module):
             total += count * (2 if id(p) in saved else 1)
             trainable += count if p.requires_grad else 0
         total += sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, QLinear))
+        total += sum(int(np.prod(m.weight.shape)) for m in self.modules() if isinstance(m, HalfTokenEmbedding))
         return trainable, total
 
     def print_trainable_parameters(self) -> None:

@@ -7,11 +7,12 @@ from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
 from gputrain.nn.qlinear import QLinear
-from gputrain.nn.sequence import SequencePool, TokenEmbedding, pack_inputs
+from gputrain.nn.sequence import HalfTokenEmbedding, SequencePool, TokenEmbedding, pack_inputs
 
 __all__ = [*layers.__all__,
            "Bias",
            "CrossEntropyLoss",
+           "HalfTokenEmbedding",
            "MSELoss",
            "Module",
            "Parameter",

@@ -45,6 +45,9 @@ class TiedLinear(Module):
 
     def __init__(self, embedding: Embedding | TokenEmbedding) -> None:
         super().__init__()
+        if isinstance(embedding, TokenEmbedding) and embedding.stored_dtype != "f32":
+            raise ValueError(f"embedding: a {type(embedding).__name__} holds its table in {embedding.stored_dtype} "
+                             "alone; a TiedLinear reads a float32 table (a TokenEmbedding)")
         if not isinstance(embedding, (Embedding, TokenEmbedding)):
             raise TypeError(f"embedding must be a gputrain.nn.Embedding or TokenEmbedding, not "
                             f"{type(embedding).__name__}")

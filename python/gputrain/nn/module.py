@@ -120,6 +120,7 @@ class _Compiled:
         # False: arenas in device memory (or none, planning only), no NumPy views
         self.on_host = self.model.device == "cpu" and not plan_only
         self.params_flat, self.grads_flat = self.model.parameter_arrays() if self.on_host else (None, None)
+        self.buffer_slots: list[tuple[Module, str]] = []  # (module, buffer name) in buffer_layout()'s order
         self.frozen: list[bool] | None = None  # what set_frozen was last given (None: nothing frozen yet)
 
     @property
@@ -229,11 +230,12 @@ class Module:
 
     def _buffer_arrays(self) -> dict[tuple[int, str], np.ndarray]:
         """This compiled root's buffers by (id(module), name): views of the arena on the CPU,
-        copies on a device."""
+        copies on a device. The modules are those it was compiled with (a layer swapped into its
+        tree since, as get_peft_model does before compiling anew, is not in its arena)."""
         model = self._compiled.model
         flat = model.buffer_bytes() if self._compiled.on_host else model.read_buffers()
         arrays = {}
-        slots = ((id(module), local) for module, local, _ in self._unique_buffer_slots())
+        slots = ((id(module), local) for module, local in self._compiled.buffer_slots)
         for key, (offset, shape, dtype) in zip(slots, model.buffer_layout()):
             dtype = _layout_dtype(dtype)
             size = int(np.prod(shape)) * dtype.itemsize
@@ -329,6 +331,7 @@ class Module:
             module._buffer_values = {}
         self._owner = None
         self._lost = None
+        compiled.buffer_slots = [(module, local) for module, local, _ in self._unique_buffer_slots()]
         self._compiled = compiled
         self._apply_training(self.training)
         return compiled

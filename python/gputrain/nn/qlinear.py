@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gputrain._cast import cast
+from gputrain._cast import widen
 from gputrain.nn.layers import Linear, _positive_int
 from gputrain.nn.module import Module
 from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
@@ -159,8 +159,7 @@ class QLinear(Module):
         code * float32(absmax * float32(1 / 127)) per row, as the layer computes it; half: the
         stored values, exactly)."""
         if self.is_half:
-            weight = np.asarray(self.weight)
-            return cast(weight, "f32", src_dtype="bf16" if weight.dtype == np.uint16 else None)
+            return widen(np.asarray(self.weight))
         if self.quant_type == "int8":
             absmax = np.asarray(getattr(self, "weight.absmax"), np.float32)
             return np.asarray(self.weight).astype(np.float32) * (absmax * INT8_SCALE)[:, None]

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from gputrain._cast import widen
 from gputrain.nn.layers import _positive_int
-from gputrain.nn.module import Module
+from gputrain.nn.module import Module, planning_active
 
 
 class TokenEmbedding(Module):
@@ -29,6 +30,7 @@ class TokenEmbedding(Module):
     ``(batch, channels, seq)`` (see the module docstring and :func:`pack_inputs`)."""
 
     _param_names = ("weight",)
+    stored_dtype = "f32"  # the table is a float32 parameter (HalfTokenEmbedding: a frozen half buffer)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, type_vocab_size: int = 0,
                  attention_mask: bool = False, *, position_ids: bool = False,
@@ -61,7 +63,7 @@ class TokenEmbedding(Module):
 
     def _spec(self) -> tuple:
         return ("tokens", self.num_embeddings, self.embedding_dim, self.type_vocab_size, self.attention_mask,
-                self.position_ids, -1 if self.pad_token_id is None else self.pad_token_id)
+                self.position_ids, -1 if self.pad_token_id is None else self.pad_token_id, self.stored_dtype)
 
     def extra_repr(self) -> str:
         text = (f"{self.num_embeddings}, {self.embedding_dim}, type_vocab_size={self.type_vocab_size}, "
@@ -71,6 +73,51 @@ class TokenEmbedding(Module):
         if self.pad_token_id is not None:
             text += f", pad_token_id={self.pad_token_id}"
         return text
+
+
+class HalfTokenEmbedding(TokenEmbedding):
+    """A TokenEmbedding whose table is frozen and held in bf16 or f16 alone: the buffer ``weight``
+    (num_embeddings + type_vocab_size, embedding_dim), 2 bytes an element, with no float32 master
+    and no gradient -- what gputrain.peft gives the untied token embedding of a bf16/f16 model (PEFT
+    keeps it in the model's dtype). The lookup widens the rows it reads, exactly, so in its own
+    precision a model computes what it computed with the float32 table rounded to it. A TiedLinear
+    cannot read it (the head's GEMMs read a parameter's half copy)."""
+
+    _param_names = ()
+    _buffer_names = ("weight",)
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, type_vocab_size: int = 0,
+                 attention_mask: bool = False, *, position_ids: bool = False, pad_token_id: int | None = None,
+                 stored_dtype: str = "bf16") -> None:
+        if stored_dtype not in ("bf16", "f16"):
+            raise ValueError(f"stored_dtype must be 'bf16' or 'f16', got {stored_dtype!r}")
+        self.stored_dtype = stored_dtype  # read by _spec when the base class compiles
+        super().__init__(num_embeddings, embedding_dim, type_vocab_size, attention_mask, position_ids=position_ids,
+                         pad_token_id=pad_token_id)
+
+    @classmethod
+    def from_token_embedding(cls, layer: TokenEmbedding, stored_dtype: str) -> HalfTokenEmbedding:
+        """`layer`'s configuration and table, rounded to nearest even into `stored_dtype` (under
+        gputrain.memory_plan.planning(): the configuration only)."""
+        half = cls(layer.num_embeddings, layer.embedding_dim, layer.type_vocab_size, layer.attention_mask,
+                   position_ids=layer.position_ids, pad_token_id=layer.pad_token_id, stored_dtype=stored_dtype)
+        if not planning_active():
+            half.load_state_dict({"weight": layer.weight.data}, strict=False)
+        return half
+
+    def table(self) -> np.ndarray:
+        """The table as float32 (its stored values, exactly)."""
+        return widen(np.asarray(self.weight))
+
+    def requires_grad_(self, requires_grad: bool = True) -> HalfTokenEmbedding:
+        """The stored table is frozen: True is refused."""
+        if requires_grad:
+            raise ValueError(f"{self!r}: the table held in {self.stored_dtype} alone is frozen (it has no "
+                             "gradient); train a TokenEmbedding with its float32 table instead")
+        return self
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", stored_dtype={self.stored_dtype!r}"
 
 
 class SequencePool(Module):

@@ -46,7 +46,7 @@ from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear, RMSNorm
 from gputrain.nn.module import Module
 from gputrain.nn.qlinear import LinearFactory, QLinear
-from gputrain.nn.sequence import TokenEmbedding
+from gputrain.nn.sequence import HalfTokenEmbedding, TokenEmbedding
 
 
 
@@ -336,7 +336,8 @@ class DecoderForCausalLM(_DecoderHead):
     def generate(self, input_ids: Any, max_new_tokens: int, **kwargs: Any) -> np.ndarray:
         """See gputrain.models.hf.generation.generate: the prompt followed by the new tokens,
         greedy unless do_sample=True (transformers' default). Its NumPy loop reads float32
-        weights: a quantized or half (QLinear) layer's are dequantized for it (held while it runs)."""
+        weights: a quantized or half layer's (QLinear, HalfTokenEmbedding) are widened for it (held
+        while it runs)."""
         from gputrain.models.hf.generation import generate
 
         state = self.state_dict()
@@ -344,6 +345,8 @@ class DecoderForCausalLM(_DecoderHead):
             if isinstance(module, QLinear):
                 state.pop(name + ".weight.absmax", None)  # a half weight has none
                 state[name + ".weight"] = module.dequantize()
+            elif isinstance(module, HalfTokenEmbedding):
+                state[name + ".weight"] = module.table()
         return generate(self.config, state, input_ids, max_new_tokens, **kwargs)
 
 

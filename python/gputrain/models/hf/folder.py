@@ -36,6 +36,7 @@ from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import FLOAT_DTYPES, INDEX, SINGLE, checkpoint_tensors, read_tensor, shard_names
 from gputrain.nn.module import Module
 from gputrain.nn.qlinear import QLinear, quantized_linears
+from gputrain.nn.sequence import HalfTokenEmbedding
 
 
 @dataclass(frozen=True)
@@ -252,9 +253,11 @@ def save_pretrained(model: Module, folder: str | os.PathLike,
     limit = _shard_size(max_shard_size)
     config = model._hf_config()  # refuses a model the family cannot describe, before writing anything
     state = model.state_dict()
-    for name, module in model.named_modules():  # a half weight (QLinear "bf16"/"f16"), widened exactly
+    for name, module in model.named_modules():  # a weight held in half alone, widened exactly
         if isinstance(module, QLinear) and module.is_half:
             state[f"{name}.weight"] = module.dequantize()
+        elif isinstance(module, HalfTokenEmbedding):
+            state[f"{name}.weight"] = module.table()
     state = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
