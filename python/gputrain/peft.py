@@ -345,16 +345,6 @@ class LoraLinear(Module):
                 + (", use_dora=True" if self.use_dora else ""))
 
 
-def _half_base(linear: Linear, half: str) -> QLinear:
-    """The frozen base of a LoRA layer in a bf16/f16 model: `linear`'s weight in `half` alone (no
-    float32 master copy; rounded to nearest even, the values the model's half copy held) and its
-    bias."""
-    with random.sequence_kept():
-        if planning_active():  # a model built for planning holds no values
-            return QLinear(linear.in_features, linear.out_features, linear.has_bias, half)
-        return QLinear.from_linear(linear, half)
-
-
 def _other_frozen_layers(model: Module, config: LoraConfig, targets: list[tuple[str, Linear | QLinear]]
                          ) -> list[tuple[str, Linear | TokenEmbedding]]:
     """(name, layer) of the untied Linear and TokenEmbedding layers the adapter leaves frozen and does
@@ -368,10 +358,12 @@ def _other_frozen_layers(model: Module, config: LoraConfig, targets: list[tuple[
 
 
 def _half_layer(layer: Linear | TokenEmbedding, half: str) -> QLinear | HalfTokenEmbedding:
-    """A frozen layer of a bf16/f16 model with its weight in `half` alone (_half_base for a Linear)."""
-    if type(layer) is Linear:
-        return _half_base(layer, half)
+    """A frozen layer of a bf16/f16 model (a LoRA base, or a layer the adapter leaves frozen) with its
+    weight in `half` alone: no float32 master copy, the values the model's half copy held (rounded to
+    nearest even); a Linear's bias copied. Built without moving the seed sequence."""
     with random.sequence_kept():
+        if type(layer) is Linear:
+            return QLinear.from_linear(layer, half)
         return HalfTokenEmbedding.from_token_embedding(layer, half)
 
 
@@ -526,7 +518,7 @@ class PeftModel(Module):
                 _replace(model, name, _half_layer(layer, half))
                 replaced.append((name, layer))
             for name, linear in found:
-                base = _half_base(linear, half) if half and type(linear) is Linear else linear
+                base = _half_layer(linear, half) if half and type(linear) is Linear else linear
                 _replace(model, name, LoraLinear(base, config.r, config.lora_alpha, config.lora_dropout,
                                                  config.use_rslora, config.init_lora_weights, config.use_dora))
                 replaced.append((name, linear))

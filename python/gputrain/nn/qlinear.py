@@ -34,7 +34,7 @@ import numpy as np
 
 from gputrain._cast import widen
 from gputrain.nn.layers import Linear, _positive_int
-from gputrain.nn.module import Module
+from gputrain.nn.module import Module, planning_active
 from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
 from gputrain.quant.codes import code_table
 from gputrain.quant.int8 import int8_vectorwise_quant
@@ -221,8 +221,11 @@ class QLinear(Module):
 
     @classmethod
     def from_linear(cls, linear: Linear, quant_type: str = "nf4", blocksize: int = 64, tile_rows: int = 0) -> QLinear:
-        """A QLinear holding `linear`'s weight quantized and a copy of its bias."""
+        """A QLinear holding `linear`'s weight quantized and a copy of its bias (under
+        gputrain.memory_plan.planning(): the configuration only)."""
         q = cls(linear.in_features, linear.out_features, linear.has_bias, quant_type, blocksize, tile_rows)
+        if planning_active():  # a model built for planning holds no values
+            return q
         q.quantize_(linear.weight.data)
         if linear.has_bias:
             q.load_state_dict({"bias": linear.bias.data}, strict=False)

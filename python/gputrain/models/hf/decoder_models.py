@@ -46,7 +46,7 @@ from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear, RMSNorm
 from gputrain.nn.module import Module
 from gputrain.nn.qlinear import LinearFactory, QLinear
-from gputrain.nn.sequence import HalfTokenEmbedding, TokenEmbedding
+from gputrain.nn.sequence import TokenEmbedding
 
 
 
@@ -340,14 +340,7 @@ class DecoderForCausalLM(_DecoderHead):
         while it runs)."""
         from gputrain.models.hf.generation import generate
 
-        state = self.state_dict()
-        for name, module in self.named_modules():
-            if isinstance(module, QLinear):
-                state.pop(name + ".weight.absmax", None)  # a half weight has none
-                state[name + ".weight"] = module.dequantize()
-            elif isinstance(module, HalfTokenEmbedding):
-                state[name + ".weight"] = module.table()
-        return generate(self.config, state, input_ids, max_new_tokens, **kwargs)
+        return generate(self.config, hf_folder.float_state_dict(self), input_ids, max_new_tokens, **kwargs)
 
 
 class DecoderForSequenceClassification(_DecoderHead):

@@ -237,6 +237,20 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
         raise
 
 
+def float_state_dict(model: Module) -> dict[str, np.ndarray]:
+    """model.state_dict() with every weight held compactly as float32 values: a QLinear's
+    dequantized (its absmax dropped; a half weight widened exactly) and a HalfTokenEmbedding's table
+    widened exactly."""
+    state = model.state_dict()
+    for name, module in model.named_modules():
+        if isinstance(module, QLinear):
+            state.pop(f"{name}.weight.absmax", None)  # a half weight has none
+            state[f"{name}.weight"] = module.dequantize()
+        elif isinstance(module, HalfTokenEmbedding):
+            state[f"{name}.weight"] = module.table()
+    return state
+
+
 def save_pretrained(model: Module, folder: str | os.PathLike,
                     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> None:
     """Writes `model` as a Hugging Face folder transformers loads: config.json and the state_dict
@@ -252,13 +266,7 @@ def save_pretrained(model: Module, folder: str | os.PathLike,
                         "(build it with gputrain.models.from_pretrained or a family's class)")
     limit = _shard_size(max_shard_size)
     config = model._hf_config()  # refuses a model the family cannot describe, before writing anything
-    state = model.state_dict()
-    for name, module in model.named_modules():  # a weight held in half alone, widened exactly
-        if isinstance(module, QLinear) and module.is_half:
-            state[f"{name}.weight"] = module.dequantize()
-        elif isinstance(module, HalfTokenEmbedding):
-            state[f"{name}.weight"] = module.table()
-    state = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+    state = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in float_state_dict(model).items()}
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     shards: list[list[str]] = [[]]
