@@ -134,7 +134,8 @@ def test_break_leaves_nothing_running(persistent):
 
 def run_script(body, **kwargs):
     script = textwrap.dedent("""
-        import os, sys, time, signal
+        import os, sys, time, signal, faulthandler
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # finish() asks a hung child for its stacks
         import numpy as np
         import gputrain as gt
 
@@ -148,6 +149,19 @@ def run_script(body, **kwargs):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, **kwargs)
+
+
+def finish(child, timeout=20):
+    """The child's (stdout, stderr) once it exits; a child still running after `timeout` seconds
+    fails the test with every thread's stack, and is killed."""
+    try:
+        return child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        child.kill()
+        _, err = child.communicate()
+        pytest.fail(f"the child did not exit within {timeout} s; its stacks:\n{err[-12000:]}")
 
 
 def gone(pids, within=20.0):
@@ -179,7 +193,7 @@ def test_an_interrupt_while_a_segment_is_adopted_leaks_nothing():
         next(it)
     """)
     pids = [int(p) for p in child.stdout.readline().split()]
-    _, err = child.communicate(timeout=20)
+    _, err = finish(child)
     assert "KeyboardInterrupt" in err and child.returncode != 0
     assert gone(pids)
     assert segments(child.pid) == set()
@@ -198,7 +212,7 @@ def test_ctrl_c_stops_the_workers():
     pids = [int(p) for p in child.stdout.readline().split()]
     assert len(pids) == 2
     child.send_signal(signal.SIGINT)
-    _, err = child.communicate(timeout=20)
+    _, err = finish(child)
     assert "KeyboardInterrupt" in err and child.returncode != 0
     assert gone(pids)
     assert segments(child.pid) == set()
@@ -213,7 +227,7 @@ def test_interpreter_exit_mid_epoch(persistent):
         kept = next(it)
         print(" ".join(str(p.pid) for p in it.pool.processes), flush=True)
     """)
-    out, err = child.communicate(timeout=20)
+    out, err = finish(child)
     assert child.returncode == 0, err
     assert gone([int(p) for p in out.split()])
     assert segments(child.pid) == set()
@@ -238,5 +252,5 @@ def test_workers_exit_when_the_main_process_is_killed(stuck):
     """)
     pids = [int(p) for p in child.stdout.readline().split()]
     child.kill()
-    child.communicate(timeout=20)
+    finish(child)
     assert gone(pids)
