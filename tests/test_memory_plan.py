@@ -163,6 +163,22 @@ def test_a_train_steps_plan_is_its_peak_with_optimizer_scaler_and_ema(ema_locati
         mp.plan_step(step, (15, 10))
 
 
+def test_each_nesting_level_s_backward_scratch_holds_that_level_s_largest_gradient():
+    """Two ping-pong buffers per nesting level, each sized by the outputs of that level's children
+    (not its last: that gradient is the caller's), not by the model's largest activation."""
+    def aligned(n: int) -> int:
+        return -(-n // 64) * 64
+
+    model = gt.nn.Sequential(gt.nn.Linear(16, 32), gt.nn.Residual(gt.nn.Sequential(
+        gt.nn.Linear(32, 1024), gt.nn.GELU(), gt.nn.Linear(1024, 32))), gt.nn.Linear(32, 4096))
+    step = gt.TrainStep(model, gt.nn.MSELoss(), gt.optim.AdamW(model.parameters()))
+    plan = step.memory_plan((8, 16))
+    outer, inner = 8 * 32 * 4, 8 * 1024 * 4  # level 0: the first Linear's and the Residual's outputs
+    assert plan["backward_scratch"] == 2 * aligned(outer) + 2 * aligned(inner)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    step(x, np.zeros((8, 4096), np.float32))  # trains within the plan (sim: the peak, tests above)
+
+
 def test_the_plans_of_the_parts_are_what_they_allocate():
     m = model()
     params = list(m.parameters())

@@ -504,7 +504,7 @@ static size_t region_bytes(const gt_model_plan *plan) {
 
 /* Bytes of the buffers after the layers' activations, in the order walk_plan lays them out. */
 typedef struct gt_tail_sizes {
-    size_t scratch_each;  /* one backward ping-pong buffer */
+    size_t scratch_each[GT_MAX_NESTING];  /* one backward ping-pong buffer of each nesting level */
     size_t cast;          /* the input cast to the half format (0 in f32 or for ids) */
     size_t dout;          /* the gradient of the loss w.r.t. the output */
     size_t losses;        /* per-row losses */
@@ -518,8 +518,12 @@ static gt_status size_tail(gt_model *model, const gt_tensor *input, const gt_pla
                            const char *what, gt_dtype dt, gt_tail_sizes *t, gt_model_plan *plan) {
     const gt_tensor *out = &model->root.out;
     size_t bytes = 0, scratch = 0, loss = 0, rows = (size_t)gt_rows_of(out);
-    GT_TRY(gt_size_align(walk->max_activation_bytes, what, &t->scratch_each));
-    GT_TRY(gt_size_mul(t->scratch_each, 2 * (size_t)walk->levels, what, &scratch));
+    for (int level = 0; level < walk->levels; level++) {
+        size_t pair = 0;
+        GT_TRY(gt_size_align(walk->level_scratch_bytes[level], what, &t->scratch_each[level]));
+        GT_TRY(gt_size_mul(t->scratch_each[level], 2, what, &pair));
+        GT_TRY(gt_size_add(scratch, pair, what, &scratch));
+    }
     gt_tensor cast = *input;
     cast.dtype = dt;
     GT_TRY(gt_tensor_checked_bytes(&cast, what, &bytes));
@@ -577,7 +581,7 @@ static void place_tail(gt_model *model, char *base, int levels, const gt_tail_si
                        const gt_model_plan *plan) {
     char *cursor = base + plan->activation_bytes + plan->recompute_bytes;
     for (int level = 0; level < levels; level++)
-        for (int k = 0; k < 2; k++, cursor += t->scratch_each)
+        for (int k = 0; k < 2; k++, cursor += t->scratch_each[level])
             model->scratch[level][k] = cursor;
     model->input_cast = t->cast ? cursor : NULL;
     model->dout = cursor + t->cast;

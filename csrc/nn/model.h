@@ -36,7 +36,7 @@ typedef struct gt_model_plan {
                                  buffers (QLinear's packed weights and absmax) */
     size_t activation_bytes;  /* layer outputs and saved statistics kept for backward */
     size_t recompute_bytes;   /* shared region of checkpointed blocks (max over blocks) */
-    size_t scratch_bytes;     /* backward ping-pong buffers, 2 per nesting level */
+    size_t scratch_bytes;     /* backward ping-pong buffers: 2 per nesting level, each its largest gradient */
     size_t loss_bytes;        /* input cast buffer, output gradient, per-row losses; on a device
                                  model also the device copies of a host input and its targets */
     size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */

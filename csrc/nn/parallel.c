@@ -86,6 +86,7 @@ static gt_status plan_parallel(gt_plan_walk *w, gt_layer *layer, const gt_tensor
         snprintf(name, sizeof name, "%s%s%zu", site->path, site->path[0] ? "." : "", i);
         child->level = level;
         GT_TRY(gt_plan_layer(w, child, in, level, site->inside_checkpoint, name, site->region));
+        GT_TRY(gt_plan_note_scratch(w, level, &child->out));  /* scratch [0] holds a slice of dout */
         const gt_tensor *out = &child->out, *first = &layer->children[0].out;
         if (out->ndim < 1 || out->ndim != first->ndim ||
             memcmp(out->shape, first->shape, sizeof(int64_t) * (size_t)(out->ndim - 1)) != 0) {
@@ -106,11 +107,7 @@ static gt_status plan_parallel(gt_plan_walk *w, gt_layer *layer, const gt_tensor
     layer->out = layer->children[0].out;
     layer->out.shape[layer->out.ndim - 1] = (int64_t)width;
     layer->out.ptr = NULL;
-    size_t in_bytes = 0;  /* scratch [1] holds an input gradient */
-    GT_TRY(gt_tensor_checked_bytes(in, "the Parallel's input", &in_bytes));
-    if (in->dtype != GT_I64 && in_bytes > w->max_activation_bytes)
-        w->max_activation_bytes = in_bytes;
-    return GT_OK;
+    return gt_plan_note_scratch(w, level, in);  /* scratch [1] holds an input gradient */
 }
 
 /* Bytes of one element and rows of the output (rows of every child's output too). */

@@ -227,6 +227,10 @@ gt_status gt_plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
     layer->out.shape[1] = in->shape[2];
     layer->out.shape[2] = layer->embedding_dim;
     GT_TRY(plan_tokens_decoder(w, layer, in, site));
+    if (layer->type_vocab > 0) {  /* forward adds the token-type rows of an entry from a scratch buffer */
+        gt_tensor types = {.dtype = w->dt, .ndim = 2, .shape = {in->shape[2], layer->embedding_dim}};
+        GT_TRY(gt_plan_note_scratch(w, site->level, &types));
+    }
     if (!layer->has_mask || positions)
         return GT_OK;
     size_t bytes = 0;
@@ -418,17 +422,14 @@ gt_status gt_plan_pool(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, co
 
 /* Flatten: a view, no buffer of its own. Its output's gradient (the size of its input, which may
  * be the model's input, an activation of no layer) is written into a scratch buffer by the layer
- * after it, so the scratch buffers must hold it. */
+ * after it: its container notes it (plan_children), as every child's output. */
 gt_status gt_plan_flatten(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                           const gt_plan_site *site) {
     if (in->ndim < 1)
         return GT_FAIL(GT_ERR_VALUE, "model: Flatten needs an input of at least one dimension");
-    size_t rest = 1, bytes = 0;
+    size_t rest = 1;
     for (int i = 1; i < in->ndim; i++)
         GT_TRY(gt_size_mul(rest, (size_t)in->shape[i], "Flatten: the flattened size", &rest));
-    GT_TRY(gt_tensor_checked_bytes(&layer->out, "Flatten: its output's gradient", &bytes));
-    if (in->dtype != GT_I64 && bytes > w->max_activation_bytes)
-        w->max_activation_bytes = bytes;
     layer->out.ndim = in->ndim >= 2 ? 2 : 1;
     layer->out.shape[0] = in->shape[0];
     layer->out.shape[1] = (int64_t)rest;
@@ -440,8 +441,20 @@ static void child_path(char *buf, size_t bytes, const char *path, size_t i) {
     snprintf(buf, bytes, "%s%s%zu", path, path[0] ? "." : "", i);
 }
 
+gt_status gt_plan_note_scratch(gt_plan_walk *w, int level, const gt_tensor *t) {
+    size_t bytes = 0;
+    if (t->dtype == GT_I64 || level < 0)
+        return GT_OK;
+    GT_TRY(gt_tensor_checked_bytes(t, "a gradient in the backward scratch", &bytes));
+    if (bytes > w->level_scratch_bytes[level])
+        w->level_scratch_bytes[level] = bytes;
+    return GT_OK;
+}
+
 /* The children of a Sequential at nesting `level`, one after another; its output is its last
- * child's (no buffer of its own). */
+ * child's (no buffer of its own). Backward writes the gradient of each child's output but the
+ * last's (a layer's, a container's, a Flatten's view) into a scratch buffer of this level
+ * (nn/container.c); the last one's is the caller's. */
 static gt_status plan_children(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                                int level, int inside_checkpoint, const char *path,
                                gt_plan_cursor *region) {
@@ -455,6 +468,8 @@ static gt_status plan_children(gt_plan_walk *w, gt_layer *layer, const gt_tensor
         child_path(name, sizeof name, path, i);
         layer->children[i].level = level;
         GT_TRY(gt_plan_layer(w, &layer->children[i], cur, level, inside_checkpoint, name, region));
+        if (i + 1 < layer->num_children)
+            GT_TRY(gt_plan_note_scratch(w, level, &layer->children[i].out));
         cur = &layer->children[i].out;
     }
     layer->out = *cur;
@@ -503,8 +518,6 @@ static gt_status take_output(gt_plan_walk *w, gt_layer *layer, const gt_plan_sit
     GT_TRY(gt_tensor_checked_bytes(&layer->out, what, &bytes));
     GT_TRY(gt_plan_take(site->region, bytes, what, &ptr));
     layer->out.ptr = ptr;
-    if (bytes > w->max_activation_bytes)
-        w->max_activation_bytes = bytes;
     return GT_OK;
 }
 

@@ -21,7 +21,8 @@ typedef struct gt_plan_walk {
     const char *input_name;       /* the argument it came from: "x" or "shape" */
     char *recompute_base;         /* start of the shared recompute region (NULL counting) */
     size_t recompute_bytes;       /* largest checkpointed block inside */
-    size_t max_activation_bytes;  /* largest single activation (sizes the scratch buffers) */
+    size_t level_scratch_bytes[GT_MAX_NESTING]; /* per nesting level: the largest activation whose
+                                     gradient that level's two backward scratch buffers may hold */
     size_t workspace_bytes;       /* largest GEMM workspace */
     int levels;                   /* nesting levels seen */
     int64_t *key_lengths;         /* the Tokens layer's (B,) lengths when its input has a mask */
@@ -50,6 +51,11 @@ typedef struct gt_plan_site {
 /* Plans `layer` (named `path` as in state_dict, "" for the root) for input `in`: output shape,
  * and buffers taken from `region`. Fails on shapes the layer cannot take and on sizes that
  * overflow, naming the argument or the layer and leaving the layer's plan fields undefined. */
+/* Notes that a backward scratch buffer of nesting `level` may hold the gradient of `t` (or, the
+ * Tokens layer, its token-type rows): the level's buffers are sized to the largest (int64 tensors
+ * have no gradient and are not counted). */
+gt_status gt_plan_note_scratch(gt_plan_walk *w, int level, const gt_tensor *t);
+
 gt_status gt_plan_layer(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, int level,
                         int inside_checkpoint, const char *path, gt_plan_cursor *region);
 

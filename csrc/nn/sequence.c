@@ -61,7 +61,8 @@ gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
     if (layer->has_mask && !gt_tokens_has_positions(layer))
         GT_TRY(ops->mask_lengths(run->backend, layer->lengths, ids + (channels - 1) * seq, batch, seq,
                                  channels * seq));
-    void *types = run->scratch[layer->level][0];  /* free in forward: backward alone uses it */
+    void *types = run->scratch[layer->level][0];  /* free in forward: backward alone uses it (sized by
+                                                     gt_plan_tokens) */
     gt_dtype table_dt = gt_tokens_table_dtype(layer);
     const char *table = table_dt == GT_F32 ? (const char *)layer->weight.data : layer->frozen;
     const char *type_rows = table + (size_t)(vocab * dim) * gt_dtype_size(table_dt);
