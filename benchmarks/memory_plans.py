@@ -17,6 +17,8 @@ pool "sim:0" that stands for the card; nothing here is estimated):
              and table in bf16 alone as in lora), LoRA r=16 on them (QLoRA: the adapters as on the
              bf16 base), AdamW on the adapters
   nf4-lora8  the same with 8-bit AdamW
+  nf4e-lora8 the same with the token table and the untied LM head NF4 too (quantize_embeddings_:
+             QTokenEmbedding, QLinear; models with a tied head have no such row)
   nf4        the NF4 base alone, every parameter frozen, no optimizer
   int8-lora  the decoder blocks' Linear layers int8 (QLinear, LLM.int8's row-wise format), LoRA r=16
              on them, AdamW on the adapters
@@ -58,7 +60,7 @@ MODELS = {
     "gemma-3-1b": (gt.models.Gemma3ForCausalLM, CONFIGS["gemma3"]),
     "llama-3.1-8b": (gt.models.LlamaForCausalLM, LLAMA_31_8B),
 }
-ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "int8-lora", "frozen")
+ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4", "int8-lora", "frozen")
 LORA = dict(r=16, lora_alpha=32, target_modules="all-linear")
 
 
@@ -66,10 +68,12 @@ def build(name: str, row: str, device: str = "sim") -> gt.nn.Module:
     """The model of `row`, built for planning only on `device`."""
     cls, config = MODELS[name]
     with mp.planning():
-        quant = row.split("-")[0] if row.startswith(("nf4", "int8")) else None
+        quant = row.split("-")[0].rstrip("e") if row.startswith(("nf4", "int8")) else None
         linear = quantized_linears(quant) if quant else gt.nn.Linear
         model = cls(dict(config), init_weights=False, linear=linear)
         model.compiled.precision = "bf16"  # from_pretrained(folder, dtype="bf16")
+        if row.startswith("nf4e"):  # from_pretrained(folder, quantization="nf4", quantize_embeddings=True)
+            model.quantize_embeddings_("nf4")
         if "lora" in row:  # adapted, then moved
             model = gt.peft.get_peft_model(model, gt.peft.LoraConfig(**LORA))
         model = model.to(device)
@@ -133,6 +137,8 @@ def main() -> None:
             print("|" + "|".join("---" if w < 0 else "---:" for w in WIDTHS) + "|")
     for name in args.models.split(","):
         for row in args.rows.split(","):
+            if row.startswith("nf4e") and MODELS[name][1].get("tie_word_embeddings", True):
+                continue  # a tied head reads the table as a float32 parameter: not quantized
             model = build(name, row)
             for chunk in (int(c) for c in args.chunks.split(",")):
                 plan = plan_row(model, row, args.tokens, chunk, args.batch)

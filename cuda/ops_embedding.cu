@@ -1,4 +1,5 @@
-// CUDA embedding: out[i, :] = table[ids[i], :] (the table f32, f16 or bf16; rounded to dt) and the
+// CUDA embedding: out[i, :] = table[ids[i], :] (the table f32, f16 or bf16, or quantized blockwise
+// and dequantized row by row with the CPU's element math, ops/quant_hd.h; rounded to dt) and the
 // scatter-add gradient
 // dtable[ids[i], :] (+)= dout[i, :]. The ids are checked on the device first, without waiting: the
 // first id outside [0, num) goes to the backend's error slot (GT_ERR_INDEX naming it, as on the CPU,
@@ -9,6 +10,7 @@
 // same on every run. A block owns a tile of columns and one partition of the table rows
 // (id % partitions); it walks all ids in order (staged through shared memory, the branch is
 // uniform across the block) and adds the rows of its partition.
+#include "ops/quant_hd.h"
 #include "ops_kernels.cuh"
 
 namespace {
@@ -28,6 +30,18 @@ __global__ void embedding_forward_kernel(void *out, const int64_t *ids, const vo
                       : table_dt == GT_F16 ? load_elem<GT_F16>(table, at)
                                            : load_elem<GT_BF16>(table, at);
         store_elem<DT>(out, i, value);
+    }
+}
+
+template <gt_dtype DT>
+__global__ void quantized_embedding_forward_kernel(void *out, const int64_t *ids, const uint8_t *codes,
+                                                   const float *absmax, const float *code, size_t n, size_t dim,
+                                                   size_t blocksize, int bits, const unsigned long long *first_bad) {
+    if (gt_check_failed(first_bad))
+        return;
+    GT_GRID_STRIDE(i, n * dim) {
+        size_t at = (size_t)ids[i / dim] * dim + i % dim;  // the element in the flattened table
+        gt_quant_decode_store(out, i, code, gt_quant_code_at(codes, at, bits), absmax[at / blocksize], DT);
     }
 }
 
@@ -84,6 +98,28 @@ gt_status gt_cuda_embedding_forward(gt_backend *be, void *out, const int64_t *id
     GT_LAUNCH_DT(dt, embedding_forward_kernel, grid_for((size_t)n * (size_t)dim), kThreads, 0, stream_of(state),
                  out, ids, table, table_dt, (size_t)n, (size_t)dim, scratch_words(state));
     return gt_cuda_check_launch("embedding_forward_kernel launch");
+}
+
+gt_status gt_cuda_quantized_embedding_forward(gt_backend *be, void *out, const int64_t *ids, const uint8_t *codes,
+                                              const float *absmax, const float *code, int64_t n, int64_t num,
+                                              int64_t dim, int64_t blocksize, int bits, gt_dtype dt) {
+    gt_cuda_backend_state *state = NULL;
+    GT_TRY(gt_cuda_op_begin(be, &state));
+    if (bits != 4 && bits != 8)
+        return GT_FAIL(GT_ERR_VALUE, "bits: must be 4 or 8, got %d", bits);
+    if (blocksize <= 0 || (bits == 4 && blocksize % 2) || dim % blocksize)
+        return GT_FAIL(GT_ERR_VALUE, "blocksize: %lld must be > 0 (even with 4 bits) and divide dim %lld",
+                       (long long)blocksize, (long long)dim);
+    GT_TRY(check_embedding(state, ids, n, num, dim, dt));
+    if (n == 0 || dim == 0)
+        return GT_OK;
+    GT_TRY(gt_op_check_ptr(out, "out"));
+    GT_TRY(gt_op_check_ptr(codes, "codes"));
+    GT_TRY(gt_op_check_ptr(absmax, "absmax"));
+    GT_LAUNCH_DT(dt, quantized_embedding_forward_kernel, grid_for((size_t)n * (size_t)dim), kThreads, 0,
+                 stream_of(state), out, ids, codes, absmax, code, (size_t)n, (size_t)dim, (size_t)blocksize, bits,
+                 scratch_words(state));
+    return gt_cuda_check_launch("quantized_embedding_forward_kernel launch");
 }
 
 // accumulate == 0 writes the gradient: dtable is zeroed first (rows no id names get 0).

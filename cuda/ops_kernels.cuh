@@ -224,6 +224,7 @@ gt_status gt_cuda_fixed_order_sum(const gt_cuda_backend_state *state, size_t n, 
     X(dora_combine)              \
     X(col_scale)                 \
     X(dora_magnitude_backward)   \
+    X(quantized_embedding_forward) \
     /* end of the list */
 
 #define GT_CUDA_DECLARE(op) gt_op_##op##_fn gt_cuda_##op;

@@ -244,7 +244,7 @@ def test_a_classifier_pools_the_last_non_pad_token():
 
 def test_an_encoder_tokens_spec_keeps_its_defaults():
     layer = nn.TokenEmbedding(10, 4, 2, True)
-    assert layer._spec() == ("tokens", 10, 4, 2, True, False, -1, "f32") and layer.channels == 3
+    assert layer._spec() == ("tokens", 10, 4, 2, True, False, -1, "f32", 0) and layer.channels == 3
 
 
 def test_bad_decoder_inputs_raise_clear_errors():

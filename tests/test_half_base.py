@@ -331,7 +331,7 @@ def test_a_half_table_refuses_training_and_tying():
     with pytest.raises(ValueError, match="a TiedLinear reads a float32 table"):
         nn.TiedLinear(stored)
     with pytest.raises(ValueError, match="cannot read a TokenEmbedding table held in half precision alone"):
-        gt._C.Model([("tokens", 16, 4, 0, False, False, -1, "bf16"), ("tied_linear", 0)], 0)
+        gt._C.Model([("tokens", 16, 4, 0, False, False, -1, "bf16", 0), ("tied_linear", 0)], 0)
     with pytest.raises(ValueError, match="stored_dtype"):
         nn.HalfTokenEmbedding(16, 4, stored_dtype="f32")
 

@@ -133,6 +133,9 @@ void gt_layer_param(gt_param *param, int ndim, const int64_t *dims, gt_init_rule
  * frozen buffer, (out, in), is the weight itself), else GT_U8 (quantized codes). */
 gt_dtype gt_qlinear_stored_dtype(const gt_layer *layer);
 
+/* The 16 values of bitsandbytes' 4-bit code (f32): NF4 when nf4 is 1, else FP4. */
+void gt_quant4_code_table(int nf4, float table[16]);
+
 /* "layer 'path' (Linear(16, 8))", or "layer 'path'" for a kind without text, into buf. */
 const char *gt_layer_describe(char *buf, size_t bytes, const gt_layer *layer, const char *path);
 

@@ -149,8 +149,11 @@ const gt_layer_type gt_layer_type_residual = {
 /* ---- Attention: its row is in nn/attention.c ---- */
 
 /* ---- TokenEmbedding: ("tokens", num_embeddings, embedding_dim, type_vocab_size, attention_mask,
- * position_ids, pad_token_id, stored_dtype "f32" | "bf16" | "f16") ---- */
-static const gt_enum_name table_dtype_names[] = {{"f32", GT_F32}, {"bf16", GT_BF16}, {"f16", GT_F16}, {NULL, 0}};
+ * position_ids, pad_token_id, stored_dtype "f32" | "bf16" | "f16" | "nf4" | "fp4", blocksize (4-bit:
+ * 2..4096, even, dividing embedding_dim; else 0)) ---- */
+static const gt_enum_name table_stored_names[] = {
+    {"f32", GT_TOKENS_F32}, {"bf16", GT_TOKENS_BF16}, {"f16", GT_TOKENS_F16}, {"nf4", GT_TOKENS_NF4},
+    {"fp4", GT_TOKENS_FP4}, {NULL, 0}};
 _Static_assert(sizeof(gt_tokens_config) <= GT_LAYER_CONFIG_BYTES, "Tokens' config fits gt_layer.config");
 static const gt_layer_arg tokens_args[] = {
     GT_SIZE("num_embeddings", num_embeddings), GT_SIZE("embedding_dim", embedding_dim),
@@ -158,22 +161,47 @@ static const gt_layer_arg tokens_args[] = {
     GT_FLAG("attention_mask", has_mask),
     GT_ARG_FLAG_AT("position_ids", GT_ARG_CONFIG(gt_tokens_config, position_ids)),
     {"pad_token_id", GT_ARG_INT, GT_ARG_CONFIG(gt_tokens_config, pad_token_id), -1, GT_ARG_INT64_MAX, 0, NULL},
-    {"stored_dtype", GT_ARG_ENUM, GT_ARG_CONFIG(gt_tokens_config, stored_dtype), 0, 0, 0, table_dtype_names}};
+    {"stored_dtype", GT_ARG_ENUM, GT_ARG_CONFIG(gt_tokens_config, stored), 0, 0, 0, table_stored_names},
+    {"blocksize", GT_ARG_INT, GT_ARG_CONFIG(gt_tokens_config, blocksize), 0, 4096, 0, NULL}};
 
-/* Segments come from the mask and the position ids together; a table held in half alone has a
- * size in bytes (the parameter layout checks an f32 one). */
+/* Elements of the whole table: the token rows, then the token-type rows. */
+static gt_status table_elements(const gt_layer *layer, const char *what, size_t *elements) {
+    size_t rows = 0;
+    GT_TRY(gt_size_add((size_t)layer->num_embeddings, (size_t)layer->type_vocab, what, &rows));
+    return gt_size_mul(rows, (size_t)layer->embedding_dim, what, elements);
+}
+
+/* A 4-bit table's block: even, at least 2, whole blocks a row; the others have none. */
+static gt_status check_tokens_blocksize(const gt_layer *layer) {
+    long long blocksize = (long long)gt_tokens_blocksize(layer);
+    long long dim = (long long)layer->embedding_dim;
+    if (gt_tokens_table_dtype(layer) != GT_U8)
+        return blocksize == 0 ? GT_OK
+                              : GT_FAIL(GT_ERR_VALUE, "TokenEmbedding: blocksize must be 0 for a table that is not "
+                                        "quantized, got %lld", blocksize);
+    if (blocksize < 2 || blocksize % 2)
+        return GT_FAIL(GT_ERR_VALUE, "TokenEmbedding: blocksize must be even and at least 2 (two 4-bit codes a "
+                       "byte), got %lld", blocksize);
+    if (dim % blocksize)
+        return GT_FAIL(GT_ERR_VALUE, "TokenEmbedding: embedding_dim %lld is not a multiple of blocksize %lld "
+                       "(a 4-bit table's rows are whole blocks)", dim, blocksize);
+    return GT_OK;
+}
+
+/* Segments come from the mask and the position ids together; a table held frozen alone has a size
+ * in bytes (the parameter layout checks an f32 one). */
 static gt_status check_tokens(gt_layer *layer) {
     if (gt_tokens_has_positions(layer) && !layer->has_mask)
         return GT_FAIL(GT_ERR_VALUE, "TokenEmbedding: position_ids needs attention_mask (the segments of "
                        "a row come from both)");
+    GT_TRY(check_tokens_blocksize(layer));
     gt_dtype dt = gt_tokens_table_dtype(layer);
     if (dt == GT_F32)
         return GT_OK;
-    const char *what = "the half table of a TokenEmbedding";
-    size_t rows = 0, elements = 0, bytes = 0;
-    GT_TRY(gt_size_add((size_t)layer->num_embeddings, (size_t)layer->type_vocab, what, &rows));
-    GT_TRY(gt_size_mul(rows, (size_t)layer->embedding_dim, what, &elements));
-    GT_TRY(gt_size_mul(elements, gt_dtype_size(dt), what, &bytes));
+    const char *what = "the frozen table of a TokenEmbedding";
+    size_t elements = 0, bytes = 0;
+    GT_TRY(table_elements(layer, what, &elements));
+    GT_TRY(gt_size_mul(elements, dt == GT_U8 ? 1 : gt_dtype_size(dt), what, &bytes));
     return gt_size_check(bytes, what);
 }
 
@@ -182,22 +210,30 @@ static void describe_tokens(const gt_layer *layer, char *buf, size_t bytes) {
              (long long)layer->embedding_dim);
 }
 
-/* One table: the token rows, then the token-type rows; a parameter unless held in half alone. */
+/* One table: the token rows, then the token-type rows; a parameter unless held frozen alone. */
 static gt_status tokens_params(gt_layer *layer) {
     if (gt_tokens_table_dtype(layer) == GT_F32)
         table_param(layer, layer->num_embeddings + layer->type_vocab);
     return GT_OK;
 }
 
-/* A table held in half alone: 'weight' (rows, dim) f16/bf16, frozen; none otherwise. */
+/* A table held frozen alone: 'weight' (rows, dim) f16/bf16; or, 4-bit, 'weight' ((rows * dim / 2, 1)
+ * uint8 codes, bitsandbytes' packed shape) and 'weight.absmax' ((rows * dim / blocksize,) f32). None
+ * for a parameter. (Sizes checked by check_tokens.) */
 static size_t tokens_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
     gt_dtype dt = gt_tokens_table_dtype(layer);
+    int64_t rows = layer->num_embeddings + layer->type_vocab, dim = layer->embedding_dim;
+    size_t elements = (size_t)rows * (size_t)dim;
     if (dt == GT_F32)
         return 0;
-    int64_t rows = layer->num_embeddings + layer->type_vocab;
-    pieces[0] = (gt_frozen_piece){0, (size_t)rows * (size_t)layer->embedding_dim * gt_dtype_size(dt), dt, 2,
-                                  {rows, layer->embedding_dim}};
-    return 1;
+    if (dt != GT_U8) {
+        pieces[0] = (gt_frozen_piece){0, elements * gt_dtype_size(dt), dt, 2, {rows, dim}};
+        return 1;
+    }
+    size_t bytes = elements / 2, blocks = elements / (size_t)gt_tokens_blocksize(layer);
+    pieces[0] = (gt_frozen_piece){0, bytes, GT_U8, 2, {(int64_t)bytes, 1}};
+    pieces[1] = (gt_frozen_piece){gt_align_up(bytes), blocks * sizeof(float), GT_F32, 1, {(int64_t)blocks, 0}};
+    return 2;
 }
 
 const gt_layer_type gt_layer_type_tokens = {

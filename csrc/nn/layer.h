@@ -141,8 +141,8 @@ struct gt_layer {
     size_t frozen_offset;      /* a kind with frozen buffers (nn/kind.h; QLinear's packed weight):
                                   bytes from the start of the buffer arena to its first piece */
     char *frozen;              /* the buffer arena at frozen_offset (NULL without frozen buffers) */
-    const float *quant_code;   /* QLinear: (16,) f32 decoding table in the activation arena, written
-                                  by the plan when it places the layer */
+    const float *quant_code;   /* QLinear, a 4-bit Tokens table: (16,) f32 decoding table in the
+                                  activation arena, written by the plan when it places the layer */
     int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };
@@ -213,12 +213,27 @@ typedef struct gt_tokens_config {
     int position_ids;      /* 1: the input's last channel holds position ids (decoders) */
     int64_t pad_token_id;  /* the id of padding, whose rightmost non-pad token is the last token;
                               -1: none (the last token is T - 1) */
-    int stored_dtype;      /* GT_F32: the table is a parameter; GT_BF16 / GT_F16: a frozen buffer
-                              (rows, dim) in that precision alone (no f32 master, no gradient) */
+    int stored;            /* how the table is held (gt_tokens_stored): a parameter, or frozen alone */
+    int64_t blocksize;     /* 4-bit table: elements per absmax block (divides embedding_dim); else 0 */
 } gt_tokens_config;
+/* How a TokenEmbedding holds its table: an f32 parameter; a frozen buffer (rows, dim) in bf16 or f16
+ * alone (no f32 master, no gradient); or frozen 4-bit codes (NF4 or FP4, two a byte, bitsandbytes'
+ * layout over the flattened table) and an f32 absmax per block of `blocksize` elements. */
+typedef enum gt_tokens_stored {
+    GT_TOKENS_F32 = 0,
+    GT_TOKENS_BF16 = 1,
+    GT_TOKENS_F16 = 2,
+    GT_TOKENS_NF4 = 3,
+    GT_TOKENS_FP4 = 4,
+} gt_tokens_stored;
 int gt_tokens_has_positions(const gt_layer *layer);
-/* The table's dtype: GT_F32 (a parameter), or GT_BF16 / GT_F16 (a frozen buffer). */
+/* The table's element type: GT_F32 (a parameter), GT_BF16 / GT_F16 (a frozen half buffer) or GT_U8
+ * (frozen 4-bit codes). */
 gt_dtype gt_tokens_table_dtype(const gt_layer *layer);
+/* The absmax block of a 4-bit table; 0 for the others. */
+int64_t gt_tokens_blocksize(const gt_layer *layer);
+/* 1 for an NF4 table, 0 for the others (an FP4 one among them). */
+int gt_tokens_nf4(const gt_layer *layer);
 int64_t gt_tokens_pad_token_id(const gt_layer *layer);
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_tokens_backward(gt_layer *layer, void *din, const void *dout, const void *in,

@@ -203,6 +203,21 @@ static gt_status plan_tokens_decoder(gt_plan_walk *w, gt_layer *layer, const gt_
     return GT_OK;
 }
 
+/* A 4-bit table's decoding table, placed once (the lookup reads it on the device). */
+static gt_status plan_tokens_code(gt_plan_walk *w, gt_layer *layer, const char *name) {
+    if (gt_tokens_table_dtype(layer) != GT_U8)
+        return GT_OK;
+    if (!w->ops->quantized_embedding_forward)
+        return GT_FAIL(GT_ERR_RUNTIME, "model: %s with a 4-bit table has no implementation on the '%s' backend "
+                       "yet; run this model on the CPU", name, w->ops->name);
+    float table[16];
+    void *placed = NULL;
+    gt_quant4_code_table(gt_tokens_nf4(layer), table);
+    GT_TRY(gt_plan_constant(w, table, sizeof table, "the code table of a TokenEmbedding", &placed));
+    layer->quant_code = placed;
+    return GT_OK;
+}
+
 /* Tokens reads (B, C, T) int64 with C = 1 + (token types) + (mask) + (position ids) and writes
  * (B, T, E); with a mask (and no position ids) it keeps (B,) lengths, which every later Attention
  * and Pool layer reads; with position ids (B, T) key starts; with a pad_token_id (B,) last tokens. */
@@ -227,6 +242,7 @@ gt_status gt_plan_tokens(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
     layer->out.shape[1] = in->shape[2];
     layer->out.shape[2] = layer->embedding_dim;
     GT_TRY(plan_tokens_decoder(w, layer, in, site));
+    GT_TRY(plan_tokens_code(w, layer, name));
     if (layer->type_vocab > 0) {  /* forward adds the token-type rows of an entry from a scratch buffer */
         gt_tensor types = {.dtype = w->dt, .ndim = 2, .shape = {in->shape[2], layer->embedding_dim}};
         GT_TRY(gt_plan_note_scratch(w, site->level, &types));

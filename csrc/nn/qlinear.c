@@ -220,6 +220,8 @@ static gt_status note_gemm(const gt_plan_walk *w, gt_gemm_args args, size_t *nee
     return GT_OK;
 }
 
+void gt_quant4_code_table(int nf4, float table[16]) { memcpy(table, nf4 ? nf4_bits : fp4_bits, 16 * sizeof(float)); }
+
 /* The decoding table of the layer's codes into `table`; returns its entries (int8: code b is the
  * signed byte's value). */
 static size_t code_table(const gt_layer *layer, float table[256]) {
@@ -228,7 +230,7 @@ static size_t code_table(const gt_layer *layer, float table[256]) {
             table[b] = (float)(int8_t)(uint8_t)b;
         return 256;
     }
-    memcpy(table, config_of(layer).quant_type == GT_QLINEAR_NF4 ? nf4_bits : fp4_bits, 16 * sizeof(float));
+    gt_quant4_code_table(config_of(layer).quant_type == GT_QLINEAR_NF4, table);
     return 16;
 }
 

@@ -11,13 +11,16 @@
  * every Rope (gt_run.positions), and writes instead of lengths the (B, T) key starts of each query's
  * segment (ops.h: key_starts), which every Attention reads; with a pad_token_id it writes the (B,)
  * last tokens (the rightmost that is not padding), which Pool "last" reads. The table may be held
- * in f16/bf16 alone (stored_dtype: a frozen buffer, e.g. a bf16 PEFT model's untied embedding): the
- * lookup widens its rows (exactly) as it reads them, and there is no gradient.
+ * frozen alone (stored_dtype; no gradient): in f16/bf16 (e.g. a bf16 PEFT model's untied embedding),
+ * the lookup widening its rows exactly as it reads them; or in 4 bits (NF4/FP4, blocks within a
+ * row), the lookup dequantizing the rows it reads (ops.h quantized_embedding_forward), each element
+ * code * absmax rounded once, as QLinear dequantizes.
  *
  * Pool: out[b] = in[b, 0] (first token), the mean of in[b, t] over t < lengths[b], or
  * in[b, last_tokens[b]] (last token). */
 #include <string.h>
 
+#include "core/alloc.h"
 #include "nn/layer.h"
 
 static gt_tokens_config tokens_config(const gt_layer *layer) {
@@ -30,7 +33,23 @@ int gt_tokens_has_positions(const gt_layer *layer) { return tokens_config(layer)
 
 int64_t gt_tokens_pad_token_id(const gt_layer *layer) { return tokens_config(layer).pad_token_id; }
 
-gt_dtype gt_tokens_table_dtype(const gt_layer *layer) { return (gt_dtype)tokens_config(layer).stored_dtype; }
+gt_dtype gt_tokens_table_dtype(const gt_layer *layer) {
+    switch (tokens_config(layer).stored) {
+    case GT_TOKENS_BF16:
+        return GT_BF16;
+    case GT_TOKENS_F16:
+        return GT_F16;
+    case GT_TOKENS_NF4:
+    case GT_TOKENS_FP4:
+        return GT_U8;
+    default:
+        return GT_F32;
+    }
+}
+
+int64_t gt_tokens_blocksize(const gt_layer *layer) { return tokens_config(layer).blocksize; }
+
+int gt_tokens_nf4(const gt_layer *layer) { return tokens_config(layer).stored == GT_TOKENS_NF4; }
 
 /* The key starts and last tokens of a decoder's input rows (either may be unplanned: NULL). */
 static gt_status tokens_segments(gt_layer *layer, const int64_t *ids, gt_run *run) {
@@ -46,6 +65,26 @@ static gt_status tokens_segments(gt_layer *layer, const int64_t *ids, gt_run *ru
 }
 
 static size_t dsize(const gt_run *run) { return gt_dtype_size(run->dt); }
+
+/* out (seq, dim) = rows first + ids of the table (its `num` rows from row `first`: the token rows, or
+ * the token-type rows after them), however the table is held. */
+static gt_status lookup(gt_layer *layer, void *out, const int64_t *ids, int64_t first, int64_t num, gt_run *run) {
+    gt_backend *be = run->backend;
+    int64_t seq = layer->in_shape.shape[2], dim = layer->embedding_dim;
+    size_t skipped = (size_t)first * (size_t)dim;  /* elements of the flattened table before row `first` */
+    gt_dtype table_dt = gt_tokens_table_dtype(layer);
+    if (table_dt == GT_F32)
+        return be->ops->embedding_forward(be, out, ids, layer->weight.data + skipped, GT_F32, seq, num, dim, run->dt);
+    if (table_dt != GT_U8)
+        return be->ops->embedding_forward(be, out, ids, layer->frozen + skipped * 2, table_dt, seq, num, dim,
+                                          run->dt);
+    int64_t blocksize = gt_tokens_blocksize(layer);
+    size_t elements = (size_t)(layer->num_embeddings + layer->type_vocab) * (size_t)dim;
+    const float *absmax = (const float *)(layer->frozen + gt_align_up(elements / 2));
+    return be->ops->quantized_embedding_forward(be, out, ids, (const uint8_t *)layer->frozen + skipped / 2,
+                                                absmax + skipped / (size_t)blocksize, layer->quant_code, seq, num,
+                                                dim, blocksize, 4, run->dt);
+}
 
 gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
     const gt_ops *ops = run->backend->ops;
@@ -63,17 +102,13 @@ gt_status gt_tokens_forward(gt_layer *layer, const void *in, gt_run *run) {
                                  channels * seq));
     void *types = run->scratch[layer->level][0];  /* free in forward: backward alone uses it (sized by
                                                      gt_plan_tokens) */
-    gt_dtype table_dt = gt_tokens_table_dtype(layer);
-    const char *table = table_dt == GT_F32 ? (const char *)layer->weight.data : layer->frozen;
-    const char *type_rows = table + (size_t)(vocab * dim) * gt_dtype_size(table_dt);
     for (int64_t b = 0; b < batch; b++) {
         char *out = (char *)layer->out.ptr + (size_t)b * row;
         const int64_t *entry = ids + b * channels * seq;
-        GT_TRY(ops->embedding_forward(run->backend, out, entry, table, table_dt, seq, vocab, dim, run->dt));
+        GT_TRY(lookup(layer, out, entry, 0, vocab, run));
         if (layer->type_vocab == 0)
             continue;
-        GT_TRY(ops->embedding_forward(run->backend, types, entry + seq, type_rows, table_dt, seq,
-                                      layer->type_vocab, dim, run->dt));
+        GT_TRY(lookup(layer, types, entry + seq, vocab, layer->type_vocab, run));
         GT_TRY(ops->add(run->backend, out, out, types, seq * dim, run->dt));
     }
     return GT_OK;

@@ -1,5 +1,5 @@
-/* CPU embedding: out[i, :] = table[ids[i], :] (the table f32, f16 or bf16; rounded to dt) and the
- * scatter-add gradient
+/* CPU embedding: out[i, :] = table[ids[i], :] (the table f32, f16 or bf16, or quantized blockwise
+ * and dequantized row by row; rounded to dt) and the scatter-add gradient
  * dtable[ids[i], :] (+)= dout[i, :]. The backward splits the columns into blocks run in
  * parallel; inside a block the rows i are added in increasing order, so every element of
  * dtable receives its contributions in the same order for any thread count. */
@@ -7,6 +7,7 @@
 
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/quant_hd.h"
 
 enum { GT_EMB_COLS = 128 };  /* columns per block of the backward */
 
@@ -59,6 +60,49 @@ gt_status gt_cpu_embedding_forward(gt_backend *be, void *out, const int64_t *ids
     for (size_t b = 0; b < blocks; b++) {
         size_t end = (b + 1) * block < (size_t)n ? (b + 1) * block : (size_t)n;
         kernel(out, ids, table, table_dt, b * block, end, (size_t)dim, dt);
+    }
+    return GT_OK;
+}
+
+/* A quantized table's shape: blocksize > 0 (even with 4 bits), bits 4 or 8, dim whole blocks. */
+static gt_status check_quantized_table(int64_t dim, int64_t blocksize, int bits) {
+    if (bits != 4 && bits != 8)
+        return GT_FAIL(GT_ERR_VALUE, "bits: must be 4 or 8, got %d", bits);
+    if (blocksize <= 0 || (bits == 4 && blocksize % 2))
+        return GT_FAIL(GT_ERR_VALUE, "blocksize: must be > 0 (even with 4 bits), got %lld", (long long)blocksize);
+    if (dim % blocksize)
+        return GT_FAIL(GT_ERR_VALUE, "dim: %lld is not a multiple of blocksize %lld (a row must be whole blocks)",
+                       (long long)dim, (long long)blocksize);
+    return GT_OK;
+}
+
+/* Rows [row_begin, row_end) of out, each the dequantized row ids[i] (element math of quant_hd.h). */
+static void quantized_rows(void *out, const int64_t *ids, const uint8_t *codes, const float *absmax,
+                           const float *code, size_t row_begin, size_t row_end, size_t dim, size_t blocksize,
+                           int bits, gt_dtype dt) {
+    for (size_t i = row_begin; i < row_end; i++) {
+        size_t first = (size_t)ids[i] * dim;  /* the row's first element in the flattened table */
+        for (size_t c = 0; c < dim; c++) {
+            size_t at = first + c;
+            gt_quant_decode_store(out, i * dim + c, code, gt_quant_code_at(codes, at, bits), absmax[at / blocksize],
+                                  dt);
+        }
+    }
+}
+
+gt_status gt_cpu_quantized_embedding_forward(gt_backend *be, void *out, const int64_t *ids, const uint8_t *codes,
+                                             const float *absmax, const float *code, int64_t n, int64_t num,
+                                             int64_t dim, int64_t blocksize, int bits, gt_dtype dt) {
+    (void)be;
+    GT_TRY(check_embedding(ids, n, num, dim, dt));
+    GT_TRY(check_quantized_table(dim, blocksize, bits));
+    if (n == 0 || dim == 0)
+        return GT_OK;
+    size_t block = GT_CPU_CHUNK / (size_t)dim + 1, blocks = ((size_t)n + block - 1) / block;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t end = (b + 1) * block < (size_t)n ? (b + 1) * block : (size_t)n;
+        quantized_rows(out, ids, codes, absmax, code, b * block, end, (size_t)dim, (size_t)blocksize, bits, dt);
     }
     return GT_OK;
 }

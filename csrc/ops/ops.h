@@ -384,6 +384,16 @@ typedef struct gt_pool2d_args {
 #define GT_PARAMS_EMBEDDING_FORWARD(P, A) \
     P(void *, out) P(const int64_t *, ids) P(const void *, table) P(gt_dtype, table_dt) P(int64_t, n) \
     P(int64_t, num) P(int64_t, dim) P(gt_dtype, dt)
+/* out[i, :] = row ids[i] of a frozen table quantized blockwise (dequantize_blockwise's layout and
+ * element math over the flattened (num, dim) table: `bits` 4 (two codes a byte, the even element in
+ * the high nibble) or 8, one f32 absmax per block of `blocksize` elements, `code` the decoding
+ * table), rounded to dt. dim is a multiple of blocksize, so a row is whole blocks (with 4 bits, whole
+ * bytes): its codes start at ids[i] * dim * bits / 8 and its absmax at ids[i] * dim / blocksize.
+ * ids checked as embedding_forward's. */
+#define GT_PARAMS_QUANTIZED_EMBEDDING_FORWARD(P, A) \
+    P(void *, out) P(const int64_t *, ids) P(const uint8_t *, codes) P(const float *, absmax) \
+    P(const float *, code) P(int64_t, n) P(int64_t, num) P(int64_t, dim) P(int64_t, blocksize) P(int, bits) \
+    P(gt_dtype, dt)
 /* dtable[ids[i], :] (+)= dout[i, :]; deterministic (fixed order per row of dtable). */
 #define GT_PARAMS_EMBEDDING_BACKWARD(P, A) \
     P(float *, dtable) P(const void *, dout) P(const int64_t *, ids) P(int64_t, n) P(int64_t, num) \
@@ -644,6 +654,7 @@ typedef struct gt_pool2d_args {
     X(LAUNCH, dora_combine, GT_PARAMS_DORA_COMBINE, NO_SKIP)                            \
     X(LAUNCH, col_scale, GT_PARAMS_COL_SCALE, NO_SKIP)                                  \
     X(LAUNCH, dora_magnitude_backward, GT_PARAMS_DORA_MAGNITUDE_BACKWARD, NO_SKIP)      \
+    X(LAUNCH, quantized_embedding_forward, GT_PARAMS_QUANTIZED_EMBEDDING_FORWARD, NO_SKIP) \
     /* end of the list */
 
 /* The kinds of GT_OP_LIST as values (GT_OP_##kind). */

@@ -103,7 +103,8 @@ static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         return spec_error("a tied Linear must name an earlier Embedding or TokenEmbedding", spec);
     const gt_layer *table = ctx->first[index];
     if (table->kind == GT_LAYER_TOKENS && gt_tokens_table_dtype(table) != GT_F32)
-        return spec_error("a tied Linear cannot read a TokenEmbedding table held in half precision alone", spec);
+        return spec_error("a tied Linear cannot read a TokenEmbedding table held in half precision alone or in 4 bits",
+                          spec);
     *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = table->embedding_dim,
                         .out_features = table->num_embeddings, .tied = table};
     ctx->last[index]->grad_accumulates = 1;

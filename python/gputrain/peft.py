@@ -69,7 +69,7 @@ from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear
 from gputrain.nn.module import Module, planning_active
 from gputrain.nn.qlinear import HALF_TYPES, QLinear
-from gputrain.nn.sequence import HalfTokenEmbedding, TokenEmbedding
+from gputrain.nn.sequence import FrozenTokenEmbedding, HalfTokenEmbedding, TokenEmbedding
 
 __all__ = ["LoraConfig", "LoraLinear", "PeftModel", "get_peft_model"]
 
@@ -580,7 +580,7 @@ class PeftModel(Module):
         """(trainable, all) parameter counts; as PEFT, `all` counts a modules_to_save module twice
         (PEFT keeps its original beside the trained copy) and a QLinear's stored weight as its
         out * in elements (PEFT's count of a bitsandbytes Params4bit, two a packed byte, and of a
-        bf16 base), a HalfTokenEmbedding's table as its elements."""
+        bf16 base), a frozen token table's (HalfTokenEmbedding, QTokenEmbedding) as its elements."""
         trainable = total = 0
         saved = {id(p) for _, m in _saved_modules(self.base_model.model, self.peft_config[ADAPTER])
                  for p in m.parameters()}
@@ -589,7 +589,8 @@ class PeftModel(Module):
             total += count * (2 if id(p) in saved else 1)
             trainable += count if p.requires_grad else 0
         total += sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, QLinear))
-        total += sum(int(np.prod(m.weight.shape)) for m in self.modules() if isinstance(m, HalfTokenEmbedding))
+        total += sum((m.num_embeddings + m.type_vocab_size) * m.embedding_dim for m in self.modules()
+                     if isinstance(m, FrozenTokenEmbedding))
         return trainable, total
 
     def print_trainable_parameters(self) -> None:

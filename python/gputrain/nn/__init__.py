@@ -7,17 +7,20 @@ from gputrain.nn.loss import CrossEntropyLoss, MSELoss
 from gputrain.nn.module import Module
 from gputrain.nn.parameter import Parameter
 from gputrain.nn.qlinear import QLinear
-from gputrain.nn.sequence import HalfTokenEmbedding, SequencePool, TokenEmbedding, pack_inputs
+from gputrain.nn.sequence import (FrozenTokenEmbedding, HalfTokenEmbedding, QTokenEmbedding, SequencePool,
+                                  TokenEmbedding, pack_inputs)
 
 __all__ = [*layers.__all__,
            "Bias",
            "CrossEntropyLoss",
+           "FrozenTokenEmbedding",
            "HalfTokenEmbedding",
            "MSELoss",
            "Module",
            "Parameter",
            "PositionEmbedding",
            "QLinear",
+           "QTokenEmbedding",
            "SequencePool",
            "TiedLinear",
            "TokenEmbedding",

@@ -20,6 +20,9 @@ import numpy as np
 from gputrain._cast import widen
 from gputrain.nn.layers import _positive_int
 from gputrain.nn.module import Module, planning_active
+from gputrain.nn.qlinear import QUANT_TYPES_4BIT
+from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
+from gputrain.quant.codes import code_table
 
 
 class TokenEmbedding(Module):
@@ -30,7 +33,8 @@ class TokenEmbedding(Module):
     ``(batch, channels, seq)`` (see the module docstring and :func:`pack_inputs`)."""
 
     _param_names = ("weight",)
-    stored_dtype = "f32"  # the table is a float32 parameter (HalfTokenEmbedding: a frozen half buffer)
+    stored_dtype = "f32"  # the table is a float32 parameter (HalfTokenEmbedding, QTokenEmbedding: frozen buffers)
+    blocksize = 0  # a 4-bit table's absmax block (QTokenEmbedding); 0: none
 
     def __init__(self, num_embeddings: int, embedding_dim: int, type_vocab_size: int = 0,
                  attention_mask: bool = False, *, position_ids: bool = False,
@@ -63,7 +67,8 @@ class TokenEmbedding(Module):
 
     def _spec(self) -> tuple:
         return ("tokens", self.num_embeddings, self.embedding_dim, self.type_vocab_size, self.attention_mask,
-                self.position_ids, -1 if self.pad_token_id is None else self.pad_token_id, self.stored_dtype)
+                self.position_ids, -1 if self.pad_token_id is None else self.pad_token_id, self.stored_dtype,
+                self.blocksize)
 
     def extra_repr(self) -> str:
         text = (f"{self.num_embeddings}, {self.embedding_dim}, type_vocab_size={self.type_vocab_size}, "
@@ -75,7 +80,26 @@ class TokenEmbedding(Module):
         return text
 
 
-class HalfTokenEmbedding(TokenEmbedding):
+class FrozenTokenEmbedding(TokenEmbedding):
+    """A TokenEmbedding whose table is a frozen buffer held compactly, with no float32 master and no
+    gradient (HalfTokenEmbedding, QTokenEmbedding). A TiedLinear cannot read it (the head's GEMMs
+    read a parameter's half copy)."""
+
+    _param_names = ()
+
+    def table(self) -> np.ndarray:
+        """The table as float32: what the lookup reads, exactly."""
+        raise NotImplementedError
+
+    def requires_grad_(self, requires_grad: bool = True) -> FrozenTokenEmbedding:
+        """The stored table is frozen: True is refused."""
+        if requires_grad:
+            raise ValueError(f"{self!r}: the table held in {self.stored_dtype} alone is frozen (it has no "
+                             "gradient); train a TokenEmbedding with its float32 table instead")
+        return self
+
+
+class HalfTokenEmbedding(FrozenTokenEmbedding):
     """A TokenEmbedding whose table is frozen and held in bf16 or f16 alone: the buffer ``weight``
     (num_embeddings + type_vocab_size, embedding_dim), 2 bytes an element, with no float32 master
     and no gradient -- what gputrain.peft gives the untied token embedding of a bf16/f16 model (PEFT
@@ -83,7 +107,6 @@ class HalfTokenEmbedding(TokenEmbedding):
     precision a model computes what it computed with the float32 table rounded to it. A TiedLinear
     cannot read it (the head's GEMMs read a parameter's half copy)."""
 
-    _param_names = ()
     _buffer_names = ("weight",)
 
     def __init__(self, num_embeddings: int, embedding_dim: int, type_vocab_size: int = 0,
@@ -109,15 +132,84 @@ class HalfTokenEmbedding(TokenEmbedding):
         """The table as float32 (its stored values, exactly)."""
         return widen(np.asarray(self.weight))
 
-    def requires_grad_(self, requires_grad: bool = True) -> HalfTokenEmbedding:
-        """The stored table is frozen: True is refused."""
-        if requires_grad:
-            raise ValueError(f"{self!r}: the table held in {self.stored_dtype} alone is frozen (it has no "
-                             "gradient); train a TokenEmbedding with its float32 table instead")
-        return self
-
     def extra_repr(self) -> str:
         return super().extra_repr() + f", stored_dtype={self.stored_dtype!r}"
+
+
+class QTokenEmbedding(FrozenTokenEmbedding):
+    """A TokenEmbedding whose table is frozen and quantized in 4 bits, in bitsandbytes' layout (a
+    Params4bit's, as QLinear's weight): NF4 or FP4 codes of the flattened (num_embeddings +
+    type_vocab_size, embedding_dim) table, two a byte (the buffer ``weight``, shape (rows * embedding_dim / 2, 1) uint8, the packed
+    shape of a Params4bit) and one float32 absmax per block of `blocksize` elements
+    (``weight.absmax``): half a byte an element, with no float32 master and no gradient.
+    embedding_dim must be a multiple of blocksize, so a row is whole blocks. The lookup dequantizes
+    the rows it reads (code * absmax, rounded once to the compute dtype, as QLinear dequantizes):
+    the model computes what it computed with :meth:`table` in a float32 TokenEmbedding (fp32:
+    the same bits; bf16/f16: the same values rounded once). A new layer's table is 0 until
+    :meth:`quantize_` writes it."""
+
+    _buffer_names = ("weight", "weight.absmax")
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, type_vocab_size: int = 0,
+                 attention_mask: bool = False, *, position_ids: bool = False, pad_token_id: int | None = None,
+                 quant_type: str = "nf4", blocksize: int = 64) -> None:
+        if quant_type not in QUANT_TYPES_4BIT:
+            raise ValueError(f"quant_type must be one of {QUANT_TYPES_4BIT} (a 4-bit table), got {quant_type!r}")
+        if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize not in BLOCKSIZES_4BIT:
+            raise ValueError(f"blocksize must be one of {BLOCKSIZES_4BIT} (bitsandbytes' 4-bit block sizes), "
+                             f"got {blocksize!r}")
+        if isinstance(embedding_dim, int) and not isinstance(embedding_dim, bool) and embedding_dim % blocksize:
+            raise ValueError(f"embedding_dim {embedding_dim} is not a multiple of blocksize {blocksize} (a 4-bit "
+                             "table's rows are whole blocks); pick a blocksize that divides it")
+        self.stored_dtype = quant_type  # read by _spec when the base class compiles
+        self.blocksize = blocksize
+        super().__init__(num_embeddings, embedding_dim, type_vocab_size, attention_mask, position_ids=position_ids,
+                         pad_token_id=pad_token_id)
+
+    @property
+    def quant_type(self) -> str:
+        """'nf4' or 'fp4'."""
+        return self.stored_dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The table's shape: (num_embeddings + type_vocab_size, embedding_dim)."""
+        return (self.num_embeddings + self.type_vocab_size, self.embedding_dim)
+
+    @classmethod
+    def from_token_embedding(cls, layer: TokenEmbedding, quant_type: str = "nf4",
+                             blocksize: int = 64) -> QTokenEmbedding:
+        """`layer`'s configuration and its table quantized (under gputrain.memory_plan.planning():
+        the configuration only)."""
+        q = cls(layer.num_embeddings, layer.embedding_dim, layer.type_vocab_size, layer.attention_mask,
+                position_ids=layer.position_ids, pad_token_id=layer.pad_token_id, quant_type=quant_type,
+                blocksize=blocksize)
+        if not planning_active():
+            q.quantize_(layer.weight.data)
+        return q
+
+    def quant_state(self) -> QuantState:
+        """The table's QuantState (float32 absmax, no double quantization)."""
+        absmax = np.asarray(getattr(self, "weight.absmax"), np.float32).copy()
+        return QuantState(self.quant_type, self.blocksize, self.shape, "f32", absmax, code_table(self.quant_type))
+
+    def quantize_(self, table: Any) -> QTokenEmbedding:
+        """Quantizes a float32/float16/bfloat16 table of shape (num_embeddings + type_vocab_size,
+        embedding_dim) into this layer (gputrain.quant.quantize_4bit: bitsandbytes' codes, bit for
+        bit)."""
+        if np.shape(table) != self.shape:
+            raise ValueError(f"table: expected shape {self.shape}, got {np.shape(table)}")
+        table = table if isinstance(table, np.ndarray) else np.asarray(table, np.float32)
+        packed, state = quantize_4bit(table, self.blocksize, self.quant_type)
+        self.load_state_dict({"weight": packed, "weight.absmax": state.absmax}, strict=False)
+        return self
+
+    def table(self) -> np.ndarray:
+        """The table as float32 (code * absmax per element)."""
+        return dequantize_4bit(np.asarray(self.weight), self.quant_state())
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", quant_type={self.quant_type!r}, blocksize={self.blocksize}"
 
 
 class SequencePool(Module):

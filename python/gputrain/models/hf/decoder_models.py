@@ -44,9 +44,9 @@ from gputrain.models.hf.decoders import DecoderConfig, Rope, parse_decoder_confi
 from gputrain.models.hf.safetensors_io import checkpoint_tensors
 from gputrain.nn.embedding import TiedLinear
 from gputrain.nn.layers import Linear, RMSNorm
-from gputrain.nn.module import Module
+from gputrain.nn.module import Module, planning_active
 from gputrain.nn.qlinear import LinearFactory, QLinear
-from gputrain.nn.sequence import TokenEmbedding
+from gputrain.nn.sequence import QTokenEmbedding, TokenEmbedding
 
 
 
@@ -257,12 +257,60 @@ class _DecoderHead(Module):
         gputrain.nn.sequence.pack_for are taken as they are."""
         return super().__call__(input_ids, attention_mask, None, position_ids)
 
+    def quantize_embeddings_(self, quant_type: str = "nf4", blocksize: int = 64) -> _DecoderHead:
+        """Holds the token table and an untied LM head frozen in 4 bits (NF4 or FP4, absmax blocks of
+        `blocksize`, bitsandbytes' layouts): the table as a QTokenEmbedding (its lookup dequantizes the
+        rows it reads), the head as a QLinear -- the embeddings transformers + bitsandbytes keep in 16
+        bits, about 2 bytes a weight, now half a byte. Returns the model, compiled anew on its device
+        with its precision, seed and step; a layer already quantized stays as it is. Refused, with
+        nothing changed: a tied head (tie_word_embeddings: it reads the table as a float32 parameter),
+        hidden_size not a multiple of blocksize, a model inside another (quantize before
+        gputrain.peft.get_peft_model). The values are quantized from the float32 ones (under
+        gputrain.memory_plan.planning(): the configuration only)."""
+        return self._quantize_embeddings(quant_type, blocksize, with_values=not planning_active())
+
+    def _quantize_embeddings(self, quant_type: str, blocksize: int, with_values: bool = False) -> _DecoderHead:
+        """See quantize_embeddings_; with_values False builds the layers with zero codes (from_pretrained
+        quantizes the stored values into them as it reads them)."""
+        if self._owner is not None:
+            raise ValueError("quantize_embeddings_: this model is inside another (e.g. a PeftModel); quantize the "
+                             "embeddings before gputrain.peft.get_peft_model")
+        head = getattr(self, "lm_head", None)
+        if isinstance(head, TiedLinear):
+            raise ValueError("quantize_embeddings_: the LM head is tied to the token table (tie_word_embeddings), "
+                             "which it reads as a float32 parameter; only an untied model's embeddings are quantized")
+        table, new_table, new_head = self.model.embed_tokens, self.model.embed_tokens, head
+        with random.sequence_kept():  # building layers draws no seed from the user's sequence
+            if not isinstance(table, QTokenEmbedding):
+                new_table = (QTokenEmbedding.from_token_embedding(table, quant_type, blocksize) if with_values else
+                             QTokenEmbedding(table.num_embeddings, table.embedding_dim, attention_mask=True,
+                                             position_ids=True, pad_token_id=table.pad_token_id, quant_type=quant_type,
+                                             blocksize=blocksize))
+            if type(head) is Linear:
+                new_head = (QLinear.from_linear(head, quant_type, blocksize) if with_values else
+                            QLinear(head.in_features, head.out_features, head.has_bias, quant_type, blocksize))
+        old = self._compiled.model
+        self.model.embed_tokens = new_table
+        if new_head is not head:
+            self.lm_head = new_head
+        try:
+            self._compile(old.device, seed=old.seed, precision=old.precision)
+        except BaseException:  # e.g. out of memory: the model is left as it was
+            self.model.embed_tokens = table
+            if new_head is not head:
+                self.lm_head = head
+            raise
+        self._compiled.model.step, self._compiled.model.checkpointing = old.step, old.checkpointing
+        return self
+
     # -- the folder format (gputrain.models.hf.folder) --------------------------------------
-    def _hf_targets(self) -> tuple[dict[str, Any], dict[str, QLinear]]:
-        """(parameters by name, QLinear layers by their weight's name), kept while loading."""
+    def _hf_targets(self) -> tuple[dict[str, Any], dict[str, QLinear | QTokenEmbedding]]:
+        """(parameters by name, quantized layers (QLinear, QTokenEmbedding) by their weight's name),
+        kept while loading."""
         if "_hf_slots" not in self.__dict__:
             self._hf_slots = dict(self.named_parameters())
-            self._hf_quantized = {n + ".weight": m for n, m in self.named_modules() if isinstance(m, QLinear)}
+            self._hf_quantized = {n + ".weight": m for n, m in self.named_modules()
+                                  if isinstance(m, (QLinear, QTokenEmbedding))}
         return self._hf_slots, self._hf_quantized
 
     def _hf_load_tensor(self, name: str, array: np.ndarray) -> None:
@@ -283,9 +331,9 @@ class _DecoderHead(Module):
         self.compiled.refresh_half_parameters()
 
     def _hf_config(self) -> dict[str, Any]:
-        if any(isinstance(m, QLinear) and not m.is_half for m in self.modules()):
-            raise ValueError("save_pretrained: this model holds quantized (QLinear) layers; gputrain saves "
-                             "float folders only (dequantize the layers into a float model to save it)")
+        if any((isinstance(m, QLinear) and not m.is_half) or isinstance(m, QTokenEmbedding) for m in self.modules()):
+            raise ValueError("save_pretrained: this model holds quantized (QLinear, QTokenEmbedding) layers; gputrain "
+                             "saves float folders only (dequantize the layers into a float model to save it)")
         if self.hf_values is None:
             raise ValueError("save_pretrained: this model was built from a DecoderConfig; build it from a "
                              "config.json mapping (e.g. LlamaForCausalLM({...})) to save it as a folder")

@@ -35,8 +35,8 @@ from gputrain.models.hf import quantized
 from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import FLOAT_DTYPES, INDEX, SINGLE, checkpoint_tensors, read_tensor, shard_names
 from gputrain.nn.module import Module
-from gputrain.nn.qlinear import QLinear, quantized_linears
-from gputrain.nn.sequence import HalfTokenEmbedding
+from gputrain.nn.qlinear import QUANT_TYPES_4BIT, QLinear, quantized_linears
+from gputrain.nn.sequence import FrozenTokenEmbedding
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def _match(family: Family, spec: Any, stored: dict[str, Any], folder: str, skip:
 
 
 def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device: str | None = None,
-                    quantization: str | None = None, blocksize: int = 64) -> Module:
+                    quantization: str | None = None, blocksize: int = 64, quantize_embeddings: bool = False) -> Module:
     """The model of a Hugging Face folder (config.json + safetensors weights), in eval mode as
     transformers returns it.
 
@@ -161,6 +161,8 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     row-wise int8 (one absmax per row), or 'bf16' / 'f16' for those weights frozen in half
     precision alone (no float32 master), stored while loading; a folder bitsandbytes saved in 4
     bits loads its packed weights as they are (see gputrain.models.hf.quantized).
+    quantize_embeddings: with quantization 'nf4' / 'fp4', the token table and an untied LM head are
+    stored so too (the decoders' quantize_embeddings_: what bitsandbytes leaves in 16 bits).
     Families: :data:`FAMILIES` (``gpt2`` today)."""
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
@@ -170,6 +172,11 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     config = HFConfig.load(folder)
     family = _family_of(config)
     quant = quantized.parse(quantization, blocksize, config)
+    if not isinstance(quantize_embeddings, bool):
+        raise TypeError(f"quantize_embeddings must be a bool, not {type(quantize_embeddings).__name__}")
+    if quantize_embeddings and (quant is None or quant.quant_type not in QUANT_TYPES_4BIT):
+        raise ValueError(f"quantize_embeddings=True stores the embeddings in 4 bits: it needs quantization='nf4' "
+                         f"or 'fp4', got {None if quant is None else quant.quant_type!r}")
     spec = family.parse(config)
     precision = _precision(dtype, config)
     config.finish(family.model_type)
@@ -189,6 +196,8 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
                                                                             quant.quant_type, folder))
     refs = _match(family, spec, stored, folder, skip=set(names) if quant.prequantized else set())
     model = family.build(spec, linear=quantized_linears(quant.quant_type, quant.blocksize))
+    if quantize_embeddings:  # zero codes now, each table quantized as it is read below
+        model._quantize_embeddings(quant.quant_type, quant.blocksize)
     quantized.load_groups(model, groups, names if quant.prequantized else [])
     return load_tensors(model, refs, precision, device)
 
@@ -239,15 +248,13 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
 
 def float_state_dict(model: Module) -> dict[str, np.ndarray]:
     """model.state_dict() with every weight held compactly as float32 values: a QLinear's
-    dequantized (its absmax dropped; a half weight widened exactly) and a HalfTokenEmbedding's table
-    widened exactly."""
+    dequantized (its absmax dropped; a half weight widened exactly) and a frozen token table
+    (HalfTokenEmbedding, QTokenEmbedding) as its lookup reads it."""
     state = model.state_dict()
     for name, module in model.named_modules():
-        if isinstance(module, QLinear):
+        if isinstance(module, (QLinear, FrozenTokenEmbedding)):
             state.pop(f"{name}.weight.absmax", None)  # a half weight has none
-            state[f"{name}.weight"] = module.dequantize()
-        elif isinstance(module, HalfTokenEmbedding):
-            state[f"{name}.weight"] = module.table()
+            state[f"{name}.weight"] = module.dequantize() if isinstance(module, QLinear) else module.table()
     return state
 
 
