@@ -19,6 +19,8 @@ pool "sim:0" that stands for the card; nothing here is estimated):
   nf4-lora8  the same with 8-bit AdamW
   nf4e-lora8 the same with the token table and the untied LM head NF4 too (quantize_embeddings_:
              QTokenEmbedding, QLinear; models with a tied head have no such row)
+  nf4e-dq-lora8  the same with the QLinear layers' absmax double-quantized (double_quant=True: 8-bit
+             codes, as bitsandbytes' bnb_4bit_use_double_quant keeps it; the table's stays float32)
   nf4        the NF4 base alone, every parameter frozen, no optimizer
   int8-lora  the decoder blocks' Linear layers int8 (QLinear, LLM.int8's row-wise format), LoRA r=16
              on them, AdamW on the adapters
@@ -60,7 +62,8 @@ MODELS = {
     "gemma-3-1b": (gt.models.Gemma3ForCausalLM, CONFIGS["gemma3"]),
     "llama-3.1-8b": (gt.models.LlamaForCausalLM, LLAMA_31_8B),
 }
-ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4", "int8-lora", "frozen")
+ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4e-dq-lora8", "nf4", "int8-lora",
+        "frozen")
 LORA = dict(r=16, lora_alpha=32, target_modules="all-linear")
 
 
@@ -69,11 +72,12 @@ def build(name: str, row: str, device: str = "sim") -> gt.nn.Module:
     cls, config = MODELS[name]
     with mp.planning():
         quant = row.split("-")[0].rstrip("e") if row.startswith(("nf4", "int8")) else None
-        linear = quantized_linears(quant) if quant else gt.nn.Linear
+        double_quant = "-dq-" in row
+        linear = quantized_linears(quant, double_quant=double_quant) if quant else gt.nn.Linear
         model = cls(dict(config), init_weights=False, linear=linear)
         model.compiled.precision = "bf16"  # from_pretrained(folder, dtype="bf16")
-        if row.startswith("nf4e"):  # from_pretrained(folder, quantization="nf4", quantize_embeddings=True)
-            model.quantize_embeddings_("nf4")
+        if row.startswith("nf4e"):  # from_pretrained(folder, quantization="nf4", quantize_embeddings=True, ...)
+            model.quantize_embeddings_("nf4", double_quant=double_quant)
         if "lora" in row:  # adapted, then moved
             model = gt.peft.get_peft_model(model, gt.peft.LoraConfig(**LORA))
         model = model.to(device)
@@ -97,7 +101,7 @@ def plan_row(model: gt.nn.Module, row: str, tokens: int, chunk: int, batch: int 
 
 HEADER = ("model", "row", "chunk", "params", "trainable", "device GiB", "parameters+half", "gradients",
           "optimizer", "buffers", "activation arena", "other")
-WIDTHS = (-14, -9, 5, 14, 12, 10, 15, 9, 9, 7, 16, 5)  # text columns (negative: left-aligned)
+WIDTHS = (-14, -13, 5, 14, 12, 10, 15, 9, 9, 7, 16, 5)  # text columns (negative: left-aligned)
 
 
 def cells(name: str, row: str, chunk: int, model: gt.nn.Module, plan: mp.MemoryPlan) -> tuple:

@@ -135,7 +135,7 @@ def test_a_half_weight_refuses_training_codes_and_bad_values_and_is_left_as_it_w
     with pytest.raises(ValueError, match="shape"):
         q.load_state_dict({"weight": np.zeros((96, 48), np.float32)}, strict=False)
     with pytest.raises(ValueError, match="blocksize must be 0 for a half weight"):
-        gt._C.Model([("qlinear", 8, 4, False, "bf16", 64, 0)], 0)
+        gt._C.Model([("qlinear", 8, 4, False, "bf16", 64, 0, False)], 0)
     assert all(ref.same_bits(v, before[k]) for k, v in q.state_dict().items())
 
 

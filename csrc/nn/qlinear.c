@@ -7,7 +7,11 @@
  * in a bf16 model; "dequantizing" is a cast, and in its own compute dtype the GEMMs read the stored
  * weight itself, with no tile).
  * Spec: ("qlinear", in_features, out_features, bias, quant_type "nf4" | "fp4" | "int8" | "bf16" |
- * "f16", blocksize (4-bit: 2..4096, even; int8 and half: 0, no blocks), tile_rows).
+ * "f16", blocksize (4-bit: 2..4096, even; int8 and half: 0, no blocks), tile_rows, double_quant
+ * (4-bit only: the absmax held double-quantized, as bitsandbytes' compress_statistics keeps it: 8-bit
+ * codes of absmax - offset, blockwise in blocks of 256 with the signed dynamic map, an f32 absmax per
+ * such block and the f32 offset; each tile's absmax is dequantized into the workspace first, as
+ * bitsandbytes computes it: dequantize_blockwise, then + offset in f32)).
  *
  * The weight never exists dequantized as a whole: forward dequantizes blocks of tile_rows rows of
  * W into a tile (the compute dtype: f32, f16 or bf16, each element code[k] * absmax rounded once,
@@ -17,22 +21,26 @@
  * dequant(W) runs), else the sum over tiles of dout[:, r0:r0+t] @ tile accumulated in f32 (in the
  * workspace after the tile in half precision, then cast once). The bias (if any) is an ordinary
  * trainable f32 parameter. The codes and absmax are frozen buffers (nn/kind.h) in the buffer arena,
- * named 'weight' ((ceil(out * in / 2), 1) uint8, bitsandbytes' packed shape) and 'weight.absmax'; a
- * half weight is one, 'weight' ((out, in) bf16 or f16). */
+ * named 'weight' ((ceil(out * in / 2), 1) uint8, bitsandbytes' packed shape) and 'weight.absmax'
+ * (double_quant: its uint8 codes, then 'weight.nested_absmax' and 'weight.offset'); a half weight is
+ * one, 'weight' ((out, in) bf16 or f16). */
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "nn/kind.h"
+#include "ops/dynamic_map.h"
 
 enum { GT_QLINEAR_NF4 = 0, GT_QLINEAR_FP4 = 1, GT_QLINEAR_INT8 = 2, GT_QLINEAR_BF16 = 3, GT_QLINEAR_F16 = 4 };
 enum { GT_QLINEAR_TILE_ELEMENTS = 1 << 23 };  /* tile_rows 0: about this many elements per tile (16 MiB in bf16) */
+enum { GT_QLINEAR_NESTED_BLOCK = 256 };  /* absmax values per block of a double-quantized absmax (bitsandbytes') */
 
 /* QLinear's own hyper-parameters (in gt_layer.config). */
 typedef struct qlinear_config {
     int quant_type;     /* GT_QLINEAR_NF4, GT_QLINEAR_FP4, GT_QLINEAR_INT8, GT_QLINEAR_BF16 or GT_QLINEAR_F16 */
     int64_t blocksize;  /* 4-bit: elements per absmax block (of the flattened weight), even; int8, half: 0 */
     int64_t tile_rows;  /* rows of W dequantized per GEMM; 0: automatic */
+    int double_quant;   /* 4-bit: 1 when the absmax is held double-quantized (8-bit codes, nested absmax, offset) */
 } qlinear_config;
 _Static_assert(sizeof(qlinear_config) <= GT_LAYER_CONFIG_BYTES, "QLinear's config fits gt_layer.config");
 
@@ -55,6 +63,11 @@ static qlinear_config config_of(const gt_layer *layer) {
 }
 
 static int is_int8(const gt_layer *layer) { return config_of(layer).quant_type == GT_QLINEAR_INT8; }
+
+static int is_double_quant(const gt_layer *layer) { return config_of(layer).double_quant; }
+
+/* bitsandbytes' signed dynamic map, the code of a double-quantized absmax (f32 bit patterns). */
+static const uint32_t dynamic_signed_bits[256] = {GT_DYNMAP_SIGNED_CODE};
 
 gt_dtype gt_qlinear_stored_dtype(const gt_layer *layer) {
     int type = config_of(layer).quant_type;
@@ -83,7 +96,8 @@ static const gt_layer_arg qlinear_args[] = {
     GT_ARG_SIZE_AT("out_features", GT_ARG_FIELD(out_features)), GT_ARG_FLAG_AT("bias", GT_ARG_FIELD(has_bias)),
     {"quant_type", GT_ARG_ENUM, GT_ARG_CONFIG(qlinear_config, quant_type), 0, 0, 0, quant_type_names},
     {"blocksize", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, blocksize), 0, 4096, 0, NULL},
-    {"tile_rows", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, tile_rows), 0, INT_MAX, 0, NULL}};
+    {"tile_rows", GT_ARG_INT, GT_ARG_CONFIG(qlinear_config, tile_rows), 0, INT_MAX, 0, NULL},
+    GT_ARG_FLAG_AT("double_quant", GT_ARG_CONFIG(qlinear_config, double_quant))};
 /* tile_rows is rounded up to whole blocks (tile_rows above). */
 
 static void describe_qlinear(const gt_layer *layer, char *buf, size_t bytes) {
@@ -106,6 +120,9 @@ static gt_status check_qlinear(gt_layer *layer) {
     if (!is_int8(layer) && !is_half(layer) && (blocksize < 2 || blocksize % 2))
         return GT_FAIL(GT_ERR_VALUE, "%s: blocksize must be even and at least 2 (two 4-bit codes a byte), got %lld",
                        name, blocksize);
+    if (is_double_quant(layer) && (is_int8(layer) || is_half(layer)))
+        return GT_FAIL(GT_ERR_VALUE, "%s: double_quant is for a 4-bit weight's absmax (int8 and half weights have "
+                       "none to compress)", name);
     return GT_OK;
 }
 
@@ -126,11 +143,22 @@ static size_t code_bytes(const gt_layer *layer) {
     return is_int8(layer) ? n : (n + 1) / 2;
 }
 
-/* 'weight': (ceil(n / 2), 1) uint8 codes (int8: (out, in) int8; half: (out, in) bf16 or f16);
- * 'weight.absmax': (ceil(n / blocksize),) f32 (int8: (out,); half: none); n = out * in. */
-static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
+/* Absmax values of the weight: one per block of the flattened weight (int8: per row). */
+static size_t absmax_count(const gt_layer *layer) {
     size_t n = (size_t)layer->out_features * (size_t)layer->in_features, bs = (size_t)block_of(layer);
-    size_t blocks = (n + bs - 1) / bs, bytes = code_bytes(layer);
+    return (n + bs - 1) / bs;
+}
+
+/* f32 absmax values of a double-quantized absmax: one per 256 of its values. */
+static size_t nested_count(const gt_layer *layer) {
+    return (absmax_count(layer) + GT_QLINEAR_NESTED_BLOCK - 1) / GT_QLINEAR_NESTED_BLOCK;
+}
+
+/* 'weight': (ceil(n / 2), 1) uint8 codes (int8: (out, in) int8; half: (out, in) bf16 or f16);
+ * 'weight.absmax': (ceil(n / blocksize),) f32 (int8: (out,); half: none; double_quant: uint8 codes,
+ * then 'weight.nested_absmax' (ceil(blocks / 256),) f32 and 'weight.offset' (1,) f32); n = out * in. */
+static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
+    size_t blocks = absmax_count(layer), bytes = code_bytes(layer);
     if (is_half(layer)) {
         pieces[0] = (gt_frozen_piece){0, bytes, gt_qlinear_stored_dtype(layer), 2,
                                       {layer->out_features, layer->in_features}};
@@ -138,8 +166,18 @@ static size_t qlinear_frozen(const gt_layer *layer, gt_frozen_piece *pieces) {
     }
     pieces[0] = is_int8(layer) ? (gt_frozen_piece){0, bytes, GT_I8, 2, {layer->out_features, layer->in_features}}
                                : (gt_frozen_piece){0, bytes, GT_U8, 2, {(int64_t)bytes, 1}};
-    pieces[1] = (gt_frozen_piece){gt_align_up(bytes), blocks * sizeof(float), GT_F32, 1, {(int64_t)blocks, 0}};
-    return 2;
+    size_t at = gt_align_up(bytes);
+    if (!is_double_quant(layer)) {
+        pieces[1] = (gt_frozen_piece){at, blocks * sizeof(float), GT_F32, 1, {(int64_t)blocks, 0}};
+        return 2;
+    }
+    size_t nested = nested_count(layer);
+    pieces[1] = (gt_frozen_piece){at, blocks, GT_U8, 1, {(int64_t)blocks, 0}};
+    at += gt_align_up(blocks);
+    pieces[2] = (gt_frozen_piece){at, nested * sizeof(float), GT_F32, 1, {(int64_t)nested, 0}};
+    at += gt_align_up(nested * sizeof(float));
+    pieces[3] = (gt_frozen_piece){at, sizeof(float), GT_F32, 1, {1, 0}};
+    return 4;
 }
 
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -151,14 +189,19 @@ static int64_t gcd64(int64_t a, int64_t b) {
     return a;
 }
 
-/* Rows of W per tile: a multiple of blocksize / gcd(in, blocksize), so that every tile starts on a
- * block boundary (and on a byte: blocksize is even), or all the rows (always, when the GEMMs read
- * the stored weight in `dt`). */
+/* Elements a tile starts at a multiple of: a block (double_quant: 256 blocks, a block of the absmax). */
+static int64_t tile_unit(const gt_layer *layer) {
+    return is_double_quant(layer) ? block_of(layer) * GT_QLINEAR_NESTED_BLOCK : block_of(layer);
+}
+
+/* Rows of W per tile: a multiple of tile_unit / gcd(in, tile_unit), so that every tile starts on a
+ * block boundary (and on a byte: blocksize is even; double_quant: on a block of the absmax), or all
+ * the rows (always, when the GEMMs read the stored weight in `dt`). */
 static int64_t tile_rows(const gt_layer *layer, gt_dtype dt) {
     if (reads_stored(layer, dt))
         return layer->out_features;
     qlinear_config c = config_of(layer);
-    int64_t align = block_of(layer) / gcd64(layer->in_features, block_of(layer));
+    int64_t align = tile_unit(layer) / gcd64(layer->in_features, tile_unit(layer));
     int64_t rows = c.tile_rows ? c.tile_rows : GT_QLINEAR_TILE_ELEMENTS / layer->in_features;
     rows = (rows + align - 1) / align * align;
     rows = rows < align ? align : rows;
@@ -170,9 +213,15 @@ static size_t tile_weight_bytes(const gt_layer *layer, gt_dtype dt) {
     return gt_align_up((size_t)tile_rows(layer, dt) * (size_t)layer->in_features * gt_dtype_size(dt));
 }
 
-/* Workspace bytes before the GEMM's own: the tile (int8: then its rows' f32 scales; none when the
- * GEMMs read the stored weight), then (several tiles, half precision) the f32 accumulator of din
- * (rows, in). */
+/* Absmax blocks a tile spans at most. */
+static size_t tile_blocks(const gt_layer *layer, gt_dtype dt) {
+    size_t elements = (size_t)tile_rows(layer, dt) * (size_t)layer->in_features, block = (size_t)block_of(layer);
+    return (elements + block - 1) / block;
+}
+
+/* Workspace bytes before the GEMM's own: the tile (int8: then its rows' f32 scales; double_quant:
+ * its blocks' f32 absmax; none when the GEMMs read the stored weight), then (several tiles, half
+ * precision) the f32 accumulator of din (rows, in). */
 static gt_status scratch_bytes(const gt_layer *layer, int64_t rows, gt_dtype dt, size_t *tile, size_t *acc) {
     const char *what = "the dequantized tile of a QLinear";
     *tile = *acc = 0;
@@ -180,8 +229,8 @@ static gt_status scratch_bytes(const gt_layer *layer, int64_t rows, gt_dtype dt,
         return GT_OK;
     GT_TRY(gt_size_mul((size_t)tile_rows(layer, dt) * (size_t)layer->in_features, gt_dtype_size(dt), what, tile));
     GT_TRY(gt_size_align(*tile, what, tile));
-    if (is_int8(layer))
-        GT_TRY(gt_size_add(*tile, gt_align_up((size_t)tile_rows(layer, dt) * sizeof(float)), what, tile));
+    if (is_int8(layer) || is_double_quant(layer))  /* (a row is a block of an int8 weight) */
+        GT_TRY(gt_size_add(*tile, gt_align_up(tile_blocks(layer, dt) * sizeof(float)), what, tile));
     if (tile_rows(layer, dt) < layer->out_features && dt != GT_F32) {
         GT_TRY(gt_size_mul((size_t)rows * (size_t)layer->in_features, sizeof(float), what, acc));
         GT_TRY(gt_size_align(*acc, what, acc));
@@ -223,15 +272,18 @@ static gt_status note_gemm(const gt_plan_walk *w, gt_gemm_args args, size_t *nee
 void gt_quant4_code_table(int nf4, float table[16]) { memcpy(table, nf4 ? nf4_bits : fp4_bits, 16 * sizeof(float)); }
 
 /* The decoding table of the layer's codes into `table`; returns its entries (int8: code b is the
- * signed byte's value). */
-static size_t code_table(const gt_layer *layer, float table[256]) {
+ * signed byte's value; double_quant: the 16 of the 4-bit code, then the 256 of its absmax's). */
+static size_t code_table(const gt_layer *layer, float table[16 + 256]) {
     if (is_int8(layer)) {
         for (int b = 0; b < 256; b++)
             table[b] = (float)(int8_t)(uint8_t)b;
         return 256;
     }
     gt_quant4_code_table(config_of(layer).quant_type == GT_QLINEAR_NF4, table);
-    return 16;
+    if (!is_double_quant(layer))
+        return 16;
+    memcpy(table + 16, dynamic_signed_bits, sizeof dynamic_signed_bits);
+    return 16 + 256;
 }
 
 /* (..., in) -> (..., out); the decoding table placed once; the workspace holds the tile, the
@@ -247,7 +299,7 @@ static gt_status plan_qlinear(gt_plan_walk *w, gt_layer *layer, const gt_tensor 
                        INT_MAX);
     }
     if (!is_half(layer)) {
-        float table[256];
+        float table[16 + 256];
         size_t entries = code_table(layer, table);
         void *placed = NULL;
         GT_TRY(gt_plan_constant(w, table, entries * sizeof(float), "the code table of a QLinear", &placed));
@@ -278,6 +330,22 @@ static gt_status gemm_after(gt_backend *be, size_t skip, const gt_gemm_args *arg
     return status;
 }
 
+/* The f32 absmax of blocks b0..b0+count of a double-quantized weight, into the workspace after the
+ * tile (*absmax points there): bitsandbytes' dequantize_blockwise(absmax codes, nested state), then
+ * + offset in f32. b0 is a multiple of 256 (tiles start on a block of the absmax). */
+static gt_status dequantize_absmax(gt_layer *layer, size_t b0, size_t count, gt_run *run, const float **absmax) {
+    gt_backend *be = run->backend;
+    const uint8_t *codes = (const uint8_t *)layer->frozen + gt_align_up(code_bytes(layer));
+    const float *nested = (const float *)((const char *)codes + gt_align_up(absmax_count(layer)));
+    const float *offset = (const float *)((const char *)nested + gt_align_up(nested_count(layer) * sizeof(float)));
+    float *out = (float *)((char *)be->workspace + tile_weight_bytes(layer, run->dt));
+    GT_TRY(be->ops->dequantize_blockwise(be, out, codes + b0, nested + b0 / GT_QLINEAR_NESTED_BLOCK,
+                                         layer->quant_code + 16, (int64_t)count, GT_QLINEAR_NESTED_BLOCK, 8, GT_F32));
+    GT_TRY(be->ops->bias_add(be, out, offset, (int64_t)count, 1, GT_F32));
+    *absmax = out;
+    return GT_OK;
+}
+
 /* Rows r0..r0+t of W in the compute dtype, for the GEMMs: the stored weight's own rows when they
  * read it (*rows_at points into it), else dequantized (cast) into the tile at the workspace's start
  * (int8: each row's scale, absmax * f32(1/127) in f32, after the tile first). */
@@ -293,6 +361,8 @@ static gt_status dequantize_rows(gt_layer *layer, int64_t r0, int64_t t, gt_run 
     if (is_half(layer))
         return be->ops->cast(be, be->workspace, run->dt, layer->frozen + first * 2, gt_qlinear_stored_dtype(layer), n);
     const float *absmax = (const float *)(layer->frozen + gt_align_up(code_bytes(layer))) + first / block;
+    if (is_double_quant(layer))
+        GT_TRY(dequantize_absmax(layer, first / block, ((size_t)n + block - 1) / block, run, &absmax));
     if (!is_int8(layer))
         return be->ops->dequantize_blockwise(be, be->workspace, (const uint8_t *)layer->frozen + first / 2, absmax,
                                              layer->quant_code, n, (int64_t)block, 4, run->dt);

@@ -36,7 +36,8 @@ from gputrain._cast import widen
 from gputrain.nn.layers import Linear, _positive_int
 from gputrain.nn.module import Module, planning_active
 from gputrain.quant import BLOCKSIZES_4BIT, QuantState, dequantize_4bit, quantize_4bit
-from gputrain.quant.codes import code_table
+from gputrain.quant.codes import DYNAMIC_SIGNED, code_table
+from gputrain.quant.state import NESTED_BLOCKSIZE
 from gputrain.quant.int8 import int8_vectorwise_quant
 
 QUANT_TYPES_4BIT = ("nf4", "fp4")
@@ -49,11 +50,11 @@ INT8_SCALE = np.float32(1 / 127)  # bitsandbytes' MatMul8bitFp: codes * (SCB * f
 LinearFactory = Callable[[int, int, bool], Module]
 
 
-def quantized_linears(quant_type: str, blocksize: int = 64) -> LinearFactory:
-    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4' with `blocksize`, 'int8', or
-    'bf16' | 'f16')."""
+def quantized_linears(quant_type: str, blocksize: int = 64, double_quant: bool = False) -> LinearFactory:
+    """A LinearFactory of QLinear layers in quant_type ('nf4' | 'fp4' with `blocksize` and
+    `double_quant`, 'int8', or 'bf16' | 'f16')."""
     check_quantization(quant_type, blocksize)
-    return lambda i, o, bias: QLinear(i, o, bias, quant_type, blocksize)
+    return lambda i, o, bias: QLinear(i, o, bias, quant_type, blocksize, double_quant=double_quant)
 
 
 def check_quantization(quant_type: Any, blocksize: Any, where: str = "") -> None:
@@ -90,29 +91,42 @@ class QLinear(Module):
     A new QLinear's codes and absmax are zeros (W = 0) until quantize_() or load_quantized()
     writes them (a half weight: quantize_() rounds a float weight to it). blocksize: the 4-bit
     absmax block (int8: one per row; half: none; the argument is not used).
-    tile_rows: rows of W dequantized per GEMM (0: about 2**23 elements a tile)."""
+    tile_rows: rows of W dequantized per GEMM (0: about 2**23 elements a tile).
+    double_quant (4-bit only): the absmax is held double-quantized, as bitsandbytes'
+    compress_statistics (QLoRA's double quantization) keeps it: uint8 codes of absmax - offset in
+    blocks of 256 (``weight.absmax``), their float32 absmax (``weight.nested_absmax``) and the
+    float32 offset (``weight.offset``) -- about 1/8 of the float32 absmax's bytes. Each tile's absmax
+    is dequantized as bitsandbytes computes it, so the layer computes what a QLinear holding that
+    float32 absmax computes."""
 
     _param_names = ("bias",)
-    _buffer_names = ("weight", "weight.absmax")
+    _buffer_names = ("weight", "weight.absmax", "weight.nested_absmax", "weight.offset")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, quant_type: str = "nf4",
-                 blocksize: int = 64, tile_rows: int = 0) -> None:
+                 blocksize: int = 64, tile_rows: int = 0, *, double_quant: bool = False) -> None:
         super().__init__()
         self.in_features = _positive_int(in_features, "in_features")
         self.out_features = _positive_int(out_features, "out_features")
         check_quantization(quant_type, blocksize, where="QLinear")
         if isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or tile_rows < 0:
             raise ValueError(f"tile_rows must be an int >= 0, got {tile_rows!r}")
+        if not isinstance(double_quant, bool):
+            raise TypeError(f"double_quant must be a bool, not {type(double_quant).__name__}")
+        if double_quant and quant_type not in QUANT_TYPES_4BIT:
+            raise ValueError(f"double_quant=True compresses a 4-bit weight's absmax; {quant_type!r} has none to compress")
         self.has_bias = bool(bias)
         self.quant_type = quant_type
         self.blocksize = blocksize if quant_type in QUANT_TYPES_4BIT else 0
         self.tile_rows = tile_rows
+        self.double_quant = double_quant
         self._compile()
 
     def _has_param(self, name: str) -> bool:
         return self.has_bias
 
     def _has_buffer(self, name: str) -> bool:
+        if name in ("weight.nested_absmax", "weight.offset"):
+            return self.double_quant
         return name == "weight" or not self.is_half
 
     @property
@@ -122,7 +136,7 @@ class QLinear(Module):
 
     def _spec(self) -> tuple:
         return ("qlinear", self.in_features, self.out_features, self.has_bias, self.quant_type, self.blocksize,
-                self.tile_rows)
+                self.tile_rows, self.double_quant)
 
     @property
     def packed_shape(self) -> tuple[int, int]:
@@ -142,17 +156,22 @@ class QLinear(Module):
         return -(-self.in_features * self.out_features // self.blocksize)
 
     def quant_state(self) -> QuantState:
-        """The 4-bit weight's QuantState (float32 absmax, no double quantization)."""
+        """The 4-bit weight's QuantState (float32 absmax; double_quant: the nested state as held)."""
         if self.quant_type == "int8":
             raise ValueError(f"{self!r}: an int8 weight has no 4-bit QuantState; its row absmax is "
                              "getattr(layer, 'weight.absmax') (bitsandbytes' SCB)")
         if self.is_half:
             raise ValueError(f"{self!r}: a {self.quant_type} weight is not quantized (it has no QuantState)")
-        absmax = np.asarray(getattr(self, "weight.absmax"), np.float32).copy()
         code = code_table(self.quant_type).copy()
         code[code == 0] = 0.0
-        return QuantState(self.quant_type, self.blocksize, (self.out_features, self.in_features), "f32", absmax,
-                          code)
+        shape = (self.out_features, self.in_features)
+        if not self.double_quant:
+            absmax = np.asarray(getattr(self, "weight.absmax"), np.float32).copy()
+            return QuantState(self.quant_type, self.blocksize, shape, "f32", absmax, code)
+        return QuantState(self.quant_type, self.blocksize, shape, "f32", np.asarray(getattr(self, "weight.absmax")).copy(),
+                          code, offset=float(np.asarray(getattr(self, "weight.offset"))[0]),
+                          nested_absmax=np.asarray(getattr(self, "weight.nested_absmax")).copy(),
+                          nested_code=DYNAMIC_SIGNED.copy(), nested_blocksize=NESTED_BLOCKSIZE)
 
     def dequantize(self) -> np.ndarray:
         """The weight as float32 (out_features, in_features): code * absmax per element (int8:
@@ -180,15 +199,16 @@ class QLinear(Module):
         if self.quant_type == "int8":
             self._write_codes(*int8_vectorwise_quant(_as_float16(weight)))
             return self
-        packed, state = quantize_4bit(weight, self.blocksize, self.quant_type)
-        self._write_codes(packed, state.absmax)
+        packed, state = quantize_4bit(weight, self.blocksize, self.quant_type, compress_statistics=self.double_quant)
+        self._write_codes(packed, state.absmax, state if self.double_quant else None)
         return self
 
     def load_quantized(self, packed: Any, state: QuantState | np.ndarray) -> QLinear:
         """Takes a weight as bitsandbytes stores it: 4-bit, packed uint8 bytes and its QuantState (a
-        double-quantized absmax is expanded to float32, bit-exact with bitsandbytes'
-        dequantization); int8, the (out, in) int8 codes and their float32 row absmax (Int8Params'
-        CB and SCB). A half weight has no codes: quantize_() writes it."""
+        double-quantized absmax is held as it is by a double_quant layer, expanded to float32 by
+        another, bit-exact with bitsandbytes' dequantization; a double_quant layer refuses a float32
+        one); int8, the (out, in) int8 codes and their float32 row absmax (Int8Params' CB and SCB). A
+        half weight has no codes: quantize_() writes it."""
         if self.is_half:
             raise ValueError(f"{self!r}: a {self.quant_type} weight has no quantized codes; write it with quantize_()")
         if self.quant_type == "int8":
@@ -206,24 +226,45 @@ class QLinear(Module):
         if tuple(state.shape) != (self.out_features, self.in_features):
             raise ValueError(f"state: shape {tuple(state.shape)} is not this layer's "
                              f"{(self.out_features, self.in_features)}")
-        self._write_codes(np.asarray(packed), state.block_absmax())
+        if self.double_quant and not (state.nested and state.nested_blocksize == NESTED_BLOCKSIZE):
+            raise ValueError(f"state: this layer holds a double-quantized absmax (blocks of {NESTED_BLOCKSIZE}); "
+                             "the state's is not (build the QLinear with double_quant=False to take it)")
+        if self.double_quant:
+            self._write_codes(np.asarray(packed), state.absmax, state)
+        else:
+            self._write_codes(np.asarray(packed), state.block_absmax())
         return self
 
-    def _write_codes(self, packed: np.ndarray, absmax: np.ndarray) -> None:
+    def _write_codes(self, packed: np.ndarray, absmax: np.ndarray, nested_state: QuantState | None = None) -> None:
+        """Writes the codes and their absmax (double_quant: the uint8 codes of nested_state's
+        absmax, its nested absmax and offset), after checking every size."""
         dtype = np.int8 if self.quant_type == "int8" else np.uint8
         count = self.packed_shape[0] * self.packed_shape[1]
         if packed.dtype != dtype or packed.size != count:
             raise ValueError(f"packed: expected {count} {np.dtype(dtype)} codes, got {packed.size} {packed.dtype}")
+        absmax = np.asarray(absmax).reshape(-1)
         if absmax.size != self.num_blocks:
             raise ValueError(f"absmax: expected {self.num_blocks} blocks, got {absmax.size}")
-        self.load_state_dict({"weight": packed.reshape(self.packed_shape),
-                              "weight.absmax": np.asarray(absmax, np.float32).reshape(-1)}, strict=False)
+        values = {"weight": packed.reshape(self.packed_shape)}
+        if nested_state is None:
+            values["weight.absmax"] = absmax.astype(np.float32)
+        else:
+            nested = np.asarray(nested_state.nested_absmax, np.float32).reshape(-1)
+            want = -(-absmax.size // NESTED_BLOCKSIZE)
+            if absmax.dtype != np.uint8 or nested.size != want:
+                raise ValueError(f"absmax: a double-quantized absmax is {absmax.size} uint8 codes and {want} float32 "
+                                 f"nested absmax, got {absmax.dtype} codes and {nested.size} nested absmax")
+            values.update({"weight.absmax": absmax, "weight.nested_absmax": nested,
+                           "weight.offset": np.array([nested_state.offset], np.float32)})
+        self.load_state_dict(values, strict=False)
 
     @classmethod
-    def from_linear(cls, linear: Linear, quant_type: str = "nf4", blocksize: int = 64, tile_rows: int = 0) -> QLinear:
+    def from_linear(cls, linear: Linear, quant_type: str = "nf4", blocksize: int = 64, tile_rows: int = 0, *,
+                    double_quant: bool = False) -> QLinear:
         """A QLinear holding `linear`'s weight quantized and a copy of its bias (under
         gputrain.memory_plan.planning(): the configuration only)."""
-        q = cls(linear.in_features, linear.out_features, linear.has_bias, quant_type, blocksize, tile_rows)
+        q = cls(linear.in_features, linear.out_features, linear.has_bias, quant_type, blocksize, tile_rows,
+                double_quant=double_quant)
         if planning_active():  # a model built for planning holds no values
             return q
         q.quantize_(linear.weight.data)
@@ -248,5 +289,6 @@ class QLinear(Module):
 
     def extra_repr(self) -> str:
         block = f", blocksize={self.blocksize}" if self.quant_type in QUANT_TYPES_4BIT else ""
+        block += ", double_quant=True" if self.double_quant else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}, "
                 f"quant_type={self.quant_type!r}{block}")

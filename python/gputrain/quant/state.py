@@ -14,7 +14,7 @@ from gputrain.quant import blockwise
 from gputrain.quant.codes import DYNAMIC_SIGNED, code_table
 
 _DTYPE_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
-_NESTED_BLOCKSIZE = 256  # bitsandbytes' quantize_4bit(compress_statistics=True)
+NESTED_BLOCKSIZE = 256  # bitsandbytes' quantize_4bit(compress_statistics=True)
 
 
 @dataclass
@@ -64,10 +64,10 @@ def quantize_4bit(x: Any, blocksize: int = 64, quant_type: str = "nf4", compress
     if compress_statistics:
         offset = np.float32(np.mean(absmax, dtype=np.float64))
         qabs, abs2 = blockwise.quantize_codes((absmax - offset).astype(np.float32), DYNAMIC_SIGNED,
-                                              _NESTED_BLOCKSIZE, 8, device)
+                                              NESTED_BLOCKSIZE, 8, device)
         state.absmax, state.offset = qabs, float(offset)
         state.nested_absmax, state.nested_code = abs2, DYNAMIC_SIGNED.copy()
-        state.nested_blocksize = _NESTED_BLOCKSIZE
+        state.nested_blocksize = NESTED_BLOCKSIZE
     return packed.reshape(-1, 1), state
 
 

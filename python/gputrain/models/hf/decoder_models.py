@@ -238,9 +238,7 @@ class _DecoderHead(Module):
         for name, module in quantized.items():  # N(0, std), quantized
             module.quantize_(rng.normal(0.0, std, (module.out_features, module.in_features)).astype(np.float32))
         for name, value in self.state_dict().items():
-            if name.rsplit(".", 1)[0] in quantized or name.endswith(".weight.absmax"):
-                if name.endswith(".bias"):
-                    values[name] = np.zeros_like(value)
+            if name.split(".weight")[0] in quantized:  # written above: its weight and absmax (nested too)
                 continue
             if name.endswith("bias"):
                 values[name] = np.zeros_like(value)
@@ -257,7 +255,8 @@ class _DecoderHead(Module):
         gputrain.nn.sequence.pack_for are taken as they are."""
         return super().__call__(input_ids, attention_mask, None, position_ids)
 
-    def quantize_embeddings_(self, quant_type: str = "nf4", blocksize: int = 64) -> _DecoderHead:
+    def quantize_embeddings_(self, quant_type: str = "nf4", blocksize: int = 64, *,
+                             double_quant: bool = False) -> _DecoderHead:
         """Holds the token table and an untied LM head frozen in 4 bits (NF4 or FP4, absmax blocks of
         `blocksize`, bitsandbytes' layouts): the table as a QTokenEmbedding (its lookup dequantizes the
         rows it reads), the head as a QLinear -- the embeddings transformers + bitsandbytes keep in 16
@@ -266,10 +265,13 @@ class _DecoderHead(Module):
         nothing changed: a tied head (tie_word_embeddings: it reads the table as a float32 parameter),
         hidden_size not a multiple of blocksize, a model inside another (quantize before
         gputrain.peft.get_peft_model). The values are quantized from the float32 ones (under
-        gputrain.memory_plan.planning(): the configuration only)."""
-        return self._quantize_embeddings(quant_type, blocksize, with_values=not planning_active())
+        gputrain.memory_plan.planning(): the configuration only). double_quant: the head's absmax
+        held double-quantized (QLinear's); the table's stays float32, which its lookup reads."""
+        return self._quantize_embeddings(quant_type, blocksize, with_values=not planning_active(),
+                                         double_quant=double_quant)
 
-    def _quantize_embeddings(self, quant_type: str, blocksize: int, with_values: bool = False) -> _DecoderHead:
+    def _quantize_embeddings(self, quant_type: str, blocksize: int, with_values: bool = False,
+                             double_quant: bool = False) -> _DecoderHead:
         """See quantize_embeddings_; with_values False builds the layers with zero codes (from_pretrained
         quantizes the stored values into them as it reads them)."""
         if self._owner is not None:
@@ -287,8 +289,9 @@ class _DecoderHead(Module):
                                              position_ids=True, pad_token_id=table.pad_token_id, quant_type=quant_type,
                                              blocksize=blocksize))
             if type(head) is Linear:
-                new_head = (QLinear.from_linear(head, quant_type, blocksize) if with_values else
-                            QLinear(head.in_features, head.out_features, head.has_bias, quant_type, blocksize))
+                new_head = (QLinear.from_linear(head, quant_type, blocksize, double_quant=double_quant) if with_values
+                            else QLinear(head.in_features, head.out_features, head.has_bias, quant_type, blocksize,
+                                         double_quant=double_quant))
         old = self._compiled.model
         self.model.embed_tokens = new_table
         if new_head is not head:

@@ -20,7 +20,6 @@ and how to describe a model as config.json fields when saving.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -147,7 +146,8 @@ def _match(family: Family, spec: Any, stored: dict[str, Any], folder: str, skip:
 
 
 def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device: str | None = None,
-                    quantization: str | None = None, blocksize: int = 64, quantize_embeddings: bool = False) -> Module:
+                    quantization: str | None = None, blocksize: int = 64, quantize_embeddings: bool = False,
+                    double_quant: bool | None = None) -> Module:
     """The model of a Hugging Face folder (config.json + safetensors weights), in eval mode as
     transformers returns it.
 
@@ -163,6 +163,9 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     bits loads its packed weights as they are (see gputrain.models.hf.quantized).
     quantize_embeddings: with quantization 'nf4' / 'fp4', the token table and an untied LM head are
     stored so too (the decoders' quantize_embeddings_: what bitsandbytes leaves in 16 bits).
+    double_quant: 4-bit weights hold their absmax double-quantized (QLinear(double_quant=True),
+    bitsandbytes' bnb_4bit_use_double_quant): None means as a bnb-4bit folder stores them, and
+    not for a float folder.
     Families: :data:`FAMILIES` (``gpt2`` today)."""
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
@@ -171,7 +174,7 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
         raise TypeError(f"device must be None or a str, not {type(device).__name__}")
     config = HFConfig.load(folder)
     family = _family_of(config)
-    quant = quantized.parse(quantization, blocksize, config)
+    quant = quantized.parse(quantization, blocksize, config, double_quant)
     if not isinstance(quantize_embeddings, bool):
         raise TypeError(f"quantize_embeddings must be a bool, not {type(quantize_embeddings).__name__}")
     if quantize_embeddings and (quant is None or quant.quant_type not in QUANT_TYPES_4BIT):
@@ -192,12 +195,11 @@ def from_pretrained(folder: str | os.PathLike, dtype: str | None = None, device:
     if quant.prequantized:
         stored, groups = quantized.split_stored(stored, names, lambda n: family.canonical(n, spec))
         shapes = family.tensors(spec)
-        quant = dataclasses.replace(quant, blocksize=quantized.check_groups(groups, {n: shapes[n] for n in names},
-                                                                            quant.quant_type, folder))
+        quant = quantized.check_groups(groups, {n: shapes[n] for n in names}, quant, folder)
     refs = _match(family, spec, stored, folder, skip=set(names) if quant.prequantized else set())
-    model = family.build(spec, linear=quantized_linears(quant.quant_type, quant.blocksize))
+    model = family.build(spec, linear=quantized_linears(quant.quant_type, quant.blocksize, bool(quant.double_quant)))
     if quantize_embeddings:  # zero codes now, each table quantized as it is read below
-        model._quantize_embeddings(quant.quant_type, quant.blocksize)
+        model._quantize_embeddings(quant.quant_type, quant.blocksize, double_quant=bool(quant.double_quant))
     quantized.load_groups(model, groups, names if quant.prequantized else [])
     return load_tensors(model, refs, precision, device)
 
@@ -253,7 +255,8 @@ def float_state_dict(model: Module) -> dict[str, np.ndarray]:
     state = model.state_dict()
     for name, module in model.named_modules():
         if isinstance(module, (QLinear, FrozenTokenEmbedding)):
-            state.pop(f"{name}.weight.absmax", None)  # a half weight has none
+            for piece in ("absmax", "nested_absmax", "offset"):  # a half weight has none
+                state.pop(f"{name}.weight.{piece}", None)
             state[f"{name}.weight"] = module.dequantize() if isinstance(module, QLinear) else module.table()
     return state
 

@@ -11,8 +11,8 @@ embedding, the norms and the LM head stay float, as bitsandbytes leaves ``lm_hea
 * a folder bitsandbytes saved in 4 bits (config.json ``quantization_config`` with
   ``load_in_4bit``; each weight stored as packed uint8 plus ``.absmax``, ``.quant_map``, optional
   ``.nested_absmax`` / ``.nested_quant_map`` and ``.quant_state.bitsandbytes__nf4`` / ``__fp4``):
-  the packed codes load as they are (a double-quantized absmax is expanded to float32, bit-exact
-  with bitsandbytes' dequantization); or in 8 bits (``load_in_8bit``; each weight int8 of its
+  the packed codes load as they are, and a double-quantized absmax stays so (``double_quant=False``
+  expands it to float32, bit-exact with bitsandbytes' dequantization); or in 8 bits (``load_in_8bit``; each weight int8 of its
   shape, the module's ``.SCB`` float32 row absmax and ``.weight_format`` 0, "row"): the codes load
   as they are. ``quantization=`` may be omitted or must name its type.
 
@@ -21,6 +21,7 @@ Everything is checked (names, dtypes, shapes, quant states' JSON) before the mod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from gputrain.models.hf.config import HFConfig
 from gputrain.models.hf.safetensors_io import TensorRef
 from gputrain.nn.qlinear import QUANT_TYPES_4BIT, check_quantization
 from gputrain.quant import QuantState, from_tensors
+from gputrain.quant.state import NESTED_BLOCKSIZE
 
 _RAW_DTYPES = {"U8": np.uint8, "I8": np.int8, "F32": np.float32}
 _INT8_KEYS = ("SCB", "weight_format")  # stored beside the module's weight, not under it
@@ -43,23 +45,31 @@ class Quantization:
     quant_type: str     # "nf4", "fp4", "int8", or "bf16" / "f16" (half weights, not quantized)
     blocksize: int      # 4-bit: elements per absmax block (64: bitsandbytes' default)
     prequantized: bool  # True: the folder holds bitsandbytes' packed weights
+    double_quant: bool | None  # 4-bit: the absmax held double-quantized; None: as a bnb-4bit folder stores it
 
 
-def parse(quantization: Any, blocksize: Any, config: HFConfig) -> Quantization | None:
-    """The quantization of from_pretrained's argument and config.json's ``quantization_config``
+def parse(quantization: Any, blocksize: Any, config: HFConfig, double_quant: Any = None) -> Quantization | None:
+    """The quantization of from_pretrained's arguments and config.json's ``quantization_config``
     (read here, so config.finish accepts it); None for a float model. ValueError names the bad
     argument or field."""
     if quantization is not None:
         check_quantization(quantization, blocksize, where="from_pretrained")
+    if double_quant is not None and not isinstance(double_quant, bool):
+        raise TypeError(f"double_quant must be a bool or None, not {type(double_quant).__name__}")
     stored = config.raw("quantization_config", None)
     config.irrelevant("quantization_config")
     if stored is None:
-        return None if quantization is None else Quantization(quantization, blocksize, False)
+        if double_quant and quantization not in QUANT_TYPES_4BIT:
+            raise ValueError(f"double_quant=True compresses a 4-bit weight's absmax: it needs quantization='nf4' or "
+                             f"'fp4', got {quantization!r}")
+        return None if quantization is None else Quantization(quantization, blocksize, False, bool(double_quant))
     quant_type = _stored_type(stored, config.path)
     if quantization is not None and quantization != quant_type:
         raise ValueError(f"quantization={quantization!r}: {config.path} holds weights bitsandbytes quantized to "
                          f"{quant_type!r} (field 'quantization_config'); pass {quant_type!r} or None")
-    return Quantization(quant_type, 0, True)  # the block size comes from the weights' quant states
+    if double_quant and quant_type == "int8":
+        raise ValueError(f"double_quant=True: {config.path} holds int8 weights (a row absmax each, nothing to compress)")
+    return Quantization(quant_type, 0, True, double_quant)  # the block size comes from the weights' quant states
 
 
 def _stored_type(stored: Any, path: str) -> str:
@@ -140,12 +150,14 @@ def read_raw(ref: TensorRef) -> np.ndarray:
     return np.frombuffer(raw, _RAW_DTYPES[ref.dtype]).reshape(ref.shape).copy()
 
 
-def check_groups(groups: dict[str, dict[str, TensorRef]], shapes: dict[str, tuple[int, ...]], quant_type: str,
-                 folder: str) -> int:
+def check_groups(groups: dict[str, dict[str, TensorRef]], shapes: dict[str, tuple[int, ...]], quant: Quantization,
+                 folder: str) -> Quantization:
     """Checks every bitsandbytes weight (present; 4-bit: packed uint8 of its shape, its quant state's
-    JSON and tensors; int8: see _check_int8) reading only the small pieces; returns the one block
-    size they share (int8: 0)."""
-    blocksizes = set()
+    JSON and tensors; int8: see _check_int8) reading only the small pieces; returns `quant` with the
+    one block size they share (int8: 0) and whether their absmax is held double-quantized (as they
+    store it, unless quant.double_quant says; True for weights that are not is refused)."""
+    quant_type = quant.quant_type
+    blocksizes, nested = set(), set()
     for name in shapes:
         group = groups.get(name)
         if group is None or "" not in group:
@@ -167,12 +179,18 @@ def check_groups(groups: dict[str, dict[str, TensorRef]], shapes: dict[str, tupl
             raise ValueError(f"{where}: packed weight is {packed.dtype} of shape {packed.shape}, expected {size} "
                              "U8 bytes")
         blocksizes.add(state.blocksize)
+        nested.add(state.nested and state.nested_blocksize == NESTED_BLOCKSIZE)
     if len(blocksizes) > 1:
         raise ValueError(f"{folder}: the 4-bit weights use several block sizes {sorted(blocksizes)}; gputrain loads "
                          "one block size per model")
     if quant_type == "int8":
-        return 0
-    return blocksizes.pop() if blocksizes else 64
+        return dataclasses.replace(quant, blocksize=0, double_quant=False)
+    all_nested = nested == {True}
+    if quant.double_quant and not all_nested:
+        raise ValueError(f"double_quant=True: {folder} holds 4-bit weights whose absmax is not double-quantized "
+                         f"(blocks of {NESTED_BLOCKSIZE}); pass double_quant=None or False")
+    double = all_nested if quant.double_quant is None else quant.double_quant
+    return dataclasses.replace(quant, blocksize=blocksizes.pop() if blocksizes else 64, double_quant=double)
 
 
 def _check_int8(group: dict[str, TensorRef], name: str, shape: tuple[int, ...]) -> None:
