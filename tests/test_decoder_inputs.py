@@ -6,6 +6,8 @@ transformers' float32 arithmetic)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -326,6 +328,27 @@ def test_checkpointing_recomputes_the_rope_with_the_same_bits():
         assert model.compiled.checkpointing == checkpointing
         grads.append(model.compiled.read_gradients())
     assert ref.same_bits(grads[0], grads[1])
+
+
+def test_checkpointing_keeps_one_input_per_decoder_layer():
+    """A decoder layer is one checkpointed unit, as transformers checkpoints it: its two residual
+    blocks are recomputed together, so a layer more keeps one (batch, T, hidden) activation, not two."""
+    import json
+
+    from gputrain.memory_plan import plan_training
+
+    with open(os.path.join(os.path.dirname(__file__), "fixtures", "hf", "llama-tiny", "config.json")) as f:
+        config = json.load(f)
+    kept = []
+    for layers in (1, 2, 3):
+        model = gt.models.LlamaForCausalLM(dict(config, num_hidden_layers=layers))
+        kept.append(plan_training(model, (2, 3, 16), precision="bf16", checkpointing=True)["cpu"]["activations"])
+    def aligned(n: int) -> int:
+        return -(-n // 64) * 64
+
+    hidden = 2 * 16 * config["hidden_size"] * 2  # the layer's input, bf16
+    rope = config["head_dim"] // 2 * 4  # its rotary embedding's inverse frequencies, placed once
+    assert kept[2] - kept[1] == kept[1] - kept[0] == aligned(hidden) + aligned(rope)
 
 
 @pytest.mark.sim

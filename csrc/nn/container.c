@@ -60,6 +60,28 @@ gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, c
     return GT_OK;
 }
 
+/* The block's forward again, as the first run did (same inputs and dropout keys, same bits), when
+ * it was checkpointed: its activations were in the shared recompute region. */
+static gt_status recompute_block(gt_layer *layer, const void *in, gt_run *run) {
+    if (!layer->checkpointed)
+        return GT_OK;
+    run->recompute = 1;  /* the running statistics were updated by the first run */
+    gt_status status = gt_sequential_forward(&layer->children[0], in, run);
+    run->recompute = 0;
+    return status;
+}
+
+gt_status gt_checkpoint_forward(gt_layer *layer, const void *in, gt_run *run) {
+    gt_layer *block = &layer->children[0];
+    GT_TRY(gt_sequential_forward(block, in, run));
+    return run->backend->ops->copy(run->backend, layer->out.ptr, block->out.ptr, gt_tensor_bytes(&layer->out));
+}
+
+gt_status gt_checkpoint_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
+    GT_TRY(recompute_block(layer, in, run));
+    return gt_sequential_backward(&layer->children[0], din, dout, in, run);
+}
+
 gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run) {
     gt_layer *block = &layer->children[0];
     GT_TRY(gt_sequential_forward(block, in, run));
@@ -70,12 +92,7 @@ gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run) {
 gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                gt_run *run) {
     gt_layer *block = &layer->children[0];
-    if (layer->checkpointed) {  /* re-run the block: same inputs and dropout keys, same bits */
-        run->recompute = 1;     /* the running statistics were updated by the first run */
-        gt_status status = gt_sequential_forward(block, in, run);
-        run->recompute = 0;
-        GT_TRY(status);
-    }
+    GT_TRY(recompute_block(layer, in, run));
     GT_TRY(gt_sequential_backward(block, din, dout, in, run));
     if (!din)
         return GT_OK;

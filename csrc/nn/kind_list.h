@@ -30,6 +30,7 @@
     X(DISENTANGLED_ATTENTION, disentangled_attention) /* (B, T, 3E) -> (B, T, E): DeBERTa's */ \
     X(QLINEAR, qlinear)         /* Linear over a frozen NF4/FP4 weight, dequantized tile by tile */ \
     X(LORA, lora)               /* (..., in) -> (..., out): frozen Linear + LoRA's B A path */      \
+    X(CHECKPOINT, checkpoint)   /* block(x): with checkpointing, one recomputed unit (x kept) */    \
     /* end of the list */
 
 #endif

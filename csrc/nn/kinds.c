@@ -146,6 +146,11 @@ const gt_layer_type gt_layer_type_residual = {
     "residual", "Residual", GT_LAYER_ARGS(residual_args), GT_KIND_CONTAINER, NULL, describe_residual, NULL,
     gt_plan_residual, gt_residual_forward, gt_residual_backward};
 
+/* ---- Checkpoint: ("checkpoint", [specs of its block]) ---- */
+const gt_layer_type gt_layer_type_checkpoint = {
+    "checkpoint", "Checkpoint", GT_LAYER_ARGS(residual_args), GT_KIND_CONTAINER, NULL, NULL, NULL,
+    gt_plan_checkpoint, gt_checkpoint_forward, gt_checkpoint_backward};
+
 /* ---- Attention: its row is in nn/attention.c ---- */
 
 /* ---- TokenEmbedding: ("tokens", num_embeddings, embedding_dim, type_vocab_size, attention_mask,

@@ -143,7 +143,7 @@ struct gt_layer {
     char *frozen;              /* the buffer arena at frozen_offset (NULL without frozen buffers) */
     const float *quant_code;   /* QLinear, a 4-bit Tokens table: (16,) f32 decoding table in the
                                   activation arena, written by the plan when it places the layer */
-    int checkpointed;          /* Residual: 1 when its block is recomputed in backward */
+    int checkpointed;          /* Residual, Checkpoint: 1 when its block is recomputed in backward */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };
 
@@ -261,6 +261,8 @@ gt_status gt_batchnorm2d_check_tree(const gt_layer *layer, int training);
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                  gt_run *run);
+gt_status gt_checkpoint_forward(gt_layer *layer, const void *in, gt_run *run);
+gt_status gt_checkpoint_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run);
 gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run);
 gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, const void *in,
                                gt_run *run);

@@ -497,22 +497,39 @@ gt_status gt_plan_sequential(gt_plan_walk *w, gt_layer *layer, const gt_tensor *
     return plan_children(w, layer, in, site->level + 1, site->inside_checkpoint, site->path, site->region);
 }
 
+/* The block of a Residual or Checkpoint one level deeper: when checkpointing and not inside a
+ * checkpointed unit already, in the shared recompute region (the unit keeps only its input and its
+ * own output; backward runs the block again), else in the site's region. */
+static gt_status plan_unit_block(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
+    gt_layer *block = &layer->children[0];
+    char name[GT_LAYER_PATH_BYTES];
+    snprintf(name, sizeof name, "%s%sblock", site->path, site->path[0] ? "." : "");
+    layer->checkpointed = w->checkpointing && !site->inside_checkpoint;
+    if (!layer->checkpointed)
+        return plan_children(w, block, in, site->level + 1, site->inside_checkpoint, name, site->region);
+    gt_plan_cursor recompute = {w->recompute_base, 0};
+    GT_TRY(plan_children(w, block, in, site->level + 1, 1, name, &recompute));
+    if (recompute.used > w->recompute_bytes)
+        w->recompute_bytes = recompute.used;
+    return GT_OK;
+}
+
+/* Checkpoint: its block (a unit of gradient checkpointing: the Residuals inside are recomputed
+ * with it instead of each keeping its own input), then its own output buffer, a copy of the
+ * block's output (which may be in the recompute region). */
+gt_status gt_plan_checkpoint(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
+    GT_TRY(plan_unit_block(w, layer, in, site));
+    layer->out = layer->children[0].out;
+    layer->out.ptr = NULL;
+    return GT_OK;
+}
+
 /* Residual: its block one level deeper (recomputed in backward when checkpointed), then its own
  * output buffer; the block must keep the input's shape. */
 gt_status gt_plan_residual(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                            const gt_plan_site *site) {
     gt_layer *block = &layer->children[0];
-    char name[GT_LAYER_PATH_BYTES];
-    snprintf(name, sizeof name, "%s%sblock", site->path, site->path[0] ? "." : "");
-    layer->checkpointed = w->checkpointing && !site->inside_checkpoint;
-    if (layer->checkpointed) {
-        gt_plan_cursor recompute = {w->recompute_base, 0};
-        GT_TRY(plan_children(w, block, in, site->level + 1, 1, name, &recompute));
-        if (recompute.used > w->recompute_bytes)
-            w->recompute_bytes = recompute.used;
-    } else {
-        GT_TRY(plan_children(w, block, in, site->level + 1, site->inside_checkpoint, name, site->region));
-    }
+    GT_TRY(plan_unit_block(w, layer, in, site));
     if (block->out.ndim != in->ndim ||
         memcmp(block->out.shape, in->shape, sizeof(int64_t) * (size_t)in->ndim) != 0) {
         char what[GT_LAYER_PATH_BYTES + 64];

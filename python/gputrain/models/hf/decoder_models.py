@@ -160,7 +160,9 @@ class DecoderLayer(Module):
                    self.post_feedforward_layernorm._spec_in(tied)]
         else:
             mlp = [self.post_attention_layernorm._spec_in(tied), *self.mlp._layers(tied)]
-        return ("sequential", [("residual", attention), ("residual", mlp)])
+        # One unit of gradient checkpointing, as transformers checkpoints a decoder layer: only its
+        # input is kept, and both residual blocks are recomputed in backward (not each its own input).
+        return ("checkpoint", [("residual", attention), ("residual", mlp)])
 
 
 class DecoderModel(Module):
