@@ -71,9 +71,12 @@ static gt_status recompute_block(gt_layer *layer, const void *in, gt_run *run) {
     return status;
 }
 
+/* Checkpointed, the block's output (in the recompute region) is copied into the unit's own buffer. */
 gt_status gt_checkpoint_forward(gt_layer *layer, const void *in, gt_run *run) {
     gt_layer *block = &layer->children[0];
     GT_TRY(gt_sequential_forward(block, in, run));
+    if (!layer->checkpointed)
+        return GT_OK;
     return run->backend->ops->copy(run->backend, layer->out.ptr, block->out.ptr, gt_tensor_bytes(&layer->out));
 }
 

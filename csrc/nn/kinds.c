@@ -148,7 +148,8 @@ const gt_layer_type gt_layer_type_residual = {
 
 /* ---- Checkpoint: ("checkpoint", [specs of its block]) ---- */
 const gt_layer_type gt_layer_type_checkpoint = {
-    "checkpoint", "Checkpoint", GT_LAYER_ARGS(residual_args), GT_KIND_CONTAINER, NULL, NULL, NULL,
+    "checkpoint", "Checkpoint", GT_LAYER_ARGS(residual_args), GT_KIND_CONTAINER | GT_KIND_NO_BUFFER, NULL, NULL,
+    NULL,
     gt_plan_checkpoint, gt_checkpoint_forward, gt_checkpoint_backward};
 
 /* ---- Attention: its row is in nn/attention.c ---- */

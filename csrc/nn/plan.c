@@ -514,14 +514,19 @@ static gt_status plan_unit_block(gt_plan_walk *w, gt_layer *layer, const gt_tens
     return GT_OK;
 }
 
+static gt_status take_output(gt_plan_walk *w, gt_layer *layer, const gt_plan_site *site);
+
 /* Checkpoint: its block (a unit of gradient checkpointing: the Residuals inside are recomputed
- * with it instead of each keeping its own input), then its own output buffer, a copy of the
- * block's output (which may be in the recompute region). */
+ * with it instead of each keeping its own input). Checkpointed, it has an output buffer of its own,
+ * a copy of the block's output, which is in the recompute region; otherwise its output is the
+ * block's (no buffer, as a Sequential's). */
 gt_status gt_plan_checkpoint(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in, const gt_plan_site *site) {
     GT_TRY(plan_unit_block(w, layer, in, site));
     layer->out = layer->children[0].out;
+    if (!layer->checkpointed)
+        return GT_OK;
     layer->out.ptr = NULL;
-    return GT_OK;
+    return take_output(w, layer, site);
 }
 
 /* Residual: its block one level deeper (recomputed in backward when checkpointed), then its own
