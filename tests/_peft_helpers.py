@@ -118,3 +118,14 @@ def assert_unchanged(model, before):
     names, state = snapshot(model)
     assert names == before[0]
     assert all(np.array_equal(state[k], v) for k, v in before[1].items())
+
+
+def adapted_with_acting_b(model, seed):
+    """`model` with a LoRA adapter (r 4, alpha 8, all linear layers, seed `seed`) whose B is 0.01
+    everywhere, so that the adapter's path changes the output from the first step."""
+    gt.random.manual_seed(seed)
+    peft = gt.peft.get_peft_model(model, gt.peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for _, lora in peft.lora_layers():
+        b = lora.lora_B.default.weight
+        b.data = np.full(b.data.shape, 0.01, np.float32)
+    return peft

@@ -23,7 +23,7 @@ from gputrain.models.hf.safetensors_io import checkpoint_tensors
 from gputrain.peft import LoraConfig, get_peft_model
 
 import _reference as ref
-from _peft_helpers import BASE
+from _peft_helpers import BASE, adapted_with_acting_b
 from _sim_steps import assert_sim_gives_the_cpu_bits_at_its_plan
 
 HF = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
@@ -128,16 +128,8 @@ def test_qlora_on_a_double_quantized_base_trains_the_bits_of_the_expanded_one():
         if isinstance(layer, nn.QLinear):
             expanded.get_submodule(name).load_quantized(np.asarray(layer.weight), layer.quant_state())
 
-    def adapted(model):
-        gt.random.manual_seed(4)
-        peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-        for _, lora in peft.lora_layers():
-            b = lora.lora_B.default.weight
-            b.data = np.full(b.data.shape, 0.01, np.float32)
-        return peft
-
     results = []
-    for model in (adapted(double), adapted(expanded)):
+    for model in (adapted_with_acting_b(double, 4), adapted_with_acting_b(expanded, 4)):
         model.train()
         step = gt.TrainStep(model, nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
                             precision="bf16")

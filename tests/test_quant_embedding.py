@@ -21,7 +21,7 @@ from gputrain.quant import quantize_4bit, reference
 from gputrain.quant.codes import code_table
 
 import _reference as ref
-from _peft_helpers import BASE
+from _peft_helpers import BASE, adapted_with_acting_b
 from _sim_steps import assert_sim_gives_the_cpu_bits_at_its_plan
 
 
@@ -150,18 +150,10 @@ def test_quantize_embeddings_holds_the_table_and_head_in_4_bits_with_the_float_p
 
 
 def test_lora_on_a_model_with_4_bit_embeddings_trains_the_float_path_s_bits():
-    def adapted(model):
-        gt.random.manual_seed(5)
-        peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-        for _, lora in peft.lora_layers():
-            b = lora.lora_B.default.weight
-            b.data = np.full(b.data.shape, 0.01, np.float32)
-        return peft
-
     quantized = from_pretrained(BASE, quantization="nf4", blocksize=32).quantize_embeddings_("nf4", 32)
     twin = float_ends(quantized)
     results = []
-    for model in (adapted(quantized), adapted(twin)):
+    for model in (adapted_with_acting_b(quantized, 5), adapted_with_acting_b(twin, 5)):
         model.train()
         step = gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
                             precision="bf16", loss_chunk_rows=5)
