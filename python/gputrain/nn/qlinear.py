@@ -97,7 +97,8 @@ class QLinear(Module):
     blocks of 256 (``weight.absmax``), their float32 absmax (``weight.nested_absmax``) and the
     float32 offset (``weight.offset``) -- about 1/8 of the float32 absmax's bytes. Each tile's absmax
     is dequantized as bitsandbytes computes it, so the layer computes what a QLinear holding that
-    float32 absmax computes."""
+    float32 absmax computes with the same tiles (a tile starts on a block of the absmax, 256
+    blocks: with several tiles, the input gradient sums them in order)."""
 
     _param_names = ("bias",)
     _buffer_names = ("weight", "weight.absmax", "weight.nested_absmax", "weight.offset")
