@@ -88,7 +88,7 @@ stage "the test suite under ASan + UBSan"
 # the run's exit status fails the script.)
 status=0
 bounded 2400 env "${asan_env[@]}" GPUTRAIN_FUZZ_CASES="${GPUTRAIN_SANITIZE_FUZZ_CASES:-2000}" \
-    "$py" -m pytest -q -ra -p no:cacheprovider -m "not slow and not native_only" tests \
+    "$py" -m pytest -q -ra -p no:cacheprovider -m "not slow and not native_only" --durations=15 tests \
     --deselect tests/test_runtime.py::test_import_needs_no_environment_variables || status=$?
 fail_on_reports "ASan/UBSan" "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)Sanitizer"
 [ "$status" -eq 0 ] || exit "$status"

@@ -76,12 +76,20 @@ static gt_status check_quantized_table(int64_t dim, int64_t blocksize, int bits)
     return GT_OK;
 }
 
-/* Rows [row_begin, row_end) of out, each the dequantized row ids[i] (element math of quant_hd.h). */
+/* Rows [row_begin, row_end) of out, each the dequantized row ids[i] (element math of quant_hd.h);
+ * 4-bit rows block by block through a table of the block's 16 outputs (the same bits). */
 static void quantized_rows(void *out, const int64_t *ids, const uint8_t *codes, const float *absmax,
                            const float *code, size_t row_begin, size_t row_end, size_t dim, size_t blocksize,
                            int bits, gt_dtype dt) {
     for (size_t i = row_begin; i < row_end; i++) {
         size_t first = (size_t)ids[i] * dim;  /* the row's first element in the flattened table */
+        if (bits == 4) {  /* first is even (dim is whole blocks, blocksize even): the row starts on a byte */
+            void *row = (char *)out + i * dim * gt_dtype_size(dt);
+            for (size_t b = 0; b < dim; b += blocksize)
+                gt_cpu_dequantize4_block(row, codes + first / 2, absmax[(first + b) / blocksize], code, b,
+                                         b + blocksize, dt);
+            continue;
+        }
         for (size_t c = 0; c < dim; c++) {
             size_t at = first + c;
             gt_quant_decode_store(out, i * dim + c, code, gt_quant_code_at(codes, at, bits), absmax[at / blocksize],

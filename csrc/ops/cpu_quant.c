@@ -69,9 +69,7 @@ gt_status gt_cpu_quantize_blockwise(gt_backend *be, uint8_t *codes, float *absma
     return GT_OK;
 }
 
-/* Block b of 4-bit codes: its 16 possible outputs (gt_quant_decode_store of each code, the same
- * bits as element by element) looked up per element. */
-static void dequantize4_block(void *out, const uint8_t *codes, float scale, const float *code, size_t begin,
+void gt_cpu_dequantize4_block(void *out, const uint8_t *codes, float scale, const float *code, size_t begin,
                               size_t end, gt_dtype dt) {
     float l32[16];
     uint16_t l16[16];
@@ -131,7 +129,7 @@ gt_status gt_cpu_dequantize_blockwise(gt_backend *be, void *out, const uint8_t *
         size_t end = (b + 1) * bs < count ? (b + 1) * bs : count;
         float scale = absmax[b];
         if (bits == 4) {
-            dequantize4_block(out, codes, scale, code, b * bs, end, dt);
+            gt_cpu_dequantize4_block(out, codes, scale, code, b * bs, end, dt);
             continue;
         }
         if (end - b * bs >= GT_DEQUANTIZE8_TABLE_FROM) {
