@@ -83,13 +83,10 @@ class TokenEmbedding(Module):
 class FrozenTokenEmbedding(TokenEmbedding):
     """A TokenEmbedding whose table is a frozen buffer held compactly, with no float32 master and no
     gradient (HalfTokenEmbedding, QTokenEmbedding). A TiedLinear cannot read it (the head's GEMMs
-    read a parameter's half copy)."""
+    read a parameter's half copy). Each subclass gives the table as float32, what its lookup reads
+    exactly, as ``table()``."""
 
     _param_names = ()
-
-    def table(self) -> np.ndarray:
-        """The table as float32: what the lookup reads, exactly."""
-        raise NotImplementedError
 
     def requires_grad_(self, requires_grad: bool = True) -> FrozenTokenEmbedding:
         """The stored table is frozen: True is refused."""
