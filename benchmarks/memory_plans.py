@@ -21,6 +21,9 @@ pool "sim:0" that stands for the card; nothing here is estimated):
              QTokenEmbedding, QLinear; models with a tied head have no such row)
   nf4e-dq-lora8  the same with the QLinear layers' absmax double-quantized (double_quant=True: 8-bit
              codes, as bitsandbytes' bnb_4bit_use_double_quant keeps it; the table's stays float32)
+  nf4e-dq-lora8-off  the same with the checkpointed decoder layers' inputs offloaded to pinned
+             host memory (gradient_checkpointing="offload": the device keeps two of them and the last
+             layer's output; the pinned pool's checkpoint_offload holds the others)
   nf4        the NF4 base alone, every parameter frozen, no optimizer
   int8-lora  the decoder blocks' Linear layers int8 (QLinear, LLM.int8's row-wise format), LoRA r=16
              on them, AdamW on the adapters
@@ -62,8 +65,9 @@ MODELS = {
     "gemma-3-1b": (gt.models.Gemma3ForCausalLM, CONFIGS["gemma3"]),
     "llama-3.1-8b": (gt.models.LlamaForCausalLM, LLAMA_31_8B),
 }
-ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4e-dq-lora8", "nf4", "int8-lora",
-        "frozen")
+ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4e-dq-lora8", "nf4e-dq-lora8-off",
+        "nf4", "int8-lora", "frozen")
+OFFLOADED = "-off"  # a row's suffix: its checkpoints offloaded to pinned host memory
 LORA = dict(r=16, lora_alpha=32, target_modules="all-linear")
 
 
@@ -91,11 +95,12 @@ def optimizer_of(model: gt.nn.Module, row: str) -> mp.OptimizerSpec | None:
     numels = tuple(p.numel() for p in model.parameters() if p.requires_grad)
     if not numels:
         return None
-    return mp.OptimizerSpec("adamw8bit" if row.endswith("8") else "adamw", numels)
+    return mp.OptimizerSpec("adamw8bit" if row.removesuffix(OFFLOADED).endswith("8") else "adamw", numels)
 
 
 def plan_row(model: gt.nn.Module, row: str, tokens: int, chunk: int, batch: int = 1) -> mp.MemoryPlan:
-    return mp.plan_training(model, (batch, 3, tokens), precision="bf16", checkpointing=True,
+    checkpointing = "offload" if row.endswith(OFFLOADED) else True
+    return mp.plan_training(model, (batch, 3, tokens), precision="bf16", checkpointing=checkpointing,
                             optimizer=optimizer_of(model, row), loss_chunk_rows=chunk)
 
 
@@ -151,7 +156,8 @@ def main() -> None:
                                       "tokens": args.tokens, "parameters": model.compiled.num_parameters,
                                       "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
                                       "device_total": plan.total(plan.device),
-                                      "device_regions": {k: v for k, v in plan[plan.device].items() if k != "total"}}),
+                                      "device_regions": {k: v for k, v in plan[plan.device].items() if k != "total"},
+                                      "pinned_total": plan.total("pinned")}),
                           flush=True)
                 else:
                     print(line(cells(name, row, chunk, model, plan), args.markdown), flush=True)

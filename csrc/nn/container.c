@@ -4,6 +4,42 @@
  * by the level above) survives the block's backward. */
 #include "nn/layer.h"
 
+#include "core/copy_stream.h"
+
+/* Offloaded checkpoints (nn/plan.c): a unit whose output is offloaded writes it into a slot that
+ * the unit two before it in its run used; the copy of that one's output to the host must be done
+ * first (the compute stream waits for the queued copies). */
+static gt_status claim_slot(const gt_layer *unit, gt_run *run) {
+    return unit->offload_host ? gt_copy_stream_before_compute(run->copies) : GT_OK;
+}
+
+/* ...and once written, the slot is copied to the unit's host copy behind the compute that wrote it. */
+static gt_status offload_output(const gt_layer *unit, gt_run *run) {
+    if (!unit->offload_host)
+        return GT_OK;
+    GT_TRY(gt_copy_stream_after_compute(run->copies));
+    return gt_copy_stream_d2h(run->copies, unit->offload_host, unit->out.ptr, gt_tensor_bytes(&unit->out));
+}
+
+/* In backward, once child `done` of a Sequential no longer needs its input (the output of child
+ * done - 1), that slot is free: the output of child done - 3, which took the same slot in forward,
+ * is copied back into it for the backward of child done - 2 (which waits for it: wait_for_input).
+ * The run's last two slots still hold their forward outputs. */
+static gt_status prefetch_input(const gt_layer *seq, size_t done, size_t first, gt_run *run) {
+    if (done < 3 || done - 2 < first)
+        return GT_OK;
+    const gt_layer *freed = &seq->children[done - 1], *back = &seq->children[done - 3];
+    if (!freed->offload_host || !back->offload_host || freed->out.ptr != back->out.ptr)
+        return GT_OK;
+    GT_TRY(gt_copy_stream_after_compute(run->copies));
+    return gt_copy_stream_h2d(run->copies, back->out.ptr, back->offload_host, gt_tensor_bytes(&back->out));
+}
+
+/* Before child i's backward: its input, when an offloaded output, must be back in its slot. */
+static gt_status wait_for_input(const gt_layer *seq, size_t i, gt_run *run) {
+    return i > 0 && seq->children[i - 1].offload_host ? gt_copy_stream_before_compute(run->copies) : GT_OK;
+}
+
 gt_status gt_sequential_forward(gt_layer *layer, const void *in, gt_run *run) {
     const void *cur = in;
     for (size_t i = 0; i < layer->num_children; i++) {
@@ -51,7 +87,9 @@ gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, c
         }
         const void *child_in = i > 0 ? layer->children[i - 1].out.ptr : in;
         void *target = i > first ? run->scratch[level][next] : din;  /* i == first > 0: din is NULL */
+        GT_TRY(wait_for_input(layer, i, run));
         GT_TRY(gt_layer_backward(child, target, cur, child_in, run));
+        GT_TRY(prefetch_input(layer, i, first, run));
         if (layer == run->hooked && i > 0)  /* after the first layer the backward is over */
             GT_TRY(run->child_done(run, i));
         cur = target;
@@ -77,7 +115,9 @@ gt_status gt_checkpoint_forward(gt_layer *layer, const void *in, gt_run *run) {
     GT_TRY(gt_sequential_forward(block, in, run));
     if (!layer->checkpointed)
         return GT_OK;
-    return run->backend->ops->copy(run->backend, layer->out.ptr, block->out.ptr, gt_tensor_bytes(&layer->out));
+    GT_TRY(claim_slot(layer, run));
+    GT_TRY(run->backend->ops->copy(run->backend, layer->out.ptr, block->out.ptr, gt_tensor_bytes(&layer->out)));
+    return offload_output(layer, run);
 }
 
 gt_status gt_checkpoint_backward(gt_layer *layer, void *din, const void *dout, const void *in, gt_run *run) {
@@ -88,8 +128,10 @@ gt_status gt_checkpoint_backward(gt_layer *layer, void *din, const void *dout, c
 gt_status gt_residual_forward(gt_layer *layer, const void *in, gt_run *run) {
     gt_layer *block = &layer->children[0];
     GT_TRY(gt_sequential_forward(block, in, run));
-    return run->backend->ops->add(run->backend, layer->out.ptr, in, block->out.ptr,
-                                  gt_layer_out_numel(layer), run->dt);
+    GT_TRY(claim_slot(layer, run));
+    GT_TRY(run->backend->ops->add(run->backend, layer->out.ptr, in, block->out.ptr,
+                                  gt_layer_out_numel(layer), run->dt));
+    return offload_output(layer, run);
 }
 
 gt_status gt_residual_backward(gt_layer *layer, void *din, const void *dout, const void *in,

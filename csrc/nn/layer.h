@@ -32,6 +32,14 @@ extern "C" {
 
 enum { GT_MAX_NESTING = 16 };
 
+/* Gradient checkpointing (gt_model.checkpointing): what a checkpointed unit keeps for backward. */
+enum {
+    GT_CHECKPOINT_OFF = 0,      /* none: every layer keeps its activations */
+    GT_CHECKPOINT_ON = 1,       /* units keep their input on the device and recompute the rest */
+    GT_CHECKPOINT_OFFLOAD = 2,  /* as ON, but units side by side keep their outputs in pinned host
+                                   memory, copied there after their forward and back for backward */
+};
+
 /* GT_LAYER_LINEAR, ...: one value per row of GT_LAYER_KIND_LIST (nn/kind_list.h), whose rows
  * (nn/kind.h) say what each kind takes and computes. */
 #define GT_LAYER_KIND_ENUM(NAME, name) GT_LAYER_##NAME,
@@ -144,6 +152,9 @@ struct gt_layer {
     const float *quant_code;   /* QLinear, a 4-bit Tokens table: (16,) f32 decoding table in the
                                   activation arena, written by the plan when it places the layer */
     int checkpointed;          /* Residual, Checkpoint: 1 when its block is recomputed in backward */
+    void *offload_host;        /* Residual, Checkpoint with offloaded checkpoints: (out bytes) host copy
+                                  of its output, whose device buffer is a slot it shares (nn/plan.c);
+                                  NULL when the output stays in its own device buffer */
     int level;                 /* nesting depth of the Sequential holding this layer */
 };
 
@@ -164,6 +175,7 @@ typedef struct gt_run {
     int64_t positions_stride;       /* elements between rows of positions */
     const int64_t *key_starts;  /* (B, T) first visible key of each query, or NULL */
     const int64_t *last_tokens;     /* (B,) each entry's last token (Pool "last"); NULL: T - 1 */
+    struct gt_copy_stream *copies;  /* the model's stream for offloaded checkpoints' copies, or NULL */
     int recompute;                  /* 1 while a checkpointed block re-runs its forward in backward:
                                        running statistics are not updated a second time */
     void *scratch[GT_MAX_NESTING][2]; /* backward ping-pong buffers per nesting level */

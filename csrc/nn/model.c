@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/cast.h"
+#include "core/copy_stream.h"
 #include "nn/head_loss.h"
 #include "nn/init.h"
 #include "nn/kind.h"
@@ -416,6 +417,8 @@ void gt_model_destroy(gt_model *model) {
     if (model->device)  /* NULL when the creation failed before the backend */
         model->device->backend_release(&model->backend);
     gt_block_free(&model->step_scratch);
+    gt_copy_stream_destroy(model->offload_copies);  /* waits for its copies */
+    gt_arena_destroy(&model->offload_host);
     gt_arena_destroy(&model->activations);
     gt_arena_destroy(&model->lowp_params);
     gt_arena_destroy(&model->buffers);
@@ -630,14 +633,17 @@ static gt_status walk_plan(gt_model *model, const gt_tensor *input, int checkpoi
     snprintf(what, sizeof what, "%s: the buffers for a batch of this shape", input_name);
     size_t bytes = 0;
     GT_TRY(gt_tensor_checked_bytes(input, what, &bytes));
-    if (base)
+    if (base) {
         walk.recompute_base = base + plan->activation_bytes;
+        walk.offload_base = model->offload_host.block.ptr;
+    }
     gt_plan_cursor main_region = {base, 0};
     walk.persistent = &main_region;
     walk.fill = base ? fill_model : NULL;
     walk.fill_ctx = model;
     GT_TRY(plan_root(model, &walk, &in, chunk, &main_region, plan));
     plan->activation_bytes = main_region.used;
+    plan->offload_bytes = walk.offload_bytes;
     plan->nesting_levels = walk.levels;
     gt_tail_sizes tail = {0};
     GT_TRY(size_tail(model, input, &walk, what, dt, &tail, plan));
@@ -743,6 +749,28 @@ static gt_status adopt_plan(gt_model *model, const gt_tensor *input, gt_model_pl
     return GT_OK;
 }
 
+/* The pinned host arena and the copy stream that a plan offloading `bytes` of checkpoints needs:
+ * a larger arena replaces the current one (once the copies into it are done), which is kept when
+ * the new one is refused. */
+static gt_status prepare_offload(gt_model *model, size_t bytes) {
+    if (bytes == 0)
+        return GT_OK;
+    if (!model->offload_copies)
+        GT_TRY(gt_copy_stream_create(model->backend.device, NULL, &model->offload_copies));
+    if (bytes <= model->offload_host.block.bytes)
+        return GT_OK;
+    gt_arena fresh = {0};
+    GT_TRY(gt_arena_create(&fresh, gt_pinned_device(), bytes));
+    gt_status status = gt_copy_stream_sync(model->offload_copies);
+    if (status != GT_OK) {
+        gt_arena_destroy(&fresh);
+        return status;
+    }
+    gt_arena_destroy(&model->offload_host);
+    model->offload_host = fresh;
+    return GT_OK;
+}
+
 gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     GT_TRY(gt_model_check_values(model, "running the model"));
     if (model->planned && same_shape(input, &model->planned_input) &&
@@ -753,6 +781,8 @@ gt_status gt_model_prepare(gt_model *model, const gt_tensor *input) {
     int was_planned = model->planned;
     gt_arena fresh = {0};
     gt_status status = walk_plan(model, input, model->checkpointing, model->dt, wanted_chunk(model), "x", NULL, &plan);
+    if (status == GT_OK)
+        status = prepare_offload(model, plan.offload_bytes);
     if (status == GT_OK && model->activations.block.ptr && region_bytes(&plan) <= model->activations.block.bytes)
         return adopt_plan(model, input, &plan);  /* the arena it has holds it: nothing is allocated */
     if (status == GT_OK)
@@ -782,7 +812,8 @@ static gt_run make_run(gt_model *model, const void *in, uint64_t micro, int accu
     gt_run run = {.backend = &model->backend, .dt = model->dt, .training = model->training,
                   .seed = model->seed, .step = model->step, .micro_offset = micro,
                   .accumulate = accumulate, .key_lengths = model->key_lengths,
-                  .key_starts = model->key_starts, .last_tokens = model->last_tokens};
+                  .key_starts = model->key_starts, .last_tokens = model->last_tokens,
+                  .copies = model->offload_copies};
     if (model->has_positions) {
         run.positions = (const int64_t *)in + model->positions_offset;
         run.positions_stride = model->positions_stride;

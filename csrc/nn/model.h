@@ -41,6 +41,8 @@ typedef struct gt_model_plan {
                                  model also the device copies of a host input and its targets */
     size_t workspace_bytes;   /* backend scratch (e.g. widened GEMM inputs) */
     size_t total_bytes;       /* sum of the above */
+    size_t offload_bytes;     /* pinned host memory (not in total_bytes): the outputs of offloaded
+                                 checkpoints (GT_CHECKPOINT_OFFLOAD) */
     int nesting_levels;       /* levels with scratch buffers */
     int64_t head_chunk_rows;  /* rows per block of a chunked LM head + loss (nn/head_loss.c);
                                  0: the logits are planned whole */
@@ -112,7 +114,8 @@ typedef struct gt_model {
     uint64_t seed;              /* initialisation and dropout seed */
     uint32_t step;              /* optimizer steps taken (dropout key) */
     int training;               /* 1: dropout active */
-    int checkpointing;          /* 1: Residual blocks recompute their inside in backward */
+    int checkpointing;          /* GT_CHECKPOINT_*: units (Residual, Checkpoint) recompute their
+                                   inside in backward, keeping their inputs on the device or offloaded */
     int grads_valid;            /* 0 after zero_grad(set_to_none): next backward writes */
     size_t num_params;          /* f32 elements in the parameter arena */
     size_t num_grads;           /* f32 elements in the gradient arena: the trainable parameters' */
@@ -127,6 +130,10 @@ typedef struct gt_model {
                                    frozen buffers, then (stat_bytes,) the statistics' copy at the
                                    start of a training step */
     gt_arena activations;       /* everything sized by the input shape */
+    gt_arena offload_host;      /* (plan.offload_bytes,) pinned host copies of offloaded checkpoints'
+                                   outputs; empty without them */
+    struct gt_copy_stream *offload_copies; /* the copies to and from offload_host (created with the
+                                   first plan that offloads), or NULL */
     gt_tensor planned_input;    /* input shape/dtype the activations are planned for */
     int planned;                /* 1 when `activations` matches planned_input */
     gt_model_plan plan;         /* bytes of the current plan */

@@ -467,6 +467,39 @@ gt_status gt_plan_note_scratch(gt_plan_walk *w, int level, const gt_tensor *t) {
     return GT_OK;
 }
 
+/* With offloaded checkpoints (GT_CHECKPOINT_OFFLOAD), a run of checkpointed units side by side (a
+ * decoder's layers; at least GT_OFFLOAD_MIN_RUN of them) keeps the outputs of all but its last unit in pinned host memory: on the
+ * device they share two slots, which the units take in turn (nn/container.c copies each output
+ * to the host after its forward, and back before the backward of the unit that reads it). The
+ * run's last unit keeps a buffer of its own, since what follows it may read it at any time. */
+typedef struct gt_offload_slots {
+    void *ptr[2];  /* the two device slots, (bytes) each */
+    size_t bytes;  /* the size of each; 0: no run in progress */
+    int next;      /* the slot the run's next unit takes */
+} gt_offload_slots;
+
+/* Residual and Checkpoint: units of gradient checkpointing. */
+static int is_unit(const gt_layer *layer) {
+    return layer->kind == GT_LAYER_RESIDUAL || layer->kind == GT_LAYER_CHECKPOINT;
+}
+
+enum { GT_OFFLOAD_MIN_RUN = 4 };  /* units a run needs to be offloaded: two slots must replace more
+                                     than two of its outputs (GPT-2's blocks pair two Residuals: no) */
+
+/* 1 when child i of `seq` offloads its output: a checkpointed unit followed by another, in a run of
+ * at least GT_OFFLOAD_MIN_RUN units side by side. */
+static int offloads_output(const gt_plan_walk *w, const gt_layer *seq, size_t i, int inside_checkpoint) {
+    size_t n = seq->num_children, start = i, end = i + 1;
+    if (w->checkpointing != GT_CHECKPOINT_OFFLOAD || inside_checkpoint || end >= n ||
+        !is_unit(&seq->children[i]) || !is_unit(&seq->children[end]))
+        return 0;
+    while (start > 0 && is_unit(&seq->children[start - 1]))
+        start--;
+    while (end < n && is_unit(&seq->children[end]))
+        end++;
+    return end - start >= GT_OFFLOAD_MIN_RUN;
+}
+
 /* The children of a Sequential at nesting `level`, one after another; its output is its last
  * child's (no buffer of its own). Backward writes the gradient of each child's output but the
  * last's (a layer's, a container's, a Flatten's view) into a scratch buffer of this level
@@ -479,11 +512,24 @@ static gt_status plan_children(gt_plan_walk *w, gt_layer *layer, const gt_tensor
     if (level + 1 > w->levels)
         w->levels = level + 1;
     const gt_tensor *cur = in;
+    gt_offload_slots slots = {0};  /* the current run of offloaded units' */
+    const gt_layer *outer = w->offloaded;  /* this Sequential's own unit (planned by the caller) */
+    gt_offload_slots *outer_slots = w->slots;
     for (size_t i = 0; i < layer->num_children; i++) {
         char name[GT_LAYER_PATH_BYTES];
         child_path(name, sizeof name, path, i);
-        layer->children[i].level = level;
-        GT_TRY(gt_plan_layer(w, &layer->children[i], cur, level, inside_checkpoint, name, region));
+        gt_layer *child = &layer->children[i];
+        child->level = level;
+        child->offload_host = NULL;
+        int offloaded = offloads_output(w, layer, i, inside_checkpoint);
+        if (!offloaded)
+            slots.bytes = 0;  /* the run, if any, ends: a later one takes slots of its own */
+        w->offloaded = offloaded ? child : NULL;
+        w->slots = &slots;
+        gt_status status = gt_plan_layer(w, child, cur, level, inside_checkpoint, name, region);
+        w->offloaded = outer;
+        w->slots = outer_slots;
+        GT_TRY(status);
         if (i + 1 < layer->num_children)
             GT_TRY(gt_plan_note_scratch(w, level, &layer->children[i].out));
         cur = &layer->children[i].out;
@@ -547,13 +593,35 @@ gt_status gt_plan_residual(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in
     return GT_OK;
 }
 
-/* The layer's own output buffer in the site's region. */
+/* An offloaded unit's output: a slot of its run (the run's first unit, or one whose output is of
+ * another size, takes two new slots of its size from the site's region; the units then take them
+ * in turn), and its host copy in the offload region. */
+static gt_status take_slot(gt_plan_walk *w, gt_layer *layer, const gt_plan_site *site, size_t bytes,
+                           const char *what) {
+    gt_offload_slots *slots = w->slots;
+    if (slots->bytes != bytes) {
+        for (int k = 0; k < 2; k++)
+            GT_TRY(gt_plan_take(site->region, bytes, what, &slots->ptr[k]));
+        slots->bytes = bytes;
+        slots->next = 0;
+    }
+    layer->out.ptr = slots->ptr[slots->next];
+    slots->next ^= 1;
+    gt_plan_cursor host = {w->offload_base, w->offload_bytes};
+    GT_TRY(gt_plan_take(&host, bytes, what, &layer->offload_host));
+    w->offload_bytes = host.used;
+    return GT_OK;
+}
+
+/* The layer's own output buffer in the site's region (an offloaded unit's: a slot). */
 static gt_status take_output(gt_plan_walk *w, gt_layer *layer, const gt_plan_site *site) {
     char what[GT_LAYER_PATH_BYTES + 96];
     snprintf(what, sizeof what, "%s: the activations of layer '%s'", w->input_name, site->path);
     size_t bytes = 0;
     void *ptr = NULL;
     GT_TRY(gt_tensor_checked_bytes(&layer->out, what, &bytes));
+    if (layer == w->offloaded)
+        return take_slot(w, layer, site, bytes, what);
     GT_TRY(gt_plan_take(site->region, bytes, what, &ptr));
     layer->out.ptr = ptr;
     return GT_OK;

@@ -16,7 +16,7 @@ enum { GT_LAYER_PATH_BYTES = 160 };  /* room for a layer's dotted name, e.g. "2.
 typedef struct gt_plan_walk {
     const gt_ops *ops;            /* backend, for GEMM workspace sizes */
     gt_dtype dt;                  /* activation precision */
-    int checkpointing;            /* 1: outermost Residuals recompute their block */
+    int checkpointing;            /* GT_CHECKPOINT_*: outermost Residuals and Checkpoints recompute their block */
     const gt_tensor *input;       /* the model's input (messages say when a layer reads it) */
     const char *input_name;       /* the argument it came from: "x" or "shape" */
     char *recompute_base;         /* start of the shared recompute region (NULL counting) */
@@ -33,6 +33,11 @@ typedef struct gt_plan_walk {
     int64_t positions_stride;     /* has_positions: elements between the rows of positions */
     int64_t *key_starts;          /* the Tokens layer's (B, T) key starts (position ids), or NULL */
     int64_t *last_tokens;         /* the Tokens layer's (B,) last tokens (pad_token_id), or NULL */
+    char *offload_base;           /* start of the pinned host region of offloaded checkpoints (NULL
+                                     counting) */
+    size_t offload_bytes;         /* bytes of that region taken so far */
+    const gt_layer *offloaded;    /* the unit being planned whose output goes to a slot, or NULL */
+    struct gt_offload_slots *slots; /* offloaded: the two slots of its run */
     gt_plan_cursor *persistent;   /* the main activation region: buffers a layer fills once when
                                      placed (never the recompute region, which others reuse) */
     /* Copies host bytes into the model's memory (blocking) on a placing walk; NULL: none */

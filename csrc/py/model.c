@@ -867,11 +867,31 @@ static PyObject *plan_to_dict(const gt_model_plan *plan) {
         put_size(d, "activations", plan->activation_bytes) < 0 ||
         put_size(d, "recompute", plan->recompute_bytes) < 0 || put_size(d, "backward_scratch", plan->scratch_bytes) < 0 ||
         put_size(d, "loss_buffers", plan->loss_bytes) < 0 || put_size(d, "workspace", plan->workspace_bytes) < 0 ||
-        put_size(d, "total", plan->total_bytes) < 0) {
+        put_size(d, "total", plan->total_bytes) < 0 || put_size(d, "checkpoint_offload", plan->offload_bytes) < 0) {
         Py_XDECREF(d);
         return NULL;
     }
     return d;
+}
+
+/* A checkpointing mode: False, True or "offload" (GT_CHECKPOINT_*). Returns -1 with an exception
+ * naming `name` for anything else. */
+static int parse_checkpointing(PyObject *value, const char *name, int *mode) {
+    if (value && PyBool_Check(value)) {
+        *mode = value == Py_True ? GT_CHECKPOINT_ON : GT_CHECKPOINT_OFF;
+        return 0;
+    }
+    if (value && PyUnicode_Check(value) && PyUnicode_CompareWithASCIIString(value, "offload") == 0) {
+        *mode = GT_CHECKPOINT_OFFLOAD;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s must be True, False or \"offload\", got %R", name, value ? value : Py_None);
+    return -1;
+}
+
+/* The Python value of a checkpointing mode. */
+static PyObject *checkpointing_value(int mode) {
+    return mode == GT_CHECKPOINT_OFFLOAD ? PyUnicode_FromString("offload") : PyBool_FromLong(mode);
 }
 
 /* A shape: a sequence of 1 to GT_MAX_DIMS non-negative ints. Returns ndim, or -1 with an
@@ -931,10 +951,11 @@ static PyObject *plan_with(PyObject *op, PyObject *args, PyObject *kwargs, const
     static char *keywords[] = {"shape", "checkpointing", "precision", NULL};
     ModelObject *self = (ModelObject *)op;
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(op), &gtpy_module_def);
-    PyObject *shape_obj = NULL;
-    int checkpointing = 0;
+    PyObject *shape_obj = NULL, *checkpointing_obj = Py_False;
+    int checkpointing = GT_CHECKPOINT_OFF;
     const char *precision = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &shape_obj, &checkpointing, &precision))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, keywords, &shape_obj, &checkpointing_obj, &precision) ||
+        parse_checkpointing(checkpointing_obj, "checkpointing", &checkpointing) < 0)
         return NULL;
     gt_dtype dt = self->model.dt;
     gt_status status = precision ? gt_dtype_parse(precision, "precision", &dt) : GT_OK;
@@ -954,11 +975,11 @@ static PyObject *plan_with(PyObject *op, PyObject *args, PyObject *kwargs, const
 }
 
 static PyObject *plan(PyObject *op, PyObject *args, PyObject *kwargs) {
-    return plan_with(op, args, kwargs, "O|ps:plan", plan_to_dict);
+    return plan_with(op, args, kwargs, "O|Os:plan", plan_to_dict);
 }
 
 static PyObject *arena_plan(PyObject *op, PyObject *args, PyObject *kwargs) {
-    return plan_with(op, args, kwargs, "O|ps:arena_plan", arenas_to_dict);
+    return plan_with(op, args, kwargs, "O|Os:arena_plan", arenas_to_dict);
 }
 
 static PyObject *init_parameters(PyObject *op, PyObject *arg) {
@@ -1030,7 +1051,7 @@ static PyObject *refresh(PyObject *op, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *get_training(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.training); }
-static PyObject *get_checkpointing(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.checkpointing); }
+static PyObject *get_checkpointing(PyObject *op, void *c) { return checkpointing_value(((ModelObject *)op)->model.checkpointing); }
 static PyObject *get_grads_valid(PyObject *op, void *c) { return PyBool_FromLong(((ModelObject *)op)->model.grads_valid); }
 static PyObject *get_step(PyObject *op, void *c) { return PyLong_FromUnsignedLong(((ModelObject *)op)->model.step); }
 static PyObject *get_seed(PyObject *op, void *c) { return PyLong_FromUnsignedLongLong(((ModelObject *)op)->model.seed); }
@@ -1070,7 +1091,7 @@ static int put_grads_valid(PyObject *op, PyObject *value) {
 static int put_checkpointing(PyObject *op, PyObject *value) {
     ModelObject *self = (ModelObject *)op;
     int flag = 0;
-    if (set_flag(value, "checkpointing", &flag) < 0)
+    if (parse_checkpointing(value, "checkpointing", &flag) < 0)
         return -1;
     if (flag != self->model.checkpointing)
         self->model.planned = 0;  /* the activation layout changes */
@@ -1234,7 +1255,9 @@ static PyMethodDef model_methods[] = {
 
 static PyGetSetDef model_getset[] = {
     {"training", get_training, set_training, "Dropout active when True.", NULL},
-    {"checkpointing", get_checkpointing, set_checkpointing, "Residual blocks recompute in backward.", NULL},
+    {"checkpointing", get_checkpointing, set_checkpointing,
+     "False, True (units recompute their inside in backward) or \"offload\" (and keep their outputs in "
+     "pinned host memory).", NULL},
     {"loss_chunk_rows", get_loss_chunk_rows, set_loss_chunk_rows,
      "Rows per block of the training step's LM head + cross-entropy (0: all rows' logits at once).", NULL},
     {"grads_valid", get_grads_valid, set_grads_valid, "False after zero_grad(set_to_none=True).", NULL},

@@ -6,7 +6,7 @@
 #include "py_testing/testing.h"
 
 #include "core/alloc.h"
-#include "train/copy_stream.h"
+#include "core/copy_stream.h"
 
 typedef struct device_run {
     gt_optimizer_config config;   /* kind, numerics, device, offload */

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "train/copy_stream.h"
+#include "core/copy_stream.h"
 #include "train/optim_cpu.h"
 
 #include "core/device_backend.h"

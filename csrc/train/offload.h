@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 #include "core/alloc.h"
-#include "train/copy_stream.h"
+#include "core/copy_stream.h"
 #include "train/optim.h"
 
 typedef struct gt_offload {

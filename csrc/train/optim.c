@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/clip_rules.h"
-#include "train/copy_stream.h"
+#include "core/copy_stream.h"
 #include "train/grad_norm.h"
 #include "train/offload.h"
 #include "train/optim8.h"

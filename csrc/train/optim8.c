@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/copy_stream.h"
+#include "core/copy_stream.h"
 
 static const char *const field_names[GT_OPTIM8_FIELD_COUNT] = {"state1", "state2", "absmax1", "absmax2",
                                                               "exp_avg", "exp_avg_sq"};

@@ -165,7 +165,7 @@ def _add(regions: dict[str, dict[str, int]], kind: str, name: str, value: int) -
 
 
 def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tuple[int, ...], dt: str,
-                   checkpointing: bool) -> int:
+                   checkpointing: bool | str) -> int:
     """The model's arenas; the activation arena in its parts (their sum is the arena's size).
     Returns the activation arena's bytes."""
     device = compiled.device
@@ -180,18 +180,20 @@ def _model_regions(regions: dict[str, dict[str, int]], compiled: Any, shape: tup
             _add(regions, device, name, parts[name])
     _add(regions, device, "backend_scratch", arenas["backend_scratch"])
     _add(regions, device, "step_scratch", arenas["step_scratch"])  # the step's records and scaler state (every device)
+    _add(regions, "pinned", "checkpoint_offload", parts["checkpoint_offload"])  # checkpointing="offload"
     return arenas["activations"]
 
 
 def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision: Any = "fp32",
-                  checkpointing: bool = False, optimizer: OptimizerSpec | None = None, ema: bool = False,
+                  checkpointing: bool | str = False, optimizer: OptimizerSpec | None = None, ema: bool = False,
                   ema_on_host: bool = False, scaler: bool = False, loader: LoaderSpec | None = None,
                   loss_chunk_rows: int | None = None) -> MemoryPlan:
     """The plan of a run of TrainStep over `model` with micro-batches of `micro_batch_shape`.
 
     precision: "fp32", "bf16" or "fp16" (or an alias such as "f16" or np.float16); checkpointing:
-    gradient checkpointing; optimizer: the optimizer's spec (None: no optimizer state); ema: an EMA
-    of every parameter (on the device, or in pinned memory with ema_on_host); scaler: a dynamic
+    gradient checkpointing (False, True or "offload", as TrainStep's gradient_checkpointing; the
+    offloaded inputs are the pinned pool's "checkpoint_offload"); optimizer: the optimizer's spec
+    (None: no optimizer state); ema: an EMA of every parameter (on the device, or in pinned memory with ema_on_host); scaler: a dynamic
     loss scaler (fp16); loader: the training DataLoader's spec (with its device=, its device
     batches too); loss_chunk_rows: the LM head + cross-entropy in blocks of that many rows
     (TrainStep's; None: the model's current setting, 0: whole logits). Shapes the model cannot take raise ValueError; sizes beyond any memory,
@@ -231,7 +233,8 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         if slots["device_bytes"]:
             _add(regions, slots["device_pool"], "loader_device_batches", slots["device_bytes"])
         _add(regions, "cpu", "loader_indices", slots["index_bytes"])
-    other = compiled.arena_plan(shape, checkpointing=not checkpointing, precision=dt)["activations"]
+    other_mode = not checkpointing
+    other = compiled.arena_plan(shape, checkpointing=other_mode, precision=dt)["activations"]
     settings = {"precision": precision, "gradient_checkpointing": checkpointing,
                 "cpu_offload_fraction": optimizer.cpu_offload_fraction if optimizer is not None else 0.0,
                 "ema": ema, "loss_scaler": scaler}
@@ -241,7 +244,7 @@ def plan_training(model: Module, micro_batch_shape: Sequence[int], *, precision:
         settings["zero_stage"] = 1
         settings["optimizer_shards"] = optimizer.zero_shards
     return MemoryPlan(regions, device=device, micro_batch_shape=shape,
-                      alternatives={f"activation arena with gradient_checkpointing={not checkpointing}": other},
+                      alternatives={f"activation arena with gradient_checkpointing={other_mode}": other},
                       settings=settings, activation_arena=activation_arena)
 
 

@@ -357,6 +357,13 @@ class TrainStep:
     AVX-512: blocks of >= 16 rows; not oneDNN's AVX2 f32 kernels, within rounding there); the head's weight gradient sums one GEMM per block (f32 rounding). It costs one more
     logits GEMM per block. Refused for other losses and for a model not ending in a Linear (e.g. a
     soft-capped Gemma 2/3 head). 0 (default): off. Forward, evaluate and predict still return whole logits.
+
+    gradient_checkpointing: False, True (each unit, a Residual block or a decoder layer, keeps only
+    its input and re-runs its forward in the backward) or "offload" (as True, and the units side by
+    side, a decoder's layers, keep those inputs in pinned host memory: each is copied there after its
+    forward on a stream of copies beside the compute, and back one unit ahead of the backward that
+    reads it; the device holds two of them and the last unit's output, so the plan's kept
+    activations stop growing with the number of layers). The results are the same bits either way.
     """
 
     def __init__(
@@ -368,7 +375,7 @@ class TrainStep:
         micro_batches: int = 1,
         gradient_accumulation_steps: int | None = None,
         precision: Any = "fp32",
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | str = False,
         max_grad_norm: float | None = None,
         scaler: Any = None,
         scheduler: Any = None,
@@ -399,6 +406,9 @@ class TrainStep:
         if not 1 <= micro_batches < 2**31:
             raise ValueError(f"micro_batches must be >= 1 and < 2**31, got {micro_batches}")
         c_precision = c_dtype(precision)
+        if isinstance(gradient_checkpointing, str) and gradient_checkpointing != "offload":
+            raise ValueError(f"gradient_checkpointing must be True, False or 'offload', got {gradient_checkpointing!r}")
+        checkpointing = gradient_checkpointing if isinstance(gradient_checkpointing, str) else bool(gradient_checkpointing)
         if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and max_grad_norm > 0
                                               and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a positive finite number or None, got {max_grad_norm!r}")
@@ -449,7 +459,7 @@ class TrainStep:
         self._step_config: tuple[tuple[Any, ...], _C.StepConfig] | None = None  # (settings, the C config)
         self._check_optimizer()
         compiled.precision = c_precision
-        compiled.checkpointing = bool(gradient_checkpointing)
+        compiled.checkpointing = checkpointing
 
     def _config(self, scaler: GradScaler | None, guard: bool, sync: bool) -> _C.StepConfig:
         """The checked C settings of this step (a _C.StepConfig), built once and again only when one of

@@ -102,7 +102,9 @@ class TrainingArguments:
         fp16 / bf16: mixed precision (fp16 with a dynamic GradScaler).
         tf32: TF32 matmuls on Ampere+ GPUs (None: leave the process setting); on the CPU it
             does not apply (the start-up log says so).
-        gradient_checkpointing: keep block inputs only and recompute in the backward pass.
+        gradient_checkpointing: keep block inputs only and recompute in the backward pass;
+            "offload" (gputrain's) keeps a decoder's layer inputs in pinned host memory
+            (TrainStep's gradient_checkpointing).
         auto_find_batch_size: when the run's memory plan (Trainer.memory_plan()) exceeds the
             memory limit, micro-batches shrink (to the largest divisor of the rows of a step that
             fits) and more of them make a
@@ -186,7 +188,7 @@ class TrainingArguments:
     fp16: bool = False
     bf16: bool = False
     tf32: bool | None = None
-    gradient_checkpointing: bool | None = False
+    gradient_checkpointing: bool | str | None = False
     auto_find_batch_size: bool = False
     label_smoothing_factor: float = 0.0
     optim: str = "adamw_torch"
@@ -325,7 +327,8 @@ class TrainingArguments:
             self.device = "cpu"
         if self.activation_checkpointing is not None:
             _check_bool("activation_checkpointing", self.activation_checkpointing)
-            self.gradient_checkpointing = bool(self.gradient_checkpointing) or self.activation_checkpointing
+            if self.gradient_checkpointing != "offload":
+                self.gradient_checkpointing = bool(self.gradient_checkpointing) or self.activation_checkpointing
         if self.gradient_checkpointing is None:
             self.gradient_checkpointing = False
         if self.lr_scheduler_kwargs is None:
@@ -407,7 +410,9 @@ class TrainingArguments:
             logger.info("Both warmup_ratio and warmup_steps given, warmup_steps will override any effect "
                         "of warmup_ratio during training")
         _check_int("seed", self.seed)
-        for name in ("logging_first_step", "load_best_model_at_end", "fp16", "bf16", "gradient_checkpointing",
+        if not isinstance(self.gradient_checkpointing, bool) and self.gradient_checkpointing != "offload":
+            raise TypeError(f"gradient_checkpointing must be a bool or 'offload', got {self.gradient_checkpointing!r}")
+        for name in ("logging_first_step", "load_best_model_at_end", "fp16", "bf16",
                      "auto_find_batch_size", "dataloader_pin_memory", "dataloader_persistent_workers",
                      "dataloader_drop_last"):
             _check_bool(name, getattr(self, name))
@@ -611,7 +616,8 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "fp16": (_HF, "fp16 mixed precision with a dynamic loss scaler"),
     "bf16": (_HF, "bf16 mixed precision"),
     "tf32": (_HF, "TF32 matmuls on Ampere+ GPUs (None: leave the process setting)"),
-    "gradient_checkpointing": (_HF, "keep block inputs only and recompute them in the backward pass"),
+    "gradient_checkpointing": (_HF, "keep block inputs only and recompute them in the backward pass "
+                                    "(\"offload\": a decoder's in pinned host memory)"),
     "auto_find_batch_size": (_HF, "fit micro-batches (then offload) to the memory plan; retry a step once after "
                                   "an OutOfMemoryError"),
     "label_smoothing_factor": (_HF, "CrossEntropyLoss(label_smoothing=...)"),

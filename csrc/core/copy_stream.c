@@ -1,4 +1,4 @@
-#include "train/copy_stream.h"
+#include "core/copy_stream.h"
 
 #include <pthread.h>
 #include <stdlib.h>
