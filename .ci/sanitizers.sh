@@ -105,7 +105,7 @@ tsan_env=(PYTHONPATH="$work/tsan/lib" LD_PRELOAD="$(gcc -print-file-name=libtsan
 check_build "$work/tsan" "-fsanitize=thread" "${tsan_env[@]}"
 stage "loader, offload and thread tests under ThreadSanitizer"
 shopt -s nullglob
-tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_checkpoint_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_recipe_sim.py tests/test_optim_device.py)
+tsan_tests=(tests/test_loader*.py tests/test_offload.py tests/test_checkpoint_offload.py tests/test_adamw8bit_offload.py tests/test_*thread*.py tests/test_sim_*.py tests/test_recipe_sim.py tests/test_optim_device.py)
 bounded 1200 env "${tsan_env[@]}" "$py" -m pytest -q -ra -p no:cacheprovider -m "not slow and not native_only" \
     "${tsan_tests[@]}" || status=$?
 fail_on_reports "ThreadSanitizer" "ThreadSanitizer"

@@ -102,14 +102,10 @@ gt_status gt_optim_hparams_check(gt_optim_kind kind, const gt_optim_hparams *hp)
     return GT_OK;
 }
 
-/* What 8-bit AdamW does not take: its state is whole on the optimizer's device, unsharded. */
+/* What 8-bit AdamW does not take: its state is unsharded. */
 static gt_status check_config8(const gt_optimizer_config *c) {
     if (c->kind != GT_OPTIM_ADAMW8BIT)
         return GT_OK;
-    if (c->cpu_offload_fraction != 0.0)
-        return GT_FAIL(GT_ERR_VALUE, "cpu_offload_fraction: 8-bit AdamW keeps its whole state on the device (the "
-                       "offload path stages float32 state by element, not 8-bit blocks); got %g",
-                       c->cpu_offload_fraction);
     if (c->zero_size > 1)
         return GT_FAIL(GT_ERR_VALUE, "zero_size: 8-bit AdamW's state cannot be sharded with ZeRO-1");
     return GT_OK;
@@ -174,9 +170,12 @@ static size_t count_slots(const int has_slot[GT_SLOT_COUNT]) {
 
 static size_t slot_count(const gt_optimizer *opt) { return count_slots(opt->has_slot); }
 
-/* Elements of the flat space whose state is on the device: all but round(f * total). */
-static size_t device_numel_of(double cpu_offload_fraction, size_t total_numel) {
-    double host = floor(cpu_offload_fraction * (double)total_numel + 0.5);
+/* Elements of the flat space whose state is on the device: all but round(f * total). 8-bit AdamW
+ * offloads whole parameters instead (train/optim8.h): its flat space is all on the device. */
+static size_t device_numel_of(const gt_optimizer_config *config, size_t total_numel) {
+    if (config->kind == GT_OPTIM_ADAMW8BIT)
+        return total_numel;
+    double host = floor(config->cpu_offload_fraction * (double)total_numel + 0.5);
     size_t host_numel = host >= (double)total_numel ? total_numel : (size_t)host;
     return total_numel - host_numel;
 }
@@ -269,7 +268,7 @@ static gt_status copy_params(gt_optimizer *opt, const gt_optim_param_desc *param
         offset += params[i].numel;
     }
     opt->total_numel = offset;
-    opt->device_numel = device_numel_of(opt->config.cpu_offload_fraction, offset);
+    opt->device_numel = device_numel_of(&opt->config, offset);
     return GT_OK;
 }
 
@@ -298,8 +297,10 @@ static gt_status create_state8(gt_optimizer *opt, const gt_optim_param_desc *par
     }
     for (size_t i = 0; i < opt->num_params; i++)
         numels[i] = params[i].numel;
-    gt_status status = gt_optim8_create(opt->state8, opt->config.device, numels, opt->num_params,
-                                        opt->config.min_8bit_size);
+    size_t host_first = gt_optim8_host_first(numels, opt->num_params, opt->config.cpu_offload_fraction);
+    gt_status status = gt_optim8_create(opt->state8, opt->config.device, opt->config.compute_stream, numels,
+                                        opt->num_params, opt->config.min_8bit_size, host_first,
+                                        chunk_request(&opt->config));
     free(numels);
     return status;
 }
@@ -334,7 +335,7 @@ gt_status gt_optimizer_plan(const gt_optimizer_config *config, const gt_optim_hp
     GT_TRY(gt_size_check(gt_size_mul_sat(total_numel, sizeof(float)), "params"));
     int has_slot[GT_SLOT_COUNT];
     slots_of(config->kind, groups, num_groups, has_slot);
-    out->device_numel = device_numel_of(config->cpu_offload_fraction, total_numel);
+    out->device_numel = device_numel_of(config, total_numel);
     out->host_numel = total_numel - out->device_numel;
     out->device_bytes = gt_block_reserved_bytes(device_arena_request(out->device_numel, count_slots(has_slot)) +
                                                 table_request(config, num_groups));
@@ -353,9 +354,17 @@ gt_status gt_optimizer_plan_params(const gt_optimizer_config *config, const gt_o
         total = numels[i] > SIZE_MAX - total ? SIZE_MAX : total + numels[i];
     GT_TRY(gt_optimizer_plan(config, groups, num_groups, total, out));
     if (config->kind == GT_OPTIM_ADAMW8BIT) {
-        size_t bytes = gt_optim8_arena_bytes(numels, num_params, config->min_8bit_size);
-        GT_TRY(gt_size_check(bytes, "optimizer state"));
-        out->device_bytes += gt_block_reserved_bytes(bytes);
+        size_t host_first = gt_optim8_host_first(numels, num_params, config->cpu_offload_fraction);
+        size_t device_bytes = 0, host_bytes = 0;
+        gt_optim8_plan(numels, num_params, config->min_8bit_size, host_first, chunk_request(config), &device_bytes,
+                       &host_bytes);
+        GT_TRY(gt_size_check(device_bytes, "optimizer state"));
+        GT_TRY(gt_size_check(host_bytes, "optimizer state offloaded"));
+        out->device_bytes += gt_block_reserved_bytes(device_bytes);
+        out->host_bytes += host_bytes;
+        for (size_t i = host_first; i < num_params; i++)
+            out->host_numel += numels[i];
+        out->device_numel = total - out->host_numel;
     }
     return GT_OK;
 }
@@ -446,10 +455,18 @@ int gt_optimizer_has_slot(const gt_optimizer *opt, gt_optim_slot slot) {
 }
 
 void gt_optimizer_get_memory(const gt_optimizer *opt, gt_optimizer_memory *out) {
-    out->device_bytes = opt->device_arena.block.bytes + (opt->state8 ? opt->state8->arena.block.bytes : 0);
+    const gt_optim8 *state8 = opt->state8;
+    out->device_bytes = opt->device_arena.block.bytes + (state8 ? state8->on_device.arena.block.bytes : 0);
     out->host_bytes = opt->offload.host.block.bytes + gt_block_reserved_bytes(opt->results.bytes);
     out->device_numel = opt->device_numel;
     out->host_numel = opt->total_numel - opt->device_numel;
+    if (!state8 || state8->host_first == opt->num_params)
+        return;
+    out->host_bytes += gt_block_reserved_bytes(state8->on_host.arena.block.bytes) +
+                       gt_block_reserved_bytes(state8->staging.bytes);
+    for (size_t i = state8->host_first; i < opt->num_params; i++)
+        out->host_numel += opt->params[i].numel;
+    out->device_numel = opt->total_numel - out->host_numel;
 }
 
 float gt_clip_coef(double max_norm, double norm) { return gt_clip_rule_coef(max_norm, norm); }

@@ -6,7 +6,14 @@
  * update them (bitsandbytes' min_8bit_size). All of it in one arena on the optimizer's device,
  * in this order: state1, state2, absmax1, absmax2, exp_avg, exp_avg_sq (each packed in parameter
  * order), so the plan is (2 bytes + 8 bytes per block) per 8-bit element plus 8 bytes per f32
- * element, each piece rounded up to the allocator's alignment. */
+ * element, each piece rounded up to the allocator's alignment.
+ *
+ * Offloaded (cpu_offload_fraction > 0): the parameters from `host_first` on keep the same state in
+ * a pinned host arena of the same layout instead, and their update runs on the CPU: each step
+ * streams a parameter's values and gradient to the host in chunks of whole blocks through two
+ * pinned staging buffers (the next chunk in flight while one is updated), updates the chunk with
+ * the cpu's kernels (the device's bits) and streams the values back, on a copy stream beside the
+ * compute. Whole parameters are offloaded, so a block never straddles the two arenas. */
 #ifndef GT_OPTIM8_H
 #define GT_OPTIM8_H
 
@@ -37,27 +44,49 @@ typedef struct gt_optim8_param {
     size_t block;      /* 8-bit: its first absmax block */
 } gt_optim8_param;
 
-typedef struct gt_optim8 {
-    gt_device device;                            /* where the arena is */
-    gt_arena arena;                              /* all of the state */
-    gt_optim8_param *params;                     /* (num_params,) */
-    size_t num_params;                           /* parameters */
-    size_t count[GT_OPTIM8_FIELD_COUNT];         /* elements of each field over all parameters */
+/* One side of the state: the device's parameters [0, host_first) or the offloaded ones. */
+typedef struct gt_optim8_side {
+    gt_arena arena;                              /* its state (pinned pool for the offloaded side) */
+    size_t count[GT_OPTIM8_FIELD_COUNT];         /* elements of each field over its parameters */
     void *field[GT_OPTIM8_FIELD_COUNT];          /* each field's array in the arena (NULL when empty) */
+} gt_optim8_side;
+
+typedef struct gt_optim8 {
+    gt_device device;                            /* the parameters' device */
+    gt_optim8_param *params;                     /* (num_params,) offsets within their side's fields */
+    size_t num_params;                           /* parameters */
+    size_t host_first;                           /* parameters [host_first, num_params) are offloaded */
+    gt_optim8_side on_device;                    /* the state of parameters [0, host_first) */
+    gt_optim8_side on_host;                      /* the state of the offloaded ones (pinned) */
+    size_t chunk_numel;                          /* offloaded: elements per staging chunk (whole blocks) */
+    gt_block staging;                            /* offloaded: pinned (2, 2, chunk_numel) f32: two buffers
+                                                    of (values, gradient) chunks */
+    struct gt_copy_stream *copies;               /* offloaded: the staging copies, beside the compute */
 } gt_optim8;
 
-/* Bytes of the arena for parameters of these sizes (what gt_optim8_create allocates). */
-size_t gt_optim8_arena_bytes(const size_t *numels, size_t num_params, size_t min_8bit_size);
+/* The first parameter to offload for `cpu_offload_fraction` f: the parameter boundary nearest to
+ * the last f of the elements (num_params: none, 0: all). */
+size_t gt_optim8_host_first(const size_t *numels, size_t num_params, double cpu_offload_fraction);
+
+/* Bytes the state of parameters of these sizes takes on the device and in pinned host memory
+ * (state and staging) with parameters [host_first, num_params) offloaded and staging chunks of
+ * about `chunk_numel` elements: what gt_optim8_create allocates. */
+void gt_optim8_plan(const size_t *numels, size_t num_params, size_t min_8bit_size, size_t host_first,
+                    size_t chunk_numel, size_t *device_bytes, size_t *host_bytes);
 
 /* Builds the state (zeros: codes 0, absmax 0, as bitsandbytes initialises them) in `device`'s
- * pool. On failure *out is left empty (gt_optim8_destroy is safe on it). */
-gt_status gt_optim8_create(gt_optim8 *out, gt_device device, const size_t *numels, size_t num_params,
-                           size_t min_8bit_size);
+ * pool, and in pinned memory for parameters [host_first, num_params), whose copies wait for the
+ * work queued on `compute_stream` (NULL: the default stream). On failure *out is left empty
+ * (gt_optim8_destroy is safe on it). */
+gt_status gt_optim8_create(gt_optim8 *out, gt_device device, gt_stream *compute_stream, const size_t *numels,
+                           size_t num_params, size_t min_8bit_size, size_t host_first, size_t chunk_numel);
 
 void gt_optim8_destroy(gt_optim8 *state);
 
-/* Queues one update of parameter `index` on `stream` (8-bit: dev->adamw8bit; 32-bit: dev->adamw
- * with AdamW's exact numerics and the same constants). */
+/* One update of parameter `index` (device pointers). On the device: queued on `stream`
+ * (8-bit: dev->adamw8bit; 32-bit: dev->adamw with AdamW's exact numerics and the same
+ * constants). Offloaded: the same kernels of the cpu over its chunks, the device's later work
+ * waiting for the values copied back. */
 gt_status gt_optim8_update(gt_optim8 *state, const gt_device_backend *dev, gt_stream *stream, size_t index,
                            const gt_adamw8_scalars *s, float *param, const float *grad);
 

@@ -585,7 +585,7 @@ class Trainer:
             return SGD(groups, lr=args.learning_rate)
         if args.optim in EIGHT_BIT_NAMES:
             return AdamW8bit(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                             eps=args.adam_epsilon, weight_decay=args.weight_decay)
+                             eps=args.adam_epsilon, weight_decay=args.weight_decay, cpu_offload_fraction=self._offload)
         return AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
                      weight_decay=args.weight_decay, cpu_offload_fraction=self._offload, zero_stage=args.zero_stage)
 
@@ -645,7 +645,7 @@ class Trainer:
     def _fit_memory(self) -> None:
         """Plans the run before anything of it is allocated. Over the memory limit: with
         auto_find_batch_size, smaller micro-batches (more of them per step: the same rows per
-        optimizer step), then a higher cpu_offload_fraction (AdamW), each change logged;
+        optimizer step), then a higher cpu_offload_fraction (AdamW, AdamW8bit), each change logged;
         without it, or when nothing fits, gputrain.OutOfMemoryError with the plan."""
         if self._sample_shape() is None or not self._group_rows():
             logger.info("memory plan: skipped (ragged rows, a transform or collate_fn, or batches of unknown size)")
@@ -655,7 +655,7 @@ class Trainer:
         if not plan.over(available):
             return
         if self.args.auto_find_batch_size:
-            can_offload = self.args.optim not in ("sgd", *EIGHT_BIT_NAMES)
+            can_offload = self.args.optim != "sgd"
             sizes = mp.micro_batch_sizes(self._group_rows(), self._micro_cap)
             fitted = mp.fit(self._plan_for, available, sizes, self._offload, can_offload)
             if fitted is not None:

@@ -31,8 +31,10 @@ logger = logging.getLogger(__name__)
 
 IntervalStrategy = ("no", "steps", "epoch")  # logging/eval/save strategies, as HF's IntervalStrategy
 OPTIMIZER_NAMES = ("adamw_torch", "adamw_torch_fused", "adamw", "sgd",  # all AdamW names run the fused C AdamW
-                   "adamw_8bit", "adamw_bnb_8bit")  # gt.optim.AdamW8bit (bitsandbytes' AdamW8bit)
-EIGHT_BIT_NAMES = ("adamw_8bit", "adamw_bnb_8bit")
+                   "adamw_8bit", "adamw_bnb_8bit",  # gt.optim.AdamW8bit (bitsandbytes' AdamW8bit)
+                   "paged_adamw_8bit", "paged_adamw_32bit")  # the same, the state offloaded (PAGED_NAMES)
+EIGHT_BIT_NAMES = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit")
+PAGED_NAMES = ("paged_adamw_8bit", "paged_adamw_32bit")  # cpu_offload_fraction 1 unless given
 
 
 def _is_number(value: Any) -> bool:
@@ -109,7 +111,7 @@ class TrainingArguments:
             memory limit, micro-batches shrink (to the largest divisor of the rows of a step that
             fits) and more of them make a
             step, so each optimizer step still sees per_device_train_batch_size *
-            gradient_accumulation_steps rows; then, for AdamW on the CPU, cpu_offload_fraction is
+            gradient_accumulation_steps rows; then, for AdamW and AdamW8bit, cpu_offload_fraction is
             raised (0.25 ... 1). An OutOfMemoryError in a step (which abandons it before its
             update) is refitted the same way and the step retried once. Each change is logged
             with its reason. The trained bits are those of a run configured with the fitted
@@ -118,9 +120,10 @@ class TrainingArguments:
         label_smoothing_factor: CrossEntropyLoss(label_smoothing=...).
         optim: "adamw_torch" (HF's default), "adamw_torch_fused", "adamw" (all the fused C
             AdamW), "adamw_8bit" or "adamw_bnb_8bit" (gt.optim.AdamW8bit, bitsandbytes' 8-bit
-            AdamW: 2 bytes of state per parameter; no cpu_offload_fraction, no zero_stage) or
-            "sgd" (SGD with learning_rate only, as HF's). "paged_adamw_8bit" (bitsandbytes' state
-            in CUDA unified memory) is refused: its paging has no counterpart here.
+            AdamW: 2 bytes of state per parameter; no zero_stage) or "sgd" (SGD with learning_rate
+            only, as HF's). "paged_adamw_8bit" / "paged_adamw_32bit" (bitsandbytes' state in CUDA
+            unified memory, paged to the host on demand) are AdamW8bit / AdamW with their state in
+            pinned host memory instead: cpu_offload_fraction 1 unless one is given.
         dataloader_num_workers, dataloader_prefetch_factor, dataloader_pin_memory,
         dataloader_persistent_workers, dataloader_drop_last: gputrain.DataLoader's options.
         disable_tqdm: no progress bar (the log lines are printed anyway, as HF's PrinterCallback).
@@ -134,7 +137,7 @@ class TrainingArguments:
     gputrain arguments:
         device: "auto" (a CUDA device when there is one, else "cpu"), "cpu", "cuda[:N]" or "sim[:N]"
             (the simulated device, which runs the device code path with the CPU's arithmetic).
-        cpu_offload_fraction: the share of optimizer state kept in host memory (AdamW only).
+        cpu_offload_fraction: the share of optimizer state kept in host memory (AdamW, AdamW8bit).
         zero_stage: 1 shards the AdamW state over the ranks of a distributed run (ZeRO-1,
             gt.optim.AdamW(zero_stage=1): each rank keeps 1/N of it, the weights are bit-identical
             to 0's); 0 (default) keeps all of it on every rank. The name and values are DeepSpeed's
@@ -474,10 +477,6 @@ class TrainingArguments:
         if self.fp16 and self.bf16:
             raise ValueError("At most one of fp16 and bf16 can be True, but not both")
         _check_float("label_smoothing_factor", self.label_smoothing_factor, 0.0, 1.0)
-        if self.optim in ("paged_adamw_8bit", "paged_adamw_32bit"):
-            raise ValueError(f"optim={self.optim!r}: paged optimizer state (bitsandbytes' CUDA unified memory) is not "
-                             f"supported; use one of {list(OPTIMIZER_NAMES)} (AdamW's state offloads with "
-                             "cpu_offload_fraction)")
         _check_choice("optim", self.optim, OPTIMIZER_NAMES)
         _check_int("dataloader_num_workers", self.dataloader_num_workers, 0)
         if self.dataloader_prefetch_factor is not None:
@@ -494,9 +493,8 @@ class TrainingArguments:
         if self.cpu_offload_fraction > 0 and self.optim == "sgd":
             raise ValueError("cpu_offload_fraction > 0 needs an AdamW optimizer (optim='adamw_torch'); "
                              "SGD keeps no offloadable state")
-        if self.cpu_offload_fraction > 0 and self.optim in EIGHT_BIT_NAMES:
-            raise ValueError(f"cpu_offload_fraction > 0 needs optim='adamw_torch'; optim={self.optim!r} keeps its "
-                             "8-bit state on the device")
+        if self.optim in PAGED_NAMES and self.cpu_offload_fraction == 0:
+            self.cpu_offload_fraction = 1.0  # bitsandbytes' paged state lives in host-backed memory
         self.zero_stage = check_zero_stage(self.zero_stage)
         if self.zero_stage and self.optim in EIGHT_BIT_NAMES:
             raise ValueError(f"zero_stage=1 shards AdamW's state (optim='adamw_torch'), not optim={self.optim!r}'s")
@@ -622,7 +620,8 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
                                   "an OutOfMemoryError"),
     "label_smoothing_factor": (_HF, "CrossEntropyLoss(label_smoothing=...)"),
     "optim": (_HF, "adamw_torch, adamw_torch_fused, adamw (the fused C AdamW), adamw_8bit / adamw_bnb_8bit "
-                   "(gt.optim.AdamW8bit) or sgd"),
+                   "(gt.optim.AdamW8bit), sgd, or paged_adamw_8bit / paged_adamw_32bit (the same with the "
+                   "state in pinned host memory)"),
     "dataloader_num_workers": (_HF, "gputrain.DataLoader's workers"),
     "dataloader_prefetch_factor": (_HF, "batches prefetched per worker"),
     "dataloader_pin_memory": (_HF, "pinned loader slots (on a device)"),
@@ -718,7 +717,7 @@ FIELD_TABLE: dict[str, tuple[str, str]] = {
     "logging_dir": (LEGACY, "removed in transformers 5; logs go to output_dir/history.jsonl"),
     "save_safetensors": (LEGACY, "removed in transformers 5; checkpoints are safetensors (False is refused)"),
     "device": (GPUTRAIN, "auto, cpu, cuda[:N] or sim[:N]"),
-    "cpu_offload_fraction": (GPUTRAIN, "share of AdamW's state kept in host memory"),
+    "cpu_offload_fraction": (GPUTRAIN, "share of AdamW's or AdamW8bit's state kept in host memory"),
     "zero_stage": (GPUTRAIN, "1: ZeRO-1, the AdamW state sharded over the ranks"),
     "memory_limit": (GPUTRAIN, "a cap on gputrain's allocator, in bytes"),
     "memory_fraction": (GPUTRAIN, "a cap on gputrain's allocator, a share of the device"),

@@ -40,11 +40,21 @@ class AdamW8bit(Optimizer):
     float32 moments and are updated exactly as gputrain.optim.AdamW updates them.
 
     The arguments are bitsandbytes': amsgrad must be False and optim_bits 32 (bitsandbytes'
-    defaults, kept for its signature; the state is 8-bit regardless); args=None; is_paged=False
-    (paging, bitsandbytes' CUDA unified memory, is not supported: the state lives on the
-    parameters' device). The state is on the device of a model's parameters (cpu, sim, cuda),
-    updated synchronously by TrainStep (no sync=False with a GradScaler, no cpu_offload_fraction,
-    no zero_stage). state_dict() holds, per parameter, bitsandbytes' fields ("state1", "state2":
+    defaults, kept for its signature; the state is 8-bit regardless); args=None. The state is on
+    the device of a model's parameters (cpu, sim, cuda), updated synchronously by TrainStep (no
+    sync=False with a GradScaler, no zero_stage).
+
+    cpu_offload_fraction=f (gputrain's, as AdamW's) keeps the state of the last parameters, from
+    the parameter boundary nearest to the last f of the elements, in pinned host memory, where CPU
+    threads update it: each step copies such a parameter's values and gradient to the host in
+    chunks of whole blocks (offload_chunk_numel elements, rounded down to blocks; the next chunk
+    in flight while one is updated) and its new values back, on a stream beside the compute. The
+    bits are the device's (the same kernels on the host). Unlike AdamW's offload there is no fp32
+    master copy on the host: the values make the round trip. is_paged=True (bitsandbytes'
+    PagedAdamW8bit, whose state lives in CUDA unified memory and pages to the host on demand)
+    keeps the whole state in pinned host memory so (cpu_offload_fraction=1 unless given).
+
+    state_dict() holds, per parameter, bitsandbytes' fields ("state1", "state2":
     uint8 codes of the parameter's shape; "absmax1", "absmax2": float32 per block) or, for a
     parameter kept in 32 bits, "exp_avg" and "exp_avg_sq"; load_state_dict restores them exactly.
     """
@@ -53,16 +63,18 @@ class AdamW8bit(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, optim_bits: int = 32,
-                 args: Any = None, min_8bit_size: int = DEFAULT_MIN_8BIT_SIZE, is_paged: bool = False) -> None:
+                 args: Any = None, min_8bit_size: int = DEFAULT_MIN_8BIT_SIZE, is_paged: bool = False, *,
+                 cpu_offload_fraction: float | None = None, offload_chunk_numel: int = 0) -> None:
         if amsgrad:
             raise ValueError("AdamW8bit does not support amsgrad=True")
         if optim_bits != 32:
             raise ValueError("AdamW8bit only supports optim_bits=32 (default value for compatibility)")
         if args is not None:
             raise ValueError("args: bitsandbytes' GlobalOptimManager arguments are not supported; pass None")
-        if is_paged:
-            raise ValueError("is_paged: paged 8-bit state (bitsandbytes' CUDA unified memory) is not supported; "
-                             "the state lives on the parameters' device")
+        if not isinstance(is_paged, bool):
+            raise TypeError(f"is_paged must be a bool, not {type(is_paged).__name__}")
+        if cpu_offload_fraction is None:
+            cpu_offload_fraction = 1.0 if is_paged else 0.0
         if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) \
                 or not 0 <= min_8bit_size <= sys.maxsize:
             raise ValueError(f"min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
@@ -70,7 +82,8 @@ class AdamW8bit(Optimizer):
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": False,
                     "maximize": False}
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, cpu_offload_fraction=cpu_offload_fraction,
+                         offload_chunk_numel=offload_chunk_numel)
 
     @staticmethod
     def _check_hyperparameters(group: dict[str, Any]) -> None:
