@@ -53,6 +53,15 @@ INTERRUPTED_FINALIZER = re.compile(r"Exception ignored in: [^\n]*\nTraceback \(m
                                    r"(?:  File [^\n]*\n(?:    [^\n]*\n)*)+\s*(?:\^+\s*)?\nKeyboardInterrupt: \n?")
 
 
+def lost_in_a_finalizer(run: dict) -> bool:
+    """The Ctrl-C landed in a finalizer and CPython discarded it there, so the loop never saw it and
+    ran to its end (exit NO_INTERRUPT, with CPython's report of the KeyboardInterrupt it ignored):
+    an interrupt CPython discards (seen in 1 of the 100 trials of one suite run, landing on the first line
+    of the loader's own weakref.finalize callback, before any code there could catch it); a person's
+    second Ctrl-C ends the run."""
+    return run["exit"] == 3 and INTERRUPTED_FINALIZER.search(run["stderr"]) is not None
+
+
 def unexpected_output(stderr: str) -> str:
     """A trial's stderr less the resource tracker's clean-up notice and CPython's reports of the
     Ctrl-C landing in a finalizer."""
@@ -75,6 +84,6 @@ def test_ctrl_c_at_random_moments_ends_every_run():
     for scenario, runs in results.items():
         assert len(runs) == TRIALS, scenario
         failures += [dict(r, scenario=scenario) for r in runs
-                     if not (r["ready"] and r["exit"] == 0 and r["elapsed"] < LIMIT_S and not r["left"]
+                     if not (r["ready"] and (r["exit"] == 0 or lost_in_a_finalizer(r)) and r["elapsed"] < LIMIT_S and not r["left"]
                              and not r["shm"] and not unexpected_output(r["stderr"]))]
     assert not failures, "\n".join(json.dumps(f) for f in failures)
