@@ -7,6 +7,8 @@ Rows (every one a plan of gputrain.memory_plan.plan_training, i.e. the C planner
 pool "sim:0" that stands for the card; nothing here is estimated):
   full       every parameter trains, AdamW (fp32 moments)
   full8      the same with 8-bit AdamW (kind "adamw8bit": 2 bytes of state per element)
+  full8-paged  the same with the 8-bit state in pinned host memory (optim="paged_adamw_8bit":
+             cpu_offload_fraction 1, updated by CPU threads; the pinned pool's optimizer_offload)
   lora       bf16 base frozen, LoRA r=16 (alpha 32) on all linear layers (PEFT's "all-linear": not the
              LM head), AdamW on the adapters; the model is built in bf16 (as from_pretrained(folder,
              dtype="bf16")), so the adapted layers' bases and an untied LM head and token table hold
@@ -65,9 +67,10 @@ MODELS = {
     "gemma-3-1b": (gt.models.Gemma3ForCausalLM, CONFIGS["gemma3"]),
     "llama-3.1-8b": (gt.models.LlamaForCausalLM, LLAMA_31_8B),
 }
-ROWS = ("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4e-dq-lora8", "nf4e-dq-lora8-off",
+ROWS = ("full", "full8", "full8-paged", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4e-lora8", "nf4e-dq-lora8", "nf4e-dq-lora8-off",
         "nf4", "int8-lora", "frozen")
 OFFLOADED = "-off"  # a row's suffix: its checkpoints offloaded to pinned host memory
+PAGED = "-paged"  # a row's suffix: its optimizer state in pinned host memory
 LORA = dict(r=16, lora_alpha=32, target_modules="all-linear")
 
 
@@ -95,7 +98,9 @@ def optimizer_of(model: gt.nn.Module, row: str) -> mp.OptimizerSpec | None:
     numels = tuple(p.numel() for p in model.parameters() if p.requires_grad)
     if not numels:
         return None
-    return mp.OptimizerSpec("adamw8bit" if row.removesuffix(OFFLOADED).endswith("8") else "adamw", numels)
+    base = row.removesuffix(OFFLOADED).removesuffix(PAGED)
+    return mp.OptimizerSpec("adamw8bit" if base.endswith("8") else "adamw", numels,
+                            cpu_offload_fraction=1.0 if row.endswith(PAGED) else 0.0)
 
 
 def plan_row(model: gt.nn.Module, row: str, tokens: int, chunk: int, batch: int = 1) -> mp.MemoryPlan:

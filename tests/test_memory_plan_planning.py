@@ -108,8 +108,8 @@ def test_memory_plans_script_plans_every_row() -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = {r["row"]: r for r in map(json.loads, done.stdout.splitlines())}
-    assert sorted(rows) == sorted(("full", "full8", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4", "int8-lora",
-                                   "frozen"))
+    assert sorted(rows) == sorted(("full", "full8", "full8-paged", "lora", "lora8", "nf4-lora", "nf4-lora8", "nf4",
+                                   "int8-lora", "frozen"))
     for row in rows.values():
         assert row["device_total"] == sum(row["device_regions"].values()) > 0
     per_layer = 16 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 2 * (1024 + 3072) + (3072 + 1024))
@@ -120,6 +120,10 @@ def test_memory_plans_script_plans_every_row() -> None:
     assert rows["full"]["trainable"] == rows["full"]["parameters"]
     assert rows["frozen"]["trainable"] == rows["nf4"]["trainable"] == 0
     assert rows["full8"]["device_regions"]["optimizer_state"] < rows["full"]["device_regions"]["optimizer_state"] / 3
+    paged = rows["full8-paged"]  # the 8-bit state in pinned memory, with its staging buffers
+    assert "optimizer_state" not in paged["device_regions"] and rows["full8"]["pinned_total"] == 0
+    assert paged["pinned_total"] > rows["full8"]["device_regions"]["optimizer_state"]
+    assert paged["device_total"] == rows["full8"]["device_total"] - rows["full8"]["device_regions"]["optimizer_state"]
     table = subprocess.run([sys.executable, str(script), "--models", "qwen3-0.6b", "--rows", "nf4,nf4-lora", "--chunks",
                             "512", "--markdown"], capture_output=True, text=True, timeout=600)
     assert table.returncode == 0, table.stderr[-4000:]
