@@ -11,9 +11,9 @@ pool "sim:0" that stands for the card; nothing here is estimated):
              cpu_offload_fraction 1, updated by CPU threads; the pinned pool's optimizer_offload)
   lora       bf16 base frozen, LoRA r=16 (alpha 32) on all linear layers (PEFT's "all-linear": not the
              LM head), AdamW on the adapters; the model is built in bf16 (as from_pretrained(folder,
-             dtype="bf16")), so the adapted layers' bases and an untied LM head and token table hold
-             their weights in bf16 alone (QLinear "bf16", HalfTokenEmbedding: no float32 master, no
-             half copy); the norms and a tied table keep theirs
+             dtype="bf16")), so the adapted layers' bases, an untied LM head and the token table (tied
+             or not) hold their weights in bf16 alone (QLinear "bf16", HalfTokenEmbedding: no float32
+             master, no half copy); the norms keep theirs
   lora8      the same with 8-bit AdamW
   nf4-lora   the decoder blocks' Linear layers NF4 (QLinear, block 64; norms float, an untied head
              and table in bf16 alone as in lora), LoRA r=16 on them (QLoRA: the adapters as on the
@@ -152,7 +152,7 @@ def main() -> None:
     for name in args.models.split(","):
         for row in args.rows.split(","):
             if row.startswith("nf4e") and MODELS[name][1].get("tie_word_embeddings", True):
-                continue  # a tied head reads the table as a float32 parameter: not quantized
+                continue  # a tied head's GEMMs read a float32 or half table: not quantized
             model = build(name, row)
             for chunk in (int(c) for c in args.chunks.split(",")):
                 plan = plan_row(model, row, args.tokens, chunk, args.batch)

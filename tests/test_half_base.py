@@ -324,23 +324,88 @@ def test_a_half_table_looks_up_the_bits_of_a_float32_table_holding_its_values(pr
     assert ref.same_bits(stored.table(), table.weight.data)
 
 
-def test_a_half_table_refuses_training_and_tying():
+def test_a_half_table_refuses_training_and_a_4_bit_one_tying():
     stored = nn.HalfTokenEmbedding(16, 4, stored_dtype="bf16")
     with pytest.raises(ValueError, match="frozen"):
         stored.requires_grad_(True)
-    with pytest.raises(ValueError, match="a TiedLinear reads a float32 table"):
-        nn.TiedLinear(stored)
-    with pytest.raises(ValueError, match="cannot read a TokenEmbedding table held in half precision alone"):
-        gt._C.Model([("tokens", 16, 4, 0, False, False, -1, "bf16", 0), ("tied_linear", 0)], 0)
+    with pytest.raises(ValueError, match="a TiedLinear reads a float32 table or a half one"):
+        nn.TiedLinear(nn.QTokenEmbedding(16, 64, quant_type="nf4", blocksize=64))
+    with pytest.raises(ValueError, match="cannot read a TokenEmbedding table held in 4 bits"):
+        gt._C.Model([("tokens", 16, 4, 0, False, False, -1, "nf4", 4), ("tied_linear", 0)], 0)
     with pytest.raises(ValueError, match="stored_dtype"):
         nn.HalfTokenEmbedding(16, 4, stored_dtype="f32")
 
 
-def test_a_tied_table_keeps_its_float32_master():
-    gemma = from_pretrained(os.path.join(os.path.dirname(BASE), "gemma-tiny"), dtype="bf16")
-    peft = get_peft_model(gemma, LoraConfig(r=4, target_modules="all-linear"))
-    assert type(peft.base_model.model.model.embed_tokens) is nn.TokenEmbedding
-    assert all(isinstance(lora.base_layer, nn.QLinear) for _, lora in peft.lora_layers())
+GEMMA = os.path.join(os.path.dirname(BASE), "gemma-tiny")  # tie_word_embeddings: the head reads the table
+
+
+def adapted_tied(precision: str, seed: int = 7):
+    """The tied fixture Gemma with its weights rounded to bf16 and a LoRA adapter with B non-zero."""
+    model = from_pretrained(GEMMA, dtype=precision)
+    model.load_state_dict({k: rounded(v, "bf16") for k, v in model.state_dict().items()})
+    gt.random.manual_seed(seed)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    rng = np.random.default_rng(seed)
+    for _, lora in peft.lora_layers():
+        b = lora.lora_B.default.weight
+        b.data = (rng.standard_normal(b.data.shape) * 0.02).astype(np.float32)
+    return peft
+
+
+@pytest.mark.parametrize("loss_chunk_rows", [0, 5])
+def test_a_tied_table_is_held_in_bf16_and_read_by_the_head_with_the_fp32_master_path_s_bits(loss_chunk_rows):
+    half, master = adapted_tied("bf16"), adapted_tied("fp32")
+    table = half.base_model.model.model.embed_tokens
+    assert isinstance(table, nn.HalfTokenEmbedding) and half.base_model.model.lm_head.embedding is table
+    assert type(master.base_model.model.model.embed_tokens) is nn.TokenEmbedding
+    master.compiled.precision = "bf16"
+    ids, _ = batch()
+    half.eval(), master.eval()
+    assert ref.same_bits(half(ids), master(ids))
+    (half_losses, half_params), (master_losses, master_params) = (train(half, loss_chunk_rows=loss_chunk_rows),
+                                                                   train(master, loss_chunk_rows=loss_chunk_rows))
+    assert half_losses == master_losses
+    assert half_params.keys() == master_params.keys()
+    assert all(ref.same_bits(half_params[n], master_params[n]) for n in half_params)
+
+
+def test_a_tied_half_table_s_plan_holds_it_once_in_two_bytes_and_another_precision_is_refused():
+    half, master = adapted_tied("bf16"), adapted_tied("fp32")
+    master.compiled.precision = "bf16"
+    shape = (2, 3, 9)
+    got = gt.TrainStep(half, gt.nn.CrossEntropyLoss(), precision="bf16").memory_plan(shape)
+    want = gt.TrainStep(master, gt.nn.CrossEntropyLoss(), precision="bf16").memory_plan(shape)
+    table = half.base_model.model.model.embed_tokens
+    rows = table.num_embeddings * table.embedding_dim
+    bases = sum(lora.base_layer.in_features * lora.base_layer.out_features for _, lora in half.lora_layers())
+    assert want["parameters"] - got["parameters"] == 4 * (bases + rows)
+    assert want["half_parameters"] - got["half_parameters"] == 2 * (bases + rows)  # the head read the copy
+    with pytest.raises(ValueError, match=r"reads the bf16 table of the TokenEmbedding it is tied to as stored: "
+                                         r"the model must compute in bf16, not f32"):
+        gt.TrainStep(half, gt.nn.CrossEntropyLoss(), precision="fp32").memory_plan(shape)
+
+
+@pytest.mark.sim
+def test_a_tied_half_table_trains_on_sim_with_the_cpu_bits_at_its_plan():
+    def make_step(model):
+        model.train()
+        return gt.TrainStep(model, gt.nn.CrossEntropyLoss(), gt.optim.AdamW(model.parameters(), lr=1e-2),
+                            precision="bf16", loss_chunk_rows=5)
+
+    ids, labels = batch()
+    labels = np.concatenate([labels[:, 1:], np.full((2, 1), -100)], axis=1)
+    assert_sim_gives_the_cpu_bits_at_its_plan(lambda: adapted_tied("bf16"), make_step, [(ids, labels)] * 2,
+                                              (2, 3, 9))
+
+
+def test_a_model_with_a_tied_half_table_generates_and_saves_its_values(tmp_path):
+    model = adapted_tied("bf16").merge_and_unload()
+    assert isinstance(model.model.embed_tokens, nn.HalfTokenEmbedding)
+    ids, _ = batch()
+    assert model.generate(ids[:1, :4], max_new_tokens=3).shape == (1, 7)
+    model.save_pretrained(str(tmp_path))
+    again = from_pretrained(str(tmp_path))
+    assert ref.same_bits(again.model.embed_tokens.weight.data, model.model.embed_tokens.table())
 
 
 def test_an_encoder_s_table_is_held_in_bf16_with_the_fp32_master_path_s_bits():

@@ -242,6 +242,8 @@ int gt_tokens_has_positions(const gt_layer *layer);
 /* The table's element type: GT_F32 (a parameter), GT_BF16 / GT_F16 (a frozen half buffer) or GT_U8
  * (frozen 4-bit codes). */
 gt_dtype gt_tokens_table_dtype(const gt_layer *layer);
+/* 1 for a Linear tied to a TokenEmbedding table held frozen alone in f16/bf16 (nn/linear.c). */
+int gt_linear_reads_half_table(const gt_layer *layer);
 /* The absmax block of a 4-bit table; 0 for the others. */
 int64_t gt_tokens_blocksize(const gt_layer *layer);
 /* 1 for an NF4 table, 0 for the others (an FP4 one among them). */

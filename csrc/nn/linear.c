@@ -3,11 +3,20 @@
  * mode the GEMMs read the half copy of W; dW accumulates in f32. A Linear tied to a
  * TokenEmbedding's table uses its first out_features rows; the rows after them (token types) get
  * zeros unless the gradients accumulate (the TokenEmbedding adds to them next). A frozen weight
- * or bias (gt_param.frozen) has no gradient: its GEMM or row sum is skipped. */
+ * or bias (gt_param.frozen) has no gradient: its GEMM or row sum is skipped. A Linear tied to a
+ * table held frozen alone in f16/bf16 (nn/sequence.c) has no weight parameter: its GEMMs read the
+ * stored table, in a model of that precision (gt_plan_linear checks it), and it has no dW. */
 #include "nn/layer.h"
 
-/* W as the GEMMs read it: the half copy in f16/bf16 mode, else the f32 master. */
+int gt_linear_reads_half_table(const gt_layer *layer) {
+    return layer->tied && layer->tied->kind == GT_LAYER_TOKENS && gt_tokens_table_dtype(layer->tied) != GT_F32;
+}
+
+/* W as the GEMMs read it: the half copy in f16/bf16 mode, else the f32 master; a tied half table
+ * as it is stored. */
 static const void *compute_weight(const gt_layer *layer, const gt_run *run) {
+    if (gt_linear_reads_half_table(layer))
+        return layer->tied->frozen;
     return run->dt == GT_F32 ? (const void *)layer->weight.data : layer->weight.lowp;
 }
 
@@ -51,7 +60,7 @@ gt_status gt_linear_backward(gt_layer *layer, void *din, const void *dout, const
     const gt_ops *ops = run->backend->ops;
     int64_t rows = gt_rows_of(&layer->in_shape);
     int accumulate = gt_layer_accumulates(layer, run);
-    if (!layer->weight.frozen)
+    if (!layer->weight.frozen && !gt_linear_reads_half_table(layer))
         GT_TRY(linear_dweight(layer, dout, in, accumulate, run));
     if (layer->has_bias && !layer->bias.frozen)
         GT_TRY(ops->bias_backward(run->backend, layer->bias.grad, dout, rows, layer->out_features,

@@ -70,6 +70,13 @@ gt_status gt_plan_linear(gt_plan_walk *w, gt_layer *layer, const gt_tensor *in,
                            const gt_plan_site *site) {
     const char *path = site->path;
     GT_TRY(gt_plan_check_features(w, in, layer->in_features, layer, path));
+    if (gt_linear_reads_half_table(layer) && gt_tokens_table_dtype(layer->tied) != w->dt) {
+        char name[GT_LAYER_PATH_BYTES + 64];
+        return GT_FAIL(GT_ERR_VALUE, "%s reads the %s table of the TokenEmbedding it is tied to as stored: the "
+                       "model must compute in %s, not %s", gt_layer_describe(name, sizeof name, layer, path),
+                       gt_dtype_name(gt_tokens_table_dtype(layer->tied)),
+                       gt_dtype_name(gt_tokens_table_dtype(layer->tied)), gt_dtype_name(w->dt));
+    }
     layer->out.shape[in->ndim - 1] = layer->out_features;
     int64_t rows = gt_rows_of(in);
     if (rows > INT_MAX) {

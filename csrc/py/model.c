@@ -91,8 +91,9 @@ static int parse_tied(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
 
 /* ("tied_linear", index): a Linear without bias whose (out, in) weight is the (num, dim) table of
  * the index-th module with parameters, an Embedding or a TokenEmbedding (an LM head tied to the
- * token embedding; a TokenEmbedding's token-type rows after its num rows are not part of it). As
- * with ("tied", index), the use before it now adds its gradients, so they are summed. */
+ * token embedding; a TokenEmbedding's token-type rows after its num rows are not part of it; a
+ * table held frozen in f16/bf16 is read as stored, one in 4 bits is refused). As with
+ * ("tied", index), the use before it now adds its gradients, so they are summed. */
 static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
     const char *kind = NULL;
     Py_ssize_t index = 0;
@@ -102,9 +103,8 @@ static int parse_tied_linear(PyObject *spec, gt_layer *layer, spec_parse *ctx) {
         (ctx->first[index]->kind != GT_LAYER_EMBEDDING && ctx->first[index]->kind != GT_LAYER_TOKENS))
         return spec_error("a tied Linear must name an earlier Embedding or TokenEmbedding", spec);
     const gt_layer *table = ctx->first[index];
-    if (table->kind == GT_LAYER_TOKENS && gt_tokens_table_dtype(table) != GT_F32)
-        return spec_error("a tied Linear cannot read a TokenEmbedding table held in half precision alone or in 4 bits",
-                          spec);
+    if (table->kind == GT_LAYER_TOKENS && gt_tokens_table_dtype(table) == GT_U8)
+        return spec_error("a tied Linear cannot read a TokenEmbedding table held in 4 bits", spec);
     *layer = (gt_layer){.kind = GT_LAYER_LINEAR, .in_features = table->embedding_dim,
                         .out_features = table->num_embeddings, .tied = table};
     ctx->last[index]->grad_accumulates = 1;

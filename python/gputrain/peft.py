@@ -37,8 +37,8 @@ folder, dtype="bf16")``, or ``precision=`` given to compile it), each targeted L
 kept in that precision alone, a ``QLinear(quant_type="bf16" | "f16")`` as ``base_layer`` -- 2 bytes a
 weight instead of a float32 master and its half copy (6 bytes) -- and so is every other untied Linear
 left frozen (an untied LM head, the projections a narrower ``target_modules`` skips; not
-``modules_to_save``), and an untied token table (a :class:`~gputrain.nn.HalfTokenEmbedding`; a table
-the head is tied to keeps its master), with the values the half copy held, so
+``modules_to_save``), and the token table (a :class:`~gputrain.nn.HalfTokenEmbedding`; a tied LM
+head reads it as stored), with the values the half copy held, so
 the model computes exactly what it computed before (DoRA's norms widen the half weight where they
 read the master). DoRA on a half base computes in that precision only.
 ``merge_and_unload`` gives a float32 Linear of the half weight plus the adapter's delta.
@@ -348,11 +348,13 @@ class LoraLinear(Module):
 def _other_frozen_layers(model: Module, config: LoraConfig, targets: list[tuple[str, Linear | QLinear]]
                          ) -> list[tuple[str, Linear | TokenEmbedding]]:
     """(name, layer) of the untied Linear and TokenEmbedding layers the adapter leaves frozen and does
-    not adapt (an untied LM head and token embedding; the projections a narrower target_modules
-    skips): not the targets, nothing in modules_to_save, no table a TiedLinear reads."""
+    not adapt (an untied LM head, the token embedding, tied or not; the projections a narrower
+    target_modules skips): not the targets, nothing in modules_to_save (nor a table a saved
+    TiedLinear reads)."""
     skipped = {id(m) for _, m in targets}
-    skipped |= {id(m) for _, module in _saved_modules(model, config) for m in module.modules()}
-    skipped |= {id(m.embedding) for m in model.modules() if isinstance(m, TiedLinear)}
+    saved = [m for _, module in _saved_modules(model, config) for m in module.modules()]
+    skipped |= {id(m) for m in saved}
+    skipped |= {id(m.embedding) for m in saved if isinstance(m, TiedLinear)}
     return [(n, m) for n, m in model.named_modules()
             if type(m) in (Linear, TokenEmbedding) and id(m) not in skipped]
 

@@ -41,13 +41,15 @@ class TiedLinear(Module):
     embedding (weight tying). It has no parameter of its own: the table is listed once, under the
     embedding's name, and its gradient is the sum of both uses. The embedding (an Embedding, or a
     TokenEmbedding whose token rows, not its token-type rows, are E) must come before it in the
-    same model."""
+    same model. A HalfTokenEmbedding's frozen bf16/f16 table is read as stored (what gputrain.peft
+    makes of a bf16 model's tied table): no gradient, and the model must compute in that precision;
+    a QTokenEmbedding's 4-bit table is refused."""
 
     def __init__(self, embedding: Embedding | TokenEmbedding) -> None:
         super().__init__()
-        if isinstance(embedding, TokenEmbedding) and embedding.stored_dtype != "f32":
+        if isinstance(embedding, TokenEmbedding) and embedding.stored_dtype not in ("f32", "bf16", "f16"):
             raise ValueError(f"embedding: a {type(embedding).__name__} holds its table in {embedding.stored_dtype} "
-                             "alone; a TiedLinear reads a float32 table (a TokenEmbedding)")
+                             "alone; a TiedLinear reads a float32 table or a half one (HalfTokenEmbedding)")
         if not isinstance(embedding, (Embedding, TokenEmbedding)):
             raise TypeError(f"embedding must be a gputrain.nn.Embedding or TokenEmbedding, not "
                             f"{type(embedding).__name__}")

@@ -82,11 +82,17 @@ class TokenEmbedding(Module):
 
 class FrozenTokenEmbedding(TokenEmbedding):
     """A TokenEmbedding whose table is a frozen buffer held compactly, with no float32 master and no
-    gradient (HalfTokenEmbedding, QTokenEmbedding). A TiedLinear cannot read it (the head's GEMMs
-    read a parameter's half copy). Each subclass gives the table as float32, what its lookup reads
-    exactly, as ``table()``."""
+    gradient (HalfTokenEmbedding, QTokenEmbedding). Each subclass gives the table as float32, what
+    its lookup reads exactly, as ``table()``."""
 
     _param_names = ()
+
+    def _spec_in(self, tied: dict[int, int]) -> tuple:
+        # numbered as the modules with parameters are (the C spec numbers every TokenEmbedding so),
+        # so that a TiedLinear after it names it
+        if id(self) not in tied:
+            tied[id(self)] = len(tied)
+        return self._spec()
 
     def requires_grad_(self, requires_grad: bool = True) -> FrozenTokenEmbedding:
         """The stored table is frozen: True is refused."""
@@ -102,7 +108,7 @@ class HalfTokenEmbedding(FrozenTokenEmbedding):
     and no gradient -- what gputrain.peft gives the untied token embedding of a bf16/f16 model (PEFT
     keeps it in the model's dtype). The lookup widens the rows it reads, exactly, so in its own
     precision a model computes what it computed with the float32 table rounded to it. A TiedLinear
-    cannot read it (the head's GEMMs read a parameter's half copy)."""
+    reads it as stored (a tied LM head's GEMMs in that precision, no gradient)."""
 
     _buffer_names = ("weight",)
 

@@ -264,7 +264,7 @@ class _DecoderHead(Module):
         rows it reads), the head as a QLinear -- the embeddings transformers + bitsandbytes keep in 16
         bits, about 2 bytes a weight, now half a byte. Returns the model, compiled anew on its device
         with its precision, seed and step; a layer already quantized stays as it is. Refused, with
-        nothing changed: a tied head (tie_word_embeddings: it reads the table as a float32 parameter),
+        nothing changed: a tied head (tie_word_embeddings: its GEMMs read a float32 or half table, not 4 bits),
         hidden_size not a multiple of blocksize, a model inside another (quantize before
         gputrain.peft.get_peft_model). The values are quantized from the float32 ones (under
         gputrain.memory_plan.planning(): the configuration only). double_quant: the head's absmax
