@@ -24,7 +24,8 @@ static gt_status offload_output(const gt_layer *unit, gt_run *run) {
 /* In backward, once child `done` of a Sequential no longer needs its input (the output of child
  * done - 1), that slot is free: the output of child done - 3, which took the same slot in forward,
  * is copied back into it for the backward of child done - 2 (which waits for it: wait_for_input).
- * The run's last two slots still hold their forward outputs. */
+ * It is queued after the wait of child done - 1 for its own input, so that the copy runs beside
+ * that child's backward. The run's last two slots still hold their forward outputs. */
 static gt_status prefetch_input(const gt_layer *seq, size_t done, size_t first, gt_run *run) {
     if (done < 3 || done - 2 < first)
         return GT_OK;
@@ -88,8 +89,9 @@ gt_status gt_sequential_backward(gt_layer *layer, void *din, const void *dout, c
         const void *child_in = i > 0 ? layer->children[i - 1].out.ptr : in;
         void *target = i > first ? run->scratch[level][next] : din;  /* i == first > 0: din is NULL */
         GT_TRY(wait_for_input(layer, i, run));
+        if (i + 1 < n)
+            GT_TRY(prefetch_input(layer, i + 1, first, run));
         GT_TRY(gt_layer_backward(child, target, cur, child_in, run));
-        GT_TRY(prefetch_input(layer, i, first, run));
         if (layer == run->hooked && i > 0)  /* after the first layer the backward is over */
             GT_TRY(run->child_done(run, i));
         cur = target;
