@@ -323,19 +323,24 @@ class _StopAt(gt.TrainerCallback):
             control.should_training_stop = True
 
 
-def test_the_trainer_with_adamw_8bit_resumes_bit_identically(tmp_path):
+def whole_and_resumed(tmp_path, model, **args):
+    """Two Trainer runs over 160 rows saving every step: one whole, one stopped after step 3 and
+    resumed from its checkpoint; `args` are the TrainingArguments besides _args'."""
     x, y = _classes(160)
 
     def run(out, **kw):
-        trainer = gt.Trainer(_model(), _args(out, max_steps=8, save_strategy="steps", save_steps=1,
-                                             gradient_accumulation_steps=2, **kw.pop("args", {})),
+        trainer = gt.Trainer(model(), _args(out, save_strategy="steps", save_steps=1, **args),
                              train_dataset=(x, y), callbacks=kw.pop("callbacks", []))
         trainer.train(**kw)
         return trainer
 
     whole = run(tmp_path / "whole")
     run(tmp_path / "resumed", callbacks=[_StopAt(3)])
-    resumed = run(tmp_path / "resumed", resume_from_checkpoint=True)
+    return whole, run(tmp_path / "resumed", resume_from_checkpoint=True)
+
+
+def test_the_trainer_with_adamw_8bit_resumes_bit_identically(tmp_path):
+    whole, resumed = whole_and_resumed(tmp_path, _model, max_steps=8, gradient_accumulation_steps=2)
     assert resumed.state.global_step == whole.state.global_step == 8
     for name, value in whole.model.state_dict().items():
         assert_bits(value, resumed.model.state_dict()[name], name)

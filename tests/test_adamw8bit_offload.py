@@ -14,7 +14,7 @@ import gputrain as gt
 from gputrain import _C
 from gputrain.nn import Parameter
 from gputrain.optim import AdamW, AdamW8bit
-from test_adamw8bit import _StopAt, _args, _classes, assert_bits
+from test_adamw8bit import _args, _classes, assert_bits, whole_and_resumed
 from test_memory_plan import measured
 
 nn = gt.nn
@@ -107,18 +107,8 @@ def test_a_paged_sim_run_peaks_at_its_plan_in_both_pools(tmp_path):
 
 
 def test_the_trainer_with_paged_adamw_8bit_resumes_bit_identically(tmp_path):
-    x, y = _classes(160)
-
-    def run(out, **kw):
-        trainer = gt.Trainer(_model(), _args(out, optim="paged_adamw_8bit", max_steps=6, save_strategy="steps",
-                                             save_steps=1, cpu_offload_fraction=0.5),
-                             train_dataset=(x, y), callbacks=kw.pop("callbacks", []))
-        trainer.train(**kw)
-        return trainer
-
-    whole = run(tmp_path / "whole")
-    run(tmp_path / "resumed", callbacks=[_StopAt(3)])
-    resumed = run(tmp_path / "resumed", resume_from_checkpoint=True)
+    whole, resumed = whole_and_resumed(tmp_path, _model, optim="paged_adamw_8bit", max_steps=6,
+                                       cpu_offload_fraction=0.5)
     assert whole.optimizer.cpu_offload_fraction == 0.5
     _assert_same((0, whole.model.state_dict(), whole.optimizer.state_dict()["state"], None),
                  (0, resumed.model.state_dict(), resumed.optimizer.state_dict()["state"], None))
