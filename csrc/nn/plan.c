@@ -475,10 +475,11 @@ gt_status gt_plan_note_scratch(gt_plan_walk *w, int level, const gt_tensor *t) {
 }
 
 /* With offloaded checkpoints (GT_CHECKPOINT_OFFLOAD), a run of checkpointed units side by side (a
- * decoder's layers; at least GT_OFFLOAD_MIN_RUN of them) keeps the outputs of all but its last unit in pinned host memory: on the
- * device they share two slots, which the units take in turn (nn/container.c copies each output
- * to the host after its forward, and back before the backward of the unit that reads it). The
- * run's last unit keeps a buffer of its own, since what follows it may read it at any time. */
+ * decoder's layers; at least GT_OFFLOAD_MIN_RUN of them) keeps the outputs of all but its last
+ * unit in pinned host memory: on the device they share two slots, which the units take in turn
+ * (nn/container.c copies each output to the host after its forward, and back before the backward
+ * of the unit that reads it). The run's last unit keeps a buffer of its own, since what follows
+ * it may read it at any time. */
 typedef struct gt_offload_slots {
     void *ptr[2];  /* the two device slots, (bytes) each */
     size_t bytes;  /* the size of each; 0: no run in progress */

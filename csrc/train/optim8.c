@@ -69,9 +69,9 @@ static size_t staging_chunk(const size_t *numels, size_t num_params, size_t host
     size_t largest = 0;
     for (size_t i = host_first; i < num_params; i++)
         largest = numels[i] > largest ? numels[i] : largest;
-    size_t chunk = chunk_numel / GT_ADAMW8_BLOCK * GT_ADAMW8_BLOCK;
+    size_t chunk = chunk_numel / GT_ADAMW8_BLOCK * GT_ADAMW8_BLOCK, needed = blocks_of(largest) * GT_ADAMW8_BLOCK;
     chunk = chunk ? chunk : GT_ADAMW8_BLOCK;
-    return largest < chunk ? blocks_of(largest) * GT_ADAMW8_BLOCK : chunk;
+    return needed && needed < chunk ? needed : chunk;
 }
 
 static size_t staging_bytes(size_t chunk) { return gt_size_mul_sat(chunk, 4 * sizeof(float)); }
