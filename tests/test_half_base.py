@@ -140,10 +140,11 @@ def test_a_half_weight_refuses_training_codes_and_bad_values_and_is_left_as_it_w
 
 
 # -- LoRA on a bf16 model ----------------------------------------------------------------------
-def adapted(precision: str, seed: int = 7, use_dora: bool = False):
-    """The fixture Llama with BASE's weights rounded to bf16, and a LoRA (or DoRA) adapter with B
-    non-zero, built in `precision`: in bf16 the bases are half weights; in fp32 float32 masters."""
-    model = from_pretrained(BASE, dtype=precision)
+def adapted(precision: str, seed: int = 7, use_dora: bool = False, folder: str = BASE):
+    """The fixture Llama (or the model in `folder`) with its weights rounded to bf16, and a LoRA (or
+    DoRA) adapter with B non-zero, built in `precision`: in bf16 the bases are half weights; in fp32
+    float32 masters."""
+    model = from_pretrained(folder, dtype=precision)
     model.load_state_dict({k: rounded(v, "bf16") for k, v in model.state_dict().items()})
     gt.random.manual_seed(seed)
     peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=use_dora))
@@ -340,16 +341,8 @@ GEMMA = os.path.join(os.path.dirname(BASE), "gemma-tiny")  # tie_word_embeddings
 
 
 def adapted_tied(precision: str, seed: int = 7):
-    """The tied fixture Gemma with its weights rounded to bf16 and a LoRA adapter with B non-zero."""
-    model = from_pretrained(GEMMA, dtype=precision)
-    model.load_state_dict({k: rounded(v, "bf16") for k, v in model.state_dict().items()})
-    gt.random.manual_seed(seed)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    rng = np.random.default_rng(seed)
-    for _, lora in peft.lora_layers():
-        b = lora.lora_B.default.weight
-        b.data = (rng.standard_normal(b.data.shape) * 0.02).astype(np.float32)
-    return peft
+    """The tied fixture Gemma, adapted as `adapted` adapts the Llama."""
+    return adapted(precision, seed, folder=GEMMA)
 
 
 @pytest.mark.parametrize("loss_chunk_rows", [0, 5])
