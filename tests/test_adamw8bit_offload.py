@@ -117,6 +117,8 @@ def test_the_trainer_with_paged_adamw_8bit_resumes_bit_identically(tmp_path):
 def test_the_paged_names_choose_the_optimizer_and_its_fraction(tmp_path):
     assert _args(tmp_path, optim="paged_adamw_8bit").cpu_offload_fraction == 1.0
     assert _args(tmp_path, optim="paged_adamw_8bit", cpu_offload_fraction=0.25).cpu_offload_fraction == 0.25
+    assert _args(tmp_path, optim="paged_adamw_8bit", cpu_offload_fraction=0.0).cpu_offload_fraction == 0.0
+    assert _args(tmp_path, optim="adamw_8bit").cpu_offload_fraction == 0.0
     x, y = _classes(16)
     trainer = gt.Trainer(_model(), _args(tmp_path, optim="paged_adamw_32bit", max_steps=1), train_dataset=(x, y))
     trainer.train()

@@ -137,7 +137,9 @@ class TrainingArguments:
     gputrain arguments:
         device: "auto" (a CUDA device when there is one, else "cpu"), "cpu", "cuda[:N]" or "sim[:N]"
             (the simulated device, which runs the device code path with the CPU's arithmetic).
-        cpu_offload_fraction: the share of optimizer state kept in host memory (AdamW, AdamW8bit).
+        cpu_offload_fraction: the share of optimizer state kept in host memory (AdamW, AdamW8bit);
+            None (default): 1 for the paged optimizers, else 0. An explicit 0 keeps a paged
+            optimizer's state on the device.
         zero_stage: 1 shards the AdamW state over the ranks of a distributed run (ZeRO-1,
             gt.optim.AdamW(zero_stage=1): each rank keeps 1/N of it, the weights are bit-identical
             to 0's); 0 (default) keeps all of it on every rank. The name and values are DeepSpeed's
@@ -284,7 +286,7 @@ class TrainingArguments:
     save_safetensors: bool = True
     # gputrain arguments
     device: str = "auto"
-    cpu_offload_fraction: float = 0.0
+    cpu_offload_fraction: float | None = None
     zero_stage: int = 0
     memory_limit: int | None = None
     memory_fraction: float | None = None
@@ -489,12 +491,12 @@ class TrainingArguments:
 
     def _check_gputrain(self) -> None:
         parse_device(self.device, kinds=("auto", "cpu", "cuda", "sim"))  # the syntax; the Trainer checks it exists
+        if self.cpu_offload_fraction is None:  # bitsandbytes' paged state lives in host-backed memory
+            self.cpu_offload_fraction = 1.0 if self.optim in PAGED_NAMES else 0.0
         _check_float("cpu_offload_fraction", self.cpu_offload_fraction, 0.0, 1.0)
         if self.cpu_offload_fraction > 0 and self.optim == "sgd":
             raise ValueError("cpu_offload_fraction > 0 needs an AdamW optimizer (optim='adamw_torch'); "
                              "SGD keeps no offloadable state")
-        if self.optim in PAGED_NAMES and self.cpu_offload_fraction == 0:
-            self.cpu_offload_fraction = 1.0  # bitsandbytes' paged state lives in host-backed memory
         self.zero_stage = check_zero_stage(self.zero_stage)
         if self.zero_stage and self.optim in EIGHT_BIT_NAMES:
             raise ValueError(f"zero_stage=1 shards AdamW's state (optim='adamw_torch'), not optim={self.optim!r}'s")
