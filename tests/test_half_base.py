@@ -325,6 +325,15 @@ def test_a_half_table_looks_up_the_bits_of_a_float32_table_holding_its_values(pr
     assert ref.same_bits(stored.table(), table.weight.data)
 
 
+def test_a_half_table_used_twice_is_one_table_named_as_a_reuse():
+    stored = nn.HalfTokenEmbedding.from_token_embedding(nn.TokenEmbedding(12, 4), "bf16")
+    model = nn.Sequential(nn.Parallel(stored, stored))
+    assert model._spec_list()[0][1][1] == ("tied", 0)
+    ids = np.arange(6, dtype=np.int64).reshape(1, 1, 6)
+    looked_up = stored.table()[ids[0, 0]]
+    assert ref.same_bits(model(ids)[0], np.concatenate([looked_up, looked_up], axis=-1))
+
+
 def test_a_half_table_refuses_training_and_a_4_bit_one_tying():
     stored = nn.HalfTokenEmbedding(16, 4, stored_dtype="bf16")
     with pytest.raises(ValueError, match="frozen"):

@@ -88,10 +88,11 @@ class FrozenTokenEmbedding(TokenEmbedding):
     _param_names = ()
 
     def _spec_in(self, tied: dict[int, int]) -> tuple:
-        # numbered as the modules with parameters are (the C spec numbers every TokenEmbedding so),
-        # so that a TiedLinear after it names it
-        if id(self) not in tied:
-            tied[id(self)] = len(tied)
+        # numbered, and a reuse named, as a module with parameters (the C spec numbers every
+        # TokenEmbedding so), so that a TiedLinear after it names it
+        if id(self) in tied:
+            return ("tied", tied[id(self)])
+        tied[id(self)] = len(tied)
         return self._spec()
 
     def requires_grad_(self, requires_grad: bool = True) -> FrozenTokenEmbedding:
