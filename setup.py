@@ -224,8 +224,10 @@ class BuildExt(build_ext):
         objects = [o for s, o in zip(main.sources, self.compiler.object_filenames(main.sources,
                                                                                   output_dir=self.build_temp))
                    if s != "csrc/py/module.c"] + main.extra_objects
-        self.compiler.create_static_lib(objects, "gputrain_core", output_dir=self.build_temp)
         archive = self.compiler.library_filename("gputrain_core", output_dir=self.build_temp)
+        if os.path.exists(archive):  # ar adds to an archive: a renamed or deleted source's object would stay
+            os.remove(archive)
+        self.compiler.create_static_lib(objects, "gputrain_core", output_dir=self.build_temp)
         testing.extra_objects = [archive]
         testing.depends = list(testing.depends) + [archive]
         self.build_extension(testing)
