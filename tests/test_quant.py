@@ -11,7 +11,9 @@ import pytest
 
 from gputrain import quant
 from gputrain._cast import bfloat16
-from gputrain.quant import codes, reference
+from gputrain.quant import blockwise, codes, reference
+
+import _reference as ref
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "quant")
 FIX = np.load(os.path.join(HERE, "bnb_quant.npz"))
@@ -144,6 +146,45 @@ def test_c_path_equals_reference_on_random_input(dt):
         q, absmax = quant.quantize_blockwise(x, blocksize=256)
         ref_q, ref_absmax = reference.quantize_blockwise(to_f32(bits, dt), codes.DYNAMIC_SIGNED, 256)
         assert same_bits(q, ref_q) and same_bits(absmax, ref_absmax)
+
+
+@pytest.mark.parametrize("dt", DTS)
+def test_4bit_dequantization_gives_the_reference_bits_at_every_simd_level(dt):
+    """The vector kernels (whole vectors of a block) and the scalar tail, for blocks shorter and
+    longer than a vector, odd counts, and scales that round to ties, f16 subnormals, inf and NaN."""
+    rng = np.random.default_rng(3)
+    scales = np.array([1.0, 3.0e-6, 7.0e4, 1e38, np.inf, np.nan, 1.0 + 2.0 ** -9, 0.0], np.float32)
+    for qt in ("nf4", "fp4"):
+        code = codes.code_table(qt)
+        for n, bs in ((1, 64), (31, 32), (33, 32), (1000, 64), (4097, 128), (9000, 4096)):
+            packed = rng.integers(0, 256, (n + 1) // 2, dtype=np.uint8)
+            absmax = rng.choice(scales, -(-n // bs)) * rng.uniform(0.5, 2.0, -(-n // bs)).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are among the cases
+                want = reference.dequantize_4bit(packed, absmax, code, bs, n)
+                want = want if dt == "f32" else reference.f32_to_half_bits(want, dt)
+            for level in ref.simd_levels():
+                with ref.simd_level(level):
+                    got = blockwise.dequantize_codes(packed, absmax, code, n, bs, 4, dt)
+                assert same_bits(got, want), (qt, n, bs, level)
+
+
+@pytest.mark.parametrize("dt", DTS)
+def test_8bit_dequantization_gives_the_reference_bits_at_every_simd_level(dt):
+    """The gathering kernels and the scalar table and element paths, for blocks shorter and
+    longer than a vector and than the table's threshold, with the signed and unsigned maps."""
+    rng = np.random.default_rng(4)
+    scales = np.array([1.0, 3.0e-6, 7.0e4, 1e38, np.inf, np.nan, 1.0 + 2.0 ** -9, 0.0], np.float32)
+    for code in (codes.DYNAMIC_SIGNED, codes.DYNAMIC_UNSIGNED):
+        for n, bs in ((1, 256), (15, 256), (17, 8), (1000, 256), (5000, 4096), (3 * 1031, 1031)):
+            q = rng.integers(0, 256, n, dtype=np.uint8)
+            absmax = rng.choice(scales, -(-n // bs)) * rng.uniform(0.5, 2.0, -(-n // bs)).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are among the cases
+                want = reference.dequantize_blockwise(q, absmax, code, bs)
+                want = want if dt == "f32" else reference.f32_to_half_bits(want, dt)
+            for level in ref.simd_levels():
+                with ref.simd_level(level):
+                    got = blockwise.dequantize_codes(q, absmax, code, n, bs, 8, dt)
+                assert same_bits(got, want), (n, bs, level)
 
 
 def test_bad_input_is_refused_and_nothing_changes():

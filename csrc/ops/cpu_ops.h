@@ -13,8 +13,9 @@ GT_OP_LIST(GT_CPU_DECLARE)
 #undef GT_CPU_DECLARE
 
 /* Elements [begin, end) of one block of 4-bit codes (begin even) into out in dt: the block's 16
- * possible outputs, code[k] * scale rounded once (gt_quant_decode_store), looked up per element
- * (cpu_quant.c; the quantized embedding's rows too). */
+ * possible outputs, code[k] * scale rounded once (gt_quant_decode_store), looked up per element,
+ * whole vectors by the SIMD level's kernel (quant_kernels.h) (cpu_quant.c; the quantized
+ * embedding's rows too). */
 void gt_cpu_dequantize4_block(void *out, const uint8_t *codes, float scale, const float *code, size_t begin,
                               size_t end, gt_dtype dt);
 

@@ -3,6 +3,7 @@
  * iteration of a parallel loop: the result does not depend on the thread count. */
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/quant_kernels.h"
 #include "ops/quant_hd.h"
 
 #include <math.h>
@@ -69,15 +70,35 @@ gt_status gt_cpu_quantize_blockwise(gt_backend *be, uint8_t *codes, float *absma
     return GT_OK;
 }
 
+/* The first element of [begin, end) that the SIMD level's kernel for `bits`-bit codes left (whole
+ * vectors from begin on: ops/quant_kernels.h), begin itself at the portable level. */
+static size_t dequantize_vectors(void *out, const uint8_t *codes, float scale, const float *code, size_t begin,
+                                 size_t end, int bits, gt_dtype dt) {
+#if GT_SIMD_X86
+    switch (gt_simd_level()) {
+    case GT_SIMD_AVX512:
+        return (bits == 4 ? gt_dequantize4_avx512 : gt_dequantize8_avx512)(out, codes, code, scale, begin, end, dt);
+    case GT_SIMD_AVX2:
+        return (bits == 4 ? gt_dequantize4_avx2 : gt_dequantize8_avx2)(out, codes, code, scale, begin, end, dt);
+    default:
+        break;
+    }
+#endif
+    (void)out, (void)codes, (void)scale, (void)code, (void)end, (void)bits, (void)dt;
+    return begin;
+}
+
 void gt_cpu_dequantize4_block(void *out, const uint8_t *codes, float scale, const float *code, size_t begin,
                               size_t end, gt_dtype dt) {
+    size_t i = dequantize_vectors(out, codes, scale, code, begin, end, 4, dt);  /* even, as begin */
+    if (i == end)
+        return;
     float l32[16];
     uint16_t l16[16];
     for (uint8_t k = 0; k < 16; k++)
         gt_quant_decode_store(dt == GT_F32 ? (void *)l32 : (void *)l16, k, code, k, scale, dt);
     if (dt == GT_F32) {
         float *o = out;
-        size_t i = begin;  /* even: blocksize is even */
         for (; i + 1 < end; i += 2) {
             o[i] = l32[codes[i >> 1] >> 4];
             o[i + 1] = l32[codes[i >> 1] & 0x0F];
@@ -86,7 +107,6 @@ void gt_cpu_dequantize4_block(void *out, const uint8_t *codes, float scale, cons
             o[i] = l32[gt_quant_code_at(codes, i, 4)];
     } else {
         uint16_t *o = out;
-        size_t i = begin;
         for (; i + 1 < end; i += 2) {
             o[i] = l16[codes[i >> 1] >> 4];
             o[i + 1] = l16[codes[i >> 1] & 0x0F];
@@ -132,11 +152,12 @@ gt_status gt_cpu_dequantize_blockwise(gt_backend *be, void *out, const uint8_t *
             gt_cpu_dequantize4_block(out, codes, scale, code, b * bs, end, dt);
             continue;
         }
-        if (end - b * bs >= GT_DEQUANTIZE8_TABLE_FROM) {
-            dequantize8_block(out, codes, scale, code, b * bs, end, dt);
+        size_t rest = dequantize_vectors(out, codes, scale, code, b * bs, end, 8, dt);
+        if (end - rest >= GT_DEQUANTIZE8_TABLE_FROM) {
+            dequantize8_block(out, codes, scale, code, rest, end, dt);
             continue;
         }
-        for (size_t i = b * bs; i < end; i++)
+        for (size_t i = rest; i < end; i++)
             gt_quant_decode_store(out, i, code, codes[i], scale, dt);
     }
     return GT_OK;
