@@ -95,12 +95,13 @@ def test_gradients_match_finite_differences(causal):
 # --- dropout -------------------------------------------------------------------------------------
 
 
-def test_dropout_multipliers_follow_the_philox_rule():
+@pytest.mark.parametrize("offset", [320, 323])  # a row's first key on a Philox group's start, or not
+def test_dropout_multipliers_follow_the_philox_rule(offset):
     # q = 0: every visible key gets probability 1/n; v = identity: out[i, j] = M[i, j] / n.
     batch, heads, seq, p = 2, 2, 64, 0.3
     q = np.zeros((batch, heads, seq, seq), np.float32)
     v = np.broadcast_to(np.eye(seq, dtype=np.float32), q.shape).copy()
-    key = dict(seed=1234, layer=3, step=7, offset=5 * seq)
+    key = dict(seed=1234, layer=3, step=7, offset=offset)
     out, _ = F.scaled_dot_product_attention(q, q, v, dropout_p=p, **key)
     expected = aref.multipliers(q.shape, p, **key)
     np.testing.assert_allclose(out * seq, expected, rtol=1e-6)

@@ -241,7 +241,7 @@ def test_add_in_place_alias_and_bad_arguments():
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-@pytest.mark.parametrize("offset", [0, 1, 6, 2**33 + 3])
+@pytest.mark.parametrize("offset", [0, 1, 6, 2**33 + 3, 2**34 - 20])
 def test_dropout_matches_numpy_philox_reference(dt, offset):
     x = ref.to_dtype(randn((37, 29), 40), dt)
     p, seed, layer, step = 0.3, 2**40 + 12345, 7, 99

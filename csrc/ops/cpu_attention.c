@@ -39,6 +39,7 @@
 #include "ops/checks.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/philox_lanes.h"
 
 enum { Q_BLOCK = GT_ATTN_Q_TILE, K_BLOCK = GT_ATTN_K_TILE };  /* queries and keys per tile */
 
@@ -150,10 +151,21 @@ GT_INLINE void tile_accumulate(float *o, const float *p, size_t ldp, const float
     }
 }
 
-/* f[0:n] = the dropout multipliers of elements g, g + 1, ... (core/dropout.h). */
+/* f[0:n] = the dropout multipliers of elements g, g + 1, ... (core/dropout.h): from the first
+ * whole Philox group on, PHILOX_LANES groups at a time while there are as many. */
 GT_INLINE void dropout_factors(float *f, const gt_dropout_key *key, uint64_t g, size_t n,
                                float p, float scale) {
-    for (size_t c = 0; c < n;) {
+    size_t c = 0;
+    for (; g % 4u && c < n; c++, g++)
+        f[c] = gt_dropout_element_factor(key->seed, key->layer, key->step, g, p, scale);
+    for (; n - c >= 4 * PHILOX_LANES; c += 4 * PHILOX_LANES, g += 4 * PHILOX_LANES) {
+        uint32_t words[4][PHILOX_LANES];
+        philox_lanes(key, g / 4u, words);
+        for (size_t l = 0; l < PHILOX_LANES; l++)
+            for (size_t j = 0; j < 4; j++)
+                f[c + 4 * l + j] = gt_dropout_factor(words[j][l], p, scale);
+    }
+    while (c < n) {
         uint32_t words[4];
         gt_philox_random4(key->seed, key->layer, key->step, g / 4u, words);
         for (unsigned k = (unsigned)(g % 4u); k < 4u && c < n; k++, c++, g++)

@@ -5,6 +5,7 @@
 #include "core/dropout.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
+#include "ops/philox_lanes.h"
 
 /* Multiplies the element of global index g by its dropout factor. */
 GT_INLINE void dropout_element(void *out, const void *in, const gt_dropout_key *key, uint64_t g,
@@ -15,13 +16,24 @@ GT_INLINE void dropout_element(void *out, const void *in, const gt_dropout_key *
 }
 
 /* Multiplies elements [begin, end) by their dropout factors. Philox groups of four elements
- * that lie wholly inside the range run without bounds checks; the (at most two) groups cut by
- * the range ends check each element. */
+ * that lie wholly inside the range run without bounds checks, PHILOX_LANES of them at a time
+ * while there are as many; the (at most two) groups cut by the range ends check each element. */
 GT_INLINE void dropout_body(void *out, const void *in, size_t begin, size_t end,
                             const gt_dropout_key *key, float p, float scale, gt_dtype dt) {
     uint64_t first = key->offset + begin, last = key->offset + end;  /* global [first, last) */
     uint64_t full_begin = (first + 3u) / 4u, full_end = last / 4u;   /* groups wholly inside */
-    for (uint64_t group = full_begin; group < full_end; group++) {
+    uint64_t group = full_begin;
+    for (; full_end - group >= PHILOX_LANES && group < full_end; group += PHILOX_LANES) {
+        uint32_t words[4][PHILOX_LANES];
+        philox_lanes(key, group, words);
+        size_t i = (size_t)(group * 4u - key->offset);
+        for (size_t l = 0; l < PHILOX_LANES; l++)
+            for (size_t j = 0; j < 4; j++) {
+                float factor = gt_dropout_factor(words[j][l], p, scale);
+                gt_cpu_store(out, i + 4 * l + j, gt_cpu_load(in, i + 4 * l + j, dt) * factor, dt);
+            }
+    }
+    for (; group < full_end; group++) {
         uint32_t words[4];
         gt_philox_random4(key->seed, key->layer, key->step, group, words);
         size_t i = (size_t)(group * 4u - key->offset);
