@@ -151,26 +151,31 @@ GT_INLINE void tile_accumulate(float *o, const float *p, size_t ldp, const float
     }
 }
 
+/* f[0:c] = the dropout multipliers of elements g, g + 1, ... to the end of g's Philox group, n at
+ * most; returns c. */
+GT_INLINE size_t group_factors(float *f, const gt_dropout_key *key, uint64_t g, size_t n, float p, float scale) {
+    uint32_t words[4];
+    gt_philox_random4(key->seed, key->layer, key->step, g / 4u, words);
+    size_t c = 0;
+    for (unsigned k = (unsigned)(g % 4u); k < 4u && c < n; k++, c++)
+        f[c] = gt_dropout_factor(words[k], p, scale);
+    return c;
+}
+
 /* f[0:n] = the dropout multipliers of elements g, g + 1, ... (core/dropout.h): from the first
  * whole Philox group on, PHILOX_LANES groups at a time while there are as many. */
 GT_INLINE void dropout_factors(float *f, const gt_dropout_key *key, uint64_t g, size_t n,
                                float p, float scale) {
-    size_t c = 0;
-    for (; g % 4u && c < n; c++, g++)
-        f[c] = gt_dropout_element_factor(key->seed, key->layer, key->step, g, p, scale);
-    for (; n - c >= 4 * PHILOX_LANES; c += 4 * PHILOX_LANES, g += 4 * PHILOX_LANES) {
+    size_t c = g % 4u ? group_factors(f, key, g, n, p, scale) : 0;
+    for (; n - c >= 4 * PHILOX_LANES; c += 4 * PHILOX_LANES) {
         uint32_t words[4][PHILOX_LANES];
-        philox_lanes(key, g / 4u, words);
+        philox_lanes(key, (g + c) / 4u, words);
         for (size_t l = 0; l < PHILOX_LANES; l++)
             for (size_t j = 0; j < 4; j++)
                 f[c + 4 * l + j] = gt_dropout_factor(words[j][l], p, scale);
     }
-    while (c < n) {
-        uint32_t words[4];
-        gt_philox_random4(key->seed, key->layer, key->step, g / 4u, words);
-        for (unsigned k = (unsigned)(g % 4u); k < 4u && c < n; k++, c++, g++)
-            f[c] = gt_dropout_factor(words[k], p, scale);
-    }
+    while (c < n)
+        c += group_factors(f + c, key, g + c, n - c, p, scale);
 }
 
 /* The dropout element index of (b, h, query i, key j) (ops.h). */

@@ -23,7 +23,7 @@ GT_INLINE void dropout_body(void *out, const void *in, size_t begin, size_t end,
     uint64_t first = key->offset + begin, last = key->offset + end;  /* global [first, last) */
     uint64_t full_begin = (first + 3u) / 4u, full_end = last / 4u;   /* groups wholly inside */
     uint64_t group = full_begin;
-    for (; full_end - group >= PHILOX_LANES && group < full_end; group += PHILOX_LANES) {
+    for (; group + PHILOX_LANES <= full_end; group += PHILOX_LANES) {
         uint32_t words[4][PHILOX_LANES];
         philox_lanes(key, group, words);
         size_t i = (size_t)(group * 4u - key->offset);
