@@ -6,7 +6,9 @@
  * Forward: a unit of work is (b, h, a block of Q_BLOCK queries). For each block of K_BLOCK keys,
  * S = scale Q K^T; each query row keeps the running max m and sum l of exp(S - m), rescales its
  * f32 output accumulator by exp(m_old - m_new) and adds the (dropped-out) probabilities times V.
- * At the end out = acc / l and lse = m + log l.
+ * At the end out = acc / l and lse = m + log l. The tile of scores is held transposed, so the
+ * softmax steps run with the block's queries in vector lanes, each query's terms still in order
+ * of keys.
  * Backward: a unit is (b, kv head g) (grouped-query attention: query head h reads kv head
  * g = h / (H / K); K = H is plain multi-head attention). For each query head of g's group in
  * increasing h, with D_i = dout_i . out_i, for each key block and each query block that sees it:
@@ -100,7 +102,7 @@ GT_INLINE void tile_product(float *restrict s, const float *restrict a, const fl
 
 enum { ACC_COLS = 32 };  /* output columns of a tile_accumulate block kept in registers */
 
-/* o[k][d0:d0+ACC_COLS] += sum over c < n, in order, of p[k * ldp + c] * x[c][d0:d0+ACC_COLS]
+/* o[k][d0:d0+ACC_COLS] += sum over c < n, in order, of p[k * pr + c * pc] * x[c][d0:d0+ACC_COLS]
  * for k < R (a constant): the sums are formed in registers from 0 and then added to o. */
 #define ACCUMULATE_FIXED(R)                                                    \
     do {                                                                       \
@@ -108,14 +110,14 @@ enum { ACC_COLS = 32 };  /* output columns of a tile_accumulate block kept in re
         for (size_t c = 0; c < n; c++)                                         \
             for (size_t k = 0; k < (R); k++)                                   \
                 for (size_t j = 0; j < ACC_COLS; j++)                          \
-                    acc[k][j] += p[k * ldp + c] * x[c * dim + d0 + j];         \
+                    acc[k][j] += p[k * pr + c * pc] * x[c * dim + d0 + j];     \
         for (size_t k = 0; k < (R); k++)                                       \
             for (size_t j = 0; j < ACC_COLS; j++)                              \
                 o[k * dim + d0 + j] += acc[k][j];                              \
     } while (0)
 
 /* The same for `rows` rows and `width` columns of any size, ACC_COLS at most. */
-GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size_t ldp,
+GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size_t pr, size_t pc,
                                 const float *restrict x, size_t rows, size_t n, size_t dim,
                                 size_t d0, size_t width) {
     if (width == ACC_COLS && rows == 4) {
@@ -130,23 +132,23 @@ GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size
         float acc[ACC_COLS] = {0};
         for (size_t c = 0; c < n; c++)
             for (size_t j = 0; j < width; j++)
-                acc[j] += p[k * ldp + c] * x[c * dim + d0 + j];
+                acc[j] += p[k * pr + c * pc] * x[c * dim + d0 + j];
         for (size_t j = 0; j < width; j++)
             o[k * dim + d0 + j] += acc[j];
     }
 }
 
-/* o (rows, D) += p (rows, n; rows ldp apart) @ x (n, D): each element of o gets the sum of its n
- * terms (added in order of c) added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's
+/* o (rows, D) += p (rows, n; element (k, c) at k * pr + c * pc) @ x (n, D): each element of o
+ * gets the sum of its n terms (added in order of c) added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's
  * 32 vector registers) or 2 rows by ACC_COLS outputs stay in registers over all n (eight
  * independent add chains), so x is read once per block of rows. */
-GT_INLINE void tile_accumulate(float *o, const float *p, size_t ldp, const float *x, size_t rows,
-                               size_t n, size_t dim, int wide) {
+GT_INLINE void tile_accumulate(float *o, const float *p, size_t pr, size_t pc, const float *x,
+                               size_t rows, size_t n, size_t dim, int wide) {
     size_t step = wide ? 4 : 2;
     for (size_t r = 0; r < rows; r += step) {
         size_t block = rows - r < step ? rows - r : step;
         for (size_t d0 = 0; d0 < dim; d0 += ACC_COLS)
-            accumulate_block(o + r * dim, p + r * ldp, ldp, x, block, n, dim, d0,
+            accumulate_block(o + r * dim, p + r * pr, pr, pc, x, block, n, dim, d0,
                              dim - d0 < ACC_COLS ? dim - d0 : ACC_COLS);
     }
 }
@@ -192,61 +194,115 @@ static size_t backward_floats(size_t t, size_t dim) {
     return 5 * t * dim + t + 3 * K_BLOCK * dim + 5 * Q_BLOCK * K_BLOCK;
 }
 
-/* The scratch of one forward unit, carved from a slot. */
+/* The scratch of one forward unit, carved from a slot. Scores are held transposed (a key per
+ * row, a query per column), so that the online softmax runs down the tile's columns with the
+ * block's queries in vector lanes: each query's terms still come in order of keys. */
 typedef struct fwd_scratch {
-    float *q;   /* (Q_BLOCK, D) the block's queries */
-    float *kt;  /* (D, K_BLOCK) a key block, transposed */
+    float *qt;  /* (D, Q_BLOCK) the block's queries, transposed */
+    float *k;   /* (K_BLOCK, D) a key block */
     float *v;   /* (K_BLOCK, D) its values */
-    float *s;   /* (Q_BLOCK, K_BLOCK) scores, then probabilities */
+    float *st;  /* (K_BLOCK, Q_BLOCK) scores, then probabilities: key c, query r at c * Q_BLOCK + r */
     float *o;   /* (Q_BLOCK, D) output accumulator */
     float *f;   /* (K_BLOCK,) dropout multipliers of one row */
     float *m;   /* (Q_BLOCK,) running max of the scaled scores */
     float *l;   /* (Q_BLOCK,) running sum of exp(score - m) */
 } fwd_scratch;
 
+_Static_assert(Q_BLOCK == K_BLOCK, "transposed query and key tiles share one leading dimension");
+
 static fwd_scratch carve_forward(float *slot, size_t dim) {
     fwd_scratch w;
-    w.q = slot;
-    w.kt = w.q + Q_BLOCK * dim;
-    w.v = w.kt + dim * K_BLOCK;
-    w.s = w.v + K_BLOCK * dim;
-    w.o = w.s + Q_BLOCK * K_BLOCK;
+    w.qt = slot;
+    w.k = w.qt + dim * Q_BLOCK;
+    w.v = w.k + K_BLOCK * dim;
+    w.st = w.v + K_BLOCK * dim;
+    w.o = w.st + K_BLOCK * Q_BLOCK;
     w.f = w.o + Q_BLOCK * dim;
     w.m = w.f + K_BLOCK;
     w.l = w.m + Q_BLOCK;
     return w;
 }
 
-/* One query row against one key tile: its visible columns [c0, c1) (of cols, c0 < c1), the
- * online-softmax update, leaving the row's (dropped-out) probabilities in s, zeros in its
- * invisible columns. drop_g: the dropout element of column c0. */
-GT_INLINE void online_row(const gt_attention_args *a, fwd_scratch *w, size_t r, size_t c0, size_t c1,
-                          size_t cols, uint64_t drop_g) {
+/* The visible columns [c0[r], c1[r]) of one key tile for each query row of the block (0, 0 when
+ * the row sees none of them). */
+GT_INLINE void visible_cols(const gt_attention_args *a, size_t b, size_t i0, size_t rows, size_t j0,
+                            size_t cols, uint32_t *c0, uint32_t *c1) {
+    for (size_t r = 0; r < rows; r++) {
+        size_t lo, hi;
+        gt_attn_tile_cols(a, b, i0 + r, j0, cols, &lo, &hi);
+        c0[r] = (uint32_t)lo;
+        c1[r] = (uint32_t)hi;
+    }
+}
+
+/* The running max of each row over its visible scaled scores, in order of keys (scaling st). */
+GT_INLINE void tile_max(float *restrict st, float *restrict mx, const uint32_t *c0,
+                        const uint32_t *c1, uint32_t rows, uint32_t cols, float scale) {
+    for (uint32_t c = 0; c < cols; c++) {
+        float *sc = st + c * Q_BLOCK;
+        for (uint32_t r = 0; r < rows; r++) {
+            float x = sc[r] * scale;
+            int seen = (c >= c0[r]) & (c < c1[r]);
+            sc[r] = x;
+            mx[r] = seen & (x > mx[r]) ? x : mx[r];
+        }
+    }
+}
+
+/* st = exp(score - mx) of visible entries, exact zeros elsewhere; sum: each row's visible terms
+ * added in order of keys from 0 (adding a zero leaves a sum as it is). */
+GT_INLINE void tile_exp(float *restrict st, float *restrict sum, const float *mx,
+                        const uint32_t *c0, const uint32_t *c1, uint32_t rows, uint32_t cols) {
+    for (uint32_t r = 0; r < rows; r++)
+        sum[r] = 0.0f;
+    for (uint32_t c = 0; c < cols; c++) {
+        float *sc = st + c * Q_BLOCK;
+        for (uint32_t r = 0; r < rows; r++)
+            sc[r] = gt_vm_expf(sc[r] - mx[r]);
+        for (uint32_t r = 0; r < rows; r++) {
+            sc[r] = (c >= c0[r]) & (c < c1[r]) ? sc[r] : 0.0f;
+            sum[r] += sc[r];
+        }
+    }
+}
+
+/* Row r's dropout multipliers on its visible probabilities (a column of st). */
+GT_INLINE void tile_dropout(const gt_attention_args *a, fwd_scratch *w, size_t bh, size_t i0,
+                            size_t j0, const uint32_t *c0, const uint32_t *c1, size_t rows) {
+    float p = (float)a->dropout_p, scale = gt_dropout_scale(a->dropout_p);
+    for (size_t r = 0; r < rows; r++) {
+        if (c0[r] >= c1[r])
+            continue;
+        dropout_factors(w->f, &a->dropout_key, dropout_index(a, bh, i0 + r, j0 + c0[r]),
+                        c1[r] - c0[r], p, scale);
+        for (size_t c = c0[r]; c < c1[r]; c++)
+            w->st[c * Q_BLOCK + r] *= w->f[c - c0[r]];
+    }
+}
+
+/* The online-softmax update of the block's rows against one key tile (scores in st): rows that
+ * see a column of it take the new max, rescale their sum and output accumulator by
+ * exp(m_old - m_new) and add the tile's terms; st is left holding the (dropped-out)
+ * probabilities, zeros in invisible entries. */
+GT_INLINE void online_tile(const gt_attention_args *a, fwd_scratch *w, size_t bh, size_t i0,
+                           size_t j0, const uint32_t *c0, const uint32_t *c1, size_t rows,
+                           size_t cols) {
     size_t dim = (size_t)a->head_dim;
-    float *sr = w->s + r * K_BLOCK, *orow = w->o + r * dim;
-    float mx = w->m[r];
-    for (size_t c = c0; c < c1; c++) {
-        sr[c] *= a->scale;
-        mx = sr[c] > mx ? sr[c] : mx;
+    float mx[Q_BLOCK], sum[Q_BLOCK];
+    memcpy(mx, w->m, rows * sizeof(float));
+    tile_max(w->st, mx, c0, c1, (uint32_t)rows, (uint32_t)cols, a->scale);
+    tile_exp(w->st, sum, mx, c0, c1, (uint32_t)rows, (uint32_t)cols);
+    for (size_t r = 0; r < rows; r++) {
+        if (c0[r] >= c1[r])
+            continue;
+        float alpha = gt_vm_expf(w->m[r] - mx[r]);  /* exp(-inf) = 0 on the first tile */
+        w->l[r] = w->l[r] * alpha + sum[r];
+        w->m[r] = mx[r];
+        for (size_t d = 0; d < dim; d++)
+            w->o[r * dim + d] *= alpha;
     }
-    float alpha = gt_vm_expf(w->m[r] - mx), sum = 0.0f;  /* exp(-inf) = 0 on the first tile */
-    for (size_t c = c0; c < c1; c++)
-        sr[c] = gt_vm_expf(sr[c] - mx);
-    for (size_t c = c0; c < c1; c++)
-        sum += sr[c];
-    w->l[r] = w->l[r] * alpha + sum;
-    w->m[r] = mx;
-    for (size_t d = 0; d < dim; d++)
-        orow[d] *= alpha;
-    if (a->dropout_p > 0.0) {
-        dropout_factors(w->f, &a->dropout_key, drop_g, c1 - c0, (float)a->dropout_p,
-                        gt_dropout_scale(a->dropout_p));
-        for (size_t c = c0; c < c1; c++)
-            sr[c] *= w->f[c - c0];
-    }
-    memset(sr, 0, c0 * sizeof(float));
-    for (size_t c = c1; c < cols; c++)
-        sr[c] = 0.0f;
+    if (a->dropout_p > 0.0)
+        tile_dropout(a, w, bh, i0, j0, c0, c1, rows);
 }
 
 /* out and lse of the rows of one unit from its accumulators. */
@@ -272,7 +328,8 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
     size_t in_base = b * (size_t)a->in.batch + h * (size_t)a->in.head, in_row = (size_t)a->in.row;
     size_t kv_base = gt_attn_kv_row(a, gt_attn_kv_of(a, bh), 0), kv_row = (size_t)a->kv.row;
     fwd_scratch w = carve_forward(slot, dim);
-    load_rows(w.q, a->q, in_base + i0 * in_row, in_row, rows, dim, dt);
+    uint32_t c0[Q_BLOCK], c1[Q_BLOCK];
+    load_rows_t(w.qt, a->q, in_base + i0 * in_row, in_row, rows, dim, dt);
     size_t klo, khi;
     gt_attn_block_range(a, b, i0, rows, &klo, &khi);
     for (size_t r = 0; r < rows; r++) {
@@ -282,18 +339,12 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
     memset(w.o, 0, rows * dim * sizeof(float));
     for (size_t j0 = klo / K_BLOCK * K_BLOCK; j0 < khi; j0 += K_BLOCK) {
         size_t cols = khi - j0 < K_BLOCK ? khi - j0 : K_BLOCK;
-        load_rows_t(w.kt, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
+        load_rows(w.k, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
         load_rows(w.v, a->v, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
-        tile_product(w.s, w.q, w.kt, rows, cols, dim, wide);
-        for (size_t r = 0; r < rows; r++) {
-            size_t c0, c1;
-            gt_attn_tile_cols(a, b, i0 + r, j0, cols, &c0, &c1);
-            if (c0 < c1)
-                online_row(a, &w, r, c0, c1, cols, dropout_index(a, bh, i0 + r, j0 + c0));
-            else
-                memset(w.s + r * K_BLOCK, 0, cols * sizeof(float));
-        }
-        tile_accumulate(w.o, w.s, K_BLOCK, w.v, rows, cols, dim, wide);
+        tile_product(w.st, w.k, w.qt, cols, rows, dim, wide);
+        visible_cols(a, b, i0, rows, j0, cols, c0, c1);
+        online_tile(a, &w, bh, i0, j0, c0, c1, rows, cols);
+        tile_accumulate(w.o, w.st, 1, Q_BLOCK, w.v, rows, cols, dim, wide);
     }
     size_t out_base = b * (size_t)a->out_strides.batch + h * (size_t)a->out_strides.head +
                       i0 * (size_t)a->out_strides.row;
@@ -399,9 +450,9 @@ GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t 
             w->pt[c * Q_BLOCK + r] = w->dst[c * Q_BLOCK + r] = 0.0f;
         }
     }
-    tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, w->k, rows, cols, dim, wide);
-    tile_accumulate(w->dv + j0 * dim, w->pt, Q_BLOCK, w->dout + i0 * dim, cols, rows, dim, wide);
-    tile_accumulate(w->dk + j0 * dim, w->dst, Q_BLOCK, w->q + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, 1, w->k, rows, cols, dim, wide);
+    tile_accumulate(w->dv + j0 * dim, w->pt, Q_BLOCK, 1, w->dout + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dk + j0 * dim, w->dst, Q_BLOCK, 1, w->q + i0 * dim, cols, rows, dim, wide);
 }
 
 /* 1 when a query of [i0, i0 + rows) sees a key of [j0, j0 + cols); other tiles add only zeros. */
