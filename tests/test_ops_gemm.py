@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import _reference as ref
 from gputrain import _C
 from gputrain import functional as F
+from gputrain import info as gt_info
 
 DTYPES = ["f32", "f16", "bf16"]
 
@@ -172,6 +173,40 @@ def test_gemm_same_bits_for_any_thread_count_at_lower_instruction_sets(isa, kern
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [kernel, "True"]
+
+
+# A bf16 GEMM cut into 16 row blocks, logged by oneDNN: its B is packed once (one reorder, first)
+# and every block's matmul reads that packed layout, instead of each block copying B again.
+PACKED_B_GEMM = """
+import numpy as np, gputrain as gt
+from gputrain import functional as F
+rng = np.random.default_rng(0)
+a = gt.cast(rng.standard_normal((2048, 768), dtype=np.float32), "bf16")
+b = gt.cast(rng.standard_normal((1024, 768), dtype=np.float32), "bf16")
+gt.set_num_threads(2)
+F.gemm(a, b, trans_b=True, dtype="bf16")
+"""
+
+
+def logged_layout(line, operand):
+    """The layout oneDNN's verbose log gives an operand ("wei", "dst"), e.g. "BA16a64b2a"."""
+    field = next(f for f in line.split() + line.split(",") if f.startswith(operand + "_"))
+    return field.split(":")[3]
+
+
+@pytest.mark.skipif(_C.build_info()["blas"] != "onednn" or not any(
+    level in gt_info()["blas_kernel"] for level in ("bf16", "fp16", "amx")),
+    reason="bf16 GEMMs are widened to f32 without AVX512_BF16")
+def test_row_blocks_of_a_bf16_gemm_share_one_packed_b():
+    env = dict(os.environ, ONEDNN_VERBOSE="1")
+    out = subprocess.run([sys.executable, "-c", PACKED_B_GEMM], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    runs = [line for line in out.stdout.splitlines() if line.startswith("onednn_verbose,exec")]
+    assert [line.split(",")[3] for line in runs] == ["reorder"] + ["matmul"] * 16
+    packed = logged_layout(runs[0], "dst")
+    assert packed not in ("ab", "ba")
+    assert all(logged_layout(line, "wei") == packed for line in runs[1:])
 
 
 def test_gemm_small_batches_run_in_parallel_with_the_same_bits():

@@ -25,6 +25,7 @@ typedef struct gt_blas_gemm {
     void *c;               /* C: (m, n); dtype c_dt */
     int64_t ldc;           /* elements between rows of C */
     gt_dtype c_dt;         /* dtype of C: f32, or ab_dt */
+    int packed_b;          /* 1 when b holds B as gt_blas_pack_b left it (ldb: B's as it lay) */
 } gt_blas_gemm;
 
 /* Makes the library run every call on the calling thread; once, at module start. */
@@ -44,6 +45,14 @@ gt_status gt_blas_scratch_bytes(const gt_blas_gemm *g, size_t *bytes);
 /* One GEMM on the calling thread; `scratch` holds gt_blas_scratch_bytes(g) bytes. The same
  * arguments give the same bits on a given CPU, whatever thread runs it. */
 gt_status gt_blas_gemm_run(const gt_blas_gemm *g, void *scratch);
+
+/* Bytes of B packed once, into the layout the library's kernels read, for all of `parts` (the
+ * row blocks of one GEMM, which share B); 0 when each part is better off reading B as it lies
+ * (f32, or parts whose kernels want different layouts). */
+gt_status gt_blas_shared_b_bytes(const gt_blas_gemm *parts, int64_t count, size_t *bytes);
+
+/* Packs g's B into `packed` (gt_blas_shared_b_bytes bytes) for calls with packed_b set. */
+gt_status gt_blas_pack_b(const gt_blas_gemm *g, void *packed);
 
 /* What the library is and what it runs here (for gputrain.info()). */
 const char *gt_blas_name(void);    /* "onednn" or "openblas" */

@@ -31,6 +31,17 @@ gt_status gt_blas_gemm_run(const gt_blas_gemm *g, void *scratch) {
     return GT_OK;
 }
 
+gt_status gt_blas_shared_b_bytes(const gt_blas_gemm *parts, int64_t count, size_t *bytes) {
+    (void)parts, (void)count;
+    *bytes = 0;  /* sgemm packs its own panels */
+    return GT_OK;
+}
+
+gt_status gt_blas_pack_b(const gt_blas_gemm *g, void *packed) {
+    (void)g, (void)packed;
+    return GT_FAIL(GT_ERR_RUNTIME, "OpenBLAS has no packed B");
+}
+
 const char *gt_blas_name(void) { return "openblas"; }
 
 const char *gt_blas_config(void) { return scipy_openblas_get_config(); }

@@ -25,7 +25,7 @@ typedef struct gemm_scratch {
 /* The library GEMM of matrix 0 of args, when the library multiplies its dtypes natively. */
 static gt_blas_gemm library_gemm(const gt_gemm_args *g) {
     gt_blas_gemm lib = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->beta,
-                        g->a, g->lda, g->b, g->ldb, g->a_dt, g->c, g->ldc, g->c_dt};
+                        g->a, g->lda, g->b, g->ldb, g->a_dt, g->c, g->ldc, g->c_dt, 0};
     return lib;
 }
 
@@ -122,7 +122,7 @@ static gt_status gemm_one(const gt_gemm_args *g, const gemm_scratch *s, const vo
                                 (size_t)g->m, (size_t)g->n));
     }
     gt_blas_gemm sgemm = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->alpha, g->beta,
-                          a32, lda, b32, ldb, GT_F32, c32, ldc, GT_F32};
+                          a32, lda, b32, ldb, GT_F32, c32, ldc, GT_F32, 0};
     GT_TRY(gt_cpu_gemm_split(&sgemm, NULL));
     if (s->c)
         GT_TRY(convert_rows(c, g->c_dt, (size_t)g->ldc, c32, GT_F32, (size_t)g->n,

@@ -11,7 +11,9 @@
  * (128 rows/columns, more where the library's kernels need it): measured on one thread with
  * oneDNN (benchmarks/README.md), cutting the wider side of the MLP's GEMMs into 128-wide blocks
  * cost 0-5% against one call at AVX-512, 64-wide blocks up to 45%. The minimum depends on the
- * GEMM and the CPU, never on the thread count, so the bits still do not. */
+ * GEMM and the CPU, never on the thread count, so the bits still do not.
+ * Row blocks share B: where the library would copy B into its kernels' layout in every call
+ * (bf16 matmul), B is packed once into the scratch before the blocks run (gt_blas_pack_b). */
 #include <omp.h>
 #include <stdio.h>
 
@@ -70,12 +72,28 @@ static gt_blas_gemm part_gemm(const gt_blas_gemm *g, const gt_gemm_parts *parts,
     return part;
 }
 
-/* The scratch bytes of the neediest block (every block gets that much). */
-static gt_status part_scratch(const gt_blas_gemm *g, const gt_gemm_parts *parts,
+/* Bytes of B packed once for all the row blocks of g (0: each block reads B as it lies). */
+static gt_status shared_b_bytes(const gt_blas_gemm *g, const gt_gemm_parts *parts,
+                                size_t *bytes) {
+    *bytes = 0;
+    if (!parts->split_rows || parts->count < 2)
+        return GT_OK;
+    gt_blas_gemm blocks[GT_GEMM_MAX_PARTS];
+    for (int64_t i = 0; i < parts->count; i++)
+        blocks[i] = part_gemm(g, parts, i);
+    GT_TRY(gt_blas_shared_b_bytes(blocks, parts->count, bytes));
+    *bytes = gt_align_up(*bytes);
+    return GT_OK;
+}
+
+/* The scratch bytes of the neediest block (every block gets that much); packed_b: the blocks
+ * read a packed B. */
+static gt_status part_scratch(const gt_blas_gemm *g, const gt_gemm_parts *parts, int packed_b,
                               size_t *bytes) {
     *bytes = 0;
     for (int64_t i = 0; i < parts->count; i++) {
         gt_blas_gemm part = part_gemm(g, parts, i);
+        part.packed_b = packed_b;
         size_t need;
         GT_TRY(gt_blas_scratch_bytes(&part, &need));
         *bytes = need > *bytes ? gt_align_up(need) : *bytes;
@@ -85,9 +103,10 @@ static gt_status part_scratch(const gt_blas_gemm *g, const gt_gemm_parts *parts,
 
 gt_status gt_cpu_gemm_split_scratch(const gt_blas_gemm *g, size_t *bytes) {
     gt_gemm_parts parts = gt_gemm_parts_of(g);
-    size_t per_part;
-    GT_TRY(part_scratch(g, &parts, &per_part));
-    *bytes = per_part * (size_t)parts.count;
+    size_t packed, per_part;
+    GT_TRY(shared_b_bytes(g, &parts, &packed));
+    GT_TRY(part_scratch(g, &parts, packed > 0, &per_part));
+    *bytes = packed + per_part * (size_t)parts.count;
     return GT_OK;
 }
 
@@ -111,14 +130,22 @@ gt_status gt_cpu_gemm_split(const gt_blas_gemm *g, void *scratch) {
     if (g->k == 0)
         return scale_c(g);
     gt_gemm_parts parts = gt_gemm_parts_of(g);
-    size_t per_part;
-    GT_TRY(part_scratch(g, &parts, &per_part));
+    size_t packed, per_part;
+    GT_TRY(shared_b_bytes(g, &parts, &packed));
+    GT_TRY(part_scratch(g, &parts, packed > 0, &per_part));
+    if (packed > 0) {
+        gt_blas_gemm first = part_gemm(g, &parts, 0);  /* whose layout every block reads */
+        GT_TRY(gt_blas_pack_b(&first, scratch));
+    }
+    char *part_scratch_base = (char *)scratch + packed;
     gt_status failed = GT_OK;
     char message[512] = "";
 #pragma omp parallel for schedule(static) if (parts.count > 1)
     for (int64_t i = 0; i < parts.count; i++) {
         gt_blas_gemm part = part_gemm(g, &parts, i);
-        gt_status status = gt_blas_gemm_run(&part, per_part ? (char *)scratch + i * per_part : NULL);
+        if (packed > 0)
+            part.b = scratch, part.packed_b = 1;
+        gt_status status = gt_blas_gemm_run(&part, per_part ? part_scratch_base + i * per_part : NULL);
         if (status != GT_OK) {
 #pragma omp critical(gt_gemm_split_failure)
             if (failed == GT_OK) {  /* the message is on this worker's thread: copy it */
