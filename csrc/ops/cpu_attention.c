@@ -139,9 +139,9 @@ GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size
 }
 
 /* o (rows, D) += p (rows, n; element (k, c) at k * pr + c * pc) @ x (n, D): each element of o
- * gets the sum of its n terms (added in order of c) added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's
- * 32 vector registers) or 2 rows by ACC_COLS outputs stay in registers over all n (eight
- * independent add chains), so x is read once per block of rows. */
+ * gets the sum of its n terms (added in order of c) added to it, whatever the blocking. Blocks
+ * of 4 (`wide`: AVX-512's 32 vector registers) or 2 rows by ACC_COLS outputs stay in registers
+ * over all n (eight independent add chains), so x is read once per block of rows. */
 GT_INLINE void tile_accumulate(float *o, const float *p, size_t pr, size_t pc, const float *x,
                                size_t rows, size_t n, size_t dim, int wide) {
     size_t step = wide ? 4 : 2;
@@ -201,7 +201,7 @@ typedef struct fwd_scratch {
     float *qt;  /* (D, Q_BLOCK) the block's queries, transposed */
     float *k;   /* (K_BLOCK, D) a key block */
     float *v;   /* (K_BLOCK, D) its values */
-    float *st;  /* (K_BLOCK, Q_BLOCK) scores, then probabilities: key c, query r at c * Q_BLOCK + r */
+    float *st;  /* (K_BLOCK, Q_BLOCK) scores, then probabilities: [key c][query r] */
     float *o;   /* (Q_BLOCK, D) output accumulator */
     float *f;   /* (K_BLOCK,) dropout multipliers of one row */
     float *m;   /* (Q_BLOCK,) running max of the scaled scores */

@@ -154,8 +154,8 @@ static gt_status make_pack(const matmul_key *k, matmul_slot *slot) {
     if (status == dnnl_success)
         status = dnnl_reorder_primitive_desc_create(&pd, slot->plain_b, engine, slot->md[1],
                                                     engine, attr);
-    if (status == dnnl_success &&
-        dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0)) == 0)
+    if (status == dnnl_success && dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(
+                                      pd, dnnl_query_scratchpad_md, 0)) == 0)
         status = dnnl_primitive_create(&slot->pack, pd);
     dnnl_primitive_desc_destroy(pd);
     dnnl_primitive_attr_destroy(attr);

@@ -137,15 +137,18 @@ gt_status gt_cpu_gemm_split(const gt_blas_gemm *g, void *scratch) {
         gt_blas_gemm first = part_gemm(g, &parts, 0);  /* whose layout every block reads */
         GT_TRY(gt_blas_pack_b(&first, scratch));
     }
-    char *part_scratch_base = (char *)scratch + packed;
+    char *part_scratch_base = per_part ? (char *)scratch + packed : NULL;
     gt_status failed = GT_OK;
     char message[512] = "";
 #pragma omp parallel for schedule(static) if (parts.count > 1)
     for (int64_t i = 0; i < parts.count; i++) {
         gt_blas_gemm part = part_gemm(g, &parts, i);
-        if (packed > 0)
-            part.b = scratch, part.packed_b = 1;
-        gt_status status = gt_blas_gemm_run(&part, per_part ? part_scratch_base + i * per_part : NULL);
+        if (packed > 0) {
+            part.b = scratch;
+            part.packed_b = 1;
+        }
+        char *own_scratch = per_part ? part_scratch_base + i * per_part : NULL;
+        gt_status status = gt_blas_gemm_run(&part, own_scratch);
         if (status != GT_OK) {
 #pragma omp critical(gt_gemm_split_failure)
             if (failed == GT_OK) {  /* the message is on this worker's thread: copy it */
