@@ -223,24 +223,27 @@ static fwd_scratch carve_forward(float *slot, size_t dim) {
     return w;
 }
 
-/* The visible columns [c0[r], c1[r]) of one key tile for each query row of the block (0, 0 when
- * the row sees none of them). */
+/* The visible columns [c0[r], c1[r]) of one key tile for each of the Q_BLOCK query rows (0, 0
+ * when the row sees none of them, as rows past the block's `rows` never do). */
 GT_INLINE void visible_cols(const gt_attention_args *a, size_t b, size_t i0, size_t rows, size_t j0,
                             size_t cols, uint32_t *c0, uint32_t *c1) {
-    for (size_t r = 0; r < rows; r++) {
-        size_t lo, hi;
-        gt_attn_tile_cols(a, b, i0 + r, j0, cols, &lo, &hi);
+    for (size_t r = 0; r < Q_BLOCK; r++) {
+        size_t lo = 0, hi = 0;
+        if (r < rows)
+            gt_attn_tile_cols(a, b, i0 + r, j0, cols, &lo, &hi);
         c0[r] = (uint32_t)lo;
         c1[r] = (uint32_t)hi;
     }
 }
 
-/* The running max of each row over its visible scaled scores, in order of keys (scaling st). */
+/* The running max of each row over its visible scaled scores, in order of keys (scaling st).
+ * These loops run over all Q_BLOCK rows, a constant count that vectorises without remainders:
+ * rows past the block's end have finite scores (their queries are zeros) and see nothing. */
 GT_INLINE void tile_max(float *restrict st, float *restrict mx, const uint32_t *c0,
-                        const uint32_t *c1, uint32_t rows, uint32_t cols, float scale) {
+                        const uint32_t *c1, uint32_t cols, float scale) {
     for (uint32_t c = 0; c < cols; c++) {
         float *sc = st + c * Q_BLOCK;
-        for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t r = 0; r < Q_BLOCK; r++) {
             float x = sc[r] * scale;
             int seen = (c >= c0[r]) & (c < c1[r]);
             sc[r] = x;
@@ -252,14 +255,14 @@ GT_INLINE void tile_max(float *restrict st, float *restrict mx, const uint32_t *
 /* st = exp(score - mx) of visible entries, exact zeros elsewhere; sum: each row's visible terms
  * added in order of keys from 0 (adding a zero leaves a sum as it is). */
 GT_INLINE void tile_exp(float *restrict st, float *restrict sum, const float *mx,
-                        const uint32_t *c0, const uint32_t *c1, uint32_t rows, uint32_t cols) {
-    for (uint32_t r = 0; r < rows; r++)
+                        const uint32_t *c0, const uint32_t *c1, uint32_t cols) {
+    for (uint32_t r = 0; r < Q_BLOCK; r++)
         sum[r] = 0.0f;
     for (uint32_t c = 0; c < cols; c++) {
         float *sc = st + c * Q_BLOCK;
-        for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t r = 0; r < Q_BLOCK; r++)
             sc[r] = gt_vm_expf(sc[r] - mx[r]);
-        for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t r = 0; r < Q_BLOCK; r++) {
             sc[r] = (c >= c0[r]) & (c < c1[r]) ? sc[r] : 0.0f;
             sum[r] += sc[r];
         }
@@ -289,9 +292,9 @@ GT_INLINE void online_tile(const gt_attention_args *a, fwd_scratch *w, size_t bh
                            size_t cols) {
     size_t dim = (size_t)a->head_dim;
     float mx[Q_BLOCK], sum[Q_BLOCK];
-    memcpy(mx, w->m, rows * sizeof(float));
-    tile_max(w->st, mx, c0, c1, (uint32_t)rows, (uint32_t)cols, a->scale);
-    tile_exp(w->st, sum, mx, c0, c1, (uint32_t)rows, (uint32_t)cols);
+    memcpy(mx, w->m, sizeof mx);
+    tile_max(w->st, mx, c0, c1, (uint32_t)cols, a->scale);
+    tile_exp(w->st, sum, mx, c0, c1, (uint32_t)cols);
     for (size_t r = 0; r < rows; r++) {
         if (c0[r] >= c1[r])
             continue;
@@ -332,7 +335,7 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
     load_rows_t(w.qt, a->q, in_base + i0 * in_row, in_row, rows, dim, dt);
     size_t klo, khi;
     gt_attn_block_range(a, b, i0, rows, &klo, &khi);
-    for (size_t r = 0; r < rows; r++) {
+    for (size_t r = 0; r < Q_BLOCK; r++) {
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
     }
@@ -341,7 +344,7 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
         size_t cols = khi - j0 < K_BLOCK ? khi - j0 : K_BLOCK;
         load_rows(w.k, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
         load_rows(w.v, a->v, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
-        tile_product(w.st, w.k, w.qt, cols, rows, dim, wide);
+        tile_product(w.st, w.k, w.qt, cols, Q_BLOCK, dim, wide);
         visible_cols(a, b, i0, rows, j0, cols, c0, c1);
         online_tile(a, &w, bh, i0, j0, c0, c1, rows, cols);
         tile_accumulate(w.o, w.st, 1, Q_BLOCK, w.v, rows, cols, dim, wide);
