@@ -238,7 +238,8 @@ GT_INLINE void visible_cols(const gt_attention_args *a, size_t b, size_t i0, siz
 
 /* The running max of each row over its visible scaled scores, in order of keys (scaling st).
  * These loops run over all Q_BLOCK rows, a constant count that vectorises without remainders:
- * rows past the block's end have finite scores (their queries are zeros) and see nothing. */
+ * rows past the block's end (zero queries, written by tile_product) see nothing, and nothing
+ * reads their lanes back. */
 GT_INLINE void tile_max(float *restrict st, float *restrict mx, const uint32_t *c0,
                         const uint32_t *c1, uint32_t cols, float scale) {
     for (uint32_t c = 0; c < cols; c++) {
