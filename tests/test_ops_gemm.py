@@ -209,6 +209,31 @@ def test_row_blocks_of_a_bf16_gemm_share_one_packed_b():
     assert all(logged_layout(line, "wei") == packed for line in runs[1:])
 
 
+def test_gemm_plans_kept_per_shape_give_the_same_bits_when_found_again():
+    # cpu_gemm_split.c keeps each thread's last 64 plans (cut, packed B, scratch) by shape: 70
+    # split shapes twice over evict every plan before it is wanted again, then each shape run
+    # twice in a row finds its own. The shapes are a grid of 10 m by 7 n: a plan found for
+    # another m would cut another count of rows, for another n size another packed B.
+    rng = np.random.default_rng(26)
+
+    def operand_bf16(rows):
+        return ref.to_dtype(rng.standard_normal((rows, 64), dtype=np.float32), "bf16")
+
+    pairs = [(operand_bf16(384 + 16 * i), operand_bf16(256 + 16 * j))
+             for j in range(7) for i in range(10)]
+
+    def product(a, b):
+        return F.gemm(a, b, trans_b=True, out_dtype="f32")
+
+    first = [product(a, b) for a, b in pairs]
+    again = [product(a, b) for a, b in pairs]
+    twice = [(product(a, b), product(a, b)) for a, b in pairs]
+    assert all(ref.same_bits(x, y) for x, y in zip(first, again))
+    assert all(ref.same_bits(x, y) and ref.same_bits(x, z) for x, (y, z) in zip(first, twice))
+    for (a, b), got in zip(pairs, again):
+        assert_gemm_close(got, a, b, False, True, 1.0, 0.0, None, "f32")
+
+
 def test_gemm_small_batches_run_in_parallel_with_the_same_bits():
     a, b = randn((64, 16, 24), 60), randn((64, 24, 8), 61)
     with ref.num_threads(1):

@@ -16,6 +16,7 @@
  * (bf16 matmul), B is packed once into the scratch before the blocks run (gt_blas_pack_b). */
 #include <omp.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "ops/cpu_gemm_split.h"
@@ -101,12 +102,52 @@ static gt_status part_scratch(const gt_blas_gemm *g, const gt_gemm_parts *parts,
     return GT_OK;
 }
 
+/* How one GEMM shape is cut and where its blocks' scratch lies. */
+typedef struct split_plan {
+    gt_blas_gemm shape;   /* the GEMM with its pointers cleared (padding zeroed: a memcmp key) */
+    gt_gemm_parts parts;  /* how C is cut */
+    size_t packed;        /* bytes of B packed at the front of the scratch (0: none) */
+    size_t per_part;      /* scratch bytes of each block, after the packed B */
+} split_plan;
+
+/* The plan is a function of the shape and the CPU only, and finding it asks the library about
+ * every block: each thread keeps the last GT_GEMM_PLANS_KEPT it found (no lock to take). */
+enum { GT_GEMM_PLANS_KEPT = 64 };  /* more than the distinct GEMM shapes of a model's step */
+static _Thread_local split_plan plans_kept[GT_GEMM_PLANS_KEPT];  /* the first plans_filled */
+static _Thread_local int plans_filled;                            /* entries in use */
+static _Thread_local int plans_next;                              /* entry replaced next */
+
+static gt_blas_gemm shape_of(const gt_blas_gemm *g) {
+    gt_blas_gemm shape;
+    memset(&shape, 0, sizeof shape);
+    shape.trans_a = g->trans_a, shape.trans_b = g->trans_b;
+    shape.m = g->m, shape.n = g->n, shape.k = g->k;
+    shape.alpha = g->alpha, shape.beta = g->beta;
+    shape.lda = g->lda, shape.ldb = g->ldb, shape.ldc = g->ldc;
+    shape.ab_dt = g->ab_dt, shape.c_dt = g->c_dt, shape.packed_b = g->packed_b;
+    return shape;
+}
+
+static gt_status find_plan(const gt_blas_gemm *g, split_plan *plan) {
+    plan->shape = shape_of(g);
+    for (int i = 0; i < plans_filled; i++)
+        if (memcmp(&plans_kept[i].shape, &plan->shape, sizeof plan->shape) == 0) {
+            *plan = plans_kept[i];
+            return GT_OK;
+        }
+    plan->parts = gt_gemm_parts_of(g);
+    GT_TRY(shared_b_bytes(g, &plan->parts, &plan->packed));
+    GT_TRY(part_scratch(g, &plan->parts, plan->packed > 0, &plan->per_part));
+    plans_kept[plans_next] = *plan;
+    plans_next = (plans_next + 1) % GT_GEMM_PLANS_KEPT;
+    plans_filled += plans_filled < GT_GEMM_PLANS_KEPT;
+    return GT_OK;
+}
+
 gt_status gt_cpu_gemm_split_scratch(const gt_blas_gemm *g, size_t *bytes) {
-    gt_gemm_parts parts = gt_gemm_parts_of(g);
-    size_t packed, per_part;
-    GT_TRY(shared_b_bytes(g, &parts, &packed));
-    GT_TRY(part_scratch(g, &parts, packed > 0, &per_part));
-    *bytes = packed + per_part * (size_t)parts.count;
+    split_plan plan;
+    GT_TRY(find_plan(g, &plan));
+    *bytes = plan.packed + plan.per_part * (size_t)plan.parts.count;
     return GT_OK;
 }
 
@@ -129,10 +170,10 @@ gt_status gt_cpu_gemm_split(const gt_blas_gemm *g, void *scratch) {
         return GT_OK;
     if (g->k == 0)
         return scale_c(g);
-    gt_gemm_parts parts = gt_gemm_parts_of(g);
-    size_t packed, per_part;
-    GT_TRY(shared_b_bytes(g, &parts, &packed));
-    GT_TRY(part_scratch(g, &parts, packed > 0, &per_part));
+    split_plan plan;
+    GT_TRY(find_plan(g, &plan));
+    gt_gemm_parts parts = plan.parts;
+    size_t packed = plan.packed, per_part = plan.per_part;
     if (packed > 0) {
         gt_blas_gemm first = part_gemm(g, &parts, 0);  /* whose layout every block reads */
         GT_TRY(gt_blas_pack_b(&first, scratch));
