@@ -191,7 +191,7 @@ static size_t forward_floats(size_t dim) {
     return dim * (2 * Q_BLOCK + 2 * K_BLOCK) + Q_BLOCK * K_BLOCK + K_BLOCK + 2 * Q_BLOCK;
 }
 static size_t backward_floats(size_t t, size_t dim) {
-    return 5 * t * dim + t + 3 * K_BLOCK * dim + 5 * Q_BLOCK * K_BLOCK;
+    return 5 * t * dim + t + 3 * K_BLOCK * dim + 3 * Q_BLOCK * K_BLOCK;
 }
 
 /* The scratch of one forward unit, carved from a slot. Scores are held transposed (a key per
@@ -369,10 +369,8 @@ typedef struct bwd_scratch {
     float *kt;    /* (D, K_BLOCK) the same, transposed */
     float *vt;    /* (D, K_BLOCK) its values, transposed */
     float *p;     /* (Q_BLOCK, K_BLOCK) probabilities */
-    float *f;     /* (Q_BLOCK, K_BLOCK) dropout multipliers */
+    float *f;     /* (Q_BLOCK, K_BLOCK) dropout multipliers, then the kept probabilities */
     float *ds;    /* (Q_BLOCK, K_BLOCK) dP, then dS */
-    float *pt;    /* (K_BLOCK, Q_BLOCK) dropped-out probabilities, transposed */
-    float *dst;   /* (K_BLOCK, Q_BLOCK) dS, transposed */
 } bwd_scratch;
 
 static bwd_scratch carve_backward(float *slot, size_t t, size_t dim) {
@@ -389,8 +387,6 @@ static bwd_scratch carve_backward(float *slot, size_t t, size_t dim) {
     w.p = w.vt + dim * K_BLOCK;
     w.f = w.p + Q_BLOCK * K_BLOCK;
     w.ds = w.f + Q_BLOCK * K_BLOCK;
-    w.pt = w.ds + Q_BLOCK * K_BLOCK;
-    w.dst = w.pt + K_BLOCK * Q_BLOCK;
     return w;
 }
 
@@ -430,33 +426,35 @@ GT_INLINE void backward_probs(const gt_attention_args *a, bwd_scratch *w, size_t
 }
 
 /* The gradients of one tile into the accumulators (ds holds dO V^T on entry; the tile's keys at
- * dk, dv + j0 rows). dS and the dropped-out probabilities are zero in invisible columns, and are
- * also laid out transposed so that dV += (P M)^T dO and dK += dS^T Q are tile_accumulate
- * products as dQ += dS K is. */
+ * dk, dv + j0 rows). dS and the kept probabilities (P times the dropout multipliers, into f, or
+ * P itself without dropout) are zero in invisible columns. dQ += dS K reads the tiles by rows;
+ * dV += (P M)^T dO and dK += dS^T Q read them by columns (element strides 1 and K_BLOCK), so no
+ * transposed copy is made. */
 GT_INLINE void backward_tile(const gt_attention_args *a, bwd_scratch *w, size_t b, size_t i0,
                              size_t rows, size_t j0, size_t cols, int wide) {
     size_t dim = (size_t)a->head_dim;
     int drop = a->dropout_p > 0.0;
+    float *kept = drop ? w->f : w->p;
     for (size_t r = 0; r < rows; r++) {
         size_t i = i0 + r, c0, c1;
         gt_attn_tile_cols(a, b, i, j0, cols, &c0, &c1);
         float *pr = w->p + r * K_BLOCK, *fr = w->f + r * K_BLOCK, *dsr = w->ds + r * K_BLOCK;
-        for (size_t c = c0; c < c1; c++) {
-            float kept = drop ? pr[c] * fr[c] : pr[c];
-            dsr[c] = pr[c] * ((drop ? dsr[c] * fr[c] : dsr[c]) - w->delta[i]);
-            w->pt[c * Q_BLOCK + r] = kept;
-            w->dst[c * Q_BLOCK + r] = dsr[c];
-        }
-        for (size_t c = 0; c < cols; c++) {
-            if (c >= c0 && c < c1)
-                continue;
-            dsr[c] = 0.0f;
-            w->pt[c * Q_BLOCK + r] = w->dst[c * Q_BLOCK + r] = 0.0f;
-        }
+        float *kr = kept + r * K_BLOCK, delta = w->delta[i];
+        if (drop)
+            for (size_t c = c0; c < c1; c++) {
+                dsr[c] = pr[c] * (dsr[c] * fr[c] - delta);
+                fr[c] = pr[c] * fr[c];
+            }
+        else
+            for (size_t c = c0; c < c1; c++)
+                dsr[c] = pr[c] * (dsr[c] - delta);
+        for (size_t c = 0; c < cols; c++)
+            if (c < c0 || c >= c1)
+                dsr[c] = kr[c] = 0.0f;
     }
     tile_accumulate(w->dq + i0 * dim, w->ds, K_BLOCK, 1, w->k, rows, cols, dim, wide);
-    tile_accumulate(w->dv + j0 * dim, w->pt, Q_BLOCK, 1, w->dout + i0 * dim, cols, rows, dim, wide);
-    tile_accumulate(w->dk + j0 * dim, w->dst, Q_BLOCK, 1, w->q + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dv + j0 * dim, kept, 1, K_BLOCK, w->dout + i0 * dim, cols, rows, dim, wide);
+    tile_accumulate(w->dk + j0 * dim, w->ds, 1, K_BLOCK, w->q + i0 * dim, cols, rows, dim, wide);
 }
 
 /* 1 when a query of [i0, i0 + rows) sees a key of [j0, j0 + cols); other tiles add only zeros. */
