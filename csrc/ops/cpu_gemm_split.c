@@ -112,7 +112,7 @@ typedef struct split_plan {
 
 /* The plan is a function of the shape and the CPU only, and finding it asks the library about
  * every block: each thread keeps the last GT_GEMM_PLANS_KEPT it found (no lock to take). */
-enum { GT_GEMM_PLANS_KEPT = 64 };  /* more than the distinct GEMM shapes of a model's step */
+enum { GT_GEMM_PLANS_KEPT = 64 };  /* plans kept per thread, the oldest replaced first */
 static _Thread_local split_plan plans_kept[GT_GEMM_PLANS_KEPT];  /* the first plans_filled */
 static _Thread_local int plans_filled;                            /* entries in use */
 static _Thread_local int plans_next;                              /* entry replaced next */
