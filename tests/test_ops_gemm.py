@@ -209,6 +209,53 @@ def test_row_blocks_of_a_bf16_gemm_share_one_packed_b():
     assert all(logged_layout(line, "wei") == packed for line in runs[1:])
 
 
+# A bf16 GEMM wider than tall (M = 64 tokens, N = 2048), B transposed as in a forward layer: cut
+# into 16 column blocks, each written into a dense block of the scratch and copied into C, so
+# oneDNN runs every block on its brgemm kernels (with C's rows 2048 apart it fell back to gemm:jit).
+DENSE_C_GEMM = """
+import numpy as np, gputrain as gt
+from gputrain import functional as F
+rng = np.random.default_rng(0)
+a = gt.cast(rng.standard_normal((64, 256), dtype=np.float32), "bf16")
+b = gt.cast(rng.standard_normal((2048, 256), dtype=np.float32), "bf16")
+gt.set_num_threads(2)
+F.gemm(a, b, trans_b=True, dtype="bf16")
+"""
+
+
+@pytest.mark.skipif(_C.build_info()["blas"] != "onednn" or not any(
+    level in gt_info()["blas_kernel"] for level in ("bf16", "fp16", "amx")),
+    reason="bf16 GEMMs are widened to f32 without AVX512_BF16")
+def test_column_blocks_of_a_bf16_gemm_write_dense_c_blocks():
+    env = dict(os.environ, ONEDNN_VERBOSE="1")
+    out = subprocess.run([sys.executable, "-c", DENSE_C_GEMM], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    runs = [line for line in out.stdout.splitlines() if line.startswith("onednn_verbose,exec")]
+    assert len(runs) == 16
+    assert all(line.split(",")[4].startswith("brg") for line in runs), runs[0]
+    assert all(logged_layout(line, "dst") == "ab" and ":ab::" in line for line in runs), runs[0]
+
+
+@pytest.mark.parametrize("c_dt", ["bf16", "f32"])
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.5])
+def test_gemm_column_blocks_with_dense_c_accumulate_into_c(c_dt, beta):
+    # the blocks' rows of C are copied into their dense blocks first when beta reads them
+    m, n, k = 64, 2048, 256
+    a, b = operand(m, k, False, 27, "bf16"), operand(k, n, True, 28, "bf16")
+    c0 = ref.to_dtype(randn((m, n), 29), c_dt)
+    raw = {"f32": np.float32, "bf16": np.uint16}[c_dt]
+    c = c0.copy().view(raw)
+    _C.op_gemm(a.view(np.uint16), b.view(np.uint16), c, "bf16", "bf16", c_dt, False, True, 1.0,
+               beta)
+    assert_gemm_close(c.view(c0.dtype), a, b, False, True, 1.0, beta, c0, c_dt)
+    with ref.num_threads(1):
+        again = c0.copy().view(raw)
+        _C.op_gemm(a.view(np.uint16), b.view(np.uint16), again, "bf16", "bf16", c_dt, False, True,
+                   1.0, beta)
+    assert ref.same_bits(c, again)
+
+
 def test_gemm_plans_kept_per_shape_give_the_same_bits_when_found_again():
     # cpu_gemm_split.c keeps each thread's last 64 plans (cut, packed B, scratch) by shape: 70
     # split shapes twice over evict every plan before it is wanted again, then each shape run

@@ -54,6 +54,10 @@ gt_status gt_blas_shared_b_bytes(const gt_blas_gemm *parts, int64_t count, size_
 /* Packs g's B into `packed` (gt_blas_shared_b_bytes bytes) for calls with packed_b set. */
 gt_status gt_blas_pack_b(const gt_blas_gemm *g, void *packed);
 
+/* 1 when the library runs g, a column block cut from a wider C (ldc > n), faster into a dense
+ * C of its own (ldc = n) that is then copied into place. */
+int gt_blas_wants_dense_c(const gt_blas_gemm *g);
+
 /* What the library is and what it runs here (for gputrain.info()). */
 const char *gt_blas_name(void);    /* "onednn" or "openblas" */
 const char *gt_blas_config(void);  /* library version and build */

@@ -429,6 +429,14 @@ gt_status gt_blas_pack_b(const gt_blas_gemm *g, void *packed) {
     return run_alone(pack_b, g, packed);
 }
 
+int gt_blas_wants_dense_c(const gt_blas_gemm *g) {
+    /* oneDNN 3.2's brgemm matmul takes no C with rows ldc apart: a bf16 block (B transposed, as
+     * in every forward GEMM) falls back to gemm:jit, 10-18% slower at M = 256 on AVX512_BF16
+     * (benchmarks/README.md, the LoRA step). With B as it lies its block is strided too and
+     * stays on gemm:jit either way, so only B transposed gains. */
+    return g->ab_dt != GT_F32 && g->trans_b && g->ldc != g->n;
+}
+
 const char *gt_blas_name(void) { return "onednn"; }
 
 const char *gt_blas_config(void) {

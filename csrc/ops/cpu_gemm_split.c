@@ -13,7 +13,9 @@
  * cost 0-5% against one call at AVX-512, 64-wide blocks up to 45%. The minimum depends on the
  * GEMM and the CPU, never on the thread count, so the bits still do not.
  * Row blocks share B: where the library would copy B into its kernels' layout in every call
- * (bf16 matmul), B is packed once into the scratch before the blocks run (gt_blas_pack_b). */
+ * (bf16 matmul), B is packed once into the scratch before the blocks run (gt_blas_pack_b).
+ * Column blocks write into a dense C block of their scratch, copied into C after, where the
+ * library runs them faster so (gt_blas_wants_dense_c). */
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
@@ -87,14 +89,39 @@ static gt_status shared_b_bytes(const gt_blas_gemm *g, const gt_gemm_parts *part
     return GT_OK;
 }
 
-/* The scratch bytes of the neediest block (every block gets that much); packed_b: the blocks
- * read a packed B. */
+/* Bytes of the dense C block each column block writes into, at the front of its scratch, when
+ * the library asks for one (0: the blocks write into C where it lies). */
+static size_t dense_c_bytes(const gt_blas_gemm *g, const gt_gemm_parts *parts) {
+    if (parts->split_rows || parts->count < 2)
+        return 0;
+    gt_blas_gemm first = part_gemm(g, parts, 0);
+    if (!gt_blas_wants_dense_c(&first))
+        return 0;
+    int64_t widest = 0;
+    for (int64_t i = 0; i < parts->count; i++) {
+        int64_t width = part_start(parts, i + 1) - part_start(parts, i);
+        widest = width > widest ? width : widest;
+    }
+    return gt_align_up((size_t)(g->m * widest) * gt_dtype_size(g->c_dt));
+}
+
+/* The GEMM of block `index` as it runs: reading a packed B when packed_b, writing a dense C
+ * block (its c set when it runs) when dense_c. */
+static gt_blas_gemm run_gemm(const gt_blas_gemm *g, const gt_gemm_parts *parts, int64_t index,
+                             int packed_b, int dense_c) {
+    gt_blas_gemm part = part_gemm(g, parts, index);
+    part.packed_b = packed_b;
+    if (dense_c)
+        part.ldc = part.n;
+    return part;
+}
+
+/* The library's scratch bytes of the neediest block (every block gets that much). */
 static gt_status part_scratch(const gt_blas_gemm *g, const gt_gemm_parts *parts, int packed_b,
-                              size_t *bytes) {
+                              int dense_c, size_t *bytes) {
     *bytes = 0;
     for (int64_t i = 0; i < parts->count; i++) {
-        gt_blas_gemm part = part_gemm(g, parts, i);
-        part.packed_b = packed_b;
+        gt_blas_gemm part = run_gemm(g, parts, i, packed_b, dense_c);
         size_t need;
         GT_TRY(gt_blas_scratch_bytes(&part, &need));
         *bytes = need > *bytes ? gt_align_up(need) : *bytes;
@@ -107,7 +134,8 @@ typedef struct split_plan {
     gt_blas_gemm shape;   /* the GEMM with its pointers cleared (padding zeroed: a memcmp key) */
     gt_gemm_parts parts;  /* how C is cut */
     size_t packed;        /* bytes of B packed at the front of the scratch (0: none) */
-    size_t per_part;      /* scratch bytes of each block, after the packed B */
+    size_t dense_c;       /* bytes of each block's dense C, first in its scratch (0: none) */
+    size_t per_part;      /* scratch bytes of each block (its dense C, then the library's) */
 } split_plan;
 
 /* The plan is a function of the shape and the CPU only, and finding it asks the library about
@@ -137,7 +165,10 @@ static gt_status find_plan(const gt_blas_gemm *g, split_plan *plan) {
         }
     plan->parts = gt_gemm_parts_of(g);
     GT_TRY(shared_b_bytes(g, &plan->parts, &plan->packed));
-    GT_TRY(part_scratch(g, &plan->parts, plan->packed > 0, &plan->per_part));
+    plan->dense_c = dense_c_bytes(g, &plan->parts);
+    size_t library;
+    GT_TRY(part_scratch(g, &plan->parts, plan->packed > 0, plan->dense_c > 0, &library));
+    plan->per_part = plan->dense_c + library;
     plans_kept[plans_next] = *plan;
     plans_next = (plans_next + 1) % GT_GEMM_PLANS_KEPT;
     plans_filled += plans_filled < GT_GEMM_PLANS_KEPT;
@@ -165,6 +196,23 @@ static gt_status scale_c(const gt_blas_gemm *g) {
     return GT_OK;
 }
 
+/* Runs `part` into the dense C block `block` (its rows of C copied in first when beta reads
+ * them), then copies the block into C. */
+static gt_status run_into_block(const gt_blas_gemm *part, char *block, void *library_scratch) {
+    size_t c_size = gt_dtype_size(part->c_dt);
+    size_t row = (size_t)part->n * c_size, stride = (size_t)part->ldc * c_size;
+    char *c = part->c;
+    gt_blas_gemm dense = *part;
+    dense.c = block;
+    dense.ldc = part->n;
+    for (int64_t r = 0; part->beta != 0.0f && r < part->m; r++)
+        memcpy(block + (size_t)r * row, c + (size_t)r * stride, row);
+    GT_TRY(gt_blas_gemm_run(&dense, library_scratch));
+    for (int64_t r = 0; r < part->m; r++)
+        memcpy(c + (size_t)r * stride, block + (size_t)r * row, row);
+    return GT_OK;
+}
+
 gt_status gt_cpu_gemm_split(const gt_blas_gemm *g, void *scratch) {
     if (g->m == 0 || g->n == 0)
         return GT_OK;
@@ -189,7 +237,9 @@ gt_status gt_cpu_gemm_split(const gt_blas_gemm *g, void *scratch) {
             part.packed_b = 1;
         }
         char *own_scratch = per_part ? part_scratch_base + i * per_part : NULL;
-        gt_status status = gt_blas_gemm_run(&part, own_scratch);
+        gt_status status = plan.dense_c
+                               ? run_into_block(&part, own_scratch, own_scratch + plan.dense_c)
+                               : gt_blas_gemm_run(&part, own_scratch);
         if (status != GT_OK) {
 #pragma omp critical(gt_gemm_split_failure)
             if (failed == GT_OK) {  /* the message is on this worker's thread: copy it */
