@@ -175,17 +175,22 @@ def test_gemm_same_bits_for_any_thread_count_at_lower_instruction_sets(isa, kern
     assert out.stdout.split() == [kernel, "True"]
 
 
-# A bf16 GEMM cut into 16 row blocks, logged by oneDNN: its B is packed once (one reorder, first)
-# and every block's matmul reads that packed layout, instead of each block copying B again.
-PACKED_B_GEMM = """
+def bf16_gemm_script(m, n, k):
+    """A script that multiplies random bf16 (m, k) by (n, k) transposed on 2 threads."""
+    return f"""
 import numpy as np, gputrain as gt
 from gputrain import functional as F
 rng = np.random.default_rng(0)
-a = gt.cast(rng.standard_normal((2048, 768), dtype=np.float32), "bf16")
-b = gt.cast(rng.standard_normal((1024, 768), dtype=np.float32), "bf16")
+a = gt.cast(rng.standard_normal(({m}, {k}), dtype=np.float32), "bf16")
+b = gt.cast(rng.standard_normal(({n}, {k}), dtype=np.float32), "bf16")
 gt.set_num_threads(2)
 F.gemm(a, b, trans_b=True, dtype="bf16")
 """
+
+
+# A bf16 GEMM cut into 16 row blocks, logged by oneDNN: its B is packed once (one reorder, first)
+# and every block's matmul reads that packed layout, instead of each block copying B again.
+PACKED_B_GEMM = bf16_gemm_script(2048, 1024, 768)
 
 
 def logged_layout(line, operand):
@@ -194,15 +199,24 @@ def logged_layout(line, operand):
     return field.split(":")[3]
 
 
-@pytest.mark.skipif(_C.build_info()["blas"] != "onednn" or not any(
-    level in gt_info()["blas_kernel"] for level in ("bf16", "fp16", "amx")),
-    reason="bf16 GEMMs are widened to f32 without AVX512_BF16")
-def test_row_blocks_of_a_bf16_gemm_share_one_packed_b():
+def logged_runs(script):
+    """The "exec" lines of oneDNN's verbose log of `script`, run in a fresh process."""
     env = dict(os.environ, ONEDNN_VERBOSE="1")
-    out = subprocess.run([sys.executable, "-c", PACKED_B_GEMM], capture_output=True, text=True,
-                         env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
-    runs = [line for line in out.stdout.splitlines() if line.startswith("onednn_verbose,exec")]
+    return [line for line in out.stdout.splitlines() if line.startswith("onednn_verbose,exec")]
+
+
+native_bf16_onednn = pytest.mark.skipif(
+    _C.build_info()["blas"] != "onednn"
+    or not any(level in gt_info()["blas_kernel"] for level in ("bf16", "fp16", "amx")),
+    reason="bf16 GEMMs are widened to f32 without AVX512_BF16")
+
+
+@native_bf16_onednn
+def test_row_blocks_of_a_bf16_gemm_share_one_packed_b():
+    runs = logged_runs(PACKED_B_GEMM)
     assert [line.split(",")[3] for line in runs] == ["reorder"] + ["matmul"] * 16
     packed = logged_layout(runs[0], "dst")
     assert packed not in ("ab", "ba")
@@ -212,26 +226,12 @@ def test_row_blocks_of_a_bf16_gemm_share_one_packed_b():
 # A bf16 GEMM wider than tall (M = 64 tokens, N = 2048), B transposed as in a forward layer: cut
 # into 16 column blocks, each written into a dense block of the scratch and copied into C, so
 # oneDNN runs every block on its brgemm kernels (with C's rows 2048 apart it fell back to gemm:jit).
-DENSE_C_GEMM = """
-import numpy as np, gputrain as gt
-from gputrain import functional as F
-rng = np.random.default_rng(0)
-a = gt.cast(rng.standard_normal((64, 256), dtype=np.float32), "bf16")
-b = gt.cast(rng.standard_normal((2048, 256), dtype=np.float32), "bf16")
-gt.set_num_threads(2)
-F.gemm(a, b, trans_b=True, dtype="bf16")
-"""
+DENSE_C_GEMM = bf16_gemm_script(64, 2048, 256)
 
 
-@pytest.mark.skipif(_C.build_info()["blas"] != "onednn" or not any(
-    level in gt_info()["blas_kernel"] for level in ("bf16", "fp16", "amx")),
-    reason="bf16 GEMMs are widened to f32 without AVX512_BF16")
+@native_bf16_onednn
 def test_column_blocks_of_a_bf16_gemm_write_dense_c_blocks():
-    env = dict(os.environ, ONEDNN_VERBOSE="1")
-    out = subprocess.run([sys.executable, "-c", DENSE_C_GEMM], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert out.returncode == 0, out.stderr
-    runs = [line for line in out.stdout.splitlines() if line.startswith("onednn_verbose,exec")]
+    runs = logged_runs(DENSE_C_GEMM)
     assert len(runs) == 16
     assert all(line.split(",")[4].startswith("brg") for line in runs), runs[0]
     assert all(logged_layout(line, "dst") == "ab" and ":ab::" in line for line in runs), runs[0]
