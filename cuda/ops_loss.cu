@@ -7,8 +7,9 @@
 // error slot, reported at the stream's next wait, and the loss kernel then skips its work) and
 // counted into *count (device memory), which the loss kernel reads for its gradient scale. One
 // block per row; its sums run in double, per thread
-// in class order and then folded in a fixed tree, so every run gives the same bits (CUDA's expf
-// and log differ from glibc's by a few ulp, so the CPU's bits are not reproduced exactly).
+// in class order and then folded in a fixed tree, so every run gives the same bits (the CPU sums
+// in GT_LANE_SUM's lanes with gt_vm_expf, and CUDA's expf and log differ from those by a few ulp,
+// so the CPU's bits are not reproduced exactly).
 // mse follows the CPU's summation order exactly (fixed parts, GT_LANE_SUM), so its loss is
 // bit-identical to the CPU's: *loss = sum (pred - target)^2 / n (its parts added on the device in
 // the host's order), dpred = (pred - target) * (float)(2 dloss_scale / n). dloss_scale is

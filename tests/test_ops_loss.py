@@ -109,8 +109,10 @@ def test_cross_entropy_custom_ignore_index_and_int32_targets():
     assert count == 2 and loss == pytest.approx(losses.sum() / 2, rel=1e-6)
 
 
-def test_cross_entropy_same_bits_for_any_thread_count_and_simd_level():
-    logits, targets = randn((4000, 37), 6, 2.0), targets_for(4000, 37, 7, ignored=(3, 99))
+@pytest.mark.parametrize("rows, classes, dt", [(4000, 37, "f32"), (40, 1003, "f32"), (40, 1003, "bf16")])
+def test_cross_entropy_same_bits_for_any_thread_count_and_simd_level(rows, classes, dt):
+    logits = ref.to_dtype(randn((rows, classes), 6, 2.0), dt)
+    targets = targets_for(rows, classes, 7, ignored=(3, 39))
     base = F.cross_entropy(logits, targets, label_smoothing=0.1)
     for count in (1, 2):
         with ref.num_threads(count):
@@ -120,6 +122,17 @@ def test_cross_entropy_same_bits_for_any_thread_count_and_simd_level():
         with ref.simd_level(level):
             loss, d = F.cross_entropy(logits, targets, label_smoothing=0.1)
             assert loss == base[0] and ref.same_bits(d, base[1])
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_cross_entropy_over_a_large_vocabulary_matches_float64(dt):
+    """32771 classes (a 32k vocabulary and a tail past the sums' 8 lanes), logits spread wide."""
+    logits = ref.to_dtype(randn((6, 32771), 10, 8.0), dt)
+    targets = targets_for(6, 32771, 11, ignored=(2,))
+    loss, dlogits = F.cross_entropy(logits, targets, label_smoothing=0.1)
+    losses, grad, count = ref.cross_entropy(logits, targets, 0.1)
+    assert count == 5 and loss == pytest.approx(losses.sum() / count, rel=1e-6)
+    ref.assert_close(dlogits, grad, dt, rtol=1e-5 if dt == "f32" else None, atol=1e-9)
 
 
 @settings(max_examples=25, deadline=None)

