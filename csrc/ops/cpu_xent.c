@@ -24,7 +24,8 @@ typedef struct xent_rule {
     float grad_scale;      /* dloss_scale / count */
 } xent_rule;
 
-/* max_j of the row's C logits, in GT_LANES lanes combined pairwise (max is exact in any order). */
+/* max_j of the row's C logits, in GT_LANES lanes combined pairwise (max is exact in any order;
+ * the logits hold no NaN: the callers check). */
 GT_INLINE float row_max(const void *logits, size_t row, size_t classes, gt_dtype dt) {
     float lanes[GT_LANES];
     for (size_t j = 0; j < GT_LANES; j++)
@@ -33,16 +34,48 @@ GT_INLINE float row_max(const void *logits, size_t row, size_t classes, gt_dtype
     for (; classes - base >= GT_LANES; base += GT_LANES)
         for (size_t j = 0; j < GT_LANES; j++) {
             float x = gt_cpu_load(logits, row + base + j, dt);
-            lanes[j] = x > lanes[j] ? x : lanes[j];
+            lanes[j] = gt_vm_select(x > lanes[j], x, lanes[j]);
         }
     for (size_t j = 0; base + j < classes; j++) {
         float x = gt_cpu_load(logits, row + base + j, dt);
-        lanes[j] = x > lanes[j] ? x : lanes[j];
+        lanes[j] = gt_vm_select(x > lanes[j], x, lanes[j]);
     }
     for (size_t width = GT_LANES / 2; width >= 1; width /= 2)
         for (size_t j = 0; j < width; j++)
-            lanes[j] = lanes[j + width] > lanes[j] ? lanes[j + width] : lanes[j];
+            lanes[j] = gt_vm_select(lanes[j + width] > lanes[j], lanes[j + width], lanes[j]);
     return lanes[0];
+}
+
+enum { XENT_STAGE = 1024 };  /* classes whose exp is staged at a time (a multiple of GT_LANES) */
+
+/* sum_j exp(x_j - m) and sum_j x_j in double over the row, in GT_LANE_SUM's order (lane i adds
+ * the j with j % GT_LANES == i in increasing j; lanes combined pairwise). The exps are staged a
+ * block at a time so that they vectorise at the full f32 width, the sums at the f64 width. */
+GT_INLINE void row_sums(double *sum_exp, double *sum_x, const void *logits, size_t row,
+                        size_t classes, float m, gt_dtype dt) {
+    double exp_lanes[GT_LANES] = {0}, x_lanes[GT_LANES] = {0};
+    float xs[XENT_STAGE], exps[XENT_STAGE];
+    for (size_t stage = 0; stage < classes; stage += XENT_STAGE) {
+        size_t len = classes - stage < XENT_STAGE ? classes - stage : XENT_STAGE;
+        for (size_t j = 0; j < len; j++) {
+            xs[j] = gt_cpu_load(logits, row + stage + j, dt);
+            exps[j] = gt_vm_expf(xs[j] - m);
+        }
+        size_t base = 0;
+        for (; len - base >= GT_LANES; base += GT_LANES)
+            for (size_t j = 0; j < GT_LANES; j++) {
+                exp_lanes[j] += (double)exps[base + j];
+                x_lanes[j] += (double)xs[base + j];
+            }
+        for (size_t j = 0; base + j < len; j++) {  /* the row's last classes: stage is a multiple of GT_LANES */
+            exp_lanes[j] += (double)exps[base + j];
+            x_lanes[j] += (double)xs[base + j];
+        }
+    }
+    *sum_exp = ((exp_lanes[0] + exp_lanes[1]) + (exp_lanes[2] + exp_lanes[3])) +
+               ((exp_lanes[4] + exp_lanes[5]) + (exp_lanes[6] + exp_lanes[7]));
+    *sum_x = ((x_lanes[0] + x_lanes[1]) + (x_lanes[2] + x_lanes[3])) +
+             ((x_lanes[4] + x_lanes[5]) + (x_lanes[6] + x_lanes[7]));
 }
 
 /* Loss of one counted row (and its gradient row when dlogits is non-NULL). */
@@ -51,8 +84,7 @@ GT_INLINE float xent_row(void *dlogits, const void *logits, size_t row, int64_t 
     size_t classes = rule->classes;
     float m = row_max(logits, row, classes, dt);
     double sum_exp, sum_x;
-    GT_LANE_SUM(sum_exp, 0, classes, (double)gt_vm_expf(gt_cpu_load(logits, row + k, dt) - m));
-    GT_LANE_SUM(sum_x, 0, classes, (double)gt_cpu_load(logits, row + k, dt));
+    row_sums(&sum_exp, &sum_x, logits, row, classes, m, dt);
     double lse = (double)m + log(sum_exp);
     double nll = lse - (double)gt_cpu_load(logits, row + (size_t)target, dt);
     double smooth = lse - sum_x / (double)classes;
