@@ -1,15 +1,16 @@
 """Two builds of gputrain timed against each other on BERT-base (bench_encoder_step.py's model,
-batch and step), alternating processes: on a VM whose speed swings 2-3x within minutes, only runs
+batch and step) or on the LoRA step (bench_lora_step.py's), alternating processes: on a VM whose speed swings 2-3x within minutes, only runs
 that take turns compare. Each build lives in its own virtual environment; the first is "old":
 
     python benchmarks/compare_builds.py /venvs/old/bin/python /venvs/new/bin/python \\
         --what eval --precision bf16 --processes 3 --calls 5
 
 Each process builds the model, runs one warm-up call and times `--calls` calls: the eval-mode
-forward ("eval") or TrainStep with AdamW ("step"). The processes alternate old, new, old, new...;
-the table gives each process's median and the new build's speed over the old, process pair by
-pair. Environment: bench_encoder_step.py's knobs (ENCODER_BENCH_THREADS, _LAYERS, _T, _BATCH),
-passed to both builds.
+forward ("eval"), TrainStep with AdamW ("step"), or the LoRA step on a frozen Llama-shaped base
+("lora"). The processes alternate old, new, old, new...; the table gives each process's median
+and the new build's speed over the old, process pair by pair. Environment: bench_encoder_step.py's
+knobs (ENCODER_BENCH_THREADS, _LAYERS, _T, _BATCH) or bench_lora_step.py's (LORA_BENCH_THREADS,
+_LAYERS, _T, _VOCAB), passed to both builds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -27,6 +29,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def time_calls(what: str, precision: str, calls: int) -> list[float]:
     """Milliseconds of `calls` calls after one warm-up, in this process's gputrain."""
     sys.path.insert(0, HERE)
+    call = lora_step(precision) if what == "lora" else encoder_call(what, precision)
+    call()
+    milliseconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        milliseconds.append((time.perf_counter() - start) * 1e3)
+    return milliseconds
+
+
+def lora_step(precision: str) -> Callable[[], Any]:
+    """bench_lora_step.py's LoRA TrainStep on its batch."""
+    import gputrain as gt
+    from bench_lora_step import batch_data, gputrain_model, gputrain_step, lora_config
+
+    model = gt.peft.get_peft_model(gputrain_model(), lora_config())
+    model.train()
+    step, (x, y) = gputrain_step(model, precision), batch_data()
+    return lambda: step(x, y)
+
+
+def encoder_call(what: str, precision: str) -> Callable[[], Any]:
+    """BERT-base's evaluation forward or training step (bench_encoder_step.py)."""
     from _model_bench import gputrain_adamw_step
     from bench_encoder_step import LR, WEIGHT_DECAY, gputrain_model
     from gputrain._vocab import c_dtype
@@ -40,13 +65,7 @@ def time_calls(what: str, precision: str, calls: int) -> list[float]:
 
         def call():
             return model(x)
-    call()
-    milliseconds = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        milliseconds.append((time.perf_counter() - start) * 1e3)
-    return milliseconds
+    return call
 
 
 def median(values: list[float]) -> float:
@@ -68,7 +87,7 @@ def run_child(python: str, args: argparse.Namespace) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pythons", nargs="*", help="the old build's python, then the new one's")
-    parser.add_argument("--what", choices=("eval", "step"), default="eval")
+    parser.add_argument("--what", choices=("eval", "step", "lora"), default="eval")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     parser.add_argument("--processes", type=int, default=3, help="processes of each build")
     parser.add_argument("--calls", type=int, default=5, help="timed calls in each process")
@@ -79,7 +98,8 @@ def main() -> None:
         return
     if len(args.pythons) != 2:
         parser.error("give two interpreters: the old build's, then the new build's")
-    threads = os.environ.get("ENCODER_BENCH_THREADS", "gputrain's default")
+    knob = "LORA_BENCH_THREADS" if args.what == "lora" else "ENCODER_BENCH_THREADS"
+    threads = os.environ.get(knob, "gputrain's default")
     print(f"{args.what}, {args.precision}, threads: {threads}")
     print("| pair | old build (ms) | new build (ms) | new / old speed |")
     print("|---:|---:|---:|---:|")
