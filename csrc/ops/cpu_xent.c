@@ -4,10 +4,10 @@
  *   loss = (1 - e) (lse - x_t) + e (lse - mean_j x_j)      [(1-e) nll + e mean_j -log p_j]
  *   dlogits_j = (p_j - (1 - e) [j == t] - e / C) * dloss_scale / count,  p_j = exp(x_j - lse)
  * Ignored rows get loss 0 and gradient 0. Rows run in parallel; each row's sums run in double
- * in GT_LANE_SUM's fixed lane order and exp is gt_vm_expf, so the loops vectorise (4-5x faster
- * than libm's expf in class order at 32k classes) and every SIMD level and thread count gives
- * the same bits. R-Drop's pair form (softmax_xent_rdrop,
- * the math in ops/rdrop_hd.h) runs pairs of rows in parallel the same way. */
+ * in GT_LANE_SUM's fixed lane order and exp is gt_vm_expf, so the loops vectorise (3-4x faster
+ * than libm's expf in class order at 32k classes, benchmarks/README.md) and every SIMD level and
+ * thread count gives the same bits. R-Drop's pair form (softmax_xent_rdrop, the math in
+ * ops/rdrop_hd.h) runs pairs of rows in parallel the same way. */
 #include <math.h>
 
 #include "core/loss_mean.h"
