@@ -67,7 +67,8 @@ GT_INLINE void row_sums(double *sum_exp, double *sum_x, const void *logits, size
                 exp_lanes[j] += (double)exps[base + j];
                 x_lanes[j] += (double)xs[base + j];
             }
-        for (size_t j = 0; base + j < len; j++) {  /* the row's last classes: stage is a multiple of GT_LANES */
+        /* The row's last classes (XENT_STAGE is a multiple of GT_LANES: lane j is j's lane). */
+        for (size_t j = 0; base + j < len; j++) {
             exp_lanes[j] += (double)exps[base + j];
             x_lanes[j] += (double)xs[base + j];
         }
