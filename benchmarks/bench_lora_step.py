@@ -28,6 +28,7 @@ the same machine load; one warm-up each; medians; the ratio is the baseline's me
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,15 @@ def gputrain_step(model: gt.nn.Module, precision: str) -> Any:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = gt.optim.AdamW(trainable, lr=LR, weight_decay=0.0)
     return gt.TrainStep(model, gt.nn.CrossEntropyLoss(), optimizer, precision=precision)
+
+
+def gputrain_lora_call(precision: str) -> Callable[[], Any]:
+    """gputrain's LoRA step on a fresh model and the batch, as one call (profile_lora_step.py and
+    compare_builds.py time it)."""
+    model = gt.peft.get_peft_model(gputrain_model(), lora_config())
+    model.train()
+    step, (x, y) = gputrain_step(model, precision), batch_data()
+    return lambda: step(x, y)
 
 
 def gputrain_model(seed: int = 0) -> gt.nn.Module:

@@ -29,7 +29,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def time_calls(what: str, precision: str, calls: int) -> list[float]:
     """Milliseconds of `calls` calls after one warm-up, in this process's gputrain."""
     sys.path.insert(0, HERE)
-    call = lora_step(precision) if what == "lora" else encoder_call(what, precision)
+    if what == "lora":
+        from bench_lora_step import gputrain_lora_call
+        call = gputrain_lora_call(precision)
+    else:
+        call = encoder_call(what, precision)
     call()
     milliseconds = []
     for _ in range(calls):
@@ -37,17 +41,6 @@ def time_calls(what: str, precision: str, calls: int) -> list[float]:
         call()
         milliseconds.append((time.perf_counter() - start) * 1e3)
     return milliseconds
-
-
-def lora_step(precision: str) -> Callable[[], Any]:
-    """bench_lora_step.py's LoRA TrainStep on its batch."""
-    import gputrain as gt
-    from bench_lora_step import batch_data, gputrain_model, gputrain_step, lora_config
-
-    model = gt.peft.get_peft_model(gputrain_model(), lora_config())
-    model.train()
-    step, (x, y) = gputrain_step(model, precision), batch_data()
-    return lambda: step(x, y)
 
 
 def encoder_call(what: str, precision: str) -> Callable[[], Any]:
