@@ -1,6 +1,7 @@
 """Two builds of gputrain timed against each other on BERT-base (bench_encoder_step.py's model,
-batch and step) or on the LoRA step (bench_lora_step.py's), alternating processes: on a VM whose speed swings 2-3x within minutes, only runs
-that take turns compare. Each build lives in its own virtual environment; the first is "old":
+batch and step) or on the LoRA step (bench_lora_step.py's), alternating processes: on a VM whose
+speed swings 2-3x within minutes, only runs that take turns compare. Each build lives in its own
+virtual environment; the first is "old":
 
     python benchmarks/compare_builds.py /venvs/old/bin/python /venvs/new/bin/python \\
         --what eval --precision bf16 --processes 3 --calls 5
@@ -21,7 +22,8 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
