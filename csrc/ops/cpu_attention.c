@@ -71,86 +71,73 @@ GT_INLINE void store_rows(void *dst, size_t base, size_t stride, const float *sr
             gt_cpu_store(dst, base + r * stride + d, src[r * dim + d] * factor, dt);
 }
 
-/* s (rows, K_BLOCK)[:, :cols] = a (rows, D) @ bt (D, K_BLOCK), summed over d in order. Over all
- * K_BLOCK columns (bt's unused columns are zeros), in local accumulators the compiler keeps in
- * vector registers: two rows at a time when `wide` (32 vector registers, AVX-512), so each column
- * vector of bt is loaded once per two rows, else one (16 registers would spill). */
-GT_INLINE void tile_product(float *restrict s, const float *restrict a, const float *restrict bt,
-                            size_t rows, size_t cols, size_t dim, int wide) {
-    size_t r = 0;
-    for (; wide && r + 2 <= rows; r += 2) {
-        float acc0[K_BLOCK] = {0}, acc1[K_BLOCK] = {0};
-        const float *a0 = a + r * dim, *a1 = a0 + dim;
-        for (size_t d = 0; d < dim; d++) {
-            const float *br = bt + d * K_BLOCK;
-            for (size_t c = 0; c < K_BLOCK; c++) {
-                acc0[c] += a0[d] * br[c];
-                acc1[c] += a1[d] * br[c];
-            }
-        }
-        memcpy(s + r * K_BLOCK, acc0, cols * sizeof(float));
-        memcpy(s + (r + 1) * K_BLOCK, acc1, cols * sizeof(float));
-    }
-    for (; r < rows; r++) {
-        float acc[K_BLOCK] = {0};
-        for (size_t d = 0; d < dim; d++)
-            for (size_t c = 0; c < K_BLOCK; c++)
-                acc[c] += a[r * dim + d] * bt[d * K_BLOCK + c];
-        memcpy(s + r * K_BLOCK, acc, cols * sizeof(float));
-    }
-}
+enum { ACC_COLS = 32 };  /* output columns of a product block kept in registers */
 
-enum { ACC_COLS = 32 };  /* output columns of a tile_accumulate block kept in registers */
-
-/* o[k][d0:d0+ACC_COLS] += sum over c < n, in order, of p[k * pr + c * pc] * x[c][d0:d0+ACC_COLS]
- * for k < R (a constant): the sums are formed in registers from 0 and then added to o. */
-#define ACCUMULATE_FIXED(R)                                                    \
-    do {                                                                       \
-        float acc[R][ACC_COLS] = {{0}};                                        \
-        for (size_t c = 0; c < n; c++)                                         \
-            for (size_t k = 0; k < (R); k++)                                   \
-                for (size_t j = 0; j < ACC_COLS; j++)                          \
-                    acc[k][j] += p[k * pr + c * pc] * x[c * dim + d0 + j];     \
-        for (size_t k = 0; k < (R); k++)                                       \
-            for (size_t j = 0; j < ACC_COLS; j++)                              \
-                o[k * dim + d0 + j] += acc[k][j];                              \
+/* o[k][d0:d0+ACC_COLS] (rows ldo apart) = (o[k][...] if add, else 0) + the sum over c < n, in
+ * order, of p[k * pr + c * pc] * x[c][d0:d0+ACC_COLS] (rows ldx apart) for k < R (a constant):
+ * the sums are formed in registers from 0, then added to o or stored into it. */
+#define PRODUCT_FIXED(R)                                                             \
+    do {                                                                             \
+        float acc[R][ACC_COLS] = {{0}};                                              \
+        for (size_t c = 0; c < n; c++)                                               \
+            for (size_t k = 0; k < (R); k++)                                         \
+                for (size_t j = 0; j < ACC_COLS; j++)                                \
+                    acc[k][j] += p[k * pr + c * pc] * x[c * ldx + d0 + j];           \
+        for (size_t k = 0; k < (R); k++)                                             \
+            for (size_t j = 0; j < ACC_COLS; j++)                                    \
+                o[k * ldo + d0 + j] = add ? o[k * ldo + d0 + j] + acc[k][j] : acc[k][j]; \
     } while (0)
 
 /* The same for `rows` rows and `width` columns of any size, ACC_COLS at most. */
-GT_INLINE void accumulate_block(float *restrict o, const float *restrict p, size_t pr, size_t pc,
-                                const float *restrict x, size_t rows, size_t n, size_t dim,
-                                size_t d0, size_t width) {
+GT_INLINE void product_block(float *restrict o, size_t ldo, const float *restrict p, size_t pr,
+                             size_t pc, const float *restrict x, size_t ldx, size_t rows,
+                             size_t n, size_t d0, size_t width, int add) {
     if (width == ACC_COLS && rows == 4) {
-        ACCUMULATE_FIXED(4);
+        PRODUCT_FIXED(4);
         return;
     }
     if (width == ACC_COLS && rows == 2) {
-        ACCUMULATE_FIXED(2);
+        PRODUCT_FIXED(2);
         return;
     }
     for (size_t k = 0; k < rows; k++) {
         float acc[ACC_COLS] = {0};
         for (size_t c = 0; c < n; c++)
             for (size_t j = 0; j < width; j++)
-                acc[j] += p[k * pr + c * pc] * x[c * dim + d0 + j];
+                acc[j] += p[k * pr + c * pc] * x[c * ldx + d0 + j];
         for (size_t j = 0; j < width; j++)
-            o[k * dim + d0 + j] += acc[j];
+            o[k * ldo + d0 + j] = add ? o[k * ldo + d0 + j] + acc[j] : acc[j];
     }
 }
 
-/* o (rows, D) += p (rows, n; element (k, c) at k * pr + c * pc) @ x (n, D): each element of o
- * gets the sum of its n terms (added in order of c) added to it, whatever the blocking. Blocks
- * of 4 (`wide`: AVX-512's 32 vector registers) or 2 rows by ACC_COLS outputs stay in registers
- * over all n (eight independent add chains), so x is read once per block of rows. */
-GT_INLINE void tile_accumulate(float *o, const float *p, size_t pr, size_t pc, const float *x,
-                               size_t rows, size_t n, size_t dim, int wide) {
+/* o (rows, cols; rows ldo apart) = or += p (rows, n; element (k, c) at k * pr + c * pc) @ x (n,
+ * cols; rows ldx apart): each element of o gets the sum of its n terms (in order of c), stored or
+ * added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's 32 vector registers) or 2
+ * rows by ACC_COLS outputs stay in registers over all n (eight independent add chains), so x is
+ * read once per block of rows. */
+GT_INLINE void tile_products(float *o, size_t ldo, const float *p, size_t pr, size_t pc,
+                             const float *x, size_t ldx, size_t rows, size_t n, size_t cols,
+                             int wide, int add) {
     size_t step = wide ? 4 : 2;
     for (size_t r = 0; r < rows; r += step) {
         size_t block = rows - r < step ? rows - r : step;
-        for (size_t d0 = 0; d0 < dim; d0 += ACC_COLS)
-            accumulate_block(o + r * dim, p + r * pr, pr, pc, x, block, n, dim, d0,
-                             dim - d0 < ACC_COLS ? dim - d0 : ACC_COLS);
+        for (size_t d0 = 0; d0 < cols; d0 += ACC_COLS)
+            product_block(o + r * ldo, ldo, p + r * pr, pr, pc, x, ldx, block, n, d0,
+                          cols - d0 < ACC_COLS ? cols - d0 : ACC_COLS, add);
     }
+}
+
+/* s (rows, K_BLOCK) = a (rows, D) @ bt (D, K_BLOCK), each sum over d in order, over all K_BLOCK
+ * columns (bt's unused columns are zeros, and so are s's there). */
+GT_INLINE void tile_product(float *s, const float *a, const float *bt, size_t rows, size_t dim,
+                            int wide) {
+    tile_products(s, K_BLOCK, a, dim, 1, bt, K_BLOCK, rows, dim, K_BLOCK, wide, 0);
+}
+
+/* o (rows, D) += p (rows, n; element (k, c) at k * pr + c * pc) @ x (n, D). */
+GT_INLINE void tile_accumulate(float *o, const float *p, size_t pr, size_t pc, const float *x,
+                               size_t rows, size_t n, size_t dim, int wide) {
+    tile_products(o, dim, p, pr, pc, x, dim, rows, n, dim, wide, 1);
 }
 
 /* f[0:c] = the dropout multipliers of elements g, g + 1, ... to the end of g's Philox group, n at
@@ -345,7 +332,7 @@ GT_INLINE void forward_unit_body(const gt_attention_args *a, float *slot, size_t
         size_t cols = khi - j0 < K_BLOCK ? khi - j0 : K_BLOCK;
         load_rows(w.k, a->k, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
         load_rows(w.v, a->v, kv_base + j0 * kv_row, kv_row, cols, dim, dt);
-        tile_product(w.st, w.k, w.qt, cols, Q_BLOCK, dim, wide);
+        tile_product(w.st, w.k, w.qt, cols, dim, wide);
         visible_cols(a, b, i0, rows, j0, cols, c0, c1);
         online_tile(a, &w, bh, i0, j0, c0, c1, rows, cols);
         tile_accumulate(w.o, w.st, 1, Q_BLOCK, w.v, rows, cols, dim, wide);
@@ -486,9 +473,9 @@ GT_INLINE void backward_head(const gt_attention_args *a, bwd_scratch *w, size_t 
             size_t rows = t - i0 < Q_BLOCK ? t - i0 : Q_BLOCK;
             if (!tile_sees(a, b, i0, rows, j0, cols))
                 continue;
-            tile_product(w->p, w->q + i0 * dim, w->kt, rows, cols, dim, wide);
+            tile_product(w->p, w->q + i0 * dim, w->kt, rows, dim, wide);
             backward_probs(a, w, b, bh, i0, rows, j0, cols);
-            tile_product(w->ds, w->dout + i0 * dim, w->vt, rows, cols, dim, wide);
+            tile_product(w->ds, w->dout + i0 * dim, w->vt, rows, dim, wide);
             backward_tile(a, w, b, i0, rows, j0, cols, wide);
         }
     }
