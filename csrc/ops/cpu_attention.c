@@ -71,37 +71,41 @@ GT_INLINE void store_rows(void *dst, size_t base, size_t stride, const float *sr
             gt_cpu_store(dst, base + r * stride + d, src[r * dim + d] * factor, dt);
 }
 
-enum { ACC_COLS = 32 };  /* output columns of a product block kept in registers */
+enum { ACC_COLS = 32, ACC_COLS_WIDE = 64 };  /* output columns of a block kept in registers */
 
-/* o[k][d0:d0+ACC_COLS] (rows ldo apart) = (o[k][...] if add, else 0) + the sum over c < n, in
- * order, of p[k * pr + c * pc] * x[c][d0:d0+ACC_COLS] (rows ldx apart) for k < R (a constant):
- * the sums are formed in registers from 0, then added to o or stored into it. */
-#define PRODUCT_FIXED(R)                                                             \
+/* o[k][d0:d0+W] (rows ldo apart) = (o[k][...] if add, else 0) + the sum over c < n, in order, of
+ * p[k * pr + c * pc] * x[c][d0:d0+W] (rows ldx apart) for k < R (R and W constants): the sums
+ * are formed in registers from 0, then added to o or stored into it. */
+#define PRODUCT_FIXED(R, W)                                                          \
     do {                                                                             \
-        float acc[R][ACC_COLS] = {{0}};                                              \
+        float acc[R][W] = {{0}};                                                     \
         for (size_t c = 0; c < n; c++)                                               \
             for (size_t k = 0; k < (R); k++)                                         \
-                for (size_t j = 0; j < ACC_COLS; j++)                                \
+                for (size_t j = 0; j < (W); j++)                                     \
                     acc[k][j] += p[k * pr + c * pc] * x[c * ldx + d0 + j];           \
         for (size_t k = 0; k < (R); k++)                                             \
-            for (size_t j = 0; j < ACC_COLS; j++)                                    \
+            for (size_t j = 0; j < (W); j++)                                         \
                 o[k * ldo + d0 + j] = add ? o[k * ldo + d0 + j] + acc[k][j] : acc[k][j]; \
     } while (0)
 
-/* The same for `rows` rows and `width` columns of any size, ACC_COLS at most. */
+/* The same for `rows` rows and `width` columns of any size, ACC_COLS_WIDE at most. */
 GT_INLINE void product_block(float *restrict o, size_t ldo, const float *restrict p, size_t pr,
                              size_t pc, const float *restrict x, size_t ldx, size_t rows,
                              size_t n, size_t d0, size_t width, int add) {
+    if (width == ACC_COLS_WIDE && rows == 4) {
+        PRODUCT_FIXED(4, ACC_COLS_WIDE);
+        return;
+    }
     if (width == ACC_COLS && rows == 4) {
-        PRODUCT_FIXED(4);
+        PRODUCT_FIXED(4, ACC_COLS);
         return;
     }
     if (width == ACC_COLS && rows == 2) {
-        PRODUCT_FIXED(2);
+        PRODUCT_FIXED(2, ACC_COLS);
         return;
     }
     for (size_t k = 0; k < rows; k++) {
-        float acc[ACC_COLS] = {0};
+        float acc[ACC_COLS_WIDE] = {0};
         for (size_t c = 0; c < n; c++)
             for (size_t j = 0; j < width; j++)
                 acc[j] += p[k * pr + c * pc] * x[c * ldx + d0 + j];
@@ -112,18 +116,18 @@ GT_INLINE void product_block(float *restrict o, size_t ldo, const float *restric
 
 /* o (rows, cols; rows ldo apart) = or += p (rows, n; element (k, c) at k * pr + c * pc) @ x (n,
  * cols; rows ldx apart): each element of o gets the sum of its n terms (in order of c), stored or
- * added to it, whatever the blocking. Blocks of 4 (`wide`: AVX-512's 32 vector registers) or 2
- * rows by ACC_COLS outputs stay in registers over all n (eight independent add chains), so x is
- * read once per block of rows. */
+ * added to it, whatever the blocking. Blocks of 4 rows by ACC_COLS_WIDE outputs (`wide`:
+ * AVX-512's 32 vector registers) or 2 by ACC_COLS stay in registers over all n (sixteen or eight
+ * independent add chains), so x is read once per block of rows. */
 GT_INLINE void tile_products(float *o, size_t ldo, const float *p, size_t pr, size_t pc,
                              const float *x, size_t ldx, size_t rows, size_t n, size_t cols,
                              int wide, int add) {
-    size_t step = wide ? 4 : 2;
+    size_t step = wide ? 4 : 2, block_cols = wide ? ACC_COLS_WIDE : ACC_COLS;
     for (size_t r = 0; r < rows; r += step) {
         size_t block = rows - r < step ? rows - r : step;
-        for (size_t d0 = 0; d0 < cols; d0 += ACC_COLS)
+        for (size_t d0 = 0; d0 < cols; d0 += block_cols)
             product_block(o + r * ldo, ldo, p + r * pr, pr, pc, x, ldx, block, n, d0,
-                          cols - d0 < ACC_COLS ? cols - d0 : ACC_COLS, add);
+                          cols - d0 < block_cols ? cols - d0 : block_cols, add);
     }
 }
 
