@@ -2,8 +2,9 @@
 here with the system C compiler) runs the per-thread functions of csrc/ops/attention_hd.h -- the
 code every thread of cuda/ops_attention.cu runs -- over the kernels' whole grid. Checked against
 the CPU op (the same bits: the kernels repeat its operations in its order) and the float64
-reference, causal or not, with key lengths, dropout, head_dim 32/64/80, sequence lengths that are
-not multiples of the 64-row tiles, f32/f16/bf16, and the layer's strided (B, T, 3, H, D) layout.
+reference, causal or not, with key lengths, dropout, head_dim 32/64/80/96 (each of the CPU's
+register blocks of tile products: 4 x 64, 4 x 32, and any), sequence lengths that are not
+multiples of the 64-row tiles, f32/f16/bf16, and the layer's strided (B, T, 3, H, D) layout.
 No GPU is needed; the CUDA op itself is compared with the CPU op in tests/test_cuda_attention.py
 where a GPU is present."""
 
@@ -21,7 +22,8 @@ import _reference as ref
 from gputrain import functional as F
 
 DT_CODES = {"f32": 0, "f16": 1, "bf16": 2}
-SHAPES = [(1, 1, 1, 32), (2, 3, 17, 32), (1, 2, 64, 64), (2, 2, 65, 80), (1, 1, 130, 64)]
+SHAPES = [(1, 1, 1, 32), (2, 3, 17, 32), (1, 2, 64, 64), (2, 2, 65, 80), (1, 1, 130, 64),
+          (2, 1, 70, 96)]
 
 
 @pytest.fixture(scope="module")

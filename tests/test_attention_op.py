@@ -165,8 +165,8 @@ def test_half_precision_within_bounds(dt, causal):
 # --- determinism ---------------------------------------------------------------------------------
 
 
-def run_all(dt="f32"):
-    shape = (2, 3, 90, 32)
+def run_all(dt="f32", head_dim=32):
+    shape = (2, 3, 90, head_dim)
     q, k, v = (ref.to_dtype(x, dt) for x in qkv(shape, seed=13))
     key = dict(causal=True, key_lengths=np.array([90, 50]), dropout_p=0.1, seed=5)
     out, lse = F.scaled_dot_product_attention(q, k, v, **key)
@@ -184,11 +184,12 @@ def test_same_bits_for_any_thread_count(dt):
                 assert ref.same_bits(a, b), threads
 
 
-def test_same_bits_at_every_simd_level():
-    base = run_all()
+@pytest.mark.parametrize("head_dim", [32, 96])  # 96: register blocks of 64 and 32 columns at d0 > 0
+def test_same_bits_at_every_simd_level(head_dim):
+    base = run_all(head_dim=head_dim)
     for level in ref.simd_levels():
         with ref.simd_level(level):
-            for a, b in zip(base, run_all()):
+            for a, b in zip(base, run_all(head_dim=head_dim)):
                 assert ref.same_bits(a, b), level
 
 
